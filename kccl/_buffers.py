@@ -1,0 +1,108 @@
+"""Turning Python buffers into (pointer, element count, KCCL dtype code).
+
+Accepted: C-contiguous objects with the buffer protocol (numpy arrays first,
+bytes/bytearray/memoryview/array.array), and CPU tensors that speak DLPack
+(torch.Tensor and friends, through numpy.from_dlpack, zero-copy).  numpy has
+no bfloat16: pass an ml_dtypes.bfloat16 array, or uint16 storage with
+dtype="bfloat16"."""
+import numpy as np
+
+from ._native import ffi
+from .errors import KcclInvalidArgument
+
+INT8, UINT8, INT32, UINT32, INT64, UINT64, FLOAT16, FLOAT32, FLOAT64, BFLOAT16 = range(10)
+ITEMSIZE = {INT8: 1, UINT8: 1, INT32: 4, UINT32: 4, INT64: 8, UINT64: 8,
+            FLOAT16: 2, FLOAT32: 4, FLOAT64: 8, BFLOAT16: 2}
+NAMES = {INT8: "int8", UINT8: "uint8", INT32: "int32", UINT32: "uint32", INT64: "int64", UINT64: "uint64",
+         FLOAT16: "float16", FLOAT32: "float32", FLOAT64: "float64", BFLOAT16: "bfloat16"}
+
+# numpy dtype -> code (keys are np.dtype objects: a dict lookup is the fast path)
+NUMPY_CODES = {np.dtype(n): c for c, n in NAMES.items() if n != "bfloat16"}
+try:  # optional: ml_dtypes gives numpy a real bfloat16
+    import ml_dtypes
+    NUMPY_CODES[np.dtype(ml_dtypes.bfloat16)] = BFLOAT16
+except ImportError:  # pragma: no cover - ml_dtypes is in the [dev] extra
+    ml_dtypes = None
+
+# struct-module format characters of plain buffers -> code
+_FORMAT_CODES = {"b": INT8, "B": UINT8, "i": INT32, "I": UINT32, "q": INT64, "Q": UINT64,
+                 "e": FLOAT16, "f": FLOAT32, "d": FLOAT64}
+_FORMAT_CODES.update({"l": INT64 if np.dtype("l").itemsize == 8 else INT32,
+                      "L": UINT64 if np.dtype("L").itemsize == 8 else UINT32})
+_ALIASES = {"half": FLOAT16, "fp16": FLOAT16, "bf16": BFLOAT16, "float": FLOAT32, "fp32": FLOAT32,
+            "double": FLOAT64, "fp64": FLOAT64}
+
+
+def dtype_code(dtype):
+    """A KCCL dtype code from a name, a numpy dtype/type or an int code."""
+    if isinstance(dtype, int) and not isinstance(dtype, bool) and dtype in ITEMSIZE:
+        return dtype
+    if isinstance(dtype, str):
+        key = dtype.strip().lower()
+        for code, name in NAMES.items():
+            if key == name:
+                return code
+        if key in _ALIASES:
+            return _ALIASES[key]
+    try:
+        code = NUMPY_CODES.get(np.dtype(dtype))
+    except TypeError:
+        code = None
+    if code is None:
+        raise KcclInvalidArgument(f"unsupported dtype {dtype!r}; supported: {', '.join(NAMES.values())}")
+    return code
+
+
+def _as_array(obj, what):
+    """Anything we accept, as a numpy array (no copy) or a memoryview."""
+    if isinstance(obj, np.ndarray):
+        return obj
+    if hasattr(obj, "__cuda_array_interface__"):
+        raise KcclInvalidArgument(f"{what} is a GPU array: the host transport takes CPU buffers")
+    if hasattr(obj, "__dlpack__") and not isinstance(obj, (bytes, bytearray, memoryview)):
+        try:
+            return np.from_dlpack(obj)
+        except Exception as e:
+            raise KcclInvalidArgument(f"{what}: cannot view {type(obj).__name__} through DLPack: {e}") from None
+    try:
+        return memoryview(obj)
+    except TypeError:
+        raise KcclInvalidArgument(
+            f"{what} must be a buffer (numpy array, bytearray, memoryview, DLPack tensor), "
+            f"not {type(obj).__name__}") from None
+
+
+def resolve(obj, dtype, writable, what):
+    """(cdata, count, code, array) for obj; `array` keeps the buffer alive."""
+    arr = _as_array(obj, what)
+    if isinstance(arr, np.ndarray):
+        if not arr.flags.c_contiguous:
+            raise KcclInvalidArgument(f"{what} is not C-contiguous (shape {arr.shape}, strides {arr.strides}); "
+                                      "pass np.ascontiguousarray(...)")
+        if writable and not arr.flags.writeable:
+            raise KcclInvalidArgument(f"{what} is read-only")
+        native = NUMPY_CODES.get(arr.dtype)
+        itemsize, nbytes = arr.dtype.itemsize, arr.nbytes
+        label = str(arr.dtype)
+    else:
+        if not arr.c_contiguous:
+            raise KcclInvalidArgument(f"{what} is not C-contiguous")
+        if writable and arr.readonly:
+            raise KcclInvalidArgument(f"{what} is read-only ({type(obj).__name__})")
+        native = _FORMAT_CODES.get(arr.format.lstrip("@=<"))
+        itemsize, nbytes = arr.itemsize, arr.nbytes
+        label = f"format {arr.format!r}"
+    if dtype is not None:
+        code = dtype_code(dtype)
+        if native is not None and native != code and ITEMSIZE[code] != itemsize:
+            raise KcclInvalidArgument(f"{what} holds {label} ({itemsize}-byte items) but dtype={dtype!r} "
+                                      f"has {ITEMSIZE[code]}-byte items")
+        if nbytes % ITEMSIZE[code]:
+            raise KcclInvalidArgument(f"{what} has {nbytes} bytes, not a multiple of {NAMES[code]}'s size")
+    elif native is None:
+        raise KcclInvalidArgument(f"{what} holds {label}, which KCCL does not reduce; supported: "
+                                  f"{', '.join(NAMES.values())} (bfloat16 via ml_dtypes or dtype='bfloat16')")
+    else:
+        code = native
+    ptr = ffi.from_buffer(arr, require_writable=writable) if nbytes else ffi.NULL
+    return ptr, nbytes // ITEMSIZE[code], code, arr

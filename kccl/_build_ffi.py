@@ -1,0 +1,39 @@
+"""cffi out-of-line API-mode builder: compiles kccl_native/src/*.c into the
+extension module kccl._kccl_cffi (run by setup.py through cffi_modules)."""
+import glob
+import os
+import re
+
+from cffi import FFI
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+NATIVE = os.path.join(os.path.dirname(HERE), "kccl_native")
+HEADER = os.path.join(NATIVE, "include", "kccl.h")
+
+
+def _cdef_from_header(path):
+    """kccl.h's declarations as cffi's cdef wants them: no comments, no
+    `#ifdef __cplusplus` blocks, no preprocessor lines; the array size of the
+    unique id spelled out."""
+    raw = open(path).read()
+    text = re.sub(r"/\*.*?\*/", "", raw, flags=re.S)
+    text = re.sub(r"#ifdef __cplusplus.*?#endif", "", text, flags=re.S)
+    text = "\n".join(l for l in text.splitlines() if not l.lstrip().startswith("#"))
+    nbytes = re.search(r"#define KCCL_UNIQUE_ID_BYTES (\d+)", raw).group(1)
+    text = text.replace("KCCL_UNIQUE_ID_BYTES", nbytes)
+    return text + "\n#define KCCL_UNIQUE_ID_BYTES ...\n#define KCCL_VERSION_CODE ...\n"
+
+
+ffibuilder = FFI()
+ffibuilder.cdef(_cdef_from_header(HEADER))
+ffibuilder.set_source(
+    "kccl._kccl_cffi",
+    '#include "kccl.h"',
+    sources=sorted(os.path.relpath(p, os.path.dirname(HERE)) for p in glob.glob(os.path.join(NATIVE, "src", "*.c"))),
+    include_dirs=[os.path.relpath(os.path.join(NATIVE, "include"), os.path.dirname(HERE))],
+    extra_compile_args=["-O3", "-std=gnu11", "-Wall", "-fvisibility=hidden"],
+    libraries=["rt"],
+)
+
+if __name__ == "__main__":
+    ffibuilder.compile(verbose=True)

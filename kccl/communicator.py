@@ -1,0 +1,297 @@
+"""kccl.Communicator: the typed wrapper over the C communicator.
+
+Collectives block until the result is in `recv` and return `recv`.  In place
+when `recv` is omitted (all_reduce) or is the same object as `send`.  Every
+failure is a KcclError subclass (see kccl.errors); after a peer dies, aborts
+or mismatches, the communicator is broken for good and further calls raise
+KcclInvalidUsage: build a new one from a new unique id."""
+import enum
+import os
+
+import numpy as np
+
+from . import config as _config
+from ._buffers import NUMPY_CODES, resolve
+from ._native import ffi, lib
+from .errors import KcclInvalidArgument, KcclInvalidUsage, error_for
+
+UNIQUE_ID_BYTES = lib.KCCL_UNIQUE_ID_BYTES
+
+
+class Op(enum.IntEnum):
+    SUM = 0
+    PROD = 1
+    MAX = 2
+    MIN = 3
+    AVG = 4
+
+
+SUM, PROD, MAX, MIN, AVG = Op.SUM, Op.PROD, Op.MAX, Op.MIN, Op.AVG
+_OPS = {int(o): int(o) for o in Op}
+_OPS.update({o.name.lower(): int(o) for o in Op})
+
+
+def _op_code(op):
+    try:
+        code = _OPS.get(op) if not isinstance(op, bool) else None
+    except TypeError:
+        code = None
+    if code is None:
+        raise KcclInvalidArgument(f"unknown reduction op {op!r}; use kccl.SUM, PROD, MAX, MIN or AVG")
+    return code
+
+
+def _raise(rc):
+    raise error_for(rc, ffi.string(lib.kcclGetLastError(ffi.NULL)).decode(errors="replace"))
+
+
+class UniqueId(bytes):
+    """The 128-byte id that names a communicator; send it to every rank (it pickles)."""
+
+    def __new__(cls, data):
+        data = bytes(data)
+        if len(data) != UNIQUE_ID_BYTES:
+            raise KcclInvalidArgument(f"a unique id has {UNIQUE_ID_BYTES} bytes, got {len(data)}")
+        return super().__new__(cls, data)
+
+    def __repr__(self):
+        return f"UniqueId({self[16:32].hex()})"
+
+
+def get_unique_id():
+    uid = ffi.new("kcclUniqueId *")
+    rc = lib.kcclGetUniqueId(uid)
+    if rc:
+        _raise(rc)
+    return UniqueId(ffi.buffer(uid)[:])
+
+
+def _as_int(value, what):
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise KcclInvalidArgument(f"{what} must be an int, got {type(value).__name__}")
+    return int(value)
+
+
+_ndarray = np.ndarray
+_from_buffer = ffi.from_buffer
+_NULL = ffi.NULL
+
+
+class Communicator:
+    """A group of `nranks` processes on one host, this process being `rank`.
+
+    Communicator(nranks, unique_id, rank, config=None): collective, blocks until all
+    ranks joined.  config: {setting: value} overriding the KCCL_* environment
+    (see `python -m kccl.config`)."""
+
+    def __init__(self, nranks, unique_id, rank, *, config=None):
+        self._comm = None
+        self._why_closed = "never initialised"
+        nranks = _as_int(nranks, "nranks")
+        rank = _as_int(rank, "rank")
+        if nranks < 1:
+            raise KcclInvalidArgument(f"nranks must be >= 1, got {nranks}")
+        if not 0 <= rank < nranks:
+            raise KcclInvalidArgument(f"rank {rank} out of range for nranks={nranks}")
+        if not isinstance(unique_id, (bytes, bytearray, memoryview)):
+            raise KcclInvalidArgument(f"unique_id must be a kccl.UniqueId (bytes), got {type(unique_id).__name__}")
+        uid = ffi.new("kcclUniqueId *")
+        ffi.buffer(uid)[:] = UniqueId(unique_id)
+        cfg = _config.native(ffi, config)
+        pcomm = ffi.new("kcclComm_t *")
+        rc = lib.kcclCommInitRankConfig(pcomm, nranks, uid[0], rank, cfg)
+        if rc:
+            _raise(rc)
+        self._comm = pcomm[0]
+        self._rank, self._size = rank, nranks
+        self._pid = os.getpid()
+
+    @classmethod
+    def from_mpi(cls, mpi_comm, *, config=None):
+        """All ranks of an mpi4py communicator (all on one host) become a KCCL communicator."""
+        from mpi4py import MPI
+        hosts = mpi_comm.allgather(MPI.Get_processor_name())
+        if len(set(hosts)) != 1:
+            raise KcclInvalidUsage(f"the host transport needs every rank on one host; ranks run on {sorted(set(hosts))}")
+        uid = get_unique_id() if mpi_comm.Get_rank() == 0 else None
+        uid = mpi_comm.bcast(bytes(uid) if uid is not None else None, root=0)
+        return cls(mpi_comm.Get_size(), UniqueId(uid), mpi_comm.Get_rank(), config=config)
+
+    # -- properties -----------------------------------------------------------------
+    @property
+    def rank(self):
+        return self._rank
+
+    @property
+    def size(self):
+        return self._size
+
+    @property
+    def closed(self):
+        return self._comm is None
+
+    def _handle(self):
+        comm = self._comm
+        if comm is None:
+            raise KcclInvalidUsage(f"communicator is closed ({self._why_closed})")
+        return comm
+
+    def __repr__(self):
+        state = "closed" if self._comm is None else "open"
+        return f"<kccl.Communicator rank {getattr(self, '_rank', '?')}/{getattr(self, '_size', '?')} {state}>"
+
+    # -- collectives ----------------------------------------------------------------
+    def all_reduce(self, send, recv=None, op=SUM, *, dtype=None):
+        """recv[i] = send_0[i] op send_1[i] op ... (rank order on every rank). Returns recv."""
+        comm = self._comm
+        if recv is None:
+            recv = send
+        # Fast path: numpy arrays of a native dtype (the decode hot path).
+        if type(send) is _ndarray and type(recv) is _ndarray and dtype is None and comm is not None:
+            code = NUMPY_CODES.get(send.dtype)
+            opc = _OPS.get(op) if type(op) is not bool else None
+            if code is not None and opc is not None and recv.dtype == send.dtype and recv.nbytes == send.nbytes:
+                try:
+                    if recv is send:
+                        sp = rp = _from_buffer(send, require_writable=True)
+                    else:
+                        sp = _from_buffer(send)
+                        rp = _from_buffer(recv, require_writable=True)
+                except Exception:
+                    pass  # the general path explains what is wrong
+                else:
+                    rc = lib.kcclAllReduce(sp, rp, send.size, code, opc, comm, _NULL)
+                    if rc:
+                        _raise(rc)
+                    return recv
+        return self._all_reduce_general(send, recv, op, dtype)
+
+    def _all_reduce_general(self, send, recv, op, dtype):
+        comm = self._handle()
+        opc = _op_code(op)
+        inplace = recv is send
+        sp, n, code, _ = resolve(send, dtype, inplace, "recv" if inplace else "send")
+        if inplace:
+            rp = sp
+        else:
+            rp, rn, rcode, _ = resolve(recv, dtype, True, "recv")
+            self._same_dtype(code, rcode)
+            if rn != n:
+                raise KcclInvalidArgument(f"recv has {rn} elements, send {n}: all_reduce needs equal sizes")
+        rc = lib.kcclAllReduce(sp, rp, n, code, opc, comm, _NULL)
+        if rc:
+            _raise(rc)
+        return recv
+
+    @staticmethod
+    def _same_dtype(a, b):
+        if a != b:
+            from ._buffers import NAMES
+            raise KcclInvalidArgument(f"send is {NAMES[a]} but recv is {NAMES[b]}")
+
+    def all_gather(self, send, recv=None, *, dtype=None):
+        """recv = concatenation of every rank's send, in rank order.  recv=None allocates
+        (numpy sends): shape (size, *send.shape)."""
+        comm = self._handle()
+        if recv is None:
+            recv = self._alloc_like(send, (self._size,) + np.shape(send), dtype)
+        sp, n, code, _ = resolve(send, dtype, False, "send")
+        rp, rn, rcode, _ = resolve(recv, dtype, True, "recv")
+        self._same_dtype(code, rcode)
+        if rn != n * self._size:
+            raise KcclInvalidArgument(f"all_gather: recv has {rn} elements, needs size*send = {n * self._size}")
+        rc = lib.kcclAllGather(sp, rp, n, code, comm, _NULL)
+        if rc:
+            _raise(rc)
+        return recv
+
+    def reduce_scatter(self, send, recv=None, op=SUM, *, dtype=None):
+        """Rank r receives block r of the reduction of every rank's send (size equal blocks).
+        recv=None allocates (numpy sends): send.size // size elements."""
+        comm = self._handle()
+        opc = _op_code(op)
+        sp, n, code, _ = resolve(send, dtype, False, "send")
+        if n % self._size:
+            raise KcclInvalidArgument(f"reduce_scatter: send has {n} elements, not a multiple of size={self._size}")
+        if recv is None:
+            recv = self._alloc_like(send, (n // self._size,), dtype)
+        rp, rn, rcode, _ = resolve(recv, dtype, True, "recv")
+        self._same_dtype(code, rcode)
+        if rn * self._size != n:
+            raise KcclInvalidArgument(f"reduce_scatter: recv has {rn} elements, needs send/size = {n // self._size}")
+        rc = lib.kcclReduceScatter(sp, rp, rn, code, opc, comm, _NULL)
+        if rc:
+            _raise(rc)
+        return recv
+
+    def broadcast(self, buf, root=0, *, dtype=None):
+        """root's buf is copied into every other rank's buf (in place). Returns buf."""
+        comm = self._handle()
+        root = _as_int(root, "root")
+        if not 0 <= root < self._size:
+            raise KcclInvalidArgument(f"root {root} out of range for size={self._size}")
+        p, n, code, _ = resolve(buf, dtype, True, "buf")
+        rc = lib.kcclBroadcast(p, p, n, code, root, comm, _NULL)
+        if rc:
+            _raise(rc)
+        return buf
+
+    def barrier(self):
+        rc = lib.kcclBarrier(self._handle(), _NULL)
+        if rc:
+            _raise(rc)
+
+    def bench_all_reduce(self, send, recv=None, op=SUM, iters=1000, *, dtype=None):
+        """Mean microseconds of `iters` back-to-back all-reduces timed inside C."""
+        comm = self._handle()
+        opc = _op_code(op)
+        if recv is None:
+            recv = send
+        sp, n, code, _ = resolve(send, dtype, recv is send, "send")
+        rp = sp if recv is send else resolve(recv, dtype, True, "recv")[0]
+        out = ffi.new("double *")
+        rc = lib.kcclBenchAllReduce(sp, rp, n, code, opc, comm, _as_int(iters, "iters"), out)
+        if rc:
+            _raise(rc)
+        return out[0]
+
+    @staticmethod
+    def _alloc_like(send, shape, dtype):
+        if isinstance(send, np.ndarray) and dtype is None:
+            return np.empty(shape, dtype=send.dtype)
+        raise KcclInvalidArgument("pass recv explicitly unless send is a numpy array and dtype is None")
+
+    # -- life cycle -----------------------------------------------------------------
+    def async_error(self):
+        """None while usable, else the KcclError that broke the communicator."""
+        out = ffi.new("kcclResult_t *")
+        rc = lib.kcclCommGetAsyncError(self._handle(), out)
+        if rc:
+            _raise(rc)
+        return None if out[0] == 0 else error_for(int(out[0]), "communicator failed earlier")
+
+    def abort(self):
+        """Local and immediate: peers blocked in a collective with this rank get KcclRemoteError."""
+        comm, self._comm = self._comm, None
+        if comm is not None:
+            self._why_closed = "aborted"
+            lib.kcclCommAbort(comm)
+
+    def close(self):
+        """Releases the communicator (idempotent)."""
+        comm, self._comm = self._comm, None
+        if comm is not None:
+            self._why_closed = "closed"
+            lib.kcclCommDestroy(comm)
+
+    def __enter__(self):
+        self._handle()
+        return self
+
+    def __exit__(self, exc_type, exc, tb):
+        self.close()
+
+    def __del__(self):
+        # Not in a forked child: the handle belongs to the parent's mappings.
+        if getattr(self, "_comm", None) is not None and getattr(self, "_pid", None) == os.getpid():
+            self.close()

@@ -1,0 +1,141 @@
+"""The one registry of KCCL_* settings.
+
+Every setting KCCL reads is listed here with its type, default and meaning.
+The Python package resolves them from the environment (or from overrides
+given to `Communicator(..., config={...})`) and hands them to the C core in a
+kcclConfig_t; C programs get the same names and defaults from kcclConfigInit.
+
+    python -m kccl.config     # prints every setting, its value and where it came from
+"""
+import os
+import sys
+from dataclasses import dataclass
+from typing import Callable, Optional, Tuple
+
+from .errors import KcclInvalidArgument
+
+ALGOS = {"auto": 0, "oneshot": 1, "twoshot": 2}
+DEBUG_LEVELS = {"NONE": 0, "WARN": 1, "INFO": 2, "TRACE": 3}
+
+
+def _int_range(lo, hi, sizes=False):
+    def parse(text):
+        s = str(text).strip()
+        mult = 1
+        if sizes and s[-1:] in "kKmM" and s[:-1]:
+            mult = 1024 if s[-1] in "kK" else 1024 * 1024
+            s = s[:-1]
+        try:
+            v = int(s) * mult
+        except ValueError:
+            raise ValueError(f"expected an integer{' (k/M suffix allowed)' if sizes else ''}") from None
+        if not lo <= v <= hi:
+            raise ValueError(f"expected a value in [{lo}, {hi}]")
+        return v
+    return parse
+
+
+def _choice(table):
+    def parse(text):
+        s = str(text).strip()
+        for name, v in table.items():
+            if s.lower() == name.lower() or s == str(v):
+                return name
+        raise ValueError(f"expected one of {', '.join(table)}")
+    return parse
+
+
+@dataclass(frozen=True)
+class Setting:
+    name: str          # environment variable
+    field: str         # kcclConfig_t field
+    default: object
+    parse: Callable
+    doc: str
+
+
+SETTINGS: Tuple[Setting, ...] = (
+    Setting("KCCL_TIMEOUT_MS", "timeout_ms", 30000, _int_range(0, 86_400_000),
+            "Bound on any wait (init and collectives), in ms; 0 waits forever. A dead peer is "
+            "reported within about 1 ms whatever this is."),
+    Setting("KCCL_ALGO", "algo", "auto", _choice(ALGOS),
+            "All-reduce algorithm: auto (by size, see KCCL_ONESHOT_MAX_BYTES), oneshot or twoshot."),
+    Setting("KCCL_ONESHOT_MAX_BYTES", "oneshot_max_bytes", 64 * 1024, _int_range(0, 1 << 40, sizes=True),
+            "Largest all-reduce (bytes) that auto sends one-shot; larger ones go two-shot."),
+    Setting("KCCL_BUFFER_BYTES", "buffer_bytes", 1024 * 1024, _int_range(4096, 1 << 30, sizes=True),
+            "Bytes per shared-memory slot, the chunk size of large messages (each rank maps "
+            "4 slots per rank). Must be equal on all ranks."),
+    Setting("KCCL_SPIN_US", "spin_us", -1, _int_range(-1, 10_000_000),
+            "Busy-poll time before yielding the CPU; -1 = auto (100 us with a core per rank, "
+            "2 us when ranks outnumber cores)."),
+    Setting("KCCL_YIELD_US", "yield_us", -1, _int_range(-1, 10_000_000),
+            "sched_yield phase after spinning, before sleeping on a futex; -1 = auto (2000 us, "
+            "or 100 us when ranks outnumber cores)."),
+    Setting("KCCL_DEBUG", "debug", "NONE", _choice(DEBUG_LEVELS),
+            "Log to stderr: NONE, WARN (every error), INFO (init details), TRACE."),
+)
+BY_NAME = {s.name: s for s in SETTINGS}
+
+
+def resolve(overrides: Optional[dict] = None, environ=None):
+    """{name: (value, source)} for every setting; source is 'default', 'env' or 'override'.
+    overrides may use the variable name (KCCL_TIMEOUT_MS) or the short field name (timeout_ms)."""
+    environ = os.environ if environ is None else environ
+    by_field = {s.field: s for s in SETTINGS}
+    given = {}
+    for key, val in (overrides or {}).items():
+        s = BY_NAME.get(key) or by_field.get(key)
+        if s is None:
+            raise KcclInvalidArgument(f"unknown KCCL setting {key!r}; known: {', '.join(BY_NAME)}")
+        given[s.name] = val
+    out = {}
+    for s in SETTINGS:
+        if s.name in given:
+            raw, src = given[s.name], "override"
+        elif environ.get(s.name, "") != "":
+            raw, src = environ[s.name], "env"
+        else:
+            out[s.name] = (s.default, "default")
+            continue
+        try:
+            out[s.name] = (s.parse(raw), src)
+        except ValueError as e:
+            raise KcclInvalidArgument(f"{s.name}={raw!r}: {e}") from None
+    return out
+
+
+def native(ffi, overrides=None):
+    """A filled kcclConfig_t* for kcclCommInitRankConfig."""
+    cfg = ffi.new("kcclConfig_t *")
+    cfg.size = ffi.sizeof("kcclConfig_t")
+    for name, (value, _src) in resolve(overrides).items():
+        s = BY_NAME[name]
+        if s.field == "algo":
+            value = ALGOS[value]
+        elif s.field == "debug":
+            value = DEBUG_LEVELS[value]
+        setattr(cfg, s.field, value)
+    return cfg
+
+
+def describe(environ=None) -> str:
+    rows = resolve(environ=environ)
+    w = max(len(s.name) for s in SETTINGS)
+    lines = [f"{'setting':<{w}}  {'value':>10}  {'source':<8}  meaning"]
+    for s in SETTINGS:
+        value, src = rows[s.name]
+        lines.append(f"{s.name:<{w}}  {str(value):>10}  {src:<8}  {s.doc}")
+    return "\n".join(lines)
+
+
+def main(argv=None):
+    try:
+        print(describe())
+    except KcclInvalidArgument as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

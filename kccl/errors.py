@@ -1,0 +1,67 @@
+"""Exceptions: one class per KCCL result code, each also a matching builtin,
+so `except ValueError` catches a bad argument and `except TimeoutError` a
+timeout, as callers of the standard library would expect."""
+
+SUCCESS, UNHANDLED_CUDA_ERROR, SYSTEM_ERROR, INTERNAL_ERROR = 0, 1, 2, 3
+INVALID_ARGUMENT, INVALID_USAGE, REMOTE_ERROR, IN_PROGRESS, TIMEOUT = 4, 5, 6, 7, 8
+
+
+class KcclError(Exception):
+    """Base of every KCCL error; `.code` is the C result code, `.detail` the text."""
+
+    code = INTERNAL_ERROR
+
+    def __init__(self, detail="", code=None):
+        if code is not None:
+            self.code = code
+        self.detail = detail
+        Exception.__init__(self, detail)
+
+    def __str__(self):
+        return self.detail
+
+
+class KcclCudaError(KcclError, RuntimeError):
+    code = UNHANDLED_CUDA_ERROR
+
+
+class KcclSystemError(KcclError, OSError):
+    code = SYSTEM_ERROR
+
+
+class KcclInternalError(KcclError, RuntimeError):
+    code = INTERNAL_ERROR
+
+
+class KcclInvalidArgument(KcclError, ValueError):
+    code = INVALID_ARGUMENT
+
+
+class KcclInvalidUsage(KcclError, RuntimeError):
+    """Right arguments, wrong moment: a closed or broken communicator, a reused rank."""
+
+    code = INVALID_USAGE
+
+
+class KcclRemoteError(KcclError, RuntimeError):
+    """A peer died, aborted, closed, or called a different collective."""
+
+    code = REMOTE_ERROR
+
+
+class KcclInProgress(KcclError, RuntimeError):
+    code = IN_PROGRESS
+
+
+class KcclTimeout(KcclError, TimeoutError):
+    code = TIMEOUT
+
+
+_BY_CODE = {cls.code: cls for cls in (KcclCudaError, KcclSystemError, KcclInternalError, KcclInvalidArgument,
+                                      KcclInvalidUsage, KcclRemoteError, KcclInProgress, KcclTimeout)}
+
+
+def error_for(code, detail):
+    """The exception instance for a non-zero result code."""
+    cls = _BY_CODE.get(code, KcclError)
+    return cls(detail or f"KCCL error {code}", code=code)

@@ -1,0 +1,144 @@
+/*
+ * kccl.h - the one public C header of KCCL, a low-latency collective library.
+ *
+ * The shape follows NCCL: opaque communicator handles, a 128-byte POD unique
+ * id that the caller distributes, every call returns a kcclResult_t, result
+ * codes and data-type / op enums carry NCCL's numeric values, and a
+ * collective is in place when sendbuff == recvbuff.
+ *
+ * Host transport (the default, no GPU): every rank maps every peer's POSIX
+ * shared-memory segment; collectives block the calling thread until the
+ * result is in recvbuff.  Pass stream = NULL.
+ *
+ * Thread safety: a communicator may be used by one thread at a time.
+ * kcclGetLastError() returns the calling thread's last error text.
+ */
+#ifndef KCCL_H_
+#define KCCL_H_
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define KCCL_MAJOR 0
+#define KCCL_MINOR 1
+#define KCCL_PATCH 0
+#define KCCL_VERSION_CODE (KCCL_MAJOR * 10000 + KCCL_MINOR * 100 + KCCL_PATCH)
+
+#define KCCL_UNIQUE_ID_BYTES 128
+
+typedef struct kcclComm *kcclComm_t;
+
+/* Plain old data: copy it, send it, write it to a file. */
+typedef struct {
+  char internal[KCCL_UNIQUE_ID_BYTES];
+} kcclUniqueId;
+
+/* Numeric values 0..7 are NCCL's; kcclTimeout is KCCL's addition. */
+typedef enum {
+  kcclSuccess = 0,
+  kcclUnhandledCudaError = 1,
+  kcclSystemError = 2,
+  kcclInternalError = 3,
+  kcclInvalidArgument = 4,
+  kcclInvalidUsage = 5,
+  kcclRemoteError = 6, /* a peer died, aborted, or called a different collective */
+  kcclInProgress = 7,
+  kcclTimeout = 8,     /* a wait ran past KCCL_TIMEOUT_MS */
+  kcclNumResults = 9
+} kcclResult_t;
+
+/* NCCL's numbering. */
+typedef enum {
+  kcclInt8 = 0,
+  kcclUint8 = 1,
+  kcclInt32 = 2,
+  kcclUint32 = 3,
+  kcclInt64 = 4,
+  kcclUint64 = 5,
+  kcclFloat16 = 6,
+  kcclFloat32 = 7,
+  kcclFloat64 = 8,
+  kcclBfloat16 = 9,
+  kcclNumTypes = 10
+} kcclDataType_t;
+
+typedef enum {
+  kcclSum = 0,
+  kcclProd = 1,
+  kcclMax = 2,
+  kcclMin = 3,
+  kcclAvg = 4,
+  kcclNumOps = 5
+} kcclRedOp_t;
+
+/* Algorithm choice for all-reduce. */
+typedef enum { kcclAlgoAuto = 0, kcclAlgoOneShot = 1, kcclAlgoTwoShot = 2 } kcclAlgo_t;
+
+/*
+ * Per-communicator settings.  kcclConfigInit() fills the built-in defaults and
+ * then applies the KCCL_* environment variables (the registry of names lives in
+ * the Python package, kccl/config.py; `python -m kccl.config` prints it).
+ */
+typedef struct {
+  size_t size;             /* sizeof(kcclConfig_t), checked for ABI safety */
+  int timeout_ms;          /* KCCL_TIMEOUT_MS: bound on any wait; 0 = wait forever */
+  int algo;                /* KCCL_ALGO: kcclAlgo_t */
+  size_t oneshot_max_bytes;/* KCCL_ONESHOT_MAX_BYTES: all-reduce crossover */
+  size_t buffer_bytes;     /* KCCL_BUFFER_BYTES: bytes per slot (chunk size) */
+  int spin_us;             /* KCCL_SPIN_US: busy-poll time before yielding; -1 = auto */
+  int yield_us;            /* KCCL_YIELD_US: sched_yield phase before futex sleep; -1 = auto */
+  int debug;               /* KCCL_DEBUG: 0 none, 1 warn, 2 info, 3 trace */
+} kcclConfig_t;
+
+kcclResult_t kcclConfigInit(kcclConfig_t *config);
+
+kcclResult_t kcclGetVersion(int *version);
+kcclResult_t kcclGetUniqueId(kcclUniqueId *uniqueId);
+
+/* Collective over nranks processes of one host; blocks until all have joined
+ * or KCCL_TIMEOUT_MS passes. */
+kcclResult_t kcclCommInitRank(kcclComm_t *comm, int nranks, kcclUniqueId commId, int rank);
+kcclResult_t kcclCommInitRankConfig(kcclComm_t *comm, int nranks, kcclUniqueId commId, int rank,
+                                    const kcclConfig_t *config);
+/* Releases the communicator; peers still waiting on this rank get kcclRemoteError. */
+kcclResult_t kcclCommDestroy(kcclComm_t comm);
+/* Local and immediate: marks this rank aborted (peers blocked in a collective
+ * return kcclRemoteError) and releases the communicator. */
+kcclResult_t kcclCommAbort(kcclComm_t comm);
+kcclResult_t kcclCommCount(const kcclComm_t comm, int *count);
+kcclResult_t kcclCommUserRank(const kcclComm_t comm, int *rank);
+/* kcclSuccess while usable; otherwise the error that broke it. */
+kcclResult_t kcclCommGetAsyncError(kcclComm_t comm, kcclResult_t *asyncError);
+
+kcclResult_t kcclAllReduce(const void *sendbuff, void *recvbuff, size_t count,
+                           kcclDataType_t datatype, kcclRedOp_t op, kcclComm_t comm, void *stream);
+/* recvbuff holds nranks * sendcount elements; in place when sendbuff == recvbuff + rank*sendcount. */
+kcclResult_t kcclAllGather(const void *sendbuff, void *recvbuff, size_t sendcount,
+                           kcclDataType_t datatype, kcclComm_t comm, void *stream);
+/* sendbuff holds nranks * recvcount elements; in place when recvbuff == sendbuff + rank*recvcount. */
+kcclResult_t kcclReduceScatter(const void *sendbuff, void *recvbuff, size_t recvcount,
+                               kcclDataType_t datatype, kcclRedOp_t op, kcclComm_t comm,
+                               void *stream);
+/* sendbuff is read on root only. */
+kcclResult_t kcclBroadcast(const void *sendbuff, void *recvbuff, size_t count,
+                           kcclDataType_t datatype, int root, kcclComm_t comm, void *stream);
+kcclResult_t kcclBarrier(kcclComm_t comm, void *stream);
+
+const char *kcclGetErrorString(kcclResult_t result);
+/* The calling thread's last error detail (comm may be NULL). */
+const char *kcclGetLastError(kcclComm_t comm);
+
+/* Benchmark helper: `iters` back-to-back all-reduces timed inside C, so the
+ * cost of the calling language is left out.  *usPerCall gets the mean. */
+kcclResult_t kcclBenchAllReduce(const void *sendbuff, void *recvbuff, size_t count,
+                                kcclDataType_t datatype, kcclRedOp_t op, kcclComm_t comm,
+                                int iters, double *usPerCall);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* KCCL_H_ */

@@ -1,0 +1,128 @@
+/* comm.c - communicator life cycle: init, destroy, abort, queries. */
+#define _GNU_SOURCE
+#include <sched.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "internal.h"
+
+static size_t round_up(size_t x, size_t a) { return (x + a - 1) / a * a; }
+
+static int allowed_cpus(void) {
+  cpu_set_t set;
+  if (sched_getaffinity(0, sizeof set, &set) == 0) return CPU_COUNT(&set);
+  long n = sysconf(_SC_NPROCESSORS_ONLN);
+  return n > 0 ? (int)n : 1;
+}
+
+/* Waiting phases.  With a core per rank, spinning is cheapest; with more ranks
+ * than cores a spinning rank steals the core its peer needs, so spin briefly
+ * and let the scheduler (yield, then futex sleep) hand the core over. */
+static void resolve_waits(struct kcclComm *c) {
+  int over = c->nranks > c->ncpus;
+  int spin = c->cfg.spin_us >= 0 ? c->cfg.spin_us : (over ? 2 : 100);
+  int yield = c->cfg.yield_us >= 0 ? c->cfg.yield_us : (over ? 100 : 2000);
+  c->spin_ns = (int64_t)spin * 1000;
+  c->yield_ns = (int64_t)yield * 1000;
+}
+
+kcclResult_t kcclCommInitRankConfig(kcclComm_t *out, int nranks, kcclUniqueId id, int rank,
+                                    const kcclConfig_t *config) {
+  if (!out) return kccl_err(kcclInvalidArgument, "comm is NULL");
+  *out = NULL;
+  if (nranks < 1 || nranks > KCCL_MAX_RANKS)
+    return kccl_err(kcclInvalidArgument, "nranks=%d: expected 1..%d", nranks, KCCL_MAX_RANKS);
+  if (rank < 0 || rank >= nranks)
+    return kccl_err(kcclInvalidArgument, "rank=%d out of range for nranks=%d", rank, nranks);
+  kcclConfig_t cfg;
+  kcclResult_t r;
+  if (config) {
+    if (config->size != sizeof cfg)
+      return kccl_err(kcclInvalidArgument, "config.size=%zu, expected %zu (initialise it with kcclConfigInit)",
+                      config->size, sizeof cfg);
+    cfg = *config;
+  } else if ((r = kcclConfigInit(&cfg)) != kcclSuccess) {
+    return r;
+  }
+  if (cfg.buffer_bytes < 4096 || cfg.timeout_ms < 0 || cfg.algo < 0 || cfg.algo > kcclAlgoTwoShot ||
+      cfg.debug < 0 || cfg.debug > 3)
+    return kccl_err(kcclInvalidArgument, "invalid config (buffer_bytes >= 4096, timeout_ms >= 0, algo 0..2, debug 0..3)");
+  kccl_debug_level = cfg.debug;
+
+  struct kcclComm *c = calloc(1, sizeof *c);
+  if (!c) return kccl_err(kcclSystemError, "out of memory");
+  if ((r = kccl_uid_parse(&id, c->token)) != kcclSuccess) { free(c); return r; }
+  c->magic = KCCL_COMM_MAGIC;
+  c->nranks = nranks;
+  c->rank = rank;
+  c->cfg = cfg;
+  c->ncpus = allowed_cpus();
+  resolve_waits(c);
+  /* Reduce-scatter puts nranks blocks of at least one 8-byte element in a slot. */
+  size_t slot = round_up(cfg.buffer_bytes, KCCL_LINE);
+  if (slot < (size_t)nranks * KCCL_LINE) slot = (size_t)nranks * KCCL_LINE;
+  c->slot_bytes = slot;
+  c->slot_stride = round_up(SLOT_DATA_OFF + slot, KCCL_PAGE);
+  c->seg_bytes = KCCL_PAGE + (size_t)KCCL_NSETS * 2 * c->slot_stride;
+  c->names = calloc((size_t)nranks, sizeof *c->names);
+  c->base = calloc((size_t)nranks, sizeof *c->base);
+  c->hdr = calloc((size_t)nranks, sizeof *c->hdr);
+  c->pid = calloc((size_t)nranks, sizeof *c->pid);
+  c->pidfd = malloc((size_t)nranks * sizeof *c->pidfd);
+  if (!c->names || !c->base || !c->hdr || !c->pid || !c->pidfd) {
+    kccl_shm_release(c);
+    free(c);
+    return kccl_err(kcclSystemError, "out of memory");
+  }
+  for (int i = 0; i < nranks; i++) c->pidfd[i] = -1;
+
+  kccl_shm_sweep_stale();
+  if ((r = kccl_shm_connect(c)) != kcclSuccess) {
+    kccl_shm_release(c);
+    free(c);
+    return r;
+  }
+  kccl_log(2, "rank %d/%d ready: %zu-byte slots, spin %lld us, yield %lld us, %d cpus", rank, nranks,
+           c->slot_bytes, (long long)(c->spin_ns / 1000), (long long)(c->yield_ns / 1000), c->ncpus);
+  *out = c;
+  return kcclSuccess;
+}
+
+kcclResult_t kcclCommInitRank(kcclComm_t *comm, int nranks, kcclUniqueId id, int rank) {
+  return kcclCommInitRankConfig(comm, nranks, id, rank, NULL);
+}
+
+static int valid(const struct kcclComm *c) { return c && c->magic == KCCL_COMM_MAGIC; }
+
+static kcclResult_t finish(kcclComm_t c, uint32_t state) {
+  if (!valid(c)) return kccl_err(kcclInvalidArgument, "invalid communicator");
+  uint32_t cur = atomic_load(&c->hdr[c->rank]->state);
+  if (cur == SEG_READY || state == SEG_ABORTED) atomic_store(&c->hdr[c->rank]->state, state);
+  kccl_wake_all(c);
+  kccl_shm_release(c);
+  c->magic = 0;
+  free(c);
+  return kcclSuccess;
+}
+
+kcclResult_t kcclCommDestroy(kcclComm_t comm) { return finish(comm, SEG_CLOSED); }
+kcclResult_t kcclCommAbort(kcclComm_t comm) { return finish(comm, SEG_ABORTED); }
+
+kcclResult_t kcclCommCount(const kcclComm_t comm, int *count) {
+  if (!valid(comm) || !count) return kccl_err(kcclInvalidArgument, "invalid communicator or NULL count");
+  *count = comm->nranks;
+  return kcclSuccess;
+}
+
+kcclResult_t kcclCommUserRank(const kcclComm_t comm, int *rank) {
+  if (!valid(comm) || !rank) return kccl_err(kcclInvalidArgument, "invalid communicator or NULL rank");
+  *rank = comm->rank;
+  return kcclSuccess;
+}
+
+kcclResult_t kcclCommGetAsyncError(kcclComm_t comm, kcclResult_t *asyncError) {
+  if (!valid(comm) || !asyncError) return kccl_err(kcclInvalidArgument, "invalid communicator or NULL asyncError");
+  *asyncError = comm->error;
+  return kcclSuccess;
+}

@@ -1,0 +1,34 @@
+/* dtype.c - sizes and names of data types, ops and collectives. */
+#include "internal.h"
+
+size_t kccl_dtype_size(kcclDataType_t t) {
+  switch (t) {
+    case kcclInt8: case kcclUint8: return 1;
+    case kcclFloat16: case kcclBfloat16: return 2;
+    case kcclInt32: case kcclUint32: case kcclFloat32: return 4;
+    case kcclInt64: case kcclUint64: case kcclFloat64: return 8;
+    default: return 0;
+  }
+}
+
+const char *kccl_dtype_name(int t) {
+  static const char *n[] = {"int8", "uint8", "int32", "uint32", "int64",
+                            "uint64", "float16", "float32", "float64", "bfloat16"};
+  return (t >= 0 && t < kcclNumTypes) ? n[t] : "?";
+}
+
+const char *kccl_op_name(int op) {
+  static const char *n[] = {"sum", "prod", "max", "min", "avg"};
+  return (op >= 0 && op < kcclNumOps) ? n[op] : "?";
+}
+
+const char *kccl_coll_name(int coll) {
+  switch (coll) {
+    case COLL_ALLREDUCE: return "all_reduce";
+    case COLL_ALLGATHER: return "all_gather";
+    case COLL_REDUCESCATTER: return "reduce_scatter";
+    case COLL_BROADCAST: return "broadcast";
+    case COLL_BARRIER: return "barrier";
+    default: return "nothing";
+  }
+}

@@ -1,0 +1,122 @@
+/* internal.h - shared definitions of the host transport (not installed). */
+#ifndef KCCL_INTERNAL_H_
+#define KCCL_INTERNAL_H_
+
+#include <stdatomic.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#include "kccl.h"
+
+#define KCCL_LINE 64
+#define KCCL_PAGE 4096
+/* Two buffer sets suffice: every step waits for every peer's flag of that
+ * step, so when a rank starts step s+1 (reusing the set of step s-1) every
+ * peer has finished step s-1. */
+#define KCCL_NSETS 2
+#define KCCL_MAX_RANKS 1024
+
+/* Segment states, in the header of each rank's segment. */
+enum { SEG_CREATING = 0, SEG_READY = 1, SEG_CLOSED = 2, SEG_ABORTED = 3, SEG_FAILED = 4 };
+
+/* Collective kinds, part of the call signature. */
+enum { COLL_ALLREDUCE = 1, COLL_ALLGATHER, COLL_REDUCESCATTER, COLL_BROADCAST, COLL_BARRIER };
+
+/* What a rank is currently calling; read by peers only to explain a mismatch. */
+typedef struct {
+  uint32_t coll, dtype, op, root;
+  uint64_t count;
+  uint32_t seq, sig;
+} kccl_call_desc;
+
+/* First page of every rank's segment. */
+typedef struct {
+  uint64_t magic;
+  uint32_t version, nranks, rank, pid;
+  uint64_t starttime;       /* /proc/<pid>/stat field 22: tells pid reuse apart */
+  uint8_t token[16];
+  uint64_t seg_bytes, slot_bytes;
+  _Atomic uint32_t state;   /* SEG_* */
+  _Atomic uint32_t mapped;  /* 1 once this rank has mapped every peer */
+  char pad0[KCCL_LINE];
+  /* Written only by peers that go to sleep on one of this rank's flags;
+   * read by this rank after each publish to decide whether to futex-wake. */
+  _Atomic uint32_t sleepers __attribute__((aligned(KCCL_LINE)));
+  char pad1[KCCL_LINE];
+  kccl_call_desc call __attribute__((aligned(KCCL_LINE)));
+} kccl_seg_header;
+
+_Static_assert(sizeof(kccl_seg_header) <= KCCL_PAGE, "header must fit a page");
+
+/* A slot: the flag word at offset 0, data right after it, so a message of up to
+ * 56 bytes travels in the same cache line as its flag (one hop, not two).
+ * Flag = seq << 32 | signature. */
+#define SLOT_DATA_OFF 8
+
+struct kcclComm {
+  uint64_t magic;
+  int nranks, rank;
+  kcclConfig_t cfg;
+  int ncpus;                 /* CPUs this process may run on */
+  int64_t spin_ns, yield_ns; /* resolved waiting phases */
+  uint32_t step;             /* last step sequence number used */
+  kcclResult_t error;        /* sticky: first error that broke the communicator */
+  char error_text[256];
+  size_t seg_bytes, slot_bytes, slot_stride;
+  uint8_t token[16];
+  char **names;              /* shm name of each rank (kept to clean up after dead peers) */
+  uint8_t **base;            /* each rank's mapped segment */
+  kccl_seg_header **hdr;
+  pid_t *pid;
+  int *pidfd;                /* -1 where pidfd_open is unavailable */
+};
+
+#define KCCL_COMM_MAGIC 0x4b43434c434f4d4dull /* "KCCLCOMM" */
+#define KCCL_SEG_MAGIC 0x4b43434c5345474dull  /* "KCCLSEGM" */
+
+/* Slot `which` (0 = A, 1 = B) of buffer set `set` in rank r's segment. */
+static inline uint8_t *kccl_slot(struct kcclComm *c, int r, uint32_t set, int which) {
+  return c->base[r] + KCCL_PAGE + ((size_t)set * 2 + (size_t)which) * c->slot_stride;
+}
+static inline _Atomic uint64_t *kccl_flag(uint8_t *slot) { return (_Atomic uint64_t *)slot; }
+static inline uint8_t *kccl_data(uint8_t *slot) { return slot + SLOT_DATA_OFF; }
+
+/* error.c */
+kcclResult_t kccl_err(kcclResult_t code, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+kcclResult_t kccl_comm_fail(struct kcclComm *c, kcclResult_t code, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+void kccl_log(int level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+extern int kccl_debug_level;
+
+/* dtype.c */
+size_t kccl_dtype_size(kcclDataType_t t); /* 0 when unknown */
+const char *kccl_dtype_name(int t);
+const char *kccl_op_name(int op);
+const char *kccl_coll_name(int coll);
+
+/* reduce.c: out[i] = in[0][i] op in[1][i] op ... in rank order (f16/bf16 in f32). */
+void kccl_reduce(void *out, const void *const *in, int nin, size_t count, kcclDataType_t t,
+                 kcclRedOp_t op, int nranks_for_avg);
+
+/* wait.c */
+int64_t kccl_now_ns(void);
+void kccl_publish(struct kcclComm *c, _Atomic uint64_t *flag, uint32_t seq, uint32_t sig);
+kcclResult_t kccl_wait_flag(struct kcclComm *c, int peer, _Atomic uint64_t *flag, uint32_t seq,
+                            uint32_t sig);
+kcclResult_t kccl_check_peers(struct kcclComm *c, char *why, size_t whylen);
+void kccl_wake_all(struct kcclComm *c);
+
+/* shm.c */
+kcclResult_t kccl_shm_connect(struct kcclComm *c);
+void kccl_shm_release(struct kcclComm *c);
+void kccl_shm_sweep_stale(void);
+uint64_t kccl_proc_starttime(pid_t pid);
+int kccl_pid_alive(pid_t pid, uint64_t starttime);
+
+/* uniqueid.c */
+kcclResult_t kccl_uid_parse(const kcclUniqueId *id, uint8_t token[16]);
+
+/* collectives.c */
+uint32_t kccl_signature(int coll, size_t count, int dtype, int op, int root);
+
+#endif

@@ -1,0 +1,275 @@
+/* shm.c - the segments: create this rank's, map every peer's, unlink the names.
+ *
+ * Name of rank r's segment: /kccl-<token as 32 hex digits>-<r>, mode 0600.
+ * Once every rank has mapped every segment the names are unlinked, so from then
+ * on a crash of any or all ranks leaves nothing in /dev/shm (the kernel frees
+ * the memory with the last mapping).  Only the short window during init can
+ * leave a name behind (every rank SIGKILLed before the unlink): survivors
+ * unlink a dead peer's name, and every init and get_unique_id sweeps names
+ * whose creating process is gone. */
+#define _GNU_SOURCE
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "internal.h"
+
+#define SHM_PREFIX "kccl-"
+
+/* Start time of a process in clock ticks since boot (0 if unknown): with the
+ * pid it names one process, even after the pid is reused. */
+uint64_t kccl_proc_starttime(pid_t pid) {
+  char path[64], buf[1024];
+  snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
+  int fd = open(path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return 0;
+  ssize_t n = read(fd, buf, sizeof buf - 1);
+  close(fd);
+  if (n <= 0) return 0;
+  buf[n] = 0;
+  char *p = strrchr(buf, ')'); /* the command name may contain spaces */
+  if (!p) return 0;
+  /* after ")" come fields 3.. ; starttime is field 22 */
+  int field = 2;
+  for (; *p && field < 22; p++)
+    if (*p == ' ') field++;
+  return strtoull(p, NULL, 10);
+}
+
+static char proc_state(pid_t pid) {
+  char path[64], buf[512];
+  snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
+  int fd = open(path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return 0;
+  ssize_t n = read(fd, buf, sizeof buf - 1);
+  close(fd);
+  if (n <= 0) return 0;
+  buf[n] = 0;
+  char *p = strrchr(buf, ')');
+  return (p && p[1] == ' ') ? p[2] : 0;
+}
+
+/* Alive = exists, is not a zombie, and is the same process (start time). */
+int kccl_pid_alive(pid_t pid, uint64_t starttime) {
+  if (pid <= 0) return 0;
+  if (kill(pid, 0) != 0 && errno == ESRCH) return 0;
+  char st = proc_state(pid);
+  if (st == 0) return kill(pid, 0) == 0 || errno == EPERM; /* no /proc: trust kill() */
+  if (st == 'Z' || st == 'X') return 0;
+  if (starttime && kccl_proc_starttime(pid) != starttime) return 0;
+  return 1;
+}
+
+static void seg_name(char *out, size_t n, const uint8_t token[16], int rank) {
+  char hex[33];
+  for (int i = 0; i < 16; i++) snprintf(hex + 2 * i, 3, "%02x", token[i]);
+  snprintf(out, n, "/" SHM_PREFIX "%s-%d", hex, rank);
+}
+
+static void sleep_us(long us) {
+  struct timespec ts = {us / 1000000, (us % 1000000) * 1000};
+  nanosleep(&ts, NULL);
+}
+
+/* Unlinks /dev/shm/kccl-* names of this user whose creator is gone. */
+void kccl_shm_sweep_stale(void) {
+  DIR *d = opendir("/dev/shm");
+  if (!d) return;
+  struct dirent *e;
+  while ((e = readdir(d)) != NULL) {
+    if (strncmp(e->d_name, SHM_PREFIX, strlen(SHM_PREFIX)) != 0) continue;
+    char name[300];
+    snprintf(name, sizeof name, "/%s", e->d_name);
+    int fd = shm_open(name, O_RDONLY, 0);
+    if (fd < 0) continue;
+    struct stat sb;
+    int stale = 0;
+    if (fstat(fd, &sb) == 0 && sb.st_uid == geteuid()) {
+      if ((size_t)sb.st_size >= sizeof(kccl_seg_header)) {
+        kccl_seg_header *h = mmap(NULL, sizeof *h, PROT_READ, MAP_SHARED, fd, 0);
+        if (h != MAP_FAILED) {
+          if (h->magic == KCCL_SEG_MAGIC)
+            stale = !kccl_pid_alive((pid_t)h->pid, h->starttime);
+          else /* never initialised: stale once clearly abandoned */
+            stale = time(NULL) - sb.st_mtime > 60;
+          munmap(h, sizeof *h);
+        }
+      } else {
+        stale = time(NULL) - sb.st_mtime > 60;
+      }
+    }
+    close(fd);
+    if (stale) {
+      shm_unlink(name);
+      kccl_log(2, "removed stale segment %s", name);
+    }
+  }
+  closedir(d);
+}
+
+static kcclResult_t create_own(struct kcclComm *c) {
+  const char *name = c->names[c->rank];
+  int fd = shm_open(name, O_CREAT | O_EXCL | O_RDWR | O_CLOEXEC, 0600);
+  if (fd < 0) {
+    if (errno == EEXIST)
+      return kccl_err(kcclInvalidUsage,
+                      "rank %d of this unique id is already initialised (a unique id serves one "
+                      "communicator, and each rank joins once)", c->rank);
+    return kccl_err(kcclSystemError, "shm_open(%s): %s", name, strerror(errno));
+  }
+  if (ftruncate(fd, (off_t)c->seg_bytes) != 0) {
+    int e = errno;
+    close(fd);
+    shm_unlink(name);
+    return kccl_err(kcclSystemError, "ftruncate(%s, %zu): %s (is /dev/shm large enough? see KCCL_BUFFER_BYTES)",
+                    name, c->seg_bytes, strerror(e));
+  }
+  void *p = mmap(NULL, c->seg_bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
+  int e = errno;
+  close(fd);
+  if (p == MAP_FAILED) {
+    shm_unlink(name);
+    return kccl_err(kcclSystemError, "mmap of %zu bytes: %s", c->seg_bytes, strerror(e));
+  }
+  c->base[c->rank] = p;
+  kccl_seg_header *h = c->hdr[c->rank] = p;
+  h->version = KCCL_VERSION_CODE;
+  h->nranks = (uint32_t)c->nranks;
+  h->rank = (uint32_t)c->rank;
+  h->pid = (uint32_t)getpid();
+  h->starttime = kccl_proc_starttime(getpid());
+  memcpy(h->token, c->token, 16);
+  h->seg_bytes = c->seg_bytes;
+  h->slot_bytes = c->slot_bytes;
+  atomic_store_explicit(&h->state, SEG_READY, memory_order_relaxed);
+  __atomic_store_n(&h->magic, KCCL_SEG_MAGIC, __ATOMIC_RELEASE); /* header complete */
+  c->pid[c->rank] = getpid();
+  return kcclSuccess;
+}
+
+static int peer_dead(struct kcclComm *c, int p) {
+  return c->hdr[p] && !kccl_pid_alive(c->pid[p], c->hdr[p]->starttime);
+}
+
+/* Maps peer p's segment, waiting for it to appear and be initialised. */
+static kcclResult_t map_peer(struct kcclComm *c, int p, int64_t deadline) {
+  long backoff = 20;
+  int fd = -1;
+  for (;;) {
+    fd = shm_open(c->names[p], O_RDWR | O_CLOEXEC, 0);
+    if (fd >= 0) break;
+    if (errno != ENOENT) return kccl_err(kcclSystemError, "shm_open(%s): %s", c->names[p], strerror(errno));
+    if (kccl_now_ns() > deadline)
+      return kccl_err(kcclTimeout,
+                      "rank %d: rank %d did not join within KCCL_TIMEOUT_MS=%d (all ranks must run on "
+                      "one host and use the same unique id)", c->rank, p, c->cfg.timeout_ms);
+    sleep_us(backoff);
+    if (backoff < 2000) backoff *= 2;
+  }
+  struct stat sb;
+  for (;;) { /* the creator ftruncates right after creating */
+    if (fstat(fd, &sb) != 0) { close(fd); return kccl_err(kcclSystemError, "fstat: %s", strerror(errno)); }
+    if ((size_t)sb.st_size >= sizeof(kccl_seg_header)) break;
+    if (kccl_now_ns() > deadline) { close(fd); return kccl_err(kcclTimeout, "rank %d's segment was never sized", p); }
+    sleep_us(50);
+  }
+  if ((size_t)sb.st_size != c->seg_bytes) {
+    close(fd);
+    return kccl_err(kcclInvalidUsage,
+                    "rank %d uses %zu-byte segments, rank %d %zu: every rank must use the same "
+                    "KCCL_BUFFER_BYTES", p, (size_t)sb.st_size, c->rank, c->seg_bytes);
+  }
+  void *m = mmap(NULL, c->seg_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  int e = errno;
+  close(fd);
+  if (m == MAP_FAILED) return kccl_err(kcclSystemError, "mmap peer %d: %s", p, strerror(e));
+  c->base[p] = m;
+  kccl_seg_header *h = m;
+  while (__atomic_load_n(&h->magic, __ATOMIC_ACQUIRE) != KCCL_SEG_MAGIC) {
+    if (kccl_now_ns() > deadline) return kccl_err(kcclTimeout, "rank %d's segment header never completed", p);
+    sleep_us(50);
+  }
+  c->hdr[p] = h;
+  c->pid[p] = (pid_t)h->pid;
+  if (h->nranks != (uint32_t)c->nranks || h->rank != (uint32_t)p)
+    return kccl_err(kcclInvalidUsage, "rank %d joined with nranks=%u, rank %d with nranks=%d", p,
+                    h->nranks, c->rank, c->nranks);
+  if (h->version != KCCL_VERSION_CODE)
+    return kccl_err(kcclInvalidUsage, "rank %d runs KCCL version %u, rank %d version %d", p,
+                    h->version, c->rank, KCCL_VERSION_CODE);
+#ifdef SYS_pidfd_open
+  c->pidfd[p] = (int)syscall(SYS_pidfd_open, c->pid[p], 0);
+#endif
+  return kcclSuccess;
+}
+
+kcclResult_t kccl_shm_connect(struct kcclComm *c) {
+  for (int r = 0; r < c->nranks; r++) {
+    c->names[r] = malloc(64);
+    if (!c->names[r]) return kccl_err(kcclSystemError, "out of memory");
+    seg_name(c->names[r], 64, c->token, r);
+  }
+  kcclResult_t res = create_own(c);
+  if (res != kcclSuccess) return res;
+
+  int64_t deadline = c->cfg.timeout_ms > 0 ? kccl_now_ns() + (int64_t)c->cfg.timeout_ms * 1000000 : INT64_MAX;
+  for (int p = 0; p < c->nranks && res == kcclSuccess; p++)
+    if (p != c->rank) res = map_peer(c, p, deadline);
+
+  if (res == kcclSuccess) {
+    atomic_store_explicit(&c->hdr[c->rank]->mapped, 1, memory_order_seq_cst);
+    /* Wait until every peer has mapped every segment (ours included). */
+    long backoff = 10;
+    for (int p = 0; p < c->nranks && res == kcclSuccess; p++) {
+      while (p != c->rank && !atomic_load_explicit(&c->hdr[p]->mapped, memory_order_acquire)) {
+        if (peer_dead(c, p)) {
+          res = kccl_err(kcclRemoteError, "rank %d (pid %d) died during init", p, (int)c->pid[p]);
+          break;
+        }
+        if (atomic_load(&c->hdr[p]->state) != SEG_READY) {
+          res = kccl_err(kcclRemoteError, "rank %d (pid %d) failed during init", p, (int)c->pid[p]);
+          break;
+        }
+        if (kccl_now_ns() > deadline) {
+          res = kccl_err(kcclTimeout, "rank %d never finished mapping its peers (KCCL_TIMEOUT_MS=%d)", p,
+                         c->cfg.timeout_ms);
+          break;
+        }
+        sleep_us(backoff);
+        if (backoff < 1000) backoff *= 2;
+      }
+    }
+  }
+  if (res == kcclSuccess) {
+    shm_unlink(c->names[c->rank]);
+    return kcclSuccess;
+  }
+  /* Failure: our name goes, and so do the names of peers that are dead. */
+  atomic_store(&c->hdr[c->rank]->state, SEG_FAILED);
+  shm_unlink(c->names[c->rank]);
+  for (int p = 0; p < c->nranks; p++)
+    if (p != c->rank && peer_dead(c, p)) shm_unlink(c->names[p]);
+  return res;
+}
+
+void kccl_shm_release(struct kcclComm *c) {
+  for (int r = 0; r < c->nranks; r++) {
+    if (c->base && c->base[r]) munmap(c->base[r], c->seg_bytes);
+    if (c->pidfd && c->pidfd[r] >= 0) close(c->pidfd[r]);
+    if (c->names) free(c->names[r]);
+  }
+  free(c->names);
+  free(c->base);
+  free(c->hdr);
+  free(c->pid);
+  free(c->pidfd);
+}

@@ -1,0 +1,189 @@
+/* wait.c - publishing flags and waiting for them.
+ *
+ * A wait spins (with the pause instruction) for spin_ns, then calls
+ * sched_yield for yield_ns, then sleeps on a futex in 1 ms slices.  A sleeper
+ * first registers in the writer's header (`sleepers`), then re-reads the flag,
+ * then sleeps on the flag's sequence half; the writer stores the flag, then
+ * reads `sleepers`, and only then pays for a FUTEX_WAKE.  Both sides use
+ * sequentially consistent operations, so a wake-up cannot be lost between the
+ * check and the sleep (and the 1 ms slice bounds the damage if it were).
+ *
+ * Outside the spin phase every wait checks, about once a millisecond, that
+ * every peer is alive (pidfd or /proc) and has not aborted or failed, and
+ * that KCCL_TIMEOUT_MS has not passed. */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <stdio.h>
+#include <linux/futex.h>
+#include <limits.h>
+#include <poll.h>
+#include <sched.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "internal.h"
+
+#if defined(__x86_64__) || defined(__i386__)
+#define cpu_relax() __builtin_ia32_pause()
+#elif defined(__aarch64__)
+#define cpu_relax() __asm__ __volatile__("yield" ::: "memory")
+#else
+#define cpu_relax() __asm__ __volatile__("" ::: "memory")
+#endif
+
+int64_t kccl_now_ns(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
+/* The sequence number is the high half of the 64-bit flag: on little-endian
+ * machines that is the second 32-bit word, and the futex waits on it. */
+static inline uint32_t *seq_word(_Atomic uint64_t *flag) {
+#if __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+  return (uint32_t *)flag + 1;
+#else
+  return (uint32_t *)flag;
+#endif
+}
+
+static long futex(uint32_t *addr, int op, uint32_t val, const struct timespec *ts) {
+  return syscall(SYS_futex, addr, op, val, ts, NULL, 0);
+}
+
+void kccl_publish(struct kcclComm *c, _Atomic uint64_t *flag, uint32_t seq, uint32_t sig) {
+  /* seq_cst store: orders the data before it (release) and the sleepers load
+   * after it (store-load, against the sleeper's register-then-recheck). */
+  atomic_store_explicit(flag, ((uint64_t)seq << 32) | sig, memory_order_seq_cst);
+  if (atomic_load_explicit(&c->hdr[c->rank]->sleepers, memory_order_seq_cst))
+    futex(seq_word(flag), FUTEX_WAKE, INT_MAX, NULL);
+}
+
+/* Wakes every sleeper on any of this rank's flags (used on abort and failure). */
+void kccl_wake_all(struct kcclComm *c) {
+  for (uint32_t set = 0; set < KCCL_NSETS; set++)
+    for (int which = 0; which < 2; which++)
+      futex(seq_word(kccl_flag(kccl_slot(c, c->rank, set, which))), FUTEX_WAKE, INT_MAX, NULL);
+}
+
+static const char *state_word(uint32_t s) {
+  switch (s) {
+    case SEG_CLOSED: return "closed its communicator";
+    case SEG_ABORTED: return "aborted";
+    case SEG_FAILED: return "failed";
+    default: return "left";
+  }
+}
+
+/* Liveness and state of every peer.  Only reports (into why): a peer that
+ * finished the step we wait for may close or exit right after, so the caller
+ * re-reads its flag before it declares the communicator broken. */
+kcclResult_t kccl_check_peers(struct kcclComm *c, char *why, size_t whylen) {
+  for (int p = 0; p < c->nranks; p++) {
+    if (p == c->rank) continue;
+    uint32_t s = atomic_load_explicit(&c->hdr[p]->state, memory_order_acquire);
+    if (s != SEG_READY)
+    {
+      snprintf(why, whylen, "rank %d (pid %d) %s while rank %d waited for it", p, (int)c->pid[p],
+               state_word(s), c->rank);
+      return kcclRemoteError;
+    }
+  }
+  int dead = -1;
+  struct pollfd pfd[64];
+  for (int p0 = 0; p0 < c->nranks && dead < 0; p0 += 64) {
+    int n = 0, who[64];
+    for (int p = p0; p < c->nranks && p < p0 + 64; p++) {
+      if (p == c->rank) continue;
+      if (c->pidfd[p] >= 0) {
+        pfd[n].fd = c->pidfd[p];
+        pfd[n].events = POLLIN;
+        pfd[n].revents = 0;
+        who[n++] = p;
+      } else if (!kccl_pid_alive(c->pid[p], c->hdr[p]->starttime)) {
+        dead = p;
+        break;
+      }
+    }
+    if (dead < 0 && n > 0 && poll(pfd, (nfds_t)n, 0) > 0)
+      for (int i = 0; i < n; i++)
+        if (pfd[i].revents) { dead = who[i]; break; }
+  }
+  if (dead >= 0) {
+    snprintf(why, whylen, "rank %d (pid %d) died while rank %d waited for it", dead,
+             (int)c->pid[dead], c->rank);
+    return kcclRemoteError;
+  }
+  return kcclSuccess;
+}
+
+static kcclResult_t mismatch(struct kcclComm *c, int peer, uint32_t seq, uint32_t sig) {
+  const kccl_call_desc *me = &c->hdr[c->rank]->call, *them = &c->hdr[peer]->call;
+  char theirs[160];
+  if (them->seq == seq)
+    snprintf(theirs, sizeof theirs, "%s(count=%llu, %s, op=%s, root=%u)", kccl_coll_name((int)them->coll),
+             (unsigned long long)them->count, kccl_dtype_name((int)them->dtype),
+             kccl_op_name((int)them->op), them->root);
+  else
+    snprintf(theirs, sizeof theirs, "a call with signature %08x", sig);
+  return kccl_comm_fail(c, kcclRemoteError,
+                        "collective mismatch: rank %d called %s(count=%llu, %s, op=%s, root=%u) "
+                        "but rank %d called %s",
+                        c->rank, kccl_coll_name((int)me->coll), (unsigned long long)me->count,
+                        kccl_dtype_name((int)me->dtype), kccl_op_name((int)me->op), me->root, peer,
+                        theirs);
+}
+
+static inline int ready(_Atomic uint64_t *flag, uint32_t seq, uint64_t *v) {
+  *v = atomic_load_explicit(flag, memory_order_acquire);
+  return (uint32_t)(*v >> 32) == seq;
+}
+
+kcclResult_t kccl_wait_flag(struct kcclComm *c, int peer, _Atomic uint64_t *flag, uint32_t seq,
+                            uint32_t sig) {
+  uint64_t v;
+  if (__builtin_expect(ready(flag, seq, &v), 1)) goto got;
+
+  int64_t t0 = kccl_now_ns(), now = t0;
+  int64_t spin_end = t0 + c->spin_ns, yield_end = spin_end + c->yield_ns;
+  int64_t deadline = c->cfg.timeout_ms > 0 ? t0 + (int64_t)c->cfg.timeout_ms * 1000000 : INT64_MAX;
+  int64_t next_check = t0 + 1000000;
+
+  /* Phase 1: spin.  The clock is read every 64 polls (a vDSO call, ~20 ns). */
+  for (unsigned i = 1;; i++) {
+    cpu_relax();
+    if (ready(flag, seq, &v)) goto got;
+    if ((i & 63) == 0 && (now = kccl_now_ns()) >= spin_end) break;
+  }
+  /* Phases 2 and 3: yield, then sleep; both check peers and the deadline. */
+  _Atomic uint32_t *sleepers = &c->hdr[peer]->sleepers;
+  for (;;) {
+    if (now < yield_end) {
+      sched_yield();
+    } else {
+      atomic_fetch_add_explicit(sleepers, 1, memory_order_seq_cst);
+      if (!ready(flag, seq, &v)) {
+        struct timespec ts = {0, 1000000};
+        futex(seq_word(flag), FUTEX_WAIT, (uint32_t)(v >> 32), &ts);
+      }
+      atomic_fetch_sub_explicit(sleepers, 1, memory_order_seq_cst);
+    }
+    if (ready(flag, seq, &v)) goto got;
+    now = kccl_now_ns();
+    if (now >= next_check || now >= yield_end) {
+      next_check = now + 1000000;
+      char why[200];
+      kcclResult_t r = kccl_check_peers(c, why, sizeof why);
+      if (ready(flag, seq, &v)) goto got;
+      if (r != kcclSuccess) return kccl_comm_fail(c, r, "%s", why);
+      if (now >= deadline)
+        return kccl_comm_fail(c, kcclTimeout,
+                              "rank %d waited %d ms for rank %d (pid %d) at step %u (KCCL_TIMEOUT_MS)",
+                              c->rank, c->cfg.timeout_ms, peer, (int)c->pid[peer], seq);
+    }
+  }
+got:
+  if (__builtin_expect((uint32_t)v != sig, 0)) return mismatch(c, peer, seq, (uint32_t)v);
+  return kcclSuccess;
+}

@@ -1,0 +1,18 @@
+"""Builds the kccl package: the C core is compiled into a cffi extension
+(out-of-line API mode) by kccl/_build_ffi.py."""
+from setuptools import find_packages, setup
+
+setup(
+    name="kccl",
+    version="0.1.0",
+    description="Low-latency collectives over peer-mapped memory (host shared memory first)",
+    packages=find_packages(include=["kccl", "kccl.*"]),
+    python_requires=">=3.9",
+    setup_requires=["cffi>=1.15"],
+    install_requires=["cffi>=1.15", "numpy>=1.22"],
+    extras_require={
+        "dev": ["pytest>=7", "hypothesis>=6", "mpich", "mpi4py>=3.1", "matplotlib", "ml_dtypes>=0.2"],
+    },
+    cffi_modules=["kccl/_build_ffi.py:ffibuilder"],
+    zip_safe=False,
+)
