@@ -74,7 +74,9 @@ def _as_int(value, what):
 
 _ndarray = np.ndarray
 _from_buffer = ffi.from_buffer
+_allreduce = lib.kcclAllReduce
 _NULL = ffi.NULL
+_NPCODES = NUMPY_CODES
 
 
 class Communicator:
@@ -143,24 +145,27 @@ class Communicator:
     # -- collectives ----------------------------------------------------------------
     def all_reduce(self, send, recv=None, op=SUM, *, dtype=None):
         """recv[i] = send_0[i] op send_1[i] op ... (rank order on every rank). Returns recv."""
-        comm = self._comm
         if recv is None:
             recv = send
-        # Fast path: numpy arrays of a native dtype (the decode hot path).
-        if type(send) is _ndarray and type(recv) is _ndarray and dtype is None and comm is not None:
-            code = NUMPY_CODES.get(send.dtype)
+        # Fast path for numpy arrays of a native dtype (the decode hot path): every
+        # check here is also made, with a clear message, by the general path.
+        comm = self._comm
+        if type(send) is _ndarray and dtype is None and comm is not None:
+            code = _NPCODES.get(send.dtype)
             opc = _OPS.get(op) if type(op) is not bool else None
-            if code is not None and opc is not None and recv.dtype == send.dtype and recv.nbytes == send.nbytes:
+            if code is not None and opc is not None and recv.flags.writeable:
                 try:
                     if recv is send:
-                        sp = rp = _from_buffer(send, require_writable=True)
-                    else:
+                        sp = rp = _from_buffer(send)
+                    elif type(recv) is _ndarray and recv.dtype == send.dtype and recv.nbytes == send.nbytes:
                         sp = _from_buffer(send)
-                        rp = _from_buffer(recv, require_writable=True)
-                except Exception:
-                    pass  # the general path explains what is wrong
-                else:
-                    rc = lib.kcclAllReduce(sp, rp, send.size, code, opc, comm, _NULL)
+                        rp = _from_buffer(recv)
+                    else:
+                        sp = None
+                except ValueError:  # not C-contiguous
+                    sp = None
+                if sp is not None:
+                    rc = _allreduce(sp, rp, send.size, code, opc, comm, _NULL)
                     if rc:
                         _raise(rc)
                     return recv

@@ -1,0 +1,229 @@
+"""All-reduce latency and bandwidth: KCCL against mpi4py's MPI.Allreduce, side by side.
+
+    mpiexec -n 2 python bench/allreduce.py                  # 4 B .. 64 MB, float32 sum
+    mpiexec -n 2 python bench/allreduce.py -b 4 -e 8K -f 2 -w 2000 -n 20000 --json out.json --plot out.png
+
+Both libraries run on the same buffers in the same process, in alternating
+rounds (KCCL, MPI, KCCL, MPI, ...), so a noisy machine slows both alike.  For
+each size and library a rank takes the median over rounds of the mean time per
+call; the table shows min/avg/max of those medians across ranks.  `c_us` is
+KCCL timed by a loop inside C (kcclBenchAllReduce): the difference to `kccl_us`
+is the cost of the Python call.  #wrong counts result elements that differ from
+the exactly known answer (KCCL / MPI)."""
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+
+import numpy as np
+
+try:
+    from mpi4py import MPI
+except ImportError:  # pragma: no cover
+    sys.exit("bench/allreduce.py needs mpi4py: python -m pip install -e '.[dev]'")
+
+import kccl
+from kccl._buffers import NAMES, dtype_code
+
+OPS = {"sum": kccl.SUM, "prod": kccl.PROD, "max": kccl.MAX, "min": kccl.MIN, "avg": kccl.AVG}
+MPI_OPS = {"sum": MPI.SUM, "prod": MPI.PROD, "max": MPI.MAX, "min": MPI.MIN}
+
+
+def parse_size(text):
+    s = text.strip().upper().rstrip("B")
+    mult = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(s[-1:], 1)
+    return int(float(s[:-1] if mult > 1 else s) * mult)
+
+
+def fmt_size(n):
+    for unit, div in (("G", 1 << 30), ("M", 1 << 20), ("K", 1 << 10)):
+        if n >= div and n % div == 0:
+            return f"{n // div}{unit}"
+    return str(n)
+
+
+def numpy_dtype(name):
+    if name == "bfloat16":
+        import ml_dtypes
+        return np.dtype(ml_dtypes.bfloat16)
+    return np.dtype(name)
+
+
+def make_inputs(count, dtype, op, rank, nranks):
+    """Small integers, so every op's exact answer is known and representable."""
+    i = np.arange(count, dtype=np.int64)
+    if op == "prod":
+        vals = np.where((i + rank) % 3 == 0, 2, 1)
+    else:
+        vals = (i * 7 + rank * 3) % 5 + 1
+    x = vals.astype(np.float64).astype(dtype)
+    every = np.stack([((i * 7 + r * 3) % 5 + 1) if op != "prod" else np.where((i + r) % 3 == 0, 2, 1)
+                      for r in range(nranks)]).astype(np.float64) if count else np.zeros((nranks, 0))
+    expect = {"sum": every.sum(0), "prod": every.prod(0), "max": every.max(0), "min": every.min(0),
+              "avg": every.sum(0) / nranks}[op]
+    if np.dtype(dtype).kind in "iu" and op == "avg":
+        expect = np.trunc(expect)
+    return x, expect.astype(dtype)
+
+
+def time_calls(fn, iters):
+    t0 = time.perf_counter_ns()
+    for _ in range(iters):
+        fn()
+    return (time.perf_counter_ns() - t0) / iters / 1e3
+
+
+def memcpy_bandwidth(nbytes=64 << 20, reps=5):
+    """GB/s of one process copying nbytes (read + write counted once, as algbw)."""
+    a = np.ones(nbytes, np.uint8)
+    b = np.empty_like(a)
+    np.copyto(b, a)
+    best = min(time_calls(lambda: np.copyto(b, a), 1) for _ in range(reps))
+    return nbytes / best / 1e3
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("-b", "--minbytes", default="4", help="smallest message (bytes, K/M suffix)")
+    ap.add_argument("-e", "--maxbytes", default="64M", help="largest message")
+    ap.add_argument("-f", "--stepfactor", type=int, default=2, help="size multiplier between rows")
+    ap.add_argument("-w", "--warmup", type=int, default=1000, help="warm-up calls per size and library")
+    ap.add_argument("-n", "--iters", type=int, default=5000, help="calls per timed round (small messages)")
+    ap.add_argument("-r", "--rounds", type=int, default=5, help="alternating rounds per size (median taken)")
+    ap.add_argument("--round-ms", type=float, default=40.0, help="cap on a round's duration; fewer calls for large sizes")
+    ap.add_argument("-d", "--dtype", default="float32", choices=list(NAMES.values()))
+    ap.add_argument("-o", "--op", default="sum", choices=list(OPS))
+    ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"], help="buffers in host memory (cpu)")
+    ap.add_argument("--no-mpi", action="store_true", help="time KCCL only")
+    ap.add_argument("--json", metavar="FILE", help="write every row and the run's metadata as JSON")
+    ap.add_argument("--plot", metavar="FILE.png", help="latency vs size, both libraries, log-log")
+    args = ap.parse_args(argv)
+
+    world = MPI.COMM_WORLD
+    rank, nranks = world.Get_rank(), world.Get_size()
+    if args.device == "cuda":
+        if rank == 0:
+            print("error: --device cuda needs KCCL's GPU transport, which is not built yet (see README)", file=sys.stderr)
+        return 2
+    lo, hi = parse_size(args.minbytes), parse_size(args.maxbytes)
+    dtype = numpy_dtype(args.dtype)
+    es = dtype.itemsize
+    use_mpi = not args.no_mpi and args.op in MPI_OPS and args.dtype not in ("float16", "bfloat16")
+    comm = kccl.Communicator.from_mpi(world)
+    op = OPS[args.op]
+    mop = MPI_OPS.get(args.op)
+    bw_copy = memcpy_bandwidth() if rank == 0 else None
+
+    sizes, s = [], max(lo, es)
+    while s <= hi:
+        sizes.append(s - s % es)
+        s *= args.stepfactor
+        if args.stepfactor < 2:
+            break
+
+    if rank == 0:
+        print(f"# KCCL {kccl.__version__} all_reduce vs MPI Allreduce ({MPI.Get_library_version().splitlines()[0].strip()})")
+        print(f"# {nranks} ranks on {os.cpu_count()} CPUs, {args.dtype} {args.op}, warmup {args.warmup}, "
+              f"iters <= {args.iters} x {args.rounds} alternating rounds (<= {args.round_ms:g} ms each)")
+        print(f"# memcpy bandwidth, one process, 64 MB: {bw_copy:.1f} GB/s")
+        print("# times in us per call: median over rounds, then min/avg/max over ranks; ratio = MPI avg / KCCL avg")
+        hdr = (f"{'size':>8} {'count':>10} {'type':>8} | {'kccl_min':>8} {'kccl_avg':>8} {'kccl_max':>8} "
+               f"{'c_us':>7} | {'mpi_min':>8} {'mpi_avg':>8} {'mpi_max':>8} | {'mpi/kccl':>8} "
+               f"{'algbw':>7} {'busbw':>7} | {'#wrong':>9}")
+        print(hdr)
+        print("#" + "-" * (len(hdr) - 1))
+    rows = []
+    for nbytes in sizes:
+        count = nbytes // es
+        send, expect = make_inputs(count, dtype, args.op, rank, nranks)
+        recv = np.zeros_like(send)
+        mrecv = np.zeros_like(send)
+        kfn = lambda: comm.all_reduce(send, recv, op)  # noqa: E731
+        mfn = (lambda: world.Allreduce(send, mrecv, op=mop)) if use_mpi else None  # noqa: E731
+
+        # Warm up, and size the rounds so large messages stay within --round-ms.
+        world.Barrier()
+        t_one = time_calls(kfn, max(1, min(args.warmup, 3)))
+        t_one = world.allreduce(t_one, op=MPI.MAX)  # every rank must make the same number of calls
+        warm = int(max(1, min(args.warmup, 200e3 / max(t_one, 1e-3))))
+        time_calls(kfn, warm)
+        if mfn:
+            time_calls(mfn, warm)
+        iters = int(max(3, min(args.iters, args.round_ms * 1e3 / max(t_one, 1e-3))))
+
+        wrong_k = int(np.count_nonzero(recv != expect))
+        wrong_m = int(np.count_nonzero(mrecv != expect)) if mfn else 0
+        kt, mt = [], []
+        for _ in range(args.rounds):
+            world.Barrier()
+            kt.append(time_calls(kfn, iters))
+            if mfn:
+                world.Barrier()
+                mt.append(time_calls(mfn, iters))
+        world.Barrier()
+        c_us = comm.bench_all_reduce(send, recv, op, iters=iters)
+        wrong_k += int(np.count_nonzero(recv != expect))
+        k_med = statistics.median(kt)
+        m_med = statistics.median(mt) if mt else float("nan")
+        ks = world.gather(k_med, root=0)
+        ms = world.gather(m_med, root=0)
+        cs = world.gather(c_us, root=0)
+        wk = world.reduce(wrong_k, op=MPI.SUM, root=0)
+        wm = world.reduce(wrong_m, op=MPI.SUM, root=0)
+        if rank == 0:
+            kavg, mavg, cavg = sum(ks) / nranks, sum(ms) / nranks, sum(cs) / nranks
+            algbw = nbytes / kavg / 1e3 if kavg > 0 else 0.0  # GB/s
+            busbw = algbw * 2 * (nranks - 1) / nranks
+            ratio = mavg / kavg if mfn else float("nan")
+            row = dict(bytes=nbytes, count=count, dtype=args.dtype, op=args.op, nranks=nranks, iters=iters,
+                       kccl_us_min=min(ks), kccl_us_avg=kavg, kccl_us_max=max(ks), c_us=cavg,
+                       mpi_us_min=min(ms) if mfn else None, mpi_us_avg=mavg if mfn else None,
+                       mpi_us_max=max(ms) if mfn else None, ratio=ratio if mfn else None,
+                       algbw_GBps=algbw, busbw_GBps=busbw, wrong_kccl=wk, wrong_mpi=wm)
+            rows.append(row)
+            mcol = (f"{min(ms):8.2f} {mavg:8.2f} {max(ms):8.2f} | {ratio:8.2f}" if mfn
+                    else f"{'-':>8} {'-':>8} {'-':>8} | {'-':>8}")
+            print(f"{fmt_size(nbytes):>8} {count:>10} {args.dtype:>8} | {min(ks):8.2f} {kavg:8.2f} {max(ks):8.2f} "
+                  f"{cavg:7.2f} | {mcol} {algbw:7.2f} {busbw:7.2f} | {wk:>4}/{wm:<4}", flush=True)
+    comm.close()
+    if rank == 0:
+        bad = sum(r["wrong_kccl"] + r["wrong_mpi"] for r in rows)
+        print(f"# out of bounds values : {bad} {'OK' if bad == 0 else 'FAILED'}")
+        meta = dict(command=" ".join(["mpiexec", "-n", str(nranks), "python"] + sys.argv), nranks=nranks,
+                    cpus=os.cpu_count(), machine=platform.machine(), processor=platform.processor(),
+                    mpi=MPI.Get_library_version().splitlines()[0].strip(), kccl=kccl.__version__,
+                    memcpy_GBps=bw_copy, date=time.strftime("%Y-%m-%d %H:%M:%S"),
+                    settings={k: v for k, (v, _s) in kccl.config.resolve().items()})
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(dict(meta=meta, rows=rows), f, indent=1)
+        if args.plot:
+            plot(rows, meta, args.plot)
+        return 0 if bad == 0 else 1
+    return 0
+
+
+def plot(rows, meta, path):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    x = [r["bytes"] for r in rows]
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    ax.loglog(x, [r["kccl_us_avg"] for r in rows], "o-", label="KCCL (Python call)")
+    ax.loglog(x, [r["c_us"] for r in rows], "s--", label="KCCL (loop in C)")
+    if rows and rows[0]["mpi_us_avg"] is not None:
+        ax.loglog(x, [r["mpi_us_avg"] for r in rows], "^-", label="mpi4py MPI.Allreduce")
+    ax.set_xlabel("message size (bytes)")
+    ax.set_ylabel("latency per call (us)")
+    ax.set_title(f"all_reduce, {meta['nranks']} ranks, {rows[0]['dtype']} {rows[0]['op']}" if rows else "all_reduce")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
