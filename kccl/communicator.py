@@ -145,31 +145,34 @@ class Communicator:
     # -- collectives ----------------------------------------------------------------
     def all_reduce(self, send, recv=None, op=SUM, *, dtype=None):
         """recv[i] = send_0[i] op send_1[i] op ... (rank order on every rank). Returns recv."""
-        if recv is None:
-            recv = send
-        # Fast path for numpy arrays of a native dtype (the decode hot path): every
-        # check here is also made, with a clear message, by the general path.
-        comm = self._comm
-        if type(send) is _ndarray and dtype is None and comm is not None:
-            code = _NPCODES.get(send.dtype)
-            opc = _OPS.get(op) if type(op) is not bool else None
-            if code is not None and opc is not None and recv.flags.writeable:
-                try:
-                    if recv is send:
+        # Fast path for numpy arrays of a native dtype (the decode hot path), kept
+        # to a few dozen bytecodes; whatever it does not take, the general path
+        # handles or rejects with a clear message.
+        if type(send) is _ndarray and dtype is None and type(op) is not bool:
+            try:
+                code = _NPCODES[send.dtype]
+                opc = _OPS[op]
+                if recv is None or recv is send:
+                    if send.flags.writeable:
                         sp = rp = _from_buffer(send)
-                    elif type(recv) is _ndarray and recv.dtype == send.dtype and recv.nbytes == send.nbytes:
-                        sp = _from_buffer(send)
-                        rp = _from_buffer(recv)
+                        recv = send
                     else:
                         sp = None
-                except ValueError:  # not C-contiguous
+                elif (type(recv) is _ndarray and recv.dtype == send.dtype and recv.nbytes == send.nbytes
+                      and recv.flags.writeable):
+                    sp = _from_buffer(send)
+                    rp = _from_buffer(recv)
+                else:
                     sp = None
-                if sp is not None:
-                    rc = _allreduce(sp, rp, send.size, code, opc, comm, _NULL)
-                    if rc:
-                        _raise(rc)
-                    return recv
-        return self._all_reduce_general(send, recv, op, dtype)
+                comm = self._comm
+            except (KeyError, TypeError, ValueError):  # unknown dtype/op, not C-contiguous
+                sp = None
+            if sp is not None and comm is not None:
+                rc = _allreduce(sp, rp, send.size, code, opc, comm, _NULL)
+                if rc:
+                    _raise(rc)
+                return recv
+        return self._all_reduce_general(send, send if recv is None else recv, op, dtype)
 
     def _all_reduce_general(self, send, recv, op, dtype):
         comm = self._handle()
