@@ -34,7 +34,7 @@ ALGOS = ("oneshot", "twoshot", "auto")
 CHUNK_BYTES = 1 << 20          # KCCL_BUFFER_BYTES default: the slot (chunk) size
 ONESHOT_MAX_BYTES = 64 << 10   # KCCL_ONESHOT_MAX_BYTES default: auto's crossover
 GROUP_TIMEOUT_MS = 20000       # KCCL timeout of the long-lived groups: a hang becomes an error
-RUN_TIMEOUT_S = 120.0          # parent-side bound on one command (> GROUP_TIMEOUT_MS)
+RUN_TIMEOUT_S = 60.0           # parent-side bound on one command (> GROUP_TIMEOUT_MS)
 SHM_DIR = "/dev/shm"
 SHM_PREFIX = "kccl-"
 
@@ -202,11 +202,6 @@ def task_init_group(ctx, key, nranks, rank, uids, config):
     return os.getpid()
 
 
-def task_drop_group(ctx, key):
-    for k in [k for k in ctx.comms if k[0] == key]:
-        ctx.comms.pop(k).close()
-
-
 def task_allreduce(ctx, key, rank, nranks, algo, dtype, op, count, inplace, seed):
     import kccl
     comm = _comm(ctx, key, algo)
@@ -352,9 +347,14 @@ def task_small_loop(ctx, key, rank, nranks, iters, algo, count=16):
 
 # -- failure tasks ------------------------------------------------------------------------------
 
-def _fresh(uid, nranks, rank, config):
+def _fresh(uid, nranks, rank, config, sync=True):
+    """A new communicator; sync: a barrier first, so that no rank can fail on purpose while a
+    slower one is still in init (which trips the init race of test_init_survives_peers_that_close_at_once)."""
     import kccl
-    return kccl.Communicator(nranks, kccl.UniqueId(uid), rank, config=config)
+    comm = kccl.Communicator(nranks, kccl.UniqueId(uid), rank, config=config)
+    if sync:
+        comm.barrier()
+    return comm
 
 
 def _after(comm):
@@ -377,10 +377,11 @@ MISMATCH_KINDS = ("count", "count0", "count_chunks", "dtype", "op", "coll_broadc
                   "coll_reduce_scatter", "root", "coll_allgather")
 
 
-def task_mismatch(ctx, uid, nranks, rank, kind, odd_rank, timeout_ms=GROUP_TIMEOUT_MS):
-    """Rank odd_rank calls something different; returns what this rank saw."""
+def task_mismatch(ctx, uid, nranks, rank, kind, odd_rank, delay=0.0, timeout_ms=GROUP_TIMEOUT_MS):
+    """Rank odd_rank calls something different (after `delay` s); returns what this rank saw."""
     import kccl
     comm = _fresh(uid, nranks, rank, {"timeout_ms": timeout_ms})
+    time.sleep(delay)
     try:
         odd = rank == odd_rank
         count, dtype, op, call = 1000, np.float32, kccl.SUM, "allreduce"
@@ -461,6 +462,8 @@ def task_abort(ctx, uid, nranks, rank, victim, delay, count):
 
 def task_hold(ctx, uid, nranks, rank, config, name="held"):
     """Join a communicator and keep it (used for a rank that never calls)."""
+    if name in ctx.held:
+        ctx.held.pop(name).close()
     ctx.held[name] = _fresh(uid, nranks, rank, config)
 
 
@@ -553,8 +556,18 @@ def task_new_comm_check(ctx, uid, nranks, rank, count):
         comm.close()
 
 
-def task_getpid(ctx):
-    return os.getpid()
+def task_pin(ctx, cpus):
+    os.sched_setaffinity(0, set(cpus))
+
+
+def task_init_close(ctx, uid, nranks, rank, timeout_ms=GROUP_TIMEOUT_MS):
+    """Join a communicator and close it at once: None, or what init raised."""
+    import kccl
+    try:
+        _fresh(uid, nranks, rank, {"timeout_ms": timeout_ms}, sync=False).close()
+    except kccl.KcclError as e:
+        return f"{type(e).__name__}: {e}"
+    return None
 
 
 TASKS = {name[5:]: fn for name, fn in list(globals().items()) if name.startswith("task_")}
@@ -692,9 +705,6 @@ class Farm:
                 p.join(max(0.0, deadline - time.monotonic()))
         self.kill_all()
 
-    def alive(self):
-        return [p.is_alive() for p in self.procs]
-
 
 class WorkerTaskError(Exception):
     def __init__(self, worker, text, tb):
@@ -714,11 +724,13 @@ class Group:
                  key=self.key, nranks=nranks, uids=uids, config={"timeout_ms": timeout_ms})
         self.broken = False
 
-    def run(self, task, timeout=RUN_TIMEOUT_S, **kw):
-        """One result per rank; a task that raised marks the group broken (rebuilt on next use)."""
+    def run(self, task, timeout=RUN_TIMEOUT_S, per_rank=None, **kw):
+        """One result per rank (per_rank[r]: extra kwargs of rank r); a task that raised marks
+        the group broken (rebuilt on next use)."""
+        per = [dict({"rank": r}, **(per_rank[r] if per_rank else {})) for r in range(self.n)]
         try:
-            return self.farm.run(task, range(self.n), per_worker=[{"rank": r} for r in range(self.n)],
-                                 timeout=timeout, key=self.key, nranks=self.n, **kw)
+            return self.farm.run(task, range(self.n), per_worker=per, timeout=timeout,
+                                 key=self.key, nranks=self.n, **kw)
         except HarnessError:
             self.broken = True
             raise
@@ -759,8 +771,8 @@ class GroupHandle:
     def __init__(self, manager, nranks):
         self.manager, self.n = manager, nranks
 
-    def run(self, task, timeout=RUN_TIMEOUT_S, **kw):
-        return self.manager.group(self.n).run(task, timeout=timeout, **kw)
+    def run(self, task, timeout=RUN_TIMEOUT_S, per_rank=None, **kw):
+        return self.manager.group(self.n).run(task, timeout=timeout, per_rank=per_rank, **kw)
 
     @property
     def farm(self):

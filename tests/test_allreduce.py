@@ -6,29 +6,11 @@ accumulation type are part of KCCL's contract, so there is nothing to forgive; v
 equality only ignores the sign of zero, which max/min of +0 and -0 may pick either way)."""
 import time
 
-import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from _harness import ALGOS, CHUNK_BYTES, DTYPES, ONESHOT_MAX_BYTES, OPS, assert_all_ok, np_dtype
-
-
-@st.composite
-def counts(draw, itemsize, chunk_elems=None, big=True):
-    """Element counts: mostly tiny/small and odd, some at auto's one-shot/two-shot crossover,
-    some around the 1 MiB chunk boundary (one, two chunks +- a few elements), a few 1-4 MB."""
-    chunk = chunk_elems or CHUNK_BYTES // itemsize
-    kinds = ["tiny"] * 4 + ["small"] * 3 + ["crossover", "chunk"] + (["big"] if big else [])
-    kind = draw(st.sampled_from(kinds))
-    if kind == "tiny":
-        return draw(st.integers(0, 17))
-    if kind == "small":
-        return draw(st.integers(18, 5000))
-    if kind == "crossover":
-        return max(0, ONESHOT_MAX_BYTES // itemsize + draw(st.integers(-2, 2)))
-    if kind == "chunk":
-        return max(1, draw(st.sampled_from([1, 2])) * chunk + draw(st.integers(-3, 3)))
-    return draw(st.integers(CHUNK_BYTES, 4 * CHUNK_BYTES)) // itemsize
+from _harness import ALGOS, CHUNK_BYTES, DTYPES, OPS, assert_all_ok, np_dtype
+from _strategies import counts
 
 
 @st.composite
@@ -40,7 +22,7 @@ def allreduce_cases(draw):
                 seed=draw(st.integers(0, 2**32 - 1)))
 
 
-@settings(max_examples=45)
+@settings(max_examples=80)
 @given(case=allreduce_cases())
 def test_all_reduce_matches_reference(group, case):
     assert_all_ok(group.run("allreduce", **case), str(case))
