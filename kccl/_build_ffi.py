@@ -36,7 +36,7 @@ ffibuilder.set_source(
     sources=sorted(os.path.relpath(p, os.path.dirname(HERE)) for p in glob.glob(os.path.join(NATIVE, "src", "*.c"))),
     include_dirs=[os.path.relpath(os.path.join(NATIVE, "include"), os.path.dirname(HERE))],
     extra_compile_args=["-O3", "-std=gnu11", "-Wall", "-fvisibility=hidden"],
-    libraries=["rt"],
+    libraries=["rt", "pthread"],
 )
 
 if __name__ == "__main__":

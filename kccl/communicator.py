@@ -32,10 +32,7 @@ _OPS.update({o.name.lower(): int(o) for o in Op})
 
 
 def _op_code(op):
-    try:
-        code = _OPS.get(op) if not isinstance(op, bool) else None
-    except TypeError:
-        code = None
+    code = _OPS.get(op) if isinstance(op, (int, np.integer, str)) and not isinstance(op, bool) else None
     if code is None:
         raise KcclInvalidArgument(f"unknown reduction op {op!r}; use kccl.SUM, PROD, MAX, MIN or AVG")
     return code
@@ -148,7 +145,7 @@ class Communicator:
         # Fast path for numpy arrays of a native dtype (the decode hot path), kept
         # to a few dozen bytecodes; whatever it does not take, the general path
         # handles or rejects with a clear message.
-        if type(send) is _ndarray and dtype is None and type(op) is not bool:
+        if type(send) is _ndarray and dtype is None and (type(op) is Op or type(op) is int):
             try:
                 code = _NPCODES[send.dtype]
                 opc = _OPS[op]

@@ -8,6 +8,7 @@ kcclConfig_t; C programs get the same names and defaults from kcclConfigInit.
     python -m kccl.config     # prints every setting, its value and where it came from
 """
 import os
+import re
 import sys
 from dataclasses import dataclass
 from typing import Callable, Optional, Tuple
@@ -25,10 +26,9 @@ def _int_range(lo, hi, sizes=False):
         if sizes and s[-1:] in "kKmM" and s[:-1]:
             mult = 1024 if s[-1] in "kK" else 1024 * 1024
             s = s[:-1]
-        try:
-            v = int(s) * mult
-        except ValueError:
-            raise ValueError(f"expected an integer{' (k/M suffix allowed)' if sizes else ''}") from None
+        if not re.fullmatch(r"[+-]?[0-9]+", s):  # what C's strtol takes, nothing more
+            raise ValueError(f"expected an integer{' (k/M suffix allowed)' if sizes else ''}")
+        v = int(s) * mult
         if not lo <= v <= hi:
             raise ValueError(f"expected a value in [{lo}, {hi}]")
         return v

@@ -83,9 +83,6 @@ def test_peer_killed_during_stream_of_large_all_reduces(spawn_farm, algo, count)
     _survivor_checks(outs, victim, victim_pid, t_kill, what)
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: kccl_check_peers() reports a peer whose state is FAILED before it "
-                   "looks for dead peers, so a survivor that waits after another survivor already failed says "
-                   "'rank X (pid) failed while rank Y waited for it', naming the other survivor, not the dead rank")
 def test_every_survivor_names_the_dead_rank(spawn_farm):
     """Deterministic order: rank 2 dies, rank 0 calls (and fails), then rank 1 calls."""
     n, victim = 3, 2
@@ -154,10 +151,6 @@ def test_kill_during_init_is_swept(spawn_farm):
     assert not (shm_entries() & names), f"not swept: {sorted(shm_entries() & names)}"
 
 
-@pytest.mark.xfail(strict=True, reason="BUG (init race, shm.c kccl_shm_connect): a rank in the final 'wait until "
-                   "every peer mapped every segment' loop reads peer p's `mapped` (0), then p's state; if p finished "
-                   "init and closed (or exited, or failed) in between, the slower rank's init fails with 'rank p "
-                   "failed/died during init' although every rank had joined; it should re-read `mapped` first")
 def test_init_survives_peers_that_close_at_once(spawn_farm):
     """4 ranks on one CPU join and close at once, repeatedly: no init may fail.  (The race
     hits roughly 1 trial in 5-10 here, so 150 trials miss it with probability < 1e-6.)"""
@@ -201,9 +194,6 @@ def test_mismatched_calls(farms, kind, n):
     assert re.search(r"rank \d+ called \w+\(count=\d+", detail), detail  # says who called what
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: a rank still waiting for a slow peer when another peer fails on a "
-                   "mismatch reports only 'rank X (pid) failed while rank Y waited for it' (kccl_check_peers "
-                   "does not pass on the reason), not the mismatch")
 def test_every_rank_names_the_mismatch(farms):
     """Deterministic order: ranks 0 and 2 (the odd one) call at once, rank 1 comes 0.3 s later."""
     outs = _mismatch(farms.farm(), 3, "count0", delays={1: 0.3})
@@ -212,9 +202,6 @@ def test_every_rank_names_the_mismatch(farms):
         assert "mismatch" in out["msg"].lower(), f"{what}: {out['msg']!r}"
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: kcclAllGather copies the rank's own block into recv (and, with 3+ "
-                   "ranks, blocks of peers it already waited for) before the other peers' signatures are "
-                   "checked, so a mismatched all_gather leaves recv modified")
 def test_mismatched_all_gather_leaves_recv_untouched(farms):
     for r, what, out in _mismatch(farms.farm(), 2, "coll_allgather"):
         assert out["type"] == "KcclRemoteError", f"{what}: {out}"

@@ -184,12 +184,12 @@ kcclResult_t kcclAllGather(const void *sendbuff, void *recvbuff, size_t sendcoun
     uint32_t s = begin_step(c, &mine);
     memcpy(kccl_data(mine), send + off * es, n * es);
     kccl_publish(c, kccl_flag(mine), s, sig);
+    /* Every peer's signature is checked before recv is touched. */
+    if ((r = wait_all(c, s, sig, 0)) != kcclSuccess) return r;
     if (!inplace) memcpy(myout + off * es, send + off * es, n * es);
     for (int i = 1; i < c->nranks; i++) {
       int p = (c->rank + i) % c->nranks;
-      uint8_t *slot = kccl_slot(c, p, s % KCCL_NSETS, 0);
-      if ((r = kccl_wait_flag(c, p, kccl_flag(slot), s, sig)) != kcclSuccess) return r;
-      memcpy(recv + (size_t)p * bytes + off * es, kccl_data(slot), n * es);
+      memcpy(recv + (size_t)p * bytes + off * es, kccl_data(kccl_slot(c, p, s % KCCL_NSETS, 0)), n * es);
     }
     off += n;
   } while (off < sendcount);
@@ -257,8 +257,8 @@ kcclResult_t kcclBroadcast(const void *sendbuff, void *recvbuff, size_t count, k
     uint32_t s = begin_step(c, &mine);
     if (am_root) memcpy(kccl_data(mine), send + off * es, n * es);
     kccl_publish(c, kccl_flag(mine), s, sig); /* non-roots: "arrived" */
-    if (am_root && send != recv) memcpy(recv + off * es, send + off * es, n * es);
     if ((r = wait_all(c, s, sig, 0)) != kcclSuccess) return r;
+    if (am_root && send != recv) memcpy(recv + off * es, send + off * es, n * es);
     if (!am_root) memcpy(recv + off * es, kccl_data(kccl_slot(c, root, s % KCCL_NSETS, 0)), n * es);
     off += n;
   } while (off < count);

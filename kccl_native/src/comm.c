@@ -1,11 +1,36 @@
 /* comm.c - communicator life cycle: init, destroy, abort, queries. */
 #define _GNU_SOURCE
+#include <pthread.h>
 #include <sched.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
 #include "internal.h"
+
+/* (token, rank) pairs this process has joined: a second join of the same rank
+ * would otherwise go unnoticed once the segment names are unlinked. */
+static pthread_mutex_t joined_lock = PTHREAD_MUTEX_INITIALIZER;
+static struct joined { uint8_t token[16]; int rank; struct joined *next; } *joined;
+
+static int already_joined(const uint8_t token[16], int rank) {
+  pthread_mutex_lock(&joined_lock);
+  int found = 0;
+  for (struct joined *j = joined; j && !found; j = j->next) found = j->rank == rank && !memcmp(j->token, token, 16);
+  pthread_mutex_unlock(&joined_lock);
+  return found;
+}
+
+static void remember_join(const uint8_t token[16], int rank) {
+  struct joined *j = malloc(sizeof *j);
+  if (!j) return;
+  memcpy(j->token, token, 16);
+  j->rank = rank;
+  pthread_mutex_lock(&joined_lock);
+  j->next = joined;
+  joined = j;
+  pthread_mutex_unlock(&joined_lock);
+}
 
 static size_t round_up(size_t x, size_t a) { return (x + a - 1) / a * a; }
 
@@ -53,6 +78,11 @@ kcclResult_t kcclCommInitRankConfig(kcclComm_t *out, int nranks, kcclUniqueId id
   struct kcclComm *c = calloc(1, sizeof *c);
   if (!c) return kccl_err(kcclSystemError, "out of memory");
   if ((r = kccl_uid_parse(&id, c->token)) != kcclSuccess) { free(c); return r; }
+  if (already_joined(c->token, rank)) {
+    free(c);
+    return kccl_err(kcclInvalidUsage, "rank %d of this unique id was already initialised by this process "
+                    "(a unique id serves one communicator: get a new one)", rank);
+  }
   c->magic = KCCL_COMM_MAGIC;
   c->nranks = nranks;
   c->rank = rank;
@@ -83,6 +113,7 @@ kcclResult_t kcclCommInitRankConfig(kcclComm_t *out, int nranks, kcclUniqueId id
     free(c);
     return r;
   }
+  remember_join(c->token, rank);
   kccl_log(2, "rank %d/%d ready: %zu-byte slots, spin %lld us, yield %lld us, %d cpus", rank, nranks,
            c->slot_bytes, (long long)(c->spin_ns / 1000), (long long)(c->yield_ns / 1000), c->ncpus);
   *out = c;

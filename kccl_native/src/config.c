@@ -1,6 +1,7 @@
 /* config.c - built-in defaults and the KCCL_* environment variables.
  * Names, meanings and defaults are registered in kccl/config.py (printable
  * with `python -m kccl.config`); a test checks that both agree. */
+#include <ctype.h>
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
@@ -8,19 +9,51 @@
 
 #include "internal.h"
 
-static kcclResult_t env_long(const char *name, long lo, long hi, long *out) {
+/* The variable's value without surrounding blanks (as kccl/config.py reads it);
+ * NULL when unset or empty. */
+static const char *env_value(const char *name, char *buf, size_t n) {
   const char *s = getenv(name);
-  if (!s || !*s) return kcclSuccess;
+  if (!s) return NULL;
+  while (isspace((unsigned char)*s)) s++;
+  size_t len = strlen(s);
+  while (len && isspace((unsigned char)s[len - 1])) len--;
+  if (!len) return NULL;
+  if (len >= n) len = n - 1;
+  memcpy(buf, s, len);
+  buf[len] = 0;
+  return buf;
+}
+
+/* An integer in [lo, hi]; byte sizes may end in k/K or m/M (binary multiples). */
+static kcclResult_t env_long(const char *name, long lo, long hi, int sizes, long *out) {
+  char buf[64];
+  const char *s = env_value(name, buf, sizeof buf);
+  if (!s) return kcclSuccess;
   char *end;
   errno = 0;
   long v = strtol(s, &end, 10);
-  /* allow k/M suffixes for sizes */
-  if (*end == 'k' || *end == 'K') { v *= 1024; end++; }
-  else if (*end == 'm' || *end == 'M') { v *= 1024 * 1024; end++; }
-  if (errno || *end || v < lo || v > hi)
-    return kccl_err(kcclInvalidArgument, "%s=%s: expected an integer in [%ld, %ld]", name, s, lo, hi);
+  if (sizes && end != s && (*end == 'k' || *end == 'K') && !end[1]) { v *= 1024; end++; }
+  else if (sizes && end != s && (*end == 'm' || *end == 'M') && !end[1]) { v *= 1024 * 1024; end++; }
+  if (errno || end == s || *end || v < lo || v > hi)
+    return kccl_err(kcclInvalidArgument, "%s=%s: expected an integer in [%ld, %ld]%s", name, s, lo, hi,
+                    sizes ? " (k/M suffix allowed)" : "");
   *out = v;
   return kcclSuccess;
+}
+
+/* One of names[0..n) (any case) or its index as a digit. */
+static kcclResult_t env_choice(const char *name, const char *const *names, int n, int *out) {
+  char buf[64];
+  const char *s = env_value(name, buf, sizeof buf);
+  if (!s) return kcclSuccess;
+  for (int i = 0; i < n; i++)
+    if (!strcasecmp(s, names[i]) || (s[0] == '0' + i && !s[1])) { *out = i; return kcclSuccess; }
+  char list[128] = "";
+  for (int i = 0; i < n; i++) {
+    strncat(list, names[i], sizeof list - strlen(list) - 1);
+    if (i + 1 < n) strncat(list, ", ", sizeof list - strlen(list) - 1);
+  }
+  return kccl_err(kcclInvalidArgument, "%s=%s: expected one of %s", name, s, list);
 }
 
 kcclResult_t kcclConfigInit(kcclConfig_t *cfg) {
@@ -38,36 +71,23 @@ kcclResult_t kcclConfigInit(kcclConfig_t *cfg) {
   long v;
   kcclResult_t r;
   v = cfg->timeout_ms;
-  if ((r = env_long("KCCL_TIMEOUT_MS", 0, 86400000L, &v))) return r;
+  if ((r = env_long("KCCL_TIMEOUT_MS", 0, 86400000L, 0, &v))) return r;
   cfg->timeout_ms = (int)v;
   v = (long)cfg->oneshot_max_bytes;
-  if ((r = env_long("KCCL_ONESHOT_MAX_BYTES", 0, 1L << 40, &v))) return r;
+  if ((r = env_long("KCCL_ONESHOT_MAX_BYTES", 0, 1L << 40, 1, &v))) return r;
   cfg->oneshot_max_bytes = (size_t)v;
   v = (long)cfg->buffer_bytes;
-  if ((r = env_long("KCCL_BUFFER_BYTES", 4096, 1L << 30, &v))) return r;
+  if ((r = env_long("KCCL_BUFFER_BYTES", 4096, 1L << 30, 1, &v))) return r;
   cfg->buffer_bytes = (size_t)v;
   v = cfg->spin_us;
-  if ((r = env_long("KCCL_SPIN_US", -1, 10000000L, &v))) return r;
+  if ((r = env_long("KCCL_SPIN_US", -1, 10000000L, 0, &v))) return r;
   cfg->spin_us = (int)v;
   v = cfg->yield_us;
-  if ((r = env_long("KCCL_YIELD_US", -1, 10000000L, &v))) return r;
+  if ((r = env_long("KCCL_YIELD_US", -1, 10000000L, 0, &v))) return r;
   cfg->yield_us = (int)v;
-
-  const char *a = getenv("KCCL_ALGO");
-  if (a && *a) {
-    if (!strcasecmp(a, "auto")) cfg->algo = kcclAlgoAuto;
-    else if (!strcasecmp(a, "oneshot")) cfg->algo = kcclAlgoOneShot;
-    else if (!strcasecmp(a, "twoshot")) cfg->algo = kcclAlgoTwoShot;
-    else return kccl_err(kcclInvalidArgument, "KCCL_ALGO=%s: expected auto, oneshot or twoshot", a);
-  }
-  const char *d = getenv("KCCL_DEBUG");
-  if (d && *d) {
-    static const char *names[] = {"NONE", "WARN", "INFO", "TRACE"};
-    int found = -1;
-    for (int i = 0; i < 4; i++)
-      if (!strcasecmp(d, names[i]) || (d[0] == '0' + i && d[1] == 0)) found = i;
-    if (found < 0) return kccl_err(kcclInvalidArgument, "KCCL_DEBUG=%s: expected NONE, WARN, INFO or TRACE", d);
-    cfg->debug = found;
-  }
+  static const char *const algos[] = {"auto", "oneshot", "twoshot"};
+  static const char *const levels[] = {"NONE", "WARN", "INFO", "TRACE"};
+  if ((r = env_choice("KCCL_ALGO", algos, 3, &cfg->algo))) return r;
+  if ((r = env_choice("KCCL_DEBUG", levels, 4, &cfg->debug))) return r;
   return kcclSuccess;
 }

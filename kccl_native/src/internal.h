@@ -44,6 +44,7 @@ typedef struct {
   _Atomic uint32_t sleepers __attribute__((aligned(KCCL_LINE)));
   char pad1[KCCL_LINE];
   kccl_call_desc call __attribute__((aligned(KCCL_LINE)));
+  char error_text[256]; /* why this rank failed (state SEG_FAILED), for its peers' messages */
 } kccl_seg_header;
 
 _Static_assert(sizeof(kccl_seg_header) <= KCCL_PAGE, "header must fit a page");
@@ -103,7 +104,7 @@ int64_t kccl_now_ns(void);
 void kccl_publish(struct kcclComm *c, _Atomic uint64_t *flag, uint32_t seq, uint32_t sig);
 kcclResult_t kccl_wait_flag(struct kcclComm *c, int peer, _Atomic uint64_t *flag, uint32_t seq,
                             uint32_t sig);
-kcclResult_t kccl_check_peers(struct kcclComm *c, char *why, size_t whylen);
+kcclResult_t kccl_check_peers(struct kcclComm *c, uint32_t seq, uint32_t sig, char *why, size_t whylen);
 void kccl_wake_all(struct kcclComm *c);
 
 /* shm.c */

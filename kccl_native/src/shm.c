@@ -231,12 +231,14 @@ kcclResult_t kccl_shm_connect(struct kcclComm *c) {
     long backoff = 10;
     for (int p = 0; p < c->nranks && res == kcclSuccess; p++) {
       while (p != c->rank && !atomic_load_explicit(&c->hdr[p]->mapped, memory_order_acquire)) {
-        if (peer_dead(c, p)) {
-          res = kccl_err(kcclRemoteError, "rank %d (pid %d) died during init", p, (int)c->pid[p]);
-          break;
-        }
-        if (atomic_load(&c->hdr[p]->state) != SEG_READY) {
-          res = kccl_err(kcclRemoteError, "rank %d (pid %d) failed during init", p, (int)c->pid[p]);
+        /* A peer sets `mapped` before it can close, fail or exit: once one of
+         * those is seen, `mapped` is read again before init gives up. */
+        int dead = peer_dead(c, p);
+        uint32_t st = atomic_load(&c->hdr[p]->state);
+        if (dead || st != SEG_READY) {
+          if (atomic_load_explicit(&c->hdr[p]->mapped, memory_order_seq_cst)) break;
+          res = kccl_err(kcclRemoteError, "rank %d (pid %d) %s during init", p, (int)c->pid[p],
+                         dead ? "died" : "failed");
           break;
         }
         if (kccl_now_ns() > deadline) {

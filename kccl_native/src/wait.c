@@ -76,23 +76,26 @@ static const char *state_word(uint32_t s) {
   }
 }
 
-/* Liveness and state of every peer.  Only reports (into why): a peer that
- * finished the step we wait for may close or exit right after, so the caller
- * re-reads its flag before it declares the communicator broken. */
-kcclResult_t kccl_check_peers(struct kcclComm *c, char *why, size_t whylen) {
-  for (int p = 0; p < c->nranks; p++) {
-    if (p == c->rank) continue;
-    uint32_t s = atomic_load_explicit(&c->hdr[p]->state, memory_order_acquire);
-    if (s != SEG_READY)
-    {
-      snprintf(why, whylen, "rank %d (pid %d) %s while rank %d waited for it", p, (int)c->pid[p],
-               state_word(s), c->rank);
-      return kcclRemoteError;
-    }
-  }
-  int dead = -1;
+/* Explains a flag of step `seq` whose signature is not ours. */
+static void describe_mismatch(struct kcclComm *c, int peer, uint32_t seq, uint32_t theirsig, char *buf,
+                              size_t n) {
+  const kccl_call_desc *me = &c->hdr[c->rank]->call, *them = &c->hdr[peer]->call;
+  char theirs[160];
+  if (them->seq == seq)
+    snprintf(theirs, sizeof theirs, "%s(count=%llu, %s, op=%s, root=%u)", kccl_coll_name((int)them->coll),
+             (unsigned long long)them->count, kccl_dtype_name((int)them->dtype),
+             kccl_op_name((int)them->op), them->root);
+  else
+    snprintf(theirs, sizeof theirs, "a call with signature %08x", theirsig);
+  snprintf(buf, n,
+           "collective mismatch: rank %d called %s(count=%llu, %s, op=%s, root=%u) but rank %d called %s",
+           c->rank, kccl_coll_name((int)me->coll), (unsigned long long)me->count,
+           kccl_dtype_name((int)me->dtype), kccl_op_name((int)me->op), me->root, peer, theirs);
+}
+
+static int first_dead_peer(struct kcclComm *c) {
   struct pollfd pfd[64];
-  for (int p0 = 0; p0 < c->nranks && dead < 0; p0 += 64) {
+  for (int p0 = 0; p0 < c->nranks; p0 += 64) {
     int n = 0, who[64];
     for (int p = p0; p < c->nranks && p < p0 + 64; p++) {
       if (p == c->rank) continue;
@@ -102,37 +105,61 @@ kcclResult_t kccl_check_peers(struct kcclComm *c, char *why, size_t whylen) {
         pfd[n].revents = 0;
         who[n++] = p;
       } else if (!kccl_pid_alive(c->pid[p], c->hdr[p]->starttime)) {
-        dead = p;
-        break;
+        return p;
       }
     }
-    if (dead < 0 && n > 0 && poll(pfd, (nfds_t)n, 0) > 0)
+    if (n > 0 && poll(pfd, (nfds_t)n, 0) > 0)
       for (int i = 0; i < n; i++)
-        if (pfd[i].revents) { dead = who[i]; break; }
+        if (pfd[i].revents) return who[i];
   }
+  return -1;
+}
+
+/* Why step `seq` cannot complete, if it cannot.  Only reports (into why): a
+ * peer that finished the step may close or exit right after, so the caller
+ * re-reads its flag before it declares the communicator broken.  The most
+ * telling cause comes first: a peer that aborted or closed, one that died, a
+ * mismatching call, and last a peer that failed for reasons of its own (which
+ * its segment spells out). */
+kcclResult_t kccl_check_peers(struct kcclComm *c, uint32_t seq, uint32_t sig, char *why, size_t whylen) {
+  int failed = -1;
+  for (int p = 0; p < c->nranks; p++) {
+    if (p == c->rank) continue;
+    uint32_t s = atomic_load_explicit(&c->hdr[p]->state, memory_order_acquire);
+    if (s == SEG_ABORTED || s == SEG_CLOSED) {
+      snprintf(why, whylen, "rank %d (pid %d) %s while rank %d waited for it", p, (int)c->pid[p],
+               state_word(s), c->rank);
+      return kcclRemoteError;
+    }
+    if (s != SEG_READY && failed < 0) failed = p;
+  }
+  int dead = first_dead_peer(c);
   if (dead >= 0) {
-    snprintf(why, whylen, "rank %d (pid %d) died while rank %d waited for it", dead,
-             (int)c->pid[dead], c->rank);
+    snprintf(why, whylen, "rank %d (pid %d) died while rank %d waited for it", dead, (int)c->pid[dead], c->rank);
+    return kcclRemoteError;
+  }
+  for (int p = 0; p < c->nranks; p++) {
+    if (p == c->rank) continue;
+    uint64_t v = atomic_load_explicit(kccl_flag(kccl_slot(c, p, seq % KCCL_NSETS, 0)), memory_order_acquire);
+    if ((uint32_t)(v >> 32) == seq && (uint32_t)v != sig) {
+      describe_mismatch(c, p, seq, (uint32_t)v, why, whylen);
+      return kcclRemoteError;
+    }
+  }
+  if (failed >= 0) {
+    char text[200];
+    snprintf(text, sizeof text, "%.199s", c->hdr[failed]->error_text);
+    snprintf(why, whylen, "rank %d (pid %d) failed while rank %d waited for it: %s", failed,
+             (int)c->pid[failed], c->rank, text);
     return kcclRemoteError;
   }
   return kcclSuccess;
 }
 
 static kcclResult_t mismatch(struct kcclComm *c, int peer, uint32_t seq, uint32_t sig) {
-  const kccl_call_desc *me = &c->hdr[c->rank]->call, *them = &c->hdr[peer]->call;
-  char theirs[160];
-  if (them->seq == seq)
-    snprintf(theirs, sizeof theirs, "%s(count=%llu, %s, op=%s, root=%u)", kccl_coll_name((int)them->coll),
-             (unsigned long long)them->count, kccl_dtype_name((int)them->dtype),
-             kccl_op_name((int)them->op), them->root);
-  else
-    snprintf(theirs, sizeof theirs, "a call with signature %08x", sig);
-  return kccl_comm_fail(c, kcclRemoteError,
-                        "collective mismatch: rank %d called %s(count=%llu, %s, op=%s, root=%u) "
-                        "but rank %d called %s",
-                        c->rank, kccl_coll_name((int)me->coll), (unsigned long long)me->count,
-                        kccl_dtype_name((int)me->dtype), kccl_op_name((int)me->op), me->root, peer,
-                        theirs);
+  char buf[400];
+  describe_mismatch(c, peer, seq, sig, buf, sizeof buf);
+  return kccl_comm_fail(c, kcclRemoteError, "%s", buf);
 }
 
 static inline int ready(_Atomic uint64_t *flag, uint32_t seq, uint64_t *v) {
@@ -173,8 +200,8 @@ kcclResult_t kccl_wait_flag(struct kcclComm *c, int peer, _Atomic uint64_t *flag
     now = kccl_now_ns();
     if (now >= next_check || now >= yield_end) {
       next_check = now + 1000000;
-      char why[200];
-      kcclResult_t r = kccl_check_peers(c, why, sizeof why);
+      char why[480];
+      kcclResult_t r = kccl_check_peers(c, seq, sig, why, sizeof why);
       if (ready(flag, seq, &v)) goto got;
       if (r != kcclSuccess) return kccl_comm_fail(c, r, "%s", why);
       if (now >= deadline)
