@@ -60,17 +60,17 @@ SETTINGS: Tuple[Setting, ...] = (
             "reported within about 1 ms whatever this is."),
     Setting("KCCL_ALGO", "algo", "auto", _choice(ALGOS),
             "All-reduce algorithm: auto (by size, see KCCL_ONESHOT_MAX_BYTES), oneshot or twoshot."),
-    Setting("KCCL_ONESHOT_MAX_BYTES", "oneshot_max_bytes", 64 * 1024, _int_range(0, 1 << 40, sizes=True),
+    Setting("KCCL_ONESHOT_MAX_BYTES", "oneshot_max_bytes", 16 * 1024, _int_range(0, 1 << 40, sizes=True),
             "Largest all-reduce (bytes) that auto sends one-shot; larger ones go two-shot."),
     Setting("KCCL_BUFFER_BYTES", "buffer_bytes", 1024 * 1024, _int_range(4096, 1 << 30, sizes=True),
             "Bytes per shared-memory slot, the chunk size of large messages (each rank maps "
             "4 slots per rank). Must be equal on all ranks."),
     Setting("KCCL_SPIN_US", "spin_us", -1, _int_range(-1, 10_000_000),
             "Busy-poll time before yielding the CPU; -1 = auto (100 us with a core per rank, "
-            "2 us when ranks outnumber cores)."),
+            "0 when ranks outnumber cores: a spinning rank would hold the core its peer needs)."),
     Setting("KCCL_YIELD_US", "yield_us", -1, _int_range(-1, 10_000_000),
             "sched_yield phase after spinning, before sleeping on a futex; -1 = auto (2000 us, "
-            "or 100 us when ranks outnumber cores)."),
+            "or 1000 us when ranks outnumber cores)."),
     Setting("KCCL_DEBUG", "debug", "NONE", _choice(DEBUG_LEVELS),
             "Log to stderr: NONE, WARN (every error), INFO (init details), TRACE."),
 )

@@ -32,7 +32,8 @@ FLOAT_DTYPES = ("float16", "bfloat16", "float32", "float64")
 OPS = ("SUM", "PROD", "MAX", "MIN", "AVG")
 ALGOS = ("oneshot", "twoshot", "auto")
 CHUNK_BYTES = 1 << 20          # KCCL_BUFFER_BYTES default: the slot (chunk) size
-ONESHOT_MAX_BYTES = 64 << 10   # KCCL_ONESHOT_MAX_BYTES default: auto's crossover
+from kccl.config import BY_NAME as _SETTINGS
+ONESHOT_MAX_BYTES = _SETTINGS["KCCL_ONESHOT_MAX_BYTES"].default  # auto's crossover
 GROUP_TIMEOUT_MS = 20000       # KCCL timeout of the long-lived groups: a hang becomes an error
 RUN_TIMEOUT_S = 60.0           # parent-side bound on one command (> GROUP_TIMEOUT_MS)
 SHM_DIR = "/dev/shm"

@@ -46,8 +46,8 @@ static int allowed_cpus(void) {
  * and let the scheduler (yield, then futex sleep) hand the core over. */
 static void resolve_waits(struct kcclComm *c) {
   int over = c->nranks > c->ncpus;
-  int spin = c->cfg.spin_us >= 0 ? c->cfg.spin_us : (over ? 2 : 100);
-  int yield = c->cfg.yield_us >= 0 ? c->cfg.yield_us : (over ? 100 : 2000);
+  int spin = c->cfg.spin_us >= 0 ? c->cfg.spin_us : (over ? 0 : 100);
+  int yield = c->cfg.yield_us >= 0 ? c->cfg.yield_us : (over ? 1000 : 2000);
   c->spin_ns = (int64_t)spin * 1000;
   c->yield_ns = (int64_t)yield * 1000;
 }
@@ -93,8 +93,11 @@ kcclResult_t kcclCommInitRankConfig(kcclComm_t *out, int nranks, kcclUniqueId id
   size_t slot = round_up(cfg.buffer_bytes, KCCL_LINE);
   if (slot < (size_t)nranks * KCCL_LINE) slot = (size_t)nranks * KCCL_LINE;
   c->slot_bytes = slot;
-  c->slot_stride = round_up(SLOT_DATA_OFF + slot, KCCL_PAGE);
-  c->seg_bytes = KCCL_PAGE + (size_t)KCCL_NSETS * 2 * c->slot_stride;
+  /* Slots are not page multiples apart: a kernel that loads from one slot and
+   * stores to another (two-shot: A slots -> B slot) would otherwise hit 4K
+   * aliasing between its load and store streams on x86. */
+  c->slot_stride = round_up(SLOT_DATA_OFF + slot, KCCL_LINE) + 17 * KCCL_LINE;
+  c->seg_bytes = round_up(KCCL_PAGE + (size_t)KCCL_NSETS * 2 * c->slot_stride, KCCL_PAGE);
   c->names = calloc((size_t)nranks, sizeof *c->names);
   c->base = calloc((size_t)nranks, sizeof *c->base);
   c->hdr = calloc((size_t)nranks, sizeof *c->hdr);

@@ -62,7 +62,7 @@ kcclResult_t kcclConfigInit(kcclConfig_t *cfg) {
   cfg->size = sizeof *cfg;
   cfg->timeout_ms = 30000;
   cfg->algo = kcclAlgoAuto;
-  cfg->oneshot_max_bytes = 64 * 1024;
+  cfg->oneshot_max_bytes = 16 * 1024; /* bench/crossover.py: 2 and 4 ranks */
   cfg->buffer_bytes = 1024 * 1024;
   cfg->spin_us = -1;
   cfg->yield_us = -1;
