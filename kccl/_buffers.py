@@ -72,6 +72,10 @@ def _as_array(obj, what):
             f"not {type(obj).__name__}") from None
 
 
+def _label(arr):
+    return str(arr.dtype) if isinstance(arr, np.ndarray) else f"format {arr.format!r}"
+
+
 def resolve(obj, dtype, writable, what):
     """(cdata, count, code, array) for obj; `array` keeps the buffer alive."""
     arr = _as_array(obj, what)
@@ -83,7 +87,6 @@ def resolve(obj, dtype, writable, what):
             raise KcclInvalidArgument(f"{what} is read-only")
         native = NUMPY_CODES.get(arr.dtype)
         itemsize, nbytes = arr.dtype.itemsize, arr.nbytes
-        label = str(arr.dtype)
     else:
         if not arr.c_contiguous:
             raise KcclInvalidArgument(f"{what} is not C-contiguous")
@@ -91,18 +94,17 @@ def resolve(obj, dtype, writable, what):
             raise KcclInvalidArgument(f"{what} is read-only ({type(obj).__name__})")
         native = _FORMAT_CODES.get(arr.format.lstrip("@=<"))
         itemsize, nbytes = arr.itemsize, arr.nbytes
-        label = f"format {arr.format!r}"
     if dtype is not None:
         code = dtype_code(dtype)
         if native is not None and native != code and ITEMSIZE[code] != itemsize:
-            raise KcclInvalidArgument(f"{what} holds {label} ({itemsize}-byte items) but dtype={dtype!r} "
+            raise KcclInvalidArgument(f"{what} holds {_label(arr)} ({itemsize}-byte items) but dtype={dtype!r} "
                                       f"has {ITEMSIZE[code]}-byte items")
         if nbytes % ITEMSIZE[code]:
             raise KcclInvalidArgument(f"{what} has {nbytes} bytes, not a multiple of {NAMES[code]}'s size")
     elif native is None:
-        raise KcclInvalidArgument(f"{what} holds {label}, which KCCL does not reduce; supported: "
+        raise KcclInvalidArgument(f"{what} holds {_label(arr)}, which KCCL does not reduce; supported: "
                                   f"{', '.join(NAMES.values())} (bfloat16 via ml_dtypes or dtype='bfloat16')")
     else:
         code = native
-    ptr = ffi.from_buffer(arr, require_writable=writable) if nbytes else ffi.NULL
+    ptr = ffi.from_buffer(arr) if nbytes else ffi.NULL  # writability was checked above
     return ptr, nbytes // ITEMSIZE[code], code, arr

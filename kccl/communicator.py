@@ -74,6 +74,27 @@ _from_buffer = ffi.from_buffer
 _allreduce = lib.kcclAllReduce
 _NULL = ffi.NULL
 _NPCODES = NUMPY_CODES
+_NO_HOT = (None,) * 7
+HOT_MAX_BYTES = 1 << 20  # all_reduce remembers the buffers of its last call up to this size
+
+
+def _prepare(send, recv):
+    """(send, recv, dtype, send ptr, recv ptr, count, code) for a numpy pair the
+    fast path takes, else _NO_HOT (the general path then says what is wrong)."""
+    code = _NPCODES.get(send.dtype)
+    if code is None or type(recv) is not _ndarray or not recv.flags.writeable:
+        return _NO_HOT
+    try:
+        if recv is send:
+            sp = rp = _from_buffer(send)
+        elif recv.dtype == send.dtype and recv.nbytes == send.nbytes:
+            sp = _from_buffer(send)
+            rp = _from_buffer(recv)
+        else:
+            return _NO_HOT
+    except ValueError:  # not C-contiguous
+        return _NO_HOT
+    return (send, recv, send.dtype, sp, rp, send.size, code)
 
 
 class Communicator:
@@ -85,6 +106,7 @@ class Communicator:
 
     def __init__(self, nranks, unique_id, rank, *, config=None):
         self._comm = None
+        self._hot = _NO_HOT
         self._why_closed = "never initialised"
         nranks = _as_int(nranks, "nranks")
         rank = _as_int(rank, "rank")
@@ -141,35 +163,29 @@ class Communicator:
 
     # -- collectives ----------------------------------------------------------------
     def all_reduce(self, send, recv=None, op=SUM, *, dtype=None):
-        """recv[i] = send_0[i] op send_1[i] op ... (rank order on every rank). Returns recv."""
-        # Fast path for numpy arrays of a native dtype (the decode hot path), kept
-        # to a few dozen bytecodes; whatever it does not take, the general path
-        # handles or rejects with a clear message.
+        """recv[i] = send_0[i] op send_1[i] op ... (rank order on every rank). Returns recv.
+
+        Decode calls this with the same small arrays every step, so the arrays and
+        pointers of the last call of at most kccl.communicator.HOT_MAX_BYTES are remembered (which
+        keeps those arrays referenced, and unresizable, until a call with other
+        arrays or close()); dtype and writability are still checked every call."""
+        if recv is None:
+            recv = send
         if type(send) is _ndarray and dtype is None and (type(op) is Op or type(op) is int):
-            try:
-                code = _NPCODES[send.dtype]
-                opc = _OPS[op]
-                if recv is None or recv is send:
-                    if send.flags.writeable:
-                        sp = rp = _from_buffer(send)
-                        recv = send
-                    else:
-                        sp = None
-                elif (type(recv) is _ndarray and recv.dtype == send.dtype and recv.nbytes == send.nbytes
-                      and recv.flags.writeable):
-                    sp = _from_buffer(send)
-                    rp = _from_buffer(recv)
-                else:
-                    sp = None
-                comm = self._comm
-            except (KeyError, TypeError, ValueError):  # unknown dtype/op, not C-contiguous
-                sp = None
-            if sp is not None and comm is not None:
-                rc = _allreduce(sp, rp, send.size, code, opc, comm, _NULL)
+            hot = self._hot
+            if not (send is hot[0] and recv is hot[1] and send.dtype is hot[2] and hot[1].flags.writeable):
+                hot = _prepare(send, recv)
+                if hot[1] is not None and send.nbytes <= HOT_MAX_BYTES:
+                    self._hot = hot
+            _s, _r, _d, sp, rp, n, code = hot
+            opc = _OPS.get(op)
+            comm = self._comm
+            if sp is not None and opc is not None and comm is not None:
+                rc = _allreduce(sp, rp, n, code, opc, comm, _NULL)
                 if rc:
                     _raise(rc)
                 return recv
-        return self._all_reduce_general(send, send if recv is None else recv, op, dtype)
+        return self._all_reduce_general(send, recv, op, dtype)
 
     def _all_reduce_general(self, send, recv, op, dtype):
         comm = self._handle()
@@ -278,6 +294,7 @@ class Communicator:
     def abort(self):
         """Local and immediate: peers blocked in a collective with this rank get KcclRemoteError."""
         comm, self._comm = self._comm, None
+        self._hot = _NO_HOT
         if comm is not None:
             self._why_closed = "aborted"
             lib.kcclCommAbort(comm)
@@ -285,6 +302,7 @@ class Communicator:
     def close(self):
         """Releases the communicator (idempotent)."""
         comm, self._comm = self._comm, None
+        self._hot = _NO_HOT
         if comm is not None:
             self._why_closed = "closed"
             lib.kcclCommDestroy(comm)

@@ -495,3 +495,45 @@ def test_c_api_init_checks():
     assert lib.kcclGetVersion(ffi.NULL) == lib.kcclInvalidArgument
     v = ffi.new("int *")
     assert lib.kcclGetVersion(v) == 0 and v[0] == kccl.VERSION_CODE
+
+
+# -- the all_reduce fast path remembers its last buffers: that must not bypass any check ------
+
+def test_remembered_buffer_made_read_only_is_refused():
+    with kccl.Communicator(1, kccl.get_unique_id(), 0) as c:
+        x = np.ones(8, np.float32)
+        c.all_reduce(x)
+        c.all_reduce(x)  # now remembered
+        x.flags.writeable = False
+        with pytest.raises(kccl.KcclInvalidArgument, match="read-only"):
+            c.all_reduce(x)
+        y = np.zeros(8, np.float32)
+        c.all_reduce(x, y)
+        y.flags.writeable = False
+        with pytest.raises(kccl.KcclInvalidArgument, match="read-only"):
+            c.all_reduce(x, y)
+
+
+def test_remembered_buffer_with_new_dtype_is_rechecked():
+    with kccl.Communicator(1, kccl.get_unique_id(), 0) as c:
+        x = np.arange(8, dtype=np.int32)
+        c.all_reduce(x)
+        c.all_reduce(x)  # now remembered
+        x.dtype = np.int16  # same object, a dtype KCCL does not reduce: must not slip through
+        with pytest.raises(kccl.KcclInvalidArgument, match="int16"):
+            c.all_reduce(x)
+
+
+def test_close_drops_remembered_buffers():
+    import gc
+    import weakref
+    c = kccl.Communicator(1, kccl.get_unique_id(), 0)
+    x = np.ones(16, np.float64)
+    c.all_reduce(x)
+    ref = weakref.ref(x)
+    del x
+    gc.collect()
+    assert ref() is not None  # remembered while open (documented)
+    c.close()
+    gc.collect()
+    assert ref() is None
