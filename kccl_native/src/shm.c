@@ -25,37 +25,36 @@
 
 #define SHM_PREFIX "kccl-"
 
+/* /proc/<pid>/stat read into buf; returns the text after the command name's
+ * closing parenthesis (the name may contain spaces), or NULL. */
+static const char *proc_stat_fields(pid_t pid, char *buf, size_t n) {
+  char path[64];
+  snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
+  int fd = open(path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return NULL;
+  ssize_t got = read(fd, buf, n - 1);
+  close(fd);
+  if (got <= 0) return NULL;
+  buf[got] = 0;
+  const char *p = strrchr(buf, ')');
+  return (p && p[1] == ' ') ? p + 2 : NULL; /* at field 3, the state */
+}
+
 /* Start time of a process in clock ticks since boot (0 if unknown): with the
  * pid it names one process, even after the pid is reused. */
 uint64_t kccl_proc_starttime(pid_t pid) {
-  char path[64], buf[1024];
-  snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
-  int fd = open(path, O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return 0;
-  ssize_t n = read(fd, buf, sizeof buf - 1);
-  close(fd);
-  if (n <= 0) return 0;
-  buf[n] = 0;
-  char *p = strrchr(buf, ')'); /* the command name may contain spaces */
+  char buf[1024];
+  const char *p = proc_stat_fields(pid, buf, sizeof buf);
   if (!p) return 0;
-  /* after ")" come fields 3.. ; starttime is field 22 */
-  int field = 2;
-  for (; *p && field < 22; p++)
+  for (int field = 3; *p && field < 22; p++) /* starttime is field 22 */
     if (*p == ' ') field++;
   return strtoull(p, NULL, 10);
 }
 
 static char proc_state(pid_t pid) {
-  char path[64], buf[512];
-  snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
-  int fd = open(path, O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return 0;
-  ssize_t n = read(fd, buf, sizeof buf - 1);
-  close(fd);
-  if (n <= 0) return 0;
-  buf[n] = 0;
-  char *p = strrchr(buf, ')');
-  return (p && p[1] == ' ') ? p[2] : 0;
+  char buf[1024];
+  const char *p = proc_stat_fields(pid, buf, sizeof buf);
+  return p ? p[0] : 0;
 }
 
 /* Alive = exists, is not a zombie, and is the same process (start time). */
