@@ -190,19 +190,24 @@ class Communicator:
     def _all_reduce_general(self, send, recv, op, dtype):
         comm = self._handle()
         opc = _op_code(op)
-        inplace = recv is send
-        sp, n, code, _ = resolve(send, dtype, inplace, "recv" if inplace else "send")
-        if inplace:
-            rp = sp
-        else:
-            rp, rn, rcode, _ = resolve(recv, dtype, True, "recv")
-            self._same_dtype(code, rcode)
-            if rn != n:
-                raise KcclInvalidArgument(f"recv has {rn} elements, send {n}: all_reduce needs equal sizes")
+        sp, rp, n, code = self._reduce_pair(send, recv, dtype)
         rc = lib.kcclAllReduce(sp, rp, n, code, opc, comm, _NULL)
         if rc:
             _raise(rc)
         return recv
+
+    def _reduce_pair(self, send, recv, dtype):
+        """(send ptr, recv ptr, count, dtype code) for an all-reduce of send into recv
+        (recv is send: in place), with every check and its message."""
+        inplace = recv is send
+        sp, n, code, _ = resolve(send, dtype, inplace, "recv" if inplace else "send")
+        if inplace:
+            return sp, sp, n, code
+        rp, rn, rcode, _ = resolve(recv, dtype, True, "recv")
+        self._same_dtype(code, rcode)
+        if rn != n:
+            raise KcclInvalidArgument(f"recv has {rn} elements, send {n}: all_reduce needs equal sizes")
+        return sp, rp, n, code
 
     @staticmethod
     def _same_dtype(a, b):
@@ -266,10 +271,7 @@ class Communicator:
         """Mean microseconds of `iters` back-to-back all-reduces timed inside C."""
         comm = self._handle()
         opc = _op_code(op)
-        if recv is None:
-            recv = send
-        sp, n, code, _ = resolve(send, dtype, recv is send, "send")
-        rp = sp if recv is send else resolve(recv, dtype, True, "recv")[0]
+        sp, rp, n, code = self._reduce_pair(send, send if recv is None else recv, dtype)
         out = ffi.new("double *")
         rc = lib.kcclBenchAllReduce(sp, rp, n, code, opc, comm, _as_int(iters, "iters"), out)
         if rc:

@@ -537,3 +537,17 @@ def test_close_drops_remembered_buffers():
     c.close()
     gc.collect()
     assert ref() is None
+
+
+def test_bench_all_reduce_checks_recv_like_all_reduce():
+    with kccl.Communicator(1, kccl.get_unique_id(), 0) as c:
+        x = np.ones(64, np.float32)
+        with pytest.raises(kccl.KcclInvalidArgument, match="elements"):
+            c.bench_all_reduce(x, np.empty(8, np.float32), iters=2)
+        with pytest.raises(kccl.KcclInvalidArgument, match="float64"):
+            c.bench_all_reduce(x, np.empty(64, np.float64), iters=2)
+        ro = np.empty(64, np.float32)
+        ro.flags.writeable = False
+        with pytest.raises(kccl.KcclInvalidArgument, match="read-only"):
+            c.bench_all_reduce(x, ro, iters=2)
+        assert c.bench_all_reduce(x, np.empty(64, np.float32), iters=2) > 0
