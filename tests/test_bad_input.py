@@ -551,3 +551,29 @@ def test_bench_all_reduce_checks_recv_like_all_reduce():
         with pytest.raises(kccl.KcclInvalidArgument, match="read-only"):
             c.bench_all_reduce(x, ro, iters=2)
         assert c.bench_all_reduce(x, np.empty(64, np.float32), iters=2) > 0
+
+
+class _DLPackOnly:
+    """A CPU tensor that speaks only DLPack (as torch.Tensor does), wrapping a numpy array."""
+
+    def __init__(self, arr):
+        self._arr = arr
+
+    def __dlpack__(self, *args, **kwargs):
+        return self._arr.__dlpack__(*args, **kwargs)
+
+    def __dlpack_device__(self):
+        return self._arr.__dlpack_device__()
+
+
+def test_dlpack_cpu_tensors_are_reduced_in_place():
+    with kccl.Communicator(1, kccl.get_unique_id(), 0) as c:
+        base = np.arange(6, dtype=np.float32)
+        t = _DLPackOnly(base)
+        c.all_reduce(t, op=kccl.AVG)  # 1 rank: avg = identity, written back through the DLPack view
+        assert np.array_equal(base, np.arange(6, dtype=np.float32))
+        out = np.zeros(6, np.float32)
+        c.all_reduce(t, _DLPackOnly(out))
+        assert np.array_equal(out, base)
+        g = c.all_gather(t, np.zeros(6, np.float32))
+        assert np.array_equal(g, base)
