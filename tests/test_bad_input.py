@@ -577,3 +577,29 @@ def test_dlpack_cpu_tensors_are_reduced_in_place():
         assert np.array_equal(out, base)
         g = c.all_gather(t, np.zeros(6, np.float32))
         assert np.array_equal(g, base)
+
+
+def test_last_error_text_is_per_thread():
+    """kcclGetLastError belongs to the calling thread: an error in another thread does not
+    overwrite it."""
+    from kccl._native import ffi, lib
+
+    def last():
+        return ffi.string(lib.kcclGetLastError(ffi.NULL)).decode()
+
+    assert lib.kcclCommInitRank(ffi.new("kcclComm_t *"), 0, ffi.new("kcclUniqueId *")[0], 0) == 4
+    mine = last()
+    assert "nranks=0" in mine
+    seen = {}
+
+    def other():
+        seen["before"] = last()
+        lib.kcclGetVersion(ffi.NULL)  # fails: version is NULL
+        seen["after"] = last()
+
+    t = threading.Thread(target=other)
+    t.start()
+    t.join()
+    assert seen["before"] == ""  # a new thread starts with no error text
+    assert "version" in seen["after"]
+    assert last() == mine
