@@ -26,7 +26,7 @@ except ImportError:  # pragma: no cover
     sys.exit("bench/allreduce.py needs mpi4py: python -m pip install -e '.[dev]'")
 
 import kccl
-from kccl._buffers import NAMES, dtype_code
+from kccl._buffers import NAMES
 
 OPS = {"sum": kccl.SUM, "prod": kccl.PROD, "max": kccl.MAX, "min": kccl.MIN, "avg": kccl.AVG}
 MPI_OPS = {"sum": MPI.SUM, "prod": MPI.PROD, "max": MPI.MAX, "min": MPI.MIN}
@@ -56,17 +56,15 @@ def make_inputs(count, dtype, op, rank, nranks):
     """Small integers, so every op's exact answer is known and representable."""
     i = np.arange(count, dtype=np.int64)
     if op == "prod":
-        vals = np.where((i + rank) % 3 == 0, 2, 1)
+        every = np.stack([np.where((i + r) % 3 == 0, 2, 1) for r in range(nranks)])
     else:
-        vals = (i * 7 + rank * 3) % 5 + 1
-    x = vals.astype(np.float64).astype(dtype)
-    every = np.stack([((i * 7 + r * 3) % 5 + 1) if op != "prod" else np.where((i + r) % 3 == 0, 2, 1)
-                      for r in range(nranks)]).astype(np.float64) if count else np.zeros((nranks, 0))
+        every = np.stack([(i * 7 + r * 3) % 5 + 1 for r in range(nranks)])
+    every = every.astype(np.float64)
     expect = {"sum": every.sum(0), "prod": every.prod(0), "max": every.max(0), "min": every.min(0),
               "avg": every.sum(0) / nranks}[op]
     if np.dtype(dtype).kind in "iu" and op == "avg":
         expect = np.trunc(expect)
-    return x, expect.astype(dtype)
+    return every[rank].astype(dtype), expect.astype(dtype)
 
 
 def time_calls(fn, iters):

@@ -11,7 +11,7 @@ import os
 import numpy as np
 
 from . import config as _config
-from ._buffers import NUMPY_CODES, resolve
+from ._buffers import NAMES, NUMPY_CODES, resolve
 from ._native import ffi, lib
 from .errors import KcclInvalidArgument, KcclInvalidUsage, error_for
 
@@ -212,7 +212,6 @@ class Communicator:
     @staticmethod
     def _same_dtype(a, b):
         if a != b:
-            from ._buffers import NAMES
             raise KcclInvalidArgument(f"send is {NAMES[a]} but recv is {NAMES[b]}")
 
     def all_gather(self, send, recv=None, *, dtype=None):

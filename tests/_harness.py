@@ -193,6 +193,21 @@ def _err(e):
     return {"type": type(e).__name__, "msg": str(e)}
 
 
+def _outcome(fn):
+    """Runs fn() once: {"type": None or the KcclError's class name, "msg": its text,
+    "is_timeout_error" (on errors), "t0"/"t1": monotonic times before and after}."""
+    import kccl
+    t0 = time.monotonic()
+    try:
+        fn()
+        out = {"type": None, "msg": ""}
+    except kccl.KcclError as e:
+        out = _err(e)
+        out["is_timeout_error"] = isinstance(e, TimeoutError)
+    out["t0"], out["t1"] = t0, time.monotonic()
+    return out
+
+
 def task_init_group(ctx, key, nranks, rank, uids, config):
     import kccl
     for k in [k for k in ctx.comms if k[0] == key]:
@@ -412,22 +427,13 @@ def task_mismatch(ctx, uid, nranks, rank, kind, odd_rank, delay=0.0, timeout_ms=
         else:
             recv = np.full(count, 7, dtype)
         before = recv.copy()
-        t0 = time.monotonic()
-        try:
-            if call == "allreduce":
-                comm.all_reduce(send, recv, op=op)
-            elif call == "allgather":
-                comm.all_gather(send, recv)
-            elif call == "reduce_scatter":
-                comm.reduce_scatter(send, recv, op=op)
-            elif call == "broadcast":
-                comm.broadcast(recv, root=root)
-            elif call == "barrier":
-                comm.barrier()
-            out = {"type": None, "msg": ""}
-        except kccl.KcclError as e:
-            out = _err(e)
-        out["seconds"] = time.monotonic() - t0
+        calls = {"allreduce": lambda: comm.all_reduce(send, recv, op=op),
+                 "allgather": lambda: comm.all_gather(send, recv),
+                 "reduce_scatter": lambda: comm.reduce_scatter(send, recv, op=op),
+                 "broadcast": lambda: comm.broadcast(recv, root=root),
+                 "barrier": comm.barrier}
+        out = _outcome(calls[call])
+        out["seconds"] = out["t1"] - out["t0"]
         out["unchanged"] = same_bytes(recv, before)
         out["call"] = call
         out["after"], out["async"] = _after(comm)
@@ -437,7 +443,6 @@ def task_mismatch(ctx, uid, nranks, rank, kind, odd_rank, delay=0.0, timeout_ms=
 
 
 def task_abort(ctx, uid, nranks, rank, victim, delay, count):
-    import kccl
     comm = _fresh(uid, nranks, rank, {"timeout_ms": GROUP_TIMEOUT_MS})
     try:
         if rank == victim:
@@ -448,13 +453,8 @@ def task_abort(ctx, uid, nranks, rank, victim, delay, count):
             out["after"], _ = (_after(comm)[0], None)
             return out
         x = np.ones(count, np.float32)
-        t0 = time.monotonic()
-        try:
-            comm.all_reduce(x)
-            out = {"type": None, "msg": ""}
-        except kccl.KcclError as e:
-            out = _err(e)
-        out["t_err"], out["t0"] = time.monotonic(), t0
+        out = _outcome(lambda: comm.all_reduce(x))
+        out["t_err"] = out["t1"]
         out["after"], out["async"] = _after(comm)
         return out
     finally:
@@ -470,34 +470,21 @@ def task_hold(ctx, uid, nranks, rank, config, name="held"):
 
 def task_release(ctx, name="held", call=False):
     """Close a held communicator; call=True first tries an all_reduce on it."""
-    import kccl
     comm = ctx.held.pop(name)
     out = {}
     if call:
-        t0 = time.monotonic()
-        try:
-            comm.all_reduce(np.ones(8, np.float32))
-            out = {"type": None, "msg": ""}
-        except kccl.KcclError as e:
-            out = _err(e)
-        out["seconds"] = time.monotonic() - t0
+        out = _outcome(lambda: comm.all_reduce(np.ones(8, np.float32)))
+        out["seconds"] = out["t1"] - out["t0"]
     comm.close()
     return out
 
 
 def task_timeout_caller(ctx, uid, nranks, rank, config):
     """Join, then all_reduce while some peer never calls."""
-    import kccl
     comm = _fresh(uid, nranks, rank, config)
     try:
-        t0 = time.monotonic()
-        try:
-            comm.all_reduce(np.ones(1000, np.float32))
-            out = {"type": None, "msg": ""}
-        except kccl.KcclError as e:
-            out = _err(e)
-            out["is_timeout_error"] = isinstance(e, TimeoutError)
-        out["seconds"] = time.monotonic() - t0
+        out = _outcome(lambda: comm.all_reduce(np.ones(1000, np.float32)))
+        out["seconds"] = out["t1"] - out["t0"]
         out["after"], out["async"] = _after(comm)
         return out
     finally:
@@ -506,15 +493,10 @@ def task_timeout_caller(ctx, uid, nranks, rank, config):
 
 def task_once(ctx, key, rank, nranks, count, algo="auto"):
     """One all_reduce (expected to fail): what was raised, and when (monotonic)."""
-    import kccl
     comm = _comm(ctx, key, algo)
     x = np.ones(count, np.float32)
-    try:
-        comm.all_reduce(x)
-        out = {"type": None, "msg": ""}
-    except kccl.KcclError as e:
-        out = _err(e)
-    out["t_err"] = time.monotonic()
+    out = _outcome(lambda: comm.all_reduce(x))
+    out["t_err"] = out["t1"]
     out["after"], out["async"] = _after(comm)
     return out
 

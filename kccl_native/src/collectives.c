@@ -12,7 +12,7 @@
 
 #include "internal.h"
 
-uint32_t kccl_signature(int coll, size_t count, int dtype, int op, int root) {
+static uint32_t signature(int coll, size_t count, int dtype, int op, int root) {
   uint64_t h = (uint64_t)count * 0x9e3779b97f4a7c15ull;
   h ^= ((uint64_t)coll << 48) ^ ((uint64_t)(uint32_t)dtype << 40) ^ ((uint64_t)(uint32_t)op << 32) ^
        (uint64_t)(uint32_t)root;
@@ -36,7 +36,7 @@ static kcclResult_t enter(struct kcclComm *c, int coll, size_t count, int dtype,
   if (!c || c->magic != KCCL_COMM_MAGIC) return kccl_err(kcclInvalidArgument, "invalid communicator");
   if (c->error != kcclSuccess)
     return kccl_err(kcclInvalidUsage, "communicator is unusable after an earlier error (%s); create a new one",
-                    c->error_text);
+                    c->hdr[c->rank]->error_text);
   if (stream) return kccl_err(kcclInvalidArgument, "the host transport takes stream=NULL");
   if (dtype < 0 || dtype >= kcclNumTypes) return kccl_err(kcclInvalidArgument, "unknown data type %d", dtype);
   if (op < 0 || op >= kcclNumOps) return kccl_err(kcclInvalidArgument, "unknown reduction op %d", op);
@@ -48,9 +48,8 @@ static kcclResult_t enter(struct kcclComm *c, int coll, size_t count, int dtype,
   d->dtype = (uint32_t)dtype;
   d->op = (uint32_t)op;
   d->root = (uint32_t)root;
-  d->count = count;
-  d->seq = c->step + 1;
-  *sig = d->sig = kccl_signature(coll, count, dtype, op, root);
+  d->count = count; /* d->seq is set by each step (begin_step) */
+  *sig = signature(coll, count, dtype, op, root);
   return kcclSuccess;
 }
 

@@ -52,9 +52,8 @@ kcclResult_t kccl_comm_fail(struct kcclComm *c, kcclResult_t code, const char *f
   va_end(ap);
   if (c->error == kcclSuccess) {
     c->error = code;
-    snprintf(c->error_text, sizeof c->error_text, "%s", last_error);
     kccl_seg_header *h = c->hdr[c->rank];
-    snprintf(h->error_text, sizeof h->error_text, "%s", last_error);
+    snprintf(h->error_text, sizeof h->error_text, "%.255s", last_error);
     atomic_store_explicit(&c->hdr[c->rank]->state, SEG_FAILED, memory_order_seq_cst);
     kccl_wake_all(c);
   }

@@ -26,7 +26,7 @@ enum { COLL_ALLREDUCE = 1, COLL_ALLGATHER, COLL_REDUCESCATTER, COLL_BROADCAST, C
 typedef struct {
   uint32_t coll, dtype, op, root;
   uint64_t count;
-  uint32_t seq, sig;
+  uint32_t seq; /* the step this call is at: peers trust the rest only when it matches */
 } kccl_call_desc;
 
 /* First page of every rank's segment. */
@@ -44,7 +44,7 @@ typedef struct {
   _Atomic uint32_t sleepers __attribute__((aligned(KCCL_LINE)));
   char pad1[KCCL_LINE];
   kccl_call_desc call __attribute__((aligned(KCCL_LINE)));
-  char error_text[256]; /* why this rank failed (state SEG_FAILED), for its peers' messages */
+  char error_text[256]; /* why this rank failed (state SEG_FAILED): for its peers and itself */
 } kccl_seg_header;
 
 _Static_assert(sizeof(kccl_seg_header) <= KCCL_PAGE, "header must fit a page");
@@ -61,8 +61,7 @@ struct kcclComm {
   int ncpus;                 /* CPUs this process may run on */
   int64_t spin_ns, yield_ns; /* resolved waiting phases */
   uint32_t step;             /* last step sequence number used */
-  kcclResult_t error;        /* sticky: first error that broke the communicator */
-  char error_text[256];
+  kcclResult_t error;        /* sticky: first error that broke the communicator (text: own header) */
   size_t seg_bytes, slot_bytes, slot_stride;
   uint8_t token[16];
   char **names;              /* shm name of each rank (kept to clean up after dead peers) */
@@ -104,7 +103,6 @@ int64_t kccl_now_ns(void);
 void kccl_publish(struct kcclComm *c, _Atomic uint64_t *flag, uint32_t seq, uint32_t sig);
 kcclResult_t kccl_wait_flag(struct kcclComm *c, int peer, _Atomic uint64_t *flag, uint32_t seq,
                             uint32_t sig);
-kcclResult_t kccl_check_peers(struct kcclComm *c, uint32_t seq, uint32_t sig, char *why, size_t whylen);
 void kccl_wake_all(struct kcclComm *c);
 
 /* shm.c */
@@ -116,8 +114,5 @@ int kccl_pid_alive(pid_t pid, uint64_t starttime);
 
 /* uniqueid.c */
 kcclResult_t kccl_uid_parse(const kcclUniqueId *id, uint8_t token[16]);
-
-/* collectives.c */
-uint32_t kccl_signature(int coll, size_t count, int dtype, int op, int root);
 
 #endif

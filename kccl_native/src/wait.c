@@ -121,7 +121,7 @@ static int first_dead_peer(struct kcclComm *c) {
  * telling cause comes first: a peer that aborted or closed, one that died, a
  * mismatching call, and last a peer that failed for reasons of its own (which
  * its segment spells out). */
-kcclResult_t kccl_check_peers(struct kcclComm *c, uint32_t seq, uint32_t sig, char *why, size_t whylen) {
+static kcclResult_t check_peers(struct kcclComm *c, uint32_t seq, uint32_t sig, char *why, size_t whylen) {
   int failed = -1;
   for (int p = 0; p < c->nranks; p++) {
     if (p == c->rank) continue;
@@ -201,7 +201,7 @@ kcclResult_t kccl_wait_flag(struct kcclComm *c, int peer, _Atomic uint64_t *flag
     if (now >= next_check || now >= yield_end) {
       next_check = now + 1000000;
       char why[480];
-      kcclResult_t r = kccl_check_peers(c, seq, sig, why, sizeof why);
+      kcclResult_t r = check_peers(c, seq, sig, why, sizeof why);
       if (ready(flag, seq, &v)) goto got;
       if (r != kcclSuccess) return kccl_comm_fail(c, r, "%s", why);
       if (now >= deadline)
