@@ -249,6 +249,10 @@ __device__ static inline kcclResult_t ll_allreduce_block(const kcclDevComm &dc, 
           break;
         }
         int why = keep_waiting(dc, w, &s_fail);
+        if (why == KCCL_GPU_STOPPED && !s_fail) { /* the peer may have sent it just before it went */
+          kgpu_ld_volatile_v4(reg, &a, &f0, &b, &f1);
+          if (f0 == e && f1 == e) continue;
+        }
         if (why) {
           if (why == KCCL_GPU_TIMEOUT)
             record_failure(dc, KCCL_GPU_TIMEOUT, kcclTimeout, p, sig, 0, e, nbytes, 0);
@@ -278,6 +282,10 @@ __device__ static inline kcclResult_t ll_allreduce_block(const kcclDevComm &dc, 
           kgpu_ld_volatile_v4(line, &w0, &f0, &w1, &f1);
           if (f0 == e && f1 == e) break;
           int why = keep_waiting(dc, w, &s_fail);
+          if (why == KCCL_GPU_STOPPED && !s_fail) { /* one last look: sent just before the peer went? */
+            kgpu_ld_volatile_v4(line, &w0, &f0, &w1, &f1);
+            if (f0 == e && f1 == e) break;
+          }
           if (why) {
             if (why == KCCL_GPU_TIMEOUT) record_failure(dc, KCCL_GPU_TIMEOUT, kcclTimeout, p, sig, 0, e, nbytes, 0);
             s_fail = 1;

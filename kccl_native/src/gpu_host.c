@@ -250,9 +250,11 @@ kcclResult_t kccl_gpu_collective(struct kcclComm *c, int coll, const void *send,
     case COLL_ALLREDUCE: {
       if (bytes && ((r = kgpu_check_ptr(g, send, bytes, "sendbuff")) || (r = kgpu_check_ptr(g, recv, bytes, "recvbuff"))))
         return r;
-      int twoshot = c->cfg.algo == kcclAlgoTwoShot ||
-                    (c->cfg.algo == kcclAlgoAuto && bytes > c->cfg.gpu_oneshot_max_bytes);
-      if (!twoshot && bytes > 256 * 1024)
+      /* The LL inboxes hold 256 KB per sender: larger messages go two-shot even in auto. */
+      const size_t ll_cap = 256 * 1024;
+      size_t cross = c->cfg.gpu_oneshot_max_bytes < ll_cap ? c->cfg.gpu_oneshot_max_bytes : ll_cap;
+      int twoshot = c->cfg.algo == kcclAlgoTwoShot || (c->cfg.algo == kcclAlgoAuto && bytes > cross);
+      if (!twoshot && bytes > ll_cap)
         return kccl_err(kcclInvalidArgument, "KCCL_ALGO=oneshot on the GPU takes at most 256 KB, got %zu bytes", bytes);
       return kgpu_allreduce(g, send, recv, count, dtype, op, twoshot, sig, stream);
     }

@@ -75,6 +75,8 @@ __device__ static inline bool wait_peers(const kcclDevComm &dc, size_t flags_off
         break;
       }
       int why = keep_waiting(dc, w, s_fail);
+      if (why == KCCL_GPU_STOPPED && !*s_fail && (int32_t)((uint32_t)kgpu_ld_acquire_sys_u64(f) - step) >= 0)
+        continue; /* raised just before the peer went: the loop's next look takes it */
       if (why) {
         if (why == KCCL_GPU_TIMEOUT)
           record_failure(dc, KCCL_GPU_TIMEOUT, kcclTimeout, t, sig, 0, step, 0, 0);

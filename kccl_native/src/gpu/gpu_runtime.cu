@@ -121,6 +121,19 @@ extern "C" kcclResult_t kgpu_connect(struct kgpu *g, const kgpu_export *peers) {
                       kgpuGetErrorString(e));
     }
   }
+  /* Blocks of the chunked kernels: about two per multiprocessor, shared among the
+   * ranks of the busiest GPU (all ranks' kernels must be resident at once: a
+   * block waits for the same block of every peer).  Every rank computes the
+   * same number from the same exports. */
+  int max_local = 1, min_sms = 1 << 30;
+  for (int p = 0; p < s->nranks; p++) {
+    int local = 0;
+    for (int q = 0; q < s->nranks; q++) local += !strncmp(peers[p].pci, peers[q].pci, KGPU_PCI_BYTES);
+    if (local > max_local) max_local = local;
+    if (peers[p].sms < min_sms) min_sms = peers[p].sms;
+  }
+  int blocks = 2 * min_sms / max_local;
+  g->shape.ts_blocks = blocks < 1 ? 1 : blocks > KGPU_TS_MAX_BLOCKS ? KGPU_TS_MAX_BLOCKS : blocks;
   for (int c = 0; c < KCCL_CHANNELS; c++) {
     kcclDevComm *dc = &g->dc[c];
     memset(dc, 0, sizeof *dc);
