@@ -182,8 +182,10 @@ def main(args, sizes):
         cnt = nb // es
         buf = chain_input(cnt) * 0 + 1
         world.Barrier()
-        comm.bench_device_all_reduce(buf, iters=200, blocks=1)
-        for blocks in (1, 2, 4):
+        comm.bench_device_all_reduce(buf, iters=200, blocks=max(1, nb // 8192))
+        for blocks in (1, 2, 4, 8):
+            if nb // blocks > 8192 or nb // blocks < 512:  # the device API's per-block limit; tiny slices
+                continue
             world.Barrier()
             us = comm.bench_device_all_reduce(buf, iters=4000, blocks=blocks)
             dev_rows.append((nb, blocks, world.allreduce(us, op=MPI.SUM) / nranks))

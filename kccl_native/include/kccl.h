@@ -105,6 +105,7 @@ typedef struct {
   int device;              /* -1 (default): host transport; >= 0: CUDA device of this rank */
   size_t gpu_oneshot_max_bytes; /* KCCL_GPU_ONESHOT_MAX_BYTES: GPU all-reduce crossover */
   size_t gpu_buffer_bytes; /* KCCL_GPU_BUFFER_BYTES: two-shot / gather chunk on the GPU */
+  int gpu_pdl;             /* KCCL_GPU_PDL: 1 = programmatic dependent launch (Hopper) */
 } kcclConfig_t;
 
 kcclResult_t kcclConfigInit(kcclConfig_t *config);

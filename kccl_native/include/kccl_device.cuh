@@ -232,77 +232,77 @@ __device__ static inline kcclResult_t ll_allreduce_block(const kcclDevComm &dc, 
     }
   }
 
-  /* Signatures first (thread 0), so a mismatched peer is named, not waited on. */
-  if (tid == 0) {
-    for (int p = 0; p < n && !s_fail; p++) {
-      if (p == me) continue;
-      const uint32_t *reg = ll_region(dc, me, set, p, block);
-      Waiter w = waiter(dc);
-      for (;;) {
-        uint32_t a, f0, b, f1;
-        kgpu_ld_volatile_v4(reg, &a, &f0, &b, &f1);
-        if (f0 == e && f1 == e) {
-          if (a != sig || b != nbytes) {
-            record_failure(dc, KCCL_GPU_MISMATCH, kcclInvalidUsage, p, sig, a, e, nbytes, b);
-            s_fail = 1;
-          }
-          break;
-        }
-        int why = keep_waiting(dc, w, &s_fail);
-        if (why == KCCL_GPU_STOPPED && !s_fail) { /* the peer may have sent it just before it went */
-          kgpu_ld_volatile_v4(reg, &a, &f0, &b, &f1);
-          if (f0 == e && f1 == e) continue;
-        }
-        if (why) {
-          if (why == KCCL_GPU_TIMEOUT)
-            record_failure(dc, KCCL_GPU_TIMEOUT, kcclTimeout, p, sig, 0, e, nbytes, 0);
-          else
-            record_failure(dc, KCCL_GPU_STOPPED, kcclRemoteError, dc.status->stop_peer, sig, 0, e, nbytes, 0);
-          s_fail = 1;
-          break;
-        }
-      }
-    }
-  }
-
-  /* Each thread: its lines from every rank, combined in rank order (the same
-   * order on every rank, so every rank gets bitwise the same result). */
-  for (uint32_t l = tid; l < lines; l += nt) {
-    /* Always 4 slots (constant indices keep them in registers); float32 uses 2. */
-    float acc[4] = {0.f, 0.f, 0.f, 0.f}, v[4] = {0.f, 0.f, 0.f, 0.f};
-    uint32_t w0, w1;
-    for (int p = 0; p < n; p++) {
-      if (p == me) {
-        load8(in, (size_t)l * 8, nbytes, &w0, &w1);
-      } else {
-        const uint32_t *line = ll_region(dc, me, set, p, block) + 4 * (1 + l);
-        Waiter w = waiter(dc);
-        for (;;) {
-          uint32_t f0, f1;
-          kgpu_ld_volatile_v4(line, &w0, &f0, &w1, &f1);
-          if (f0 == e && f1 == e) break;
-          int why = keep_waiting(dc, w, &s_fail);
-          if (why == KCCL_GPU_STOPPED && !s_fail) { /* one last look: sent just before the peer went? */
-            kgpu_ld_volatile_v4(line, &w0, &f0, &w1, &f1);
-            if (f0 == e && f1 == e) break;
-          }
-          if (why) {
-            if (why == KCCL_GPU_TIMEOUT) record_failure(dc, KCCL_GPU_TIMEOUT, kcclTimeout, p, sig, 0, e, nbytes, 0);
-            s_fail = 1;
-            break;
-          }
-        }
-        if (s_fail) break;
-      }
-      decode(w0, w1, dt, v);
+  /* Receive.  Each thread polls, in one pass, its line from every peer (and
+   * threads t < n the header of peer t, whose signature must match), so the
+   * round trips to memory overlap instead of queuing peer after peer.  Then
+   * it combines the lines in rank order (the same order on every rank, so
+   * every rank gets bitwise the same result). */
+  uint32_t hpend = 0; /* headers this thread checks */
+  for (int p = tid; p < n; p += nt)
+    if (p != me) hpend |= 1u << p;
+  const uint32_t all_peers = (n >= 32 ? 0xffffffffu : ((1u << n) - 1)) & ~(1u << me);
+  for (uint32_t l = tid; l < lines || hpend; l += nt) {
+    uint32_t w[KCCL_GPU_MAX_RANKS][2];
+    uint32_t pending = l < lines ? all_peers : 0;
+    Waiter wt = waiter(dc);
+    bool last_look = false;
+    while (pending | hpend) {
 #pragma unroll
-      for (int k = 0; k < 4; k++) acc[k] = p == 0 ? v[k] : combine(acc[k], v[k], op);
+      for (int p = 0; p < KCCL_GPU_MAX_RANKS; p++) {
+        if (pending & (1u << p)) {
+          uint32_t a, f0, b, f1;
+          kgpu_ld_volatile_v4(ll_region(dc, me, set, p, block) + 4 * (1 + l), &a, &f0, &b, &f1);
+          if (f0 == e && f1 == e) {
+            w[p][0] = a;
+            w[p][1] = b;
+            pending &= ~(1u << p);
+          }
+        }
+        if (hpend & (1u << p)) {
+          uint32_t a, f0, b, f1;
+          kgpu_ld_volatile_v4(ll_region(dc, me, set, p, block), &a, &f0, &b, &f1);
+          if (f0 == e && f1 == e) {
+            hpend &= ~(1u << p);
+            if (a != sig || b != nbytes) {
+              record_failure(dc, KCCL_GPU_MISMATCH, kcclInvalidUsage, p, sig, a, e, nbytes, b);
+              s_fail = 1;
+            }
+          }
+        }
+      }
+      if (!(pending | hpend) || s_fail) break;
+      int why = keep_waiting(dc, wt, &s_fail);
+      if (why == KCCL_GPU_STOPPED && !s_fail && !last_look) { /* sent just before the peer went? */
+        last_look = true;
+        continue;
+      }
+      if (why) {
+        int p = __ffs(pending | hpend) - 1;
+        if (why == KCCL_GPU_TIMEOUT)
+          record_failure(dc, KCCL_GPU_TIMEOUT, kcclTimeout, p, sig, 0, e, nbytes, 0);
+        else if (!s_fail)
+          record_failure(dc, KCCL_GPU_STOPPED, kcclRemoteError, dc.status->stop_peer, sig, 0, e, nbytes, 0);
+        s_fail = 1;
+        break;
+      }
     }
-    if (s_fail) break;
+    if (s_fail || l >= lines) break;
+    uint32_t m0, m1;
+    load8(in, (size_t)l * 8, nbytes, &m0, &m1);
+    float acc[4] = {0.f, 0.f, 0.f, 0.f}, v[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+    for (int p = 0; p < KCCL_GPU_MAX_RANKS; p++) {
+      if (p < n) {
+        decode(p == me ? m0 : w[p][0], p == me ? m1 : w[p][1], dt, v);
+#pragma unroll
+        for (int k = 0; k < 4; k++) acc[k] = p == 0 ? v[k] : combine(acc[k], v[k], op);
+      }
+    }
     if (op == kcclAvg) {
 #pragma unroll
       for (int k = 0; k < 4; k++) acc[k] /= (float)n;
     }
+    uint32_t w0, w1;
     encode(acc, dt, &w0, &w1);
     store8(out, (size_t)l * 8, nbytes, w0, w1);
   }

@@ -83,6 +83,15 @@ __device__ static inline uint32_t kgpu_ld_volatile_u32(const volatile uint32_t *
 __device__ static inline void kgpu_fence_system(void) { __threadfence_system(); }
 __device__ static inline uint64_t kgpu_time_ns(void) { return wall_clock64() * 10; /* 100 MHz on gfx942 */ }
 __device__ static inline void kgpu_pause(void) { __builtin_amdgcn_s_sleep(1); }
+__device__ static inline void kgpu_pdl_wait(void) {}
+__device__ static inline void kgpu_pdl_trigger(void) {}
+template <typename... Params, typename... Args>
+static inline kgpuError_t kgpu_launch(void (*kernel)(Params...), unsigned grid, unsigned block, kgpuStream_t st,
+                                      int pdl, Args... args) {
+  (void)pdl;
+  hipLaunchKernelGGL(kernel, dim3(grid), dim3(block), 0, st, args...);
+  return hipGetLastError();
+}
 
 #else
 /* ----------------------------------------------------------------- CUDA ----- */
@@ -168,6 +177,36 @@ __device__ static inline uint64_t kgpu_time_ns(void) {
   return t;
 }
 __device__ static inline void kgpu_pause(void) { __nanosleep(32); }
+/* Programmatic dependent launch (sm_90): a kernel launched with the PDL
+ * attribute may start while its predecessor runs; it must wait (pdl_wait)
+ * before touching anything the predecessor writes.  pdl_trigger lets our
+ * successor start launching now. */
+__device__ static inline void kgpu_pdl_wait(void) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+__device__ static inline void kgpu_pdl_trigger(void) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+/* Launch, with programmatic dependent launch when pdl != 0. */
+template <typename... Params, typename... Args>
+static inline kgpuError_t kgpu_launch(void (*kernel)(Params...), unsigned grid, unsigned block, kgpuStream_t st,
+                                      int pdl, Args... args) {
+  cudaLaunchConfig_t cfg = {};
+  cudaLaunchAttribute attr[1];
+  cfg.gridDim = dim3(grid);
+  cfg.blockDim = dim3(block);
+  cfg.dynamicSmemBytes = 0;
+  cfg.stream = st;
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = pdl ? 1 : 0;
+  return cudaLaunchKernelEx(&cfg, kernel, args...);
+}
 #endif /* __CUDACC__ */
 #endif
 

@@ -33,6 +33,7 @@ typedef struct {
   int ts_blocks;                /* blocks of the two-shot / gather kernels */
   size_t chunk_bytes;           /* two-shot and gather chunk */
   uint64_t timeout_ns;
+  int pdl;                      /* launch with programmatic dependent launch */
 } kgpu_shape;
 
 int kgpu_built(void);

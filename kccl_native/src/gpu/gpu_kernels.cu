@@ -29,6 +29,8 @@ using namespace kccl_detail;
 __global__ void __launch_bounds__(KCCL_LL_THREADS) k_oneshot(kcclDevComm dc, const char *in, char *out,
                                                              size_t nbytes, uint32_t per_block, int dt, int op,
                                                              uint32_t sig) {
+  kgpu_pdl_trigger();
+  kgpu_pdl_wait(); /* everything below may read what the previous kernel wrote */
   const size_t off = (size_t)blockIdx.x * per_block;
   const uint32_t nb = (uint32_t)(nbytes - off < per_block ? nbytes - off : per_block);
   ll_allreduce_block(dc, blockIdx.x, in + off, out + off, nb, (kcclDataType_t)dt, (kcclRedOp_t)op, sig);
@@ -133,6 +135,8 @@ struct TwoShot {
 };
 
 __global__ void __launch_bounds__(256) k_twoshot(TwoShot a) {
+  kgpu_pdl_trigger();
+  kgpu_pdl_wait();
   __shared__ uint32_t s_step;
   __shared__ volatile int s_fail;
   const kcclDevComm &dc = a.dc;
@@ -247,6 +251,8 @@ struct Gather {
 };
 
 __global__ void __launch_bounds__(256) k_gather(Gather a) {
+  kgpu_pdl_trigger();
+  kgpu_pdl_wait();
   __shared__ uint32_t s_step;
   __shared__ volatile int s_fail;
   const kcclDevComm &dc = a.dc;
@@ -293,7 +299,15 @@ __global__ void __launch_bounds__(256) k_gather(Gather a) {
 
 /* -------------------------------------------------------------- launchers -- */
 
-static int ts_grid(const kgpu *g) { return g->shape.ts_blocks; }
+static unsigned ts_grid(const kgpu *g) { return (unsigned)g->shape.ts_blocks; }
+
+static kcclResult_t launched(kgpuError_t e, const char *what) {
+  if (e != kgpuSuccess) {
+    kgpuGetLastError();
+    return kccl_err(kcclUnhandledCudaError, "launching the %s kernel: %s", what, kgpuGetErrorString(e));
+  }
+  return kgpu_launch_error(what);
+}
 
 extern "C" kcclResult_t kgpu_allreduce(struct kgpu *g, const void *send, void *recv, size_t count, int dtype,
                                        int op, int twoshot, uint32_t sig, void *stream) {
@@ -309,9 +323,9 @@ extern "C" kcclResult_t kgpu_allreduce(struct kgpu *g, const void *send, void *r
     size_t per = (nbytes + blocks - 1) / blocks;
     per = (per + 7) / 8 * 8;
     blocks = (nbytes + per - 1) / per;
-    k_oneshot<<<(unsigned)blocks, KCCL_LL_THREADS, 0, st>>>(g->dc[0], (const char *)send, (char *)recv, nbytes,
-                                                           (uint32_t)per, dtype, op, sig);
-    return kgpu_launch_error("one-shot all-reduce");
+    kgpuError_t e = kgpu_launch(k_oneshot, (unsigned)blocks, KCCL_LL_THREADS, st, g->shape.pdl, g->dc[0],
+                                (const char *)send, (char *)recv, nbytes, (uint32_t)per, dtype, op, sig);
+    return launched(e, "one-shot all-reduce");
   }
   TwoShot a;
   a.dc = g->dc[0];
@@ -328,8 +342,7 @@ extern "C" kcclResult_t kgpu_allreduce(struct kgpu *g, const void *send, void *r
   a.es = (int)es;
   a.scatter = 0;
   a.sig = sig;
-  k_twoshot<<<ts_grid(g), 256, 0, st>>>(a);
-  return kgpu_launch_error("two-shot all-reduce");
+  return launched(kgpu_launch(k_twoshot, ts_grid(g), 256, st, g->shape.pdl, a), "two-shot all-reduce");
 }
 
 extern "C" kcclResult_t kgpu_reduce_scatter(struct kgpu *g, const void *send, void *recv, size_t recvcount,
@@ -354,8 +367,7 @@ extern "C" kcclResult_t kgpu_reduce_scatter(struct kgpu *g, const void *send, vo
   a.es = (int)es;
   a.scatter = 1;
   a.sig = sig;
-  k_twoshot<<<ts_grid(g), 256, 0, (kgpuStream_t)stream>>>(a);
-  return kgpu_launch_error("reduce-scatter");
+  return launched(kgpu_launch(k_twoshot, ts_grid(g), 256, (kgpuStream_t)stream, g->shape.pdl, a), "reduce-scatter");
 }
 
 extern "C" kcclResult_t kgpu_gather(struct kgpu *g, const void *send, void *recv, size_t bytes, int root,
@@ -372,6 +384,6 @@ extern "C" kcclResult_t kgpu_gather(struct kgpu *g, const void *send, void *recv
   a.chunk_bytes = g->shape.chunk_bytes / 16 * 16;
   a.root = root;
   a.sig = sig;
-  k_gather<<<ts_grid(g), 256, 0, (kgpuStream_t)stream>>>(a);
-  return kgpu_launch_error(root < 0 ? "all-gather" : "broadcast");
+  return launched(kgpu_launch(k_gather, ts_grid(g), 256, (kgpuStream_t)stream, g->shape.pdl, a),
+                  root < 0 ? "all-gather" : "broadcast");
 }
