@@ -176,7 +176,8 @@ def main(args, sizes):
             print(f"{fmt_size(nbytes):>8} {count:>10} | {e:8.2f} {g:8.2f} {c:7.2f} {g / c if c > 0 else 0:10.2f} | "
                   f"{a:10.2f} {b:10.2f} {ratio:9.2f} | {algbw:7.1f} {busbw:7.1f} {hbm:8.0f} | {w:>6}", flush=True)
     # Floors and the device-side API, measured after the table.
-    hop = comm.bench_flag_hop(20000) if nranks >= 2 else 0.0
+    hops = [comm.bench_flag_hop(20000, mode) if nranks >= 2 else 0.0 for mode in range(4)]
+    hop = hops[0]
     dev_rows = []
     for nb in (4096, 8192, 16384):
         cnt = nb // es
@@ -212,7 +213,9 @@ def main(args, sizes):
     bws = world.gather(copy_bw(True), root=0)
     comm.close()
     if rank == 0:
-        print(f"# flag hop between ranks 0 and 1 through device memory: {hop:.3f} us one way")
+        print("# flag hop between ranks 0 and 1 through device memory, us one way: "
+              f"release/acquire.sys push {hops[0]:.3f}, volatile push {hops[1]:.3f}, relaxed.gpu push "
+              f"{hops[2]:.3f}, volatile pull {hops[3]:.3f}")
         for nb, blocks, us in dev_rows:
             print(f"# device API (persistent kernel, dependent chain): {fmt_size(nb)} {args.dtype}, {blocks} "
                   f"block(s): {us:.2f} us per all-reduce")
@@ -226,7 +229,7 @@ def main(args, sizes):
         print(f"# out of bounds values : {bad} {'OK' if bad == 0 else 'FAILED'}")
         meta = dict(command=" ".join(["mpiexec", "-n", str(nranks), "python"] + sys.argv), nranks=nranks,
                     gpus=ndev, per_gpu=per_gpu, gpu=torch.cuda.get_device_name(dev), K=K,
-                    flag_hop_us=hop, device_api=[dict(bytes=a_, blocks=b_, us=u) for a_, b_, u in dev_rows],
+                    flag_hop_us=dict(zip(("acqrel_sys_push", "volatile_push", "relaxed_gpu_push", "volatile_pull"), hops)), device_api=[dict(bytes=a_, blocks=b_, us=u) for a_, b_, u in dev_rows],
                     copy_GBps_alone=bw_alone, copy_GBps_sum=sum(bws), date=time.strftime("%Y-%m-%d %H:%M:%S"), host=platform.node(),
                     settings={k: v for k, (v, _s) in kccl.config.resolve().items()})
         if args.json:

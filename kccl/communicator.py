@@ -452,11 +452,12 @@ class Communicator:
             _raise(rc)
         return out[0]
 
-    def bench_flag_hop(self, iters=10000):
+    def bench_flag_hop(self, iters=10000, mode=0):
         """Microseconds for one flag hop between ranks 0 and 1 through device memory
-        (0.0 on other ranks, which take no part)."""
+        (0.0 on other ranks, which take no part).  mode 0: release/acquire at system scope,
+        pushed; 1: volatile, pushed; 2: relaxed at GPU scope, pushed; 3: volatile, pulled."""
         out = ffi.new("double *")
-        rc = lib.kcclBenchFlagHop(self._handle(), _as_int(iters, "iters"), out)
+        rc = lib.kcclBenchFlagHop(self._handle(), _as_int(iters, "iters"), _as_int(mode, "mode"), out)
         if rc:
             _raise(rc)
         return out[0]

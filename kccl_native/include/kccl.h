@@ -167,12 +167,13 @@ kcclResult_t kcclCommGetDevComm(kcclComm_t comm, void *devComm, size_t bytes);
  * outputs (iters x count elements).  kcclBenchDevAllReduce: a dependent chain
  * of `iters` in-place device-side averages of buf, timed with CUDA events
  * (the launch cancels out).  kcclBenchFlagHop: ranks 0 and 1 bounce a flag
- * through device memory; *usPerHop is one way.  All three block until done. */
+ * through device memory; *usPerHop is one way; mode 0: release/acquire at system
+ * scope, pushed; 1: volatile, pushed; 2: relaxed GPU scope, pushed; 3: volatile, pulled.  All three block until done. */
 kcclResult_t kcclDevAllReduceSelfTest(const void *inputs, void *outputs, size_t count, kcclDataType_t datatype,
                                       kcclRedOp_t op, int iters, int blocks, kcclComm_t comm, void *stream);
 kcclResult_t kcclBenchDevAllReduce(void *buf, size_t count, kcclDataType_t datatype, int iters, int blocks,
                                    kcclComm_t comm, double *usPerCall);
-kcclResult_t kcclBenchFlagHop(kcclComm_t comm, int iters, double *usPerHop);
+kcclResult_t kcclBenchFlagHop(kcclComm_t comm, int iters, int mode, double *usPerHop);
 
 #ifdef __cplusplus
 }

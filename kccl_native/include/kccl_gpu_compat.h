@@ -80,6 +80,14 @@ __device__ static inline uint64_t kgpu_ld_acquire_sys_u64(const uint64_t *p) {
   return __hip_atomic_load((uint64_t *)p, __ATOMIC_ACQUIRE, __HIP_MEMORY_SCOPE_SYSTEM);
 }
 __device__ static inline uint32_t kgpu_ld_volatile_u32(const volatile uint32_t *p) { return *p; }
+__device__ static inline void kgpu_st_volatile_u64(uint64_t *p, uint64_t v) { *(volatile uint64_t *)p = v; }
+__device__ static inline uint64_t kgpu_ld_volatile_u64(const uint64_t *p) { return *(const volatile uint64_t *)p; }
+__device__ static inline void kgpu_st_relaxed_gpu_u64(uint64_t *p, uint64_t v) {
+  __hip_atomic_store(p, v, __ATOMIC_RELAXED, __HIP_MEMORY_SCOPE_AGENT);
+}
+__device__ static inline uint64_t kgpu_ld_relaxed_gpu_u64(const uint64_t *p) {
+  return __hip_atomic_load((uint64_t *)p, __ATOMIC_RELAXED, __HIP_MEMORY_SCOPE_AGENT);
+}
 __device__ static inline void kgpu_fence_system(void) { __threadfence_system(); }
 __device__ static inline uint64_t kgpu_time_ns(void) { return wall_clock64() * 10; /* 100 MHz on gfx942 */ }
 __device__ static inline void kgpu_pause(void) { __builtin_amdgcn_s_sleep(1); }
@@ -171,6 +179,23 @@ __device__ static inline uint32_t kgpu_ld_volatile_u32(const volatile uint32_t *
   return v;
 }
 __device__ static inline void kgpu_fence_system(void) { asm volatile("fence.sc.sys;" ::: "memory"); }
+/* Flag words with weaker orderings (the flag-hop benchmark compares them). */
+__device__ static inline void kgpu_st_volatile_u64(uint64_t *p, uint64_t v) {
+  asm volatile("st.volatile.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
+}
+__device__ static inline uint64_t kgpu_ld_volatile_u64(const uint64_t *p) {
+  uint64_t v;
+  asm volatile("ld.volatile.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
+  return v;
+}
+__device__ static inline void kgpu_st_relaxed_gpu_u64(uint64_t *p, uint64_t v) {
+  asm volatile("st.relaxed.gpu.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
+}
+__device__ static inline uint64_t kgpu_ld_relaxed_gpu_u64(const uint64_t *p) {
+  uint64_t v;
+  asm volatile("ld.relaxed.gpu.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
+  return v;
+}
 __device__ static inline uint64_t kgpu_time_ns(void) {
   uint64_t t;
   asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));

@@ -64,7 +64,7 @@ kcclResult_t kgpu_dev_selftest(struct kgpu *g, const void *inputs, void *outputs
                                int iters, int blocks, void *stream);
 kcclResult_t kgpu_bench_dev(struct kgpu *g, void *buf, size_t count, int dtype, int iters, int blocks,
                             double *us_per_call);
-kcclResult_t kgpu_bench_flag_hop(struct kgpu *g, int iters, double *us_per_hop);
+kcclResult_t kgpu_bench_flag_hop(struct kgpu *g, int iters, int mode, double *us_per_hop);
 
 /* error.c */
 kcclResult_t kccl_err(kcclResult_t code, const char *fmt, ...);

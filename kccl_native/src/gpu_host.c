@@ -347,10 +347,10 @@ kcclResult_t kcclBenchDevAllReduce(void *buf, size_t count, kcclDataType_t datat
   return after(comm, kgpu_bench_dev(g, buf, count, datatype, iters, blocks, usPerCall));
 }
 
-kcclResult_t kcclBenchFlagHop(kcclComm_t comm, int iters, double *usPerHop) {
+kcclResult_t kcclBenchFlagHop(kcclComm_t comm, int iters, int mode, double *usPerHop) {
   struct kgpu *g = NULL;
   kcclResult_t r = gpu_comm(comm, &g);
   if (r != kcclSuccess) return r;
   if (iters < 1 || !usPerHop) return kccl_err(kcclInvalidArgument, "iters >= 1 and usPerHop needed");
-  return after(comm, kgpu_bench_flag_hop(g, iters, usPerHop));
+  return after(comm, kgpu_bench_flag_hop(g, iters, mode, usPerHop));
 }

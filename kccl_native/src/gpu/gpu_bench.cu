@@ -42,23 +42,40 @@ __global__ void __launch_bounds__(KCCL_LL_THREADS) k_dev_chain(kcclDevComm dc, c
     if (kcclDevAllReduce(dc, buf + (size_t)lo * es, hi - lo, (kcclDataType_t)dt, kcclAvg) != kcclSuccess) return;
 }
 
-/* Ranks 0 and 1 bounce a counter: rank 0 writes into rank 1's word, rank 1
- * answers into rank 0's.  One thread each; bounded like every KCCL wait. */
-__global__ void k_flag_hop(kcclDevComm dc, size_t hop_off, uint64_t base, int iters) {
+/* Ranks 0 and 1 bounce a counter.  mode 0: release / acquire at system scope,
+ * pushed into the peer's memory (what the chunked kernels do); 1: volatile, pushed;
+ * 2: relaxed at GPU scope, pushed; 3: volatile, pulled (each rank writes its own
+ * word and polls the peer's).  One thread each; bounded like every KCCL wait. */
+__device__ static inline void hop_store(uint64_t *p, uint64_t v, int mode) {
+  if (mode == 0) kgpu_st_release_sys_u64(p, v);
+  else if (mode == 2) kgpu_st_relaxed_gpu_u64(p, v);
+  else kgpu_st_volatile_u64(p, v);
+}
+__device__ static inline uint64_t hop_load(const uint64_t *p, int mode) {
+  if (mode == 0) return kgpu_ld_acquire_sys_u64(p);
+  if (mode == 2) return kgpu_ld_relaxed_gpu_u64(p);
+  return kgpu_ld_volatile_u64(p);
+}
+
+__global__ void k_flag_hop(kcclDevComm dc, size_t hop_off, uint64_t base, int iters, int mode) {
   const int me = dc.rank, other = 1 - me;
-  uint64_t *mine = (uint64_t *)(dc.peer_base[me] + hop_off) + me;
-  uint64_t *theirs = (uint64_t *)(dc.peer_base[other] + hop_off) + other;
+  uint64_t *own = (uint64_t *)(dc.peer_base[me] + hop_off);
+  uint64_t *peer = (uint64_t *)(dc.peer_base[other] + hop_off);
+  /* push: write into the peer's word [other], poll own word [me];
+   * pull: write own word [me], poll the peer's word [other]. */
+  uint64_t *dst = mode == 3 ? own + me : peer + other;
+  const uint64_t *src = mode == 3 ? peer + other : own + me;
   volatile int never = 0;
   for (int i = 1; i <= iters; i++) {
     const uint64_t v = base + (uint64_t)i;
-    if (me == 0) kgpu_st_release_sys_u64(theirs, v);
+    if (me == 0) hop_store(dst, v, mode);
     kccl_detail::Waiter w = kccl_detail::waiter(dc);
-    while (kgpu_ld_acquire_sys_u64(mine) < v)
+    while (hop_load(src, mode) < v)
       if (kccl_detail::keep_waiting(dc, w, &never)) {
         kccl_detail::record_failure(dc, KCCL_GPU_TIMEOUT, kcclTimeout, other, 0, 0, (uint32_t)v, 0, 0);
         return;
       }
-    if (me == 1) kgpu_st_release_sys_u64(theirs, v);
+    if (me == 1) hop_store(dst, v, mode);
   }
 }
 
@@ -120,7 +137,8 @@ extern "C" kcclResult_t kgpu_bench_dev(struct kgpu *g, void *buf, size_t count, 
   return kcclSuccess;
 }
 
-extern "C" kcclResult_t kgpu_bench_flag_hop(struct kgpu *g, int iters, double *us_per_hop) {
+extern "C" kcclResult_t kgpu_bench_flag_hop(struct kgpu *g, int iters, int mode, double *us_per_hop) {
+  if (mode < 0 || mode > 3) return kccl_err(kcclInvalidArgument, "flag-hop mode %d: 0..3", mode);
   if (g->shape.nranks < 2) return kccl_err(kcclInvalidUsage, "the flag-hop benchmark needs 2 ranks");
   *us_per_hop = 0;
   if (g->shape.rank > 1) return kcclSuccess; /* only ranks 0 and 1 take part */
@@ -129,7 +147,7 @@ extern "C" kcclResult_t kgpu_bench_flag_hop(struct kgpu *g, int iters, double *u
   KGPU_CHECK(kgpuEventCreate(&e0));
   KGPU_CHECK(kgpuEventCreate(&e1));
   kgpuEventRecord(e0, 0);
-  k_flag_hop<<<1, 1>>>(g->dc[0], g->lay.hop, g->hop_base, iters);
+  k_flag_hop<<<1, 1>>>(g->dc[0], g->lay.hop, g->hop_base, iters, mode);
   kgpuEventRecord(e1, 0);
   g->hop_base += (uint64_t)iters;
   double ms = 0;
