@@ -317,9 +317,8 @@ extern "C" kcclResult_t kgpu_allreduce(struct kgpu *g, const void *send, void *r
   const size_t es = dtype == kcclFloat32 ? 4 : 2, nbytes = count * es;
   kgpuStream_t st = (kgpuStream_t)stream;
   if (!twoshot && nbytes <= (size_t)KCCL_DEV_MAX_BLOCKS * KCCL_LL_MAX_BYTES) {
-    /* 512 bytes (64 lines) per block until the blocks run out, then more per
-     * block: each block's threads share its (peer, line) pushes. */
-    size_t blocks = (nbytes + 511) / 512;
+    /* 2 KB per block (one line per thread) until the blocks run out, then more lines per thread. */
+    size_t blocks = (nbytes + 2047) / 2048;
     if (blocks > KCCL_DEV_MAX_BLOCKS) blocks = KCCL_DEV_MAX_BLOCKS;
     size_t per = (nbytes + blocks - 1) / blocks;
     per = (per + 7) / 8 * 8;
