@@ -45,6 +45,9 @@ typedef struct {
   char pad1[KCCL_LINE];
   kccl_call_desc call __attribute__((aligned(KCCL_LINE)));
   char error_text[256]; /* why this rank failed (state SEG_FAILED): for its peers and itself */
+  /* Placement (replicas.c): peers check that every rank sees the same domains. */
+  int32_t ndomains, domain;
+  uint64_t topo_hash;
 } kccl_seg_header;
 
 _Static_assert(sizeof(kccl_seg_header) <= KCCL_PAGE, "header must fit a page");
@@ -69,6 +72,7 @@ struct kcclComm {
   kccl_seg_header **hdr;
   pid_t *pid;
   int *pidfd;                /* -1 where pidfd_open is unavailable */
+  struct kccl_replicas *rep; /* per-domain replicas (replicas.h); NULL: one copy of everything */
 };
 
 #define KCCL_COMM_MAGIC 0x4b43434c434f4d4dull /* "KCCLCOMM" */
@@ -111,6 +115,19 @@ void kccl_shm_release(struct kcclComm *c);
 void kccl_shm_sweep_stale(void);
 uint64_t kccl_proc_starttime(pid_t pid);
 int kccl_pid_alive(pid_t pid, uint64_t starttime);
+
+/* comm.c: init with an optional placement (NULL: one copy) */
+kcclResult_t kccl_comm_init(kcclComm_t *out, int nranks, kcclUniqueId id, int rank, const kcclConfig_t *config,
+                            const kcclPlacement_t *placement);
+
+/* replicas.c (see replicas.h for the hot-path helpers) */
+kcclResult_t kccl_replicas_alloc(struct kcclComm *c, const kcclPlacement_t *pl); /* before sizing */
+size_t kccl_replicas_layout(struct kcclComm *c, size_t area_off); /* bytes the replicas add to a segment */
+void kccl_replicas_own(struct kcclComm *c);      /* own segment mapped: header fields, mbind, verify */
+kcclResult_t kccl_replicas_check_peer(struct kcclComm *c, int p);
+void kccl_replicas_setup(struct kcclComm *c);    /* every peer mapped: who writes where */
+void kccl_replicas_wake_all(struct kcclComm *c);
+void kccl_replicas_free(struct kcclComm *c);
 
 /* uniqueid.c */
 kcclResult_t kccl_uid_parse(const kcclUniqueId *id, uint8_t token[16]);
