@@ -42,6 +42,19 @@ def test_two_domains_writer_writes_both_reader_polls_its_own(spawn_farm, two_dom
     release(farm, 4)
 
 
+def test_large_payloads_travel_without_replicas(spawn_farm, two_domains_4ranks):
+    """Above 16 KB per slot neither flag nor data is replicated (one-shot and two-shot alike)."""
+    farm = spawn_farm(4)
+    for algo in ("oneshot", "twoshot"):
+        join(farm, 4, dict(TIMEOUT, topo_file=two_domains_4ranks, algo=algo))
+        res = farm.run("topo_loop", range(4), per_worker=[{"rank": r} for r in range(4)], nranks=4, iters=3,
+                       count=300_000)  # 1.2 MB: two chunks of the 1 MB slot
+        for r, (ok, before, after) in enumerate(res):
+            assert ok, f"rank {r} ({algo}): wrong sum"
+            assert (after["pushes"], after["replica_reads"]) == (before["pushes"], before["replica_reads"]), after
+        release(farm, 4)
+
+
 def test_every_collective_is_exact_through_replicas(spawn_farm, tmp_path):
     farm = spawn_farm(3)
     path = fake_l3s(tmp_path / "three.json", domains_of_cpu=(0, 1, 2), rank_domains=[2, 0, 1])

@@ -200,7 +200,7 @@ RANKS = (8, 12, 16, 24, 32, 48, 64, 96, 128, 192)
 def test_replicated_never_costs_more(trees, name):
     t = machine(trees, name)
     for placement in ("compact", "scatter"):
-        for nbytes in (0, 8, 56, 1024, 16384):
+        for nbytes in (0, 8, 56, 1024, 16384, 16385, 1 << 20):
             for row in cost.table(t, RANKS + (1, 2), nbytes, placement):
                 assert row["replicated"] <= row["single"], (name, placement, nbytes, row)
                 if row["domains"] == 1:
@@ -220,6 +220,9 @@ def test_cost_model_by_hand(trees):
     # scattered ranks, one per domain: replicas save nothing (and plain stores would double the cost)
     r = cost.table(t, [24], 8, "scatter")[0]
     assert r["single"] == r["replicated"] == 24 * 23 and r["replicated_plain_stores"] == 2 * r["single"]
+    # above 16 KB nothing is replicated: both plans cost the same
+    big = cost.table(t, [16], 16385)[0]
+    assert big["single"] == big["replicated"] == 128 * cost.lines_of(16385)
     with pytest.raises(topology.TopologyError):
         cost.lines_of(-1)
 

@@ -15,7 +15,10 @@ reads every peer's.  Counted per writer w and per line:
                 the line (its ownership) plus every reader's fetch back.
 
 A reader with no domain (CPUs spanning several) reads w's own copy and counts
-as remote in every model.  Polling while the flag is unchanged costs nothing
+as remote in every model.  Payloads above REPLICA_DATA_MAX (16 KB, as in
+kccl_native/src/replicas.c) are not replicated at all (the reader fetches the
+writer's first line with the data anyway, so a flag replica would only add a
+transfer): there both plans cost the same.  Polling while the flag is unchanged costs nothing
 (the line stays shared in the readers' caches); invalidations and the writer's
 own copy are not counted."""
 from .plan import plan as make_plan, compact_cpus
@@ -23,6 +26,7 @@ from .errors import TopologyError
 
 LINE = 64
 FLAG_BYTES = 8
+REPLICA_DATA_MAX = 16384
 
 
 def lines_of(message_bytes):
@@ -35,6 +39,7 @@ def transfers(p, message_bytes=8):
     """{"single": n, "replicated": n, "replicated_plain_stores": n} for plan p."""
     L = lines_of(message_bytes)
     dom = p.rank_domain
+    replicated = message_bytes <= REPLICA_DATA_MAX
     single = repl = plain = 0
     for w, reps in enumerate(p.replicas):
         dw = dom[w]
@@ -42,8 +47,13 @@ def transfers(p, message_bytes=8):
         own = reps[0]
         loose = sum(1 for r in own.readers if dom[r] is None or dom[r] != dw)  # domain-less readers
         remote = [x for x in reps[1:] if x.readers]
-        repl += len(remote) + loose
-        plain += sum(1 + len(x.readers) for x in remote) + loose
+        if replicated:
+            repl += len(remote) + loose
+            plain += sum(1 + len(x.readers) for x in remote) + loose
+        else:  # one copy for large payloads
+            n_remote = sum(1 for r in range(p.nranks) if r != w and (dom[r] is None or dom[r] != dw))
+            repl += n_remote
+            plain += n_remote
     return {"single": single * L, "replicated": repl * L, "replicated_plain_stores": plain * L}
 
 

@@ -62,10 +62,14 @@ static inline uint32_t begin_step(struct kcclComm *c, uint8_t **mine) {
   return s;
 }
 
-static kcclResult_t wait_all(struct kcclComm *c, uint32_t s, uint32_t sig, int which) {
+/* Waits for every peer's flag of step s; `bytes` is what each peer published (the
+ * root, if root >= 0, published root_bytes): it says whether a replica carries it. */
+static kcclResult_t wait_all(struct kcclComm *c, uint32_t s, uint32_t sig, int which, size_t bytes, int root,
+                             size_t root_bytes) {
   for (int p = 0; p < c->nranks; p++) {
     if (p == c->rank) continue;
-    kcclResult_t r = kccl_wait_flag(c, p, kccl_peer_flag(c, p, s % KCCL_NSETS, which), s, sig);
+    size_t b = p == root ? root_bytes : bytes;
+    kcclResult_t r = kccl_wait_flag(c, p, kccl_peer_flag(c, p, s % KCCL_NSETS, which, b), s, sig);
     if (r != kcclSuccess) return r;
   }
   return kcclSuccess;
@@ -84,7 +88,7 @@ static kcclResult_t allreduce_oneshot(struct kcclComm *c, const char *send, char
     kccl_publish_slot(c, s % KCCL_NSETS, 0, n * es, s, sig);
     for (int p = 0; p < c->nranks; p++) {
       if (p != c->rank) {
-        kcclResult_t r = kccl_wait_flag(c, p, kccl_peer_flag(c, p, s % KCCL_NSETS, 0), s, sig);
+        kcclResult_t r = kccl_wait_flag(c, p, kccl_peer_flag(c, p, s % KCCL_NSETS, 0, n * es), s, sig);
         if (r != kcclSuccess) return r;
       }
       in[p] = kccl_peer_data(c, p, s % KCCL_NSETS, 0, n * es); /* own data from the slot too: safe in place */
@@ -118,7 +122,7 @@ static kcclResult_t allreduce_twoshot(struct kcclComm *c, const char *send, char
     const uint32_t set = s % KCCL_NSETS;
     memcpy(kccl_data(mine), send + off * es, n * es);
     kccl_publish_slot(c, set, 0, n * es, s, sig);
-    kcclResult_t r = wait_all(c, s, sig, 0);
+    kcclResult_t r = wait_all(c, s, sig, 0, n * es, -1, 0);
     if (r != kcclSuccess) return r;
     share(n, es, c->nranks, c->rank, &lo, &hi);
     for (int p = 0; p < c->nranks; p++) in[p] = kccl_peer_data(c, p, set, 0, n * es) + lo * es;
@@ -128,8 +132,8 @@ static kcclResult_t allreduce_twoshot(struct kcclComm *c, const char *send, char
     memcpy(recv + (off + lo) * es, kccl_data(myb), (hi - lo) * es);
     for (int i = 1; i < c->nranks; i++) { /* start with the next rank: spreads the readers */
       int p = (c->rank + i) % c->nranks;
-      if ((r = kccl_wait_flag(c, p, kccl_peer_flag(c, p, set, 1), s, sig)) != kcclSuccess) return r;
       share(n, es, c->nranks, p, &lo, &hi);
+      if ((r = kccl_wait_flag(c, p, kccl_peer_flag(c, p, set, 1, (hi - lo) * es), s, sig)) != kcclSuccess) return r;
       memcpy(recv + (off + lo) * es, kccl_peer_data(c, p, set, 1, (hi - lo) * es), (hi - lo) * es);
     }
     off += n;
@@ -183,7 +187,7 @@ kcclResult_t kcclAllGather(const void *sendbuff, void *recvbuff, size_t sendcoun
     memcpy(kccl_data(mine), send + off * es, n * es);
     kccl_publish_slot(c, s % KCCL_NSETS, 0, n * es, s, sig);
     /* Every peer's signature is checked before recv is touched. */
-    if ((r = wait_all(c, s, sig, 0)) != kcclSuccess) return r;
+    if ((r = wait_all(c, s, sig, 0, n * es, -1, 0)) != kcclSuccess) return r;
     if (!inplace) memcpy(myout + off * es, send + off * es, n * es);
     for (int i = 1; i < c->nranks; i++) {
       int p = (c->rank + i) % c->nranks;
@@ -221,7 +225,7 @@ kcclResult_t kcclReduceScatter(const void *sendbuff, void *recvbuff, size_t recv
     for (int q = 0; q < c->nranks; q++)
       memcpy(kccl_data(mine) + (size_t)q * n * es, send + ((size_t)q * recvcount + off) * es, n * es);
     kccl_publish_slot(c, s % KCCL_NSETS, 0, (size_t)c->nranks * n * es, s, sig);
-    if ((r = wait_all(c, s, sig, 0)) != kcclSuccess) return r;
+    if ((r = wait_all(c, s, sig, 0, (size_t)c->nranks * n * es, -1, 0)) != kcclSuccess) return r;
     for (int p = 0; p < c->nranks; p++)
       in[p] = kccl_peer_data(c, p, s % KCCL_NSETS, 0, (size_t)c->nranks * n * es) + (size_t)c->rank * n * es;
     kccl_reduce(recv + off * es, in, c->nranks, n, dt, op, c->nranks);
@@ -255,7 +259,7 @@ kcclResult_t kcclBroadcast(const void *sendbuff, void *recvbuff, size_t count, k
     uint32_t s = begin_step(c, &mine);
     if (am_root) memcpy(kccl_data(mine), send + off * es, n * es);
     kccl_publish_slot(c, s % KCCL_NSETS, 0, am_root ? n * es : 0, s, sig); /* non-roots: "arrived" */
-    if ((r = wait_all(c, s, sig, 0)) != kcclSuccess) return r;
+    if ((r = wait_all(c, s, sig, 0, 0, root, n * es)) != kcclSuccess) return r;
     if (am_root && send != recv) memcpy(recv + off * es, send + off * es, n * es);
     if (!am_root) memcpy(recv + off * es, kccl_peer_data(c, root, s % KCCL_NSETS, 0, n * es), n * es);
     off += n;
@@ -270,7 +274,7 @@ kcclResult_t kcclBarrier(kcclComm_t c, void *stream) {
   uint8_t *mine;
   uint32_t s = begin_step(c, &mine);
   kccl_publish_slot(c, s % KCCL_NSETS, 0, 0, s, sig);
-  return wait_all(c, s, sig, 0);
+  return wait_all(c, s, sig, 0, 0, -1, 0);
 }
 
 kcclResult_t kcclBenchAllReduce(const void *sendbuff, void *recvbuff, size_t count, kcclDataType_t dt,

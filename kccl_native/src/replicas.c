@@ -24,7 +24,8 @@
 
 #include "replicas.h"
 
-#define REP_DATA_MAX 16384 /* bytes of data a replica carries: the one-shot crossover's default */
+#define REP_DATA_MAX 16384 /* bytes of data a replica carries: the one-shot crossover's default
+                             (topology/cost.py REPLICA_DATA_MAX mirrors it) */
 #define MPOL_BIND_ 2       /* <linux/mempolicy.h> values, spelled out: the header is not always installed */
 #define MPOL_MF_STRICT_ (1 << 0)
 #define MPOL_MF_MOVE_ (1 << 1)
@@ -195,7 +196,7 @@ void kccl_publish_replicated(struct kcclComm *c, uint32_t set, int which, size_t
   uint8_t *main = kccl_slot(c, c->rank, set, which);
   uint64_t v = ((uint64_t)seq << 32) | sig;
   atomic_store_explicit(kccl_flag(main), v, memory_order_seq_cst); /* own domain's readers first */
-  size_t n = bytes <= x->data_bytes ? (bytes + 7) / 8 * 8 : 0;     /* else the flag alone */
+  size_t n = (bytes + 7) / 8 * 8; /* kccl_publish_slot: bytes <= x->data_bytes */
   for (int i = 0; i < x->ntargets; i++) {
     uint8_t *rep = kccl_rep_slot(c, c->rank, x->targets[i], set, which);
     push_bytes(kccl_data(rep), kccl_data(main), n);

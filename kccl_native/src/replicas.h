@@ -5,7 +5,7 @@
  * that gave no placement) every helper is the old single-copy access.  With
  * replicas on, rank w's segment holds, after its main slots, one block per
  * domain d: a copy of each of w's slots (flag + up to rep->data_bytes of
- * data), whose pages are bound to d's NUMA node.  A reader in domain d != w's
+ * data; larger payloads are not replicated), whose pages are bound to d's NUMA node.  A reader in domain d != w's
  * reads w's block d; a reader in w's domain (or a reader whose CPUs span
  * domains, domain -1) reads w's main slot. */
 #ifndef KCCL_REPLICAS_H_
@@ -37,9 +37,12 @@ static inline int kccl_reads_replica(const struct kcclComm *c, int p) {
   return c->rep && c->rep->mydom >= 0 && c->rep->dom[p] != c->rep->mydom;
 }
 
-/* The flag of peer p's slot (set, which) this rank polls. */
-static inline _Atomic uint64_t *kccl_peer_flag(struct kcclComm *c, int p, uint32_t set, int which) {
-  if (__builtin_expect(kccl_reads_replica(c, p), 0)) {
+/* The flag of peer p's slot (set, which) this rank polls, for a payload of `bytes`.  A
+ * payload larger than a replica travels without replicas (flag included): the reader
+ * fetches the writer's first line with the data anyway, so a flag replica would only
+ * add a transfer (topology/cost.py). */
+static inline _Atomic uint64_t *kccl_peer_flag(struct kcclComm *c, int p, uint32_t set, int which, size_t bytes) {
+  if (__builtin_expect(kccl_reads_replica(c, p), 0) && bytes <= c->rep->data_bytes) {
     c->rep->reads++;
     return kccl_flag(kccl_rep_slot(c, p, c->rep->mydom, set, which));
   }
@@ -58,7 +61,7 @@ void kccl_publish_replicated(struct kcclComm *c, uint32_t set, int which, size_t
 
 static inline void kccl_publish_slot(struct kcclComm *c, uint32_t set, int which, size_t bytes, uint32_t seq,
                                      uint32_t sig) {
-  if (__builtin_expect(c->rep != NULL && c->rep->ntargets > 0, 0))
+  if (__builtin_expect(c->rep != NULL && c->rep->ntargets > 0 && bytes <= c->rep->data_bytes, 0))
     kccl_publish_replicated(c, set, which, bytes, seq, sig);
   else
     kccl_publish(c, kccl_flag(kccl_slot(c, c->rank, set, which)), seq, sig);
