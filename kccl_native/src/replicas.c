@@ -178,8 +178,13 @@ static void *seq_half(_Atomic uint64_t *flag) {
 
 /* Copies n bytes (8-aligned dst and src, n rounded up to 8: slots have room) so
  * that the lines go to memory, not into this core's cache. */
+/* -DKCCL_REPLICA_PLAIN_STORES (an experiment, see bench/RESULTS.md): ordinary stores instead. */
+#if defined(__x86_64__) && !defined(KCCL_REPLICA_PLAIN_STORES)
+#define KCCL_NT_PUSH 1
+#endif
+
 static void push_bytes(uint8_t *dst, const uint8_t *src, size_t n) {
-#if defined(__x86_64__)
+#if KCCL_NT_PUSH
   for (size_t i = 0; i < n; i += 8) {
     long long v;
     memcpy(&v, src + i, 8);
@@ -200,7 +205,7 @@ void kccl_publish_replicated(struct kcclComm *c, uint32_t set, int which, size_t
   for (int i = 0; i < x->ntargets; i++) {
     uint8_t *rep = kccl_rep_slot(c, c->rank, x->targets[i], set, which);
     push_bytes(kccl_data(rep), kccl_data(main), n);
-#if defined(__x86_64__)
+#if KCCL_NT_PUSH
     _mm_sfence(); /* the data is visible before the flag that announces it */
     _mm_stream_si64((long long *)kccl_flag(rep), (long long)v);
 #else
