@@ -121,7 +121,8 @@ class Communicator:
         ffi.buffer(uid)[:] = UniqueId(unique_id)
         settings = _config.resolve(config)
         cfg = _config.native_from(ffi, settings)
-        pl = _placement.native(ffi, nranks, rank, settings["KCCL_TOPO"][0], settings["KCCL_TOPO_FILE"][0])
+        pl, self._plan_note = _placement.native(ffi, nranks, rank, settings["KCCL_TOPO"][0],
+                                                settings["KCCL_TOPO_FILE"][0])
         pcomm = ffi.new("kcclComm_t *")
         rc = lib.kcclCommInitRankPlacement(pcomm, nranks, uid[0], rank, cfg, pl)
         if rc:
@@ -289,14 +290,15 @@ class Communicator:
     def topo_info(self):
         """How this rank's replicas are placed: {"ndomains", "domain", "replicas" (remote
         replicas it writes), "bound" (1 verified on their NUMA nodes, 0 unverified, -1
-        failed), "pushes", "replica_reads", "note"}."""
+        failed), "pushes", "replica_reads", "note" (the binding, from C), "plan" (why this
+        placement: "KCCL_TOPO=off", "one domain: one copy", "domain 1 of 2", ...)}."""
         info = ffi.new("kcclTopoInfo_t *")
         rc = lib.kcclCommTopoInfo(self._handle(), info)
         if rc:
             _raise(rc)
         return {"ndomains": info.ndomains, "domain": info.domain, "replicas": info.replicas,
                 "bound": info.bound, "pushes": int(info.pushes), "replica_reads": int(info.replicaReads),
-                "note": ffi.string(info.note).decode(errors="replace")}
+                "note": ffi.string(info.note).decode(errors="replace"), "plan": self._plan_note}
 
     # -- life cycle -----------------------------------------------------------------
     def async_error(self):

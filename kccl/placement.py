@@ -68,7 +68,8 @@ def resolve(nranks, rank, mode, path):
 
 
 def native(ffi, nranks, rank, mode, path):
-    nd, mine, numa, h, _note = resolve(nranks, rank, mode, path)
+    """(kcclPlacement_t*, why: the plan in words, for topo_info())."""
+    nd, mine, numa, h, note = resolve(nranks, rank, mode, path)
     pl = ffi.new("kcclPlacement_t *")
     pl.size = ffi.sizeof("kcclPlacement_t")
     pl.ndomains = nd
@@ -76,4 +77,4 @@ def native(ffi, nranks, rank, mode, path):
     for i in range(64):
         pl.numaNode[i] = numa[i] if i < len(numa) else -1
     pl.topoHash = h
-    return pl
+    return pl, note

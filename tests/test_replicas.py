@@ -71,7 +71,7 @@ def test_every_collective_is_exact_through_replicas(spawn_farm, tmp_path):
 def test_topo_off_means_one_copy(spawn_farm, two_domains_4ranks):
     farm = spawn_farm(4)
     infos = join(farm, 4, dict(TIMEOUT, topo_file=two_domains_4ranks, topo="off"))
-    assert all((i["ndomains"], i["replicas"]) == (1, 0) for i in infos), infos
+    assert all((i["ndomains"], i["replicas"], i["plan"]) == (1, 0, "KCCL_TOPO=off") for i in infos), infos
     res = farm.run("topo_loop", range(4), per_worker=[{"rank": r} for r in range(4)], nranks=4, iters=20, count=16)
     assert all(ok and after["pushes"] == 0 and after["replica_reads"] == 0 for ok, _b, after in res), res
     release(farm, 4)
@@ -174,6 +174,7 @@ def test_this_machine_is_one_domain_one_copy():
     with kccl.Communicator(1, kccl.get_unique_id(), 0) as c:
         info = c.topo_info()
     assert (info["ndomains"], info["replicas"], info["pushes"]) == (1, 0, 0), info
+    assert info["plan"] == "one domain: one copy", info
 
 
 def test_c_placement_arguments_checked():

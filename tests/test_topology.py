@@ -349,3 +349,77 @@ def test_cli_errors(args):
     p = _cli(*args)
     assert p.returncode == 2 and p.stderr.startswith("error:"), (p.returncode, p.stderr)
     assert "Traceback" not in p.stderr
+
+
+# -- live NVML path, against a stand-in pynvml (the real library is optional and absent here) ----------
+
+class _FakeNvml:
+    """The few nvidia-ml-py calls topology.nvml.capture() makes, for 2 GPUs joined by 18 NVLinks."""
+    NVML_P2P_CAPS_INDEX_READ, NVML_P2P_CAPS_INDEX_NVLINK = 0, 2
+    NVML_P2P_STATUS_OK, NVML_FEATURE_ENABLED, NVML_NVLINK_MAX_LINKS = 0, 1, 18
+
+    class NVMLError(Exception):
+        pass
+
+    class _Obj:
+        def __init__(self, **kw):
+            self.__dict__.update(kw)
+
+    def __init__(self):
+        self.inited = 0
+
+    def nvmlInit(self):
+        self.inited += 1
+
+    def nvmlShutdown(self):
+        self.inited -= 1
+
+    def nvmlDeviceGetCount(self):
+        return 2
+
+    def nvmlDeviceGetHandleByIndex(self, i):
+        return i
+
+    def nvmlDeviceGetName(self, h):
+        return b"NVIDIA H200"
+
+    def nvmlDeviceGetPciInfo(self, h):
+        return self._Obj(busId=f"00000000:{0x18 + h:02X}:00.0".encode())
+
+    def nvmlDeviceGetMemoryInfo(self, h):
+        return self._Obj(total=141 << 30)
+
+    def nvmlDeviceGetNumaNodeId(self, h):
+        raise self.NVMLError("not supported")  # old drivers: numa stays unknown
+
+    def nvmlDeviceGetAttributes(self, h):
+        return self._Obj(multiprocessorCount=132)
+
+    def nvmlDeviceGetP2PStatus(self, a, b, cap):
+        return 0
+
+    def nvmlDeviceGetNvLinkState(self, h, link):
+        return 1
+
+    def nvmlSystemGetDriverVersion(self):
+        return "fake"
+
+
+def test_live_nvml_path_with_a_stand_in(monkeypatch, trees):
+    fake = _FakeNvml()
+    monkeypatch.setitem(sys.modules, "pynvml", fake)
+    doc = topology.nvml.capture()
+    assert fake.inited == 0  # shut down again
+    assert [g["pci_bus_id"] for g in doc["gpus"]] == ["00000000:18:00.0", "00000000:19:00.0"]
+    assert doc["links"] == [[None, "nvlink:18"], ["nvlink:18", None]]
+    t = topology.discover(trees["this-machine"], live_gpus=True)
+    assert [n.attrs["sm_count"] for n in t.of_kind("gpu")] == [132, 132]
+    assert t.nodes["gpu:1"].attrs["numa"] is None and len(t.of_kind("l2_partition")) == 4
+
+
+def test_nvml_absent_is_optional(monkeypatch, trees):
+    monkeypatch.setitem(sys.modules, "pynvml", None)  # import fails as if not installed
+    assert topology.discover(trees["this-machine"]).of_kind("gpu") == []
+    assert topology.discover("/").of_kind("gpu") == []  # live: NVML quietly skipped
+    with pytest.raises(topology.TopologyError, match="nvidia-ml-py"):
+        topology.discover(trees["this-machine"], live_gpus=True)

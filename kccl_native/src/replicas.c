@@ -258,6 +258,6 @@ kcclResult_t kcclCommTopoInfo(kcclComm_t c, kcclTopoInfo_t *info) {
   info->bound = x ? x->bound : 0;
   info->pushes = x ? x->pushes : 0;
   info->replicaReads = x ? x->reads : 0;
-  snprintf(info->note, sizeof info->note, "%s", x ? x->note : "one copy (no placement given)");
+  snprintf(info->note, sizeof info->note, "%s", x ? x->note : "one copy: nothing to bind");
   return kcclSuccess;
 }
