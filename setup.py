@@ -7,7 +7,7 @@ setup(
     version="0.1.0",
     description="Low-latency collectives over peer-mapped memory (host shared memory first)",
     packages=find_packages(include=["kccl", "kccl.*", "topology", "topology.*"]),
-    package_data={"topology": ["fixtures/*/*.md", "fixtures/*/*.json", "fixtures/*.md"]},
+    package_data={"topology": ["fixtures/*/*.md", "fixtures/*/*.json", "fixtures/*.md", "fixtures/this-machine/**/*"]},
     python_requires=">=3.9",
     setup_requires=["cffi>=1.15"],
     install_requires=["cffi>=1.15", "numpy>=1.22"],

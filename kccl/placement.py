@@ -69,7 +69,14 @@ def resolve(nranks, rank, mode, path):
 
 def native(ffi, nranks, rank, mode, path):
     """(kcclPlacement_t*, why: the plan in words, for topo_info())."""
-    nd, mine, numa, h, note = resolve(nranks, rank, mode, path)
+    return _fill(ffi, *resolve(nranks, rank, mode, path))
+
+
+def one_copy(ffi, note):
+    return _fill(ffi, 1, 0, [], 0, note)
+
+
+def _fill(ffi, nd, mine, numa, h, note):
     pl = ffi.new("kcclPlacement_t *")
     pl.size = ffi.sizeof("kcclPlacement_t")
     pl.ndomains = nd

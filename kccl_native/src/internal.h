@@ -2,11 +2,13 @@
 #ifndef KCCL_INTERNAL_H_
 #define KCCL_INTERNAL_H_
 
+#include <pthread.h>
 #include <stdatomic.h>
 #include <stdint.h>
 #include <sys/types.h>
 
 #include "kccl.h"
+#include "gpu_api.h"
 
 #define KCCL_LINE 64
 #define KCCL_PAGE 4096
@@ -45,6 +47,10 @@ typedef struct {
   char pad1[KCCL_LINE];
   kccl_call_desc call __attribute__((aligned(KCCL_LINE)));
   char error_text[256]; /* why this rank failed (state SEG_FAILED): for its peers and itself */
+  /* GPU communicators: the rank's export, then 1 once published, 2 once it has
+   * mapped every peer's buffer. */
+  _Atomic uint32_t gpu_state __attribute__((aligned(KCCL_LINE)));
+  kgpu_export gpu;
   /* Placement (replicas.c): peers check that every rank sees the same domains. */
   int32_t ndomains, domain;
   uint64_t topo_hash;
@@ -56,6 +62,15 @@ _Static_assert(sizeof(kccl_seg_header) <= KCCL_PAGE, "header must fit a page");
  * 56 bytes travels in the same cache line as its flag (one hop, not two).
  * Flag = seq << 32 | signature. */
 #define SLOT_DATA_OFF 8
+
+/* The host side of a GPU communicator (gpu_host.c). */
+struct kccl_gpu_host {
+  struct kgpu *kg;
+  kcclGpuStatus *status; /* host-mapped: written by kernels and by the watcher */
+  int efd;               /* written by the owner to stop the watcher */
+  int watching;
+  pthread_t watcher;
+};
 
 struct kcclComm {
   uint64_t magic;
@@ -72,6 +87,7 @@ struct kcclComm {
   kccl_seg_header **hdr;
   pid_t *pid;
   int *pidfd;                /* -1 where pidfd_open is unavailable */
+  struct kccl_gpu_host *gpu; /* GPU communicators only (gpu_host.c) */
   struct kccl_replicas *rep; /* per-domain replicas (replicas.h); NULL: one copy of everything */
 };
 
@@ -108,6 +124,7 @@ void kccl_publish(struct kcclComm *c, _Atomic uint64_t *flag, uint32_t seq, uint
 kcclResult_t kccl_wait_flag(struct kcclComm *c, int peer, _Atomic uint64_t *flag, uint32_t seq,
                             uint32_t sig);
 void kccl_wake_all(struct kcclComm *c);
+kcclResult_t kccl_peers_gone(struct kcclComm *c, char *why, size_t whylen, int *failed);
 
 /* shm.c */
 kcclResult_t kccl_shm_connect(struct kcclComm *c);
@@ -116,6 +133,16 @@ void kccl_shm_sweep_stale(void);
 uint64_t kccl_proc_starttime(pid_t pid);
 int kccl_pid_alive(pid_t pid, uint64_t starttime);
 
+/* collectives.c */
+uint32_t kccl_signature(int coll, size_t count, int dtype, int op, int root);
+
+/* gpu_host.c: the GPU transport's host side */
+kcclResult_t kccl_gpu_init(struct kcclComm *c);
+void kccl_gpu_quiesce(struct kcclComm *c, int aborting);
+void kccl_gpu_release(struct kcclComm *c, int aborting);
+kcclResult_t kccl_gpu_enter(struct kcclComm *c);
+kcclResult_t kccl_gpu_collective(struct kcclComm *c, int coll, const void *send, void *recv, size_t count,
+                                 int dtype, int op, int root, void *stream, uint32_t sig);
 /* comm.c: init with an optional placement (NULL: one copy) */
 kcclResult_t kccl_comm_init(kcclComm_t *out, int nranks, kcclUniqueId id, int rank, const kcclConfig_t *config,
                             const kcclPlacement_t *placement);
