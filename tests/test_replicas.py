@@ -2,6 +2,9 @@
 topology files that describe its CPUs as separate L3 domains: the writer writes every
 replica, each reader polls its own domain's, results stay exact, and mismatch / dead-peer
 detection still work.  (Real processes; no test leaves a /dev/shm name behind.)"""
+import os
+
+import numpy as np
 import pytest
 
 import kccl
@@ -96,12 +99,12 @@ def test_domains_follow_cpu_affinity(spawn_farm, tmp_path):
 
 
 def test_binding_failure_is_reported_not_fatal(spawn_farm, tmp_path):
-    """Domain 1 on NUMA node 7, which this machine lacks: mbind fails, the replicas work anyway."""
-    path = fake_l3s(tmp_path / "node7.json", numa_of_domain=[0, 7], rank_domains=[1, 0])
+    """Domain 1 on NUMA node 1000, which no machine here has: mbind fails, the replicas work anyway."""
+    path = fake_l3s(tmp_path / "node1000.json", numa_of_domain=[0, 1000], rank_domains=[1, 0])
     farm = spawn_farm(2)
     infos = join(farm, 2, dict(TIMEOUT, topo_file=path))
-    # rank 1 (domain 0) binds its replica for domain 1 to node 7 and fails; rank 0 binds for node 0
-    assert infos[1]["bound"] == -1 and "mbind" in infos[1]["note"] and "node 7" in infos[1]["note"], infos[1]
+    # rank 1 (domain 0) binds its replica for domain 1 to node 1000 and fails; rank 0 binds for node 0
+    assert infos[1]["bound"] == -1 and "mbind" in infos[1]["note"] and "node 1000" in infos[1]["note"], infos[1]
     assert infos[0]["bound"] == 1, infos[0]
     res = farm.run("topo_loop", range(2), per_worker=[{"rank": r} for r in range(2)], nranks=2, iters=10, count=64)
     assert all(ok for ok, _b, _a in res), res
@@ -170,11 +173,24 @@ def test_topology_settings_refused_when_bad(tmp_path, monkeypatch):
         assert c.topo_info()["replicas"] == 0
 
 
-def test_this_machine_is_one_domain_one_copy():
+def test_live_machine_placement():
+    """Without a topology file the live machine decides: one domain (as on the project's VM)
+    means one copy; several mean this rank gets the domain of its CPUs, and a lone rank has
+    no peer to write a replica for."""
+    import topology
+    domains = topology.discover("/", live_gpus=False).cpu_domains()
     with kccl.Communicator(1, kccl.get_unique_id(), 0) as c:
+        c.all_reduce(np.ones(4, np.float32))
         info = c.topo_info()
-    assert (info["ndomains"], info["replicas"], info["pushes"]) == (1, 0, 0), info
-    assert info["plan"] == "one domain: one copy", info
+    assert (info["replicas"], info["pushes"], info["replica_reads"]) == (0, 0, 0), info
+    if len(domains) == 1 or len(domains) > 64:
+        assert info["ndomains"] == 1, info
+        if len(domains) == 1:
+            assert info["plan"] == "one domain: one copy", info
+    else:
+        where = {cpu: d.index for d in domains for cpu in d.cpus}
+        mine = {where[cpu] for cpu in os.sched_getaffinity(0) if cpu in where}
+        assert (info["ndomains"], info["domain"]) == (len(domains), mine.pop() if len(mine) == 1 else -1), info
 
 
 def test_c_placement_arguments_checked():

@@ -83,11 +83,19 @@ def test_h200_node(trees):
     assert len(nv) == 56 and {l.attrs["links"] for l in nv} == {18}
 
 
-def test_this_machine_capture_matches_the_live_machine(trees):
-    captured = topology.discover(trees["this-machine"])
+def test_this_machine_fixture(trees):
+    t = topology.discover(trees["this-machine"])
+    assert counts(t)["core"] == 2 and [d.key for d in t.cpu_domains()] == ["l3:0/numa:0"]
+    assert t.allowed_cpus == frozenset({0, 1})
+
+
+def test_a_capture_of_the_live_machine_reads_back_the_same(tmp_path):
+    from topology import capture
+    capture.capture(str(tmp_path / "cap"))
+    captured = topology.discover(str(tmp_path / "cap"), live_gpus=False)
     live = topology.discover("/", live_gpus=False)
     assert [(d.key, d.numa, d.cpus) for d in captured.cpu_domains()] == [(d.key, d.numa, d.cpus) for d in live.cpu_domains()]
-    assert live.allowed_cpus == frozenset(os.sched_getaffinity(0))
+    assert live.allowed_cpus == frozenset(os.sched_getaffinity(0)) == captured.allowed_cpus
 
 
 def test_json_round_trip(trees, tmp_path):
@@ -331,8 +339,8 @@ def test_cli_tree_plan_cost_and_json(trees, tmp_path):
     assert p.returncode == 0, p.stderr
     assert "24 cache domain(s)" in p.stdout and "2 of 24 domains spanned" in p.stdout
     assert "l3 23 (32 MiB)" in p.stdout and re.search(r"^\s*192\s+24\s+35328\s+4416\s", p.stdout, re.M)
-    p = _cli("--plan", "2")  # this machine
-    assert p.returncode == 0 and "one domain: one copy" in p.stdout, p.stdout + p.stderr
+    p = _cli("--plan", "1")  # the live machine
+    assert p.returncode == 0 and "plan for 1 cpu ranks" in p.stdout and "one copy" in p.stdout, p.stdout + p.stderr
     out = tmp_path / "t.json"
     p = _cli("--root", trees["h200-8"], "--nvml", fixtures.nvml_json("h200-8"),
              "--plan", "gpu:0,gpu:7", "--json", str(out))
@@ -420,6 +428,7 @@ def test_live_nvml_path_with_a_stand_in(monkeypatch, trees):
 def test_nvml_absent_is_optional(monkeypatch, trees):
     monkeypatch.setitem(sys.modules, "pynvml", None)  # import fails as if not installed
     assert topology.discover(trees["this-machine"]).of_kind("gpu") == []
-    assert topology.discover("/").of_kind("gpu") == []  # live: NVML quietly skipped
+    live = topology.discover("/")  # live: NVML quietly skipped (KFD GPUs, on an AMD box, would remain)
+    assert [g for g in live.of_kind("gpu") if g.attrs["vendor"] == "NVIDIA"] == []
     with pytest.raises(topology.TopologyError, match="nvidia-ml-py"):
         topology.discover(trees["this-machine"], live_gpus=True)
