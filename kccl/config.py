@@ -17,6 +17,7 @@ from .errors import KcclInvalidArgument
 
 ALGOS = {"auto": 0, "oneshot": 1, "twoshot": 2}
 DEBUG_LEVELS = {"NONE": 0, "WARN": 1, "INFO": 2, "TRACE": 3}
+TOPO_MODES = {"off": 0, "on": 1}
 
 
 def _int_range(lo, hi, sizes=False):
@@ -45,13 +46,21 @@ def _choice(table):
     return parse
 
 
+def _path(text):
+    s = str(text).strip()
+    if not s:
+        raise ValueError("expected a file path")
+    return s
+
+
 @dataclass(frozen=True)
 class Setting:
     name: str          # environment variable
-    field: str         # kcclConfig_t field
+    field: str         # kcclConfig_t field (or, with native=False, the override key)
     default: object
     parse: Callable
     doc: str
+    native: bool = True  # False: Python resolves it (topology placement); C never reads it
 
 
 SETTINGS: Tuple[Setting, ...] = (
@@ -82,6 +91,14 @@ SETTINGS: Tuple[Setting, ...] = (
             "launch (Hopper); it deadlocked at 8 ranks on one GPU under MPS, so 0 (plain launches) is the default."),
     Setting("KCCL_DEBUG", "debug", "NONE", _choice(DEBUG_LEVELS),
             "Log to stderr: NONE, WARN (every error), INFO (init details), TRACE."),
+    # Placement: Python's topology/ computes it and hands it to kcclCommInitRankPlacement;
+    # C programs that call kcclCommInitRankConfig get one copy of everything.
+    Setting("KCCL_TOPO", "topo", "on", _choice(TOPO_MODES),
+            "Topology-aware replicas: on (one replica of each flag and small slot per L3/NUMA domain "
+            "the ranks span; one domain = one copy) or off (one copy). Python only.", native=False),
+    Setting("KCCL_TOPO_FILE", "topo_file", "", _path,
+            "A topology JSON (python -m topology --json) used instead of this machine's sysfs; may pin "
+            "ranks to domains (rank_domains). Python only.", native=False),
 )
 BY_NAME = {s.name: s for s in SETTINGS}
 
@@ -115,10 +132,17 @@ def resolve(overrides: Optional[dict] = None, environ=None):
 
 def native(ffi, overrides=None):
     """A filled kcclConfig_t* for kcclCommInitRankConfig."""
+    return native_from(ffi, resolve(overrides))
+
+
+def native_from(ffi, resolved):
+    """The kcclConfig_t* of already resolved settings (Python-only ones left out)."""
     cfg = ffi.new("kcclConfig_t *")
     cfg.size = ffi.sizeof("kcclConfig_t")
-    for name, (value, _src) in resolve(overrides).items():
+    for name, (value, _src) in resolved.items():
         s = BY_NAME[name]
+        if not s.native:
+            continue
         if s.field == "algo":
             value = ALGOS[value]
         elif s.field == "debug":
