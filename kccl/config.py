@@ -152,13 +152,24 @@ def native_from(ffi, resolved):
     return cfg
 
 
+# Read at build time by setup.py (kccl/_build_cuda.py), not by a communicator.
+BUILD_SETTINGS = (
+    ("KCCL_CUDA", "auto", "Build time: auto compiles the GPU transport when nvcc is found, 1 requires "
+     "it (a missing nvcc fails the install), 0 leaves it out."),
+)
+
+
 def describe(environ=None) -> str:
+    environ = os.environ if environ is None else environ
     rows = resolve(environ=environ)
     w = max(len(s.name) for s in SETTINGS)
     lines = [f"{'setting':<{w}}  {'value':>10}  {'source':<8}  meaning"]
     for s in SETTINGS:
         value, src = rows[s.name]
         lines.append(f"{s.name:<{w}}  {str(value):>10}  {src:<8}  {s.doc}")
+    for name, default, doc in BUILD_SETTINGS:
+        val = environ.get(name, "").strip()
+        lines.append(f"{name:<{w}}  {val or default:>10}  {'env' if val else 'default':<8}  {doc}")
     return "\n".join(lines)
 
 
