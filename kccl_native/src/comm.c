@@ -168,6 +168,8 @@ kcclResult_t kcclCommUserRank(const kcclComm_t comm, int *rank) {
 
 kcclResult_t kcclCommGetAsyncError(kcclComm_t comm, kcclResult_t *asyncError) {
   if (!valid(comm) || !asyncError) return kccl_err(kcclInvalidArgument, "invalid communicator or NULL asyncError");
+  /* GPU: a failure a kernel recorded (or a peer the watcher saw go) counts now, as the next call would say. */
+  if (comm->gpu && comm->error == kcclSuccess) kccl_gpu_enter(comm);
   *asyncError = comm->error;
   return kcclSuccess;
 }

@@ -110,6 +110,9 @@ def run(scenario):
     r0 = got.get(0, {})
     ok = r0.get("err") == EXPECT[scenario]
     why = f"rank 0 got {r0.get('err')}: {r0.get('msg', '')[:200]}"
+    if ok and scenario != "close" and r0.get("async") != EXPECT[scenario]:
+        ok = False
+        why += f"; async_error() gave {r0.get('async')}"
     if ok and scenario in ("kill", "abort") and "t_event" in got.get(1, {}):
         delay = r0["t_err"] - got[1]["t_event"]
         why += f" ({delay:.2f} s after the event)"
