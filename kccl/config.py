@@ -73,6 +73,10 @@ SETTINGS: Tuple[Setting, ...] = (
             "or 1000 us when ranks outnumber cores)."),
     Setting("KCCL_DEBUG", "debug", "NONE", _choice(DEBUG_LEVELS),
             "Log to stderr: NONE, WARN (every error), INFO (init details), TRACE."),
+    Setting("KCCL_MAX_OUTSTANDING", "max_outstanding", 1, _int_range(1, 8),
+            "How many all_reduce_start operations may be in flight (started, not yet waited). "
+            "Each rank maps 4 * this (rounded up to a power of two) slots, 4 at 1. "
+            "Must be equal on all ranks."),
 )
 BY_NAME = {s.name: s for s in SETTINGS}
 

@@ -553,6 +553,12 @@ def task_init_close(ctx, uid, nranks, rank, timeout_ms=GROUP_TIMEOUT_MS):
     return None
 
 
+def task_call(ctx, module, func, **kw):
+    """Runs module.func(ctx, **kw) from another test-task module (kept out of this file)."""
+    import importlib
+    return getattr(importlib.import_module(module), func)(ctx, **kw)
+
+
 TASKS = {name[5:]: fn for name, fn in list(globals().items()) if name.startswith("task_")}
 
 

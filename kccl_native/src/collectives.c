@@ -2,7 +2,7 @@
  * reduce-scatter, broadcast and barrier over the mapped segments.
  *
  * Every collective is a sequence of steps.  In step s each rank writes its
- * part into its slot of buffer set s % 2, publishes flag = s << 32 | sig, and
+ * part into its slot of buffer set s % nsets, publishes flag = s << 32 | sig, and
  * waits for every peer's flag of step s before it leaves the step: a rank in
  * step s+1 therefore knows every peer has left step s-1, whose set it reuses.
  * `sig` hashes the call's arguments, so a peer that called something else is
@@ -38,6 +38,11 @@ static kcclResult_t enter(struct kcclComm *c, int coll, size_t count, int dtype,
     return kccl_err(kcclInvalidUsage, "communicator is unusable after an earlier error (%s); create a new one",
                     c->hdr[c->rank]->error_text);
   if (stream) return kccl_err(kcclInvalidArgument, "the host transport takes stream=NULL");
+  /* A blocking step would wait for peers that are still inside older split-phase steps
+   * and reuse sets those may still read (nonblocking.c). */
+  if (coll != COLL_ALLREDUCE_NB && c->nb_count)
+    return kccl_err(kcclInvalidUsage, "%s called while %u all_reduce_start operation(s) are outstanding: "
+                    "wait for them first", kccl_coll_name(coll), c->nb_count);
   if (dtype < 0 || dtype >= kcclNumTypes) return kccl_err(kcclInvalidArgument, "unknown data type %d", dtype);
   if (op < 0 || op >= kcclNumOps) return kccl_err(kcclInvalidArgument, "unknown reduction op %d", op);
   if (root < 0 || root >= c->nranks)
@@ -53,18 +58,23 @@ static kcclResult_t enter(struct kcclComm *c, int coll, size_t count, int dtype,
   return kcclSuccess;
 }
 
+kcclResult_t kccl_enter(struct kcclComm *c, int coll, size_t count, int dtype, int op, int root,
+                        void *stream, uint32_t *sig) {
+  return enter(c, coll, count, dtype, op, root, stream, sig);
+}
+
 /* Publishes this rank's flag for step s in slot A of set s%2. */
 static inline uint32_t begin_step(struct kcclComm *c, uint8_t **mine) {
   uint32_t s = ++c->step;
   c->hdr[c->rank]->call.seq = s;
-  *mine = kccl_slot(c, c->rank, s % KCCL_NSETS, 0);
+  *mine = kccl_slot(c, c->rank, s % c->nsets, 0);
   return s;
 }
 
 static kcclResult_t wait_all(struct kcclComm *c, uint32_t s, uint32_t sig, int which) {
   for (int p = 0; p < c->nranks; p++) {
     if (p == c->rank) continue;
-    kcclResult_t r = kccl_wait_flag(c, p, kccl_flag(kccl_slot(c, p, s % KCCL_NSETS, which)), s, sig);
+    kcclResult_t r = kccl_wait_flag(c, p, kccl_flag(kccl_slot(c, p, s % c->nsets, which)), s, sig);
     if (r != kcclSuccess) return r;
   }
   return kcclSuccess;
@@ -82,7 +92,7 @@ static kcclResult_t allreduce_oneshot(struct kcclComm *c, const char *send, char
     memcpy(kccl_data(mine), send + off * es, n * es);
     kccl_publish(c, kccl_flag(mine), s, sig);
     for (int p = 0; p < c->nranks; p++) {
-      uint8_t *slot = kccl_slot(c, p, s % KCCL_NSETS, 0);
+      uint8_t *slot = kccl_slot(c, p, s % c->nsets, 0);
       if (p != c->rank) {
         kcclResult_t r = kccl_wait_flag(c, p, kccl_flag(slot), s, sig);
         if (r != kcclSuccess) return r;
@@ -115,7 +125,7 @@ static kcclResult_t allreduce_twoshot(struct kcclComm *c, const char *send, char
     size_t n = min_sz(chunk, count - off), lo, hi;
     uint8_t *mine;
     uint32_t s = begin_step(c, &mine);
-    const uint32_t set = s % KCCL_NSETS;
+    const uint32_t set = s % c->nsets;
     memcpy(kccl_data(mine), send + off * es, n * es);
     kccl_publish(c, kccl_flag(mine), s, sig);
     kcclResult_t r = wait_all(c, s, sig, 0);
@@ -188,7 +198,7 @@ kcclResult_t kcclAllGather(const void *sendbuff, void *recvbuff, size_t sendcoun
     if (!inplace) memcpy(myout + off * es, send + off * es, n * es);
     for (int i = 1; i < c->nranks; i++) {
       int p = (c->rank + i) % c->nranks;
-      memcpy(recv + (size_t)p * bytes + off * es, kccl_data(kccl_slot(c, p, s % KCCL_NSETS, 0)), n * es);
+      memcpy(recv + (size_t)p * bytes + off * es, kccl_data(kccl_slot(c, p, s % c->nsets, 0)), n * es);
     }
     off += n;
   } while (off < sendcount);
@@ -224,7 +234,7 @@ kcclResult_t kcclReduceScatter(const void *sendbuff, void *recvbuff, size_t recv
     kccl_publish(c, kccl_flag(mine), s, sig);
     if ((r = wait_all(c, s, sig, 0)) != kcclSuccess) return r;
     for (int p = 0; p < c->nranks; p++)
-      in[p] = kccl_data(kccl_slot(c, p, s % KCCL_NSETS, 0)) + (size_t)c->rank * n * es;
+      in[p] = kccl_data(kccl_slot(c, p, s % c->nsets, 0)) + (size_t)c->rank * n * es;
     kccl_reduce(recv + off * es, in, c->nranks, n, dt, op, c->nranks);
     off += n;
   } while (off < recvcount);
@@ -258,7 +268,7 @@ kcclResult_t kcclBroadcast(const void *sendbuff, void *recvbuff, size_t count, k
     kccl_publish(c, kccl_flag(mine), s, sig); /* non-roots: "arrived" */
     if ((r = wait_all(c, s, sig, 0)) != kcclSuccess) return r;
     if (am_root && send != recv) memcpy(recv + off * es, send + off * es, n * es);
-    if (!am_root) memcpy(recv + off * es, kccl_data(kccl_slot(c, root, s % KCCL_NSETS, 0)), n * es);
+    if (!am_root) memcpy(recv + off * es, kccl_data(kccl_slot(c, root, s % c->nsets, 0)), n * es);
     off += n;
   } while (off < count);
   return kcclSuccess;

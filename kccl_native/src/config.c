@@ -67,6 +67,7 @@ kcclResult_t kcclConfigInit(kcclConfig_t *cfg) {
   cfg->spin_us = -1;
   cfg->yield_us = -1;
   cfg->debug = 0;
+  cfg->max_outstanding = 1;
 
   long v;
   kcclResult_t r;
@@ -85,6 +86,9 @@ kcclResult_t kcclConfigInit(kcclConfig_t *cfg) {
   v = cfg->yield_us;
   if ((r = env_long("KCCL_YIELD_US", -1, 10000000L, 0, &v))) return r;
   cfg->yield_us = (int)v;
+  v = cfg->max_outstanding;
+  if ((r = env_long("KCCL_MAX_OUTSTANDING", 1, KCCL_MAX_OUTSTANDING, 0, &v))) return r;
+  cfg->max_outstanding = (int)v;
   static const char *const algos[] = {"auto", "oneshot", "twoshot"};
   static const char *const levels[] = {"NONE", "WARN", "INFO", "TRACE"};
   if ((r = env_choice("KCCL_ALGO", algos, 3, &cfg->algo))) return r;
