@@ -9,6 +9,8 @@ import sys
 import numpy as np
 import pytest
 
+pytest.importorskip("tokenizers")  # the kie extra (CI installs it)
+
 from kie_engine.checkpoint import Checkpoint
 from kie_engine.config import ModelConfig, preset
 from kie_engine.errors import (CheckpointError, CheckpointNotFoundError, ConfigError, PromptTooLongError)

@@ -4,6 +4,8 @@ different order), for DTP delay 0, 1 and 2; every rank gives the same answer."""
 import numpy as np
 import pytest
 
+pytest.importorskip("tokenizers")  # the kie extra (CI installs it)
+
 import kccl
 from kie_engine.checkpoint import Checkpoint
 from kie_engine.config import ModelConfig
