@@ -46,6 +46,34 @@ def _bw_worker(nbytes, barrier, reps, q):
     q.put((a.nbytes, times))
 
 
+class _Timed:
+    """Wraps a model's lanes to add up the time spent inside sums (blocking sum, or
+    wait() of a started one): communication plus waiting for the slower lane."""
+
+    def __init__(self, lanes):
+        self.lanes, self.size, self.seconds = lanes, lanes.size, 0.0
+
+    def sum(self, y):
+        t = time.perf_counter()
+        out = self.lanes.sum(y)
+        self.seconds += time.perf_counter() - t
+        return out
+
+    def sum_start(self, y):
+        h, outer = self.lanes.sum_start(y), self
+
+        class _H:
+            def wait(self):
+                t = time.perf_counter()
+                out = h.wait()
+                outer.seconds += time.perf_counter() - t
+                return out
+        return _H()
+
+    def vocab(self, logits):
+        return self.lanes.vocab(logits)
+
+
 def _decode_worker(model_dir, delay, uid, nranks, rank, tokens, q):
     import numpy as np
     import kccl
@@ -55,19 +83,21 @@ def _decode_worker(model_dir, delay, uid, nranks, rank, tokens, q):
     comm = kccl.Communicator(nranks, kccl.UniqueId(uid), rank, config=comm_config(ckpt.config)) if nranks > 1 else None
     try:
         model = load_model(ckpt, comm, max_seq=256)
+        model.lanes = timed = _Timed(model.lanes)
         model.prefill([256, 100, 101, 102])
         tok = 65
         for _ in range(3):  # warm-up steps
             tok = int(np.argmax(model.decode_step(tok)))
         if comm:
             comm.barrier()
+        timed.seconds = 0.0
         times = []
         for _ in range(tokens):
             t = time.perf_counter()
             tok = int(np.argmax(model.decode_step(tok)))
             times.append(time.perf_counter() - t)
         if rank == 0:
-            q.put((model.w.nbytes_per_token, times))
+            q.put((model.w.nbytes_per_token, times, timed.seconds / tokens))
     finally:
         if comm:
             comm.close()
@@ -101,9 +131,9 @@ def bandwidth(nprocs, total_bytes, reps=7):
 def decode(model_dir, nranks, delay, tokens, blas_threads=1):
     import kccl
     uid = bytes(kccl.get_unique_id())
-    ((nbytes, times),) = _run(_decode_worker, [(model_dir, delay, uid, nranks, r, tokens) for r in range(nranks)],
+    ((nbytes, times, in_sums),) = _run(_decode_worker, [(model_dir, delay, uid, nranks, r, tokens) for r in range(nranks)],
                               blas_threads)
-    return nbytes, statistics.median(times)
+    return nbytes, statistics.median(times), in_sums
 
 
 def main():
@@ -130,8 +160,8 @@ def main():
         for n in bw:
             bw[n].append(bandwidth(n, a.bw_bytes))
         for c in configs:
-            nbytes, t = decode(a.model, c[0], c[1], a.tokens, c[2])
-            res[c].append((nbytes, t))
+            nbytes, t, in_sums = decode(a.model, c[0], c[1], a.tokens, c[2])
+            res[c].append((nbytes, t, in_sums))
             print(f"round {rnd}: TP={c[0]} delay={c[1]} blas={c[2]}: {1e3 * t:.2f} ms/token", file=sys.stderr, flush=True)
     bw_med = {n: statistics.median(v) for n, v in bw.items()}
     machine = max(bw_med.values())
@@ -143,19 +173,20 @@ def main():
              + (f", {ncores} processes {bw_med[ncores] / 1e9:.1f} GB/s" if ncores > 1 else "")
              + f" -> machine {machine / 1e9:.1f} GB/s",
              "| TP | DTP delay | BLAS threads/rank | ms/token | tokens/s | vs TP=1 d=0 | weight MB/token/rank | "
-             "weight MB/token (all) | GB/s | of machine BW |",
-             "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
-    base = statistics.median(t for _, t in res[(1, 0, 1)]) if (1, 0, 1) in res else None
+             "weight MB/token (all) | GB/s | of machine BW | ms/token in sums (rank 0) |",
+             "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    base = statistics.median(r[1] for r in res[(1, 0, 1)]) if (1, 0, 1) in res else None
     for c in configs:
-        t = statistics.median(x for _, x in res[c])
+        t = statistics.median(r[1] for r in res[c])
+        in_sums = statistics.median(r[2] for r in res[c])
         per_rank = res[c][0][0]
         total = per_rank * c[0] if c[0] > 1 else per_rank
         gbs = total / t / 1e9
         rel = f"{base / t:.2f}x" if base else "-"
         lines.append(f"| {c[0]} | {c[1]} | {c[2]} | {1e3 * t:.2f} | {1 / t:.2f} | {rel} | {per_rank / 1e6:.0f} | "
-                     f"{total / 1e6:.0f} | {gbs:.1f} | {100 * gbs * 1e9 / machine:.0f} % |")
+                     f"{total / 1e6:.0f} | {gbs:.1f} | {100 * gbs * 1e9 / machine:.0f} % | {1e3 * in_sums:.2f} |")
     lines.append("# raw ms/token per round: " + "; ".join(
-        f"TP={c[0]} d={c[1]} b={c[2]}: " + ",".join(f"{1e3 * x:.1f}" for _, x in res[c]) for c in configs))
+        f"TP={c[0]} d={c[1]} b={c[2]}: " + ",".join(f"{1e3 * r[1]:.1f}" for r in res[c]) for c in configs))
     lines.append("# raw GB/s per round: " + "; ".join(
         f"{n} proc: " + ",".join(f"{x / 1e9:.1f}" for x in v) for n, v in bw.items()))
     text = "\n".join(lines)
