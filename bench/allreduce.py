@@ -83,6 +83,16 @@ def memcpy_bandwidth(nbytes=64 << 20, reps=5):
     return nbytes / best / 1e3
 
 
+def sizes_between(lo, hi, es, factor):
+    sizes, s = [], max(lo, es)
+    while s <= hi:
+        sizes.append(s - s % es)
+        s *= factor
+        if factor < 2:
+            break
+    return sizes
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("-b", "--minbytes", default="4", help="smallest message (bytes, K/M suffix)")
@@ -94,7 +104,9 @@ def main(argv=None):
     ap.add_argument("--round-ms", type=float, default=40.0, help="cap on a round's duration; fewer calls for large sizes")
     ap.add_argument("-d", "--dtype", default="float32", choices=list(NAMES.values()))
     ap.add_argument("-o", "--op", default="sum", choices=list(OPS))
-    ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"], help="buffers in host memory (cpu)")
+    ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"],
+                    help="cpu: host buffers vs MPI; cuda: GPU buffers (torch), eager and CUDA graph (bench/allreduce_cuda.py)")
+    ap.add_argument("--compare", default=None, choices=["nccl"], help="--device cuda: also time NCCL (one GPU per rank)")
     ap.add_argument("--no-mpi", action="store_true", help="time KCCL only")
     ap.add_argument("--json", metavar="FILE", help="write every row and the run's metadata as JSON")
     ap.add_argument("--plot", metavar="FILE.png", help="latency vs size, both libraries, log-log")
@@ -102,24 +114,23 @@ def main(argv=None):
 
     world = MPI.COMM_WORLD
     rank, nranks = world.Get_rank(), world.Get_size()
-    if args.device == "cuda":
-        if rank == 0:
-            print("error: --device cuda needs KCCL's GPU transport, which is not built yet (see README)", file=sys.stderr)
-        return 2
     lo, hi = parse_size(args.minbytes), parse_size(args.maxbytes)
     dtype = numpy_dtype(args.dtype)
     es = dtype.itemsize
+    if args.device == "cuda":
+        if args.dtype not in ("float32", "float16", "bfloat16") or args.op != "sum":
+            if rank == 0:
+                print("error: --device cuda times float32/float16/bfloat16 sums", file=sys.stderr)
+            return 2
+        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+        from allreduce_cuda import main as cuda_main
+        return cuda_main(args, sizes_between(lo, hi, es, args.stepfactor))
     use_mpi = not args.no_mpi and args.op in MPI_OPS and args.dtype not in ("float16", "bfloat16")
     comm = kccl.Communicator.from_mpi(world)
     op = OPS[args.op]
     mop = MPI_OPS.get(args.op)
 
-    sizes, s = [], max(lo, es)
-    while s <= hi:
-        sizes.append(s - s % es)
-        s *= args.stepfactor
-        if args.stepfactor < 2:
-            break
+    sizes = sizes_between(lo, hi, es, args.stepfactor)
 
     if rank == 0:
         print(f"# KCCL {kccl.__version__} all_reduce vs MPI Allreduce ({MPI.Get_library_version().splitlines()[0].strip()})")

@@ -3,6 +3,7 @@ extension module kccl._kccl_cffi (run by setup.py through cffi_modules)."""
 import glob
 import os
 import re
+import sys
 
 from cffi import FFI
 
@@ -25,18 +26,27 @@ def _cdef_from_header(path):
     # results several times faster than enum-typed ones, which matters on the
     # sub-microsecond path; C converts them implicitly at the call.
     text = re.sub(r"\b(kcclResult_t|kcclDataType_t|kcclRedOp_t)(?=\s+\w+\s*[,)(])", "int", text)
-    return text + "\n#define KCCL_UNIQUE_ID_BYTES ...\n#define KCCL_VERSION_CODE ...\n"
+    return text + "\n#define KCCL_UNIQUE_ID_BYTES ...\n#define KCCL_VERSION_CODE ...\n#define KCCL_DEV_COMM_BYTES ...\n"
 
+
+ROOT = os.path.dirname(HERE)
+sys.path.insert(0, HERE)
+import _build_cuda  # noqa: E402  (sibling module; kccl itself is not importable before it is built)
+
+_cu_objects, _cu_libdirs, _cu_libs, _cu_macros = _build_cuda.build(ROOT)
 
 ffibuilder = FFI()
 ffibuilder.cdef(_cdef_from_header(HEADER))
 ffibuilder.set_source(
     "kccl._kccl_cffi",
     '#include "kccl.h"',
-    sources=sorted(os.path.relpath(p, os.path.dirname(HERE)) for p in glob.glob(os.path.join(NATIVE, "src", "*.c"))),
-    include_dirs=[os.path.relpath(os.path.join(NATIVE, "include"), os.path.dirname(HERE))],
+    sources=sorted(os.path.relpath(p, ROOT) for p in glob.glob(os.path.join(NATIVE, "src", "*.c"))),
+    include_dirs=[os.path.relpath(os.path.join(NATIVE, "include"), ROOT)],
     extra_compile_args=["-O3", "-std=gnu11", "-Wall", "-fvisibility=hidden"],
-    libraries=["rt", "pthread"],
+    define_macros=_cu_macros,
+    extra_objects=_cu_objects,
+    library_dirs=_cu_libdirs,
+    libraries=["rt", "pthread"] + _cu_libs,
 )
 
 if __name__ == "__main__":

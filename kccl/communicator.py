@@ -11,6 +11,7 @@ import os
 import numpy as np
 
 from . import config as _config
+from . import _cuda_buffers as _cu
 from ._buffers import NAMES, NUMPY_CODES, resolve
 from ._native import ffi, lib
 from .errors import KcclInvalidArgument, KcclInvalidUsage, error_for
@@ -61,6 +62,38 @@ def get_unique_id():
     if rc:
         _raise(rc)
     return UniqueId(ffi.buffer(uid)[:])
+
+
+def _device_index(device):
+    """-1 (host) for None, else a CUDA ordinal from an int, "cuda:N" / "N", or a torch.device."""
+    if device is None:
+        return -1
+    if isinstance(device, bool):
+        raise KcclInvalidArgument("device must be a CUDA device ordinal, not a bool")
+    if isinstance(device, (int, np.integer)):
+        idx = int(device)
+    elif isinstance(device, str):
+        text = device.strip().lower()
+        text = text[5:] if text.startswith("cuda:") else text
+        if not text.isdigit():
+            raise KcclInvalidArgument(f"device={device!r}: expected an ordinal like 0 or 'cuda:0'")
+        idx = int(text)
+    elif getattr(device, "type", None) == "cuda":  # torch.device
+        idx = device.index if device.index is not None else 0
+    else:
+        raise KcclInvalidArgument(f"device must be an int, 'cuda:N' or a torch.device, not {type(device).__name__}")
+    if idx < 0:
+        raise KcclInvalidArgument(f"device={idx}: CUDA ordinals are >= 0 (None selects the host transport)")
+    return idx
+
+
+def gpu_support():
+    """(built with CUDA, number of CUDA devices this process sees)."""
+    built, devices = ffi.new("int *"), ffi.new("int *")
+    rc = lib.kcclGetGpuSupport(built, devices)
+    if rc:
+        _raise(rc)
+    return bool(built[0]), int(devices[0])
 
 
 def _as_int(value, what):
@@ -146,12 +179,15 @@ class AllReduceHandle:
 class Communicator:
     """A group of `nranks` processes on one host, this process being `rank`.
 
-    Communicator(nranks, unique_id, rank, config=None): collective, blocks until all
-    ranks joined.  config: {setting: value} overriding the KCCL_* environment
-    (see `python -m kccl.config`)."""
+    Communicator(nranks, unique_id, rank, config=None, device=None): collective, blocks
+    until all ranks joined.  config: {setting: value} overriding the KCCL_* environment
+    (see `python -m kccl.config`).  device=None: the host transport (numpy / CPU
+    buffers, blocking calls); device=N: the GPU transport on CUDA device N (torch CUDA
+    tensors, CuPy arrays; calls are stream-ordered and return once enqueued)."""
 
-    def __init__(self, nranks, unique_id, rank, *, config=None):
+    def __init__(self, nranks, unique_id, rank, *, config=None, device=None):
         self._comm = None
+        self._device = -1
         self._hot = _NO_HOT
         self._why_closed = "never initialised"
         nranks = _as_int(nranks, "nranks")
@@ -165,26 +201,44 @@ class Communicator:
         uid = ffi.new("kcclUniqueId *")
         ffi.buffer(uid)[:] = UniqueId(unique_id)
         cfg = _config.native(ffi, config)
+        device = _device_index(device)
+        if device >= 0:
+            built, ndev = gpu_support()
+            if not built:
+                raise KcclInvalidUsage("device=%d asked for, but this kccl was built without CUDA (reinstall "
+                                       "with nvcc on PATH; KCCL_CUDA=1 makes a missing nvcc an error)" % device)
+            if device >= ndev:
+                raise KcclInvalidArgument(f"device={device}: this process sees {ndev} CUDA device(s)")
+        cfg.device = device
         pcomm = ffi.new("kcclComm_t *")
         rc = lib.kcclCommInitRankConfig(pcomm, nranks, uid[0], rank, cfg)
         if rc:
             _raise(rc)
         self._comm = pcomm[0]
+        self._device = device
         self._rank, self._size = rank, nranks
         self._pid = os.getpid()
         self._req = ffi.new("uint64_t *")
         self._done = ffi.new("int *")
 
     @classmethod
-    def from_mpi(cls, mpi_comm, *, config=None):
-        """All ranks of an mpi4py communicator (all on one host) become a KCCL communicator."""
+    def from_mpi(cls, mpi_comm, *, config=None, device=None):
+        """All ranks of an mpi4py communicator (all on one host) become a KCCL communicator.
+        device: None (host transport), a CUDA ordinal for this rank, or "local": this
+        rank's index among the ranks of its host, modulo the GPUs it sees (one GPU per
+        rank when there are enough; several ranks per GPU otherwise, as under MPS)."""
         from mpi4py import MPI
         hosts = mpi_comm.allgather(MPI.Get_processor_name())
         if len(set(hosts)) != 1:
-            raise KcclInvalidUsage(f"the host transport needs every rank on one host; ranks run on {sorted(set(hosts))}")
+            raise KcclInvalidUsage(f"KCCL needs every rank on one host; ranks run on {sorted(set(hosts))}")
+        if isinstance(device, str) and device.strip().lower() == "local":
+            ndev = gpu_support()[1]
+            if ndev == 0:
+                raise KcclInvalidUsage("device='local': this process sees no CUDA device")
+            device = mpi_comm.Get_rank() % ndev
         uid = get_unique_id() if mpi_comm.Get_rank() == 0 else None
         uid = mpi_comm.bcast(bytes(uid) if uid is not None else None, root=0)
-        return cls(mpi_comm.Get_size(), UniqueId(uid), mpi_comm.Get_rank(), config=config)
+        return cls(mpi_comm.Get_size(), UniqueId(uid), mpi_comm.Get_rank(), config=config, device=device)
 
     # -- properties -----------------------------------------------------------------
     @property
@@ -194,6 +248,11 @@ class Communicator:
     @property
     def size(self):
         return self._size
+
+    @property
+    def device(self):
+        """The CUDA device of a GPU communicator, None for a host one."""
+        return self._device if self._device >= 0 else None
 
     @property
     def closed(self):
@@ -210,7 +269,7 @@ class Communicator:
         return f"<kccl.Communicator rank {getattr(self, '_rank', '?')}/{getattr(self, '_size', '?')} {state}>"
 
     # -- collectives ----------------------------------------------------------------
-    def all_reduce(self, send, recv=None, op=SUM, *, dtype=None):
+    def all_reduce(self, send, recv=None, op=SUM, *, dtype=None, stream=None):
         """recv[i] = send_0[i] op send_1[i] op ... (rank order on every rank). Returns recv.
 
         Decode calls this with the same small arrays every step, so the arrays and
@@ -219,7 +278,7 @@ class Communicator:
         arrays or close()); dtype and writability are still checked every call."""
         if recv is None:
             recv = send
-        if type(send) is _ndarray and dtype is None and (type(op) is Op or type(op) is int):
+        if type(send) is _ndarray and dtype is None and stream is None and (type(op) is Op or type(op) is int):
             hot = self._hot
             if not (send is hot[0] and recv is hot[1] and send.dtype is hot[2] and hot[1].flags.writeable):
                 hot = _prepare(send, recv)
@@ -233,7 +292,7 @@ class Communicator:
                 if rc:
                     _raise(rc)
                 return recv
-        return self._all_reduce_general(send, recv, op, dtype)
+        return self._all_reduce_general(send, recv, op, dtype, stream)
 
     def all_reduce_start(self, send, recv=None, op=SUM, *, dtype=None):
         """Starts an all-reduce and returns at once with an AllReduceHandle; its wait()
@@ -248,6 +307,8 @@ class Communicator:
         if recv is None:
             recv = send
         comm = self._handle()
+        if self._device >= 0:
+            raise KcclInvalidUsage("all_reduce_start is implemented for the host transport only")
         opc = _op_code(op)
         if type(send) is _ndarray and dtype is None:
             hot = _prepare(send, recv)
@@ -262,9 +323,16 @@ class Communicator:
             _raise(rc)
         return AllReduceHandle(self, comm, req[0], recv)
 
-    def _all_reduce_general(self, send, recv, op, dtype):
+    def _all_reduce_general(self, send, recv, op, dtype, stream=None):
         comm = self._handle()
         opc = _op_code(op)
+        if self._device >= 0:
+            sp, rp, n, code, st = self._gpu_pair(send, recv, dtype, stream)
+            rc = lib.kcclAllReduce(sp, rp, n, code, opc, comm, st)
+            if rc:
+                _raise(rc)
+            return recv
+        self._no_stream(stream)
         sp, rp, n, code = self._reduce_pair(send, recv, dtype)
         rc = lib.kcclAllReduce(sp, rp, n, code, opc, comm, _NULL)
         if rc:
@@ -284,15 +352,67 @@ class Communicator:
             raise KcclInvalidArgument(f"recv has {rn} elements, send {n}: all_reduce needs equal sizes")
         return sp, rp, n, code
 
+    # -- GPU buffers -------------------------------------------------------------------
+    def _gpu_buf(self, obj, dtype, writable, what):
+        """(void* cdata, count, code, library) of a GPU buffer on this communicator's device."""
+        if type(obj) is _ndarray or not _cu.is_cuda_array(obj):
+            raise KcclInvalidArgument(f"{what} is {type(obj).__name__} in host memory: this communicator is on "
+                                      f"GPU {self._device} and takes torch CUDA tensors or CuPy arrays")
+        ptr, n, code, dev, libname = _cu.resolve(obj, dtype, writable, what)
+        if dev is not None and dev != self._device:
+            raise KcclInvalidArgument(f"{what} is on GPU {dev}, this communicator on GPU {self._device}")
+        return ffi.cast("void *", ptr), n, code, libname
+
+    def _gpu_stream(self, stream, libname):
+        return ffi.cast("void *", _cu.stream_handle(stream, libname, self._device))
+
+    def _gpu_pair(self, send, recv, dtype, stream):
+        inplace = recv is send
+        sp, n, code, libname = self._gpu_buf(send, dtype, inplace, "recv" if inplace else "send")
+        if inplace:
+            return sp, sp, n, code, self._gpu_stream(stream, libname)
+        rp, rn, rcode, _ = self._gpu_buf(recv, dtype, True, "recv")
+        self._same_dtype(code, rcode)
+        if rn != n:
+            raise KcclInvalidArgument(f"recv has {rn} elements, send {n}: all_reduce needs equal sizes")
+        return sp, rp, n, code, self._gpu_stream(stream, libname)
+
+    def _no_stream(self, stream):
+        if stream is not None:
+            raise KcclInvalidArgument("stream= is for GPU communicators (device=N); host collectives block")
+
+    def _gpu_alloc_like(self, send, shape):
+        mod = type(send).__module__
+        if mod.startswith("torch"):
+            return send.new_empty(shape)
+        if mod.startswith("cupy"):
+            import cupy
+            with cupy.cuda.Device(self._device):
+                return cupy.empty(shape, dtype=send.dtype)
+        raise KcclInvalidArgument("pass recv explicitly unless send is a torch tensor or CuPy array")
+
     @staticmethod
     def _same_dtype(a, b):
         if a != b:
             raise KcclInvalidArgument(f"send is {NAMES[a]} but recv is {NAMES[b]}")
 
-    def all_gather(self, send, recv=None, *, dtype=None):
+    def all_gather(self, send, recv=None, *, dtype=None, stream=None):
         """recv = concatenation of every rank's send, in rank order.  recv=None allocates
-        (numpy sends): shape (size, *send.shape)."""
+        (numpy sends; torch / CuPy on a GPU communicator): shape (size, *send.shape)."""
         comm = self._handle()
+        if self._device >= 0:
+            if recv is None:
+                recv = self._gpu_alloc_like(send, (self._size,) + tuple(send.shape))
+            sp, n, code, libname = self._gpu_buf(send, dtype, False, "send")
+            rp, rn, rcode, _ = self._gpu_buf(recv, dtype, True, "recv")
+            self._same_dtype(code, rcode)
+            if rn != n * self._size:
+                raise KcclInvalidArgument(f"all_gather: recv has {rn} elements, needs size*send = {n * self._size}")
+            rc = lib.kcclAllGather(sp, rp, n, code, comm, self._gpu_stream(stream, libname))
+            if rc:
+                _raise(rc)
+            return recv
+        self._no_stream(stream)
         if recv is None:
             recv = self._alloc_like(send, (self._size,) + np.shape(send), dtype)
         sp, n, code, _ = resolve(send, dtype, False, "send")
@@ -305,11 +425,26 @@ class Communicator:
             _raise(rc)
         return recv
 
-    def reduce_scatter(self, send, recv=None, op=SUM, *, dtype=None):
+    def reduce_scatter(self, send, recv=None, op=SUM, *, dtype=None, stream=None):
         """Rank r receives block r of the reduction of every rank's send (size equal blocks).
-        recv=None allocates (numpy sends): send.size // size elements."""
+        recv=None allocates (numpy sends; torch / CuPy on a GPU communicator): send.size // size elements."""
         comm = self._handle()
         opc = _op_code(op)
+        if self._device >= 0:
+            sp, n, code, libname = self._gpu_buf(send, dtype, False, "send")
+            if n % self._size:
+                raise KcclInvalidArgument(f"reduce_scatter: send has {n} elements, not a multiple of size={self._size}")
+            if recv is None:
+                recv = self._gpu_alloc_like(send, (n // self._size,))
+            rp, rn, rcode, _ = self._gpu_buf(recv, dtype, True, "recv")
+            self._same_dtype(code, rcode)
+            if rn * self._size != n:
+                raise KcclInvalidArgument(f"reduce_scatter: recv has {rn} elements, needs send/size = {n // self._size}")
+            rc = lib.kcclReduceScatter(sp, rp, rn, code, opc, comm, self._gpu_stream(stream, libname))
+            if rc:
+                _raise(rc)
+            return recv
+        self._no_stream(stream)
         sp, n, code, _ = resolve(send, dtype, False, "send")
         if n % self._size:
             raise KcclInvalidArgument(f"reduce_scatter: send has {n} elements, not a multiple of size={self._size}")
@@ -324,28 +459,95 @@ class Communicator:
             _raise(rc)
         return recv
 
-    def broadcast(self, buf, root=0, *, dtype=None):
+    def broadcast(self, buf, root=0, *, dtype=None, stream=None):
         """root's buf is copied into every other rank's buf (in place). Returns buf."""
         comm = self._handle()
         root = _as_int(root, "root")
         if not 0 <= root < self._size:
             raise KcclInvalidArgument(f"root {root} out of range for size={self._size}")
+        if self._device >= 0:
+            p, n, code, libname = self._gpu_buf(buf, dtype, True, "buf")
+            rc = lib.kcclBroadcast(p, p, n, code, root, comm, self._gpu_stream(stream, libname))
+            if rc:
+                _raise(rc)
+            return buf
+        self._no_stream(stream)
         p, n, code, _ = resolve(buf, dtype, True, "buf")
         rc = lib.kcclBroadcast(p, p, n, code, root, comm, _NULL)
         if rc:
             _raise(rc)
         return buf
 
-    def barrier(self):
-        rc = lib.kcclBarrier(self._handle(), _NULL)
+    def barrier(self, *, stream=None):
+        """Host communicator: blocks until every rank arrived.  GPU communicator:
+        stream-ordered (work after it on `stream` (default: the legacy default stream)
+        starts once every rank's stream reached it)."""
+        comm = self._handle()
+        if self._device >= 0:
+            st = ffi.cast("void *", _cu.stream_handle(stream, None, self._device))
+        else:
+            self._no_stream(stream)
+            st = _NULL
+        rc = lib.kcclBarrier(comm, st)
         if rc:
             _raise(rc)
+
+    # -- device-side API (GPU communicators) ----------------------------------------------
+    def dev_comm(self):
+        """The kcclDevComm (kccl_device.cuh) as bytes, to pass by value to a kernel
+        that calls kcclDevAllReduce (e.g. as a CuPy RawKernel argument)."""
+        out = ffi.new("char[]", lib.KCCL_DEV_COMM_BYTES)
+        rc = lib.kcclCommGetDevComm(self._handle(), out, lib.KCCL_DEV_COMM_BYTES)
+        if rc:
+            _raise(rc)
+        return ffi.buffer(out)[:]
+
+    def device_all_reduce_selftest(self, inputs, outputs, op=SUM, iters=4, blocks=4, *, dtype=None, stream=None):
+        """One persistent kernel of `blocks` blocks doing `iters` device-side all-reduces:
+        row k of outputs (iters x inputs.size) gets the reduction of every rank's inputs + k.
+        Blocks until done."""
+        comm = self._handle()
+        ip, n, code, libname = self._gpu_buf(inputs, dtype, False, "inputs")
+        op_, on, ocode, _ = self._gpu_buf(outputs, dtype, True, "outputs")
+        self._same_dtype(code, ocode)
+        if on != n * iters:
+            raise KcclInvalidArgument(f"outputs has {on} elements, needs iters*inputs = {n * iters}")
+        rc = lib.kcclDevAllReduceSelfTest(ip, op_, n, code, _op_code(op), _as_int(iters, "iters"),
+                                          _as_int(blocks, "blocks"), comm, self._gpu_stream(stream, libname))
+        if rc:
+            _raise(rc)
+        return outputs
+
+    def bench_device_all_reduce(self, buf, iters=2000, blocks=1, *, dtype=None):
+        """Microseconds per call of a dependent chain of device-side all-reduces (in-place
+        average of buf) inside one persistent kernel."""
+        comm = self._handle()
+        p, n, code, _ = self._gpu_buf(buf, dtype, True, "buf")
+        out = ffi.new("double *")
+        rc = lib.kcclBenchDevAllReduce(p, n, code, _as_int(iters, "iters"), _as_int(blocks, "blocks"), comm, out)
+        if rc:
+            _raise(rc)
+        return out[0]
+
+    def bench_flag_hop(self, iters=10000, mode=0):
+        """Microseconds for one flag hop between ranks 0 and 1 through device memory
+        (0.0 on other ranks, which take no part).  mode 0: release/acquire at system scope,
+        pushed; 1: volatile, pushed; 2: relaxed at GPU scope, pushed; 3: volatile, pulled."""
+        out = ffi.new("double *")
+        rc = lib.kcclBenchFlagHop(self._handle(), _as_int(iters, "iters"), _as_int(mode, "mode"), out)
+        if rc:
+            _raise(rc)
+        return out[0]
 
     def bench_all_reduce(self, send, recv=None, op=SUM, iters=1000, *, dtype=None):
         """Mean microseconds of `iters` back-to-back all-reduces timed inside C."""
         comm = self._handle()
         opc = _op_code(op)
-        sp, rp, n, code = self._reduce_pair(send, send if recv is None else recv, dtype)
+        recv = send if recv is None else recv
+        if self._device >= 0:
+            sp, rp, n, code, _ = self._gpu_pair(send, recv, dtype, None)
+        else:
+            sp, rp, n, code = self._reduce_pair(send, recv, dtype)
         out = ffi.new("double *")
         rc = lib.kcclBenchAllReduce(sp, rp, n, code, opc, comm, _as_int(iters, "iters"), out)
         if rc:

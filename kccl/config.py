@@ -71,6 +71,15 @@ SETTINGS: Tuple[Setting, ...] = (
     Setting("KCCL_YIELD_US", "yield_us", -1, _int_range(-1, 10_000_000),
             "sched_yield phase after spinning, before sleeping on a futex; -1 = auto (2000 us, "
             "or 1000 us when ranks outnumber cores)."),
+    Setting("KCCL_GPU_ONESHOT_MAX_BYTES", "gpu_oneshot_max_bytes", 256 * 1024, _int_range(0, 1 << 40, sizes=True),
+            "GPU communicators: largest all-reduce (bytes) that auto sends one-shot (LL push; "
+            "its capacity is 256 KB); larger ones go two-shot."),
+    Setting("KCCL_GPU_BUFFER_BYTES", "gpu_buffer_bytes", 16 * 1024 * 1024, _int_range(65536, 1 << 32, sizes=True),
+            "GPU communicators: chunk size of two-shot all-reduce, reduce-scatter, all-gather and "
+            "broadcast (each rank allocates 4 such areas on its GPU). Must be equal on all ranks."),
+    Setting("KCCL_GPU_PDL", "gpu_pdl", 0, _int_range(0, 1),
+            "GPU communicators, EXPERIMENTAL: 1 launches collectives with programmatic dependent "
+            "launch (Hopper); it deadlocked at 8 ranks on one GPU under MPS, so 0 (plain launches) is the default."),
     Setting("KCCL_DEBUG", "debug", "NONE", _choice(DEBUG_LEVELS),
             "Log to stderr: NONE, WARN (every error), INFO (init details), TRACE."),
     Setting("KCCL_MAX_OUTSTANDING", "max_outstanding", 1, _int_range(1, 8),
@@ -119,6 +128,7 @@ def native(ffi, overrides=None):
         elif s.field == "debug":
             value = DEBUG_LEVELS[value]
         setattr(cfg, s.field, value)
+    cfg.device = -1  # host transport unless the caller picks a GPU (Communicator(device=...))
     return cfg
 
 

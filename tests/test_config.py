@@ -91,7 +91,8 @@ def test_python_m_kccl_config_shows_env_and_rejects_bad_env():
 
 def test_registry_fields_match_the_c_struct():
     from kccl._native import ffi
-    c_fields = {name for name, _ in ffi.typeof("kcclConfig_t").fields} - {"size"}
+    # device is the Communicator's argument (which GPU), not an environment setting
+    c_fields = {name for name, _ in ffi.typeof("kcclConfig_t").fields} - {"size", "device"}
     assert {s.field for s in kconfig.SETTINGS} == c_fields
     assert all(s.name == "KCCL_" + s.field.upper() for s in kconfig.SETTINGS)
 
@@ -157,7 +158,10 @@ AGREE = [("KCCL_TIMEOUT_MS", v) for v in ("0", "1", "250", "86400000")] + \
         [("KCCL_ONESHOT_MAX_BYTES", v) for v in ("0", "4096", "64k", "2K", "1M")] + \
         [("KCCL_BUFFER_BYTES", v) for v in ("4096", "4k", "1M", "16m", "4095")] + \
         [("KCCL_SPIN_US", v) for v in ("-1", "0", "50")] + [("KCCL_YIELD_US", v) for v in ("-1", "100")] + \
-        [("KCCL_DEBUG", v) for v in ("NONE", "warn", "Info", "TRACE", "0", "3")]
+        [("KCCL_DEBUG", v) for v in ("NONE", "warn", "Info", "TRACE", "0", "3")] + \
+        [("KCCL_GPU_ONESHOT_MAX_BYTES", v) for v in ("0", "64k", "1M", "-1")] + \
+        [("KCCL_GPU_BUFFER_BYTES", v) for v in ("65536", "64k", "16M", "65535", "4G", "5G")] + \
+        [("KCCL_GPU_PDL", v) for v in ("0", "1", "2", "yes")]
 # Values the two parsers once disagreed on (regressions).
 DISAGREE = [("KCCL_ALGO", "1"), ("KCCL_TIMEOUT_MS", "10k"), ("KCCL_BUFFER_BYTES", "1M "),
             ("KCCL_TIMEOUT_MS", "1_000"), ("KCCL_BUFFER_BYTES", "1 M"), ("KCCL_DEBUG", " info ")]

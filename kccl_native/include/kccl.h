@@ -10,6 +10,15 @@
  * shared-memory segment; collectives block the calling thread until the
  * result is in recvbuff.  Pass stream = NULL.
  *
+ * GPU transport (config.device >= 0): every rank maps every peer's device
+ * buffer (CUDA IPC); collectives take device buffers and a cudaStream_t
+ * (NULL = the legacy default stream), return as soon as the work is enqueued,
+ * never synchronize with the host, and can be captured in a CUDA graph.  An
+ * error found on the GPU (a peer that died, aborted or called something else;
+ * a timeout) is returned by the next call and by kcclCommGetAsyncError.
+ * Several ranks may share one GPU (run them under MPS so that their kernels
+ * are resident together).
+ *
  * Thread safety: a communicator may be used by one thread at a time.
  * kcclGetLastError() returns the calling thread's last error text.
  */
@@ -92,6 +101,11 @@ typedef struct {
   int spin_us;             /* KCCL_SPIN_US: busy-poll time before yielding; -1 = auto */
   int yield_us;            /* KCCL_YIELD_US: sched_yield phase before futex sleep; -1 = auto */
   int debug;               /* KCCL_DEBUG: 0 none, 1 warn, 2 info, 3 trace */
+  /* GPU transport (built when nvcc was found; see kcclGetGpuSupport). */
+  int device;              /* -1 (default): host transport; >= 0: CUDA device of this rank */
+  size_t gpu_oneshot_max_bytes; /* KCCL_GPU_ONESHOT_MAX_BYTES: GPU all-reduce crossover */
+  size_t gpu_buffer_bytes; /* KCCL_GPU_BUFFER_BYTES: two-shot / gather chunk on the GPU */
+  int gpu_pdl;             /* KCCL_GPU_PDL: 1 = programmatic dependent launch (Hopper) */
   int max_outstanding;     /* KCCL_MAX_OUTSTANDING: kcclAllReduceStart ops in flight, 1..8 */
 } kcclConfig_t;
 
@@ -138,6 +152,29 @@ const char *kcclGetLastError(kcclComm_t comm);
 kcclResult_t kcclBenchAllReduce(const void *sendbuff, void *recvbuff, size_t count,
                                 kcclDataType_t datatype, kcclRedOp_t op, kcclComm_t comm,
                                 int iters, double *usPerCall);
+
+/* GPU transport. *built = 1 when this library was compiled with CUDA;
+ * *devices = CUDA devices this process sees (0 without a driver or GPU). */
+kcclResult_t kcclGetGpuSupport(int *built, int *devices);
+/* The CUDA device of a GPU communicator, -1 for a host one (as ncclCommCuDevice). */
+kcclResult_t kcclCommCuDevice(const kcclComm_t comm, int *device);
+/* Fills a kcclDevComm (kccl_device.cuh) for kernels that call the device API;
+ * bytes = sizeof(kcclDevComm) = KCCL_DEV_COMM_BYTES, checked. */
+#define KCCL_DEV_COMM_BYTES 192
+kcclResult_t kcclCommGetDevComm(kcclComm_t comm, void *devComm, size_t bytes);
+/* Test and benchmark helpers of the device API, each one kernel launch:
+ * kcclDevAllReduceSelfTest: `iters` device-side all-reduces in one persistent
+ * kernel of `blocks` blocks; iteration k reduces inputs[i] + k into row k of
+ * outputs (iters x count elements).  kcclBenchDevAllReduce: a dependent chain
+ * of `iters` in-place device-side averages of buf, timed with CUDA events
+ * (the launch cancels out).  kcclBenchFlagHop: ranks 0 and 1 bounce a flag
+ * through device memory; *usPerHop is one way; mode 0: release/acquire at system
+ * scope, pushed; 1: volatile, pushed; 2: relaxed GPU scope, pushed; 3: volatile, pulled.  All three block until done. */
+kcclResult_t kcclDevAllReduceSelfTest(const void *inputs, void *outputs, size_t count, kcclDataType_t datatype,
+                                      kcclRedOp_t op, int iters, int blocks, kcclComm_t comm, void *stream);
+kcclResult_t kcclBenchDevAllReduce(void *buf, size_t count, kcclDataType_t datatype, int iters, int blocks,
+                                   kcclComm_t comm, double *usPerCall);
+kcclResult_t kcclBenchFlagHop(kcclComm_t comm, int iters, int mode, double *usPerHop);
 
 /*
  * Split-phase (non-blocking) all-reduce, host transport, one-shot.

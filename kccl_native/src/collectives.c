@@ -12,7 +12,7 @@
 
 #include "internal.h"
 
-static uint32_t signature(int coll, size_t count, int dtype, int op, int root) {
+uint32_t kccl_signature(int coll, size_t count, int dtype, int op, int root) {
   uint64_t h = (uint64_t)count * 0x9e3779b97f4a7c15ull;
   h ^= ((uint64_t)coll << 48) ^ ((uint64_t)(uint32_t)dtype << 40) ^ ((uint64_t)(uint32_t)op << 32) ^
        (uint64_t)(uint32_t)root;
@@ -37,7 +37,12 @@ static kcclResult_t enter(struct kcclComm *c, int coll, size_t count, int dtype,
   if (c->error != kcclSuccess)
     return kccl_err(kcclInvalidUsage, "communicator is unusable after an earlier error (%s); create a new one",
                     c->hdr[c->rank]->error_text);
-  if (stream) return kccl_err(kcclInvalidArgument, "the host transport takes stream=NULL");
+  if (c->gpu) {
+    kcclResult_t r = kccl_gpu_enter(c);
+    if (r != kcclSuccess) return r;
+  } else if (stream) {
+    return kccl_err(kcclInvalidArgument, "the host transport takes stream=NULL");
+  }
   /* A blocking step would wait for peers that are still inside older split-phase steps
    * and reuse sets those may still read (nonblocking.c). */
   if (coll != COLL_ALLREDUCE_NB && c->nb_count)
@@ -54,7 +59,7 @@ static kcclResult_t enter(struct kcclComm *c, int coll, size_t count, int dtype,
   d->op = (uint32_t)op;
   d->root = (uint32_t)root;
   d->count = count; /* d->seq is set by each step (begin_step) */
-  *sig = signature(coll, count, dtype, op, root);
+  *sig = kccl_signature(coll, count, dtype, op, root);
   return kcclSuccess;
 }
 
@@ -157,6 +162,7 @@ kcclResult_t kcclAllReduce(const void *sendbuff, void *recvbuff, size_t count, k
   if (count && (!sendbuff || !recvbuff)) return kccl_err(kcclInvalidArgument, "NULL buffer with count=%zu", count);
   if (sendbuff != recvbuff && overlap(sendbuff, bytes, recvbuff, bytes))
     return kccl_err(kcclInvalidArgument, "send and recv buffers partly overlap (in place needs send == recv)");
+  if (c->gpu) return kccl_gpu_collective(c, COLL_ALLREDUCE, sendbuff, recvbuff, count, dt, op, 0, stream, sig);
   if (c->nranks == 1) {
     const void *in[1] = {sendbuff};
     if (sendbuff != recvbuff || op == kcclAvg) kccl_reduce(recvbuff, in, 1, count, dt, op, 1);
@@ -181,6 +187,7 @@ kcclResult_t kcclAllGather(const void *sendbuff, void *recvbuff, size_t sendcoun
   int inplace = send == myout;
   if (!inplace && overlap(send, bytes, recv, bytes * (size_t)c->nranks))
     return kccl_err(kcclInvalidArgument, "send overlaps recv (in place needs send == recv + rank*count)");
+  if (c->gpu) return kccl_gpu_collective(c, COLL_ALLGATHER, send, recv, sendcount, dt, 0, 0, stream, sig);
   if (c->nranks == 1) {
     if (!inplace && bytes) memcpy(recv, send, bytes);
     return kcclSuccess;
@@ -217,6 +224,7 @@ kcclResult_t kcclReduceScatter(const void *sendbuff, void *recvbuff, size_t recv
   int inplace = recv == send + (size_t)c->rank * bytes;
   if (!inplace && overlap(send, bytes * (size_t)c->nranks, recv, bytes))
     return kccl_err(kcclInvalidArgument, "recv overlaps send (in place needs recv == send + rank*count)");
+  if (c->gpu) return kccl_gpu_collective(c, COLL_REDUCESCATTER, send, recv, recvcount, dt, op, 0, stream, sig);
   const void *in[KCCL_MAX_RANKS];
   if (c->nranks == 1) {
     in[0] = send;
@@ -254,6 +262,7 @@ kcclResult_t kcclBroadcast(const void *sendbuff, void *recvbuff, size_t count, k
     return kccl_err(kcclInvalidArgument, "NULL buffer with count=%zu", count);
   if (am_root && send != recv && overlap(send, bytes, recv, bytes))
     return kccl_err(kcclInvalidArgument, "send and recv buffers partly overlap (in place needs send == recv)");
+  if (c->gpu) return kccl_gpu_collective(c, COLL_BROADCAST, send, recv, count, dt, 0, root, stream, sig);
   if (c->nranks == 1) {
     if (send != recv && bytes) memcpy(recv, send, bytes);
     return kcclSuccess;
@@ -277,6 +286,7 @@ kcclResult_t kcclBroadcast(const void *sendbuff, void *recvbuff, size_t count, k
 kcclResult_t kcclBarrier(kcclComm_t c, void *stream) {
   uint32_t sig = 0;
   kcclResult_t r = enter(c, COLL_BARRIER, 0, 0, 0, 0, stream, &sig);
+  if (r == kcclSuccess && c->gpu) return kccl_gpu_collective(c, COLL_BARRIER, NULL, NULL, 0, 0, 0, 0, stream, sig);
   if (r != kcclSuccess || c->nranks == 1) return r;
   uint8_t *mine;
   uint32_t s = begin_step(c, &mine);
@@ -290,6 +300,11 @@ kcclResult_t kcclBenchAllReduce(const void *sendbuff, void *recvbuff, size_t cou
   int64_t t0 = kccl_now_ns();
   for (int i = 0; i < iters; i++) {
     kcclResult_t r = kcclAllReduce(sendbuff, recvbuff, count, dt, op, comm, NULL);
+    if (r != kcclSuccess) return r;
+  }
+  if (comm->gpu) { /* GPU calls only enqueue: wait for the kernels */
+    kcclResult_t r = kgpu_sync(comm->gpu->kg);
+    if (r == kcclSuccess) r = kccl_gpu_enter(comm);
     if (r != kcclSuccess) return r;
   }
   *usPerCall = (double)(kccl_now_ns() - t0) / 1e3 / iters;

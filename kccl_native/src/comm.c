@@ -70,6 +70,8 @@ kcclResult_t kcclCommInitRankConfig(kcclComm_t *out, int nranks, kcclUniqueId id
   } else if ((r = kcclConfigInit(&cfg)) != kcclSuccess) {
     return r;
   }
+  if (cfg.device < -1)
+    return kccl_err(kcclInvalidArgument, "config.device=%d: -1 (host transport) or a CUDA device ordinal", cfg.device);
   if (cfg.buffer_bytes < 4096 || cfg.timeout_ms < 0 || cfg.algo < 0 || cfg.algo > kcclAlgoTwoShot ||
       cfg.debug < 0 || cfg.debug > 3 || cfg.max_outstanding < 1 || cfg.max_outstanding > KCCL_MAX_OUTSTANDING)
     return kccl_err(kcclInvalidArgument, "invalid config (buffer_bytes >= 4096, timeout_ms >= 0, algo 0..2, "
@@ -113,7 +115,7 @@ kcclResult_t kcclCommInitRankConfig(kcclComm_t *out, int nranks, kcclUniqueId id
   for (int i = 0; i < nranks; i++) c->pidfd[i] = -1;
 
   kccl_shm_sweep_stale();
-  if ((r = kccl_shm_connect(c)) != kcclSuccess) {
+  if ((r = kccl_shm_connect(c)) != kcclSuccess || (cfg.device >= 0 && (r = kccl_gpu_init(c)) != kcclSuccess)) {
     kccl_shm_release(c);
     free(c);
     return r;
@@ -133,9 +135,11 @@ static int valid(const struct kcclComm *c) { return c && c->magic == KCCL_COMM_M
 
 static kcclResult_t finish(kcclComm_t c, uint32_t state) {
   if (!valid(c)) return kccl_err(kcclInvalidArgument, "invalid communicator");
+  kccl_gpu_quiesce(c, state == SEG_ABORTED);
   uint32_t cur = atomic_load(&c->hdr[c->rank]->state);
   if (cur == SEG_READY || state == SEG_ABORTED) atomic_store(&c->hdr[c->rank]->state, state);
   kccl_wake_all(c);
+  kccl_gpu_release(c, state == SEG_ABORTED);
   kccl_shm_release(c);
   c->magic = 0;
   free(c);

@@ -68,6 +68,10 @@ kcclResult_t kcclConfigInit(kcclConfig_t *cfg) {
   cfg->yield_us = -1;
   cfg->debug = 0;
   cfg->max_outstanding = 1;
+  cfg->device = -1;
+  cfg->gpu_oneshot_max_bytes = 256 * 1024; /* the LL path's capacity; bench/allreduce.py --device cuda */
+  cfg->gpu_buffer_bytes = 16 * 1024 * 1024;
+  cfg->gpu_pdl = 0; /* experimental: deadlocked at 8 ranks under MPS (bench/RESULTS.md) */
 
   long v;
   kcclResult_t r;
@@ -89,6 +93,15 @@ kcclResult_t kcclConfigInit(kcclConfig_t *cfg) {
   v = cfg->max_outstanding;
   if ((r = env_long("KCCL_MAX_OUTSTANDING", 1, KCCL_MAX_OUTSTANDING, 0, &v))) return r;
   cfg->max_outstanding = (int)v;
+  v = (long)cfg->gpu_oneshot_max_bytes;
+  if ((r = env_long("KCCL_GPU_ONESHOT_MAX_BYTES", 0, 1L << 40, 1, &v))) return r;
+  cfg->gpu_oneshot_max_bytes = (size_t)v;
+  v = (long)cfg->gpu_buffer_bytes;
+  if ((r = env_long("KCCL_GPU_BUFFER_BYTES", 65536, 1L << 32, 1, &v))) return r;
+  cfg->gpu_buffer_bytes = (size_t)v;
+  v = cfg->gpu_pdl;
+  if ((r = env_long("KCCL_GPU_PDL", 0, 1, 0, &v))) return r;
+  cfg->gpu_pdl = (int)v;
   static const char *const algos[] = {"auto", "oneshot", "twoshot"};
   static const char *const levels[] = {"NONE", "WARN", "INFO", "TRACE"};
   if ((r = env_choice("KCCL_ALGO", algos, 3, &cfg->algo))) return r;

@@ -2,11 +2,13 @@
 #ifndef KCCL_INTERNAL_H_
 #define KCCL_INTERNAL_H_
 
+#include <pthread.h>
 #include <stdatomic.h>
 #include <stdint.h>
 #include <sys/types.h>
 
 #include "kccl.h"
+#include "gpu_api.h"
 
 #define KCCL_LINE 64
 #define KCCL_PAGE 4096
@@ -50,6 +52,10 @@ typedef struct {
   char pad1[KCCL_LINE];
   kccl_call_desc call __attribute__((aligned(KCCL_LINE)));
   char error_text[256]; /* why this rank failed (state SEG_FAILED): for its peers and itself */
+  /* GPU communicators: the rank's export, then 1 once published, 2 once it has
+   * mapped every peer's buffer. */
+  _Atomic uint32_t gpu_state __attribute__((aligned(KCCL_LINE)));
+  kgpu_export gpu;
 } kccl_seg_header;
 
 _Static_assert(sizeof(kccl_seg_header) <= KCCL_PAGE, "header must fit a page");
@@ -67,6 +73,14 @@ typedef struct {
   size_t count;
   int dtype, op;
 } kccl_nb_op;
+/* The host side of a GPU communicator (gpu_host.c). */
+struct kccl_gpu_host {
+  struct kgpu *kg;
+  kcclGpuStatus *status; /* host-mapped: written by kernels and by the watcher */
+  int efd;               /* written by the owner to stop the watcher */
+  int watching;
+  pthread_t watcher;
+};
 
 struct kcclComm {
   uint64_t magic;
@@ -89,6 +103,7 @@ struct kcclComm {
   uint64_t nb_issued;        /* last ticket handed out */
   int64_t nb_next_check;     /* kcclAllReduceTest: next peer-liveness check (ns) */
   kccl_nb_op nb[KCCL_MAX_OUTSTANDING];
+  struct kccl_gpu_host *gpu; /* GPU communicators only (gpu_host.c) */
 };
 
 #define KCCL_COMM_MAGIC 0x4b43434c434f4d4dull /* "KCCLCOMM" */
@@ -131,6 +146,7 @@ void kccl_wake_all(struct kcclComm *c);
 /* Why step seq cannot complete (dead, aborted, closed or mismatching peer), without waiting;
  * kcclSuccess when nothing is wrong (yet).  The text goes to why. */
 kcclResult_t kccl_peer_problem(struct kcclComm *c, uint32_t seq, uint32_t sig, char *why, size_t n);
+kcclResult_t kccl_peers_gone(struct kcclComm *c, char *why, size_t whylen, int *failed);
 
 /* shm.c */
 kcclResult_t kccl_shm_connect(struct kcclComm *c);
@@ -138,6 +154,17 @@ void kccl_shm_release(struct kcclComm *c);
 void kccl_shm_sweep_stale(void);
 uint64_t kccl_proc_starttime(pid_t pid);
 int kccl_pid_alive(pid_t pid, uint64_t starttime);
+
+/* collectives.c */
+uint32_t kccl_signature(int coll, size_t count, int dtype, int op, int root);
+
+/* gpu_host.c: the GPU transport's host side */
+kcclResult_t kccl_gpu_init(struct kcclComm *c);
+void kccl_gpu_quiesce(struct kcclComm *c, int aborting);
+void kccl_gpu_release(struct kcclComm *c, int aborting);
+kcclResult_t kccl_gpu_enter(struct kcclComm *c);
+kcclResult_t kccl_gpu_collective(struct kcclComm *c, int coll, const void *send, void *recv, size_t count,
+                                 int dtype, int op, int root, void *stream, uint32_t sig);
 
 /* uniqueid.c */
 kcclResult_t kccl_uid_parse(const kcclUniqueId *id, uint8_t token[16]);

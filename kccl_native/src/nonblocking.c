@@ -28,6 +28,7 @@ kcclResult_t kcclAllReduceStart(const void *sendbuff, void *recvbuff, size_t cou
   uint32_t sig = 0;
   kcclResult_t r = kccl_enter(c, COLL_ALLREDUCE_NB, count, dt, op, 0, NULL, &sig);
   if (r != kcclSuccess) return r;
+  if (c->gpu) return kccl_err(kcclInvalidUsage, "all_reduce_start is implemented for the host transport only");
   const size_t es = kccl_dtype_size(dt), bytes = count * es;
   if (count && (!sendbuff || !recvbuff)) return kccl_err(kcclInvalidArgument, "NULL buffer with count=%zu", count);
   const char *s8 = sendbuff, *r8 = recvbuff;

@@ -121,8 +121,11 @@ static int first_dead_peer(struct kcclComm *c) {
  * telling cause comes first: a peer that aborted or closed, one that died, a
  * mismatching call, and last a peer that failed for reasons of its own (which
  * its segment spells out). */
-static kcclResult_t check_peers(struct kcclComm *c, uint32_t seq, uint32_t sig, char *why, size_t whylen) {
-  int failed = -1;
+/* A peer that aborted, closed or died (in that order of preference) makes
+ * every wait on it futile; *failed gets the first peer that failed for
+ * reasons of its own (or -1). */
+kcclResult_t kccl_peers_gone(struct kcclComm *c, char *why, size_t whylen, int *failed) {
+  *failed = -1;
   for (int p = 0; p < c->nranks; p++) {
     if (p == c->rank) continue;
     uint32_t s = atomic_load_explicit(&c->hdr[p]->state, memory_order_acquire);
@@ -131,13 +134,20 @@ static kcclResult_t check_peers(struct kcclComm *c, uint32_t seq, uint32_t sig, 
                state_word(s), c->rank);
       return kcclRemoteError;
     }
-    if (s != SEG_READY && failed < 0) failed = p;
+    if (s != SEG_READY && *failed < 0) *failed = p;
   }
   int dead = first_dead_peer(c);
   if (dead >= 0) {
     snprintf(why, whylen, "rank %d (pid %d) died while rank %d waited for it", dead, (int)c->pid[dead], c->rank);
     return kcclRemoteError;
   }
+  return kcclSuccess;
+}
+
+static kcclResult_t check_peers(struct kcclComm *c, uint32_t seq, uint32_t sig, char *why, size_t whylen) {
+  int failed;
+  kcclResult_t r = kccl_peers_gone(c, why, whylen, &failed);
+  if (r != kcclSuccess) return r;
   for (int p = 0; p < c->nranks; p++) {
     if (p == c->rank) continue;
     uint64_t v = atomic_load_explicit(kccl_flag(kccl_slot(c, p, seq % c->nsets, 0)), memory_order_acquire);

@@ -1,0 +1,239 @@
+"""GPU all-reduce latency and bandwidth (bench/allreduce.py --device cuda).
+
+    mpiexec -n 8 --oversubscribe python bench/allreduce.py --device cuda -d bfloat16 -b 4 -e 64M
+    mpiexec -n 8 python bench/allreduce.py --device cuda --compare nccl      # one GPU per rank
+
+Latency is a dependent chain: every call reduces, in place, the result of the
+previous one on the same stream, so calls cannot overlap.  Inputs start near
+the smallest normal number (2^-125) so a chain of sums never overflows.
+- eager: K calls from Python, CUDA events around them, per call = time / K;
+- graph: K calls captured into one CUDA graph; per call = (t(K) - t(K/4)) / (3K/4),
+  medians of many replays, so the graph launch and the ranks' start skew cancel.
+- copy: the same chain and method with a device-to-device copy of the same size,
+  the cost of merely touching the bytes once.
+#wrong counts elements that differ from the exactly known answer (a separate,
+un-timed call on small integers).  hbm_GBps: the memory traffic the algorithm
+needs on one GPU (two-shot: 5 x size per rank, summed over the ranks sharing
+that GPU) per second, to compare with the copy bandwidth printed at the end.
+With --compare nccl (one GPU per rank only: NCCL refuses several ranks per GPU)
+torch.distributed's NCCL all-reduce runs on the same buffers in the same run."""
+import json
+import math
+import os
+import platform
+import statistics
+import sys
+import time
+
+import numpy as np
+
+
+def fmt_size(n):
+    for unit, div in (("G", 1 << 30), ("M", 1 << 20), ("K", 1 << 10)):
+        if n >= div and n % div == 0:
+            return f"{n // div}{unit}"
+    return str(n)
+
+
+def main(args, sizes):
+    import torch
+    from mpi4py import MPI
+
+    import kccl
+
+    world = MPI.COMM_WORLD
+    rank, nranks = world.Get_rank(), world.Get_size()
+    ndev = torch.cuda.device_count()
+    if ndev == 0:
+        if rank == 0:
+            print("error: --device cuda: no CUDA device visible", file=sys.stderr)
+        return 2
+    dev = rank % ndev
+    torch.cuda.set_device(dev)
+    local = world.Split_type(MPI.COMM_TYPE_SHARED)
+    per_gpu = local.allreduce(1 if dev == 0 else 0, op=MPI.SUM)  # ranks sharing GPU 0
+    tdt = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[args.dtype]
+    es = torch.tensor([], dtype=tdt).element_size()
+    comm = kccl.Communicator.from_mpi(world, device=dev)
+    nccl = None
+    if args.compare == "nccl":
+        if per_gpu > 1:
+            if rank == 0:
+                print(f"# --compare nccl skipped: {per_gpu} ranks share a GPU, which NCCL refuses")
+        else:
+            import torch.distributed as dist
+            port = world.bcast(29500 + os.getpid() % 1000 if rank == 0 else None, root=0)
+            dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=nranks,
+                                    device_id=torch.device("cuda", dev))
+            nccl = dist
+    # K: calls per chain; each sum multiplies magnitudes by at most nranks.
+    bits = max(1, math.ceil(math.log2(max(2, nranks))))
+    K = 64 if args.dtype != "float16" else 8
+    K = max(4, min(K, (120 if args.dtype != "float16" else 24) // bits) // 4 * 4)
+    start_scale = 2.0 ** -125 if args.dtype != "float16" else 2.0 ** -13
+
+    def chain_input(count):
+        g = torch.Generator(device="cuda").manual_seed(1234 + rank)
+        return ((torch.rand(count, generator=g, device="cuda") + 1) * start_scale).to(tdt)
+
+    def timed(fn, reps):
+        ts = []
+        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        for _ in range(reps):
+            pre()
+            world.Barrier()
+            e0.record()
+            fn()
+            e1.record()
+            e1.synchronize()
+            ts.append(e0.elapsed_time(e1) * 1e3)
+        return statistics.median(ts)
+
+    rows = []
+    if rank == 0:
+        print(f"# KCCL {kccl.__version__} GPU all_reduce, {nranks} ranks on {ndev} GPU(s) "
+              f"({torch.cuda.get_device_name(dev)}), {per_gpu} rank(s) per GPU, {args.dtype} sum")
+        print(f"# dependent chains of K={K} in-place calls; eager: per call = t/K; graph and copy: "
+              f"(t(K) - t(K/4)) / (3K/4); medians of {args.rounds} rounds; us per call, avg over ranks")
+        hdr = (f"{'size':>8} {'count':>10} | {'eager':>8} {'graph':>8} {'copy':>7} {'graph/copy':>10} | "
+               f"{'nccl_eager':>10} {'nccl_graph':>10} {'nccl/kccl':>9} | {'algbw':>7} {'busbw':>7} {'hbm_GBps':>8}"
+               f" | {'#wrong':>6}")
+        print(hdr)
+        print("#" + "-" * (len(hdr) - 1))
+    for nbytes in sizes:
+        count = max(1, nbytes // es)
+        nbytes = count * es
+        x0 = chain_input(count)
+        x = x0.clone()
+        y = torch.empty_like(x)
+
+        def pre():
+            x.copy_(x0)
+
+        # correctness on exactly representable small integers, un-timed
+        i = torch.arange(count, device="cuda")
+        v = ((i * 7 + rank * 3) % 5 + 1).to(tdt)
+        want = sum(((i * 7 + r * 3) % 5 + 1) for r in range(nranks)).to(tdt)
+        comm.all_reduce(v)
+        torch.cuda.synchronize()
+        wrong = int((v != want).sum())
+
+        def kchain(k):
+            return lambda: [comm.all_reduce(x) for _ in range(k)]
+
+        def cchain(k):
+            def f():
+                for _ in range(k // 2):
+                    y.copy_(x)
+                    x.copy_(y)
+            return f
+
+        def graph_of(fn):
+            s = torch.cuda.Stream()
+            s.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(s):
+                pre()
+                fn()
+            torch.cuda.current_stream().wait_stream(s)
+            torch.cuda.synchronize()
+            g = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(g):
+                fn()
+            return g
+
+        big = nbytes >= (8 << 20)
+        reps = max(5, args.rounds // (8 if big else 1))
+        # eager
+        timed(kchain(K), 3)
+        eager = timed(kchain(K), reps) / K
+        # graph
+        gK, gq = graph_of(kchain(K)), graph_of(kchain(K // 4))
+        timed(gK.replay, 3)
+        graph = (timed(gK.replay, reps) - timed(gq.replay, reps)) / (3 * K / 4)
+        cK, cq = graph_of(cchain(K)), graph_of(cchain(K // 4))
+        copy = (timed(cK.replay, reps) - timed(cq.replay, reps)) / (3 * K / 4)
+        ne = ng = float("nan")
+        if nccl is not None:
+            nchain = lambda k: (lambda: [nccl.all_reduce(x) for _ in range(k)])  # noqa: E731
+            timed(nchain(K), 3)
+            ne = timed(nchain(K), reps) / K
+            nK, nq = graph_of(nchain(K)), graph_of(nchain(K // 4))
+            ng = (timed(nK.replay, reps) - timed(nq.replay, reps)) / (3 * K / 4)
+        del gK, gq, cK, cq
+        vals = world.gather((eager, graph, copy, ne, ng, wrong), root=0)
+        if rank == 0:
+            e, g, c, a, b = (statistics.mean(v[j] for v in vals) for j in range(5))
+            w = sum(v[5] for v in vals)
+            algbw = nbytes / g / 1e3 if g > 0 else float("nan")
+            busbw = algbw * 2 * (nranks - 1) / nranks
+            hbm = 5 * nbytes * per_gpu / g / 1e3 if g > 0 else float("nan")
+            row = dict(bytes=nbytes, count=count, dtype=args.dtype, nranks=nranks, per_gpu=per_gpu, K=K,
+                       eager_us=e, graph_us=g, copy_us=c, nccl_eager_us=None if math.isnan(a) else a,
+                       nccl_graph_us=None if math.isnan(b) else b, algbw_GBps=algbw, busbw_GBps=busbw,
+                       hbm_GBps=hbm, wrong=w)
+            rows.append(row)
+            ratio = b / g if not math.isnan(b) else float("nan")
+            print(f"{fmt_size(nbytes):>8} {count:>10} | {e:8.2f} {g:8.2f} {c:7.2f} {g / c if c > 0 else 0:10.2f} | "
+                  f"{a:10.2f} {b:10.2f} {ratio:9.2f} | {algbw:7.1f} {busbw:7.1f} {hbm:8.0f} | {w:>6}", flush=True)
+    # Floors and the device-side API, measured after the table.
+    hops = [comm.bench_flag_hop(20000, mode) if nranks >= 2 else 0.0 for mode in range(4)]
+    hop = hops[0]
+    dev_rows = []
+    for nb in (4096, 8192, 16384):
+        cnt = nb // es
+        buf = chain_input(cnt) * 0 + 1
+        world.Barrier()
+        comm.bench_device_all_reduce(buf, iters=200, blocks=max(1, nb // 8192))
+        for blocks in (1, 2, 4, 8):
+            if nb // blocks > 8192 or nb // blocks < 512:  # the device API's per-block limit; tiny slices
+                continue
+            world.Barrier()
+            us = comm.bench_device_all_reduce(buf, iters=4000, blocks=blocks)
+            dev_rows.append((nb, blocks, world.allreduce(us, op=MPI.SUM) / nranks))
+    # Copy bandwidth of this GPU: 1 GB device-to-device, bytes read + written; rank 0
+    # alone (the number hbm_GBps compares to), then every rank at once.
+    a = torch.empty(1 << 30, dtype=torch.uint8, device="cuda")
+    b = torch.empty_like(a)
+    b.copy_(a)
+    torch.cuda.synchronize()
+    e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+
+    def copy_bw(active):
+        ts = []
+        for _ in range(5):
+            world.Barrier()
+            if active:
+                e0.record()
+                b.copy_(a)
+                e1.record()
+                e1.synchronize()
+                ts.append(e0.elapsed_time(e1) / 1e3)
+        return 2 * a.numel() / min(ts) / 1e9 if ts else 0.0
+    bw_alone = copy_bw(rank == 0)
+    bws = world.gather(copy_bw(True), root=0)
+    comm.close()
+    if rank == 0:
+        print("# flag hop between ranks 0 and 1 through device memory, us one way: "
+              f"release/acquire.sys push {hops[0]:.3f}, volatile push {hops[1]:.3f}, relaxed.gpu push "
+              f"{hops[2]:.3f}, volatile pull {hops[3]:.3f}")
+        for nb, blocks, us in dev_rows:
+            print(f"# device API (persistent kernel, dependent chain): {fmt_size(nb)} {args.dtype}, {blocks} "
+                  f"block(s): {us:.2f} us per all-reduce")
+        print(f"# copy bandwidth, 1 GB device-to-device (read + write): rank 0 alone {bw_alone:.0f} GB/s; all "
+              f"ranks at once {sum(bws):.0f} GB/s summed ({min(bws):.0f}-{max(bws):.0f} each)")
+        big_rows = [r for r in rows if r["bytes"] >= (64 << 20)]
+        for r in big_rows:
+            print(f"# {fmt_size(r['bytes'])}: two-shot moves {r['hbm_GBps']:.0f} GB/s of the traffic it needs = "
+                  f"{100 * r['hbm_GBps'] / bw_alone:.0f} % of the copy bandwidth (ranks per GPU: {per_gpu})")
+        bad = sum(r["wrong"] for r in rows)
+        print(f"# out of bounds values : {bad} {'OK' if bad == 0 else 'FAILED'}")
+        meta = dict(command=" ".join(["mpiexec", "-n", str(nranks), "python"] + sys.argv), nranks=nranks,
+                    gpus=ndev, per_gpu=per_gpu, gpu=torch.cuda.get_device_name(dev), K=K,
+                    flag_hop_us=dict(zip(("acqrel_sys_push", "volatile_push", "relaxed_gpu_push", "volatile_pull"), hops)), device_api=[dict(bytes=a_, blocks=b_, us=u) for a_, b_, u in dev_rows],
+                    copy_GBps_alone=bw_alone, copy_GBps_sum=sum(bws), date=time.strftime("%Y-%m-%d %H:%M:%S"), host=platform.node(),
+                    settings={k: v for k, (v, _s) in kccl.config.resolve().items()})
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(dict(meta=meta, rows=rows), f, indent=1)
+        return 0 if bad == 0 else 1
+    return 0

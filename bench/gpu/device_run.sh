@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# One call on the H200 device machine: build KCCL there, start MPS, then run
+# the given steps (default: all).  Output goes to stdout and $OUT/*.log.
+#   bash bench/gpu/device_run.sh check2 check8 failures bench8 ...
+set -u
+export KCCL_TIMEOUT_MS=${KCCL_TIMEOUT_MS:-10000} NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
+OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+if ls .whl/*.whl >/dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
+  export PYTHONPATH=/tmp/site:$PWD
+else
+  export PYTHONPATH=$PWD
+fi
+nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv,noheader
+python3 setup.py -q build_ext --inplace > "$OUT/build.log" 2>&1 || { tail -40 "$OUT/build.log"; exit 1; }
+python3 -c "import kccl; print('kccl gpu support:', kccl.gpu_support())" || exit 1
+export CUDA_MPS_PIPE_DIRECTORY=/tmp/mps CUDA_MPS_LOG_DIRECTORY=/tmp/mpslog
+mkdir -p $CUDA_MPS_PIPE_DIRECTORY $CUDA_MPS_LOG_DIRECTORY
+nvidia-cuda-mps-control -d && echo "MPS started"
+trap 'echo quit | nvidia-cuda-mps-control' EXIT
+MPI="mpiexec --oversubscribe --allow-run-as-root --bind-to none -x PYTHONPATH -x NCCL_NVLS_ENABLE -x TORCH_SYMM_MEM_DISABLE_MULTICAST -x NVSHMEM_DISABLE_NVLS -x PYTHONUNBUFFERED -x KCCL_TIMEOUT_MS -x CUDA_MPS_PIPE_DIRECTORY -x CUDA_MPS_LOG_DIRECTORY"
+steps=${*:-check2 failures check8 bench2 bench8}
+for s in $steps; do
+  echo "=== $s $(date +%T)"
+  case $s in
+    check[0-9]*) n=${s#check}; timeout 150 $MPI -n $n python3 tests/gpu/mpi_check.py --quick 2>&1 | tee "$OUT/$s.log" | tail -25 ;;
+    fullcheck[0-9]*) n=${s#fullcheck}; timeout 400 $MPI -n $n python3 tests/gpu/mpi_check.py 2>&1 | tee "$OUT/$s.log" | tail -25 ;;
+    failures) timeout 150 python3 tests/gpu/failures.py 2>&1 | tee "$OUT/failures.log" | tail -12 ;;
+    nopdl[0-9]*) n=${s#nopdl}; KCCL_GPU_PDL=0 timeout 200 $MPI -x KCCL_GPU_PDL -n $n python3 bench/allreduce.py --device cuda -d bfloat16 -b 4 -e 256K -r 20 --json "$OUT/gpu_bench_${n}ranks_nopdl.json" 2>&1 | tee "$OUT/$s.log" | grep -v Traceback | tail -30 ;;
+    bench[0-9]*) n=${s#bench}; timeout 300 $MPI -n $n python3 bench/allreduce.py --device cuda -d bfloat16 -b 4 -e 64M -r 20 --json "$OUT/gpu_bench_${n}ranks.json" 2>&1 | tee "$OUT/$s.log" | tail -40 ;;
+    sanitize) for tool in memcheck racecheck; do
+                timeout 200 $MPI -n 2 compute-sanitizer --tool $tool --print-limit 20 python3 tests/gpu/mpi_check.py --quick --tiny 2>&1 | tee "$OUT/sanitize_$tool.log" | grep -E "ERROR SUMMARY|GPU CHECK|error" | head -12
+              done ;;
+    l2poll) [ -f bench/gpu/run_l2_poll.sh ] && timeout 200 bash bench/gpu/run_l2_poll.sh 2>&1 | tee "$OUT/l2poll.log" | tail -30 ;;
+    *) echo "unknown step $s" ;;
+  esac
+done

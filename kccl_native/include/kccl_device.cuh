@@ -1,0 +1,332 @@
+/*
+ * kccl_device.cuh - KCCL's device-side API: a kernel performs a small
+ * all-reduce itself, per block, with no kernel boundary.
+ *
+ *   kcclDevComm dc;                       // host: once, after kcclCommInitRankConfig(device >= 0)
+ *   kcclCommGetDevComm(comm, &dc, sizeof dc);
+ *   my_kernel<<<blocks, 256, 0, stream>>>(dc, ...);
+ *
+ *   __global__ void my_kernel(kcclDevComm dc, float *x, ...) {
+ *     ...                                  // every thread of the block calls:
+ *     kcclResult_t rc = kcclDevAllReduce(dc, x + blockIdx.x * n, n, kcclFloat32, kcclSum);
+ *   }
+ *
+ * Block b of every rank must make the same sequence of calls with the same
+ * count; blocks are independent (each has its own epoch and inbox region), so
+ * blocks never wait for each other.  At most KCCL_DEV_MAX_BLOCKS blocks, each
+ * call at most KCCL_LL_MAX_BYTES bytes.  All ranks' kernels must be resident
+ * at once (one GPU per rank, or several ranks of one GPU under MPS with few
+ * enough blocks): a block waits for the same block of every peer.
+ *
+ * Protocol (LL, "low latency"): the sender writes each 8 bytes of data as one
+ * 16-byte line {data0, epoch, data1, epoch} straight into every peer's inbox;
+ * the reader polls its own inbox until both epoch words of a line equal the
+ * epoch it expects.  PTX makes each aligned 8-byte half single-copy atomic, so
+ * a half with the right epoch carries the right data: no separate flag, no
+ * fence, no barrier.  The epoch increments on every call (it lives in device
+ * memory, so graph replays advance it) and inbox sets rotate over three, so
+ * nothing is ever cleared.  A header line per (sender, block) carries the call
+ * signature: a peer that called with another count / type / op is reported as
+ * a mismatch instead of being reduced.
+ *
+ * Waits are bounded: every few dozen polls a waiting thread checks the clock
+ * (KCCL_TIMEOUT_MS), its block's failure flag, and the host-mapped stop word
+ * that the host sets when a peer dies, aborts or closes.  A failed call
+ * returns an error code and records it where the host reads it (the
+ * communicator is then broken: kcclCommGetAsyncError and every later call
+ * report it).
+ */
+#ifndef KCCL_DEVICE_CUH_
+#define KCCL_DEVICE_CUH_
+
+#include <stdint.h>
+
+#include "kccl.h"
+#include "kccl_gpu_compat.h"
+#include "kccl_gpu_status.h"
+#if defined(__HIP_PLATFORM_AMD__) || defined(KCCL_USE_HIP)
+#include <hip/hip_fp16.h>
+#else
+#include <cuda_fp16.h>
+#endif
+
+#define KCCL_GPU_MAX_RANKS 16
+#define KCCL_LL_SETS 3          /* inbox sets in rotation */
+#define KCCL_LL_THREADS 256     /* threads per block of the library's LL kernels */
+#define KCCL_LL_MAX_LPT 4       /* data lines per thread per call, at most */
+#define KCCL_DEV_MAX_BLOCKS 32  /* blocks per channel */
+#define KCCL_LL_REGION_LINES (1 + KCCL_LL_THREADS * KCCL_LL_MAX_LPT)
+#define KCCL_LL_REGION_BYTES (16 * KCCL_LL_REGION_LINES)
+#define KCCL_LL_MAX_BYTES (8 * KCCL_LL_THREADS * KCCL_LL_MAX_LPT) /* data bytes per block per call */
+#define KCCL_CHANNELS 2         /* 0: the library's kernels, 1: user kernels through this API */
+
+
+/* Everything a kernel needs, passed by value (POD; a copy per kernel launch). */
+typedef struct {
+  int rank, nranks;
+  int channel;                              /* which LL inbox / epoch array this handle uses */
+  uint64_t timeout_ns;                      /* 0: no time limit (the stop word still applies) */
+  char *peer_base[KCCL_GPU_MAX_RANKS];      /* every rank's device buffer, mapped here (own too) */
+  uint64_t ll_off[KCCL_CHANNELS];           /* offset of each channel's LL inbox in a buffer */
+  uint32_t *epochs;                         /* this rank's [KCCL_CHANNELS][KCCL_DEV_MAX_BLOCKS] */
+  int *fail_owner;                          /* device word: the first failing block claims it */
+  kcclGpuStatus *status;                    /* device pointer of the host-mapped record */
+} kcclDevComm;
+
+/* ---------------------------------------------------------------- internals -- */
+namespace kccl_detail {
+
+__device__ static inline uint32_t *ll_region(const kcclDevComm &dc, int owner, uint32_t set, int sender,
+                                             int block) {
+  size_t idx = ((size_t)set * dc.nranks + sender) * KCCL_DEV_MAX_BLOCKS + block;
+  return (uint32_t *)(dc.peer_base[owner] + dc.ll_off[dc.channel] + idx * KCCL_LL_REGION_BYTES);
+}
+
+/* Records the first failure of this rank (one block wins the claim) for the host. */
+__device__ static inline void record_failure(const kcclDevComm &dc, int what, int code, int peer, uint32_t sig_mine,
+                                             uint32_t sig_peer, uint32_t epoch, uint32_t bytes_mine,
+                                             uint32_t bytes_peer) {
+  if (atomicCAS(dc.fail_owner, 0, 1) != 0) return;
+  kcclGpuStatus *s = dc.status;
+  s->what = what;
+  s->peer = peer;
+  s->sig_mine = sig_mine;
+  s->sig_peer = sig_peer;
+  s->epoch = epoch;
+  s->bytes_mine = bytes_mine;
+  s->bytes_peer = bytes_peer;
+  kgpu_fence_system();
+  s->code = code;
+  kgpu_fence_system();
+}
+
+/* Bounded-wait bookkeeping of one thread. */
+struct Waiter {
+  uint64_t deadline;  /* 0: none */
+  uint32_t polls;
+};
+
+__device__ static inline Waiter waiter(const kcclDevComm &dc) {
+  Waiter w;
+  w.deadline = dc.timeout_ns ? kgpu_time_ns() + dc.timeout_ns : 0;
+  w.polls = 0;
+  return w;
+}
+
+/* Called between polls.  Returns KCCL_GPU_OK to keep polling.  The clock and
+ * the host-mapped words are read only every 64 polls (a read of host memory
+ * crosses PCIe); the block's shared failure flag every poll (cheap). */
+__device__ static inline int keep_waiting(const kcclDevComm &dc, Waiter &w, volatile int *block_fail) {
+  if (*block_fail) return KCCL_GPU_STOPPED;
+  if ((++w.polls & 63) != 0) return KCCL_GPU_OK;
+  if (dc.status->stop || dc.status->code) return KCCL_GPU_STOPPED;
+  if (w.deadline && kgpu_time_ns() > w.deadline) return KCCL_GPU_TIMEOUT;
+  if (w.polls > (1u << 16)) kgpu_pause(); /* a long wait: let the peer's warps have the issue slots */
+  return KCCL_GPU_OK;
+}
+
+__device__ static inline float bf16_to_f32(uint32_t h) { return __uint_as_float(h << 16); }
+__device__ static inline uint32_t f32_to_bf16(float f) {
+  uint32_t u = __float_as_uint(f);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return (u >> 16) | 0x40u; /* NaN stays a (quiet) NaN */
+  return (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;                  /* round to nearest even */
+}
+
+/* The 8 bytes of one line as up to 4 floats; n = elements per line. */
+__device__ static inline void decode(uint32_t w0, uint32_t w1, kcclDataType_t dt, float v[4]) {
+  if (dt == kcclFloat32) {
+    v[0] = __uint_as_float(w0);
+    v[1] = __uint_as_float(w1);
+  } else if (dt == kcclBfloat16) {
+    v[0] = bf16_to_f32(w0 & 0xffffu); v[1] = bf16_to_f32(w0 >> 16);
+    v[2] = bf16_to_f32(w1 & 0xffffu); v[3] = bf16_to_f32(w1 >> 16);
+  } else { /* kcclFloat16 */
+    __half_raw r;
+    r.x = (unsigned short)(w0 & 0xffffu); v[0] = __half2float(__half(r));
+    r.x = (unsigned short)(w0 >> 16);     v[1] = __half2float(__half(r));
+    r.x = (unsigned short)(w1 & 0xffffu); v[2] = __half2float(__half(r));
+    r.x = (unsigned short)(w1 >> 16);     v[3] = __half2float(__half(r));
+  }
+}
+
+__device__ static inline uint32_t h16(float f) {
+  __half_raw r = __half_raw(__float2half_rn(f));
+  return r.x;
+}
+
+__device__ static inline void encode(const float v[4], kcclDataType_t dt, uint32_t *w0, uint32_t *w1) {
+  if (dt == kcclFloat32) {
+    *w0 = __float_as_uint(v[0]);
+    *w1 = __float_as_uint(v[1]);
+  } else if (dt == kcclBfloat16) {
+    *w0 = f32_to_bf16(v[0]) | (f32_to_bf16(v[1]) << 16);
+    *w1 = f32_to_bf16(v[2]) | (f32_to_bf16(v[3]) << 16);
+  } else {
+    *w0 = h16(v[0]) | (h16(v[1]) << 16);
+    *w1 = h16(v[2]) | (h16(v[3]) << 16);
+  }
+}
+
+__device__ static inline float combine(float a, float b, kcclRedOp_t op) {
+  switch (op) {
+    case kcclProd: return a * b;
+    /* NaN propagates (as numpy's maximum/minimum and the host path do). */
+    case kcclMax: return (a > b || a != a) ? a : b;
+    case kcclMin: return (a < b || a != a) ? a : b;
+    default: return a + b; /* kcclSum, kcclAvg (divided at the end) */
+  }
+}
+
+/* Bytes [off, off+8) of buf into two words, zero beyond n bytes; 8-byte
+ * loads when aligned and whole. */
+__device__ static inline void load8(const char *buf, size_t off, size_t n, uint32_t *w0, uint32_t *w1) {
+  if (off + 8 <= n && (((uintptr_t)(buf + off)) & 7) == 0) {
+    uint2 v = *(const uint2 *)(buf + off);
+    *w0 = v.x;
+    *w1 = v.y;
+    return;
+  }
+  uint32_t w[2] = {0, 0};
+  for (int i = 0; i < 8 && off + i < n; i++) w[i >> 2] |= (uint32_t)(uint8_t)buf[off + i] << (8 * (i & 3));
+  *w0 = w[0];
+  *w1 = w[1];
+}
+
+__device__ static inline void store8(char *buf, size_t off, size_t n, uint32_t w0, uint32_t w1) {
+  if (off + 8 <= n && (((uintptr_t)(buf + off)) & 7) == 0) {
+    *(uint2 *)(buf + off) = make_uint2(w0, w1);
+    return;
+  }
+  uint32_t w[2] = {w0, w1};
+  for (int i = 0; i < 8 && off + i < n; i++) buf[off + i] = (char)(w[i >> 2] >> (8 * (i & 3)));
+}
+
+/* One block's LL all-reduce of nbytes (<= KCCL_LL_MAX_BYTES) from `in` to `out`
+ * (may alias).  Every thread of the block calls it; blockDim.x <= KCCL_LL_THREADS. */
+__device__ static inline kcclResult_t ll_allreduce_block(const kcclDevComm &dc, int block, const char *in, char *out,
+                                                         uint32_t nbytes, kcclDataType_t dt, kcclRedOp_t op,
+                                                         uint32_t sig) {
+  __shared__ uint32_t s_epoch;
+  __shared__ volatile int s_fail;
+  const int tid = threadIdx.x, nt = blockDim.x;
+  if (tid == 0) {
+    uint32_t *ep = dc.epochs + dc.channel * KCCL_DEV_MAX_BLOCKS + block;
+    s_epoch = *ep + 1;
+    *ep = s_epoch;
+    s_fail = 0;
+  }
+  __syncthreads();
+  const uint32_t e = s_epoch, set = e % KCCL_LL_SETS;
+  const int me = dc.rank, n = dc.nranks;
+  const uint32_t lines = (nbytes + 7) / 8;
+
+  /* Push: header, then this rank's data lines, into every peer's inbox. */
+  for (int p = 0; p < n; p++) {
+    if (p == me) continue;
+    uint32_t *reg = ll_region(dc, p, set, me, block);
+    if (tid == 0) kgpu_st_volatile_v4(reg, sig, e, nbytes, e);
+    for (uint32_t l = tid; l < lines; l += nt) {
+      uint32_t w0, w1;
+      load8(in, (size_t)l * 8, nbytes, &w0, &w1);
+      kgpu_st_volatile_v4(reg + 4 * (1 + l), w0, e, w1, e);
+    }
+  }
+
+  /* Receive.  Each thread polls, in one pass, its line from every peer (and
+   * threads t < n the header of peer t, whose signature must match), so the
+   * round trips to memory overlap instead of queuing peer after peer.  Then
+   * it combines the lines in rank order (the same order on every rank, so
+   * every rank gets bitwise the same result). */
+  uint32_t hpend = 0; /* headers this thread checks */
+  for (int p = tid; p < n; p += nt)
+    if (p != me) hpend |= 1u << p;
+  const uint32_t all_peers = (n >= 32 ? 0xffffffffu : ((1u << n) - 1)) & ~(1u << me);
+  for (uint32_t l = tid; l < lines || hpend; l += nt) {
+    uint32_t w[KCCL_GPU_MAX_RANKS][2];
+    uint32_t pending = l < lines ? all_peers : 0;
+    Waiter wt = waiter(dc);
+    bool last_look = false;
+    while (pending | hpend) {
+#pragma unroll
+      for (int p = 0; p < KCCL_GPU_MAX_RANKS; p++) {
+        if (pending & (1u << p)) {
+          uint32_t a, f0, b, f1;
+          kgpu_ld_volatile_v4(ll_region(dc, me, set, p, block) + 4 * (1 + l), &a, &f0, &b, &f1);
+          if (f0 == e && f1 == e) {
+            w[p][0] = a;
+            w[p][1] = b;
+            pending &= ~(1u << p);
+          }
+        }
+        if (hpend & (1u << p)) {
+          uint32_t a, f0, b, f1;
+          kgpu_ld_volatile_v4(ll_region(dc, me, set, p, block), &a, &f0, &b, &f1);
+          if (f0 == e && f1 == e) {
+            hpend &= ~(1u << p);
+            if (a != sig || b != nbytes) {
+              record_failure(dc, KCCL_GPU_MISMATCH, kcclInvalidUsage, p, sig, a, e, nbytes, b);
+              s_fail = 1;
+            }
+          }
+        }
+      }
+      if (!(pending | hpend) || s_fail) break;
+      int why = keep_waiting(dc, wt, &s_fail);
+      if (why == KCCL_GPU_STOPPED && !s_fail && !last_look) { /* sent just before the peer went? */
+        last_look = true;
+        continue;
+      }
+      if (why) {
+        int p = __ffs(pending | hpend) - 1;
+        if (why == KCCL_GPU_TIMEOUT)
+          record_failure(dc, KCCL_GPU_TIMEOUT, kcclTimeout, p, sig, 0, e, nbytes, 0);
+        else if (!s_fail)
+          record_failure(dc, KCCL_GPU_STOPPED, kcclRemoteError, dc.status->stop_peer, sig, 0, e, nbytes, 0);
+        s_fail = 1;
+        break;
+      }
+    }
+    if (s_fail || l >= lines) break;
+    uint32_t m0, m1;
+    load8(in, (size_t)l * 8, nbytes, &m0, &m1);
+    float acc[4] = {0.f, 0.f, 0.f, 0.f}, v[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+    for (int p = 0; p < KCCL_GPU_MAX_RANKS; p++) {
+      if (p < n) {
+        decode(p == me ? m0 : w[p][0], p == me ? m1 : w[p][1], dt, v);
+#pragma unroll
+        for (int k = 0; k < 4; k++) acc[k] = p == 0 ? v[k] : combine(acc[k], v[k], op);
+      }
+    }
+    if (op == kcclAvg) {
+#pragma unroll
+      for (int k = 0; k < 4; k++) acc[k] /= (float)n;
+    }
+    uint32_t w0, w1;
+    encode(acc, dt, &w0, &w1);
+    store8(out, (size_t)l * 8, nbytes, w0, w1);
+  }
+  __syncthreads();
+  return s_fail ? (kcclResult_t)(dc.status->code ? dc.status->code : kcclRemoteError) : kcclSuccess;
+}
+
+}  // namespace kccl_detail
+
+/* ------------------------------------------------------------------ public -- */
+
+/* In-place all-reduce of `count` elements at `data` across the same block of
+ * every rank.  dt: kcclFloat32, kcclFloat16 or kcclBfloat16 (float accumulation);
+ * op: any kcclRedOp_t.  Every thread of the block must call it. */
+__device__ static inline kcclResult_t kcclDevAllReduce(const kcclDevComm &dc, void *data, int count,
+                                                       kcclDataType_t dt, kcclRedOp_t op) {
+  const int es = dt == kcclFloat32 ? 4 : 2;
+  const uint32_t nbytes = (uint32_t)count * es;
+  if ((dt != kcclFloat32 && dt != kcclFloat16 && dt != kcclBfloat16) || op < 0 || op >= kcclNumOps ||
+      count < 0 || nbytes > KCCL_LL_MAX_BYTES || blockIdx.x >= KCCL_DEV_MAX_BLOCKS || blockDim.x > KCCL_LL_THREADS)
+    return kcclInvalidArgument;
+  /* The signature of a device call: kind 0x40 | dtype | op, and the size. */
+  const uint32_t sig = 0x4b440000u ^ ((uint32_t)dt << 8) ^ (uint32_t)op ^ (nbytes * 2654435761u);
+  return kccl_detail::ll_allreduce_block(dc, blockIdx.x, (const char *)data, (char *)data, nbytes, dt, op, sig);
+}
+
+#endif /* KCCL_DEVICE_CUH_ */

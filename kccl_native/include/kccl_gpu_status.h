@@ -1,0 +1,24 @@
+/* kccl_gpu_status.h - the host-mapped record that a rank's host code and its
+ * kernels share (plain C: included by the C core and by the device API). */
+#ifndef KCCL_GPU_STATUS_H_
+#define KCCL_GPU_STATUS_H_
+#include <stdint.h>
+
+/* Why a GPU wait gave up (kcclGpuStatus.what). */
+enum { KCCL_GPU_OK = 0, KCCL_GPU_TIMEOUT = 1, KCCL_GPU_MISMATCH = 2, KCCL_GPU_STOPPED = 3 };
+
+/* Why the host's watcher stopped the kernels (kcclGpuStatus.stop). */
+enum { KCCL_STOP_NONE = 0, KCCL_STOP_DEAD = 1, KCCL_STOP_ABORTED = 2, KCCL_STOP_CLOSED = 3, KCCL_STOP_FAILED = 4,
+       KCCL_STOP_SELF = 5 };
+
+typedef struct {
+  volatile int32_t stop;       /* KCCL_STOP_*: set by the host; waiting kernels give up */
+  volatile int32_t stop_peer;  /* the rank that caused it */
+  volatile int32_t code;       /* kcclResult_t of the first kernel-side failure; written last */
+  volatile int32_t what;       /* KCCL_GPU_* */
+  volatile int32_t peer;       /* the rank waited for */
+  volatile uint32_t sig_mine, sig_peer, epoch;
+  volatile uint32_t bytes_mine, bytes_peer;
+} kcclGpuStatus;
+
+#endif

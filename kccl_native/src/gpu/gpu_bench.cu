@@ -1,0 +1,162 @@
+/* gpu_bench.cu - kernels that exercise the device-side API (a self-test and
+ * a latency benchmark inside one persistent kernel) and the flag-hop floor.
+ * They use only kccl_device.cuh's public surface, as a user kernel would. */
+#include "kgpu.h"
+
+/* Iteration k: every element of this block's slice becomes in[i] + k (in
+ * the data type), is all-reduced in place inside out row k, and stays there
+ * for the host to check. */
+__global__ void __launch_bounds__(KCCL_LL_THREADS) k_dev_selftest(kcclDevComm dc, const char *in, char *out,
+                                                                  int count, int dt, int op, int iters) {
+  const int es = dt == kcclFloat32 ? 4 : 2;
+  const int per = (count + gridDim.x - 1) / gridDim.x;
+  const int lo = blockIdx.x * per < count ? blockIdx.x * per : count;
+  const int hi = lo + per < count ? lo + per : count;
+  for (int k = 0; k < iters; k++) {
+    char *row = out + (size_t)k * count * es;
+    for (int i = lo + threadIdx.x; i < hi; i += blockDim.x) {
+      float x;
+      if (dt == kcclFloat32) x = ((const float *)in)[i];
+      else if (dt == kcclBfloat16) x = kccl_detail::bf16_to_f32(((const uint16_t *)in)[i]);
+      else x = __half2float(((const __half *)in)[i]);
+      x += (float)k;
+      if (dt == kcclFloat32) ((float *)row)[i] = x;
+      else if (dt == kcclBfloat16) ((uint16_t *)row)[i] = (uint16_t)kccl_detail::f32_to_bf16(x);
+      else ((__half *)row)[i] = __float2half_rn(x);
+    }
+    __syncthreads();
+    if (kcclDevAllReduce(dc, row + (size_t)lo * es, hi - lo, (kcclDataType_t)dt, (kcclRedOp_t)op) != kcclSuccess)
+      return;
+  }
+}
+
+/* A dependent chain: each call averages the previous result (the average
+ * keeps values bounded over thousands of calls). */
+__global__ void __launch_bounds__(KCCL_LL_THREADS) k_dev_chain(kcclDevComm dc, char *buf, int count, int dt,
+                                                               int iters) {
+  const int es = dt == kcclFloat32 ? 4 : 2;
+  const int per = (count + gridDim.x - 1) / gridDim.x;
+  const int lo = blockIdx.x * per < count ? blockIdx.x * per : count;
+  const int hi = lo + per < count ? lo + per : count;
+  for (int k = 0; k < iters; k++)
+    if (kcclDevAllReduce(dc, buf + (size_t)lo * es, hi - lo, (kcclDataType_t)dt, kcclAvg) != kcclSuccess) return;
+}
+
+/* Ranks 0 and 1 bounce a counter.  mode 0: release / acquire at system scope,
+ * pushed into the peer's memory (what the chunked kernels do); 1: volatile, pushed;
+ * 2: relaxed at GPU scope, pushed; 3: volatile, pulled (each rank writes its own
+ * word and polls the peer's).  One thread each; bounded like every KCCL wait. */
+__device__ static inline void hop_store(uint64_t *p, uint64_t v, int mode) {
+  if (mode == 0) kgpu_st_release_sys_u64(p, v);
+  else if (mode == 2) kgpu_st_relaxed_gpu_u64(p, v);
+  else kgpu_st_volatile_u64(p, v);
+}
+__device__ static inline uint64_t hop_load(const uint64_t *p, int mode) {
+  if (mode == 0) return kgpu_ld_acquire_sys_u64(p);
+  if (mode == 2) return kgpu_ld_relaxed_gpu_u64(p);
+  return kgpu_ld_volatile_u64(p);
+}
+
+__global__ void k_flag_hop(kcclDevComm dc, size_t hop_off, uint64_t base, int iters, int mode) {
+  const int me = dc.rank, other = 1 - me;
+  uint64_t *own = (uint64_t *)(dc.peer_base[me] + hop_off);
+  uint64_t *peer = (uint64_t *)(dc.peer_base[other] + hop_off);
+  /* push: write into the peer's word [other], poll own word [me];
+   * pull: write own word [me], poll the peer's word [other]. */
+  uint64_t *dst = mode == 3 ? own + me : peer + other;
+  const uint64_t *src = mode == 3 ? peer + other : own + me;
+  volatile int never = 0;
+  for (int i = 1; i <= iters; i++) {
+    const uint64_t v = base + (uint64_t)i;
+    if (me == 0) hop_store(dst, v, mode);
+    kccl_detail::Waiter w = kccl_detail::waiter(dc);
+    while (hop_load(src, mode) < v)
+      if (kccl_detail::keep_waiting(dc, w, &never)) {
+        kccl_detail::record_failure(dc, KCCL_GPU_TIMEOUT, kcclTimeout, other, 0, 0, (uint32_t)v, 0, 0);
+        return;
+      }
+    if (me == 1) hop_store(dst, v, mode);
+  }
+}
+
+static kcclResult_t devapi_args(int count, int dtype, int blocks) {
+  if (dtype != kcclFloat32 && dtype != kcclFloat16 && dtype != kcclBfloat16)
+    return kccl_err(kcclInvalidArgument, "the device API takes float32, float16 or bfloat16");
+  if (blocks < 1 || blocks > KCCL_DEV_MAX_BLOCKS)
+    return kccl_err(kcclInvalidArgument, "blocks=%d: 1..%d", blocks, KCCL_DEV_MAX_BLOCKS);
+  const int es = dtype == kcclFloat32 ? 4 : 2;
+  if (count < 0 || (size_t)((count + blocks - 1) / blocks) * es > KCCL_LL_MAX_BYTES)
+    return kccl_err(kcclInvalidArgument, "count=%d over %d blocks exceeds %d bytes per block", count, blocks,
+                    KCCL_LL_MAX_BYTES);
+  return kcclSuccess;
+}
+
+extern "C" kcclResult_t kgpu_dev_selftest(struct kgpu *g, const void *inputs, void *outputs, size_t count,
+                                          int dtype, int op, int iters, int blocks, void *stream) {
+  kcclResult_t r = devapi_args((int)count, dtype, blocks);
+  if (r != kcclSuccess) return r;
+  if (op < 0 || op >= kcclNumOps) return kccl_err(kcclInvalidArgument, "unknown op %d", op);
+  k_dev_selftest<<<blocks, KCCL_LL_THREADS, 0, (kgpuStream_t)stream>>>(g->dc[1], (const char *)inputs,
+                                                                      (char *)outputs, (int)count, dtype, op,
+                                                                      iters);
+  return kgpu_launch_error("device-API self-test");
+}
+
+static kcclResult_t timed(kgpuEvent_t e0, kgpuEvent_t e1, double *ms) {
+  float f = 0;
+  KGPU_CHECK(kgpuEventSynchronize(e1));
+  KGPU_CHECK(kgpuEventElapsedTime(&f, e0, e1));
+  *ms = f;
+  return kcclSuccess;
+}
+
+extern "C" kcclResult_t kgpu_bench_dev(struct kgpu *g, void *buf, size_t count, int dtype, int iters, int blocks,
+                                       double *us_per_call) {
+  kcclResult_t r = devapi_args((int)count, dtype, blocks);
+  if (r != kcclSuccess) return r;
+  KGPU_CHECK(kgpuSetDevice(g->device));
+  kgpuEvent_t e0, e1;
+  KGPU_CHECK(kgpuEventCreate(&e0));
+  KGPU_CHECK(kgpuEventCreate(&e1));
+  /* Two launches timed together minus one: the kernel launch and the ranks'
+   * start skew cancel out of the per-call figure. */
+  double ms_short = 0, ms_long = 0;
+  const int short_iters = iters / 10 > 0 ? iters / 10 : 1;
+  for (int pass = 0; pass < 2 && r == kcclSuccess; pass++) {
+    const int it = pass ? iters + short_iters : short_iters;
+    kgpuEventRecord(e0, 0);
+    k_dev_chain<<<blocks, KCCL_LL_THREADS>>>(g->dc[1], (char *)buf, (int)count, dtype, it);
+    kgpuEventRecord(e1, 0);
+    if ((r = kgpu_launch_error("device-API chain")) == kcclSuccess) r = timed(e0, e1, pass ? &ms_long : &ms_short);
+  }
+  kgpuEventDestroy(e0);
+  kgpuEventDestroy(e1);
+  if (r != kcclSuccess) return r;
+  if (g->status_h->code) return (kcclResult_t)g->status_h->code;
+  *us_per_call = (ms_long - ms_short) * 1000.0 / iters;
+  return kcclSuccess;
+}
+
+extern "C" kcclResult_t kgpu_bench_flag_hop(struct kgpu *g, int iters, int mode, double *us_per_hop) {
+  if (mode < 0 || mode > 3) return kccl_err(kcclInvalidArgument, "flag-hop mode %d: 0..3", mode);
+  if (g->shape.nranks < 2) return kccl_err(kcclInvalidUsage, "the flag-hop benchmark needs 2 ranks");
+  *us_per_hop = 0;
+  if (g->shape.rank > 1) return kcclSuccess; /* only ranks 0 and 1 take part */
+  KGPU_CHECK(kgpuSetDevice(g->device));
+  kgpuEvent_t e0, e1;
+  KGPU_CHECK(kgpuEventCreate(&e0));
+  KGPU_CHECK(kgpuEventCreate(&e1));
+  kgpuEventRecord(e0, 0);
+  k_flag_hop<<<1, 1>>>(g->dc[0], g->lay.hop, g->hop_base, iters, mode);
+  kgpuEventRecord(e1, 0);
+  g->hop_base += (uint64_t)iters;
+  double ms = 0;
+  kcclResult_t r = kgpu_launch_error("flag hop");
+  if (r == kcclSuccess) r = timed(e0, e1, &ms);
+  kgpuEventDestroy(e0);
+  kgpuEventDestroy(e1);
+  if (r != kcclSuccess) return r;
+  if (g->status_h->code) return (kcclResult_t)g->status_h->code;
+  *us_per_hop = ms * 1000.0 / (2.0 * iters);
+  return kcclSuccess;
+}

@@ -1,0 +1,389 @@
+/* gpu_kernels.cu - the library's collective kernels and their launchers.
+ *
+ * one-shot all-reduce: the LL protocol of kccl_device.cuh (channel 0), one
+ *   block per <= 8 KB slice: each rank pushes its slice into every peer's
+ *   inbox and reduces what arrives in its own.  No flag, no barrier.
+ * two-shot all-reduce / reduce-scatter / all-gather / broadcast: chunked
+ *   through each rank's exported scratch areas, with per-block flags pushed to
+ *   the peers (release at system scope) and polled locally (acquire).  Block b
+ *   of every rank handles the same portion of every segment, so block b waits
+ *   only for block b of its peers and blocks never wait for each other.
+ *
+ * Reuse of scratch without clearing (each flag value is a step number that
+ * grows by one per chunk; step counters live in device memory):
+ * - in-area: written in stage 1 of step s; peers read it in stage 2 of step
+ *   s and then raise flag 2; this rank passes its stage-3 wait for flag 2
+ *   before it starts step s+1.
+ * - out-area: written in stage 2 of step s only after every peer's flag 1 of
+ *   step s, raised after that peer finished step s-1 (its stage-3 reads).
+ * - gather halves (step parity): half h is rewritten at step s+2; this rank's
+ *   step s+1 waited for every peer's flag 1 of step s+1, raised after that
+ *   peer finished reading step s.  A broadcast root also waits for those
+ *   "arrived" flags, so it cannot run ahead of its readers. */
+#include "kgpu.h"
+
+using namespace kccl_detail;
+
+/* ------------------------------------------------------------- one-shot ---- */
+
+__global__ void __launch_bounds__(KCCL_LL_THREADS) k_oneshot(kcclDevComm dc, const char *in, char *out,
+                                                             size_t nbytes, uint32_t per_block, int dt, int op,
+                                                             uint32_t sig) {
+  kgpu_pdl_trigger();
+  kgpu_pdl_wait(); /* everything below may read what the previous kernel wrote */
+  const size_t off = (size_t)blockIdx.x * per_block;
+  const uint32_t nb = (uint32_t)(nbytes - off < per_block ? nbytes - off : per_block);
+  ll_allreduce_block(dc, blockIdx.x, in + off, out + off, nb, (kcclDataType_t)dt, (kcclRedOp_t)op, sig);
+}
+
+/* ------------------------------------------------ flags of the chunked path -- */
+
+struct Flags {
+  char *peer_base[KCCL_GPU_MAX_RANKS];
+  size_t off;
+  int rank, nranks;
+};
+
+__device__ static inline uint64_t *flag_slot(char *base, size_t off, int stage, int block, int src) {
+  return (uint64_t *)(base + off) + ((size_t)stage * KGPU_TS_MAX_BLOCKS + block) * KCCL_GPU_MAX_RANKS + src;
+}
+
+/* After the block's writes: tell peers (thread p signals peer p). */
+__device__ static inline void signal_peers(const kcclDevComm &dc, size_t flags_off, int stage, uint64_t val) {
+  __syncthreads();
+  const int t = threadIdx.x;
+  if (t < dc.nranks && t != dc.rank) {
+    kgpu_fence_system();
+    kgpu_st_release_sys_u64(flag_slot(dc.peer_base[t], flags_off, stage, blockIdx.x, dc.rank), val);
+  }
+}
+
+/* Thread p waits for peer p's flag of `stage` to reach `step` (only == `only`
+ * when only >= 0).  Returns false (the whole block) on failure. */
+__device__ static inline bool wait_peers(const kcclDevComm &dc, size_t flags_off, int stage, uint32_t step,
+                                         uint32_t sig, int only, volatile int *s_fail) {
+  const int t = threadIdx.x;
+  if (t < dc.nranks && t != dc.rank && (only < 0 || t == only)) {
+    const uint64_t *f = flag_slot(dc.peer_base[dc.rank], flags_off, stage, blockIdx.x, t);
+    Waiter w = waiter(dc);
+    for (;;) {
+      uint64_t v = kgpu_ld_acquire_sys_u64(f);
+      uint32_t got = (uint32_t)v;
+      if ((int32_t)(got - step) >= 0) {
+        if (got == step && (uint32_t)(v >> 32) != sig) {
+          record_failure(dc, KCCL_GPU_MISMATCH, kcclInvalidUsage, t, sig, (uint32_t)(v >> 32), step, 0, 0);
+          *s_fail = 1;
+        }
+        break;
+      }
+      int why = keep_waiting(dc, w, s_fail);
+      if (why == KCCL_GPU_STOPPED && !*s_fail && (int32_t)((uint32_t)kgpu_ld_acquire_sys_u64(f) - step) >= 0)
+        continue; /* raised just before the peer went: the loop's next look takes it */
+      if (why) {
+        if (why == KCCL_GPU_TIMEOUT)
+          record_failure(dc, KCCL_GPU_TIMEOUT, kcclTimeout, t, sig, 0, step, 0, 0);
+        else if (!*s_fail)
+          record_failure(dc, KCCL_GPU_STOPPED, kcclRemoteError, dc.status->stop_peer, sig, 0, step, 0, 0);
+        *s_fail = 1;
+        break;
+      }
+    }
+  }
+  __syncthreads();
+  return !*s_fail;
+}
+
+/* --------------------------------------------------- 16-byte data helpers -- */
+
+/* Bytes [off, off+16) of p, zero past n; one vector load when aligned and whole. */
+__device__ static inline uint4 load16(const char *p, size_t off, size_t n) {
+  if (off + 16 <= n && (((uintptr_t)(p + off)) & 15) == 0) return *(const uint4 *)(p + off);
+  uint32_t w[4] = {0, 0, 0, 0};
+  for (int i = 0; i < 16 && off + i < n; i++) w[i >> 2] |= (uint32_t)(uint8_t)p[off + i] << (8 * (i & 3));
+  return make_uint4(w[0], w[1], w[2], w[3]);
+}
+
+__device__ static inline void store16(char *p, size_t off, size_t n, uint4 v) {
+  if (off + 16 <= n && (((uintptr_t)(p + off)) & 15) == 0) {
+    *(uint4 *)(p + off) = v;
+    return;
+  }
+  uint32_t w[4] = {v.x, v.y, v.z, v.w};
+  for (int i = 0; i < 16 && off + i < n; i++) p[off + i] = (char)(w[i >> 2] >> (8 * (i & 3)));
+}
+
+/* Block-wide copy of bytes [lo, hi) from src (another rank's scratch when
+ * remote: loaded past L1) to dst. */
+__device__ static inline void copy_range(char *dst, const char *src, size_t lo, size_t hi, bool src_remote) {
+  for (size_t o = lo + (size_t)threadIdx.x * 16; o < hi; o += (size_t)blockDim.x * 16) {
+    uint4 v = src_remote ? kgpu_ld_cg_v4(src + o) : load16(src, o, hi);
+    store16(dst, o, hi, v);
+  }
+}
+
+/* ---------------------------------------------------- two-shot / scatter -- */
+
+struct TwoShot {
+  kcclDevComm dc;
+  size_t off_in, off_out, off_flags, off_steps;
+  const char *send;
+  char *recv;
+  size_t count;       /* all-reduce: elements; reduce-scatter: elements per rank */
+  size_t chunk_elems; /* scratch capacity in elements */
+  int dt, op, es, scatter;
+  uint32_t sig;
+};
+
+__global__ void __launch_bounds__(256) k_twoshot(TwoShot a) {
+  kgpu_pdl_trigger();
+  kgpu_pdl_wait();
+  __shared__ uint32_t s_step;
+  __shared__ volatile int s_fail;
+  const kcclDevComm &dc = a.dc;
+  const int n = dc.nranks, me = dc.rank, G = gridDim.x, b = blockIdx.x;
+  const kcclDataType_t dt = (kcclDataType_t)a.dt;
+  const kcclRedOp_t op = (kcclRedOp_t)a.op;
+  const size_t es = a.es;
+  if (threadIdx.x == 0) s_fail = 0;
+  char *in_area = dc.peer_base[me] + a.off_in;
+  const size_t total = a.count; /* elements (per rank for reduce-scatter) */
+  const size_t piece_max = a.scatter ? (a.chunk_elems / n) / 16 * 16 : a.chunk_elems;
+
+  for (size_t o = 0; o < total;) {
+    /* This chunk: segment s covers user elements [useg(s), useg(s)+slen(s)) and
+     * scratch elements [s*stride, ...). */
+    size_t CE, S, stride;
+    if (a.scatter) {
+      S = total - o < piece_max ? total - o : piece_max;
+      stride = (S + 15) / 16 * 16;
+      CE = S * n;
+    } else {
+      CE = total - o < a.chunk_elems ? total - o : a.chunk_elems;
+      S = ((CE + n - 1) / n + 15) / 16 * 16;
+      stride = S;
+    }
+    const size_t P = ((S + G - 1) / G + 15) / 16 * 16; /* block b's portion of a segment */
+    const size_t plo = (size_t)b * P < S ? (size_t)b * P : S, phi = plo + P < S ? plo + P : S;
+    if (threadIdx.x == 0) {
+      uint32_t *sp = (uint32_t *)(dc.peer_base[me] + a.off_steps) + b;
+      s_step = *sp + 1;
+      *sp = s_step;
+    }
+    __syncthreads();
+    const uint32_t step = s_step;
+    const uint64_t val = ((uint64_t)a.sig << 32) | step;
+
+    /* Stage 1: my portion b of every segment into my in-area. */
+    for (int s = 0; s < n; s++) {
+      size_t slen = a.scatter ? S : (CE > s * S ? (CE - s * S < S ? CE - s * S : S) : 0);
+      size_t lo = plo < slen ? plo : slen, hi = phi < slen ? phi : slen;
+      if (lo >= hi) continue;
+      size_t ubase = a.scatter ? (size_t)s * a.count + o : o + (size_t)s * S;
+      copy_range(in_area + (size_t)s * stride * es, a.send + ubase * es, lo * es, hi * es, false);
+    }
+    signal_peers(dc, a.off_flags, 0, val);
+    if (!wait_peers(dc, a.off_flags, 0, step, a.sig, -1, &s_fail)) break;
+
+    /* Stage 2: reduce segment `me`, portion b, over every rank's in-area (rank order). */
+    {
+      size_t slen = a.scatter ? S : (CE > me * S ? (CE - me * S < S ? CE - me * S : S) : 0);
+      size_t lo = plo < slen ? plo : slen, hi = phi < slen ? phi : slen;
+      const size_t sbase = (size_t)me * stride * es;
+      char *outp = dc.peer_base[me] + a.off_out + sbase;
+      char *user = a.recv + (a.scatter ? o * es : (o + (size_t)me * S) * es);
+      for (size_t x = lo * es + threadIdx.x * 16; x < hi * es; x += (size_t)blockDim.x * 16) {
+        /* 8 slots with constant indices (registers); float32 uses slots 0-1 and 4-5. */
+        float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0}, v[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+        for (int p = 0; p < n; p++) {
+          uint4 u = kgpu_ld_cg_v4(dc.peer_base[p] + a.off_in + sbase + x);
+          decode(u.x, u.y, dt, v);
+          decode(u.z, u.w, dt, v + 4);
+#pragma unroll
+          for (int k = 0; k < 8; k++) acc[k] = p == 0 ? v[k] : combine(acc[k], v[k], op);
+        }
+        if (op == kcclAvg) {
+#pragma unroll
+          for (int k = 0; k < 8; k++) acc[k] /= (float)n;
+        }
+        uint4 r;
+        encode(acc, dt, &r.x, &r.y);
+        encode(acc + 4, dt, &r.z, &r.w);
+        *(uint4 *)(outp + x) = r;
+        store16(user, x, hi * es, r);
+      }
+    }
+    if (a.scatter) {
+      /* Nobody reads the out-area; flag 2 only keeps the in-area reuse rule. */
+      signal_peers(dc, a.off_flags, 1, val);
+      if (!wait_peers(dc, a.off_flags, 1, step, a.sig, -1, &s_fail)) break;
+      o += S;
+      continue;
+    }
+    signal_peers(dc, a.off_flags, 1, val);
+    if (!wait_peers(dc, a.off_flags, 1, step, a.sig, -1, &s_fail)) break;
+
+    /* Stage 3: every other segment's portion b from its owner's out-area. */
+    for (int s = 0; s < n; s++) {
+      if (s == me) continue;
+      size_t slen = CE > s * S ? (CE - s * S < S ? CE - s * S : S) : 0;
+      size_t lo = plo < slen ? plo : slen, hi = phi < slen ? phi : slen;
+      if (lo >= hi) continue;
+      const char *src = dc.peer_base[s] + a.off_out + (size_t)s * S * es;
+      char *dst = a.recv + (o + (size_t)s * S) * es;
+      copy_range(dst, src, lo * es, hi * es, true);
+    }
+    __syncthreads();
+    o += CE;
+  }
+}
+
+/* ---------------------------------------------------- all-gather / bcast -- */
+
+struct Gather {
+  kcclDevComm dc;
+  size_t off_g0, off_g1, off_flags, off_steps;
+  const char *send;
+  char *recv;
+  size_t bytes;       /* per rank */
+  size_t chunk_bytes;
+  int root;           /* < 0: all-gather */
+  uint32_t sig;
+};
+
+__global__ void __launch_bounds__(256) k_gather(Gather a) {
+  kgpu_pdl_trigger();
+  kgpu_pdl_wait();
+  __shared__ uint32_t s_step;
+  __shared__ volatile int s_fail;
+  const kcclDevComm &dc = a.dc;
+  const int n = dc.nranks, me = dc.rank, G = gridDim.x, b = blockIdx.x;
+  if (threadIdx.x == 0) s_fail = 0;
+  const bool bcast = a.root >= 0;
+  const bool publish = !bcast || me == a.root;
+  for (size_t o = 0; o < a.bytes || (o == 0 && a.bytes == 0);) {
+    const size_t cb = a.bytes - o < a.chunk_bytes ? a.bytes - o : a.chunk_bytes;
+    const size_t P = ((cb + G - 1) / G + 15) / 16 * 16;
+    const size_t lo = (size_t)b * P < cb ? (size_t)b * P : cb, hi = lo + P < cb ? lo + P : cb;
+    if (threadIdx.x == 0) {
+      uint32_t *sp = (uint32_t *)(dc.peer_base[me] + a.off_steps) + b;
+      s_step = *sp + 1;
+      *sp = s_step;
+    }
+    __syncthreads();
+    const uint32_t step = s_step;
+    const size_t half = (step & 1) ? a.off_g1 : a.off_g0;
+    const uint64_t val = ((uint64_t)a.sig << 32) | step;
+    char *my_recv = a.recv + (bcast ? 0 : (size_t)me * a.bytes);
+
+    if (publish && lo < hi) copy_range(dc.peer_base[me] + half - o, a.send, o + lo, o + hi, false);
+    signal_peers(dc, a.off_flags, 0, val);
+    if (!wait_peers(dc, a.off_flags, 0, step, a.sig, bcast && me != a.root ? a.root : -1, &s_fail)) break;
+    if (lo < hi) {
+      if (!bcast) {
+        for (int p = 0; p < n; p++) {
+          if (p == me) continue;
+          copy_range(a.recv + (size_t)p * a.bytes + o, dc.peer_base[p] + half, lo, hi, true);
+        }
+        if (a.send != my_recv) copy_range(my_recv, a.send, o + lo, o + hi, false);
+      } else if (me != a.root) {
+        copy_range(a.recv + o, dc.peer_base[a.root] + half, lo, hi, true);
+      } else if (a.send != a.recv) {
+        copy_range(a.recv, a.send, o + lo, o + hi, false);
+      }
+    }
+    __syncthreads();
+    if (a.bytes == 0) break;
+    o += cb;
+  }
+}
+
+/* -------------------------------------------------------------- launchers -- */
+
+static unsigned ts_grid(const kgpu *g) { return (unsigned)g->shape.ts_blocks; }
+
+static kcclResult_t launched(kgpuError_t e, const char *what) {
+  if (e != kgpuSuccess) {
+    kgpuGetLastError();
+    return kccl_err(kcclUnhandledCudaError, "launching the %s kernel: %s", what, kgpuGetErrorString(e));
+  }
+  return kgpu_launch_error(what);
+}
+
+extern "C" kcclResult_t kgpu_allreduce(struct kgpu *g, const void *send, void *recv, size_t count, int dtype,
+                                       int op, int twoshot, uint32_t sig, void *stream) {
+  if (dtype != kcclFloat32 && dtype != kcclFloat16 && dtype != kcclBfloat16)
+    return kccl_err(kcclInvalidArgument, "the GPU all-reduce takes float32, float16 or bfloat16 (dtype %d)", dtype);
+  if (count == 0) return kcclSuccess;
+  const size_t es = dtype == kcclFloat32 ? 4 : 2, nbytes = count * es;
+  kgpuStream_t st = (kgpuStream_t)stream;
+  if (!twoshot && nbytes <= (size_t)KCCL_DEV_MAX_BLOCKS * KCCL_LL_MAX_BYTES) {
+    /* 2 KB per block (one line per thread) until the blocks run out, then more lines per thread. */
+    size_t blocks = (nbytes + 2047) / 2048;
+    if (blocks > KCCL_DEV_MAX_BLOCKS) blocks = KCCL_DEV_MAX_BLOCKS;
+    size_t per = (nbytes + blocks - 1) / blocks;
+    per = (per + 7) / 8 * 8;
+    blocks = (nbytes + per - 1) / per;
+    kgpuError_t e = kgpu_launch(k_oneshot, (unsigned)blocks, KCCL_LL_THREADS, st, g->shape.pdl, g->dc[0],
+                                (const char *)send, (char *)recv, nbytes, (uint32_t)per, dtype, op, sig);
+    return launched(e, "one-shot all-reduce");
+  }
+  TwoShot a;
+  a.dc = g->dc[0];
+  a.off_in = g->lay.in;
+  a.off_out = g->lay.out;
+  a.off_flags = g->lay.flags;
+  a.off_steps = g->lay.steps;
+  a.send = (const char *)send;
+  a.recv = (char *)recv;
+  a.count = count;
+  a.chunk_elems = g->shape.chunk_bytes / es / (16 * (size_t)g->shape.nranks) * (16 * (size_t)g->shape.nranks);
+  a.dt = dtype;
+  a.op = op;
+  a.es = (int)es;
+  a.scatter = 0;
+  a.sig = sig;
+  return launched(kgpu_launch(k_twoshot, ts_grid(g), 256, st, g->shape.pdl, a), "two-shot all-reduce");
+}
+
+extern "C" kcclResult_t kgpu_reduce_scatter(struct kgpu *g, const void *send, void *recv, size_t recvcount,
+                                            int dtype, int op, uint32_t sig, void *stream) {
+  if (dtype != kcclFloat32 && dtype != kcclFloat16 && dtype != kcclBfloat16)
+    return kccl_err(kcclInvalidArgument, "the GPU reduce-scatter takes float32, float16 or bfloat16 (dtype %d)",
+                    dtype);
+  if (recvcount == 0) return kcclSuccess;
+  const size_t es = dtype == kcclFloat32 ? 4 : 2;
+  TwoShot a;
+  a.dc = g->dc[0];
+  a.off_in = g->lay.in;
+  a.off_out = g->lay.out;
+  a.off_flags = g->lay.flags;
+  a.off_steps = g->lay.steps;
+  a.send = (const char *)send;
+  a.recv = (char *)recv;
+  a.count = recvcount;
+  a.chunk_elems = g->shape.chunk_bytes / es;
+  a.dt = dtype;
+  a.op = op;
+  a.es = (int)es;
+  a.scatter = 1;
+  a.sig = sig;
+  return launched(kgpu_launch(k_twoshot, ts_grid(g), 256, (kgpuStream_t)stream, g->shape.pdl, a), "reduce-scatter");
+}
+
+extern "C" kcclResult_t kgpu_gather(struct kgpu *g, const void *send, void *recv, size_t bytes, int root,
+                                    uint32_t sig, void *stream) {
+  Gather a;
+  a.dc = g->dc[0];
+  a.off_g0 = g->lay.g[0];
+  a.off_g1 = g->lay.g[1];
+  a.off_flags = g->lay.flags;
+  a.off_steps = g->lay.steps;
+  a.send = (const char *)send;
+  a.recv = (char *)recv;
+  a.bytes = bytes;
+  a.chunk_bytes = g->shape.chunk_bytes / 16 * 16;
+  a.root = root;
+  a.sig = sig;
+  return launched(kgpu_launch(k_gather, ts_grid(g), 256, (kgpuStream_t)stream, g->shape.pdl, a),
+                  root < 0 ? "all-gather" : "broadcast");
+}

@@ -1,0 +1,208 @@
+/* gpu_runtime.cu - the CUDA side of a GPU communicator: the exported buffer,
+ * mapping the peers' buffers, pointer checks, the device handle. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "kgpu.h"
+
+static_assert(sizeof(kcclDevComm) == KCCL_DEV_COMM_BYTES, "kccl.h's KCCL_DEV_COMM_BYTES is out of date");
+
+static size_t align_up(size_t x) { return (x + KGPU_ALIGN - 1) / KGPU_ALIGN * KGPU_ALIGN; }
+
+static kgpu_layout make_layout(const kgpu_shape *s) {
+  kgpu_layout l;
+  size_t at = 0;
+  const size_t ll_bytes = (size_t)KCCL_LL_SETS * s->nranks * KCCL_DEV_MAX_BLOCKS * KCCL_LL_REGION_BYTES;
+  for (int c = 0; c < KCCL_CHANNELS; c++) {
+    l.ll[c] = at;
+    at = align_up(at + ll_bytes);
+  }
+  l.epochs = at;
+  at = align_up(at + sizeof(uint32_t) * KCCL_CHANNELS * KCCL_DEV_MAX_BLOCKS);
+  l.steps = at;
+  at = align_up(at + sizeof(uint32_t) * KGPU_TS_MAX_BLOCKS);
+  l.fail = at;
+  at = align_up(at + sizeof(int));
+  l.hop = at;
+  at = align_up(at + 2 * sizeof(uint64_t));
+  l.flags = at;
+  at = align_up(at + sizeof(uint64_t) * 2 * KGPU_TS_MAX_BLOCKS * KCCL_GPU_MAX_RANKS);
+  /* Scratch areas get one spare alignment unit: kernels read whole 16-byte
+   * units past the end of a partial tail. */
+  size_t area = align_up(s->chunk_bytes) + KGPU_ALIGN;
+  l.in = at;
+  at += area;
+  l.out = at;
+  at += area;
+  l.g[0] = at;
+  at += area;
+  l.g[1] = at;
+  at += area;
+  l.total = at;
+  return l;
+}
+
+extern "C" int kgpu_built(void) { return 1; }
+
+extern "C" kcclResult_t kgpu_device_count(int *n) {
+  *n = 0;
+  kgpuError_t e = kgpuGetDeviceCount(n);
+  if (e != kgpuSuccess) { /* no driver or no device: not an error, just none */
+    kgpuGetLastError();
+    *n = 0;
+  }
+  return kcclSuccess;
+}
+
+extern "C" kcclResult_t kgpu_create(int device, const kgpu_shape *shape, struct kgpu **out, kgpu_export *exp,
+                                    kcclGpuStatus **status) {
+  *out = NULL;
+  int ndev = 0;
+  kgpu_device_count(&ndev);
+  if (device < 0 || device >= ndev)
+    return kccl_err(kcclInvalidArgument, "device=%d: this process sees %d CUDA device(s)", device, ndev);
+  if (shape->nranks > KCCL_GPU_MAX_RANKS)
+    return kccl_err(kcclInvalidArgument, "the GPU transport takes at most %d ranks, got %d", KCCL_GPU_MAX_RANKS,
+                    shape->nranks);
+  KGPU_CHECK(kgpuSetDevice(device));
+  kgpu *g = (kgpu *)calloc(1, sizeof *g);
+  if (!g) return kccl_err(kcclSystemError, "out of memory");
+  g->device = device;
+  g->shape = *shape;
+  g->lay = make_layout(shape);
+  kgpuError_t e = kgpuMalloc((void **)&g->buf, g->lay.total);
+  if (e != kgpuSuccess) {
+    free(g);
+    return kccl_err(kcclUnhandledCudaError, "cudaMalloc of %zu bytes on device %d: %s", g->lay.total, device,
+                    kgpuGetErrorString(e));
+  }
+  /* Zero: every flag and epoch starts at 0, and the first call uses 1. */
+  if ((e = kgpuMemset(g->buf, 0, g->lay.total)) != kgpuSuccess ||
+      (e = kgpuHostAlloc((void **)&g->status_h, sizeof(kcclGpuStatus), kgpuHostAllocMapped)) != kgpuSuccess) {
+    kgpuFree(g->buf);
+    free(g);
+    return kccl_err(kcclUnhandledCudaError, "device %d setup: %s", device, kgpuGetErrorString(e));
+  }
+  memset((void *)g->status_h, 0, sizeof *g->status_h);
+  if ((e = kgpuHostGetDevicePointer((void **)&g->status_d, (void *)g->status_h, 0)) != kgpuSuccess ||
+      (e = kgpuIpcGetMemHandle((kgpuIpcMemHandle_t *)exp->ipc, g->buf)) != kgpuSuccess ||
+      (e = kgpuDeviceGetPCIBusId(exp->pci, KGPU_PCI_BYTES, device)) != kgpuSuccess ||
+      (e = kgpuDeviceGetAttribute(&exp->sms, kgpuDevAttrMultiProcessorCount, device)) != kgpuSuccess) {
+    kgpuFreeHost((void *)g->status_h);
+    kgpuFree(g->buf);
+    free(g);
+    return kccl_err(kcclUnhandledCudaError, "device %d export: %s", device, kgpuGetErrorString(e));
+  }
+  exp->bytes = g->lay.total;
+  *status = g->status_h;
+  *out = g;
+  return kcclSuccess;
+}
+
+extern "C" kcclResult_t kgpu_connect(struct kgpu *g, const kgpu_export *peers) {
+  const kgpu_shape *s = &g->shape;
+  KGPU_CHECK(kgpuSetDevice(g->device));
+  for (int p = 0; p < s->nranks; p++) {
+    if (p == s->rank) {
+      g->peer[p] = g->buf;
+      continue;
+    }
+    if (peers[p].bytes != g->lay.total)
+      return kccl_err(kcclInvalidUsage, "rank %d's GPU buffer has %llu bytes, this rank's %zu: the ranks were "
+                      "configured differently (KCCL_GPU_BUFFER_BYTES must be equal on all ranks)",
+                      p, (unsigned long long)peers[p].bytes, g->lay.total);
+    kgpuIpcMemHandle_t h;
+    memcpy(&h, peers[p].ipc, sizeof h);
+    kgpuError_t e = kgpuIpcOpenMemHandle((void **)&g->peer[p], h, kgpuIpcMemLazyEnablePeerAccess);
+    if (e != kgpuSuccess) {
+      g->peer[p] = NULL;
+      return kccl_err(kcclUnhandledCudaError, "mapping rank %d's GPU buffer (GPU %s) on GPU %s: %s (peer access "
+                      "between these GPUs may be unavailable)", p, peers[p].pci, peers[s->rank].pci,
+                      kgpuGetErrorString(e));
+    }
+  }
+  /* Blocks of the chunked kernels: about two per multiprocessor, shared among the
+   * ranks of the busiest GPU (all ranks' kernels must be resident at once: a
+   * block waits for the same block of every peer).  Every rank computes the
+   * same number from the same exports. */
+  int max_local = 1, min_sms = 1 << 30;
+  for (int p = 0; p < s->nranks; p++) {
+    int local = 0;
+    for (int q = 0; q < s->nranks; q++) local += !strncmp(peers[p].pci, peers[q].pci, KGPU_PCI_BYTES);
+    if (local > max_local) max_local = local;
+    if (peers[p].sms < min_sms) min_sms = peers[p].sms;
+  }
+  int blocks = 2 * min_sms / max_local;
+  g->shape.ts_blocks = blocks < 1 ? 1 : blocks > KGPU_TS_MAX_BLOCKS ? KGPU_TS_MAX_BLOCKS : blocks;
+  for (int c = 0; c < KCCL_CHANNELS; c++) {
+    kcclDevComm *dc = &g->dc[c];
+    memset(dc, 0, sizeof *dc);
+    dc->rank = s->rank;
+    dc->nranks = s->nranks;
+    dc->channel = c;
+    dc->timeout_ns = s->timeout_ns;
+    for (int p = 0; p < s->nranks; p++) dc->peer_base[p] = g->peer[p];
+    for (int k = 0; k < KCCL_CHANNELS; k++) dc->ll_off[k] = g->lay.ll[k];
+    dc->epochs = (uint32_t *)(g->buf + g->lay.epochs);
+    dc->fail_owner = (int *)(g->buf + g->lay.fail);
+    dc->status = g->status_d;
+  }
+  return kcclSuccess;
+}
+
+extern "C" kcclResult_t kgpu_sync(struct kgpu *g) {
+  KGPU_CHECK(kgpuSetDevice(g->device));
+  KGPU_CHECK(kgpuDeviceSynchronize());
+  return kcclSuccess;
+}
+
+extern "C" void kgpu_destroy(struct kgpu *g, int free_own) {
+  if (!g) return;
+  kgpuSetDevice(g->device);
+  for (int p = 0; p < g->shape.nranks; p++)
+    if (p != g->shape.rank && g->peer[p]) kgpuIpcCloseMemHandle(g->peer[p]);
+  if (free_own) {
+    kgpuFree(g->buf);
+    kgpuFreeHost((void *)g->status_h);
+  }
+  /* Not freed after an abort: a peer's kernel may still be pushing into this
+   * buffer (or reading the status); the process's exit releases both. */
+  kgpuGetLastError();
+  free(g);
+}
+
+extern "C" kcclResult_t kgpu_check_ptr(struct kgpu *g, const void *p, size_t bytes, const char *what) {
+  for (int i = 0; i < 8; i++)
+    if (g->ok_ptr[i] == p && g->ok_len[i] >= bytes) return kcclSuccess;
+  kgpuPointerAttributes a;
+  kgpuError_t e = kgpuPointerGetAttributes(&a, p);
+  if (e != kgpuSuccess) {
+    kgpuGetLastError();
+    return kccl_err(kcclInvalidArgument, "%s=%p is not memory CUDA knows (%s): this communicator is on GPU %d and "
+                    "takes device buffers", what, p, kgpuGetErrorString(e), g->device);
+  }
+  if (!KGPU_PTR_IS_DEVICE(a))
+    return kccl_err(kcclInvalidArgument, "%s=%p is host memory: this communicator is on GPU %d and takes device "
+                    "buffers", what, p, g->device);
+  if (KGPU_PTR_DEVICE(a) != g->device)
+    return kccl_err(kcclInvalidArgument, "%s=%p lives on GPU %d, but this communicator is on GPU %d", what, p,
+                    KGPU_PTR_DEVICE(a), g->device);
+  g->ok_ptr[g->ok_next] = p;
+  g->ok_len[g->ok_next] = bytes;
+  g->ok_next = (g->ok_next + 1) & 7;
+  return kcclSuccess;
+}
+
+extern "C" kcclResult_t kgpu_get_devcomm(struct kgpu *g, void *out, size_t bytes) {
+  if (bytes != sizeof(kcclDevComm))
+    return kccl_err(kcclInvalidArgument, "devComm has %zu bytes, this library's kcclDevComm %zu: rebuild against "
+                    "the installed kccl_device.cuh", bytes, sizeof(kcclDevComm));
+  memcpy(out, &g->dc[1], sizeof(kcclDevComm));
+  return kcclSuccess;
+}
+
+kcclResult_t kgpu_launch_error(const char *what) {
+  kgpuError_t e = kgpuGetLastError();
+  if (e == kgpuSuccess) return kcclSuccess;
+  return kccl_err(kcclUnhandledCudaError, "launching the %s kernel: %s", what, kgpuGetErrorString(e));
+}

@@ -1,0 +1,76 @@
+/* gpu_api.h - the interface between the C core (gpu_host.c: bootstrap,
+ * watcher, checks) and the CUDA side (src/gpu/ CUDA files: memory, IPC, kernels).  Plain
+ * C on both sides; built without CUDA, gpu_none.c implements it with errors. */
+#ifndef KCCL_GPU_API_H_
+#define KCCL_GPU_API_H_
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kccl.h"
+#include "kccl_gpu_status.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define KGPU_IPC_BYTES 64
+#define KGPU_PCI_BYTES 32
+
+struct kgpu; /* opaque: one rank's GPU state */
+
+/* What a rank publishes to its peers through its host segment. */
+typedef struct {
+  int32_t sms;                  /* multiprocessors of its GPU */
+  int32_t pad;
+  uint64_t bytes;               /* size of its exported buffer */
+  char pci[KGPU_PCI_BYTES];     /* PCI bus id: ranks with equal ids share a GPU */
+  uint8_t ipc[KGPU_IPC_BYTES];  /* cudaIpcMemHandle_t of the buffer */
+} kgpu_export;
+
+/* Sizes every rank must agree on (derived from the config and all exports). */
+typedef struct {
+  int nranks, rank;
+  int ts_blocks;                /* blocks of the two-shot / gather kernels */
+  size_t chunk_bytes;           /* two-shot and gather chunk */
+  uint64_t timeout_ns;
+  int pdl;                      /* launch with programmatic dependent launch */
+} kgpu_shape;
+
+int kgpu_built(void);
+kcclResult_t kgpu_device_count(int *n);
+/* Allocates this rank's buffer on `device` and fills *exp. */
+kcclResult_t kgpu_create(int device, const kgpu_shape *shape, struct kgpu **out, kgpu_export *exp,
+                         kcclGpuStatus **status);
+/* Maps every peer's buffer (peers[rank] is this rank's own export). */
+kcclResult_t kgpu_connect(struct kgpu *g, const kgpu_export *peers);
+/* Waits for this process's work on the device (cudaDeviceSynchronize). */
+kcclResult_t kgpu_sync(struct kgpu *g);
+/* Unmaps peers; frees the own buffer only when free_own (peers may still write it). */
+void kgpu_destroy(struct kgpu *g, int free_own);
+
+/* 1 when [p, p+bytes) is device memory of this communicator's GPU. */
+kcclResult_t kgpu_check_ptr(struct kgpu *g, const void *p, size_t bytes, const char *what);
+
+kcclResult_t kgpu_allreduce(struct kgpu *g, const void *send, void *recv, size_t count, int dtype, int op,
+                            int twoshot, uint32_t sig, void *stream);
+/* root < 0: all-gather of `bytes` per rank; else broadcast of `bytes` from root. */
+kcclResult_t kgpu_gather(struct kgpu *g, const void *send, void *recv, size_t bytes, int root, uint32_t sig,
+                         void *stream);
+kcclResult_t kgpu_reduce_scatter(struct kgpu *g, const void *send, void *recv, size_t recvcount, int dtype,
+                                 int op, uint32_t sig, void *stream);
+
+kcclResult_t kgpu_get_devcomm(struct kgpu *g, void *out, size_t bytes);
+kcclResult_t kgpu_dev_selftest(struct kgpu *g, const void *inputs, void *outputs, size_t count, int dtype, int op,
+                               int iters, int blocks, void *stream);
+kcclResult_t kgpu_bench_dev(struct kgpu *g, void *buf, size_t count, int dtype, int iters, int blocks,
+                            double *us_per_call);
+kcclResult_t kgpu_bench_flag_hop(struct kgpu *g, int iters, int mode, double *us_per_hop);
+
+/* error.c */
+kcclResult_t kccl_err(kcclResult_t code, const char *fmt, ...);
+void kccl_log(int level, const char *fmt, ...);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

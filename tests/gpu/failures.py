@@ -1,0 +1,137 @@
+"""GPU failure behaviour with real processes (run on a GPU machine, under MPS
+for several ranks on one GPU):
+
+    python tests/gpu/failures.py [scenario ...]
+
+Scenarios (2 ranks on GPU 0, spawned with multiprocessing so a rank can be
+SIGKILLed without an MPI launcher tearing the job down):
+  kill      rank 1 is SIGKILLed while rank 0's kernel waits for it
+  abort     rank 1 calls abort() while rank 0's kernel waits for it
+  mismatch  the ranks all-reduce different counts
+  timeout   rank 1 stays alive but never calls; KCCL_TIMEOUT_MS=1500
+  close     use after close
+Each prints PASS/FAIL with what rank 0 saw and how long it took; the last
+line is `GPU FAILURES: n passed, m failed`; exit 1 on any failure."""
+import multiprocessing as mp
+import os
+import signal
+import sys
+import time
+
+DETECT_S = 2.0
+
+
+def worker(scenario, uid, rank, q):
+    import torch
+    import kccl
+    torch.cuda.set_device(0)
+    cfg = {"KCCL_TIMEOUT_MS": 1500 if scenario == "timeout" else 20000}
+    comm = kccl.Communicator(2, kccl.UniqueId(uid), rank, device=0, config=cfg)
+    x = torch.ones(1024, device="cuda")
+    comm.all_reduce(x)  # one good call first
+    torch.cuda.synchronize()
+    out = {"rank": rank, "first": float(x[0].item())}
+    t_event = None
+    try:
+        if scenario in ("kill", "abort", "timeout") and rank == 1:
+            time.sleep(0.5)
+            q.put({"rank": 1, "t_event": time.monotonic()})
+            if scenario == "kill":
+                os.kill(os.getpid(), signal.SIGKILL)
+            elif scenario == "abort":
+                comm.abort()
+                time.sleep(1.0)
+                return
+            else:
+                time.sleep(4.0)  # alive, never calling
+                comm.close()
+                return
+        if scenario == "mismatch":
+            y = torch.ones(1000 + rank * 24, device="cuda")
+            comm.all_reduce(y)
+        elif scenario == "close":
+            comm.close()
+            try:
+                comm.all_reduce(x)
+                out["err"] = "none"
+            except kccl.KcclError as e:
+                out["err"] = type(e).__name__
+                out["msg"] = str(e)
+            q.put(out)
+            return
+        else:
+            comm.all_reduce(x)  # rank 0: the peer never answers this one
+        torch.cuda.synchronize()
+        try:
+            comm.all_reduce(x)  # the failure recorded on the GPU surfaces here
+            torch.cuda.synchronize()
+            out["err"] = "none"
+        except kccl.KcclError as e:
+            out["err"] = type(e).__name__
+            out["msg"] = str(e)
+        out["t_err"] = time.monotonic()
+        out["async"] = type(comm.async_error()).__name__ if not comm.closed else None
+        comm.abort() if out["err"] != "none" else comm.close()
+    except Exception as e:  # anything unexpected is a failure
+        out["err"] = "unexpected " + type(e).__name__
+        out["msg"] = str(e)
+    q.put(out)
+
+
+EXPECT = {"kill": "KcclRemoteError", "abort": "KcclRemoteError", "mismatch": "KcclRemoteError",
+          "timeout": "KcclTimeout", "close": "KcclInvalidUsage"}
+
+
+def run(scenario):
+    import kccl
+    ctx = mp.get_context("spawn")
+    q = ctx.Queue()
+    uid = bytes(kccl.get_unique_id())
+    procs = [ctx.Process(target=worker, args=(scenario, uid, r, q)) for r in range(2)]
+    for p in procs:
+        p.start()
+    got = {}
+    deadline = time.monotonic() + 60
+    need = 1 if scenario in ("kill", "abort", "timeout") else 2
+    while time.monotonic() < deadline:
+        try:
+            m = q.get(timeout=1)
+        except Exception:
+            if all(not p.is_alive() for p in procs):
+                break
+            continue
+        got.setdefault(m["rank"], {}).update(m)
+        if 0 in got and "err" in got[0] and (need == 1 or (1 in got and "err" in got[1])):
+            break
+    for p in procs:
+        p.join(timeout=20)
+        if p.is_alive():
+            p.kill()
+    r0 = got.get(0, {})
+    ok = r0.get("err") == EXPECT[scenario]
+    why = f"rank 0 got {r0.get('err')}: {r0.get('msg', '')[:200]}"
+    if ok and scenario in ("kill", "abort") and "t_event" in got.get(1, {}):
+        delay = r0["t_err"] - got[1]["t_event"]
+        why += f" ({delay:.2f} s after the event)"
+        ok = delay < DETECT_S  # t_event is taken just before the kill / abort
+    if ok and scenario == "mismatch":
+        r1 = got.get(1, {})
+        ok = r1.get("err") == EXPECT[scenario] and "mismatch" in r0.get("msg", "")
+        why += f"; rank 1 got {r1.get('err')}"
+    leftover = [n for n in os.listdir("/dev/shm") if n.startswith("kccl-")]
+    if leftover:
+        ok = False
+        why += f"; /dev/shm leftovers {leftover}"
+    print(("PASS " if ok else "FAIL ") + scenario + ": " + why, flush=True)
+    return ok
+
+
+def main(argv):
+    scenarios = argv or list(EXPECT)
+    results = [run(s) for s in scenarios]
+    print(f"GPU FAILURES: {sum(results)} passed, {len(results) - sum(results)} failed", flush=True)
+    return 0 if all(results) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,166 @@
+"""The GPU transport's surface, checked where there is no GPU (CI) and where there is one.
+
+Without a GPU: the build contains the CUDA code whenever nvcc was there, asking for a
+device gives a clear error, GPU-array descriptions (__cuda_array_interface__,
+streams) are parsed and refused as they should be.  With a GPU (and mpiexec): the
+multi-rank checks of tests/gpu/ run (they are also run by hand under MPS, see
+bench/RESULTS.md)."""
+import os
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import kccl
+from kccl import _cuda_buffers as cu
+from kccl._build_cuda import find_nvcc
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+BUILT, NDEV = kccl.gpu_support()
+
+
+def test_cuda_code_is_built_when_nvcc_is_present():
+    expect = find_nvcc() is not None and os.environ.get("KCCL_CUDA", "auto").strip() != "0"
+    assert BUILT == expect
+
+
+@pytest.mark.skipif(NDEV > 0, reason="a GPU is visible")
+def test_asking_for_a_gpu_without_one_is_a_clear_error():
+    with pytest.raises(kccl.KcclInvalidArgument, match="sees 0 CUDA device"):
+        kccl.Communicator(1, kccl.get_unique_id(), 0, device=0)
+
+
+@pytest.mark.skipif(NDEV > 0, reason="a GPU is visible")
+def test_c_api_refuses_a_missing_device_and_leaves_nothing():
+    from kccl._native import ffi, lib
+    cfg = ffi.new("kcclConfig_t *")
+    assert lib.kcclConfigInit(cfg) == 0 and cfg.device == -1
+    cfg.device = 3
+    uid = ffi.new("kcclUniqueId *")
+    assert lib.kcclGetUniqueId(uid) == 0
+    comm = ffi.new("kcclComm_t *")
+    rc = lib.kcclCommInitRankConfig(comm, 1, uid[0], 0, cfg)
+    assert rc == kccl.errors.INVALID_ARGUMENT
+    assert b"device" in ffi.string(lib.kcclGetLastError(ffi.NULL))
+    assert comm[0] == ffi.NULL
+
+
+@pytest.mark.parametrize("device", [-1, -5, "cuda:x", "gpu0", True, 1.0, [0]])
+def test_bad_device_arguments(device):
+    with pytest.raises(kccl.KcclInvalidArgument):
+        kccl.Communicator(1, kccl.get_unique_id(), 0, device=device)
+
+
+def test_host_communicator_reports_no_device_and_refuses_device_calls():
+    from kccl._native import ffi, lib
+    with kccl.Communicator(1, kccl.get_unique_id(), 0) as comm:
+        assert comm.device is None
+        dev = ffi.new("int *")
+        assert lib.kcclCommCuDevice(comm._comm, dev) == 0 and dev[0] == -1
+        with pytest.raises(kccl.KcclInvalidUsage, match="host communicator"):
+            comm.dev_comm()
+        with pytest.raises(kccl.KcclInvalidArgument, match="stream"):
+            comm.all_reduce(np.ones(4, np.float32), stream=0)
+        with pytest.raises(kccl.KcclInvalidArgument, match="stream"):
+            comm.barrier(stream=0)
+
+
+class FakeCudaArray:
+    """Only the description: nothing here is ever dereferenced."""
+
+    def __init__(self, shape, typestr="<f4", strides=None, readonly=False, ptr=0x7f0000001000):
+        self.__cuda_array_interface__ = dict(shape=shape, typestr=typestr, strides=strides,
+                                             data=(ptr, readonly), version=3)
+
+
+def test_gpu_array_on_a_host_communicator_is_refused():
+    with kccl.Communicator(1, kccl.get_unique_id(), 0) as comm:
+        with pytest.raises(kccl.KcclInvalidArgument, match="GPU array"):
+            comm.all_reduce(FakeCudaArray((4,)))
+
+
+@pytest.mark.parametrize("typestr,code,count", [("<f4", 7, 12), ("<f2", 6, 12), ("<f8", 8, 12), ("|i1", 0, 12),
+                                                ("<i8", 4, 12), ("<u4", 3, 12)])
+def test_cuda_array_interface_types(typestr, code, count):
+    ptr, n, c, dev, lib = cu.resolve(FakeCudaArray((3, 4), typestr), None, True, "send")
+    assert (ptr, n, c, dev) == (0x7f0000001000, count, code, None)
+
+
+def test_cuda_array_interface_refusals():
+    with pytest.raises(kccl.KcclInvalidArgument, match="C-contiguous"):
+        cu.resolve(FakeCudaArray((3, 4), "<f4", strides=(4, 12)), None, True, "send")
+    with pytest.raises(kccl.KcclInvalidArgument, match="read-only"):
+        cu.resolve(FakeCudaArray((4,), readonly=True), None, True, "recv")
+    cu.resolve(FakeCudaArray((4,), readonly=True), None, False, "send")  # a read-only send is fine
+    with pytest.raises(kccl.KcclInvalidArgument, match="does not handle"):
+        cu.resolve(FakeCudaArray((4,), "<c8"), None, True, "send")
+    # explicit C strides, and strides of a 1-element array, are contiguous
+    cu.resolve(FakeCudaArray((3, 4), "<f4", strides=(16, 4)), None, True, "send")
+    cu.resolve(FakeCudaArray((1, 1), "<f4", strides=(400, 8)), None, True, "send")
+
+
+def test_bfloat16_through_uint16_storage():
+    ptr, n, code, _dev, _lib = cu.resolve(FakeCudaArray((10,), "<u2"), "bfloat16", True, "send")
+    assert (n, code) == (10, 9)
+    with pytest.raises(kccl.KcclInvalidArgument, match="2-byte items"):
+        cu.resolve(FakeCudaArray((10,), "<f4"), "bfloat16", True, "send")
+
+
+class FakeTorchStream:
+    cuda_stream = 0x1234
+
+
+class FakeCupyStream:
+    ptr = 0x5678
+
+
+class ProtocolStream:
+    def __cuda_stream__(self):
+        return (0, 0x9abc)
+
+
+def test_stream_handles():
+    assert cu.stream_handle(None, "cai", 0) == 0
+    assert cu.stream_handle(7, "cai", 0) == 7
+    assert cu.stream_handle(FakeTorchStream(), "cai", 0) == 0x1234
+    assert cu.stream_handle(FakeCupyStream(), "cai", 0) == 0x5678
+    assert cu.stream_handle(ProtocolStream(), "cai", 0) == 0x9abc
+    for bad in ("s", 1.5, True, object()):
+        with pytest.raises(kccl.KcclInvalidArgument):
+            cu.stream_handle(bad, "cai", 0)
+
+
+def test_device_header_and_compat_header_compile_as_cuda(tmp_path):
+    """A user kernel that calls the device API compiles (and so does the compat header)."""
+    nvcc = find_nvcc()
+    if nvcc is None:
+        pytest.skip("no nvcc")
+    src = tmp_path / "user.cu"
+    src.write_text('#include "kccl_device.cuh"\n'
+                   "__global__ void k(kcclDevComm dc, float *x, int n) {\n"
+                   "  kcclResult_t r = kcclDevAllReduce(dc, x + blockIdx.x * n, n, kcclFloat32, kcclSum);\n"
+                   "  if (r != kcclSuccess && threadIdx.x == 0) x[0] = -1;\n}\n")
+    inc = os.path.join(os.path.dirname(HERE), "kccl_native", "include")
+    p = subprocess.run([nvcc, "-std=c++17", "-gencode=arch=compute_90,code=sm_90", "-I", inc, "-c", str(src),
+                        "-o", str(tmp_path / "user.o")], capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr
+
+
+needs_gpu = pytest.mark.skipif(NDEV == 0 or shutil.which("mpiexec") is None, reason="needs a CUDA GPU and mpiexec")
+
+
+@needs_gpu
+def test_gpu_correctness_two_ranks():
+    p = subprocess.run(["mpiexec", "-n", "2", "--oversubscribe", sys.executable,
+                        os.path.join(HERE, "gpu", "mpi_check.py"), "--quick"],
+                       capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0 and "0 failed" in p.stdout, p.stdout[-3000:] + p.stderr[-3000:]
+
+
+@needs_gpu
+def test_gpu_failures():
+    p = subprocess.run([sys.executable, os.path.join(HERE, "gpu", "failures.py")], capture_output=True, text=True,
+                       timeout=600)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
