@@ -136,3 +136,15 @@ def test_dtp_matches_composition_of_transformers_sublayers(tmp_path, delay):
         assert _rel(want, _hf_logits(hf, ids)) > 1e-2
     else:
         assert _rel(want, _hf_logits(hf, ids)) < RTOL
+
+
+def test_sharded_checkpoint(tmp_path):
+    """save_pretrained with a small max_shard_size writes several *.safetensors + an index."""
+    cfg = ModelConfig(**CASES["gqa_odd"], max_position_embeddings=64, torch_dtype="float32")
+    hf = _hf_model(cfg, 4)
+    hf.save_pretrained(tmp_path, safe_serialization=True, max_shard_size="100KB")
+    assert len(list(tmp_path.glob("*.safetensors"))) > 2
+    ids = [3, 1, 4, 1, 5, 9, 2, 6]
+    ckpt = Checkpoint(str(tmp_path))
+    got = Model(ckpt.config, load_weights(ckpt)).prefill(ids, all_logits=True)
+    assert _rel(got, _hf_logits(hf, ids)) < RTOL
