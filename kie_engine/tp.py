@@ -16,7 +16,7 @@ pick the same tokens."""
 import numpy as np
 
 from .errors import ShardingError
-from .model import LayerWeights, Model, Weights
+from .model import LayerWeights, Model, Weights, stack_t
 
 SLOT_BYTES = 1 << 20  # KCCL_BUFFER_BYTES of the engine's communicator: bounds one split-phase sum
 
@@ -84,18 +84,18 @@ def load_lane_weights(ckpt, rank, size):
         t = lambda n, rows=None, cols=None: ckpt.tensor(p + n, rows, cols)  # noqa: E731
         layers.append(LayerWeights(
             attn_norm=t("input_layernorm.weight"),
-            wqkv=np.concatenate([t("self_attn.q_proj.weight", q_rows), t("self_attn.k_proj.weight", kv_rows),
-                                 t("self_attn.v_proj.weight", kv_rows)]),
-            wo=t("self_attn.o_proj.weight", cols=q_rows), mlp_norm=t("post_attention_layernorm.weight"),
-            w_gate_up=np.concatenate([t("mlp.gate_proj.weight", slice(c0, c1)), t("mlp.up_proj.weight", slice(c0, c1))]),
-            w_down=t("mlp.down_proj.weight", cols=slice(c0, c1))))
+            wqkv=stack_t(t("self_attn.q_proj.weight", q_rows), t("self_attn.k_proj.weight", kv_rows),
+                         t("self_attn.v_proj.weight", kv_rows)),
+            wo=stack_t(t("self_attn.o_proj.weight", cols=q_rows)), mlp_norm=t("post_attention_layernorm.weight"),
+            w_gate_up=stack_t(t("mlp.gate_proj.weight", slice(c0, c1)), t("mlp.up_proj.weight", slice(c0, c1))),
+            w_down=stack_t(t("mlp.down_proj.weight", cols=slice(c0, c1)))))
     embed = ckpt.tensor("model.embed_tokens.weight")
     part = -(-cfg.vocab_size // size)
     v0, v1 = min(cfg.vocab_size, rank * part), min(cfg.vocab_size, (rank + 1) * part)
     head = embed[v0:v1] if cfg.tie_word_embeddings else ckpt.tensor("lm_head.weight", slice(v0, v1))
     if v1 - v0 < part:  # the last slice: zero rows up to the common size (cut off after the gather)
         head = np.concatenate([head, np.zeros((part - (v1 - v0), cfg.hidden_size), np.float32)])
-    return Weights(embed, layers, ckpt.tensor("model.norm.weight"), np.ascontiguousarray(head), nhl, nkvl)
+    return Weights(embed, layers, ckpt.tensor("model.norm.weight"), stack_t(head), nhl, nkvl)
 
 
 def load_model(ckpt, comm=None, max_seq=None):
