@@ -110,6 +110,47 @@ def _decode_worker(model_dir, delay, uid, nranks, rank, tokens, q):
             comm.close()
 
 
+def _paired_worker(model_dir, delays, uid, nranks, rank, tokens, rounds, q):
+    """One set of processes and one model; the delay is switched between runs (same
+    weights, same memory placement, same communicator), rounds alternating the order."""
+    import numpy as np
+    import kccl
+    from kie_engine.checkpoint import Checkpoint
+    from kie_engine.tp import comm_config, load_model
+    ckpt = Checkpoint(model_dir, dtp_delay=max(delays))
+    comm = kccl.Communicator(nranks, kccl.UniqueId(uid), rank, config=comm_config(ckpt.config)) if nranks > 1 else None
+    try:
+        model = load_model(ckpt, comm, max_seq=256)
+        out = {d: [] for d in delays}
+        for rnd in range(rounds):
+            for d in (delays if rnd % 2 == 0 else delays[::-1]):
+                model.cfg = ckpt.config.replace(dtp_delay=d)
+                model.reset()
+                model.prefill([256, 100, 101, 102])
+                tok = 65
+                for _ in range(3):
+                    tok = int(np.argmax(model.decode_step(tok)))
+                if comm:
+                    comm.barrier()
+                times = []
+                for _ in range(tokens):
+                    t = time.perf_counter()
+                    tok = int(np.argmax(model.decode_step(tok)))
+                    times.append(time.perf_counter() - t)
+                out[d].append(statistics.median(times))
+        if rank == 0:
+            q.put(out)
+    finally:
+        if comm:
+            comm.close()
+
+
+def paired(model_dir, nranks, delays, tokens, rounds):
+    import kccl
+    uid = bytes(kccl.get_unique_id())
+    return _run(_paired_worker, [(model_dir, delays, uid, nranks, r, tokens, rounds) for r in range(nranks)], 1)[0]
+
+
 def _run(target, args_per_proc, blas_threads, timeout=900):
     _pin_blas(blas_threads)
     ctx = mp.get_context("spawn")
@@ -156,12 +197,34 @@ def main():
     ap.add_argument("--delays", default="0,1")
     ap.add_argument("--bw-bytes", type=int, default=512 << 20)
     ap.add_argument("--out", help="also write the table here")
+    ap.add_argument("--paired", action="store_true",
+                    help="only compare the delays, each TP size in one set of processes that switches the delay")
     a = ap.parse_args()
     if not os.path.isdir(a.model):
         from kie_engine.config import preset
         from kie_engine.init import write_checkpoint
         write_checkpoint(preset("small"), a.model, seed=0)
     ncores = len(os.sched_getaffinity(0))
+    if a.paired:
+        delays = [int(d) for d in a.delays.split(",")]
+        lines = [f"# bench/decode.py --paired: {a.model}, BLAS threads 1 per rank, {a.tokens} timed tokens x "
+                 f"{a.rounds} rounds per delay, one set of processes per TP size; ms/token (median of rounds)",
+                 "| TP | " + " | ".join(f"delay {d}" for d in delays) + " | delay 0 / delay d, per round (median) |",
+                 "|---:|" + "---:|" * (len(delays) + 1)]
+        for n in map(int, a.lanes.split(",")):
+            out = paired(a.model, n, delays, a.tokens, a.rounds)
+            cells = [f"{1e3 * statistics.median(out[d]):.2f}" for d in delays]
+            ratios = ", ".join(f"d{d}: {statistics.median(x / y for x, y in zip(out[delays[0]], out[d])):.3f}"
+                               for d in delays[1:])
+            lines.append(f"| {n} | " + " | ".join(cells) + f" | {ratios} |")
+            lines.append("# raw ms/token per round, TP=%d: " % n + "; ".join(
+                f"d{d}: " + ",".join(f"{1e3 * x:.1f}" for x in out[d]) for d in delays))
+        text = "\n".join(lines)
+        print(text)
+        if a.out:
+            with open(a.out, "w") as f:
+                f.write(f"$ {' '.join(sys.argv)}\n{text}\n")
+        return
     configs = [(n, d, 1) for n in map(int, a.lanes.split(",")) for d in map(int, a.delays.split(","))]
     if ncores > 1:
         configs.append((1, 0, ncores))
@@ -170,7 +233,8 @@ def main():
     for rnd in range(a.rounds):
         for n in bw:
             bw[n].append(bandwidth(n, a.bw_bytes))
-        for c in configs:
+        # odd rounds run the rows in reverse, so no row always follows the same neighbour
+        for c in (configs if rnd % 2 == 0 else configs[::-1]):
             nbytes, t, in_sums = decode(a.model, c[0], c[1], a.tokens, c[2])
             res[c].append((nbytes, t, in_sums))
             print(f"round {rnd}: TP={c[0]} delay={c[1]} blas={c[2]}: {1e3 * t:.2f} ms/token", file=sys.stderr, flush=True)
@@ -196,6 +260,11 @@ def main():
         rel = f"{base / t:.2f}x" if base else "-"
         lines.append(f"| {c[0]} | {c[1]} | {c[2]} | {1e3 * t:.2f} | {1 / t:.2f} | {rel} | {per_rank / 1e6:.0f} | "
                      f"{total / 1e6:.0f} | {gbs:.1f} | {100 * gbs * 1e9 / machine:.0f} % | {1e3 * in_sums:.2f} |")
+    pairs = [(c, (c[0], 0, c[2])) for c in configs if c[1] > 0 and (c[0], 0, c[2]) in res]
+    if pairs:  # paired per round: delay d vs delay 0 measured minutes apart in the same round
+        lines.append("# DTP paired per round (delay 0 time / delay d time; > 1: delay d faster): " + "; ".join(
+            f"TP={c[0]} d={c[1]}: median {statistics.median(z[1] / x[1] for x, z in zip(res[c], res[c0])):.3f} ("
+            + ",".join(f"{z[1] / x[1]:.2f}" for x, z in zip(res[c], res[c0])) + ")" for c, c0 in pairs))
     lines.append("# raw ms/token per round: " + "; ".join(
         f"TP={c[0]} d={c[1]} b={c[2]}: " + ",".join(f"{1e3 * r[1]:.1f}" for r in res[c]) for c in configs))
     lines.append("# raw GB/s per round: " + "; ".join(
