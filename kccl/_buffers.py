@@ -53,6 +53,23 @@ def dtype_code(dtype):
     return code
 
 
+def apply_dtype(native, itemsize, nbytes, dtype, label, what, bf16_hint):
+    """The dtype code of a buffer holding `native` items (None: a type KCCL lacks), or of the
+    explicit `dtype`, which must have the buffer's item size and divide its bytes."""
+    if dtype is None:
+        if native is None:
+            raise KcclInvalidArgument(f"{what} holds {label}, which KCCL does not handle; supported: "
+                                      f"{', '.join(NAMES.values())} ({bf16_hint})")
+        return native
+    code = dtype_code(dtype)
+    if native is not None and native != code and ITEMSIZE[code] != itemsize:
+        raise KcclInvalidArgument(f"{what} holds {label} ({itemsize}-byte items) but dtype={dtype!r} has "
+                                  f"{ITEMSIZE[code]}-byte items")
+    if nbytes % ITEMSIZE[code]:
+        raise KcclInvalidArgument(f"{what} has {nbytes} bytes, not a multiple of {NAMES[code]}'s size")
+    return code
+
+
 def _as_array(obj, what):
     """Anything we accept, as a numpy array (no copy) or a memoryview."""
     if isinstance(obj, np.ndarray):
@@ -94,17 +111,7 @@ def resolve(obj, dtype, writable, what):
             raise KcclInvalidArgument(f"{what} is read-only ({type(obj).__name__})")
         native = _FORMAT_CODES.get(arr.format.lstrip("@=<"))
         itemsize, nbytes = arr.itemsize, arr.nbytes
-    if dtype is not None:
-        code = dtype_code(dtype)
-        if native is not None and native != code and ITEMSIZE[code] != itemsize:
-            raise KcclInvalidArgument(f"{what} holds {_label(arr)} ({itemsize}-byte items) but dtype={dtype!r} "
-                                      f"has {ITEMSIZE[code]}-byte items")
-        if nbytes % ITEMSIZE[code]:
-            raise KcclInvalidArgument(f"{what} has {nbytes} bytes, not a multiple of {NAMES[code]}'s size")
-    elif native is None:
-        raise KcclInvalidArgument(f"{what} holds {_label(arr)}, which KCCL does not reduce; supported: "
-                                  f"{', '.join(NAMES.values())} (bfloat16 via ml_dtypes or dtype='bfloat16')")
-    else:
-        code = native
+    code = apply_dtype(native, itemsize, nbytes, dtype, _label(arr), what,
+                       "bfloat16 via ml_dtypes or dtype='bfloat16'")
     ptr = ffi.from_buffer(arr) if nbytes else ffi.NULL  # writability was checked above
     return ptr, nbytes // ITEMSIZE[code], code, arr

@@ -20,13 +20,14 @@ def _cdef_from_header(path):
     text = re.sub(r"/\*.*?\*/", "", raw, flags=re.S)
     text = re.sub(r"#ifdef __cplusplus.*?#endif", "", text, flags=re.S)
     text = "\n".join(l for l in text.splitlines() if not l.lstrip().startswith("#"))
-    nbytes = re.search(r"#define KCCL_UNIQUE_ID_BYTES (\d+)", raw).group(1)
-    text = text.replace("KCCL_UNIQUE_ID_BYTES", nbytes)
+    # array sizes spelled out (cffi's cdef has no preprocessor)
+    for name, value in re.findall(r"#define (KCCL_UNIQUE_ID_BYTES|KCCL_MAX_DOMAINS) (\d+)", raw):
+        text = re.sub(rf"\b{name}\b", value, text)
     # Enums as plain ints in function signatures: cffi converts int arguments and
     # results several times faster than enum-typed ones, which matters on the
     # sub-microsecond path; C converts them implicitly at the call.
     text = re.sub(r"\b(kcclResult_t|kcclDataType_t|kcclRedOp_t)(?=\s+\w+\s*[,)(])", "int", text)
-    return text + "\n#define KCCL_UNIQUE_ID_BYTES ...\n#define KCCL_VERSION_CODE ...\n#define KCCL_DEV_COMM_BYTES ...\n"
+    return text + "\n#define KCCL_UNIQUE_ID_BYTES ...\n#define KCCL_VERSION_CODE ...\n#define KCCL_DEV_COMM_BYTES ...\n#define KCCL_MAX_DOMAINS ...\n"
 
 
 ROOT = os.path.dirname(HERE)

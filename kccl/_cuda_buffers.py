@@ -7,7 +7,7 @@ bfloat16: torch.bfloat16 tensors directly; CuPy has no bfloat16, so pass
 uint16 storage with dtype="bfloat16"."""
 import ctypes
 
-from ._buffers import ITEMSIZE, NAMES, dtype_code
+from ._buffers import ITEMSIZE, apply_dtype
 from .errors import KcclInvalidArgument
 
 INT8, UINT8, INT32, UINT32, INT64, UINT64, FLOAT16, FLOAT32, FLOAT64, BFLOAT16 = range(10)
@@ -43,19 +43,8 @@ def is_cuda_array(obj):
 
 
 def _apply_dtype(native, itemsize, nbytes, dtype, label, what):
-    if dtype is None:
-        if native is None:
-            raise KcclInvalidArgument(f"{what} holds {label}, which KCCL does not handle; supported: "
-                                      f"{', '.join(NAMES.values())} (bfloat16: torch.bfloat16, or uint16 "
-                                      "storage with dtype='bfloat16')")
-        return native
-    code = dtype_code(dtype)
-    if native is not None and native != code and ITEMSIZE[code] != itemsize:
-        raise KcclInvalidArgument(f"{what} holds {label} ({itemsize}-byte items) but dtype={dtype!r} has "
-                                  f"{ITEMSIZE[code]}-byte items")
-    if nbytes % ITEMSIZE[code]:
-        raise KcclInvalidArgument(f"{what} has {nbytes} bytes, not a multiple of {NAMES[code]}'s size")
-    return code
+    return apply_dtype(native, itemsize, nbytes, dtype, label, what,
+                       "bfloat16: torch.bfloat16, or uint16 storage with dtype='bfloat16'")
 
 
 def _c_strides(shape, itemsize):

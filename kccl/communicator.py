@@ -11,6 +11,7 @@ import os
 import numpy as np
 
 from . import config as _config
+from . import placement as _placement
 from . import _cuda_buffers as _cu
 from ._buffers import NAMES, NUMPY_CODES, resolve
 from ._native import ffi, lib
@@ -200,7 +201,8 @@ class Communicator:
             raise KcclInvalidArgument(f"unique_id must be a kccl.UniqueId (bytes), got {type(unique_id).__name__}")
         uid = ffi.new("kcclUniqueId *")
         ffi.buffer(uid)[:] = UniqueId(unique_id)
-        cfg = _config.native(ffi, config)
+        settings = _config.resolve(config)
+        cfg = _config.native_from(ffi, settings)
         device = _device_index(device)
         if device >= 0:
             built, ndev = gpu_support()
@@ -210,8 +212,13 @@ class Communicator:
             if device >= ndev:
                 raise KcclInvalidArgument(f"device={device}: this process sees {ndev} CUDA device(s)")
         cfg.device = device
+        if device >= 0:  # host replicas serve the host transport's slots; GPU flags are the GPU path's
+            pl, self._plan_note = _placement.one_copy(ffi, "GPU communicator: no host replicas")
+        else:
+            pl, self._plan_note = _placement.native(ffi, nranks, rank, settings["KCCL_TOPO"][0],
+                                                    settings["KCCL_TOPO_FILE"][0])
         pcomm = ffi.new("kcclComm_t *")
-        rc = lib.kcclCommInitRankConfig(pcomm, nranks, uid[0], rank, cfg)
+        rc = lib.kcclCommInitRankPlacement(pcomm, nranks, uid[0], rank, cfg, pl)
         if rc:
             _raise(rc)
         self._comm = pcomm[0]
@@ -559,6 +566,19 @@ class Communicator:
         if isinstance(send, np.ndarray) and dtype is None:
             return np.empty(shape, dtype=send.dtype)
         raise KcclInvalidArgument("pass recv explicitly unless send is a numpy array and dtype is None")
+
+    def topo_info(self):
+        """How this rank's replicas are placed: {"ndomains", "domain", "replicas" (remote
+        replicas it writes), "bound" (1 verified on their NUMA nodes, 0 unverified, -1
+        failed), "pushes", "replica_reads", "note" (the binding, from C), "plan" (why this
+        placement: "KCCL_TOPO=off", "one domain: one copy", "domain 1 of 2", ...)}."""
+        info = ffi.new("kcclTopoInfo_t *")
+        rc = lib.kcclCommTopoInfo(self._handle(), info)
+        if rc:
+            _raise(rc)
+        return {"ndomains": info.ndomains, "domain": info.domain, "replicas": info.replicas,
+                "bound": info.bound, "pushes": int(info.pushes), "replica_reads": int(info.replicaReads),
+                "note": ffi.string(info.note).decode(errors="replace"), "plan": self._plan_note}
 
     # -- life cycle -----------------------------------------------------------------
     def async_error(self):

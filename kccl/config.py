@@ -17,6 +17,7 @@ from .errors import KcclInvalidArgument
 
 ALGOS = {"auto": 0, "oneshot": 1, "twoshot": 2}
 DEBUG_LEVELS = {"NONE": 0, "WARN": 1, "INFO": 2, "TRACE": 3}
+TOPO_MODES = {"off": 0, "on": 1}
 
 
 def _int_range(lo, hi, sizes=False):
@@ -45,13 +46,21 @@ def _choice(table):
     return parse
 
 
+def _path(text):
+    s = str(text).strip()
+    if not s:
+        raise ValueError("expected a file path")
+    return s
+
+
 @dataclass(frozen=True)
 class Setting:
     name: str          # environment variable
-    field: str         # kcclConfig_t field
+    field: str         # kcclConfig_t field (or, with native=False, the override key)
     default: object
     parse: Callable
     doc: str
+    native: bool = True  # False: Python resolves it (topology placement); C never reads it
 
 
 SETTINGS: Tuple[Setting, ...] = (
@@ -82,6 +91,14 @@ SETTINGS: Tuple[Setting, ...] = (
             "launch (Hopper); it deadlocked at 8 ranks on one GPU under MPS, so 0 (plain launches) is the default."),
     Setting("KCCL_DEBUG", "debug", "NONE", _choice(DEBUG_LEVELS),
             "Log to stderr: NONE, WARN (every error), INFO (init details), TRACE."),
+    # Placement: Python's topology/ computes it and hands it to kcclCommInitRankPlacement;
+    # C programs that call kcclCommInitRankConfig get one copy of everything.
+    Setting("KCCL_TOPO", "topo", "on", _choice(TOPO_MODES),
+            "Topology-aware replicas: on (one replica of each flag and small slot per L3/NUMA domain "
+            "the ranks span; one domain = one copy) or off (one copy). Python only.", native=False),
+    Setting("KCCL_TOPO_FILE", "topo_file", "", _path,
+            "A topology JSON (python -m topology --json) used instead of this machine's sysfs; may pin "
+            "ranks to domains (rank_domains). Python only.", native=False),
     Setting("KCCL_MAX_OUTSTANDING", "max_outstanding", 1, _int_range(1, 8),
             "How many all_reduce_start operations may be in flight (started, not yet waited). "
             "Each rank maps 4 * this (rounded up to a power of two) slots, 4 at 1. "
@@ -119,10 +136,17 @@ def resolve(overrides: Optional[dict] = None, environ=None):
 
 def native(ffi, overrides=None):
     """A filled kcclConfig_t* for kcclCommInitRankConfig."""
+    return native_from(ffi, resolve(overrides))
+
+
+def native_from(ffi, resolved):
+    """The kcclConfig_t* of already resolved settings (Python-only ones left out)."""
     cfg = ffi.new("kcclConfig_t *")
     cfg.size = ffi.sizeof("kcclConfig_t")
-    for name, (value, _src) in resolve(overrides).items():
+    for name, (value, _src) in resolved.items():
         s = BY_NAME[name]
+        if not s.native:
+            continue
         if s.field == "algo":
             value = ALGOS[value]
         elif s.field == "debug":
@@ -132,13 +156,24 @@ def native(ffi, overrides=None):
     return cfg
 
 
+# Read at build time by setup.py (kccl/_build_cuda.py), not by a communicator.
+BUILD_SETTINGS = (
+    ("KCCL_CUDA", "auto", "Build time: auto compiles the GPU transport when nvcc is found, 1 requires "
+     "it (a missing nvcc fails the install), 0 leaves it out."),
+)
+
+
 def describe(environ=None) -> str:
+    environ = os.environ if environ is None else environ
     rows = resolve(environ=environ)
     w = max(len(s.name) for s in SETTINGS)
     lines = [f"{'setting':<{w}}  {'value':>10}  {'source':<8}  meaning"]
     for s in SETTINGS:
         value, src = rows[s.name]
         lines.append(f"{s.name:<{w}}  {str(value):>10}  {src:<8}  {s.doc}")
+    for name, default, doc in BUILD_SETTINGS:
+        val = environ.get(name, "").strip()
+        lines.append(f"{name:<{w}}  {val or default:>10}  {'env' if val else 'default':<8}  {doc}")
     return "\n".join(lines)
 
 

@@ -393,10 +393,10 @@ MISMATCH_KINDS = ("count", "count0", "count_chunks", "dtype", "op", "coll_broadc
                   "coll_reduce_scatter", "root", "coll_allgather")
 
 
-def task_mismatch(ctx, uid, nranks, rank, kind, odd_rank, delay=0.0, timeout_ms=GROUP_TIMEOUT_MS):
+def task_mismatch(ctx, uid, nranks, rank, kind, odd_rank, delay=0.0, timeout_ms=GROUP_TIMEOUT_MS, config=None):
     """Rank odd_rank calls something different (after `delay` s); returns what this rank saw."""
     import kccl
-    comm = _fresh(uid, nranks, rank, {"timeout_ms": timeout_ms})
+    comm = _fresh(uid, nranks, rank, dict(config or {}, timeout_ms=timeout_ms))
     time.sleep(delay)
     try:
         odd = rank == odd_rank
@@ -557,6 +557,68 @@ def task_call(ctx, module, func, **kw):
     """Runs module.func(ctx, **kw) from another test-task module (kept out of this file)."""
     import importlib
     return getattr(importlib.import_module(module), func)(ctx, **kw)
+
+
+# -- topology placement (replicas) ---------------------------------------------------------------
+
+TOPO_DTYPES = ("float32", "int64", "float16", "uint8")  # no bfloat16: topology farms block ml_dtypes
+
+
+def task_topo_join(ctx, uid, nranks, rank, config, name="topo"):
+    """Join a communicator with `config` (topology settings) and keep it: its topo_info()."""
+    if name in ctx.held:
+        ctx.held.pop(name).close()
+    comm = ctx.held[name] = _fresh(uid, nranks, rank, config)
+    return comm.topo_info()
+
+
+def task_topo_check(ctx, rank, nranks, seed, name="topo", counts=(1, 7, 300, 2000)):
+    """Checked collectives of every kind on the held communicator (small and chunked sizes,
+    both all-reduce algorithms through the size crossover); returns (first problem or None,
+    topo_info before, topo_info after)."""
+    import kccl
+    comm = ctx.held[name]
+    before = comm.topo_info()
+    for dtype in TOPO_DTYPES:
+        for count in counts:
+            for op in ("SUM", "MAX"):
+                want = reduce_reference(dtype, op, all_inputs(dtype, op, count, seed, nranks), nranks)
+                got = comm.all_reduce(make_input(dtype, op, count, seed, rank), sentinel_like(count, dtype),
+                                      op=getattr(kccl, op))
+                why = describe_diff(got, want, f"rank {rank} all_reduce {dtype} {op} n={count}")
+                if why:
+                    return why, before, comm.topo_info()
+            want = np.stack([make_input(dtype, None, count, seed, r) for r in range(nranks)])
+            why = describe_diff(comm.all_gather(make_input(dtype, None, count, seed, rank)), want,
+                                f"rank {rank} all_gather {dtype} n={count}")
+            if why:
+                return why, before, comm.topo_info()
+            total = count * nranks
+            full = reduce_reference(dtype, "SUM", all_inputs(dtype, "SUM", total, seed, nranks), nranks)
+            why = describe_diff(comm.reduce_scatter(make_input(dtype, "SUM", total, seed, rank)),
+                                full[rank * count:(rank + 1) * count], f"rank {rank} reduce_scatter {dtype} n={count}")
+            if why:
+                return why, before, comm.topo_info()
+            root = (seed + count) % nranks
+            buf = make_input(dtype, None, count, seed, rank) if rank == root else sentinel_like(count, dtype)
+            why = describe_diff(comm.broadcast(buf, root=root), make_input(dtype, None, count, seed, root),
+                                f"rank {rank} broadcast {dtype} n={count}")
+            if why:
+                return why, before, comm.topo_info()
+            comm.barrier()
+    return None, before, comm.topo_info()
+
+
+def task_topo_loop(ctx, rank, nranks, iters, count, name="topo"):
+    """iters one-shot all-reduces of `count` float32 (one chunk): topo_info before and after."""
+    comm = ctx.held[name]
+    x = np.full(count, rank + 1, np.float32)
+    recv = np.empty_like(x)
+    before = comm.topo_info()
+    for _ in range(iters):
+        comm.all_reduce(x, recv)
+    ok = bool((recv == nranks * (nranks + 1) / 2).all())
+    return ok, before, comm.topo_info()
 
 
 TASKS = {name[5:]: fn for name, fn in list(globals().items()) if name.startswith("task_")}

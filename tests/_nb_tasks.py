@@ -134,3 +134,26 @@ def nb_survivor(ctx, uid, nranks, rank):
         return out
     finally:
         comm.close()
+
+
+def nb_replicas(ctx, uid, nranks, rank, topo_file, iters):
+    """Two in flight on a communicator with per-domain replicas (a fake topology): exact
+    sums, and (replica pushes, replica reads) done by the split-phase calls."""
+    comm = _fresh(uid, nranks, rank, {"timeout_ms": GROUP_TIMEOUT_MS, "max_outstanding": 2, "topo_file": topo_file})
+    try:
+        before = comm.topo_info()
+        window = []
+        for i in range(iters):
+            x = np.full(16, rank + i, np.float32)
+            window.append((comm.all_reduce_start(x), i))
+            if len(window) == 2:
+                h, j = window.pop(0)
+                want = nranks * j + nranks * (nranks - 1) // 2
+                if not (h.wait() == want).all():
+                    return f"rank {rank} op {j}: wrong sum", 0, 0
+        for h, j in window:
+            h.wait()
+        after = comm.topo_info()
+        return None, after["pushes"] - before["pushes"], after["replica_reads"] - before["replica_reads"]
+    finally:
+        comm.close()

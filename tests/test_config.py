@@ -93,14 +93,16 @@ def test_registry_fields_match_the_c_struct():
     from kccl._native import ffi
     # device is the Communicator's argument (which GPU), not an environment setting
     c_fields = {name for name, _ in ffi.typeof("kcclConfig_t").fields} - {"size", "device"}
-    assert {s.field for s in kconfig.SETTINGS} == c_fields
+    assert {s.field for s in kconfig.SETTINGS if s.native} == c_fields
     assert all(s.name == "KCCL_" + s.field.upper() for s in kconfig.SETTINGS)
+    # the Python-only settings are the placement ones, which C gets as a kcclPlacement_t
+    assert {s.name for s in kconfig.SETTINGS if not s.native} == {"KCCL_TOPO", "KCCL_TOPO_FILE"}
 
 
 def test_c_defaults_equal_python_defaults():
     ((rc, fields, _err),) = c_config([{}])
     assert rc == 0
-    for s in kconfig.SETTINGS:
+    for s in (s for s in kconfig.SETTINGS if s.native):
         want = NAME_MAPS[s.field][s.default] if s.field in NAME_MAPS else s.default
         assert fields[s.field] == want, f"{s.name}: C default {fields[s.field]!r}, Python registry {s.default!r}"
     # and the Python resolution of an empty environment is the registry's defaults

@@ -228,3 +228,15 @@ def test_c_api_rejects_bad_requests(comm1):
     assert lib.kcclAllReduceStart(p, p, 4, lib.kcclFloat32, 0, comm, req) == 0
     assert lib.kcclAllReduceTest(comm, req[0], done) == 0 and done[0] == 1
     assert lib.kcclAllReduceWait(comm, req[0]) == 0
+
+
+def test_split_phase_uses_the_topology_replicas(spawn_farm, tmp_path):
+    """Ranks 0,1 and 2,3 in two (fake) L3 domains: a start writes its remote replica, a wait
+    polls the replicas of the other domain's peers, and the sums stay exact."""
+    from _topo_files import fake_l3s
+    path = fake_l3s(tmp_path / "two.json", rank_domains=[0, 0, 1, 1])
+    iters = 40
+    res = _call(spawn_farm(4), 4, "nb_replicas", topo_file=path, iters=iters)
+    for r, (why, pushes, reads) in enumerate(res):
+        assert why is None, why
+        assert pushes == iters and reads == 2 * iters, (r, pushes, reads)

@@ -26,11 +26,22 @@ for s in $steps; do
     check[0-9]*) n=${s#check}; timeout 150 $MPI -n $n python3 tests/gpu/mpi_check.py --quick 2>&1 | tee "$OUT/$s.log" | tail -25 ;;
     fullcheck[0-9]*) n=${s#fullcheck}; timeout 400 $MPI -n $n python3 tests/gpu/mpi_check.py 2>&1 | tee "$OUT/$s.log" | tail -25 ;;
     failures) timeout 150 python3 tests/gpu/failures.py 2>&1 | tee "$OUT/failures.log" | tail -12 ;;
+    small[0-9]*) n=${s#small}; timeout 200 $MPI -n $n python3 bench/allreduce.py --device cuda -d bfloat16 -b 4 -e 256K -r 20 --json "$OUT/gpu_bench_${n}ranks_small.json" 2>&1 | tee "$OUT/$s.log" | grep -v Traceback | tail -32 ;;
     nopdl[0-9]*) n=${s#nopdl}; KCCL_GPU_PDL=0 timeout 200 $MPI -x KCCL_GPU_PDL -n $n python3 bench/allreduce.py --device cuda -d bfloat16 -b 4 -e 256K -r 20 --json "$OUT/gpu_bench_${n}ranks_nopdl.json" 2>&1 | tee "$OUT/$s.log" | grep -v Traceback | tail -30 ;;
     bench[0-9]*) n=${s#bench}; timeout 300 $MPI -n $n python3 bench/allreduce.py --device cuda -d bfloat16 -b 4 -e 64M -r 20 --json "$OUT/gpu_bench_${n}ranks.json" 2>&1 | tee "$OUT/$s.log" | tail -40 ;;
     sanitize) for tool in memcheck racecheck; do
                 timeout 200 $MPI -n 2 compute-sanitizer --tool $tool --print-limit 20 python3 tests/gpu/mpi_check.py --quick --tiny 2>&1 | tee "$OUT/sanitize_$tool.log" | grep -E "ERROR SUMMARY|GPU CHECK|error" | head -12
               done ;;
+    multigpu) # issue 6: one rank per GPU, KCCL vs NCCL on the same buffers (needs an -x2/-x4/-x8 kind)
+      nvidia-smi topo -m | tee "$OUT/topo.txt"
+      ng=$(nvidia-smi -L | wc -l)
+      for n in 2 4 8; do
+        [ "$n" -le "$ng" ] || continue
+        for dt in bfloat16 float32; do
+          timeout 280 $MPI -n $n python3 bench/allreduce.py --device cuda --compare nccl -d $dt -b 4 -e 256M -r 20 \
+            --json "$OUT/multigpu_${n}gpus_${dt}.json" 2>&1 | tee "$OUT/multigpu_${n}_${dt}.log" | grep -v Traceback | tail -40
+        done
+      done ;;
     l2poll) [ -f bench/gpu/run_l2_poll.sh ] && timeout 200 bash bench/gpu/run_l2_poll.sh 2>&1 | tee "$OUT/l2poll.log" | tail -30 ;;
     *) echo "unknown step $s" ;;
   esac

@@ -177,6 +177,43 @@ kcclResult_t kcclBenchDevAllReduce(void *buf, size_t count, kcclDataType_t datat
 kcclResult_t kcclBenchFlagHop(kcclComm_t comm, int iters, int mode, double *usPerHop);
 
 /*
+ * Topology-aware placement (the host transport).  The caller (Python's
+ * topology/ package: kccl.Communicator does it) says how many cache domains
+ * (L3 x NUMA node) the machine has and which one this rank runs in.  When the
+ * ranks span several domains every flag and small-message slot gets one
+ * replica per domain: a writer writes every replica (the remote ones with
+ * non-temporal stores, so the line lands in the replica's home node instead of
+ * staying in the writer's cache), a reader polls its own domain's.  Replica
+ * pages are bound to their domain's NUMA node (mbind) and the binding is
+ * checked with move_pages.  kcclCommInitRankConfig means one copy of each.
+ */
+#define KCCL_MAX_DOMAINS 64
+
+typedef struct {
+  size_t size;                   /* sizeof(kcclPlacement_t) */
+  int ndomains;                  /* domains of the machine; 0 or 1: one copy of everything */
+  int domain;                    /* this rank's domain, -1 when its CPUs span several */
+  int numaNode[KCCL_MAX_DOMAINS];/* node to bind each domain's replica pages to; -1: do not bind */
+  uint64_t topoHash;             /* names the domain list: must be equal on every rank */
+} kcclPlacement_t;
+
+kcclResult_t kcclCommInitRankPlacement(kcclComm_t *comm, int nranks, kcclUniqueId commId, int rank,
+                                       const kcclConfig_t *config, const kcclPlacement_t *placement);
+
+typedef struct {
+  int ndomains;           /* as placed (1 when replicas are off) */
+  int domain;             /* this rank's */
+  int replicas;           /* remote replicas this rank writes at every publish */
+  int bound;              /* 1: every replica page verified on its node; 0: nothing to bind or
+                             no way to verify; -1: binding failed (see note) */
+  uint64_t pushes;        /* remote replica writes so far */
+  uint64_t replicaReads;  /* peer flags this rank polled in a replica so far */
+  char note[192];         /* how the binding went, for people */
+} kcclTopoInfo_t;
+
+kcclResult_t kcclCommTopoInfo(kcclComm_t comm, kcclTopoInfo_t *info);
+
+/*
  * Split-phase (non-blocking) all-reduce, host transport, one-shot.
  * Start copies sendbuff into this rank's slot and publishes it, then returns:
  * sendbuff may be reused at once, recvbuff must stay valid until the wait.

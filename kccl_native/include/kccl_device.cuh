@@ -21,7 +21,8 @@
  * Protocol (LL, "low latency"): the sender writes each 8 bytes of data as one
  * 16-byte line {data0, epoch, data1, epoch} straight into every peer's inbox;
  * the reader polls its own inbox until both epoch words of a line equal the
- * epoch it expects.  PTX makes each aligned 8-byte half single-copy atomic, so
+ * epoch it expects (weak .cg accesses: volatile ones would serialise a thread's
+ * pushes and polls).  PTX makes each aligned 8-byte half single-copy atomic, so
  * a half with the right epoch carries the right data: no separate flag, no
  * fence, no barrier.  The epoch increments on every call (it lives in device
  * memory, so graph replays advance it) and inbox sets rotate over three, so
@@ -224,11 +225,11 @@ __device__ static inline kcclResult_t ll_allreduce_block(const kcclDevComm &dc, 
   for (int p = 0; p < n; p++) {
     if (p == me) continue;
     uint32_t *reg = ll_region(dc, p, set, me, block);
-    if (tid == 0) kgpu_st_volatile_v4(reg, sig, e, nbytes, e);
+    if (tid == 0) kgpu_st_weak_v4(reg, sig, e, nbytes, e);
     for (uint32_t l = tid; l < lines; l += nt) {
       uint32_t w0, w1;
       load8(in, (size_t)l * 8, nbytes, &w0, &w1);
-      kgpu_st_volatile_v4(reg + 4 * (1 + l), w0, e, w1, e);
+      kgpu_st_weak_v4(reg + 4 * (1 + l), w0, e, w1, e);
     }
   }
 
@@ -251,7 +252,7 @@ __device__ static inline kcclResult_t ll_allreduce_block(const kcclDevComm &dc, 
       for (int p = 0; p < KCCL_GPU_MAX_RANKS; p++) {
         if (pending & (1u << p)) {
           uint32_t a, f0, b, f1;
-          kgpu_ld_volatile_v4(ll_region(dc, me, set, p, block) + 4 * (1 + l), &a, &f0, &b, &f1);
+          kgpu_ld_weak_v4(ll_region(dc, me, set, p, block) + 4 * (1 + l), &a, &f0, &b, &f1);
           if (f0 == e && f1 == e) {
             w[p][0] = a;
             w[p][1] = b;
@@ -260,7 +261,7 @@ __device__ static inline kcclResult_t ll_allreduce_block(const kcclDevComm &dc, 
         }
         if (hpend & (1u << p)) {
           uint32_t a, f0, b, f1;
-          kgpu_ld_volatile_v4(ll_region(dc, me, set, p, block), &a, &f0, &b, &f1);
+          kgpu_ld_weak_v4(ll_region(dc, me, set, p, block), &a, &f0, &b, &f1);
           if (f0 == e && f1 == e) {
             hpend &= ~(1u << p);
             if (a != sig || b != nbytes) {

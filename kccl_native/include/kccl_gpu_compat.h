@@ -73,6 +73,8 @@ __device__ static inline void kgpu_ld_volatile_v4(const uint32_t *p, uint32_t *a
 }
 /* 16-byte load that bypasses the (non-coherent) L1: data another process wrote. */
 __device__ static inline uint4 kgpu_ld_cg_v4(const void *p) { return __builtin_nontemporal_load((const uint4 *)p); }
+#define kgpu_st_weak_v4 kgpu_st_volatile_v4
+#define kgpu_ld_weak_v4 kgpu_ld_volatile_v4
 __device__ static inline void kgpu_st_release_sys_u64(uint64_t *p, uint64_t v) {
   __hip_atomic_store(p, v, __ATOMIC_RELEASE, __HIP_MEMORY_SCOPE_SYSTEM);
 }
@@ -162,6 +164,19 @@ __device__ static inline void kgpu_ld_volatile_v4(const uint32_t *p, uint32_t *a
 }
 /* 16-byte load that bypasses the (non-coherent) L1: data another process wrote. */
 __device__ static inline uint4 kgpu_ld_cg_v4(const void *p) { return __ldcg((const uint4 *)p); }
+/* The same 16-byte line with weak (non-volatile) accesses, cached at L2 only
+ * (.cg: L1 is not coherent).  PTX keeps a thread's volatile accesses in order,
+ * so a thread that pushes a line to each of 7 peers and then polls 7 lines
+ * waits out every round trip in turn; weak accesses overlap.  Each aligned
+ * 8-byte half stays single-copy atomic, which is all LL needs; asm volatile
+ * keeps the compiler from merging or hoisting a poll. */
+__device__ static inline void kgpu_st_weak_v4(uint32_t *p, uint32_t a, uint32_t b, uint32_t c, uint32_t d) {
+  asm volatile("st.global.cg.v4.u32 [%0], {%1,%2,%3,%4};" ::"l"(p), "r"(a), "r"(b), "r"(c), "r"(d) : "memory");
+}
+__device__ static inline void kgpu_ld_weak_v4(const uint32_t *p, uint32_t *a, uint32_t *b, uint32_t *c,
+                                              uint32_t *d) {
+  asm volatile("ld.global.cg.v4.u32 {%0,%1,%2,%3}, [%4];" : "=r"(*a), "=r"(*b), "=r"(*c), "=r"(*d) : "l"(p) : "memory");
+}
 /* Release/acquire at system scope: everything this thread (and, after a
  * preceding __syncthreads, its block) wrote before the release is visible to a
  * thread of any process or GPU that acquires the value. */

@@ -11,6 +11,7 @@
 #include <time.h>
 
 #include "internal.h"
+#include "replicas.h"
 
 uint32_t kccl_signature(int coll, size_t count, int dtype, int op, int root) {
   uint64_t h = (uint64_t)count * 0x9e3779b97f4a7c15ull;
@@ -76,10 +77,14 @@ static inline uint32_t begin_step(struct kcclComm *c, uint8_t **mine) {
   return s;
 }
 
-static kcclResult_t wait_all(struct kcclComm *c, uint32_t s, uint32_t sig, int which) {
+/* Waits for every peer's flag of step s; `bytes` is what each peer published (the
+ * root, if root >= 0, published root_bytes): it says whether a replica carries it. */
+static kcclResult_t wait_all(struct kcclComm *c, uint32_t s, uint32_t sig, int which, size_t bytes, int root,
+                             size_t root_bytes) {
   for (int p = 0; p < c->nranks; p++) {
     if (p == c->rank) continue;
-    kcclResult_t r = kccl_wait_flag(c, p, kccl_flag(kccl_slot(c, p, s % c->nsets, which)), s, sig);
+    size_t b = p == root ? root_bytes : bytes;
+    kcclResult_t r = kccl_wait_flag(c, p, kccl_peer_flag(c, p, s % c->nsets, which, b), s, sig);
     if (r != kcclSuccess) return r;
   }
   return kcclSuccess;
@@ -95,14 +100,13 @@ static kcclResult_t allreduce_oneshot(struct kcclComm *c, const char *send, char
     uint8_t *mine;
     uint32_t s = begin_step(c, &mine);
     memcpy(kccl_data(mine), send + off * es, n * es);
-    kccl_publish(c, kccl_flag(mine), s, sig);
+    kccl_publish_slot(c, s % c->nsets, 0, n * es, s, sig);
     for (int p = 0; p < c->nranks; p++) {
-      uint8_t *slot = kccl_slot(c, p, s % c->nsets, 0);
       if (p != c->rank) {
-        kcclResult_t r = kccl_wait_flag(c, p, kccl_flag(slot), s, sig);
+        kcclResult_t r = kccl_wait_flag(c, p, kccl_peer_flag(c, p, s % c->nsets, 0, n * es), s, sig);
         if (r != kcclSuccess) return r;
       }
-      in[p] = kccl_data(slot); /* own data from the slot too: safe when in place */
+      in[p] = kccl_peer_data(c, p, s % c->nsets, 0, n * es); /* own data from the slot too: safe in place */
     }
     kccl_reduce(recv + off * es, in, c->nranks, n, dt, op, c->nranks);
     off += n;
@@ -132,21 +136,20 @@ static kcclResult_t allreduce_twoshot(struct kcclComm *c, const char *send, char
     uint32_t s = begin_step(c, &mine);
     const uint32_t set = s % c->nsets;
     memcpy(kccl_data(mine), send + off * es, n * es);
-    kccl_publish(c, kccl_flag(mine), s, sig);
-    kcclResult_t r = wait_all(c, s, sig, 0);
+    kccl_publish_slot(c, set, 0, n * es, s, sig);
+    kcclResult_t r = wait_all(c, s, sig, 0, n * es, -1, 0);
     if (r != kcclSuccess) return r;
     share(n, es, c->nranks, c->rank, &lo, &hi);
-    for (int p = 0; p < c->nranks; p++) in[p] = kccl_data(kccl_slot(c, p, set, 0)) + lo * es;
+    for (int p = 0; p < c->nranks; p++) in[p] = kccl_peer_data(c, p, set, 0, n * es) + lo * es;
     uint8_t *myb = kccl_slot(c, c->rank, set, 1);
     kccl_reduce(kccl_data(myb), in, c->nranks, hi - lo, dt, op, c->nranks);
-    kccl_publish(c, kccl_flag(myb), s, sig);
+    kccl_publish_slot(c, set, 1, (hi - lo) * es, s, sig);
     memcpy(recv + (off + lo) * es, kccl_data(myb), (hi - lo) * es);
     for (int i = 1; i < c->nranks; i++) { /* start with the next rank: spreads the readers */
       int p = (c->rank + i) % c->nranks;
-      uint8_t *pb = kccl_slot(c, p, set, 1);
-      if ((r = kccl_wait_flag(c, p, kccl_flag(pb), s, sig)) != kcclSuccess) return r;
       share(n, es, c->nranks, p, &lo, &hi);
-      memcpy(recv + (off + lo) * es, kccl_data(pb), (hi - lo) * es);
+      if ((r = kccl_wait_flag(c, p, kccl_peer_flag(c, p, set, 1, (hi - lo) * es), s, sig)) != kcclSuccess) return r;
+      memcpy(recv + (off + lo) * es, kccl_peer_data(c, p, set, 1, (hi - lo) * es), (hi - lo) * es);
     }
     off += n;
   } while (off < count);
@@ -199,13 +202,13 @@ kcclResult_t kcclAllGather(const void *sendbuff, void *recvbuff, size_t sendcoun
     uint8_t *mine;
     uint32_t s = begin_step(c, &mine);
     memcpy(kccl_data(mine), send + off * es, n * es);
-    kccl_publish(c, kccl_flag(mine), s, sig);
+    kccl_publish_slot(c, s % c->nsets, 0, n * es, s, sig);
     /* Every peer's signature is checked before recv is touched. */
-    if ((r = wait_all(c, s, sig, 0)) != kcclSuccess) return r;
+    if ((r = wait_all(c, s, sig, 0, n * es, -1, 0)) != kcclSuccess) return r;
     if (!inplace) memcpy(myout + off * es, send + off * es, n * es);
     for (int i = 1; i < c->nranks; i++) {
       int p = (c->rank + i) % c->nranks;
-      memcpy(recv + (size_t)p * bytes + off * es, kccl_data(kccl_slot(c, p, s % c->nsets, 0)), n * es);
+      memcpy(recv + (size_t)p * bytes + off * es, kccl_peer_data(c, p, s % c->nsets, 0, n * es), n * es);
     }
     off += n;
   } while (off < sendcount);
@@ -239,10 +242,10 @@ kcclResult_t kcclReduceScatter(const void *sendbuff, void *recvbuff, size_t recv
     uint32_t s = begin_step(c, &mine);
     for (int q = 0; q < c->nranks; q++)
       memcpy(kccl_data(mine) + (size_t)q * n * es, send + ((size_t)q * recvcount + off) * es, n * es);
-    kccl_publish(c, kccl_flag(mine), s, sig);
-    if ((r = wait_all(c, s, sig, 0)) != kcclSuccess) return r;
+    kccl_publish_slot(c, s % c->nsets, 0, (size_t)c->nranks * n * es, s, sig);
+    if ((r = wait_all(c, s, sig, 0, (size_t)c->nranks * n * es, -1, 0)) != kcclSuccess) return r;
     for (int p = 0; p < c->nranks; p++)
-      in[p] = kccl_data(kccl_slot(c, p, s % c->nsets, 0)) + (size_t)c->rank * n * es;
+      in[p] = kccl_peer_data(c, p, s % c->nsets, 0, (size_t)c->nranks * n * es) + (size_t)c->rank * n * es;
     kccl_reduce(recv + off * es, in, c->nranks, n, dt, op, c->nranks);
     off += n;
   } while (off < recvcount);
@@ -274,10 +277,10 @@ kcclResult_t kcclBroadcast(const void *sendbuff, void *recvbuff, size_t count, k
     uint8_t *mine;
     uint32_t s = begin_step(c, &mine);
     if (am_root) memcpy(kccl_data(mine), send + off * es, n * es);
-    kccl_publish(c, kccl_flag(mine), s, sig); /* non-roots: "arrived" */
-    if ((r = wait_all(c, s, sig, 0)) != kcclSuccess) return r;
+    kccl_publish_slot(c, s % c->nsets, 0, am_root ? n * es : 0, s, sig); /* non-roots: "arrived" */
+    if ((r = wait_all(c, s, sig, 0, 0, root, n * es)) != kcclSuccess) return r;
     if (am_root && send != recv) memcpy(recv + off * es, send + off * es, n * es);
-    if (!am_root) memcpy(recv + off * es, kccl_data(kccl_slot(c, root, s % c->nsets, 0)), n * es);
+    if (!am_root) memcpy(recv + off * es, kccl_peer_data(c, root, s % c->nsets, 0, n * es), n * es);
     off += n;
   } while (off < count);
   return kcclSuccess;
@@ -290,8 +293,8 @@ kcclResult_t kcclBarrier(kcclComm_t c, void *stream) {
   if (r != kcclSuccess || c->nranks == 1) return r;
   uint8_t *mine;
   uint32_t s = begin_step(c, &mine);
-  kccl_publish(c, kccl_flag(mine), s, sig);
-  return wait_all(c, s, sig, 0);
+  kccl_publish_slot(c, s % c->nsets, 0, 0, s, sig);
+  return wait_all(c, s, sig, 0, 0, -1, 0);
 }
 
 kcclResult_t kcclBenchAllReduce(const void *sendbuff, void *recvbuff, size_t count, kcclDataType_t dt,

@@ -52,8 +52,8 @@ static void resolve_waits(struct kcclComm *c) {
   c->yield_ns = (int64_t)yield * 1000;
 }
 
-kcclResult_t kcclCommInitRankConfig(kcclComm_t *out, int nranks, kcclUniqueId id, int rank,
-                                    const kcclConfig_t *config) {
+kcclResult_t kccl_comm_init(kcclComm_t *out, int nranks, kcclUniqueId id, int rank, const kcclConfig_t *config,
+                            const kcclPlacement_t *placement) {
   if (!out) return kccl_err(kcclInvalidArgument, "comm is NULL");
   *out = NULL;
   if (nranks < 1 || nranks > KCCL_MAX_RANKS)
@@ -102,6 +102,8 @@ kcclResult_t kcclCommInitRankConfig(kcclComm_t *out, int nranks, kcclUniqueId id
   c->slot_stride = round_up(SLOT_DATA_OFF + slot, KCCL_LINE) + 17 * KCCL_LINE;
   for (c->nsets = 2; c->nsets < 2u * (uint32_t)cfg.max_outstanding; c->nsets *= 2) {}
   c->seg_bytes = round_up(KCCL_PAGE + (size_t)c->nsets * 2 * c->slot_stride, KCCL_PAGE);
+  if ((r = kccl_replicas_alloc(c, placement)) != kcclSuccess) { free(c); return r; }
+  c->seg_bytes += kccl_replicas_layout(c, c->seg_bytes);
   c->names = calloc((size_t)nranks, sizeof *c->names);
   c->base = calloc((size_t)nranks, sizeof *c->base);
   c->hdr = calloc((size_t)nranks, sizeof *c->hdr);
@@ -125,6 +127,11 @@ kcclResult_t kcclCommInitRankConfig(kcclComm_t *out, int nranks, kcclUniqueId id
            c->slot_bytes, (long long)(c->spin_ns / 1000), (long long)(c->yield_ns / 1000), c->ncpus);
   *out = c;
   return kcclSuccess;
+}
+
+kcclResult_t kcclCommInitRankConfig(kcclComm_t *out, int nranks, kcclUniqueId id, int rank,
+                                    const kcclConfig_t *config) {
+  return kccl_comm_init(out, nranks, id, rank, config, NULL);
 }
 
 kcclResult_t kcclCommInitRank(kcclComm_t *comm, int nranks, kcclUniqueId id, int rank) {

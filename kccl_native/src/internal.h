@@ -56,6 +56,9 @@ typedef struct {
    * mapped every peer's buffer. */
   _Atomic uint32_t gpu_state __attribute__((aligned(KCCL_LINE)));
   kgpu_export gpu;
+  /* Placement (replicas.c): peers check that every rank sees the same domains. */
+  int32_t ndomains, domain;
+  uint64_t topo_hash;
 } kccl_seg_header;
 
 _Static_assert(sizeof(kccl_seg_header) <= KCCL_PAGE, "header must fit a page");
@@ -104,6 +107,7 @@ struct kcclComm {
   int64_t nb_next_check;     /* kcclAllReduceTest: next peer-liveness check (ns) */
   kccl_nb_op nb[KCCL_MAX_OUTSTANDING];
   struct kccl_gpu_host *gpu; /* GPU communicators only (gpu_host.c) */
+  struct kccl_replicas *rep; /* per-domain replicas (replicas.h); NULL: one copy of everything */
 };
 
 #define KCCL_COMM_MAGIC 0x4b43434c434f4d4dull /* "KCCLCOMM" */
@@ -165,6 +169,18 @@ void kccl_gpu_release(struct kcclComm *c, int aborting);
 kcclResult_t kccl_gpu_enter(struct kcclComm *c);
 kcclResult_t kccl_gpu_collective(struct kcclComm *c, int coll, const void *send, void *recv, size_t count,
                                  int dtype, int op, int root, void *stream, uint32_t sig);
+/* comm.c: init with an optional placement (NULL: one copy) */
+kcclResult_t kccl_comm_init(kcclComm_t *out, int nranks, kcclUniqueId id, int rank, const kcclConfig_t *config,
+                            const kcclPlacement_t *placement);
+
+/* replicas.c (see replicas.h for the hot-path helpers) */
+kcclResult_t kccl_replicas_alloc(struct kcclComm *c, const kcclPlacement_t *pl); /* before sizing */
+size_t kccl_replicas_layout(struct kcclComm *c, size_t area_off); /* bytes the replicas add to a segment */
+void kccl_replicas_own(struct kcclComm *c);      /* own segment mapped: header fields, mbind, verify */
+kcclResult_t kccl_replicas_check_peer(struct kcclComm *c, int p);
+void kccl_replicas_setup(struct kcclComm *c);    /* every peer mapped: who writes where */
+void kccl_replicas_wake_all(struct kcclComm *c);
+void kccl_replicas_free(struct kcclComm *c);
 
 /* uniqueid.c */
 kcclResult_t kccl_uid_parse(const kcclUniqueId *id, uint8_t token[16]);

@@ -13,6 +13,7 @@
 #include <string.h>
 
 #include "internal.h"
+#include "replicas.h"
 
 static kccl_nb_op *oldest(struct kcclComm *c) { return &c->nb[c->nb_head]; }
 
@@ -57,7 +58,7 @@ kcclResult_t kcclAllReduceStart(const void *sendbuff, void *recvbuff, size_t cou
     c->hdr[c->rank]->call.seq = s;
     uint8_t *mine = kccl_slot(c, c->rank, s % c->nsets, 0);
     if (bytes) memcpy(kccl_data(mine), sendbuff, bytes);
-    kccl_publish(c, kccl_flag(mine), s, sig);
+    kccl_publish_slot(c, s % c->nsets, 0, bytes, s, sig); /* and its replicas (topology placement) */
     o->step = s;
   }
   c->nb_count++;
@@ -72,14 +73,15 @@ static kcclResult_t complete_oldest(struct kcclComm *c, int block) {
   if (c->nranks > 1) {
     const void *in[KCCL_MAX_RANKS];
     const uint32_t set = o->step % c->nsets;
+    const size_t bytes = o->count * kccl_dtype_size((kcclDataType_t)o->dtype);
     for (int p = 0; p < c->nranks; p++) {
-      uint8_t *slot = kccl_slot(c, p, set, 0);
-      in[p] = kccl_data(slot);
+      in[p] = kccl_peer_data(c, p, set, 0, bytes); /* a replica in this rank's domain, if any */
       if (p == c->rank) continue;
-      if (!block && (uint32_t)(atomic_load_explicit(kccl_flag(slot), memory_order_acquire) >> 32) != o->step)
+      _Atomic uint64_t *flag = kccl_peer_flag(c, p, set, 0, bytes);
+      if (!block && (uint32_t)(atomic_load_explicit(flag, memory_order_acquire) >> 32) != o->step)
         return kcclInProgress;
       /* Returns at once when the flag is set (and checks its signature). */
-      kcclResult_t r = kccl_wait_flag(c, p, kccl_flag(slot), o->step, o->sig);
+      kcclResult_t r = kccl_wait_flag(c, p, flag, o->step, o->sig);
       if (r != kcclSuccess) return r;
     }
     kccl_reduce(o->recv, in, c->nranks, o->count, (kcclDataType_t)o->dtype, (kcclRedOp_t)o->op, c->nranks);

@@ -149,6 +149,7 @@ static kcclResult_t create_own(struct kcclComm *c) {
   memcpy(h->token, c->token, 16);
   h->seg_bytes = c->seg_bytes;
   h->slot_bytes = c->slot_bytes;
+  kccl_replicas_own(c); /* placement fields; replica pages bound while only this rank maps them */
   atomic_store_explicit(&h->state, SEG_READY, memory_order_relaxed);
   __atomic_store_n(&h->magic, KCCL_SEG_MAGIC, __ATOMIC_RELEASE); /* header complete */
   c->pid[c->rank] = getpid();
@@ -185,7 +186,8 @@ static kcclResult_t map_peer(struct kcclComm *c, int p, int64_t deadline) {
     close(fd);
     return kccl_err(kcclInvalidUsage,
                     "rank %d uses %zu-byte segments, rank %d %zu: every rank must use the same "
-                    "KCCL_BUFFER_BYTES", p, (size_t)sb.st_size, c->rank, c->seg_bytes);
+                    "KCCL_BUFFER_BYTES (and see the same topology: KCCL_TOPO, KCCL_TOPO_FILE)", p,
+                    (size_t)sb.st_size, c->rank, c->seg_bytes);
   }
   void *m = mmap(NULL, c->seg_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   int e = errno;
@@ -205,6 +207,8 @@ static kcclResult_t map_peer(struct kcclComm *c, int p, int64_t deadline) {
   if (h->version != KCCL_VERSION_CODE)
     return kccl_err(kcclInvalidUsage, "rank %d runs KCCL version %u, rank %d version %d", p,
                     h->version, c->rank, KCCL_VERSION_CODE);
+  kcclResult_t res = kccl_replicas_check_peer(c, p);
+  if (res != kcclSuccess) return res;
 #ifdef SYS_pidfd_open
   c->pidfd[p] = (int)syscall(SYS_pidfd_open, c->pid[p], 0);
 #endif
@@ -252,6 +256,7 @@ kcclResult_t kccl_shm_connect(struct kcclComm *c) {
   }
   if (res == kcclSuccess) {
     shm_unlink(c->names[c->rank]);
+    kccl_replicas_setup(c);
     return kcclSuccess;
   }
   /* Failure: our name goes, and so do the names of peers that are dead. */
@@ -273,4 +278,5 @@ void kccl_shm_release(struct kcclComm *c) {
   free(c->hdr);
   free(c->pid);
   free(c->pidfd);
+  kccl_replicas_free(c);
 }

@@ -65,6 +65,7 @@ void kccl_wake_all(struct kcclComm *c) {
   for (uint32_t set = 0; set < c->nsets; set++)
     for (int which = 0; which < 2; which++)
       futex(seq_word(kccl_flag(kccl_slot(c, c->rank, set, which))), FUTEX_WAKE, INT_MAX, NULL);
+  kccl_replicas_wake_all(c);
 }
 
 static const char *state_word(uint32_t s) {

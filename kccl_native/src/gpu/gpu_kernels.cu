@@ -309,6 +309,27 @@ static kcclResult_t launched(kgpuError_t e, const char *what) {
   return kgpu_launch_error(what);
 }
 
+/* count: elements (per rank for reduce-scatter); chunk_elems: scratch capacity in elements. */
+static kcclResult_t launch_twoshot(kgpu *g, const void *send, void *recv, size_t count, size_t chunk_elems,
+                                   int dtype, int op, int scatter, uint32_t sig, kgpuStream_t st, const char *what) {
+  TwoShot a;
+  a.dc = g->dc[0];
+  a.off_in = g->lay.in;
+  a.off_out = g->lay.out;
+  a.off_flags = g->lay.flags;
+  a.off_steps = g->lay.steps;
+  a.send = (const char *)send;
+  a.recv = (char *)recv;
+  a.count = count;
+  a.chunk_elems = chunk_elems;
+  a.dt = dtype;
+  a.op = op;
+  a.es = dtype == kcclFloat32 ? 4 : 2;
+  a.scatter = scatter;
+  a.sig = sig;
+  return launched(kgpu_launch(k_twoshot, ts_grid(g), 256, st, g->shape.pdl, a), what);
+}
+
 extern "C" kcclResult_t kgpu_allreduce(struct kgpu *g, const void *send, void *recv, size_t count, int dtype,
                                        int op, int twoshot, uint32_t sig, void *stream) {
   if (dtype != kcclFloat32 && dtype != kcclFloat16 && dtype != kcclBfloat16)
@@ -327,22 +348,10 @@ extern "C" kcclResult_t kgpu_allreduce(struct kgpu *g, const void *send, void *r
                                 (const char *)send, (char *)recv, nbytes, (uint32_t)per, dtype, op, sig);
     return launched(e, "one-shot all-reduce");
   }
-  TwoShot a;
-  a.dc = g->dc[0];
-  a.off_in = g->lay.in;
-  a.off_out = g->lay.out;
-  a.off_flags = g->lay.flags;
-  a.off_steps = g->lay.steps;
-  a.send = (const char *)send;
-  a.recv = (char *)recv;
-  a.count = count;
-  a.chunk_elems = g->shape.chunk_bytes / es / (16 * (size_t)g->shape.nranks) * (16 * (size_t)g->shape.nranks);
-  a.dt = dtype;
-  a.op = op;
-  a.es = (int)es;
-  a.scatter = 0;
-  a.sig = sig;
-  return launched(kgpu_launch(k_twoshot, ts_grid(g), 256, st, g->shape.pdl, a), "two-shot all-reduce");
+  /* Whole 16-element units per rank segment. */
+  const size_t unit = 16 * (size_t)g->shape.nranks;
+  return launch_twoshot(g, send, recv, count, g->shape.chunk_bytes / es / unit * unit, dtype, op, 0, sig, st,
+                        "two-shot all-reduce");
 }
 
 extern "C" kcclResult_t kgpu_reduce_scatter(struct kgpu *g, const void *send, void *recv, size_t recvcount,
@@ -352,22 +361,8 @@ extern "C" kcclResult_t kgpu_reduce_scatter(struct kgpu *g, const void *send, vo
                     dtype);
   if (recvcount == 0) return kcclSuccess;
   const size_t es = dtype == kcclFloat32 ? 4 : 2;
-  TwoShot a;
-  a.dc = g->dc[0];
-  a.off_in = g->lay.in;
-  a.off_out = g->lay.out;
-  a.off_flags = g->lay.flags;
-  a.off_steps = g->lay.steps;
-  a.send = (const char *)send;
-  a.recv = (char *)recv;
-  a.count = recvcount;
-  a.chunk_elems = g->shape.chunk_bytes / es;
-  a.dt = dtype;
-  a.op = op;
-  a.es = (int)es;
-  a.scatter = 1;
-  a.sig = sig;
-  return launched(kgpu_launch(k_twoshot, ts_grid(g), 256, (kgpuStream_t)stream, g->shape.pdl, a), "reduce-scatter");
+  return launch_twoshot(g, send, recv, recvcount, g->shape.chunk_bytes / es, dtype, op, 1, sig,
+                        (kgpuStream_t)stream, "reduce-scatter");
 }
 
 extern "C" kcclResult_t kgpu_gather(struct kgpu *g, const void *send, void *recv, size_t bytes, int root,
