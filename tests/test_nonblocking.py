@@ -240,3 +240,23 @@ def test_split_phase_uses_the_topology_replicas(spawn_farm, tmp_path):
     for r, (why, pushes, reads) in enumerate(res):
         assert why is None, why
         assert pushes == iters and reads == 2 * iters, (r, pushes, reads)
+
+
+def test_ranks_must_agree_on_max_outstanding():
+    """Different buffer-set counts give different segment sizes: init refuses them (the rank
+    that maps the other's segment first says why; the other may only see it leave)."""
+    import threading
+    uid = kccl.get_unique_id()
+    err = {}
+
+    def join(rank, depth):
+        try:
+            kccl.Communicator(2, uid, rank, config={"timeout_ms": 3000, "max_outstanding": depth}).close()
+        except kccl.KcclError as e:
+            err[rank] = e
+    t = threading.Thread(target=join, args=(0, 1))
+    t.start()
+    join(1, 2)
+    t.join()
+    assert set(err) == {0, 1}, err
+    assert any(isinstance(e, kccl.KcclInvalidUsage) and "KCCL_MAX_OUTSTANDING" in str(e) for e in err.values()), err
