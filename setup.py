@@ -6,13 +6,16 @@ setup(
     name="kccl",
     version="0.1.0",
     description="Low-latency collectives over peer-mapped memory (host shared memory first)",
-    packages=find_packages(include=["kccl", "kccl.*", "topology", "topology.*"]),
+    packages=find_packages(include=["kccl", "kccl.*", "topology", "topology.*", "kie_engine", "kie_engine.*"]),
     package_data={"topology": ["fixtures/*/*.md", "fixtures/*/*.json", "fixtures/*.md", "fixtures/this-machine/**/*"]},
     python_requires=">=3.9",
     setup_requires=["cffi>=1.15"],
     install_requires=["cffi>=1.15", "numpy>=1.22"],
     extras_require={
         "dev": ["pytest>=7", "hypothesis>=6", "mpich", "mpi4py>=3.1", "matplotlib", "ml_dtypes>=0.2"],
+        # The KIE engine reads tokenizer.json with tokenizers; torch + transformers are the
+        # reference its tests compare against (torch pinned: the CPU wheel, not a CUDA build).
+        "kie": ["torch==2.13.0", "transformers", "safetensors", "tokenizers"],
     },
     cffi_modules=["kccl/_build_ffi.py:ffibuilder"],
     zip_safe=False,

@@ -6,13 +6,13 @@
     comm = kccl.Communicator.from_mpi(MPI.COMM_WORLD)
 """
 from ._native import lib as _lib
-from .communicator import AVG, MAX, MIN, PROD, SUM, Communicator, Op, UniqueId, get_unique_id, gpu_support
+from .communicator import AVG, MAX, MIN, PROD, SUM, AllReduceHandle, Communicator, Op, UniqueId, get_unique_id, gpu_support
 from .errors import (KcclCudaError, KcclError, KcclInProgress, KcclInternalError, KcclInvalidArgument,
                      KcclInvalidUsage, KcclRemoteError, KcclSystemError, KcclTimeout)
 
 __version__ = "0.1.0"
 VERSION_CODE = _lib.KCCL_VERSION_CODE
 
-__all__ = ["Communicator", "UniqueId", "get_unique_id", "gpu_support", "Op", "SUM", "PROD", "MAX", "MIN", "AVG",
+__all__ = ["Communicator", "AllReduceHandle", "UniqueId", "get_unique_id", "gpu_support", "Op", "SUM", "PROD", "MAX", "MIN", "AVG",
            "KcclError", "KcclCudaError", "KcclSystemError", "KcclInternalError", "KcclInvalidArgument",
            "KcclInvalidUsage", "KcclRemoteError", "KcclInProgress", "KcclTimeout"]

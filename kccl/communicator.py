@@ -106,6 +106,9 @@ def _as_int(value, what):
 _ndarray = np.ndarray
 _from_buffer = ffi.from_buffer
 _allreduce = lib.kcclAllReduce
+_allreduce_start = lib.kcclAllReduceStart
+_allreduce_wait = lib.kcclAllReduceWait
+_allreduce_test = lib.kcclAllReduceTest
 _NULL = ffi.NULL
 _NPCODES = NUMPY_CODES
 _NO_HOT = (None,) * 7
@@ -129,6 +132,49 @@ def _prepare(send, recv):
     except ValueError:  # not C-contiguous
         return _NO_HOT
     return (send, recv, send.dtype, sp, rp, send.size, code)
+
+
+class AllReduceHandle:
+    """An all-reduce started by Communicator.all_reduce_start.  wait() blocks until the
+    result is in recv and returns recv (again at once on later calls); test() never
+    blocks and says whether it has completed (completing it when every peer's data
+    is there); done is test() as a property.  A peer that died or aborted raises
+    KcclRemoteError from either; after close() or abort() of the communicator they
+    raise KcclInvalidUsage."""
+    __slots__ = ("_owner", "_comm", "_req", "recv", "_finished")
+
+    def __init__(self, owner, comm, req, recv):
+        self._owner, self._comm, self._req, self.recv = owner, comm, req, recv
+        self._finished = False
+
+    def _live(self):
+        if self._owner._comm is not self._comm:
+            raise KcclInvalidUsage(f"the communicator of this all_reduce_start is {self._owner._why_closed}")
+        return self._comm
+
+    def wait(self):
+        if not self._finished:
+            rc = _allreduce_wait(self._live(), self._req)
+            if rc:
+                _raise(rc)
+            self._finished = True
+        return self.recv
+
+    def test(self):
+        if not self._finished:
+            out = self._owner._done
+            rc = _allreduce_test(self._live(), self._req, out)
+            if rc:
+                _raise(rc)
+            self._finished = bool(out[0])
+        return self._finished
+
+    @property
+    def done(self):
+        return self.test()
+
+    def __repr__(self):
+        return f"<kccl.AllReduceHandle {self._req} {'done' if self._finished else 'pending'}>"
 
 
 class Communicator:
@@ -179,6 +225,8 @@ class Communicator:
         self._device = device
         self._rank, self._size = rank, nranks
         self._pid = os.getpid()
+        self._req = ffi.new("uint64_t *")
+        self._done = ffi.new("int *")
 
     @classmethod
     def from_mpi(cls, mpi_comm, *, config=None, device=None):
@@ -252,6 +300,35 @@ class Communicator:
                     _raise(rc)
                 return recv
         return self._all_reduce_general(send, recv, op, dtype, stream)
+
+    def all_reduce_start(self, send, recv=None, op=SUM, *, dtype=None):
+        """Starts an all-reduce and returns at once with an AllReduceHandle; its wait()
+        puts the result in recv (in place when recv is omitted) and returns recv.
+
+        send is copied before this returns (reuse it freely); recv must not be read
+        until wait().  Operations complete in start order (waiting for one completes
+        every older one).  At most config max_outstanding (KCCL_MAX_OUTSTANDING,
+        default 1) may be started and not waited (KcclInvalidUsage beyond), a
+        message holds at most KCCL_BUFFER_BYTES, and blocking collectives are
+        refused while any is outstanding."""
+        if recv is None:
+            recv = send
+        comm = self._handle()
+        if self._device >= 0:
+            raise KcclInvalidUsage("all_reduce_start is implemented for the host transport only")
+        opc = _op_code(op)
+        if type(send) is _ndarray and dtype is None:
+            hot = _prepare(send, recv)
+            sp, rp, n, code = hot[3], hot[4], hot[5], hot[6]
+            if sp is None:
+                sp, rp, n, code = self._reduce_pair(send, recv, dtype)
+        else:
+            sp, rp, n, code = self._reduce_pair(send, recv, dtype)
+        req = self._req
+        rc = _allreduce_start(sp, rp, n, code, opc, comm, req)
+        if rc:
+            _raise(rc)
+        return AllReduceHandle(self, comm, req[0], recv)
 
     def _all_reduce_general(self, send, recv, op, dtype, stream=None):
         comm = self._handle()

@@ -99,6 +99,10 @@ SETTINGS: Tuple[Setting, ...] = (
     Setting("KCCL_TOPO_FILE", "topo_file", "", _path,
             "A topology JSON (python -m topology --json) used instead of this machine's sysfs; may pin "
             "ranks to domains (rank_domains). Python only.", native=False),
+    Setting("KCCL_MAX_OUTSTANDING", "max_outstanding", 1, _int_range(1, 8),
+            "How many all_reduce_start operations may be in flight (started, not yet waited). "
+            "Each rank maps 4 * this (rounded up to a power of two) slots, 4 at 1. "
+            "Must be equal on all ranks."),
 )
 BY_NAME = {s.name: s for s in SETTINGS}
 

@@ -553,6 +553,12 @@ def task_init_close(ctx, uid, nranks, rank, timeout_ms=GROUP_TIMEOUT_MS):
     return None
 
 
+def task_call(ctx, module, func, **kw):
+    """Runs module.func(ctx, **kw) from another test-task module (kept out of this file)."""
+    import importlib
+    return getattr(importlib.import_module(module), func)(ctx, **kw)
+
+
 # -- topology placement (replicas) ---------------------------------------------------------------
 
 TOPO_DTYPES = ("float32", "int64", "float16", "uint8")  # no bfloat16: topology farms block ml_dtypes

@@ -106,6 +106,7 @@ typedef struct {
   size_t gpu_oneshot_max_bytes; /* KCCL_GPU_ONESHOT_MAX_BYTES: GPU all-reduce crossover */
   size_t gpu_buffer_bytes; /* KCCL_GPU_BUFFER_BYTES: two-shot / gather chunk on the GPU */
   int gpu_pdl;             /* KCCL_GPU_PDL: 1 = programmatic dependent launch (Hopper) */
+  int max_outstanding;     /* KCCL_MAX_OUTSTANDING: kcclAllReduceStart ops in flight, 1..8 */
 } kcclConfig_t;
 
 kcclResult_t kcclConfigInit(kcclConfig_t *config);
@@ -211,6 +212,27 @@ typedef struct {
 } kcclTopoInfo_t;
 
 kcclResult_t kcclCommTopoInfo(kcclComm_t comm, kcclTopoInfo_t *info);
+
+/*
+ * Split-phase (non-blocking) all-reduce, host transport, one-shot.
+ * Start copies sendbuff into this rank's slot and publishes it, then returns:
+ * sendbuff may be reused at once, recvbuff must stay valid until the wait.
+ * Wait completes the operations in the order they were started: waiting for
+ * one completes every older one first (their results land in their recvbuffs).
+ * At most config.max_outstanding (KCCL_MAX_OUTSTANDING) operations may be
+ * started and not yet waited (kcclInvalidUsage beyond that); a message may
+ * hold up to KCCL_BUFFER_BYTES bytes; blocking collectives are refused
+ * (kcclInvalidUsage) while any operation is outstanding.  Waiting for a
+ * request that already completed succeeds at once.
+ */
+kcclResult_t kcclAllReduceStart(const void *sendbuff, void *recvbuff, size_t count,
+                                kcclDataType_t datatype, kcclRedOp_t op, kcclComm_t comm,
+                                uint64_t *request);
+kcclResult_t kcclAllReduceWait(kcclComm_t comm, uint64_t request);
+/* *done = 1 when the request (and every older one) has completed, which this
+ * call does itself when every peer's data is there; never blocks.  A dead or
+ * aborted peer is reported as by Wait (checked about once a millisecond). */
+kcclResult_t kcclAllReduceTest(kcclComm_t comm, uint64_t request, int *done);
 
 #ifdef __cplusplus
 }

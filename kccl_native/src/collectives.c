@@ -2,7 +2,7 @@
  * reduce-scatter, broadcast and barrier over the mapped segments.
  *
  * Every collective is a sequence of steps.  In step s each rank writes its
- * part into its slot of buffer set s % 2, publishes flag = s << 32 | sig, and
+ * part into its slot of buffer set s % nsets, publishes flag = s << 32 | sig, and
  * waits for every peer's flag of step s before it leaves the step: a rank in
  * step s+1 therefore knows every peer has left step s-1, whose set it reuses.
  * `sig` hashes the call's arguments, so a peer that called something else is
@@ -44,6 +44,11 @@ static kcclResult_t enter(struct kcclComm *c, int coll, size_t count, int dtype,
   } else if (stream) {
     return kccl_err(kcclInvalidArgument, "the host transport takes stream=NULL");
   }
+  /* A blocking step would wait for peers that are still inside older split-phase steps
+   * and reuse sets those may still read (nonblocking.c). */
+  if (coll != COLL_ALLREDUCE_NB && c->nb_count)
+    return kccl_err(kcclInvalidUsage, "%s called while %u all_reduce_start operation(s) are outstanding: "
+                    "wait for them first", kccl_coll_name(coll), c->nb_count);
   if (dtype < 0 || dtype >= kcclNumTypes) return kccl_err(kcclInvalidArgument, "unknown data type %d", dtype);
   if (op < 0 || op >= kcclNumOps) return kccl_err(kcclInvalidArgument, "unknown reduction op %d", op);
   if (root < 0 || root >= c->nranks)
@@ -59,11 +64,16 @@ static kcclResult_t enter(struct kcclComm *c, int coll, size_t count, int dtype,
   return kcclSuccess;
 }
 
+kcclResult_t kccl_enter(struct kcclComm *c, int coll, size_t count, int dtype, int op, int root,
+                        void *stream, uint32_t *sig) {
+  return enter(c, coll, count, dtype, op, root, stream, sig);
+}
+
 /* Publishes this rank's flag for step s in slot A of set s%2. */
 static inline uint32_t begin_step(struct kcclComm *c, uint8_t **mine) {
   uint32_t s = ++c->step;
   c->hdr[c->rank]->call.seq = s;
-  *mine = kccl_slot(c, c->rank, s % KCCL_NSETS, 0);
+  *mine = kccl_slot(c, c->rank, s % c->nsets, 0);
   return s;
 }
 
@@ -74,7 +84,7 @@ static kcclResult_t wait_all(struct kcclComm *c, uint32_t s, uint32_t sig, int w
   for (int p = 0; p < c->nranks; p++) {
     if (p == c->rank) continue;
     size_t b = p == root ? root_bytes : bytes;
-    kcclResult_t r = kccl_wait_flag(c, p, kccl_peer_flag(c, p, s % KCCL_NSETS, which, b), s, sig);
+    kcclResult_t r = kccl_wait_flag(c, p, kccl_peer_flag(c, p, s % c->nsets, which, b), s, sig);
     if (r != kcclSuccess) return r;
   }
   return kcclSuccess;
@@ -90,13 +100,13 @@ static kcclResult_t allreduce_oneshot(struct kcclComm *c, const char *send, char
     uint8_t *mine;
     uint32_t s = begin_step(c, &mine);
     memcpy(kccl_data(mine), send + off * es, n * es);
-    kccl_publish_slot(c, s % KCCL_NSETS, 0, n * es, s, sig);
+    kccl_publish_slot(c, s % c->nsets, 0, n * es, s, sig);
     for (int p = 0; p < c->nranks; p++) {
       if (p != c->rank) {
-        kcclResult_t r = kccl_wait_flag(c, p, kccl_peer_flag(c, p, s % KCCL_NSETS, 0, n * es), s, sig);
+        kcclResult_t r = kccl_wait_flag(c, p, kccl_peer_flag(c, p, s % c->nsets, 0, n * es), s, sig);
         if (r != kcclSuccess) return r;
       }
-      in[p] = kccl_peer_data(c, p, s % KCCL_NSETS, 0, n * es); /* own data from the slot too: safe in place */
+      in[p] = kccl_peer_data(c, p, s % c->nsets, 0, n * es); /* own data from the slot too: safe in place */
     }
     kccl_reduce(recv + off * es, in, c->nranks, n, dt, op, c->nranks);
     off += n;
@@ -124,7 +134,7 @@ static kcclResult_t allreduce_twoshot(struct kcclComm *c, const char *send, char
     size_t n = min_sz(chunk, count - off), lo, hi;
     uint8_t *mine;
     uint32_t s = begin_step(c, &mine);
-    const uint32_t set = s % KCCL_NSETS;
+    const uint32_t set = s % c->nsets;
     memcpy(kccl_data(mine), send + off * es, n * es);
     kccl_publish_slot(c, set, 0, n * es, s, sig);
     kcclResult_t r = wait_all(c, s, sig, 0, n * es, -1, 0);
@@ -192,13 +202,13 @@ kcclResult_t kcclAllGather(const void *sendbuff, void *recvbuff, size_t sendcoun
     uint8_t *mine;
     uint32_t s = begin_step(c, &mine);
     memcpy(kccl_data(mine), send + off * es, n * es);
-    kccl_publish_slot(c, s % KCCL_NSETS, 0, n * es, s, sig);
+    kccl_publish_slot(c, s % c->nsets, 0, n * es, s, sig);
     /* Every peer's signature is checked before recv is touched. */
     if ((r = wait_all(c, s, sig, 0, n * es, -1, 0)) != kcclSuccess) return r;
     if (!inplace) memcpy(myout + off * es, send + off * es, n * es);
     for (int i = 1; i < c->nranks; i++) {
       int p = (c->rank + i) % c->nranks;
-      memcpy(recv + (size_t)p * bytes + off * es, kccl_peer_data(c, p, s % KCCL_NSETS, 0, n * es), n * es);
+      memcpy(recv + (size_t)p * bytes + off * es, kccl_peer_data(c, p, s % c->nsets, 0, n * es), n * es);
     }
     off += n;
   } while (off < sendcount);
@@ -232,10 +242,10 @@ kcclResult_t kcclReduceScatter(const void *sendbuff, void *recvbuff, size_t recv
     uint32_t s = begin_step(c, &mine);
     for (int q = 0; q < c->nranks; q++)
       memcpy(kccl_data(mine) + (size_t)q * n * es, send + ((size_t)q * recvcount + off) * es, n * es);
-    kccl_publish_slot(c, s % KCCL_NSETS, 0, (size_t)c->nranks * n * es, s, sig);
+    kccl_publish_slot(c, s % c->nsets, 0, (size_t)c->nranks * n * es, s, sig);
     if ((r = wait_all(c, s, sig, 0, (size_t)c->nranks * n * es, -1, 0)) != kcclSuccess) return r;
     for (int p = 0; p < c->nranks; p++)
-      in[p] = kccl_peer_data(c, p, s % KCCL_NSETS, 0, (size_t)c->nranks * n * es) + (size_t)c->rank * n * es;
+      in[p] = kccl_peer_data(c, p, s % c->nsets, 0, (size_t)c->nranks * n * es) + (size_t)c->rank * n * es;
     kccl_reduce(recv + off * es, in, c->nranks, n, dt, op, c->nranks);
     off += n;
   } while (off < recvcount);
@@ -267,10 +277,10 @@ kcclResult_t kcclBroadcast(const void *sendbuff, void *recvbuff, size_t count, k
     uint8_t *mine;
     uint32_t s = begin_step(c, &mine);
     if (am_root) memcpy(kccl_data(mine), send + off * es, n * es);
-    kccl_publish_slot(c, s % KCCL_NSETS, 0, am_root ? n * es : 0, s, sig); /* non-roots: "arrived" */
+    kccl_publish_slot(c, s % c->nsets, 0, am_root ? n * es : 0, s, sig); /* non-roots: "arrived" */
     if ((r = wait_all(c, s, sig, 0, 0, root, n * es)) != kcclSuccess) return r;
     if (am_root && send != recv) memcpy(recv + off * es, send + off * es, n * es);
-    if (!am_root) memcpy(recv + off * es, kccl_peer_data(c, root, s % KCCL_NSETS, 0, n * es), n * es);
+    if (!am_root) memcpy(recv + off * es, kccl_peer_data(c, root, s % c->nsets, 0, n * es), n * es);
     off += n;
   } while (off < count);
   return kcclSuccess;
@@ -283,7 +293,7 @@ kcclResult_t kcclBarrier(kcclComm_t c, void *stream) {
   if (r != kcclSuccess || c->nranks == 1) return r;
   uint8_t *mine;
   uint32_t s = begin_step(c, &mine);
-  kccl_publish_slot(c, s % KCCL_NSETS, 0, 0, s, sig);
+  kccl_publish_slot(c, s % c->nsets, 0, 0, s, sig);
   return wait_all(c, s, sig, 0, 0, -1, 0);
 }
 

@@ -73,8 +73,9 @@ kcclResult_t kccl_comm_init(kcclComm_t *out, int nranks, kcclUniqueId id, int ra
   if (cfg.device < -1)
     return kccl_err(kcclInvalidArgument, "config.device=%d: -1 (host transport) or a CUDA device ordinal", cfg.device);
   if (cfg.buffer_bytes < 4096 || cfg.timeout_ms < 0 || cfg.algo < 0 || cfg.algo > kcclAlgoTwoShot ||
-      cfg.debug < 0 || cfg.debug > 3)
-    return kccl_err(kcclInvalidArgument, "invalid config (buffer_bytes >= 4096, timeout_ms >= 0, algo 0..2, debug 0..3)");
+      cfg.debug < 0 || cfg.debug > 3 || cfg.max_outstanding < 1 || cfg.max_outstanding > KCCL_MAX_OUTSTANDING)
+    return kccl_err(kcclInvalidArgument, "invalid config (buffer_bytes >= 4096, timeout_ms >= 0, algo 0..2, "
+                    "debug 0..3, max_outstanding 1..%d)", KCCL_MAX_OUTSTANDING);
   kccl_debug_level = cfg.debug;
 
   struct kcclComm *c = calloc(1, sizeof *c);
@@ -99,7 +100,8 @@ kcclResult_t kccl_comm_init(kcclComm_t *out, int nranks, kcclUniqueId id, int ra
    * stores to another (two-shot: A slots -> B slot) would otherwise hit 4K
    * aliasing between its load and store streams on x86. */
   c->slot_stride = round_up(SLOT_DATA_OFF + slot, KCCL_LINE) + 17 * KCCL_LINE;
-  c->seg_bytes = round_up(KCCL_PAGE + (size_t)KCCL_NSETS * 2 * c->slot_stride, KCCL_PAGE);
+  for (c->nsets = 2; c->nsets < 2u * (uint32_t)cfg.max_outstanding; c->nsets *= 2) {}
+  c->seg_bytes = round_up(KCCL_PAGE + (size_t)c->nsets * 2 * c->slot_stride, KCCL_PAGE);
   if ((r = kccl_replicas_alloc(c, placement)) != kcclSuccess) { free(c); return r; }
   c->seg_bytes += kccl_replicas_layout(c, c->seg_bytes);
   c->names = calloc((size_t)nranks, sizeof *c->names);

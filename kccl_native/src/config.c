@@ -67,6 +67,7 @@ kcclResult_t kcclConfigInit(kcclConfig_t *cfg) {
   cfg->spin_us = -1;
   cfg->yield_us = -1;
   cfg->debug = 0;
+  cfg->max_outstanding = 1;
   cfg->device = -1;
   cfg->gpu_oneshot_max_bytes = 256 * 1024; /* the LL path's capacity; bench/allreduce.py --device cuda */
   cfg->gpu_buffer_bytes = 16 * 1024 * 1024;
@@ -89,6 +90,9 @@ kcclResult_t kcclConfigInit(kcclConfig_t *cfg) {
   v = cfg->yield_us;
   if ((r = env_long("KCCL_YIELD_US", -1, 10000000L, 0, &v))) return r;
   cfg->yield_us = (int)v;
+  v = cfg->max_outstanding;
+  if ((r = env_long("KCCL_MAX_OUTSTANDING", 1, KCCL_MAX_OUTSTANDING, 0, &v))) return r;
+  cfg->max_outstanding = (int)v;
   v = (long)cfg->gpu_oneshot_max_bytes;
   if ((r = env_long("KCCL_GPU_ONESHOT_MAX_BYTES", 0, 1L << 40, 1, &v))) return r;
   cfg->gpu_oneshot_max_bytes = (size_t)v;

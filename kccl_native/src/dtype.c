@@ -29,6 +29,7 @@ const char *kccl_coll_name(int coll) {
     case COLL_REDUCESCATTER: return "reduce_scatter";
     case COLL_BROADCAST: return "broadcast";
     case COLL_BARRIER: return "barrier";
+    case COLL_ALLREDUCE_NB: return "all_reduce_start";
     default: return "nothing";
   }
 }

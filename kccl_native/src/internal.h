@@ -12,17 +12,22 @@
 
 #define KCCL_LINE 64
 #define KCCL_PAGE 4096
-/* Two buffer sets suffice: every step waits for every peer's flag of that
- * step, so when a rank starts step s+1 (reusing the set of step s-1) every
- * peer has finished step s-1. */
-#define KCCL_NSETS 2
+/* Buffer sets: c->nsets = 2 * max_outstanding, rounded up to a power of two
+ * (so that step % nsets survives the 32-bit wrap of step).  With blocking
+ * collectives only (max_outstanding 1) two suffice: every step waits for every
+ * peer's flag of that step, so when a rank starts step s+1 (reusing the set of
+ * step s-1) every peer has finished step s-1.  With D split-phase all-reduces
+ * in flight, a rank that starts step s has completed step s-D, so every peer
+ * has started s-D and therefore completed s-2D: sets of steps <= s-2D are
+ * free, and 2D sets suffice (nonblocking.c). */
+#define KCCL_MAX_OUTSTANDING 8
 #define KCCL_MAX_RANKS 1024
 
 /* Segment states, in the header of each rank's segment. */
 enum { SEG_CREATING = 0, SEG_READY = 1, SEG_CLOSED = 2, SEG_ABORTED = 3, SEG_FAILED = 4 };
 
 /* Collective kinds, part of the call signature. */
-enum { COLL_ALLREDUCE = 1, COLL_ALLGATHER, COLL_REDUCESCATTER, COLL_BROADCAST, COLL_BARRIER };
+enum { COLL_ALLREDUCE = 1, COLL_ALLGATHER, COLL_REDUCESCATTER, COLL_BROADCAST, COLL_BARRIER, COLL_ALLREDUCE_NB };
 
 /* What a rank is currently calling; read by peers only to explain a mismatch. */
 typedef struct {
@@ -63,6 +68,14 @@ _Static_assert(sizeof(kccl_seg_header) <= KCCL_PAGE, "header must fit a page");
  * Flag = seq << 32 | signature. */
 #define SLOT_DATA_OFF 8
 
+/* A started, not yet completed kcclAllReduceStart (nonblocking.c). */
+typedef struct {
+  uint64_t ticket; /* the request id handed to the caller */
+  uint32_t step, sig;
+  void *recv;
+  size_t count;
+  int dtype, op;
+} kccl_nb_op;
 /* The host side of a GPU communicator (gpu_host.c). */
 struct kccl_gpu_host {
   struct kgpu *kg;
@@ -87,6 +100,12 @@ struct kcclComm {
   kccl_seg_header **hdr;
   pid_t *pid;
   int *pidfd;                /* -1 where pidfd_open is unavailable */
+  uint32_t nsets;            /* buffer sets (see KCCL_MAX_OUTSTANDING) */
+  /* Outstanding split-phase all-reduces: a FIFO ring (nonblocking.c). */
+  uint32_t nb_head, nb_count;
+  uint64_t nb_issued;        /* last ticket handed out */
+  int64_t nb_next_check;     /* kcclAllReduceTest: next peer-liveness check (ns) */
+  kccl_nb_op nb[KCCL_MAX_OUTSTANDING];
   struct kccl_gpu_host *gpu; /* GPU communicators only (gpu_host.c) */
   struct kccl_replicas *rep; /* per-domain replicas (replicas.h); NULL: one copy of everything */
 };
@@ -100,6 +119,10 @@ static inline uint8_t *kccl_slot(struct kcclComm *c, int r, uint32_t set, int wh
 }
 static inline _Atomic uint64_t *kccl_flag(uint8_t *slot) { return (_Atomic uint64_t *)slot; }
 static inline uint8_t *kccl_data(uint8_t *slot) { return slot + SLOT_DATA_OFF; }
+
+/* collectives.c: the checks every collective starts with (*sig: its signature). */
+kcclResult_t kccl_enter(struct kcclComm *c, int coll, size_t count, int dtype, int op, int root,
+                        void *stream, uint32_t *sig);
 
 /* error.c */
 kcclResult_t kccl_err(kcclResult_t code, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
@@ -124,6 +147,9 @@ void kccl_publish(struct kcclComm *c, _Atomic uint64_t *flag, uint32_t seq, uint
 kcclResult_t kccl_wait_flag(struct kcclComm *c, int peer, _Atomic uint64_t *flag, uint32_t seq,
                             uint32_t sig);
 void kccl_wake_all(struct kcclComm *c);
+/* Why step seq cannot complete (dead, aborted, closed or mismatching peer), without waiting;
+ * kcclSuccess when nothing is wrong (yet).  The text goes to why. */
+kcclResult_t kccl_peer_problem(struct kcclComm *c, uint32_t seq, uint32_t sig, char *why, size_t n);
 kcclResult_t kccl_peers_gone(struct kcclComm *c, char *why, size_t whylen, int *failed);
 
 /* shm.c */

@@ -66,7 +66,7 @@ size_t kccl_replicas_layout(struct kcclComm *c, size_t area_off) {
   if (!x) return 0;
   /* skewed like the main slots (4K aliasing); a block per domain, page aligned for mbind */
   x->stride = round_up(SLOT_DATA_OFF + x->data_bytes, KCCL_LINE) + 17 * KCCL_LINE;
-  x->block_bytes = round_up((size_t)KCCL_NSETS * 2 * x->stride, KCCL_PAGE);
+  x->block_bytes = round_up((size_t)c->nsets * 2 * x->stride, KCCL_PAGE);
   x->area_off = area_off;
   return (size_t)x->ndomains * x->block_bytes;
 }
@@ -230,7 +230,7 @@ void kccl_replicas_wake_all(struct kcclComm *c) {
   struct kccl_replicas *x = c->rep;
   if (!x || !c->base || !c->base[c->rank]) return;
   for (int d = 0; d < x->ndomains; d++)
-    for (uint32_t set = 0; set < KCCL_NSETS; set++)
+    for (uint32_t set = 0; set < c->nsets; set++)
       for (int which = 0; which < 2; which++) futex_wake(seq_half(kccl_flag(kccl_rep_slot(c, c->rank, d, set, which))));
 }
 

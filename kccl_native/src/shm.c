@@ -186,7 +186,8 @@ static kcclResult_t map_peer(struct kcclComm *c, int p, int64_t deadline) {
     close(fd);
     return kccl_err(kcclInvalidUsage,
                     "rank %d uses %zu-byte segments, rank %d %zu: every rank must use the same "
-                    "KCCL_BUFFER_BYTES (and see the same topology: KCCL_TOPO, KCCL_TOPO_FILE)", p,
+                    "KCCL_BUFFER_BYTES and KCCL_MAX_OUTSTANDING (and see the same topology: KCCL_TOPO, "
+                    "KCCL_TOPO_FILE)", p,
                     (size_t)sb.st_size, c->rank, c->seg_bytes);
   }
   void *m = mmap(NULL, c->seg_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);

@@ -62,7 +62,7 @@ void kccl_publish(struct kcclComm *c, _Atomic uint64_t *flag, uint32_t seq, uint
 
 /* Wakes every sleeper on any of this rank's flags (used on abort and failure). */
 void kccl_wake_all(struct kcclComm *c) {
-  for (uint32_t set = 0; set < KCCL_NSETS; set++)
+  for (uint32_t set = 0; set < c->nsets; set++)
     for (int which = 0; which < 2; which++)
       futex(seq_word(kccl_flag(kccl_slot(c, c->rank, set, which))), FUTEX_WAKE, INT_MAX, NULL);
   kccl_replicas_wake_all(c);
@@ -151,7 +151,7 @@ static kcclResult_t check_peers(struct kcclComm *c, uint32_t seq, uint32_t sig, 
   if (r != kcclSuccess) return r;
   for (int p = 0; p < c->nranks; p++) {
     if (p == c->rank) continue;
-    uint64_t v = atomic_load_explicit(kccl_flag(kccl_slot(c, p, seq % KCCL_NSETS, 0)), memory_order_acquire);
+    uint64_t v = atomic_load_explicit(kccl_flag(kccl_slot(c, p, seq % c->nsets, 0)), memory_order_acquire);
     if ((uint32_t)(v >> 32) == seq && (uint32_t)v != sig) {
       describe_mismatch(c, p, seq, (uint32_t)v, why, whylen);
       return kcclRemoteError;
@@ -165,6 +165,10 @@ static kcclResult_t check_peers(struct kcclComm *c, uint32_t seq, uint32_t sig, 
     return kcclRemoteError;
   }
   return kcclSuccess;
+}
+
+kcclResult_t kccl_peer_problem(struct kcclComm *c, uint32_t seq, uint32_t sig, char *why, size_t n) {
+  return check_peers(c, seq, sig, why, n);
 }
 
 static kcclResult_t mismatch(struct kcclComm *c, int peer, uint32_t seq, uint32_t sig) {

@@ -1,0 +1,104 @@
+"""Command line:
+
+    python -m kie_engine init --config tiny|small|2b --dtp-delay D --out DIR [--seed S]
+    [mpiexec -n N] python -m kie_engine generate --model DIR --prompt TEXT [--max-new-tokens 64]
+        [--temperature T --top-k K --top-p P --seed S] [--ignore-eos]
+
+Under mpiexec every rank is a lane (tensor parallelism over KCCL); N = 1 needs no
+mpiexec.  Rank 0 streams the text and prints the timing line."""
+import argparse
+import os
+import sys
+
+from .errors import KieError
+
+
+def _world():
+    """(size, rank) from the MPI launcher's environment (MPICH/Hydra or Open MPI), else (1, 0)."""
+    for size_var, rank_var in (("PMI_SIZE", "PMI_RANK"), ("OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_RANK")):
+        if size_var in os.environ:
+            return int(os.environ[size_var]), int(os.environ.get(rank_var, 0))
+    return 1, 0
+
+
+def cmd_init(a):
+    from .config import preset
+    from .init import write_checkpoint
+    cfg = preset(a.config, dtp_delay=a.dtp_delay)
+    write_checkpoint(cfg, a.out, seed=a.seed)
+    print(f"wrote {a.out}: {a.config} ({cfg.n_params / 1e6:.1f} M parameters, {cfg.torch_dtype}), "
+          f"dtp_delay={cfg.dtp_delay}")
+    return 0
+
+
+def cmd_generate(a):
+    from .checkpoint import Checkpoint
+    from .generate import Sampling, generate
+    from .tokenizer import StreamDecoder, load_tokenizer
+    from .tp import comm_config, load_model, plan, prefill_chunk
+    size, rank = _world()
+    sampling = Sampling(a.temperature, a.top_k, a.top_p, a.seed)
+    ckpt = Checkpoint(a.model)
+    cfg = ckpt.config
+    tok = load_tokenizer(ckpt.tokenizer_path())
+    plan(cfg, size)  # a bad split fails here, on every rank alike, before any rank connects
+    ids = tok.encode(a.prompt).ids
+    if not ids:
+        raise ValueError("the prompt encodes to no tokens")
+    if max(ids) >= cfg.vocab_size:
+        raise KieError(f"the tokenizer produced id {max(ids)}, outside the model's vocab_size={cfg.vocab_size}")
+    comm = None
+    if size > 1:
+        from mpi4py import MPI
+        import kccl
+        comm = kccl.Communicator.from_mpi(MPI.COMM_WORLD, config=comm_config(cfg))
+    try:
+        model = load_model(ckpt, comm)
+        stream = StreamDecoder(tok)
+        show = rank == 0
+
+        def on_token(t):
+            if show:
+                sys.stdout.write(stream.push(t))
+                sys.stdout.flush()
+        if show:
+            sys.stdout.write(a.prompt)
+        res = generate(model, ids, a.max_new_tokens, sampling, None if a.ignore_eos else cfg.eos_token_id,
+                       on_token, prefill_chunk(cfg))
+        if show:
+            lanes = f", {size} lanes" if size > 1 else ""
+            print(f"\n[{res.summary()}; dtp_delay={cfg.dtp_delay}{lanes}]", flush=True)
+    finally:
+        if comm is not None:
+            comm.close()
+    return 0
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(prog="python -m kie_engine", description="KIE: numpy Laneformer inference over KCCL")
+    sub = p.add_subparsers(dest="cmd", required=True)
+    i = sub.add_parser("init", help="write a randomly initialised checkpoint")
+    i.add_argument("--config", required=True, choices=["tiny", "small", "2b"])
+    i.add_argument("--dtp-delay", type=int, default=0)
+    i.add_argument("--out", required=True)
+    i.add_argument("--seed", type=int, default=0)
+    g = sub.add_parser("generate", help="generate text from a prompt")
+    g.add_argument("--model", required=True)
+    g.add_argument("--prompt", required=True)
+    g.add_argument("--max-new-tokens", type=int, default=64)
+    g.add_argument("--temperature", type=float, default=0.0)
+    g.add_argument("--top-k", type=int, default=0)
+    g.add_argument("--top-p", type=float, default=1.0)
+    g.add_argument("--seed", type=int, default=0)
+    g.add_argument("--ignore-eos", action="store_true", help="always generate --max-new-tokens tokens")
+    a = p.parse_args(argv)
+    try:
+        return (cmd_init if a.cmd == "init" else cmd_generate)(a)
+    except (KieError, ValueError, FileNotFoundError) as e:
+        if _world()[1] == 0:
+            print(f"error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

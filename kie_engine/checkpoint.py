@@ -1,0 +1,91 @@
+"""Hugging Face Llama-format checkpoint directories, from local disk only:
+config.json, *.safetensors (one file or shards), tokenizer.json.
+
+Checkpoint(dir) checks every tensor the config implies is present, once, with its
+shape, before any weight is read; tensor(name, rows, cols) reads (a block of) one
+as float32."""
+import glob
+import os
+
+import numpy as np
+
+from .config import ModelConfig
+from .errors import CheckpointError, CheckpointNotFoundError
+from .safetensors_io import SafetensorsFile, to_float32
+
+# Buffers some exporters store that carry no weights.
+_IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
+
+
+def expected_shapes(cfg):
+    """{tensor name: shape} of a checkpoint of this config (HF LlamaForCausalLM names)."""
+    h, hd = cfg.hidden_size, cfg.head_dim
+    q, kv, inter = cfg.num_attention_heads * hd, cfg.num_key_value_heads * hd, cfg.intermediate_size
+    out = {"model.embed_tokens.weight": (cfg.vocab_size, h), "model.norm.weight": (h,)}
+    for i in range(cfg.num_hidden_layers):
+        p = f"model.layers.{i}."
+        out.update({p + "self_attn.q_proj.weight": (q, h), p + "self_attn.k_proj.weight": (kv, h),
+                    p + "self_attn.v_proj.weight": (kv, h), p + "self_attn.o_proj.weight": (h, q),
+                    p + "mlp.gate_proj.weight": (inter, h), p + "mlp.up_proj.weight": (inter, h),
+                    p + "mlp.down_proj.weight": (h, inter), p + "input_layernorm.weight": (h,),
+                    p + "post_attention_layernorm.weight": (h,)})
+    if not cfg.tie_word_embeddings:
+        out["lm_head.weight"] = (cfg.vocab_size, h)
+    return out
+
+
+class Checkpoint:
+    def __init__(self, model_dir, dtp_delay=None):
+        if not os.path.isdir(model_dir):
+            raise CheckpointNotFoundError(f"{model_dir}: no such checkpoint directory")
+        self.dir = model_dir
+        cfg = ModelConfig.load(model_dir)
+        self.config = cfg if dtp_delay is None else cfg.replace(dtp_delay=dtp_delay)
+        paths = sorted(glob.glob(os.path.join(model_dir, "*.safetensors")))
+        if not paths:
+            raise CheckpointNotFoundError(f"{model_dir}: no *.safetensors file (only the safetensors format is read)")
+        self._where = {}
+        for path in paths:
+            f = SafetensorsFile(path)
+            for name in f.tensors:
+                if name in self._where:
+                    raise CheckpointError(f"{path}: tensor {name!r} is also in {self._where[name].path}")
+                self._where[name] = f
+        self._check()
+
+    def _check(self):
+        want = expected_shapes(self.config)
+        cfgpath = os.path.join(self.dir, "config.json")
+        missing = [n for n in want if n not in self._where]
+        if missing:
+            more = f" (and {len(missing) - 3} more)" if len(missing) > 3 else ""
+            raise CheckpointError(f"{self.dir}: tensor(s) {', '.join(missing[:3])}{more} missing for the model "
+                                  f"that {cfgpath} describes")
+        for name, f in self._where.items():
+            if name in want:
+                shape = f.tensors[name][1]
+                if tuple(shape) != tuple(want[name]):
+                    raise CheckpointError(f"{f.path}: tensor {name!r} has shape {list(shape)}, but {cfgpath} "
+                                          f"implies {list(want[name])}")
+            elif not (name.endswith(_IGNORED_SUFFIXES) or (name == "lm_head.weight" and self.config.tie_word_embeddings)):
+                raise CheckpointError(f"{f.path}: unexpected tensor {name!r} (not part of the model {cfgpath} describes)")
+        for name, f in self._where.items():
+            if f.dtype(name) not in ("F32", "BF16", "F16"):
+                raise CheckpointError(f"{f.path}: tensor {name!r} has dtype {f.dtype(name)}; weights must be floats")
+
+    def tensor(self, name, rows=None, cols=None):
+        """float32 copy of tensor[rows, cols] (slices or index arrays; None = all)."""
+        f = self._where[name]
+        a = f.raw(name)
+        if rows is not None:
+            a = a[rows]
+        if cols is not None:
+            a = a[:, cols]
+        dt = f.dtype(name)
+        return to_float32(a, dt) if dt != "F16" else np.ascontiguousarray(a, dtype=np.float32)
+
+    def tokenizer_path(self):
+        path = os.path.join(self.dir, "tokenizer.json")
+        if not os.path.isfile(path):
+            raise CheckpointNotFoundError(f"{path}: no such file (the tokenizer is read from tokenizer.json)")
+        return path

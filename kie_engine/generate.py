@@ -1,0 +1,93 @@
+"""Sampling and the generation loop (every rank runs it; the same logits and the same
+seeded generator give every rank the same tokens)."""
+import time
+from dataclasses import dataclass, field
+from typing import Callable, List, Optional
+
+import numpy as np
+
+from .errors import PromptTooLongError
+
+
+@dataclass(frozen=True)
+class Sampling:
+    temperature: float = 0.0   # 0 = greedy
+    top_k: int = 0             # 0 = off
+    top_p: float = 1.0         # 1 = off
+    seed: int = 0
+
+    def __post_init__(self):
+        if not self.temperature >= 0:
+            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if self.top_k < 0:
+            raise ValueError(f"top_k must be >= 0, got {self.top_k}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+
+
+def sample(logits, s: Sampling, rng):
+    if s.temperature == 0:
+        return int(np.argmax(logits))
+    z = logits.astype(np.float64) / s.temperature
+    order = np.argsort(-z, kind="stable")
+    if s.top_k:
+        order = order[:s.top_k]
+    p = np.exp(z[order] - z[order[0]])
+    p /= p.sum()
+    if s.top_p < 1:  # the smallest prefix whose mass reaches top_p
+        keep = int(np.searchsorted(np.cumsum(p), s.top_p)) + 1
+        order, p = order[:keep], p[:keep] / p[:keep].sum()
+    return int(order[rng.choice(len(order), p=p)])
+
+
+@dataclass
+class Result:
+    tokens: List[int] = field(default_factory=list)
+    prefill_s: float = 0.0     # prompt through the model, first token picked
+    decode_s: float = 0.0      # every later token
+    stopped_on_eos: bool = False
+
+    @property
+    def decode_tokens(self):
+        return max(0, len(self.tokens) - 1)
+
+    @property
+    def tokens_per_s(self):
+        return self.decode_tokens / self.decode_s if self.decode_s > 0 else float("nan")
+
+    def summary(self):
+        ms = 1e3 * self.decode_s / self.decode_tokens if self.decode_tokens else float("nan")
+        return (f"prefill {1e3 * self.prefill_s:.1f} ms, decode {self.tokens_per_s:.2f} tokens/s "
+                f"({ms:.2f} ms/token, {self.decode_tokens} tokens)")
+
+
+def generate(model, prompt_ids, max_new_tokens, sampling=Sampling(), eos_id=None,
+             on_token: Optional[Callable[[int], None]] = None, prefill_chunk=256):
+    """Greedy or sampled generation from prompt_ids, at most max_new_tokens, stopping after
+    eos_id; on_token(id) is called as each token is produced."""
+    prompt_ids = list(prompt_ids)
+    if max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+    if len(prompt_ids) + max_new_tokens > model.max_seq:
+        raise PromptTooLongError(f"the prompt has {len(prompt_ids)} tokens and {max_new_tokens} more were asked "
+                                 f"for; the context holds {model.max_seq}")
+    rng = np.random.default_rng(sampling.seed)
+    model.reset()
+    out = Result()
+    t0 = time.perf_counter()
+    logits = model.prefill(prompt_ids, chunk=prefill_chunk)
+    tok = sample(logits, sampling, rng)
+    out.prefill_s = time.perf_counter() - t0
+    t1 = time.perf_counter()
+    while True:
+        out.tokens.append(tok)
+        if on_token:
+            on_token(tok)
+        if tok == eos_id:
+            out.stopped_on_eos = True
+            break
+        if len(out.tokens) >= max_new_tokens:
+            break
+        tok = sample(model.decode_step(tok), sampling, rng)
+    out.decode_s = time.perf_counter() - t1
+    return out

@@ -1,0 +1,94 @@
+"""Reading and writing the safetensors format with numpy alone.
+
+A file is: 8 bytes little-endian header length N, N bytes of JSON
+{name: {"dtype", "shape", "data_offsets": [begin, end]}, "__metadata__": {...}},
+then the raw little-endian tensor data (offsets relative to its start).
+Reading memory-maps the file, so a lane that needs a slice of a tensor touches
+only those pages, and bfloat16 is widened to float32 slice by slice."""
+import json
+import os
+import struct
+
+import numpy as np
+
+from .errors import CheckpointError
+
+_DTYPES = {"F32": np.float32, "F16": np.float16, "BF16": np.uint16, "F64": np.float64,
+           "I64": np.int64, "I32": np.int32}
+
+
+class SafetensorsFile:
+    def __init__(self, path):
+        self.path = path
+        size = os.path.getsize(path)
+        with open(path, "rb") as f:
+            head = f.read(8)
+            if len(head) < 8:
+                raise CheckpointError(f"{path}: too short to be a safetensors file")
+            (n,) = struct.unpack("<Q", head)
+            if n > min(size - 8, 100 << 20):
+                raise CheckpointError(f"{path}: header length {n} does not fit the file ({size} bytes)")
+            try:
+                header = json.loads(f.read(n))
+            except ValueError as e:
+                raise CheckpointError(f"{path}: header is not JSON: {e}") from None
+        self.metadata = header.pop("__metadata__", {}) or {}
+        self._data_start = 8 + n
+        self._map = np.memmap(path, dtype=np.uint8, mode="r") if size > 8 + n else np.zeros(0, np.uint8)
+        self.tensors = {}
+        for name, info in header.items():
+            try:
+                dt, shape, (b, e) = info["dtype"], tuple(int(s) for s in info["shape"]), info["data_offsets"]
+            except (KeyError, TypeError, ValueError):
+                raise CheckpointError(f"{path}: tensor {name!r} has a malformed header entry") from None
+            if dt not in _DTYPES:
+                raise CheckpointError(f"{path}: tensor {name!r} has dtype {dt}, not supported "
+                                      f"(supported: {', '.join(_DTYPES)})")
+            nbytes = int(np.prod(shape, dtype=np.int64)) * np.dtype(_DTYPES[dt]).itemsize
+            if not (0 <= b <= e and e - b == nbytes and self._data_start + e <= size):
+                raise CheckpointError(f"{path}: tensor {name!r} ({dt}, shape {list(shape)}) has data offsets "
+                                      f"{[b, e]} that do not match its size or the file")
+            self.tensors[name] = (dt, shape, b)
+
+    def raw(self, name):
+        """The stored array (bfloat16 as uint16), memory-mapped, read-only."""
+        dt, shape, b = self.tensors[name]
+        n = int(np.prod(shape, dtype=np.int64))
+        start = self._data_start + b
+        return self._map[start:start + n * np.dtype(_DTYPES[dt]).itemsize].view(_DTYPES[dt]).reshape(shape)
+
+    def dtype(self, name):
+        return self.tensors[name][0]
+
+
+def to_float32(stored, dtype_name):
+    """A float32 copy of (a slice of) a stored tensor."""
+    if dtype_name == "BF16":  # bfloat16 is the top half of a float32
+        return (np.ascontiguousarray(stored).astype(np.uint32) << 16).view(np.float32)
+    return np.ascontiguousarray(stored, dtype=np.float32)
+
+
+def float32_to_bf16_bits(x):
+    """Round-to-nearest-even bfloat16 bit patterns (uint16) of a float32 array."""
+    u = np.ascontiguousarray(x, np.float32).view(np.uint32)
+    rounded = u + (np.uint32(0x7FFF) + ((u >> 16) & np.uint32(1)))
+    return (rounded >> 16).astype(np.uint16)
+
+
+def write(path, tensors, metadata=None):
+    """tensors: {name: (dtype name 'F32'|'BF16', array of that storage type)}, written in order."""
+    header, offset = {}, 0
+    for name, (dt, arr) in tensors.items():
+        header[name] = {"dtype": dt, "shape": list(arr.shape), "data_offsets": [offset, offset + arr.nbytes]}
+        offset += arr.nbytes
+    if metadata:
+        header["__metadata__"] = metadata
+    text = json.dumps(header, separators=(",", ":")).encode()
+    text += b" " * (-len(text) % 8)  # data starts 8-byte aligned
+    tmp = path + ".tmp"
+    with open(tmp, "wb") as f:
+        f.write(struct.pack("<Q", len(text)))
+        f.write(text)
+        for _dt, arr in tensors.values():
+            f.write(np.ascontiguousarray(arr).tobytes())
+    os.replace(tmp, path)

@@ -1,0 +1,107 @@
+"""Tensor parallelism over KCCL ranks ("lanes").
+
+Lane l of N holds:
+  attention: query heads [l*H/N, (l+1)*H/N) and the KV heads they use: a contiguous
+             share when N divides the KV head count, else (N a multiple of it) the
+             one KV head of its query group, replicated on N/KV lanes;
+  MLP:       a contiguous range of intermediate columns (gate/up rows, down columns),
+             as equal as the size allows (any size works);
+  LM head:   a contiguous vocabulary slice, padded to ceil(V/N) rows;
+  the embedding table and the norms whole.
+Row-parallel outputs (o_proj, down_proj) are partial sums: the model hands them to
+`Lanes.sum` / `Lanes.sum_start` (KCCL all-reduce, the only communication of a
+block); the vocabulary slices are joined with all_gather.  KCCL reduces in rank
+order on every rank, so all lanes hold bitwise-identical residuals and logits and
+pick the same tokens."""
+import numpy as np
+
+from .errors import ShardingError
+from .model import LayerWeights, Model, Weights, stack_t
+
+SLOT_BYTES = 1 << 20  # KCCL_BUFFER_BYTES of the engine's communicator: bounds one split-phase sum
+
+
+class Lanes:
+    """The model's lane operations over a kccl.Communicator."""
+
+    def __init__(self, comm):
+        self.comm, self.size, self.rank = comm, comm.size, comm.rank
+
+    def sum(self, y):
+        return self.comm.all_reduce(y)
+
+    def sum_start(self, y):
+        return self.comm.all_reduce_start(y)
+
+    def vocab(self, logits):
+        t, part = logits.shape
+        out = np.empty((self.size, t, part), np.float32)
+        self.comm.all_gather(logits, out)
+        return out.transpose(1, 0, 2).reshape(t, self.size * part)
+
+
+def comm_config(cfg):
+    """Communicator settings the engine needs: room for dtp_delay + 1 sums in flight."""
+    return {"max_outstanding": cfg.dtp_delay + 1, "buffer_bytes": SLOT_BYTES}
+
+
+def prefill_chunk(cfg):
+    """Prompt tokens per forward pass, so one sublayer's sum fits a KCCL slot."""
+    return max(1, SLOT_BYTES // (4 * cfg.hidden_size))
+
+
+def plan(cfg, size):
+    """(query heads per lane, KV heads per lane); ShardingError when N does not fit."""
+    nh, nkv = cfg.num_attention_heads, cfg.num_key_value_heads
+    if nh % size:
+        raise ShardingError(f"num_attention_heads={nh} is not divisible by the {size} ranks (lanes); "
+                            f"use a number of ranks that divides it")
+    if nkv % size and size % nkv:
+        raise ShardingError(f"num_key_value_heads={nkv} and {size} ranks: one must divide the other "
+                            f"(KV heads are split across lanes or replicated on them)")
+    if cfg.intermediate_size < size:
+        raise ShardingError(f"intermediate_size={cfg.intermediate_size} is smaller than the {size} ranks")
+    return nh // size, max(1, nkv // size)
+
+
+def _bounds(n, size, rank):
+    cuts = np.linspace(0, n, size + 1).round().astype(int)  # contiguous, sizes differ by <= 1
+    return int(cuts[rank]), int(cuts[rank + 1])
+
+
+def load_lane_weights(ckpt, rank, size):
+    """Lane `rank` of `size`'s share of a checkpoint (reads only those rows/columns)."""
+    cfg = ckpt.config
+    nhl, nkvl = plan(cfg, size)
+    hd, g = cfg.head_dim, cfg.num_attention_heads // cfg.num_key_value_heads
+    q_rows = slice(rank * nhl * hd, (rank + 1) * nhl * hd)
+    kv0 = (rank * nhl) // g  # first KV head used by this lane's query heads
+    kv_rows = slice(kv0 * hd, (kv0 + nkvl) * hd)
+    c0, c1 = _bounds(cfg.intermediate_size, size, rank)
+    layers = []
+    for i in range(cfg.num_hidden_layers):
+        p = f"model.layers.{i}."
+        t = lambda n, rows=None, cols=None: ckpt.tensor(p + n, rows, cols)  # noqa: E731
+        layers.append(LayerWeights(
+            attn_norm=t("input_layernorm.weight"),
+            wqkv=stack_t(t("self_attn.q_proj.weight", q_rows), t("self_attn.k_proj.weight", kv_rows),
+                         t("self_attn.v_proj.weight", kv_rows)),
+            wo=stack_t(t("self_attn.o_proj.weight", cols=q_rows)), mlp_norm=t("post_attention_layernorm.weight"),
+            w_gate_up=stack_t(t("mlp.gate_proj.weight", slice(c0, c1)), t("mlp.up_proj.weight", slice(c0, c1))),
+            w_down=stack_t(t("mlp.down_proj.weight", cols=slice(c0, c1)))))
+    embed = ckpt.tensor("model.embed_tokens.weight")
+    part = -(-cfg.vocab_size // size)
+    v0, v1 = min(cfg.vocab_size, rank * part), min(cfg.vocab_size, (rank + 1) * part)
+    head = embed[v0:v1] if cfg.tie_word_embeddings else ckpt.tensor("lm_head.weight", slice(v0, v1))
+    if v1 - v0 < part:  # the last slice: zero rows up to the common size (cut off after the gather)
+        head = np.concatenate([head, np.zeros((part - (v1 - v0), cfg.hidden_size), np.float32)])
+    return Weights(embed, layers, ckpt.tensor("model.norm.weight"), stack_t(head), nhl, nkvl)
+
+
+def load_model(ckpt, comm=None, max_seq=None):
+    """A Model of the checkpoint on this rank: whole without a communicator (or with one
+    of size 1), else this rank's lane."""
+    if comm is None or comm.size == 1:
+        from .model import load_weights
+        return Model(ckpt.config, load_weights(ckpt), max_seq=max_seq)
+    return Model(ckpt.config, load_lane_weights(ckpt, comm.rank, comm.size), Lanes(comm), max_seq=max_seq)

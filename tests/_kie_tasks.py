@@ -1,0 +1,21 @@
+"""Worker-side task of the tensor-parallel engine tests (run through _harness's `call`)."""
+import numpy as np
+
+
+def kie_lane(ctx, uid, nranks, rank, model_dir, delay, prompt, new_tokens):
+    """This rank's lane of the checkpoint: all prompt logits (chunked prefill), greedy
+    tokens, and the logits of every decode step."""
+    import kccl
+    from kie_engine.checkpoint import Checkpoint
+    from kie_engine.generate import generate
+    from kie_engine.tp import comm_config, load_model
+    ckpt = Checkpoint(model_dir, dtp_delay=delay)
+    cfg = dict(comm_config(ckpt.config), timeout_ms=20000)
+    with kccl.Communicator(nranks, kccl.UniqueId(uid), rank, config=cfg) as comm:
+        model = load_model(ckpt, comm)
+        prefill = model.prefill(prompt, chunk=5, all_logits=True)
+        res = generate(model, prompt, new_tokens)
+        model.reset()
+        model.prefill(prompt)
+        steps = np.stack([model.decode_step(t) for t in res.tokens[:-1]])
+    return {"tokens": res.tokens, "prefill": prefill, "steps": steps}
