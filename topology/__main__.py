@@ -14,7 +14,7 @@ import sys
 from . import cost
 from .discover import discover, dump, load
 from .errors import TopologyError
-from .plan import _ranges, plan
+from .plan import list_text, plan
 
 
 def _mib(b):
@@ -24,8 +24,8 @@ def _mib(b):
 def tree(topo):
     m = topo.nodes["machine"].attrs
     online = m.get("online_cpus", [])
-    lines = [f"machine ({topo.source}): {len(online)} CPUs online ({_ranges(online)}), "
-             f"allowed {_ranges(m.get('allowed_cpus', []))}, {len(topo.cpu_domains())} cache domain(s)"]
+    lines = [f"machine ({topo.source}): {len(online)} CPUs online ({list_text(online)}), "
+             f"allowed {list_text(m.get('allowed_cpus', []))}, {len(topo.cpu_domains())} cache domain(s)"]
     cores = topo.of_kind("core")
     for pkg in sorted(topo.of_kind("package"), key=lambda n: int(n.id.split(":")[1])):
         p = int(pkg.id.split(":")[1])
@@ -46,12 +46,12 @@ def tree(topo):
                 if node is not None:
                     others = sorted({c.attrs["numa"] for c in cores if c.attrs["l3"] == l3} - {n},
                                     key=lambda x: -1 if x is None else x)
-                    spans = f", shared with numa {_ranges(others)}" if others else ""
+                    spans = f", shared with numa {list_text(others)}" if others else ""
                 size = _mib(node.attrs.get("size_bytes")) if node is not None else "no L3"
                 cpus = sorted(x for c in lc for x in c.attrs["cpus"])
                 smt = max(len(c.attrs["cpus"]) for c in lc)
                 lines.append(f"      l3 {l3 if l3 is not None else '-'} ({size}{spans}): {len(lc)} cores x {smt} "
-                             f"threads, cpus {_ranges(cpus)}")
+                             f"threads, cpus {list_text(cpus)}")
     for g in sorted(topo.of_kind("gpu"), key=lambda n: int(n.id.split(":")[1])):
         a = g.attrs
         units = f"{a['sm_count']} SMs" if a.get("sm_count") else f"{a.get('cu_count')} CUs"

@@ -67,19 +67,20 @@ class Plan:
                  f"of each flag" + (" (one domain: one copy)" if self.single_copy else "")]
         for d in self.domains:
             lines.append(f"  domain {d.index:>3} {d.key:<22} numa {d.numa if d.numa is not None else '-':>3}  "
-                         f"ranks {_ranges(d.ranks)}")
+                         f"ranks {list_text(d.ranks)}")
         loose = [r for r, d in enumerate(self.rank_domain) if d is None]
         if loose:
-            lines.append(f"  no domain (CPUs span several; read writers' own copies): ranks {_ranges(loose)}")
+            lines.append(f"  no domain (CPUs span several; read writers' own copies): ranks {list_text(loose)}")
         w = 0
         reps = self.replicas[w]
         lines.append(f"  rank {w}'s flags: " + "; ".join(
-            f"{'own copy' if r.own else 'replica'} in domain {r.domain} read by {_ranges(r.readers) or 'nobody'}"
+            f"{'own copy' if r.own else 'replica'} in domain {r.domain} read by {list_text(r.readers) or 'nobody'}"
             + (f" [{', '.join(r.sub)}]" if r.sub else "") for r in reps))
         return "\n".join(lines)
 
 
-def _ranges(xs):
+def list_text(xs):
+    """Integers in the kernel's cpulist format: [0, 1, 2, 5] -> "0-2,5"."""
     xs = sorted(xs)
     out, i = [], 0
     while i < len(xs):
