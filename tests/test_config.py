@@ -6,7 +6,9 @@ import subprocess
 import sys
 import textwrap
 import threading
+import time
 
+import numpy as np
 import pytest
 
 import kccl
@@ -204,3 +206,40 @@ def test_buffer_bytes_must_match_across_ranks():
     assert all(isinstance(e, kccl.KcclError) for e in errs.values()), errs
     usage = [e for e in errs.values() if isinstance(e, kccl.KcclInvalidUsage)]
     assert usage and "KCCL_BUFFER_BYTES" in str(usage[0]), errs
+
+
+def test_ranks_with_different_algorithms_get_a_mismatch_not_a_timeout():
+    """KCCL_ALGO differing across ranks (one-shot here, two-shot there) is a collective
+    mismatch at the first step, reported on both ranks well before the timeout."""
+    uid = kccl.get_unique_id()
+    comms, errs = {}, {}
+    timeout_ms = 8000
+
+    def join(rank, algo):
+        comms[rank] = kccl.Communicator(2, uid, rank, config={"algo": algo, "timeout_ms": timeout_ms})
+
+    def call(rank):
+        x = np.arange(1000, dtype=np.float32)
+        t0 = time.monotonic()
+        try:
+            comms[rank].all_reduce(x)
+            errs[rank] = (None, time.monotonic() - t0)
+        except kccl.KcclError as e:
+            errs[rank] = (e, time.monotonic() - t0)
+
+    t = threading.Thread(target=join, args=(0, "oneshot"))
+    t.start()
+    join(1, "twoshot")
+    t.join()
+    try:
+        t = threading.Thread(target=call, args=(0,))
+        t.start()
+        call(1)
+        t.join()
+    finally:
+        for c in comms.values():
+            c.close()
+    for rank, (e, took) in errs.items():
+        assert isinstance(e, kccl.KcclRemoteError), f"rank {rank}: {e!r}"
+        assert "mismatch" in str(e) and "all_reduce_twoshot" in str(e), str(e)
+        assert took < timeout_ms / 1000 / 4, f"rank {rank} took {took:.2f} s"

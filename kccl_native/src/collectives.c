@@ -173,6 +173,10 @@ kcclResult_t kcclAllReduce(const void *sendbuff, void *recvbuff, size_t count, k
   }
   int algo = c->cfg.algo;
   if (algo == kcclAlgoAuto) algo = bytes <= c->cfg.oneshot_max_bytes ? kcclAlgoOneShot : kcclAlgoTwoShot;
+  if (algo == kcclAlgoTwoShot) {
+    c->hdr[c->rank]->call.coll = COLL_ALLREDUCE_2SHOT;
+    sig = kccl_signature(COLL_ALLREDUCE_2SHOT, count, dt, op, 0);
+  }
   return algo == kcclAlgoOneShot ? allreduce_oneshot(c, sendbuff, recvbuff, count, es, dt, op, sig)
                                  : allreduce_twoshot(c, sendbuff, recvbuff, count, es, dt, op, sig);
 }

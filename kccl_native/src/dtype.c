@@ -30,6 +30,7 @@ const char *kccl_coll_name(int coll) {
     case COLL_BROADCAST: return "broadcast";
     case COLL_BARRIER: return "barrier";
     case COLL_ALLREDUCE_NB: return "all_reduce_start";
+    case COLL_ALLREDUCE_2SHOT: return "all_reduce_twoshot";
     default: return "nothing";
   }
 }

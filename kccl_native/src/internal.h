@@ -27,7 +27,11 @@
 enum { SEG_CREATING = 0, SEG_READY = 1, SEG_CLOSED = 2, SEG_ABORTED = 3, SEG_FAILED = 4 };
 
 /* Collective kinds, part of the call signature. */
-enum { COLL_ALLREDUCE = 1, COLL_ALLGATHER, COLL_REDUCESCATTER, COLL_BROADCAST, COLL_BARRIER, COLL_ALLREDUCE_NB };
+/* COLL_ALLREDUCE is the one-shot all-reduce; the two-shot one signs (and names) itself
+ * COLL_ALLREDUCE_2SHOT, so ranks that chose different algorithms (KCCL_ALGO or the
+ * crossover set differently) see a mismatch at the first step instead of waiting. */
+enum { COLL_ALLREDUCE = 1, COLL_ALLGATHER, COLL_REDUCESCATTER, COLL_BROADCAST, COLL_BARRIER, COLL_ALLREDUCE_NB,
+       COLL_ALLREDUCE_2SHOT };
 
 /* What a rank is currently calling; read by peers only to explain a mismatch. */
 typedef struct {
