@@ -1,0 +1,29 @@
+"""Statistics of a `bench/decode.py --paired` result file: for each TP size, the
+per-round ratio delay 0 / delay d (ms/token; > 1 means delay d is faster), its
+median with a bootstrap 95 % interval, and a one-sided sign test.
+
+    python bench/paired_stats.py bench/results/decode_paired_dtp_tp2_60rounds.txt"""
+import re
+import sys
+from math import comb
+
+import numpy as np
+
+
+def main(path):
+    text = open(path).read()
+    for tp, d0, dd in re.findall(r"raw ms/token per round, TP=(\d+): d0: ([\d.,]+); d\d: ([\d.,]+)", text):
+        a = np.array([float(x) for x in d0.split(",")])
+        b = np.array([float(x) for x in dd.split(",")])
+        r = a / b
+        rng = np.random.default_rng(0)
+        boot = [np.median(rng.choice(r, len(r))) for _ in range(10000)]
+        lo, hi = np.percentile(boot, [2.5, 97.5])
+        k, n = int((r > 1).sum()), len(r)
+        p = sum(comb(n, i) for i in range(k, n + 1)) / 2 ** n
+        print(f"TP={tp}: {n} rounds, median ratio {np.median(r):.3f} (bootstrap 95 % interval {lo:.3f}-{hi:.3f}), "
+              f"delay d faster in {k} of {n} (one-sided sign test p = {p:.3f})")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])
