@@ -36,8 +36,13 @@ def fmt_size(n):
 
 
 def main(args, sizes):
-    import torch
     from mpi4py import MPI
+    try:
+        import torch
+    except ImportError:
+        if MPI.COMM_WORLD.Get_rank() == 0:
+            print("error: --device cuda needs PyTorch with CUDA (its tensors, streams and graphs)", file=sys.stderr)
+        return 2
 
     import kccl
 
