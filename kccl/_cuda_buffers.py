@@ -7,10 +7,9 @@ bfloat16: torch.bfloat16 tensors directly; CuPy has no bfloat16, so pass
 uint16 storage with dtype="bfloat16"."""
 import ctypes
 
-from ._buffers import ITEMSIZE, apply_dtype
+from ._buffers import (BFLOAT16, FLOAT16, FLOAT32, FLOAT64, INT8, INT32, INT64, ITEMSIZE, UINT8, UINT32, UINT64,
+                       apply_dtype)
 from .errors import KcclInvalidArgument
-
-INT8, UINT8, INT32, UINT32, INT64, UINT64, FLOAT16, FLOAT32, FLOAT64, BFLOAT16 = range(10)
 
 _TYPESTR = {"|i1": INT8, "|u1": UINT8, "<i4": INT32, "<u4": UINT32, "<i8": INT64, "<u8": UINT64,
             "<f2": FLOAT16, "<f4": FLOAT32, "<f8": FLOAT64}
@@ -47,6 +46,13 @@ def _apply_dtype(native, itemsize, nbytes, dtype, label, what):
                        "bfloat16: torch.bfloat16, or uint16 storage with dtype='bfloat16'")
 
 
+def _nelems(shape):
+    n = 1
+    for d in shape:
+        n *= d
+    return n
+
+
 def _c_strides(shape, itemsize):
     out, acc = [], itemsize
     for n in reversed(shape):
@@ -76,17 +82,12 @@ def resolve(obj, dtype, writable, what):
         ptr, readonly = cai["data"]
         strides = cai.get("strides")
         if strides is not None and tuple(strides) != _c_strides(shape, itemsize):
-            count = 1
-            for n in shape:
-                count *= n
-            if count > 1:
+            if _nelems(shape) > 1:
                 raise KcclInvalidArgument(f"{what} is not C-contiguous (shape {shape}, strides {tuple(strides)}); "
                                           "pass a contiguous copy")
         if writable and readonly:
             raise KcclInvalidArgument(f"{what} is read-only")
-        nbytes = itemsize
-        for n in shape:
-            nbytes *= n
+        nbytes = itemsize * _nelems(shape)
         code = _apply_dtype(_TYPESTR.get(typestr), itemsize, nbytes, dtype, typestr, what)
         lib = "cupy" if t.__module__.startswith("cupy") else "cai"
         return (ptr or 0), nbytes // ITEMSIZE[code], code, None, lib
@@ -135,14 +136,9 @@ def _from_dlpack(obj, dtype, what):
     itemsize = t.dtype.bits // 8
     if t.strides:
         strides = tuple(t.strides[i] * itemsize for i in range(t.ndim))
-        count = 1
-        for n in shape:
-            count *= n
-        if count > 1 and strides != _c_strides(shape, itemsize):
+        if _nelems(shape) > 1 and strides != _c_strides(shape, itemsize):
             raise KcclInvalidArgument(f"{what} is not C-contiguous (DLPack strides {strides})")
-    nbytes = itemsize
-    for n in shape:
-        nbytes *= n
+    nbytes = itemsize * _nelems(shape)
     code = _apply_dtype(_DL_CODES.get((t.dtype.code, t.dtype.bits)), itemsize, nbytes, dtype,
                         f"DLPack type ({t.dtype.code}, {t.dtype.bits})", what)
     return (t.data or 0) + t.byte_offset, nbytes // ITEMSIZE[code], code, t.device.device_id, "dlpack"

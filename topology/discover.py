@@ -10,7 +10,7 @@ import json
 import os
 
 from . import kfd, nvml, sysfs
-from .errors import TopologyError
+from .errors import TopologyError, load_json
 from .graph import Topology
 
 
@@ -50,13 +50,7 @@ def dump(topo, path=None, rank_domains=None):
 
 def load(path):
     """(Topology, rank_domains or None) from a topology file."""
-    try:
-        with open(path) as f:
-            doc = json.load(f)
-    except OSError as e:
-        raise TopologyError(f"topology file {path}: {e.strerror or e}") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise TopologyError(f"topology file {path}: not JSON ({e})") from None
+    doc = load_json(path, f"topology file {path}")
     if not isinstance(doc, dict):
         raise TopologyError(f"topology file {path}: expected a JSON object")
     topo = Topology.from_dict(doc, where=f"topology file {path}")

@@ -8,10 +8,9 @@ builder (`add_gpus`):
    "links": [[null, "nvlink:18", ...], ...]}   # links[i][j]: "nvlink:<n>", "pcie" or null
 sm_count / l2_bytes may be null (NVML does not report them for every GPU): the
 chip model fills them in."""
-import json
 
 from . import chips
-from .errors import TopologyError
+from .errors import TopologyError, load_json
 
 
 def capture():
@@ -74,14 +73,7 @@ def _nvlink_count(nv, h):
 
 
 def load(path):
-    try:
-        with open(path) as f:
-            doc = json.load(f)
-    except OSError as e:
-        raise TopologyError(f"{path}: {e}") from None
-    except json.JSONDecodeError as e:
-        raise TopologyError(f"{path}: not JSON ({e})") from None
-    return doc
+    return load_json(path, str(path))
 
 
 def add_gpus(topo, doc, where="NVML JSON"):
