@@ -47,6 +47,19 @@ def test_c_api_refuses_a_missing_device_and_leaves_nothing():
     assert comm[0] == ffi.NULL
 
 
+def test_c_api_refuses_a_negative_device_other_than_host():
+    from kccl._native import ffi, lib
+    cfg = ffi.new("kcclConfig_t *")
+    assert lib.kcclConfigInit(cfg) == 0
+    cfg.device = -2
+    uid = ffi.new("kcclUniqueId *")
+    assert lib.kcclGetUniqueId(uid) == 0
+    comm = ffi.new("kcclComm_t *")
+    assert lib.kcclCommInitRankConfig(comm, 1, uid[0], 0, cfg) == kccl.errors.INVALID_ARGUMENT
+    assert b"config.device=-2" in ffi.string(lib.kcclGetLastError(ffi.NULL))
+    assert comm[0] == ffi.NULL
+
+
 @pytest.mark.parametrize("device", [-1, -5, "cuda:x", "gpu0", True, 1.0, [0]])
 def test_bad_device_arguments(device):
     with pytest.raises(kccl.KcclInvalidArgument):
