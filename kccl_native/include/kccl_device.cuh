@@ -101,15 +101,18 @@ __device__ static inline void record_failure(const kcclDevComm &dc, int what, in
   kgpu_fence_system();
 }
 
-/* Bounded-wait bookkeeping of one thread. */
+/* Bounded-wait bookkeeping of one thread.  The deadline is set at the first
+ * clock check (64 polls in), so a wait that succeeds at once never reads the
+ * clock: the timeout is KCCL_TIMEOUT_MS plus those few polls. */
 struct Waiter {
-  uint64_t deadline;  /* 0: none */
+  uint64_t deadline;  /* 0: not yet set */
   uint32_t polls;
 };
 
 __device__ static inline Waiter waiter(const kcclDevComm &dc) {
+  (void)dc;
   Waiter w;
-  w.deadline = dc.timeout_ns ? kgpu_time_ns() + dc.timeout_ns : 0;
+  w.deadline = 0;
   w.polls = 0;
   return w;
 }
@@ -121,7 +124,11 @@ __device__ static inline int keep_waiting(const kcclDevComm &dc, Waiter &w, vola
   if (*block_fail) return KCCL_GPU_STOPPED;
   if ((++w.polls & 63) != 0) return KCCL_GPU_OK;
   if (dc.status->stop || dc.status->code) return KCCL_GPU_STOPPED;
-  if (w.deadline && kgpu_time_ns() > w.deadline) return KCCL_GPU_TIMEOUT;
+  if (dc.timeout_ns) {
+    const uint64_t now = kgpu_time_ns();
+    if (!w.deadline) w.deadline = now + dc.timeout_ns;
+    else if (now > w.deadline) return KCCL_GPU_TIMEOUT;
+  }
   if (w.polls > (1u << 16)) kgpu_pause(); /* a long wait: let the peer's warps have the issue slots */
   return KCCL_GPU_OK;
 }
@@ -203,109 +210,139 @@ __device__ static inline void store8(char *buf, size_t off, size_t n, uint32_t w
 }
 
 /* One block's LL all-reduce of nbytes (<= KCCL_LL_MAX_BYTES) from `in` to `out`
- * (may alias).  Every thread of the block calls it; blockDim.x <= KCCL_LL_THREADS. */
+ * (may alias).  Every thread of the block calls it; blockDim.x <= KCCL_LL_THREADS.
+ *
+ * Where the time goes is memory latency (~0.3-0.6 us per dependent round trip),
+ * so the code is shaped to keep round trips few and overlapped:
+ * - every thread reads the epoch itself, in the same round trip as its input
+ *   lines (no thread-0 read, barrier, then input read);
+ * - a thread loads its input lines once, into registers, then pushes them to
+ *   every peer back to back (stores do not wait), and reduces from the same
+ *   registers (no reload);
+ * - the receive issues the loads of one line from every pending peer before
+ *   it looks at any of them, so one poll round costs one round trip, not one
+ *   per peer. */
+template <int MAXR> /* ranks this copy handles (<= KCCL_GPU_MAX_RANKS): the registers scale with it */
 __device__ static inline kcclResult_t ll_allreduce_block(const kcclDevComm &dc, int block, const char *in, char *out,
                                                          uint32_t nbytes, kcclDataType_t dt, kcclRedOp_t op,
                                                          uint32_t sig) {
-  __shared__ uint32_t s_epoch;
   __shared__ volatile int s_fail;
   const int tid = threadIdx.x, nt = blockDim.x;
-  if (tid == 0) {
-    uint32_t *ep = dc.epochs + dc.channel * KCCL_DEV_MAX_BLOCKS + block;
-    s_epoch = *ep + 1;
-    *ep = s_epoch;
-    s_fail = 0;
-  }
-  __syncthreads();
-  const uint32_t e = s_epoch, set = e % KCCL_LL_SETS;
+  uint32_t *ep = dc.epochs + dc.channel * KCCL_DEV_MAX_BLOCKS + block;
   const int me = dc.rank, n = dc.nranks;
   const uint32_t lines = (nbytes + 7) / 8;
+  const uint32_t all_peers = (n >= 32 ? 0xffffffffu : ((1u << n) - 1)) & ~(1u << me);
 
-  /* Push: header, then this rank's data lines, into every peer's inbox. */
-  for (int p = 0; p < n; p++) {
-    if (p == me) continue;
-    uint32_t *reg = ll_region(dc, p, set, me, block);
-    if (tid == 0) kgpu_st_weak_v4(reg, sig, e, nbytes, e);
-    for (uint32_t l = tid; l < lines; l += nt) {
-      uint32_t w0, w1;
-      load8(in, (size_t)l * 8, nbytes, &w0, &w1);
-      kgpu_st_weak_v4(reg + 4 * (1 + l), w0, e, w1, e);
-    }
+  /* Lines are handled in rounds of up to KCCL_LL_MAX_LPT per thread (one round
+   * when blockDim.x == KCCL_LL_THREADS); each round is a whole push + receive. */
+  const uint32_t e = *(volatile uint32_t *)ep + 1;
+  uint32_t mine[KCCL_LL_MAX_LPT][2];
+#pragma unroll
+  for (int k = 0; k < KCCL_LL_MAX_LPT; k++) {
+    const uint32_t l = tid + k * nt;
+    mine[k][0] = mine[k][1] = 0;
+    if (l < lines) load8(in, (size_t)l * 8, nbytes, &mine[k][0], &mine[k][1]);
   }
+  if (tid == 0) s_fail = 0;
+  __syncthreads(); /* every thread has read the epoch before it moves on */
+  if (tid == 0) *ep = e;
+  const uint32_t set = e % KCCL_LL_SETS;
 
-  /* Receive.  Each thread polls, in one pass, its line from every peer (and
-   * threads t < n the header of peer t, whose signature must match), so the
-   * round trips to memory overlap instead of queuing peer after peer.  Then
-   * it combines the lines in rank order (the same order on every rank, so
-   * every rank gets bitwise the same result). */
-  uint32_t hpend = 0; /* headers this thread checks */
+  uint32_t hpend = 0; /* headers this thread checks: peer tid's */
   for (int p = tid; p < n; p += nt)
     if (p != me) hpend |= 1u << p;
-  const uint32_t all_peers = (n >= 32 ? 0xffffffffu : ((1u << n) - 1)) & ~(1u << me);
-  for (uint32_t l = tid; l < lines || hpend; l += nt) {
-    uint32_t w[KCCL_GPU_MAX_RANKS][2];
-    uint32_t pending = l < lines ? all_peers : 0;
-    Waiter wt = waiter(dc);
-    bool last_look = false;
-    while (pending | hpend) {
+
+  for (uint32_t base = 0; base < lines || hpend; base += (uint32_t)nt * KCCL_LL_MAX_LPT) {
+    if (base) { /* a later round (small blocks): its input lines.  Each line is read
+                 * and written by one thread only, so in place needs no barrier. */
 #pragma unroll
-      for (int p = 0; p < KCCL_GPU_MAX_RANKS; p++) {
-        if (pending & (1u << p)) {
-          uint32_t a, f0, b, f1;
-          kgpu_ld_weak_v4(ll_region(dc, me, set, p, block) + 4 * (1 + l), &a, &f0, &b, &f1);
-          if (f0 == e && f1 == e) {
-            w[p][0] = a;
-            w[p][1] = b;
-            pending &= ~(1u << p);
+      for (int k = 0; k < KCCL_LL_MAX_LPT; k++) {
+        const uint32_t l = base + tid + k * nt;
+        mine[k][0] = mine[k][1] = 0;
+        if (l < lines) load8(in, (size_t)l * 8, nbytes, &mine[k][0], &mine[k][1]);
+      }
+    }
+    /* Push: header (first round), then this thread's lines, into every peer's inbox. */
+    for (int p = 0; p < n; p++) {
+      if (p == me) continue;
+      uint32_t *reg = ll_region(dc, p, set, me, block);
+      if (tid == 0 && base == 0) kgpu_st_weak_v4(reg, sig, e, nbytes, e);
+#pragma unroll
+      for (int k = 0; k < KCCL_LL_MAX_LPT; k++) {
+        const uint32_t l = base + tid + k * nt;
+        if (l < lines) kgpu_st_weak_v4(reg + 4 * (1 + l), mine[k][0], e, mine[k][1], e);
+      }
+    }
+
+    /* Receive each of this thread's lines from every peer, then combine in rank
+     * order (the same order on every rank: bitwise the same result everywhere). */
+#pragma unroll
+    for (int k = 0; k < KCCL_LL_MAX_LPT; k++) {
+      const uint32_t l = base + tid + k * nt;
+      const bool have_line = l < lines;
+      if (!have_line && !hpend) break;
+      uint4 got[MAXR]; /* a peer's line stays here once it has arrived */
+      uint32_t pending = have_line ? all_peers : 0;
+      Waiter wt = waiter(dc);
+      bool last_look = false;
+      while (pending | hpend) {
+        uint4 hdr;
+        const int hp = hpend ? __ffs(hpend) - 1 : 0; /* one header per round (one per thread when nt >= n) */
+        /* Issue every load of this round first ... */
+#pragma unroll
+        for (int p = 0; p < MAXR; p++)
+          if (pending & (1u << p))
+            kgpu_ld_weak_v4(ll_region(dc, me, set, p, block) + 4 * (1 + l), &got[p].x, &got[p].y, &got[p].z,
+                            &got[p].w);
+        if (hpend) kgpu_ld_weak_v4(ll_region(dc, me, set, hp, block), &hdr.x, &hdr.y, &hdr.z, &hdr.w);
+        /* ... then look at them. */
+#pragma unroll
+        for (int p = 0; p < MAXR; p++) {
+          if ((pending & (1u << p)) && got[p].y == e && got[p].w == e) pending &= ~(1u << p);
+        }
+        if (hpend && hdr.y == e && hdr.w == e) {
+          hpend &= ~(1u << hp);
+          if (hdr.x != sig || hdr.z != nbytes) {
+            record_failure(dc, KCCL_GPU_MISMATCH, kcclInvalidUsage, hp, sig, hdr.x, e, nbytes, hdr.z);
+            s_fail = 1;
           }
         }
-        if (hpend & (1u << p)) {
-          uint32_t a, f0, b, f1;
-          kgpu_ld_weak_v4(ll_region(dc, me, set, p, block), &a, &f0, &b, &f1);
-          if (f0 == e && f1 == e) {
-            hpend &= ~(1u << p);
-            if (a != sig || b != nbytes) {
-              record_failure(dc, KCCL_GPU_MISMATCH, kcclInvalidUsage, p, sig, a, e, nbytes, b);
-              s_fail = 1;
-            }
-          }
+        if (!(pending | hpend) || s_fail) break;
+        int why = keep_waiting(dc, wt, &s_fail);
+        if (why == KCCL_GPU_STOPPED && !s_fail && !last_look) { /* sent just before the peer went? */
+          last_look = true;
+          continue;
+        }
+        if (why) {
+          int p = __ffs(pending | hpend) - 1;
+          if (why == KCCL_GPU_TIMEOUT)
+            record_failure(dc, KCCL_GPU_TIMEOUT, kcclTimeout, p, sig, 0, e, nbytes, 0);
+          else if (!s_fail)
+            record_failure(dc, KCCL_GPU_STOPPED, kcclRemoteError, dc.status->stop_peer, sig, 0, e, nbytes, 0);
+          s_fail = 1;
+          break;
         }
       }
-      if (!(pending | hpend) || s_fail) break;
-      int why = keep_waiting(dc, wt, &s_fail);
-      if (why == KCCL_GPU_STOPPED && !s_fail && !last_look) { /* sent just before the peer went? */
-        last_look = true;
-        continue;
-      }
-      if (why) {
-        int p = __ffs(pending | hpend) - 1;
-        if (why == KCCL_GPU_TIMEOUT)
-          record_failure(dc, KCCL_GPU_TIMEOUT, kcclTimeout, p, sig, 0, e, nbytes, 0);
-        else if (!s_fail)
-          record_failure(dc, KCCL_GPU_STOPPED, kcclRemoteError, dc.status->stop_peer, sig, 0, e, nbytes, 0);
-        s_fail = 1;
-        break;
-      }
-    }
-    if (s_fail || l >= lines) break;
-    uint32_t m0, m1;
-    load8(in, (size_t)l * 8, nbytes, &m0, &m1);
-    float acc[4] = {0.f, 0.f, 0.f, 0.f}, v[4] = {0.f, 0.f, 0.f, 0.f};
+      if (s_fail) break;
+      if (!have_line) continue;
+      float acc[4] = {0.f, 0.f, 0.f, 0.f}, v[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
-    for (int p = 0; p < KCCL_GPU_MAX_RANKS; p++) {
-      if (p < n) {
-        decode(p == me ? m0 : w[p][0], p == me ? m1 : w[p][1], dt, v);
+      for (int p = 0; p < MAXR; p++) {
+        if (p < n) {
+          decode(p == me ? mine[k][0] : got[p].x, p == me ? mine[k][1] : got[p].z, dt, v);
 #pragma unroll
-        for (int k = 0; k < 4; k++) acc[k] = p == 0 ? v[k] : combine(acc[k], v[k], op);
+          for (int j = 0; j < 4; j++) acc[j] = p == 0 ? v[j] : combine(acc[j], v[j], op);
+        }
       }
-    }
-    if (op == kcclAvg) {
+      if (op == kcclAvg) {
 #pragma unroll
-      for (int k = 0; k < 4; k++) acc[k] /= (float)n;
+        for (int j = 0; j < 4; j++) acc[j] /= (float)n;
+      }
+      uint32_t w0, w1;
+      encode(acc, dt, &w0, &w1);
+      store8(out, (size_t)l * 8, nbytes, w0, w1);
     }
-    uint32_t w0, w1;
-    encode(acc, dt, &w0, &w1);
-    store8(out, (size_t)l * 8, nbytes, w0, w1);
+    if (s_fail) break;
   }
   __syncthreads();
   return s_fail ? (kcclResult_t)(dc.status->code ? dc.status->code : kcclRemoteError) : kcclSuccess;
@@ -317,17 +354,24 @@ __device__ static inline kcclResult_t ll_allreduce_block(const kcclDevComm &dc, 
 
 /* In-place all-reduce of `count` elements at `data` across the same block of
  * every rank.  dt: kcclFloat32, kcclFloat16 or kcclBfloat16 (float accumulation);
- * op: any kcclRedOp_t.  Every thread of the block must call it. */
+ * op: any kcclRedOp_t.  Every thread of the block must call it.
+ * MaxRanks bounds the communicator size this copy handles (a communicator
+ * with more ranks gets kcclInvalidArgument); a kernel that knows it runs on
+ * at most 8 ranks saves registers with kcclDevAllReduce<8>. */
+template <int MaxRanks = KCCL_GPU_MAX_RANKS>
 __device__ static inline kcclResult_t kcclDevAllReduce(const kcclDevComm &dc, void *data, int count,
                                                        kcclDataType_t dt, kcclRedOp_t op) {
+  static_assert(MaxRanks >= 1 && MaxRanks <= KCCL_GPU_MAX_RANKS, "MaxRanks: 1..KCCL_GPU_MAX_RANKS");
   const int es = dt == kcclFloat32 ? 4 : 2;
   const uint32_t nbytes = (uint32_t)count * es;
   if ((dt != kcclFloat32 && dt != kcclFloat16 && dt != kcclBfloat16) || op < 0 || op >= kcclNumOps ||
-      count < 0 || nbytes > KCCL_LL_MAX_BYTES || blockIdx.x >= KCCL_DEV_MAX_BLOCKS || blockDim.x > KCCL_LL_THREADS)
+      count < 0 || nbytes > KCCL_LL_MAX_BYTES || blockIdx.x >= KCCL_DEV_MAX_BLOCKS ||
+      blockDim.x > KCCL_LL_THREADS || dc.nranks > MaxRanks)
     return kcclInvalidArgument;
   /* The signature of a device call: kind 0x40 | dtype | op, and the size. */
   const uint32_t sig = 0x4b440000u ^ ((uint32_t)dt << 8) ^ (uint32_t)op ^ (nbytes * 2654435761u);
-  return kccl_detail::ll_allreduce_block(dc, blockIdx.x, (const char *)data, (char *)data, nbytes, dt, op, sig);
+  return kccl_detail::ll_allreduce_block<MaxRanks>(dc, blockIdx.x, (const char *)data, (char *)data, nbytes, dt,
+                                                   op, sig);
 }
 
 #endif /* KCCL_DEVICE_CUH_ */

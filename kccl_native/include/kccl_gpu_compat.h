@@ -30,6 +30,7 @@ typedef hipIpcMemHandle_t kgpuIpcMemHandle_t;
 #define kgpuGetDeviceCount hipGetDeviceCount
 #define kgpuDeviceGetPCIBusId hipDeviceGetPCIBusId
 #define kgpuDeviceGetAttribute hipDeviceGetAttribute
+#define kgpuOccupancyMaxActiveBlocksPerMultiprocessor hipOccupancyMaxActiveBlocksPerMultiprocessor
 #define kgpuDevAttrMultiProcessorCount hipDeviceAttributeMultiprocessorCount
 #define kgpuMalloc hipMalloc
 #define kgpuFree hipFree
@@ -118,6 +119,7 @@ typedef cudaIpcMemHandle_t kgpuIpcMemHandle_t;
 #define kgpuGetDeviceCount cudaGetDeviceCount
 #define kgpuDeviceGetPCIBusId cudaDeviceGetPCIBusId
 #define kgpuDeviceGetAttribute cudaDeviceGetAttribute
+#define kgpuOccupancyMaxActiveBlocksPerMultiprocessor cudaOccupancyMaxActiveBlocksPerMultiprocessor
 #define kgpuDevAttrMultiProcessorCount cudaDevAttrMultiProcessorCount
 #define kgpuMalloc cudaMalloc
 #define kgpuFree cudaFree
@@ -220,7 +222,11 @@ __device__ static inline void kgpu_pause(void) { __nanosleep(32); }
 /* Programmatic dependent launch (sm_90): a kernel launched with the PDL
  * attribute may start while its predecessor runs; it must wait (pdl_wait)
  * before touching anything the predecessor writes.  pdl_trigger lets our
- * successor start launching now. */
+ * successor start launching now.  KCCL's kernels trigger only after their
+ * own wait: with the trigger first, every kernel of a long chain could launch
+ * early and sit resident, which is the likely cause of the deadlock seen at 8
+ * ranks under MPS (waiting blocks holding the SMs that running ones need).  After the wait, at most two kernels of a
+ * stream are resident at once (the running one and its successor). */
 __device__ static inline void kgpu_pdl_wait(void) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.wait;" ::: "memory");

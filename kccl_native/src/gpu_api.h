@@ -21,6 +21,8 @@ struct kgpu; /* opaque: one rank's GPU state */
 /* What a rank publishes to its peers through its host segment. */
 typedef struct {
   int32_t sms;                  /* multiprocessors of its GPU */
+  int32_t ts_per_sm;            /* blocks of a chunked kernel that fit on one multiprocessor */
+  int32_t ll_per_sm;            /* blocks of the one-shot kernel that fit on one multiprocessor */
   int32_t pad;
   uint64_t bytes;               /* size of its exported buffer */
   char pci[KGPU_PCI_BYTES];     /* PCI bus id: ranks with equal ids share a GPU */
@@ -31,6 +33,7 @@ typedef struct {
 typedef struct {
   int nranks, rank;
   int ts_blocks;                /* blocks of the two-shot / gather kernels */
+  int ll_blocks;                /* blocks of the one-shot kernel, at most */
   size_t chunk_bytes;           /* two-shot and gather chunk */
   uint64_t timeout_ns;
   int pdl;                      /* launch with programmatic dependent launch */
@@ -51,6 +54,8 @@ void kgpu_destroy(struct kgpu *g, int free_own);
 /* 1 when [p, p+bytes) is device memory of this communicator's GPU. */
 kcclResult_t kgpu_check_ptr(struct kgpu *g, const void *p, size_t bytes, const char *what);
 
+/* The largest all-reduce the one-shot kernel takes (ll_blocks x 8 KB). */
+size_t kgpu_oneshot_max_bytes(struct kgpu *g);
 kcclResult_t kgpu_allreduce(struct kgpu *g, const void *send, void *recv, size_t count, int dtype, int op,
                             int twoshot, uint32_t sig, void *stream);
 /* root < 0: all-gather of `bytes` per rank; else broadcast of `bytes` from root. */

@@ -110,6 +110,7 @@ kcclResult_t kccl_gpu_init(struct kcclComm *c) {
   kgpu_shape shape = {.nranks = c->nranks,
                       .rank = c->rank,
                       .ts_blocks = 0,
+                      .ll_blocks = 0,
                       .chunk_bytes = c->cfg.gpu_buffer_bytes,
                       .timeout_ns = (uint64_t)c->cfg.timeout_ms * 1000000ull,
                       .pdl = c->cfg.gpu_pdl};
@@ -251,12 +252,15 @@ kcclResult_t kccl_gpu_collective(struct kcclComm *c, int coll, const void *send,
     case COLL_ALLREDUCE: {
       if (bytes && ((r = kgpu_check_ptr(g, send, bytes, "sendbuff")) || (r = kgpu_check_ptr(g, recv, bytes, "recvbuff"))))
         return r;
-      /* The LL inboxes hold 256 KB per sender: larger messages go two-shot even in auto. */
-      const size_t ll_cap = 256 * 1024;
+      /* The LL inboxes hold 256 KB per sender, and the one-shot kernel runs at most
+       * as many blocks as fit on the GPU beside the peers': larger messages go
+       * two-shot even in auto (every rank computes the same cap). */
+      const size_t ll_cap = kgpu_oneshot_max_bytes(g);
       size_t cross = c->cfg.gpu_oneshot_max_bytes < ll_cap ? c->cfg.gpu_oneshot_max_bytes : ll_cap;
       int twoshot = c->cfg.algo == kcclAlgoTwoShot || (c->cfg.algo == kcclAlgoAuto && bytes > cross);
       if (!twoshot && bytes > ll_cap)
-        return kccl_err(kcclInvalidArgument, "KCCL_ALGO=oneshot on the GPU takes at most 256 KB, got %zu bytes", bytes);
+        return kccl_err(kcclInvalidArgument, "KCCL_ALGO=oneshot on this GPU communicator takes at most %zu bytes, "
+                        "got %zu", ll_cap, bytes);
       return kgpu_allreduce(g, send, recv, count, dtype, op, twoshot, sig, stream);
     }
     case COLL_ALLGATHER:

@@ -15,6 +15,7 @@ kcclResult_t kgpu_create(int device, const kgpu_shape *shape, struct kgpu **out,
   return NO_CUDA;
 }
 kcclResult_t kgpu_connect(struct kgpu *g, const kgpu_export *peers) { (void)g; (void)peers; return NO_CUDA; }
+size_t kgpu_oneshot_max_bytes(struct kgpu *g) { (void)g; return 0; }
 kcclResult_t kgpu_sync(struct kgpu *g) { (void)g; return NO_CUDA; }
 void kgpu_destroy(struct kgpu *g, int free_own) { (void)g; (void)free_own; }
 kcclResult_t kgpu_check_ptr(struct kgpu *g, const void *p, size_t bytes, const char *what) {

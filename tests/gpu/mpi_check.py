@@ -68,6 +68,28 @@ def check(name, got, want):
 OPS = {"sum": kccl.SUM, "max": kccl.MAX, "min": kccl.MIN, "avg": kccl.AVG}
 
 
+_caps = {}
+
+
+def oneshot_cap(c, count, dtype):
+    """The one-shot kernel's capacity: 256 KB of inbox, but at most as many
+    blocks as fit on the GPU beside the peers' (fewer with KCCL_GPU_PDL=1).  A
+    forced one-shot beyond it must be a typed error (found once, then cached)."""
+    if id(c) not in _caps:
+        _caps[id(c)] = 256 * 1024
+        for cap_kb in (256, 192, 128, 64):
+            x = torch.zeros(cap_kb * 1024 // 2, dtype=torch.bfloat16, device="cuda")
+            try:
+                c.all_reduce(x)
+                torch.cuda.synchronize()
+                _caps[id(c)] = cap_kb * 1024
+                break
+            except kccl.KcclInvalidArgument as e:
+                assert "at most" in str(e), e
+                _caps[id(c)] = 0
+    return _caps[id(c)]
+
+
 def allreduce_cases(comm, comms_by_algo, quick):
     sizes = [4, 8, 12, 16, 100, 1000, 2048, 4096, 8192, 8200, 16384, 65536, 131072, 262144, 1 << 20, 3 << 20,
              (16 << 20) + 48, 64 << 20]
@@ -79,7 +101,7 @@ def allreduce_cases(comm, comms_by_algo, quick):
             es = 4 if dtype == "float32" else 2
             for nbytes in sizes:
                 count = max(1, nbytes // es)
-                if algo == "oneshot" and count * es > 256 * 1024:
+                if algo == "oneshot" and count * es > oneshot_cap(c, count, dtype):
                     continue
                 for op in (("sum", "max", "min", "avg") if nbytes <= 65536 else ("sum",)):
                     for inplace in (True, False):

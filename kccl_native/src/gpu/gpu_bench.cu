@@ -6,6 +6,7 @@
 /* Iteration k: every element of this block's slice becomes in[i] + k (in
  * the data type), is all-reduced in place inside out row k, and stays there
  * for the host to check. */
+template <int MAXR>
 __global__ void __launch_bounds__(KCCL_LL_THREADS) k_dev_selftest(kcclDevComm dc, const char *in, char *out,
                                                                   int count, int dt, int op, int iters) {
   const int es = dt == kcclFloat32 ? 4 : 2;
@@ -25,13 +26,14 @@ __global__ void __launch_bounds__(KCCL_LL_THREADS) k_dev_selftest(kcclDevComm dc
       else ((__half *)row)[i] = __float2half_rn(x);
     }
     __syncthreads();
-    if (kcclDevAllReduce(dc, row + (size_t)lo * es, hi - lo, (kcclDataType_t)dt, (kcclRedOp_t)op) != kcclSuccess)
+    if (kcclDevAllReduce<MAXR>(dc, row + (size_t)lo * es, hi - lo, (kcclDataType_t)dt, (kcclRedOp_t)op) != kcclSuccess)
       return;
   }
 }
 
 /* A dependent chain: each call averages the previous result (the average
  * keeps values bounded over thousands of calls). */
+template <int MAXR>
 __global__ void __launch_bounds__(KCCL_LL_THREADS) k_dev_chain(kcclDevComm dc, char *buf, int count, int dt,
                                                                int iters) {
   const int es = dt == kcclFloat32 ? 4 : 2;
@@ -39,7 +41,7 @@ __global__ void __launch_bounds__(KCCL_LL_THREADS) k_dev_chain(kcclDevComm dc, c
   const int lo = blockIdx.x * per < count ? blockIdx.x * per : count;
   const int hi = lo + per < count ? lo + per : count;
   for (int k = 0; k < iters; k++)
-    if (kcclDevAllReduce(dc, buf + (size_t)lo * es, hi - lo, (kcclDataType_t)dt, kcclAvg) != kcclSuccess) return;
+    if (kcclDevAllReduce<MAXR>(dc, buf + (size_t)lo * es, hi - lo, (kcclDataType_t)dt, kcclAvg) != kcclSuccess) return;
 }
 
 /* Ranks 0 and 1 bounce a counter.  mode 0: release / acquire at system scope,
@@ -96,9 +98,10 @@ extern "C" kcclResult_t kgpu_dev_selftest(struct kgpu *g, const void *inputs, vo
   kcclResult_t r = devapi_args((int)count, dtype, blocks);
   if (r != kcclSuccess) return r;
   if (op < 0 || op >= kcclNumOps) return kccl_err(kcclInvalidArgument, "unknown op %d", op);
-  k_dev_selftest<<<blocks, KCCL_LL_THREADS, 0, (kgpuStream_t)stream>>>(g->dc[1], (const char *)inputs,
-                                                                      (char *)outputs, (int)count, dtype, op,
-                                                                      iters);
+  /* Both copies: <= 8 ranks (what a kernel that knows its size would use) and the general one. */
+  auto kern = g->shape.nranks <= 8 ? k_dev_selftest<8> : k_dev_selftest<KCCL_GPU_MAX_RANKS>;
+  kern<<<blocks, KCCL_LL_THREADS, 0, (kgpuStream_t)stream>>>(g->dc[1], (const char *)inputs, (char *)outputs,
+                                                             (int)count, dtype, op, iters);
   return kgpu_launch_error("device-API self-test");
 }
 
@@ -125,7 +128,8 @@ extern "C" kcclResult_t kgpu_bench_dev(struct kgpu *g, void *buf, size_t count, 
   for (int pass = 0; pass < 2 && r == kcclSuccess; pass++) {
     const int it = pass ? iters + short_iters : short_iters;
     kgpuEventRecord(e0, 0);
-    k_dev_chain<<<blocks, KCCL_LL_THREADS>>>(g->dc[1], (char *)buf, (int)count, dtype, it);
+    (g->shape.nranks <= 8 ? k_dev_chain<8> : k_dev_chain<KCCL_GPU_MAX_RANKS>)<<<blocks, KCCL_LL_THREADS>>>(
+        g->dc[1], (char *)buf, (int)count, dtype, it);
     kgpuEventRecord(e1, 0);
     if ((r = kgpu_launch_error("device-API chain")) == kcclSuccess) r = timed(e0, e1, pass ? &ms_long : &ms_short);
   }

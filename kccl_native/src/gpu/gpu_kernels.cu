@@ -26,14 +26,17 @@ using namespace kccl_detail;
 
 /* ------------------------------------------------------------- one-shot ---- */
 
+/* MAXR: 8 for communicators of up to 8 ranks (fewer registers, so more blocks
+ * fit on an SM beside the peers' and the next call's), else KCCL_GPU_MAX_RANKS. */
+template <int MAXR>
 __global__ void __launch_bounds__(KCCL_LL_THREADS) k_oneshot(kcclDevComm dc, const char *in, char *out,
                                                              size_t nbytes, uint32_t per_block, int dt, int op,
                                                              uint32_t sig) {
-  kgpu_pdl_trigger();
-  kgpu_pdl_wait(); /* everything below may read what the previous kernel wrote */
+  kgpu_pdl_wait();    /* everything below may read what the previous kernel wrote */
+  kgpu_pdl_trigger(); /* after the wait: see kgpu_pdl_trigger */
   const size_t off = (size_t)blockIdx.x * per_block;
   const uint32_t nb = (uint32_t)(nbytes - off < per_block ? nbytes - off : per_block);
-  ll_allreduce_block(dc, blockIdx.x, in + off, out + off, nb, (kcclDataType_t)dt, (kcclRedOp_t)op, sig);
+  ll_allreduce_block<MAXR>(dc, blockIdx.x, in + off, out + off, nb, (kcclDataType_t)dt, (kcclRedOp_t)op, sig);
 }
 
 /* ------------------------------------------------ flags of the chunked path -- */
@@ -113,12 +116,22 @@ __device__ static inline void store16(char *p, size_t off, size_t n, uint4 v) {
 }
 
 /* Block-wide copy of bytes [lo, hi) from src (another rank's scratch when
- * remote: loaded past L1) to dst. */
+ * remote: loaded past L1) to dst.  Four 16-byte loads per thread are issued
+ * before their stores: one outstanding load per thread leaves HBM idle when
+ * few blocks run (bandwidth = bytes in flight / latency). */
+#define KCCL_COPY_UNROLL 4
 __device__ static inline void copy_range(char *dst, const char *src, size_t lo, size_t hi, bool src_remote) {
-  for (size_t o = lo + (size_t)threadIdx.x * 16; o < hi; o += (size_t)blockDim.x * 16) {
-    uint4 v = src_remote ? kgpu_ld_cg_v4(src + o) : load16(src, o, hi);
-    store16(dst, o, hi, v);
+  const size_t stride = (size_t)blockDim.x * 16;
+  size_t o = lo + (size_t)threadIdx.x * 16;
+  for (; o + (KCCL_COPY_UNROLL - 1) * stride < hi; o += KCCL_COPY_UNROLL * stride) {
+    uint4 v[KCCL_COPY_UNROLL];
+#pragma unroll
+    for (int j = 0; j < KCCL_COPY_UNROLL; j++)
+      v[j] = src_remote ? kgpu_ld_cg_v4(src + o + j * stride) : load16(src, o + j * stride, hi);
+#pragma unroll
+    for (int j = 0; j < KCCL_COPY_UNROLL; j++) store16(dst, o + j * stride, hi, v[j]);
   }
+  for (; o < hi; o += stride) store16(dst, o, hi, src_remote ? kgpu_ld_cg_v4(src + o) : load16(src, o, hi));
 }
 
 /* ---------------------------------------------------- two-shot / scatter -- */
@@ -135,8 +148,8 @@ struct TwoShot {
 };
 
 __global__ void __launch_bounds__(256) k_twoshot(TwoShot a) {
-  kgpu_pdl_trigger();
   kgpu_pdl_wait();
+  kgpu_pdl_trigger();
   __shared__ uint32_t s_step;
   __shared__ volatile int s_fail;
   const kcclDevComm &dc = a.dc;
@@ -193,13 +206,22 @@ __global__ void __launch_bounds__(256) k_twoshot(TwoShot a) {
       char *user = a.recv + (a.scatter ? o * es : (o + (size_t)me * S) * es);
       for (size_t x = lo * es + threadIdx.x * 16; x < hi * es; x += (size_t)blockDim.x * 16) {
         /* 8 slots with constant indices (registers); float32 uses slots 0-1 and 4-5. */
+        /* Eight ranks' 16 bytes are loaded before any is used: 8 loads in flight, not one
+         * (groups of 8 keep the registers in bounds; rank order is kept). */
         float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0}, v[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-        for (int p = 0; p < n; p++) {
-          uint4 u = kgpu_ld_cg_v4(dc.peer_base[p] + a.off_in + sbase + x);
-          decode(u.x, u.y, dt, v);
-          decode(u.z, u.w, dt, v + 4);
+        for (int g0 = 0; g0 < n; g0 += 8) {
+          uint4 u[8];
 #pragma unroll
-          for (int k = 0; k < 8; k++) acc[k] = p == 0 ? v[k] : combine(acc[k], v[k], op);
+          for (int j = 0; j < 8; j++)
+            if (g0 + j < n) u[j] = kgpu_ld_cg_v4(dc.peer_base[g0 + j] + a.off_in + sbase + x);
+#pragma unroll
+          for (int j = 0; j < 8; j++) {
+            if (g0 + j >= n) break;
+            decode(u[j].x, u[j].y, dt, v);
+            decode(u[j].z, u[j].w, dt, v + 4);
+#pragma unroll
+            for (int k = 0; k < 8; k++) acc[k] = g0 + j == 0 ? v[k] : combine(acc[k], v[k], op);
+          }
         }
         if (op == kcclAvg) {
 #pragma unroll
@@ -251,8 +273,8 @@ struct Gather {
 };
 
 __global__ void __launch_bounds__(256) k_gather(Gather a) {
-  kgpu_pdl_trigger();
   kgpu_pdl_wait();
+  kgpu_pdl_trigger();
   __shared__ uint32_t s_step;
   __shared__ volatile int s_fail;
   const kcclDevComm &dc = a.dc;
@@ -301,6 +323,19 @@ __global__ void __launch_bounds__(256) k_gather(Gather a) {
 
 static unsigned ts_grid(const kgpu *g) { return (unsigned)g->shape.ts_blocks; }
 
+kgpuError_t kgpu_kernel_occupancy(int nranks, int *ts_per_sm, int *ll_per_sm) {
+  int a = 0, b = 0, c = 0;
+  kgpuError_t e;
+  if ((e = kgpuOccupancyMaxActiveBlocksPerMultiprocessor(&a, k_twoshot, 256, 0)) != kgpuSuccess ||
+      (e = kgpuOccupancyMaxActiveBlocksPerMultiprocessor(&b, k_gather, 256, 0)) != kgpuSuccess ||
+      (e = kgpuOccupancyMaxActiveBlocksPerMultiprocessor(
+           &c, nranks <= 8 ? k_oneshot<8> : k_oneshot<KCCL_GPU_MAX_RANKS>, KCCL_LL_THREADS, 0)) != kgpuSuccess)
+    return e;
+  *ts_per_sm = a < b ? a : b;
+  *ll_per_sm = c;
+  return kgpuSuccess;
+}
+
 static kcclResult_t launched(kgpuError_t e, const char *what) {
   if (e != kgpuSuccess) {
     kgpuGetLastError();
@@ -337,15 +372,16 @@ extern "C" kcclResult_t kgpu_allreduce(struct kgpu *g, const void *send, void *r
   if (count == 0) return kcclSuccess;
   const size_t es = dtype == kcclFloat32 ? 4 : 2, nbytes = count * es;
   kgpuStream_t st = (kgpuStream_t)stream;
-  if (!twoshot && nbytes <= (size_t)KCCL_DEV_MAX_BLOCKS * KCCL_LL_MAX_BYTES) {
+  if (!twoshot && nbytes <= kgpu_oneshot_max_bytes(g)) {
     /* 2 KB per block (one line per thread) until the blocks run out, then more lines per thread. */
     size_t blocks = (nbytes + 2047) / 2048;
-    if (blocks > KCCL_DEV_MAX_BLOCKS) blocks = KCCL_DEV_MAX_BLOCKS;
+    if (blocks > (size_t)g->shape.ll_blocks) blocks = (size_t)g->shape.ll_blocks;
     size_t per = (nbytes + blocks - 1) / blocks;
     per = (per + 7) / 8 * 8;
     blocks = (nbytes + per - 1) / per;
-    kgpuError_t e = kgpu_launch(k_oneshot, (unsigned)blocks, KCCL_LL_THREADS, st, g->shape.pdl, g->dc[0],
-                                (const char *)send, (char *)recv, nbytes, (uint32_t)per, dtype, op, sig);
+    kgpuError_t e = kgpu_launch(g->shape.nranks <= 8 ? k_oneshot<8> : k_oneshot<KCCL_GPU_MAX_RANKS>,
+                                (unsigned)blocks, KCCL_LL_THREADS, st, g->shape.pdl, g->dc[0], (const char *)send,
+                                (char *)recv, nbytes, (uint32_t)per, dtype, op, sig);
     return launched(e, "one-shot all-reduce");
   }
   /* Whole 16-element units per rank segment. */

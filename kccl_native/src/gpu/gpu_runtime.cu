@@ -87,7 +87,8 @@ extern "C" kcclResult_t kgpu_create(int device, const kgpu_shape *shape, struct 
   if ((e = kgpuHostGetDevicePointer((void **)&g->status_d, (void *)g->status_h, 0)) != kgpuSuccess ||
       (e = kgpuIpcGetMemHandle((kgpuIpcMemHandle_t *)exp->ipc, g->buf)) != kgpuSuccess ||
       (e = kgpuDeviceGetPCIBusId(exp->pci, KGPU_PCI_BYTES, device)) != kgpuSuccess ||
-      (e = kgpuDeviceGetAttribute(&exp->sms, kgpuDevAttrMultiProcessorCount, device)) != kgpuSuccess) {
+      (e = kgpuDeviceGetAttribute(&exp->sms, kgpuDevAttrMultiProcessorCount, device)) != kgpuSuccess ||
+      (e = kgpu_kernel_occupancy(shape->nranks, &exp->ts_per_sm, &exp->ll_per_sm)) != kgpuSuccess) {
     kgpuFreeHost((void *)g->status_h);
     kgpuFree(g->buf);
     free(g);
@@ -121,19 +122,27 @@ extern "C" kcclResult_t kgpu_connect(struct kgpu *g, const kgpu_export *peers) {
                       kgpuGetErrorString(e));
     }
   }
-  /* Blocks of the chunked kernels: about two per multiprocessor, shared among the
-   * ranks of the busiest GPU (all ranks' kernels must be resident at once: a
-   * block waits for the same block of every peer).  Every rank computes the
-   * same number from the same exports. */
-  int max_local = 1, min_sms = 1 << 30;
+  /* Every rank's kernels must be resident at once (a block waits for the same
+   * block of every peer), and with PDL the next call's kernel is resident too,
+   * waiting.  So a kernel takes at most 1 / (ranks on the busiest GPU x kernels
+   * per stream) of the GPU's blocks, counted with its own blocks-per-SM; the
+   * chunked kernels want about two blocks per SM in all.  Every rank computes
+   * the same numbers from the same exports. */
+  int max_local = 1, min_sms = 1 << 30, ts_per_sm = 1 << 30, ll_per_sm = 1 << 30;
   for (int p = 0; p < s->nranks; p++) {
     int local = 0;
     for (int q = 0; q < s->nranks; q++) local += !strncmp(peers[p].pci, peers[q].pci, KGPU_PCI_BYTES);
     if (local > max_local) max_local = local;
     if (peers[p].sms < min_sms) min_sms = peers[p].sms;
+    if (peers[p].ts_per_sm < ts_per_sm) ts_per_sm = peers[p].ts_per_sm;
+    if (peers[p].ll_per_sm < ll_per_sm) ll_per_sm = peers[p].ll_per_sm;
   }
-  int blocks = 2 * min_sms / max_local;
+  const int resident = max_local * (s->pdl ? 2 : 1);
+  int blocks = 2 * min_sms / max_local, cap = min_sms * ts_per_sm / resident;
+  if (blocks > cap) blocks = cap;
   g->shape.ts_blocks = blocks < 1 ? 1 : blocks > KGPU_TS_MAX_BLOCKS ? KGPU_TS_MAX_BLOCKS : blocks;
+  cap = min_sms * ll_per_sm / resident;
+  g->shape.ll_blocks = cap < 1 ? 1 : cap > KCCL_DEV_MAX_BLOCKS ? KCCL_DEV_MAX_BLOCKS : cap;
   for (int c = 0; c < KCCL_CHANNELS; c++) {
     kcclDevComm *dc = &g->dc[c];
     memset(dc, 0, sizeof *dc);
@@ -148,6 +157,10 @@ extern "C" kcclResult_t kgpu_connect(struct kgpu *g, const kgpu_export *peers) {
     dc->status = g->status_d;
   }
   return kcclSuccess;
+}
+
+extern "C" size_t kgpu_oneshot_max_bytes(struct kgpu *g) {
+  return (size_t)g->shape.ll_blocks * KCCL_LL_MAX_BYTES;
 }
 
 extern "C" kcclResult_t kgpu_sync(struct kgpu *g) {

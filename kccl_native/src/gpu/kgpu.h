@@ -43,4 +43,7 @@ struct kgpu {
   } while (0)
 
 kcclResult_t kgpu_launch_error(const char *what);
+/* Blocks per multiprocessor of the chunked kernels (the smaller of two-shot's
+ * and gather's) and of the one-shot kernel used for nranks (gpu_kernels.cu). */
+kgpuError_t kgpu_kernel_occupancy(int nranks, int *ts_per_sm, int *ll_per_sm);
 #endif
