@@ -27,6 +27,9 @@ for s in $steps; do
     fullcheck[0-9]*) n=${s#fullcheck}; timeout 400 $MPI -n $n python3 tests/gpu/mpi_check.py 2>&1 | tee "$OUT/$s.log" | tail -25 ;;
     failures) timeout 150 python3 tests/gpu/failures.py 2>&1 | tee "$OUT/failures.log" | tail -12 ;;
     small[0-9]*) n=${s#small}; timeout 200 $MPI -n $n python3 bench/allreduce.py --device cuda -d bfloat16 -b 4 -e 256K -r 20 --json "$OUT/gpu_bench_${n}ranks_small.json" 2>&1 | tee "$OUT/$s.log" | grep -v Traceback | tail -32 ;;
+    pdlcheck[0-9]*) n=${s#pdlcheck}; KCCL_GPU_PDL=1 timeout 150 $MPI -x KCCL_GPU_PDL -n $n python3 tests/gpu/mpi_check.py --quick 2>&1 | tee "$OUT/$s.log" | tail -8 ;;
+    pdlsmall[0-9]*) n=${s#pdlsmall}; KCCL_GPU_PDL=1 timeout 200 $MPI -x KCCL_GPU_PDL -n $n python3 bench/allreduce.py --device cuda -d bfloat16 -b 4 -e 256K -r 20 --json "$OUT/gpu_bench_${n}ranks_pdl.json" 2>&1 | tee "$OUT/$s.log" | grep -v Traceback | tail -32 ;;
+    large[0-9]*) n=${s#large}; timeout 200 $MPI -n $n python3 bench/allreduce.py --device cuda -d bfloat16 -b 512K -e 64M -r 10 --json "$OUT/gpu_bench_${n}ranks_large.json" 2>&1 | tee "$OUT/$s.log" | grep -v Traceback | tail -16 ;;
     nopdl[0-9]*) n=${s#nopdl}; KCCL_GPU_PDL=0 timeout 200 $MPI -x KCCL_GPU_PDL -n $n python3 bench/allreduce.py --device cuda -d bfloat16 -b 4 -e 256K -r 20 --json "$OUT/gpu_bench_${n}ranks_nopdl.json" 2>&1 | tee "$OUT/$s.log" | grep -v Traceback | tail -30 ;;
     bench[0-9]*) n=${s#bench}; timeout 300 $MPI -n $n python3 bench/allreduce.py --device cuda -d bfloat16 -b 4 -e 64M -r 20 --json "$OUT/gpu_bench_${n}ranks.json" 2>&1 | tee "$OUT/$s.log" | tail -40 ;;
     sanitize) for tool in memcheck racecheck; do
