@@ -195,6 +195,11 @@ def main(args, sizes):
             world.Barrier()
             us = comm.bench_device_all_reduce(buf, iters=4000, blocks=blocks)
             dev_rows.append((nb, blocks, world.allreduce(us, op=MPI.SUM) / nranks))
+    # Where the 8 KB device-API call's time goes (block 0 of every rank, averaged).
+    buf = chain_input(8192 // es) * 0 + 1
+    world.Barrier()
+    ph = comm.bench_device_all_reduce_phases(buf, iters=4000, blocks=4)
+    phases = {k: world.allreduce(v, op=MPI.SUM) / nranks for k, v in ph.items()}
     # Copy bandwidth of this GPU: 1 GB device-to-device, bytes read + written; rank 0
     # alone (the number hbm_GBps compares to), then every rank at once.
     a = torch.empty(1 << 30, dtype=torch.uint8, device="cuda")
@@ -224,6 +229,9 @@ def main(args, sizes):
         for nb, blocks, us in dev_rows:
             print(f"# device API (persistent kernel, dependent chain): {fmt_size(nb)} {args.dtype}, {blocks} "
                   f"block(s): {us:.2f} us per all-reduce")
+        print(f"# device API 8K, 4 blocks, block 0's phases, us per call: entry->pushed {phases['pushed']:.2f}, "
+              f"->received {phases['received']:.2f}, ->end {phases['end']:.2f}; "
+              f"{phases['poll_rounds']:.1f} poll rounds per call")
         print(f"# copy bandwidth, 1 GB device-to-device (read + write): rank 0 alone {bw_alone:.0f} GB/s; all "
               f"ranks at once {sum(bws):.0f} GB/s summed ({min(bws):.0f}-{max(bws):.0f} each)")
         big_rows = [r for r in rows if r["bytes"] >= (64 << 20)]
@@ -234,7 +242,7 @@ def main(args, sizes):
         print(f"# out of bounds values : {bad} {'OK' if bad == 0 else 'FAILED'}")
         meta = dict(command=" ".join(["mpiexec", "-n", str(nranks), "python"] + sys.argv), nranks=nranks,
                     gpus=ndev, per_gpu=per_gpu, gpu=torch.cuda.get_device_name(dev), K=K,
-                    flag_hop_us=dict(zip(("acqrel_sys_push", "volatile_push", "relaxed_gpu_push", "volatile_pull"), hops)), device_api=[dict(bytes=a_, blocks=b_, us=u) for a_, b_, u in dev_rows],
+                    flag_hop_us=dict(zip(("acqrel_sys_push", "volatile_push", "relaxed_gpu_push", "volatile_pull"), hops)), device_api=[dict(bytes=a_, blocks=b_, us=u) for a_, b_, u in dev_rows], device_api_phases_8k=phases,
                     copy_GBps_alone=bw_alone, copy_GBps_sum=sum(bws), date=time.strftime("%Y-%m-%d %H:%M:%S"), host=platform.node(),
                     settings={k: v for k, (v, _s) in kccl.config.resolve().items()})
         if args.json:

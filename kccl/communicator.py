@@ -536,6 +536,20 @@ class Communicator:
             _raise(rc)
         return out[0]
 
+    def bench_device_all_reduce_phases(self, buf, iters=2000, blocks=1, *, dtype=None):
+        """The bench_device_all_reduce chain with block 0's time per call split into
+        phases: dict of us for 'pushed' (entry to pushes issued: epoch and input loads),
+        'received' (to every peer's line), 'end' (combine, store, barrier), and
+        'poll_rounds' per call."""
+        comm = self._handle()
+        p, n, code, _ = self._gpu_buf(buf, dtype, True, "buf")
+        out = ffi.new("double[4]")
+        rc = lib.kcclBenchDevAllReducePhases(p, n, code, _as_int(iters, "iters"), _as_int(blocks, "blocks"), comm,
+                                             out)
+        if rc:
+            _raise(rc)
+        return {"pushed": out[0], "received": out[1], "end": out[2], "poll_rounds": out[3]}
+
     def bench_flag_hop(self, iters=10000, mode=0):
         """Microseconds for one flag hop between ranks 0 and 1 through device memory
         (0.0 on other ranks, which take no part).  mode 0: release/acquire at system scope,

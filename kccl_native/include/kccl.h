@@ -175,6 +175,12 @@ kcclResult_t kcclDevAllReduceSelfTest(const void *inputs, void *outputs, size_t 
 kcclResult_t kcclBenchDevAllReduce(void *buf, size_t count, kcclDataType_t datatype, int iters, int blocks,
                                    kcclComm_t comm, double *usPerCall);
 kcclResult_t kcclBenchFlagHop(kcclComm_t comm, int iters, int mode, double *usPerHop);
+/* The kcclBenchDevAllReduce chain with block 0's time split by phase (us per call,
+ * from clock64 at the nominal SM clock): phases[0] entry to pushes issued (epoch
+ * and input loads), [1] to every peer's line received, [2] to the end (combine,
+ * store, barrier); phases[3] poll rounds per call of thread 0's first line. */
+kcclResult_t kcclBenchDevAllReducePhases(void *buf, size_t count, kcclDataType_t datatype, int iters, int blocks,
+                                         kcclComm_t comm, double phases[4]);
 
 /*
  * Topology-aware placement (the host transport).  The caller (Python's

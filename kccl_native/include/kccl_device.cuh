@@ -222,10 +222,18 @@ __device__ static inline void store8(char *buf, size_t off, size_t n, uint32_t w
  * - the receive issues the loads of one line from every pending peer before
  *   it looks at any of them, so one poll round costs one round trip, not one
  *   per peer. */
-template <int MAXR> /* ranks this copy handles (<= KCCL_GPU_MAX_RANKS): the registers scale with it */
+/* Where one call's time goes, for the benchmark (TRACE copies only; thread 0
+ * of block 0 adds clock64 cycles): [0] entry to pushes issued (the epoch and
+ * input loads), [1] to every line and header received, [2] to the end (combine,
+ * store, barrier), [3] poll rounds of its first line. */
+#define KCCL_LL_TRACE_SLOTS 4
+
+template <int MAXR, bool TRACE = false> /* MAXR: ranks this copy handles (<= KCCL_GPU_MAX_RANKS): the registers scale with it */
 __device__ static inline kcclResult_t ll_allreduce_block(const kcclDevComm &dc, int block, const char *in, char *out,
                                                          uint32_t nbytes, kcclDataType_t dt, kcclRedOp_t op,
-                                                         uint32_t sig) {
+                                                         uint32_t sig, long long *trace = nullptr) {
+  const bool tr = TRACE && threadIdx.x == 0 && block == 0;
+  long long t_mark = tr ? clock64() : 0;
   __shared__ volatile int s_fail;
   const int tid = threadIdx.x, nt = blockDim.x;
   uint32_t *ep = dc.epochs + dc.channel * KCCL_DEV_MAX_BLOCKS + block;
@@ -274,6 +282,11 @@ __device__ static inline kcclResult_t ll_allreduce_block(const kcclDevComm &dc, 
       }
     }
 
+    if (tr && base == 0) {
+      const long long now = clock64();
+      trace[0] += now - t_mark;
+      t_mark = now;
+    }
     /* Receive each of this thread's lines from every peer, then combine in rank
      * order (the same order on every rank: bitwise the same result everywhere). */
 #pragma unroll
@@ -323,6 +336,12 @@ __device__ static inline kcclResult_t ll_allreduce_block(const kcclDevComm &dc, 
           break;
         }
       }
+      if (tr && base == 0 && k == 0) {
+        const long long now = clock64();
+        trace[1] += now - t_mark;
+        trace[3] += wt.polls + 1;
+        t_mark = now;
+      }
       if (s_fail) break;
       if (!have_line) continue;
       float acc[4] = {0.f, 0.f, 0.f, 0.f}, v[4] = {0.f, 0.f, 0.f, 0.f};
@@ -345,7 +364,25 @@ __device__ static inline kcclResult_t ll_allreduce_block(const kcclDevComm &dc, 
     if (s_fail) break;
   }
   __syncthreads();
+  if (tr) trace[2] += clock64() - t_mark;
   return s_fail ? (kcclResult_t)(dc.status->code ? dc.status->code : kcclRemoteError) : kcclSuccess;
+}
+
+/* kcclDevAllReduce's body; TRACE copies fill `trace` (see KCCL_LL_TRACE_SLOTS). */
+template <int MaxRanks, bool TRACE>
+__device__ static inline kcclResult_t dev_allreduce(const kcclDevComm &dc, void *data, int count, kcclDataType_t dt,
+                                                    kcclRedOp_t op, long long *trace) {
+  static_assert(MaxRanks >= 1 && MaxRanks <= KCCL_GPU_MAX_RANKS, "MaxRanks: 1..KCCL_GPU_MAX_RANKS");
+  const int es = dt == kcclFloat32 ? 4 : 2;
+  const uint32_t nbytes = (uint32_t)count * es;
+  if ((dt != kcclFloat32 && dt != kcclFloat16 && dt != kcclBfloat16) || op < 0 || op >= kcclNumOps ||
+      count < 0 || nbytes > KCCL_LL_MAX_BYTES || blockIdx.x >= KCCL_DEV_MAX_BLOCKS ||
+      blockDim.x > KCCL_LL_THREADS || dc.nranks > MaxRanks)
+    return kcclInvalidArgument;
+  /* The signature of a device call: kind 0x40 | dtype | op, and the size. */
+  const uint32_t sig = 0x4b440000u ^ ((uint32_t)dt << 8) ^ (uint32_t)op ^ (nbytes * 2654435761u);
+  return ll_allreduce_block<MaxRanks, TRACE>(dc, blockIdx.x, (const char *)data, (char *)data, nbytes, dt, op, sig,
+                                             trace);
 }
 
 }  // namespace kccl_detail
@@ -361,17 +398,7 @@ __device__ static inline kcclResult_t ll_allreduce_block(const kcclDevComm &dc, 
 template <int MaxRanks = KCCL_GPU_MAX_RANKS>
 __device__ static inline kcclResult_t kcclDevAllReduce(const kcclDevComm &dc, void *data, int count,
                                                        kcclDataType_t dt, kcclRedOp_t op) {
-  static_assert(MaxRanks >= 1 && MaxRanks <= KCCL_GPU_MAX_RANKS, "MaxRanks: 1..KCCL_GPU_MAX_RANKS");
-  const int es = dt == kcclFloat32 ? 4 : 2;
-  const uint32_t nbytes = (uint32_t)count * es;
-  if ((dt != kcclFloat32 && dt != kcclFloat16 && dt != kcclBfloat16) || op < 0 || op >= kcclNumOps ||
-      count < 0 || nbytes > KCCL_LL_MAX_BYTES || blockIdx.x >= KCCL_DEV_MAX_BLOCKS ||
-      blockDim.x > KCCL_LL_THREADS || dc.nranks > MaxRanks)
-    return kcclInvalidArgument;
-  /* The signature of a device call: kind 0x40 | dtype | op, and the size. */
-  const uint32_t sig = 0x4b440000u ^ ((uint32_t)dt << 8) ^ (uint32_t)op ^ (nbytes * 2654435761u);
-  return kccl_detail::ll_allreduce_block<MaxRanks>(dc, blockIdx.x, (const char *)data, (char *)data, nbytes, dt,
-                                                   op, sig);
+  return kccl_detail::dev_allreduce<MaxRanks, false>(dc, data, count, dt, op, nullptr);
 }
 
 #endif /* KCCL_DEVICE_CUH_ */

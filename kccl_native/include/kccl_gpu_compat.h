@@ -32,6 +32,7 @@ typedef hipIpcMemHandle_t kgpuIpcMemHandle_t;
 #define kgpuDeviceGetAttribute hipDeviceGetAttribute
 #define kgpuOccupancyMaxActiveBlocksPerMultiprocessor hipOccupancyMaxActiveBlocksPerMultiprocessor
 #define kgpuDevAttrMultiProcessorCount hipDeviceAttributeMultiprocessorCount
+#define kgpuDevAttrClockRate hipDeviceAttributeClockRate
 #define kgpuMalloc hipMalloc
 #define kgpuFree hipFree
 #define kgpuMemset hipMemset
@@ -121,6 +122,7 @@ typedef cudaIpcMemHandle_t kgpuIpcMemHandle_t;
 #define kgpuDeviceGetAttribute cudaDeviceGetAttribute
 #define kgpuOccupancyMaxActiveBlocksPerMultiprocessor cudaOccupancyMaxActiveBlocksPerMultiprocessor
 #define kgpuDevAttrMultiProcessorCount cudaDevAttrMultiProcessorCount
+#define kgpuDevAttrClockRate cudaDevAttrClockRate
 #define kgpuMalloc cudaMalloc
 #define kgpuFree cudaFree
 #define kgpuMemset cudaMemset

@@ -69,6 +69,9 @@ kcclResult_t kgpu_dev_selftest(struct kgpu *g, const void *inputs, void *outputs
                                int iters, int blocks, void *stream);
 kcclResult_t kgpu_bench_dev(struct kgpu *g, void *buf, size_t count, int dtype, int iters, int blocks,
                             double *us_per_call);
+/* phases: us per call of block 0's entry->pushed, pushed->received, received->end; poll rounds. */
+kcclResult_t kgpu_bench_dev_phases(struct kgpu *g, void *buf, size_t count, int dtype, int iters, int blocks,
+                                   double phases[4]);
 kcclResult_t kgpu_bench_flag_hop(struct kgpu *g, int iters, int mode, double *us_per_hop);
 
 /* error.c */

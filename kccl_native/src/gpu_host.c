@@ -351,6 +351,16 @@ kcclResult_t kcclBenchDevAllReduce(void *buf, size_t count, kcclDataType_t datat
   return after(comm, kgpu_bench_dev(g, buf, count, datatype, iters, blocks, usPerCall));
 }
 
+kcclResult_t kcclBenchDevAllReducePhases(void *buf, size_t count, kcclDataType_t datatype, int iters, int blocks,
+                                         kcclComm_t comm, double phases[4]) {
+  struct kgpu *g = NULL;
+  kcclResult_t r = gpu_comm(comm, &g);
+  if (r != kcclSuccess) return r;
+  if (iters < 1 || !phases) return kccl_err(kcclInvalidArgument, "iters >= 1 and phases[4] needed");
+  if ((r = kgpu_check_ptr(g, buf, dtype_bytes(datatype, count), "buf"))) return r;
+  return after(comm, kgpu_bench_dev_phases(g, buf, count, datatype, iters, blocks, phases));
+}
+
 kcclResult_t kcclBenchFlagHop(kcclComm_t comm, int iters, int mode, double *usPerHop) {
   struct kgpu *g = NULL;
   kcclResult_t r = gpu_comm(comm, &g);

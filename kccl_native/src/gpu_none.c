@@ -48,6 +48,11 @@ kcclResult_t kgpu_bench_dev(struct kgpu *g, void *buf, size_t count, int dtype, 
   (void)g; (void)buf; (void)count; (void)dtype; (void)iters; (void)blocks; (void)us_per_call;
   return NO_CUDA;
 }
+kcclResult_t kgpu_bench_dev_phases(struct kgpu *g, void *buf, size_t count, int dtype, int iters, int blocks,
+                                   double phases[4]) {
+  (void)g; (void)buf; (void)count; (void)dtype; (void)iters; (void)blocks; (void)phases;
+  return NO_CUDA;
+}
 kcclResult_t kgpu_bench_flag_hop(struct kgpu *g, int iters, int mode, double *us_per_hop) {
   (void)g; (void)iters; (void)mode; (void)us_per_hop;
   return NO_CUDA;

@@ -44,6 +44,20 @@ __global__ void __launch_bounds__(KCCL_LL_THREADS) k_dev_chain(kcclDevComm dc, c
     if (kcclDevAllReduce<MAXR>(dc, buf + (size_t)lo * es, hi - lo, (kcclDataType_t)dt, kcclAvg) != kcclSuccess) return;
 }
 
+/* The same chain with the phase trace of block 0 (kccl_device.cuh). */
+template <int MAXR>
+__global__ void __launch_bounds__(KCCL_LL_THREADS) k_dev_trace(kcclDevComm dc, char *buf, int count, int dt,
+                                                               int iters, long long *trace) {
+  const int es = dt == kcclFloat32 ? 4 : 2;
+  const int per = (count + gridDim.x - 1) / gridDim.x;
+  const int lo = blockIdx.x * per < count ? blockIdx.x * per : count;
+  const int hi = lo + per < count ? lo + per : count;
+  for (int k = 0; k < iters; k++)
+    if (kccl_detail::dev_allreduce<MAXR, true>(dc, buf + (size_t)lo * es, hi - lo, (kcclDataType_t)dt, kcclAvg,
+                                               trace) != kcclSuccess)
+      return;
+}
+
 /* Ranks 0 and 1 bounce a counter.  mode 0: release / acquire at system scope,
  * pushed into the peer's memory (what the chunked kernels do); 1: volatile, pushed;
  * 2: relaxed at GPU scope, pushed; 3: volatile, pulled (each rank writes its own
@@ -138,6 +152,32 @@ extern "C" kcclResult_t kgpu_bench_dev(struct kgpu *g, void *buf, size_t count, 
   if (r != kcclSuccess) return r;
   if (g->status_h->code) return (kcclResult_t)g->status_h->code;
   *us_per_call = (ms_long - ms_short) * 1000.0 / iters;
+  return kcclSuccess;
+}
+
+extern "C" kcclResult_t kgpu_bench_dev_phases(struct kgpu *g, void *buf, size_t count, int dtype, int iters,
+                                              int blocks, double phases[KCCL_LL_TRACE_SLOTS]) {
+  kcclResult_t r = devapi_args((int)count, dtype, blocks);
+  if (r != kcclSuccess) return r;
+  KGPU_CHECK(kgpuSetDevice(g->device));
+  int khz = 0;
+  KGPU_CHECK(kgpuDeviceGetAttribute(&khz, kgpuDevAttrClockRate, g->device));
+  long long *tr = NULL, host[KCCL_LL_TRACE_SLOTS] = {0};
+  KGPU_CHECK(kgpuMalloc((void **)&tr, sizeof host));
+  kgpuError_t e = kgpuMemset(tr, 0, sizeof host);
+  if (e == kgpuSuccess) {
+    (g->shape.nranks <= 8 ? k_dev_trace<8> : k_dev_trace<KCCL_GPU_MAX_RANKS>)<<<blocks, KCCL_LL_THREADS>>>(
+        g->dc[1], (char *)buf, (int)count, dtype, iters, tr);
+    r = kgpu_launch_error("device-API trace");
+    if (r == kcclSuccess) e = kgpuMemcpy(host, tr, sizeof host, kgpuMemcpyDefault); /* waits for the kernel */
+  }
+  kgpuFree(tr);
+  if (r != kcclSuccess) return r;
+  if (e != kgpuSuccess) return kccl_err(kcclUnhandledCudaError, "device-API trace: %s", kgpuGetErrorString(e));
+  if (g->status_h->code) return (kcclResult_t)g->status_h->code;
+  /* clock64 counts SM cycles; the nominal clock converts them (boost may differ a little). */
+  for (int i = 0; i < KCCL_LL_TRACE_SLOTS; i++)
+    phases[i] = i < 3 ? (double)host[i] / iters / (khz * 1e-3) : (double)host[i] / iters;
   return kcclSuccess;
 }
 

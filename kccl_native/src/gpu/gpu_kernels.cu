@@ -147,7 +147,8 @@ struct TwoShot {
   uint32_t sig;
 };
 
-__global__ void __launch_bounds__(256) k_twoshot(TwoShot a) {
+/* (256, 4): at most 64 registers, so the ranks' blocks fit with room to spare. */
+__global__ void __launch_bounds__(256, 4) k_twoshot(TwoShot a) {
   kgpu_pdl_wait();
   kgpu_pdl_trigger();
   __shared__ uint32_t s_step;
@@ -205,17 +206,17 @@ __global__ void __launch_bounds__(256) k_twoshot(TwoShot a) {
       char *outp = dc.peer_base[me] + a.off_out + sbase;
       char *user = a.recv + (a.scatter ? o * es : (o + (size_t)me * S) * es);
       for (size_t x = lo * es + threadIdx.x * 16; x < hi * es; x += (size_t)blockDim.x * 16) {
-        /* 8 slots with constant indices (registers); float32 uses slots 0-1 and 4-5. */
-        /* Eight ranks' 16 bytes are loaded before any is used: 8 loads in flight, not one
-         * (groups of 8 keep the registers in bounds; rank order is kept). */
+        /* 8 slots with constant indices (registers); float32 uses slots 0-1 and 4-5.
+         * Four ranks' 16 bytes are loaded before any is used: 4 loads in flight, not one
+         * (groups of 4 keep the registers in bounds; rank order is kept). */
         float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0}, v[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-        for (int g0 = 0; g0 < n; g0 += 8) {
-          uint4 u[8];
+        for (int g0 = 0; g0 < n; g0 += 4) {
+          uint4 u[4];
 #pragma unroll
-          for (int j = 0; j < 8; j++)
+          for (int j = 0; j < 4; j++)
             if (g0 + j < n) u[j] = kgpu_ld_cg_v4(dc.peer_base[g0 + j] + a.off_in + sbase + x);
 #pragma unroll
-          for (int j = 0; j < 8; j++) {
+          for (int j = 0; j < 4; j++) {
             if (g0 + j >= n) break;
             decode(u[j].x, u[j].y, dt, v);
             decode(u[j].z, u[j].w, dt, v + 4);
@@ -272,7 +273,7 @@ struct Gather {
   uint32_t sig;
 };
 
-__global__ void __launch_bounds__(256) k_gather(Gather a) {
+__global__ void __launch_bounds__(256, 4) k_gather(Gather a) {
   kgpu_pdl_wait();
   kgpu_pdl_trigger();
   __shared__ uint32_t s_step;
