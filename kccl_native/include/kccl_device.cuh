@@ -235,6 +235,7 @@ __device__ static inline kcclResult_t ll_allreduce_block(const kcclDevComm &dc, 
   const bool tr = TRACE && threadIdx.x == 0 && block == 0;
   long long t_mark = tr ? clock64() : 0;
   __shared__ volatile int s_fail;
+  __shared__ uint32_t s_epoch;
   const int tid = threadIdx.x, nt = blockDim.x;
   uint32_t *ep = dc.epochs + dc.channel * KCCL_DEV_MAX_BLOCKS + block;
   const int me = dc.rank, n = dc.nranks;
@@ -242,8 +243,14 @@ __device__ static inline kcclResult_t ll_allreduce_block(const kcclDevComm &dc, 
   const uint32_t all_peers = (n >= 32 ? 0xffffffffu : ((1u << n) - 1)) & ~(1u << me);
 
   /* Lines are handled in rounds of up to KCCL_LL_MAX_LPT per thread (one round
-   * when blockDim.x == KCCL_LL_THREADS); each round is a whole push + receive. */
-  const uint32_t e = *(volatile uint32_t *)ep + 1;
+   * when blockDim.x == KCCL_LL_THREADS); each round is a whole push + receive.
+   * The input loads are issued first, so thread 0's epoch round trip overlaps
+   * them.  Only thread 0 touches the epoch in memory (read, then write back),
+   * and the others take it from shared memory after the barrier: when every
+   * thread read it from memory and thread 0 wrote it after a barrier, nothing
+   * kept a read still in flight at the barrier from seeing the new value (its
+   * warp would then use the wrong epoch and hang: the likely cause of the
+   * intermittent timeouts that version had at 2 and 8 ranks). */
   uint32_t mine[KCCL_LL_MAX_LPT][2];
 #pragma unroll
   for (int k = 0; k < KCCL_LL_MAX_LPT; k++) {
@@ -251,9 +258,14 @@ __device__ static inline kcclResult_t ll_allreduce_block(const kcclDevComm &dc, 
     mine[k][0] = mine[k][1] = 0;
     if (l < lines) load8(in, (size_t)l * 8, nbytes, &mine[k][0], &mine[k][1]);
   }
-  if (tid == 0) s_fail = 0;
-  __syncthreads(); /* every thread has read the epoch before it moves on */
-  if (tid == 0) *ep = e;
+  if (tid == 0) {
+    const uint32_t next = *(volatile uint32_t *)ep + 1;
+    *ep = next;
+    s_epoch = next;
+    s_fail = 0;
+  }
+  __syncthreads();
+  const uint32_t e = s_epoch;
   const uint32_t set = e % KCCL_LL_SETS;
 
   uint32_t hpend = 0; /* headers this thread checks: peer tid's */
