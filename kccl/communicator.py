@@ -509,6 +509,19 @@ class Communicator:
             _raise(rc)
         return ffi.buffer(out)[:]
 
+    def gpu_flag_replicas(self):
+        """Per-L2-partition flag replicas of this GPU communicator (KCCL_GPU_FLAG_REPLICAS):
+        {"requested": bool, "enabled": bool (every rank's calibration found two L2 groups),
+        "note": what this rank's calibration found, or why the replicas are disabled}.
+        KcclInvalidUsage on a host communicator."""
+        state = ffi.new("int *")
+        note = ffi.new("char[]", 512)
+        rc = lib.kcclCommGpuFlagReplicas(self._handle(), state, note, 512)
+        if rc:
+            _raise(rc)
+        return {"requested": state[0] != 0, "enabled": state[0] == 1,
+                "note": ffi.string(note).decode(errors="replace")}
+
     def device_all_reduce_selftest(self, inputs, outputs, op=SUM, iters=4, blocks=4, *, dtype=None, stream=None):
         """One persistent kernel of `blocks` blocks doing `iters` device-side all-reduces:
         row k of outputs (iters x inputs.size) gets the reduction of every rank's inputs + k.

@@ -89,6 +89,11 @@ SETTINGS: Tuple[Setting, ...] = (
     Setting("KCCL_GPU_PDL", "gpu_pdl", 0, _int_range(0, 1),
             "GPU communicators, EXPERIMENTAL: 1 launches collectives with programmatic dependent "
             "launch (Hopper); it deadlocked at 8 ranks on one GPU under MPS, so 0 (plain launches) is the default."),
+    Setting("KCCL_GPU_FLAG_REPLICAS", "gpu_flag_replicas", 0, _int_range(0, 1),
+            "GPU communicators, opt-in: 1 keeps each two-shot / gather flag twice, once near each L2 "
+            "partition (found by timing loads at init); writers write both, a reader polls the copy "
+            "near its SM. Disabled (one copy) when the calibration finds no two partitions. "
+            "Not yet measured. Must be equal on all ranks."),
     Setting("KCCL_DEBUG", "debug", "NONE", _choice(DEBUG_LEVELS),
             "Log to stderr: NONE, WARN (every error), INFO (init details), TRACE."),
     # Placement: Python's topology/ computes it and hands it to kcclCommInitRankPlacement;

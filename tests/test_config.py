@@ -165,7 +165,8 @@ AGREE = [("KCCL_TIMEOUT_MS", v) for v in ("0", "1", "250", "86400000")] + \
         [("KCCL_DEBUG", v) for v in ("NONE", "warn", "Info", "TRACE", "0", "3")] + \
         [("KCCL_GPU_ONESHOT_MAX_BYTES", v) for v in ("0", "64k", "1M", "-1")] + \
         [("KCCL_GPU_BUFFER_BYTES", v) for v in ("65536", "64k", "16M", "65535", "4G", "5G")] + \
-        [("KCCL_GPU_PDL", v) for v in ("0", "1", "2", "yes")]
+        [("KCCL_GPU_PDL", v) for v in ("0", "1", "2", "yes")] + \
+        [("KCCL_GPU_FLAG_REPLICAS", v) for v in ("0", "1", " 1", "2", "-1", "on")]
 # Values the two parsers once disagreed on (regressions).
 DISAGREE = [("KCCL_ALGO", "1"), ("KCCL_TIMEOUT_MS", "10k"), ("KCCL_BUFFER_BYTES", "1M "),
             ("KCCL_TIMEOUT_MS", "1_000"), ("KCCL_BUFFER_BYTES", "1 M"), ("KCCL_DEBUG", " info ")]

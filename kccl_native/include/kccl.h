@@ -106,6 +106,8 @@ typedef struct {
   size_t gpu_oneshot_max_bytes; /* KCCL_GPU_ONESHOT_MAX_BYTES: GPU all-reduce crossover */
   size_t gpu_buffer_bytes; /* KCCL_GPU_BUFFER_BYTES: two-shot / gather chunk on the GPU */
   int gpu_pdl;             /* KCCL_GPU_PDL: 1 = programmatic dependent launch (Hopper) */
+  int gpu_flag_replicas;   /* KCCL_GPU_FLAG_REPLICAS: 1 = a copy of each chunked-path flag per L2
+                              partition (calibrated at init; see kcclCommGpuFlagReplicas) */
   int max_outstanding;     /* KCCL_MAX_OUTSTANDING: kcclAllReduceStart ops in flight, 1..8 */
 } kcclConfig_t;
 
@@ -162,6 +164,11 @@ kcclResult_t kcclCommCuDevice(const kcclComm_t comm, int *device);
  * bytes = sizeof(kcclDevComm) = KCCL_DEV_COMM_BYTES, checked. */
 #define KCCL_DEV_COMM_BYTES 192
 kcclResult_t kcclCommGetDevComm(kcclComm_t comm, void *devComm, size_t bytes);
+/* Per-L2-partition flag replicas of a GPU communicator (KCCL_GPU_FLAG_REPLICAS):
+ * *state = 1 in use (every rank's calibration found two L2 groups), 0 not asked
+ * for, -1 asked for but disabled; note (noteBytes, may be NULL/0) says why, or
+ * what this rank's calibration found.  kcclInvalidUsage for a host communicator. */
+kcclResult_t kcclCommGpuFlagReplicas(const kcclComm_t comm, int *state, char *note, size_t noteBytes);
 /* Test and benchmark helpers of the device API, each one kernel launch:
  * kcclDevAllReduceSelfTest: `iters` device-side all-reduces in one persistent
  * kernel of `blocks` blocks; iteration k reduces inputs[i] + k into row k of

@@ -83,6 +83,25 @@ __device__ static inline void kgpu_st_release_sys_u64(uint64_t *p, uint64_t v) {
 __device__ static inline uint64_t kgpu_ld_acquire_sys_u64(const uint64_t *p) {
   return __hip_atomic_load((uint64_t *)p, __ATOMIC_ACQUIRE, __HIP_MEMORY_SCOPE_SYSTEM);
 }
+__device__ static inline void kgpu_st_relaxed_sys_u64(uint64_t *p, uint64_t v) {
+  __hip_atomic_store(p, v, __ATOMIC_RELAXED, __HIP_MEMORY_SCOPE_SYSTEM);
+}
+__device__ static inline uint64_t kgpu_ld_cg_u64(const void *p) { return __builtin_nontemporal_load((const uint64_t *)p); }
+__device__ static inline uint32_t kgpu_ld_cg_u8(const void *p) { return __builtin_nontemporal_load((const uint8_t *)p); }
+__device__ static inline unsigned kgpu_smid(void) { return __smid(); }
+__device__ static inline uint64_t kgpu_opaque_u64(uint64_t x) { asm volatile("" : "+v"(x)); return x; }
+__device__ static inline uint32_t kgpu_opaque_u32(uint32_t x) { asm volatile("" : "+v"(x)); return x; }
+__device__ static inline long long kgpu_clock64(void) { return clock64(); }
+/* The same value, but the compiler cannot see through it: what is computed
+ * from it stays where the code computes it (not hoisted to where x was loaded). */
+__device__ static inline uint64_t kgpu_opaque_u64(uint64_t x) {
+  asm volatile("mov.b64 %0, %0;" : "+l"(x));
+  return x;
+}
+__device__ static inline uint32_t kgpu_opaque_u32(uint32_t x) {
+  asm volatile("mov.b32 %0, %0;" : "+r"(x));
+  return x;
+}
 __device__ static inline uint32_t kgpu_ld_volatile_u32(const volatile uint32_t *p) { return *p; }
 __device__ static inline void kgpu_st_volatile_u64(uint64_t *p, uint64_t v) { *(volatile uint64_t *)p = v; }
 __device__ static inline uint64_t kgpu_ld_volatile_u64(const uint64_t *p) { return *(const volatile uint64_t *)p; }
@@ -191,6 +210,32 @@ __device__ static inline uint64_t kgpu_ld_acquire_sys_u64(const uint64_t *p) {
   uint64_t v;
   asm volatile("ld.acquire.sys.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
   return v;
+}
+/* A strong store at system scope without the release's own fence: after a
+ * kgpu_fence_system it is a release as well (PTX: fence, then a strong write),
+ * and a second copy of a flag written this way does not wait for the first. */
+__device__ static inline void kgpu_st_relaxed_sys_u64(uint64_t *p, uint64_t v) {
+  asm volatile("st.relaxed.sys.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
+}
+/* Plain loads past L1 of words written before the kernel started (tables). */
+__device__ static inline uint64_t kgpu_ld_cg_u64(const void *p) { return __ldcg((const unsigned long long *)p); }
+__device__ static inline uint32_t kgpu_ld_cg_u8(const void *p) { return __ldcg((const unsigned char *)p); }
+/* The SM this thread runs on, and its cycle counter. */
+__device__ static inline unsigned kgpu_smid(void) {
+  unsigned s;
+  asm volatile("mov.u32 %0, %%smid;" : "=r"(s));
+  return s;
+}
+__device__ static inline long long kgpu_clock64(void) { return clock64(); }
+/* The same value, but the compiler cannot see through it: what is computed
+ * from it stays where the code computes it (not hoisted to where x was loaded). */
+__device__ static inline uint64_t kgpu_opaque_u64(uint64_t x) {
+  asm volatile("mov.b64 %0, %0;" : "+l"(x));
+  return x;
+}
+__device__ static inline uint32_t kgpu_opaque_u32(uint32_t x) {
+  asm volatile("mov.b32 %0, %0;" : "+r"(x));
+  return x;
 }
 __device__ static inline uint32_t kgpu_ld_volatile_u32(const volatile uint32_t *p) {
   uint32_t v;

@@ -72,6 +72,7 @@ kcclResult_t kcclConfigInit(kcclConfig_t *cfg) {
   cfg->gpu_oneshot_max_bytes = 256 * 1024; /* the LL path's capacity; bench/allreduce.py --device cuda */
   cfg->gpu_buffer_bytes = 16 * 1024 * 1024;
   cfg->gpu_pdl = 0; /* experimental: deadlocked at 8 ranks under MPS (bench/RESULTS.md) */
+  cfg->gpu_flag_replicas = 0; /* opt-in: not yet measured (bench/gpu/replica_ab.py) */
 
   long v;
   kcclResult_t r;
@@ -102,6 +103,9 @@ kcclResult_t kcclConfigInit(kcclConfig_t *cfg) {
   v = cfg->gpu_pdl;
   if ((r = env_long("KCCL_GPU_PDL", 0, 1, 0, &v))) return r;
   cfg->gpu_pdl = (int)v;
+  v = cfg->gpu_flag_replicas;
+  if ((r = env_long("KCCL_GPU_FLAG_REPLICAS", 0, 1, 0, &v))) return r;
+  cfg->gpu_flag_replicas = (int)v;
   static const char *const algos[] = {"auto", "oneshot", "twoshot"};
   static const char *const levels[] = {"NONE", "WARN", "INFO", "TRACE"};
   if ((r = env_choice("KCCL_ALGO", algos, 3, &cfg->algo))) return r;

@@ -23,11 +23,19 @@ typedef struct {
   int32_t sms;                  /* multiprocessors of its GPU */
   int32_t ts_per_sm;            /* blocks of a chunked kernel that fit on one multiprocessor */
   int32_t ll_per_sm;            /* blocks of the one-shot kernel that fit on one multiprocessor */
-  int32_t pad;
+  int32_t flag_replicas;        /* KGPU_REP_*: asked for per-L2-partition flag replicas, and how its
+                                   calibration went (its tables are in its buffer when OK) */
   uint64_t bytes;               /* size of its exported buffer */
   char pci[KGPU_PCI_BYTES];     /* PCI bus id: ranks with equal ids share a GPU */
   uint8_t ipc[KGPU_IPC_BYTES];  /* cudaIpcMemHandle_t of the buffer */
 } kgpu_export;
+
+/* kgpu_export.flag_replicas: not asked for; calibrated; or why this rank's calibration refused. */
+#define KGPU_REP_OFF 0
+#define KGPU_REP_OK 1
+#define KGPU_REP_FEW_SMS 2      /* fewer than 2 SMs measured (or the probe ran out of time) */
+#define KGPU_REP_ONE_GROUP 3    /* the SMs do not split into two groups */
+#define KGPU_REP_FEW_LINES 4    /* too few lines clearly near one group */
 
 /* Sizes every rank must agree on (derived from the config and all exports). */
 typedef struct {
@@ -37,6 +45,7 @@ typedef struct {
   size_t chunk_bytes;           /* two-shot and gather chunk */
   uint64_t timeout_ns;
   int pdl;                      /* launch with programmatic dependent launch */
+  int flag_replicas;            /* config: calibrate and use per-L2-partition flag replicas */
 } kgpu_shape;
 
 int kgpu_built(void);
@@ -65,6 +74,9 @@ kcclResult_t kgpu_reduce_scatter(struct kgpu *g, const void *send, void *recv, s
                                  int op, uint32_t sig, void *stream);
 
 kcclResult_t kgpu_get_devcomm(struct kgpu *g, void *out, size_t bytes);
+/* Flag replicas of this communicator: *state 1 in use, 0 not asked for, -1 asked for but
+ * disabled; note says why (gpu_l2map.cu). */
+void kgpu_flag_replicas(struct kgpu *g, int *state, char *note, size_t bytes);
 kcclResult_t kgpu_dev_selftest(struct kgpu *g, const void *inputs, void *outputs, size_t count, int dtype, int op,
                                int iters, int blocks, void *stream);
 kcclResult_t kgpu_bench_dev(struct kgpu *g, void *buf, size_t count, int dtype, int iters, int blocks,

@@ -113,7 +113,8 @@ kcclResult_t kccl_gpu_init(struct kcclComm *c) {
                       .ll_blocks = 0,
                       .chunk_bytes = c->cfg.gpu_buffer_bytes,
                       .timeout_ns = (uint64_t)c->cfg.timeout_ms * 1000000ull,
-                      .pdl = c->cfg.gpu_pdl};
+                      .pdl = c->cfg.gpu_pdl,
+                      .flag_replicas = c->cfg.gpu_flag_replicas};
   kccl_seg_header *me = c->hdr[c->rank];
   kcclResult_t r = kgpu_create(c->cfg.device, &shape, &gh->kg, &me->gpu, &gh->status);
   if (r == kcclSuccess) {
@@ -310,6 +311,16 @@ kcclResult_t kcclCommCuDevice(const kcclComm_t comm, int *device) {
   if (!comm || comm->magic != KCCL_COMM_MAGIC || !device)
     return kccl_err(kcclInvalidArgument, "invalid communicator or NULL device");
   *device = comm->gpu ? comm->cfg.device : -1;
+  return kcclSuccess;
+}
+
+kcclResult_t kcclCommGpuFlagReplicas(const kcclComm_t comm, int *state, char *note, size_t noteBytes) {
+  if (!comm || comm->magic != KCCL_COMM_MAGIC || !state)
+    return kccl_err(kcclInvalidArgument, "invalid communicator or NULL state");
+  if (!comm->gpu)
+    return kccl_err(kcclInvalidUsage, "this is a host communicator (created with device=-1): flag replicas are a "
+                    "GPU communicator's");
+  kgpu_flag_replicas(comm->gpu->kg, state, note, noteBytes);
   return kcclSuccess;
 }
 

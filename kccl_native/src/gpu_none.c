@@ -38,6 +38,11 @@ kcclResult_t kgpu_reduce_scatter(struct kgpu *g, const void *send, void *recv, s
   return NO_CUDA;
 }
 kcclResult_t kgpu_get_devcomm(struct kgpu *g, void *out, size_t bytes) { (void)g; (void)out; (void)bytes; return NO_CUDA; }
+void kgpu_flag_replicas(struct kgpu *g, int *state, char *note, size_t bytes) {
+  (void)g;
+  *state = 0;
+  if (note && bytes) note[0] = 0;
+}
 kcclResult_t kgpu_dev_selftest(struct kgpu *g, const void *inputs, void *outputs, size_t count, int dtype, int op,
                                int iters, int blocks, void *stream) {
   (void)g; (void)inputs; (void)outputs; (void)count; (void)dtype; (void)op; (void)iters; (void)blocks; (void)stream;

@@ -19,7 +19,14 @@
  * - gather halves (step parity): half h is rewritten at step s+2; this rank's
  *   step s+1 waited for every peer's flag 1 of step s+1, raised after that
  *   peer finished reading step s.  A broadcast root also waits for those
- *   "arrived" flags, so it cannot run ahead of its readers. */
+ *   "arrived" flags, so it cannot run ahead of its readers.
+ *
+ * Flag replicas (KCCL_GPU_FLAG_REPLICAS=1, gpu_l2map.cu): every flag line has
+ * two copies in the reader's buffer, each near one L2 partition's SMs.  The
+ * writer writes the same value into both; the reader polls the copy near the
+ * SM its block runs on.  Either copy carries every step in order, so a block
+ * that lands on the other group's SM in a later launch reads a copy as current
+ * as the one it polled before, and the rules above hold per copy. */
 #include "kgpu.h"
 
 using namespace kccl_detail;
@@ -51,23 +58,79 @@ __device__ static inline uint64_t *flag_slot(char *base, size_t off, int stage, 
   return (uint64_t *)(base + off) + ((size_t)stage * KGPU_TS_MAX_BLOCKS + block) * KCCL_GPU_MAX_RANKS + src;
 }
 
+/* Flag replicas: where the tables are (the same offsets in every rank's buffer)
+ * and whether to use them; off: the flags region above, as without replicas. */
+struct Replicas {
+  size_t off_pool, off_tab, off_map;
+  int on;
+};
+
+/* What thread t (the one that signals peer t and waits for it) needs of the
+ * tables: peer t's entry for this block (its pool lines [stage][copy], four
+ * uint16), this rank's, and the L2 group of this block's SM.  Loaded at kernel
+ * start; nothing uses them before the first signal, so the loads overlap the
+ * stage-1 copy (rep_field keeps the compiler from pulling that use up to the
+ * loads). */
+struct RepLines {
+  uint64_t peer, own;
+  uint32_t group;
+};
+
+__device__ static inline RepLines rep_lines(const kcclDevComm &dc, const Replicas &rep) {
+  RepLines r = {0, 0, 0};
+  const int t = threadIdx.x;
+  if (rep.on && t < dc.nranks && t != dc.rank) {
+    r.peer = kgpu_ld_cg_u64(dc.peer_base[t] + rep.off_tab + (size_t)blockIdx.x * 8);
+    r.own = kgpu_ld_cg_u64(dc.peer_base[dc.rank] + rep.off_tab + (size_t)blockIdx.x * 8);
+    const unsigned sm = kgpu_smid();
+    r.group = sm < KGPU_SM_MAP ? kgpu_ld_cg_u8(dc.peer_base[dc.rank] + rep.off_map + sm) : 0;
+  }
+  return r;
+}
+
+/* Field k (stage * 2 + copy) of a packed entry.  The value goes through an
+ * opaque asm first, so the compiler keeps the extraction at its use instead of
+ * hoisting it next to the load, where it would wait for the load before the
+ * stage-1 copy. */
+__device__ static inline uint32_t rep_field(uint64_t packed, uint32_t k) {
+  return (uint32_t)(kgpu_opaque_u64(packed) >> (16 * k)) & 0xffffu;
+}
+__device__ static inline uint32_t rep_copy(uint32_t group) { return kgpu_opaque_u32(group) == 1 ? 1 : 0; }
+
+__device__ static inline uint64_t *rep_slot(char *base, const Replicas &rep, uint32_t line, int src) {
+  return (uint64_t *)(base + rep.off_pool + (size_t)line * KGPU_LINE) + src;
+}
+
 /* After the block's writes: tell peers (thread p signals peer p). */
-__device__ static inline void signal_peers(const kcclDevComm &dc, size_t flags_off, int stage, uint64_t val) {
+__device__ static inline void signal_peers(const kcclDevComm &dc, size_t flags_off, const Replicas &rep,
+                                           const RepLines &rl, int stage, uint64_t val) {
   __syncthreads();
   const int t = threadIdx.x;
   if (t < dc.nranks && t != dc.rank) {
     kgpu_fence_system();
-    kgpu_st_release_sys_u64(flag_slot(dc.peer_base[t], flags_off, stage, blockIdx.x, dc.rank), val);
+    if (!rep.on) {
+      kgpu_st_release_sys_u64(flag_slot(dc.peer_base[t], flags_off, stage, blockIdx.x, dc.rank), val);
+    } else {
+      /* Both copies, the first exactly as the single flag is written.  The fence
+       * already orders the block's writes before the second (fence + strong store
+       * is a release); a second release store would first wait for the first. */
+      kgpu_st_release_sys_u64(rep_slot(dc.peer_base[t], rep, rep_field(rl.peer, 2 * stage), dc.rank), val);
+      kgpu_st_relaxed_sys_u64(rep_slot(dc.peer_base[t], rep, rep_field(rl.peer, 2 * stage + 1), dc.rank), val);
+    }
   }
 }
 
 /* Thread p waits for peer p's flag of `stage` to reach `step` (only == `only`
  * when only >= 0).  Returns false (the whole block) on failure. */
-__device__ static inline bool wait_peers(const kcclDevComm &dc, size_t flags_off, int stage, uint32_t step,
-                                         uint32_t sig, int only, volatile int *s_fail) {
+__device__ static inline bool wait_peers(const kcclDevComm &dc, size_t flags_off, const Replicas &rep,
+                                         const RepLines &rl, int stage, uint32_t step, uint32_t sig, int only,
+                                         volatile int *s_fail) {
   const int t = threadIdx.x;
   if (t < dc.nranks && t != dc.rank && (only < 0 || t == only)) {
-    const uint64_t *f = flag_slot(dc.peer_base[dc.rank], flags_off, stage, blockIdx.x, t);
+    /* With replicas: the copy near this SM's group (an unmeasured SM: copy 0). */
+    const uint64_t *f = !rep.on ? flag_slot(dc.peer_base[dc.rank], flags_off, stage, blockIdx.x, t)
+                                : rep_slot(dc.peer_base[dc.rank], rep,
+                                           rep_field(rl.own, 2 * stage + rep_copy(rl.group)), t);
     Waiter w = waiter(dc);
     for (;;) {
       uint64_t v = kgpu_ld_acquire_sys_u64(f);
@@ -145,6 +208,7 @@ struct TwoShot {
   size_t chunk_elems; /* scratch capacity in elements */
   int dt, op, es, scatter;
   uint32_t sig;
+  Replicas rep;
 };
 
 /* (256, 3): at most 80 registers (no spills), so the ranks' blocks fit with room to spare. */
@@ -162,6 +226,7 @@ __global__ void __launch_bounds__(256, 3) k_twoshot(TwoShot a) {
   char *in_area = dc.peer_base[me] + a.off_in;
   const size_t total = a.count; /* elements (per rank for reduce-scatter) */
   const size_t piece_max = a.scatter ? (a.chunk_elems / n) / 16 * 16 : a.chunk_elems;
+  const RepLines rl = rep_lines(dc, a.rep);
 
   for (size_t o = 0; o < total;) {
     /* This chunk: segment s covers user elements [useg(s), useg(s)+slen(s)) and
@@ -195,8 +260,8 @@ __global__ void __launch_bounds__(256, 3) k_twoshot(TwoShot a) {
       size_t ubase = a.scatter ? (size_t)s * a.count + o : o + (size_t)s * S;
       copy_range(in_area + (size_t)s * stride * es, a.send + ubase * es, lo * es, hi * es, false);
     }
-    signal_peers(dc, a.off_flags, 0, val);
-    if (!wait_peers(dc, a.off_flags, 0, step, a.sig, -1, &s_fail)) break;
+    signal_peers(dc, a.off_flags, a.rep, rl, 0, val);
+    if (!wait_peers(dc, a.off_flags, a.rep, rl, 0, step, a.sig, -1, &s_fail)) break;
 
     /* Stage 2: reduce segment `me`, portion b, over every rank's in-area (rank order). */
     {
@@ -237,13 +302,13 @@ __global__ void __launch_bounds__(256, 3) k_twoshot(TwoShot a) {
     }
     if (a.scatter) {
       /* Nobody reads the out-area; flag 2 only keeps the in-area reuse rule. */
-      signal_peers(dc, a.off_flags, 1, val);
-      if (!wait_peers(dc, a.off_flags, 1, step, a.sig, -1, &s_fail)) break;
+      signal_peers(dc, a.off_flags, a.rep, rl, 1, val);
+      if (!wait_peers(dc, a.off_flags, a.rep, rl, 1, step, a.sig, -1, &s_fail)) break;
       o += S;
       continue;
     }
-    signal_peers(dc, a.off_flags, 1, val);
-    if (!wait_peers(dc, a.off_flags, 1, step, a.sig, -1, &s_fail)) break;
+    signal_peers(dc, a.off_flags, a.rep, rl, 1, val);
+    if (!wait_peers(dc, a.off_flags, a.rep, rl, 1, step, a.sig, -1, &s_fail)) break;
 
     /* Stage 3: every other segment's portion b from its owner's out-area. */
     for (int s = 0; s < n; s++) {
@@ -271,6 +336,7 @@ struct Gather {
   size_t chunk_bytes;
   int root;           /* < 0: all-gather */
   uint32_t sig;
+  Replicas rep;
 };
 
 __global__ void __launch_bounds__(256, 3) k_gather(Gather a) {
@@ -283,6 +349,7 @@ __global__ void __launch_bounds__(256, 3) k_gather(Gather a) {
   if (threadIdx.x == 0) s_fail = 0;
   const bool bcast = a.root >= 0;
   const bool publish = !bcast || me == a.root;
+  const RepLines rl = rep_lines(dc, a.rep);
   for (size_t o = 0; o < a.bytes || (o == 0 && a.bytes == 0);) {
     const size_t cb = a.bytes - o < a.chunk_bytes ? a.bytes - o : a.chunk_bytes;
     const size_t P = ((cb + G - 1) / G + 15) / 16 * 16;
@@ -299,8 +366,9 @@ __global__ void __launch_bounds__(256, 3) k_gather(Gather a) {
     char *my_recv = a.recv + (bcast ? 0 : (size_t)me * a.bytes);
 
     if (publish && lo < hi) copy_range(dc.peer_base[me] + half - o, a.send, o + lo, o + hi, false);
-    signal_peers(dc, a.off_flags, 0, val);
-    if (!wait_peers(dc, a.off_flags, 0, step, a.sig, bcast && me != a.root ? a.root : -1, &s_fail)) break;
+    signal_peers(dc, a.off_flags, a.rep, rl, 0, val);
+    if (!wait_peers(dc, a.off_flags, a.rep, rl, 0, step, a.sig, bcast && me != a.root ? a.root : -1, &s_fail))
+      break;
     if (lo < hi) {
       if (!bcast) {
         for (int p = 0; p < n; p++) {
@@ -323,6 +391,15 @@ __global__ void __launch_bounds__(256, 3) k_gather(Gather a) {
 /* -------------------------------------------------------------- launchers -- */
 
 static unsigned ts_grid(const kgpu *g) { return (unsigned)g->shape.ts_blocks; }
+
+static Replicas replicas(const kgpu *g) {
+  Replicas r;
+  r.off_pool = g->lay.l2pool;
+  r.off_tab = g->lay.l2tab;
+  r.off_map = g->lay.l2map;
+  r.on = g->rep_on;
+  return r;
+}
 
 kgpuError_t kgpu_kernel_occupancy(int nranks, int *ts_per_sm, int *ll_per_sm) {
   int a = 0, b = 0, c = 0;
@@ -363,6 +440,7 @@ static kcclResult_t launch_twoshot(kgpu *g, const void *send, void *recv, size_t
   a.es = dtype == kcclFloat32 ? 4 : 2;
   a.scatter = scatter;
   a.sig = sig;
+  a.rep = replicas(g);
   return launched(kgpu_launch(k_twoshot, ts_grid(g), 256, st, g->shape.pdl, a), what);
 }
 
@@ -416,6 +494,7 @@ extern "C" kcclResult_t kgpu_gather(struct kgpu *g, const void *send, void *recv
   a.chunk_bytes = g->shape.chunk_bytes / 16 * 16;
   a.root = root;
   a.sig = sig;
+  a.rep = replicas(g);
   return launched(kgpu_launch(k_gather, ts_grid(g), 256, (kgpuStream_t)stream, g->shape.pdl, a),
                   root < 0 ? "all-gather" : "broadcast");
 }

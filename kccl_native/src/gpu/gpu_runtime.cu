@@ -27,6 +27,13 @@ static kgpu_layout make_layout(const kgpu_shape *s) {
   at = align_up(at + 2 * sizeof(uint64_t));
   l.flags = at;
   at = align_up(at + sizeof(uint64_t) * 2 * KGPU_TS_MAX_BLOCKS * KCCL_GPU_MAX_RANKS);
+  const int rep = s->flag_replicas != 0;
+  l.l2pool = at;
+  at = align_up(at + (rep ? (size_t)KGPU_L2_POOL_LINES * KGPU_LINE : 0));
+  l.l2tab = at;
+  at = align_up(at + (rep ? sizeof(uint16_t) * KGPU_TS_MAX_BLOCKS * 2 * 2 : 0));
+  l.l2map = at;
+  at = align_up(at + (rep ? KGPU_SM_MAP + sizeof(uint32_t) : 0));
   /* Scratch areas get one spare alignment unit: kernels read whole 16-byte
    * units past the end of a partial tail. */
   size_t area = align_up(s->chunk_bytes) + KGPU_ALIGN;
@@ -84,6 +91,18 @@ extern "C" kcclResult_t kgpu_create(int device, const kgpu_shape *shape, struct 
     return kccl_err(kcclUnhandledCudaError, "device %d setup: %s", device, kgpuGetErrorString(e));
   }
   memset((void *)g->status_h, 0, sizeof *g->status_h);
+  exp->flag_replicas = KGPU_REP_OFF;
+  if (shape->flag_replicas) {
+    /* Before the export is published: a peer reads the tables once it has mapped this buffer. */
+    kcclResult_t r = kgpu_l2_calibrate(g);
+    if (r != kcclSuccess) {
+      kgpuFreeHost((void *)g->status_h);
+      kgpuFree(g->buf);
+      free(g);
+      return r;
+    }
+    exp->flag_replicas = g->rep_self;
+  }
   if ((e = kgpuHostGetDevicePointer((void **)&g->status_d, (void *)g->status_h, 0)) != kgpuSuccess ||
       (e = kgpuIpcGetMemHandle((kgpuIpcMemHandle_t *)exp->ipc, g->buf)) != kgpuSuccess ||
       (e = kgpuDeviceGetPCIBusId(exp->pci, KGPU_PCI_BYTES, device)) != kgpuSuccess ||
@@ -103,6 +122,12 @@ extern "C" kcclResult_t kgpu_create(int device, const kgpu_shape *shape, struct 
 extern "C" kcclResult_t kgpu_connect(struct kgpu *g, const kgpu_export *peers) {
   const kgpu_shape *s = &g->shape;
   KGPU_CHECK(kgpuSetDevice(g->device));
+  /* Checked first: the replicas' regions change the buffer's size. */
+  for (int p = 0; p < s->nranks; p++)
+    if ((peers[p].flag_replicas != KGPU_REP_OFF) != (s->flag_replicas != 0))
+      return kccl_err(kcclInvalidUsage, "rank %d has KCCL_GPU_FLAG_REPLICAS=%d, this rank (%d) %d: the setting must "
+                      "be equal on all ranks", p, peers[p].flag_replicas != KGPU_REP_OFF, s->rank,
+                      s->flag_replicas != 0);
   for (int p = 0; p < s->nranks; p++) {
     if (p == s->rank) {
       g->peer[p] = g->buf;
@@ -144,6 +169,7 @@ extern "C" kcclResult_t kgpu_connect(struct kgpu *g, const kgpu_export *peers) {
   int blocks = 2 * min_sms / max_local, cap = min_sms * ts_per_sm * 3 / (4 * resident);
   if (blocks > cap) blocks = cap;
   g->shape.ts_blocks = blocks < 1 ? 1 : blocks > KGPU_TS_MAX_BLOCKS ? KGPU_TS_MAX_BLOCKS : blocks;
+  kgpu_l2_agree(g, peers);
   cap = min_sms * ll_per_sm * 3 / (4 * resident);
   g->shape.ll_blocks = cap < 1 ? 1 : cap > KCCL_DEV_MAX_BLOCKS ? KCCL_DEV_MAX_BLOCKS : cap;
   for (int c = 0; c < KCCL_CHANNELS; c++) {

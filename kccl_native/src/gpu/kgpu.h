@@ -6,6 +6,20 @@
 
 #define KGPU_TS_MAX_BLOCKS 132 /* blocks of the two-shot / gather kernels, at most */
 #define KGPU_ALIGN 256
+#define KGPU_LINE 128          /* one flag line: the 16 per-source slots of one (stage, block) */
+
+/* Per-L2-partition flag replicas (KCCL_GPU_FLAG_REPLICAS, gpu_l2map.cu).  The pool
+ * spans 1 MiB so its candidates cover many address bits (which partition owns a
+ * line is a hash of the physical address); candidate i is one line of the eight
+ * lines [8i, 8i+8), the low bits varied by a multiplicative hash of i. */
+#define KGPU_L2_CANDIDATES 1024
+#define KGPU_L2_POOL_LINES (8 * KGPU_L2_CANDIDATES)
+#define KGPU_SM_MAP 256        /* SM ids the SM -> group map covers (more: copy 0) */
+#define KGPU_L2_NEED (2 * KGPU_TS_MAX_BLOCKS) /* lines near each group the flags need */
+
+__host__ __device__ static inline int kgpu_l2_pool_line(int i) {
+  return 8 * i + (int)(((uint32_t)i * 2654435761u) >> 29);
+}
 
 /* Layout of every rank's exported buffer (offsets are the same on every rank). */
 struct kgpu_layout {
@@ -15,6 +29,12 @@ struct kgpu_layout {
   size_t fail;              /* int: claimed by the first failing block */
   size_t hop;               /* uint64 [2]: flag-hop benchmark words */
   size_t flags;             /* uint64 [2 stages][KGPU_TS_MAX_BLOCKS][KCCL_GPU_MAX_RANKS], pushed by senders */
+  /* Flag replicas (sizes 0 unless asked for): */
+  size_t l2pool;            /* KGPU_L2_POOL_LINES lines: the replicas' flag lines are chosen from these */
+  size_t l2tab;             /* uint16 [KGPU_TS_MAX_BLOCKS][2 stages][2 copies]: pool line of each flag line
+                               (copy c near SM group c); a block's four in one 8-byte word */
+  size_t l2map;             /* uint8 [KGPU_SM_MAP]: SM id -> group (0, 1; 0xff: not measured), then
+                               uint32: 1 when this rank's calibration found two groups */
   size_t in, out;           /* two-shot scratch: inputs, reduced segments */
   size_t g[2];              /* gather halves */
   size_t total;
@@ -32,6 +52,10 @@ struct kgpu {
   const void *ok_ptr[8];
   size_t ok_len[8];
   int ok_next;
+  int rep_self;             /* KGPU_REP_* of this rank's calibration */
+  int rep_on;               /* every rank calibrated: the chunked kernels use the replicas */
+  char rep_cal[200];        /* this rank's calibration, in words */
+  char rep_note[300];       /* what kgpu_flag_replicas reports */
 };
 
 #define KGPU_CHECK(call)                                                                              \
@@ -46,4 +70,24 @@ kcclResult_t kgpu_launch_error(const char *what);
 /* Blocks per multiprocessor of the chunked kernels (the smaller of two-shot's
  * and gather's) and of the one-shot kernel used for nranks (gpu_kernels.cu). */
 kgpuError_t kgpu_kernel_occupancy(int nranks, int *ts_per_sm, int *ll_per_sm);
+
+/* gpu_l2map.cu.  Times every candidate line from every SM and fills this rank's
+ * l2tab / l2map (g->rep_self, g->rep_cal say how it went); an error only when
+ * a CUDA call fails. */
+kcclResult_t kgpu_l2_calibrate(struct kgpu *g);
+/* At connect: replicas are used only when every rank's calibration succeeded (sets g->rep_on). */
+void kgpu_l2_agree(struct kgpu *g, const kgpu_export *peers);
+/* The analysis, host only (a test runs it on made-up latencies).  cyc: cycles of
+ * `chain` dependent loads, [KGPU_SM_MAP][KGPU_L2_CANDIDATES], 0xffff = not measured. */
+struct kgpu_l2_split {
+  int code;                 /* KGPU_REP_* */
+  int measured;             /* SMs with a full row */
+  int size[2];              /* SMs per group */
+  int near[2], neither;     /* candidate lines near group 0 / 1 / neither */
+  double gap;               /* median |group 1 - group 0| cycles per load over the lines near one */
+  uint8_t map[KGPU_SM_MAP];
+  uint16_t tab[KGPU_TS_MAX_BLOCKS][2][2];
+  char why[160];
+};
+void kgpu_l2_analyze(const uint16_t *cyc, int chain, double threshold_cycles, struct kgpu_l2_split *out);
 #endif
