@@ -114,7 +114,8 @@ def test_c_defaults_equal_python_defaults():
 BAD_ENV = [("KCCL_ALGO", "bogus"), ("KCCL_ALGO", "one-shot"), ("KCCL_TIMEOUT_MS", "-5"), ("KCCL_TIMEOUT_MS", "abc"),
            ("KCCL_TIMEOUT_MS", "1.5"), ("KCCL_TIMEOUT_MS", "86400001"), ("KCCL_BUFFER_BYTES", "100"),
            ("KCCL_BUFFER_BYTES", "2G"), ("KCCL_BUFFER_BYTES", "lots"), ("KCCL_ONESHOT_MAX_BYTES", "-1"),
-           ("KCCL_SPIN_US", "-2"), ("KCCL_YIELD_US", "x"), ("KCCL_DEBUG", "LOUD"), ("KCCL_DEBUG", "4")]
+           ("KCCL_SPIN_US", "-2"), ("KCCL_YIELD_US", "x"), ("KCCL_DEBUG", "LOUD"), ("KCCL_DEBUG", "4"),
+           ("KCCL_GPU_FLAG_REPLICAS", "2"), ("KCCL_GPU_FLAG_REPLICAS", "on")]
 
 
 @pytest.mark.parametrize("name,value", BAD_ENV)

@@ -161,6 +161,90 @@ def test_device_header_and_compat_header_compile_as_cuda(tmp_path):
     assert p.returncode == 0, p.stderr
 
 
+# -- per-L2-partition flag replicas (KCCL_GPU_FLAG_REPLICAS): what can be checked without a GPU --
+
+def test_flag_replicas_query_on_a_host_communicator_is_a_clear_error():
+    from kccl._native import ffi, lib
+    with kccl.Communicator(1, kccl.get_unique_id(), 0, config={"gpu_flag_replicas": 1}) as comm:
+        with pytest.raises(kccl.KcclInvalidUsage, match="host communicator"):
+            comm.gpu_flag_replicas()
+        assert lib.kcclCommGpuFlagReplicas(comm._comm, ffi.NULL, ffi.NULL, 0) == kccl.errors.INVALID_ARGUMENT
+    state = ffi.new("int *")
+    assert lib.kcclCommGpuFlagReplicas(ffi.NULL, state, ffi.NULL, 0) == kccl.errors.INVALID_ARGUMENT
+    with pytest.raises(kccl.KcclInvalidUsage, match="closed"):
+        comm.gpu_flag_replicas()
+
+
+def test_c_api_refuses_an_invalid_flag_replicas_value():
+    from kccl._native import ffi, lib
+    cfg = ffi.new("kcclConfig_t *")
+    assert lib.kcclConfigInit(cfg) == 0 and cfg.gpu_flag_replicas == 0
+    cfg.gpu_flag_replicas = 2
+    uid = ffi.new("kcclUniqueId *")
+    assert lib.kcclGetUniqueId(uid) == 0
+    comm = ffi.new("kcclComm_t *")
+    assert lib.kcclCommInitRankConfig(comm, 1, uid[0], 0, cfg) == kccl.errors.INVALID_ARGUMENT
+    assert b"gpu_flag_replicas" in ffi.string(lib.kcclGetLastError(ffi.NULL))
+    assert comm[0] == ffi.NULL
+
+
+@pytest.mark.skipif(NDEV > 0, reason="a GPU is visible")
+def test_flag_replicas_without_a_gpu_is_the_device_error():
+    with pytest.raises(kccl.KcclInvalidArgument, match="sees 0 CUDA device"):
+        kccl.Communicator(1, kccl.get_unique_id(), 0, device=0, config={"KCCL_GPU_FLAG_REPLICAS": 1})
+
+
+@pytest.fixture(scope="module")
+def l2map_selftest(tmp_path_factory):
+    """The host half of gpu_l2map.cu (the calibration's analysis) built as a program."""
+    nvcc = find_nvcc()
+    if nvcc is None:
+        pytest.skip("no nvcc")
+    root = os.path.dirname(HERE)
+    exe = str(tmp_path_factory.mktemp("l2map") / "l2map_selftest")
+    p = subprocess.run([nvcc, "-DKGPU_L2MAP_SELFTEST", "-O2", "-std=c++17", "-I",
+                        os.path.join(root, "kccl_native", "include"), "-I", os.path.join(root, "kccl_native", "src"),
+                        os.path.join(root, "kccl_native", "src", "gpu", "gpu_l2map.cu"), "-o", exe],
+                       capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr
+    return exe
+
+
+def test_l2map_analysis_on_made_up_latencies(l2map_selftest):
+    """Two groups found (and lines near each) when they are there; refused for one L2, one SM,
+    or lines all near one group."""
+    p = subprocess.run([l2map_selftest], capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0 and "0 failed" in p.stdout, p.stdout + p.stderr
+
+
+def test_l2map_analysis_on_the_h200_measurement(l2map_selftest, tmp_path):
+    """bench/results/gpu/l2_poll.json (ld.acquire.sys, 132 SMs x 64 addresses, H200) as the
+    calibration would see it: the same two groups of 66, every line near one of them."""
+    import json
+    d = json.load(open(os.path.join(os.path.dirname(HERE), "bench", "results", "gpu", "l2_poll.json")))
+    mode = d["modes"]["acquire"]
+    chain, cands, sm_map = 16, 1024, 256
+    ghz = d["clock_khz"] / 1e6
+    cyc = np.full((sm_map, cands), 0xffff, np.uint16)
+    for sm in mode["sm"]:
+        ns = np.array(sm["ns"])
+        cyc[sm["smid"]] = np.round(ns[np.arange(cands) % len(ns)] * ghz * chain).astype(np.uint16)
+    path = tmp_path / "cyc.bin"
+    cyc.tofile(path)
+    p = subprocess.run([l2map_selftest, str(path)], capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, p.stderr
+    head, groups, why = p.stdout.splitlines()[:3]
+    code, g0, g1, n0, n1 = map(int, head.split())
+    assert (code, g0, g1) == (1, 66, 66), why
+    assert n0 + n1 == cands and min(n0, n1) >= 264, why
+    got = [int(x) for x in groups.split()]
+    want = {sm["smid"]: sm["group"] for sm in mode["sm"]}
+    same = all(got[s] == want[s] for s in want)
+    flipped = all(got[s] == 1 - want[s] for s in want)
+    assert same or flipped, (got[:132], why)
+    assert all(g == -1 for s, g in enumerate(got) if s not in want)
+
+
 needs_gpu = pytest.mark.skipif(NDEV == 0 or shutil.which("mpiexec") is None, reason="needs a CUDA GPU and mpiexec")
 
 

@@ -111,14 +111,21 @@ void kgpu_l2_analyze(const uint16_t *cyc, int chain, double thr, struct kgpu_l2_
     snprintf(o->why, sizeof o->why, "%d SM(s) measured, 2 needed", S);
     return;
   }
-  /* lat[i][l]: cycles per load of SM sms[i]; z: minus the line's median over the SMs. */
-  std::vector<double> lat((size_t)S * L), z((size_t)S * L), col(S);
+  /* lat[i][l]: cycles per load of SM sms[i]; z: minus the line's median over the
+   * SMs, then minus the SM's own median (an SM slower at every line is not far
+   * from any in particular). */
+  std::vector<double> lat((size_t)S * L), z((size_t)S * L), col(S), row(L);
   for (int i = 0; i < S; i++)
     for (int l = 0; l < L; l++) lat[(size_t)i * L + l] = cyc[(size_t)sms[i] * L + l] / (double)chain;
   for (int l = 0; l < L; l++) {
     for (int i = 0; i < S; i++) col[i] = lat[(size_t)i * L + l];
     const double m = median_of(col);
     for (int i = 0; i < S; i++) z[(size_t)i * L + l] = lat[(size_t)i * L + l] - m;
+  }
+  for (int i = 0; i < S; i++) {
+    for (int l = 0; l < L; l++) row[l] = z[(size_t)i * L + l];
+    const double m = median_of(row);
+    for (int l = 0; l < L; l++) z[(size_t)i * L + l] -= m;
   }
   /* Group 0 = SMs whose near/far pattern (below / above each line's median)
    * agrees with the first SM's on most lines; then two rounds that move each SM
@@ -299,7 +306,9 @@ extern "C" void kgpu_flag_replicas(struct kgpu *g, int *state, char *note, size_
 #ifdef KGPU_L2MAP_SELFTEST
 /* The analysis on made-up latencies, on the host (tests/test_gpu_api.py builds and runs it):
  *   nvcc -DKGPU_L2MAP_SELFTEST -std=c++17 -Ikccl_native/include -Ikccl_native/src \
- *        kccl_native/src/gpu/gpu_l2map.cu -o l2map_selftest && ./l2map_selftest */
+ *        kccl_native/src/gpu/gpu_l2map.cu -o l2map_selftest && ./l2map_selftest [MATRIX]
+ * MATRIX: uint16 cycles [KGPU_SM_MAP][KGPU_L2_CANDIDATES] (the test makes one from the
+ * H200's bench/results/gpu/l2_poll.json); prints the analysis of it instead. */
 extern "C" kcclResult_t kccl_err(kcclResult_t code, const char *fmt, ...) { (void)fmt; return code; }
 extern "C" void kccl_log(int level, const char *fmt, ...) { (void)level; (void)fmt; }
 
@@ -337,10 +346,21 @@ static void expect(bool ok, const char *what) {
   passes += ok;
 }
 
-int main() {
+int main(int argc, char **argv) {
   std::vector<uint16_t> cyc;
   kgpu_l2_split sp;
   const double thr = KGPU_L2_GAP_NS * 1.98; /* cycles at 1.98 GHz */
+  if (argc > 1) { /* a matrix from a file: prints code, group sizes, lines near each, the SM map */
+    cyc.assign((size_t)KGPU_SM_MAP * KGPU_L2_CANDIDATES, 0xffff);
+    FILE *f = fopen(argv[1], "rb");
+    if (!f || fread(cyc.data(), sizeof(uint16_t), cyc.size(), f) != cyc.size()) return 2;
+    fclose(f);
+    kgpu_l2_analyze(cyc.data(), KGPU_L2_CHAIN, thr, &sp);
+    printf("%d %d %d %d %d\n", sp.code, sp.size[0], sp.size[1], sp.near[0], sp.near[1]);
+    for (int s = 0; s < KGPU_SM_MAP; s++) printf("%d%c", sp.map[s] == 0xff ? -1 : sp.map[s], s + 1 < KGPU_SM_MAP ? ' ' : '\n');
+    printf("%s\n", sp.why);
+    return 0;
+  }
   /* H200-like: near 276, far 306 cycles (139 vs 154 ns), per-chain noise 10 cycles. */
   make(cyc, 132, 276, 306, 10, split_half);
   kgpu_l2_analyze(cyc.data(), KGPU_L2_CHAIN, thr, &sp);
@@ -372,6 +392,13 @@ int main() {
   kgpu_l2_analyze(cyc.data(), KGPU_L2_CHAIN, thr, &sp);
   expect(sp.code == KGPU_REP_OK && sp.measured == 130 && sp.map[7] == 0xff && sp.map[50] == 0xff,
          "SMs with a partial row are left out");
+  /* Per-SM offsets (some SMs slower at every line) do not move SMs between groups. */
+  make(cyc, 132, 276, 306, 10, split_half);
+  for (int s = 0; s < 132; s += 3)
+    for (int l = 0; l < KGPU_L2_CANDIDATES; l++) cyc[(size_t)s * KGPU_L2_CANDIDATES + l] += 25 * KGPU_L2_CHAIN;
+  kgpu_l2_analyze(cyc.data(), KGPU_L2_CHAIN, thr, &sp);
+  expect(sp.code == KGPU_REP_OK && sp.size[0] == 66 && sp.size[1] == 66 && sp.map[3] == sp.map[0] &&
+         sp.map[42] == sp.map[40], "SMs 25 cycles slower everywhere stay in their group");
   /* One L2 (no partitions): refused. */
   make(cyc, 132, 290, 290, 10, flat);
   kgpu_l2_analyze(cyc.data(), KGPU_L2_CHAIN, thr, &sp);
