@@ -10,17 +10,29 @@ from math import comb
 import numpy as np
 
 
+def median_ci(ratios, n_boot=10000, seed=0):
+    """Median of paired per-round ratios and its bootstrap 95 % interval (resampling rounds)."""
+    r = np.asarray(ratios, dtype=float)
+    rng = np.random.default_rng(seed)
+    boot = [np.median(rng.choice(r, len(r))) for _ in range(n_boot)]
+    lo, hi = np.percentile(boot, [2.5, 97.5])
+    return float(np.median(r)), float(lo), float(hi)
+
+
+def sign_test_p(k, n):
+    """One-sided sign test: P(at least k of n rounds favour one side) when neither is better."""
+    return sum(comb(n, i) for i in range(k, n + 1)) / 2 ** n
+
+
 def main(path):
     text = open(path).read()
     for tp, d0, dd in re.findall(r"raw ms/token per round, TP=(\d+): d0: ([\d.,]+); d\d: ([\d.,]+)", text):
         a = np.array([float(x) for x in d0.split(",")])
         b = np.array([float(x) for x in dd.split(",")])
         r = a / b
-        rng = np.random.default_rng(0)
-        boot = [np.median(rng.choice(r, len(r))) for _ in range(10000)]
-        lo, hi = np.percentile(boot, [2.5, 97.5])
+        _med, lo, hi = median_ci(r)
         k, n = int((r > 1).sum()), len(r)
-        p = sum(comb(n, i) for i in range(k, n + 1)) / 2 ** n
+        p = sign_test_p(k, n)
         print(f"TP={tp}: {n} rounds, median ratio {np.median(r):.3f} (bootstrap 95 % interval {lo:.3f}-{hi:.3f}), "
               f"delay d faster in {k} of {n} (one-sided sign test p = {p:.3f})")
 

@@ -46,6 +46,7 @@ for s in $steps; do
             --json "$OUT/multigpu_${n}gpus_${dt}.json" 2>&1 | tee "$OUT/multigpu_${n}_${dt}.log" | grep -v Traceback | tail -40
         done
       done ;;
+    replica[0-9]*) n=${s#replica}; timeout 200 $MPI -n $n python3 bench/gpu/replica_ab.py --json "$OUT/replica_${n}ranks.json" 2>&1 | tee "$OUT/$s.log" | grep -v Traceback | tail -24 ;;
     l2poll) [ -f bench/gpu/run_l2_poll.sh ] && timeout 200 bash bench/gpu/run_l2_poll.sh 2>&1 | tee "$OUT/l2poll.log" | tail -30 ;;
     *) echo "unknown step $s" ;;
   esac

@@ -8,7 +8,10 @@ to the data type), runs KCCL on torch CUDA tensors and compares bitwise:
 all-reduce (sum/max/min/avg, float32/float16/bfloat16, 4 B to 64 MB, in and
 out of place, one-shot/two-shot/auto, unaligned offsets), eager and replayed
 from a captured CUDA graph; all-gather, broadcast, reduce-scatter; the
-device-side API inside a persistent kernel; CuPy arrays.  Prints one line per
+device-side API inside a persistent kernel; CuPy arrays.  A two-shot communicator
+with per-L2-partition flag replicas (KCCL_GPU_FLAG_REPLICAS=1) runs the
+all-reduce cases, a replayed graph, all-gather, broadcast and reduce-scatter too
+(whether its calibration enabled them is printed).  Prints one line per
 failure and a final `GPU CHECK: n passed, m failed` on rank 0; exit 1 on any failure."""
 import argparse
 import os
@@ -134,7 +137,7 @@ def allreduce_cases(comm, comms_by_algo, quick):
             check(f"all_reduce unaligned {dtype} {count} guard", big[0:1].cpu(), torch.zeros(1, dtype=TDT[dtype]))
 
 
-def graph_cases(comm):
+def graph_cases(comm, tag=""):
     """A captured graph of dependent all-reduces, replayed several times with new inputs."""
     for dtype, count in (("bfloat16", 4096), ("float32", 1 << 20), ("bfloat16", 100003)):
         x = torch.zeros(count, dtype=TDT[dtype], device="cuda")
@@ -158,10 +161,10 @@ def graph_cases(comm):
             x.copy_(inputs[RANK].cuda())
             g.replay()
             torch.cuda.synchronize()
-            check(f"graph replay {rep} {dtype} {count}", x, want)
+            check(f"{tag}graph replay {rep} {dtype} {count}", x, want)
 
 
-def other_collectives(comm, quick):
+def other_collectives(comm, quick, tag=""):
     seed = 5000
     for dtype in ("bfloat16", "float32"):
         for count in ((1, 1000, 1 << 20) if quick else (1, 3, 1000, 65536, 1 << 20, (5 << 20) + 7)):
@@ -170,17 +173,17 @@ def other_collectives(comm, quick):
             x = inputs[RANK].cuda()
             out = comm.all_gather(x)
             torch.cuda.synchronize()
-            check(f"all_gather {dtype} {count}", out.reshape(-1), torch.cat(inputs))
+            check(f"{tag}all_gather {dtype} {count}", out.reshape(-1), torch.cat(inputs))
             for root in sorted({0, N - 1}):
                 y = inputs[RANK].cuda()
                 comm.broadcast(y, root=root)
                 torch.cuda.synchronize()
-                check(f"broadcast root {root} {dtype} {count}", y, inputs[root])
+                check(f"{tag}broadcast root {root} {dtype} {count}", y, inputs[root])
             full = [rng_input(seed + 7, r, count * N, dtype) for r in range(N)]
             z = comm.reduce_scatter(full[RANK].cuda())
             torch.cuda.synchronize()
             want = reference(full, "sum")[RANK * count:(RANK + 1) * count]
-            check(f"reduce_scatter {dtype} {count}", z, want)
+            check(f"{tag}reduce_scatter {dtype} {count}", z, want)
     comm.barrier()
     torch.cuda.synchronize()
     PASSED[0] += 1
@@ -249,6 +252,14 @@ def main():
     algos = {"auto": comm}
     for algo in ("oneshot", "twoshot"):
         algos[algo] = kccl.Communicator.from_mpi(world, device=dev, config={"KCCL_ALGO": algo})
+    rep = kccl.Communicator.from_mpi(world, device=dev, config={"KCCL_ALGO": "twoshot", "KCCL_GPU_FLAG_REPLICAS": 1})
+    algos["twoshot+replicas"] = rep
+    states = world.gather(rep.gpu_flag_replicas(), root=0)
+    if RANK == 0:
+        off = [r for r, st in enumerate(states) if not st["enabled"]]
+        print("flag replicas: " + ("enabled on every rank" if not off else
+                                   f"NOT IN USE (its cases ran with one copy): {states[off[0]]['note']}"))
+        print(f"  rank 0: {states[0]['note']}", flush=True)
     if args.tiny:
         for algo, c in algos.items():
             for count in (1000, 70000):
@@ -265,7 +276,9 @@ def main():
         return report(t0)
     allreduce_cases(comm, algos, args.quick)
     graph_cases(comm)
+    graph_cases(rep, "replicas ")
     other_collectives(comm, args.quick)
+    other_collectives(rep, args.quick, "replicas ")
     device_api_cases(comm)
     cupy_cases(comm)
     bad_input_cases(comm)
