@@ -10,6 +10,9 @@ SIGKILLed without an MPI launcher tearing the job down):
   mismatch  the ranks all-reduce different counts
   timeout   rank 1 stays alive but never calls; KCCL_TIMEOUT_MS=1500
   close     use after close
+  kill+replicas, mismatch+replicas, timeout+replicas: the same on a two-shot
+            communicator with per-L2-partition flag replicas (KCCL_GPU_FLAG_REPLICAS=1),
+            so the waits that fail are the chunked path's, polling a replica
 Each prints PASS/FAIL with what rank 0 saw and how long it took; the last
 line is `GPU FAILURES: n passed, m failed`; exit 1 on any failure."""
 import multiprocessing as mp
@@ -25,12 +28,17 @@ def worker(scenario, uid, rank, q):
     import torch
     import kccl
     torch.cuda.set_device(0)
+    scenario, _, variant = scenario.partition("+")
     cfg = {"KCCL_TIMEOUT_MS": 1500 if scenario == "timeout" else 20000}
+    if variant == "replicas":
+        cfg.update(KCCL_ALGO="twoshot", KCCL_GPU_FLAG_REPLICAS=1)
     comm = kccl.Communicator(2, kccl.UniqueId(uid), rank, device=0, config=cfg)
     x = torch.ones(1024, device="cuda")
     comm.all_reduce(x)  # one good call first
     torch.cuda.synchronize()
     out = {"rank": rank, "first": float(x[0].item())}
+    if variant == "replicas":
+        out["replicas"] = comm.gpu_flag_replicas()["enabled"]
     t_event = None
     try:
         if scenario in ("kill", "abort", "timeout") and rank == 1:
@@ -79,7 +87,8 @@ def worker(scenario, uid, rank, q):
 
 
 EXPECT = {"kill": "KcclRemoteError", "abort": "KcclRemoteError", "mismatch": "KcclRemoteError",
-          "timeout": "KcclTimeout", "close": "KcclInvalidUsage"}
+          "timeout": "KcclTimeout", "close": "KcclInvalidUsage", "kill+replicas": "KcclRemoteError",
+          "mismatch+replicas": "KcclRemoteError", "timeout+replicas": "KcclTimeout"}
 
 
 def run(scenario):
@@ -92,7 +101,8 @@ def run(scenario):
         p.start()
     got = {}
     deadline = time.monotonic() + 60
-    need = 1 if scenario in ("kill", "abort", "timeout") else 2
+    base = scenario.partition("+")[0]
+    need = 1 if base in ("kill", "abort", "timeout") else 2
     while time.monotonic() < deadline:
         try:
             m = q.get(timeout=1)
@@ -110,14 +120,16 @@ def run(scenario):
     r0 = got.get(0, {})
     ok = r0.get("err") == EXPECT[scenario]
     why = f"rank 0 got {r0.get('err')}: {r0.get('msg', '')[:200]}"
-    if ok and scenario != "close" and r0.get("async") != EXPECT[scenario]:
+    if "replicas" in r0:
+        why += f"; replicas {'in use' if r0['replicas'] else 'NOT in use (calibration refused them)'}"
+    if ok and base != "close" and r0.get("async") != EXPECT[scenario]:
         ok = False
         why += f"; async_error() gave {r0.get('async')}"
-    if ok and scenario in ("kill", "abort") and "t_event" in got.get(1, {}):
+    if ok and base in ("kill", "abort") and "t_event" in got.get(1, {}):
         delay = r0["t_err"] - got[1]["t_event"]
         why += f" ({delay:.2f} s after the event)"
         ok = delay < DETECT_S  # t_event is taken just before the kill / abort
-    if ok and scenario == "mismatch":
+    if ok and base == "mismatch":
         r1 = got.get(1, {})
         ok = r1.get("err") == EXPECT[scenario] and "mismatch" in r0.get("msg", "")
         why += f"; rank 1 got {r1.get('err')}"
