@@ -54,8 +54,8 @@ struct kgpu {
   int ok_next;
   int rep_self;             /* KGPU_REP_* of this rank's calibration */
   int rep_on;               /* every rank calibrated: the chunked kernels use the replicas */
-  char rep_cal[200];        /* this rank's calibration, in words */
-  char rep_note[300];       /* what kgpu_flag_replicas reports */
+  char rep_cal[320];        /* this rank's calibration, in words */
+  char rep_note[420];       /* what kgpu_flag_replicas reports */
 };
 
 #define KGPU_CHECK(call)                                                                              \
