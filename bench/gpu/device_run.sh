@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # One call on the H200 device machine: build KCCL there, start MPS, then run
-# the given steps (default: all).  Output goes to stdout and $OUT/*.log.
+# the given steps (default: all).  Output goes to stdout and $LOGS/*; after each
+# step $OUT/logs.tgz holds all of $LOGS (the device tool returns at most 8 files).
 #   bash bench/gpu/device_run.sh check2 check8 failures bench8 ...
 set -u
 export KCCL_TIMEOUT_MS=${KCCL_TIMEOUT_MS:-10000} NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
-OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+OUT=${OUT:-/tmp/out}; LOGS=${LOGS:-/tmp/kccl_logs}; mkdir -p "$OUT" "$LOGS"
 if ls .whl/*.whl >/dev/null 2>&1; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
   export PYTHONPATH=/tmp/site:$PWD
@@ -12,7 +13,7 @@ else
   export PYTHONPATH=$PWD
 fi
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv,noheader
-python3 setup.py -q build_ext --inplace > "$OUT/build.log" 2>&1 || { tail -40 "$OUT/build.log"; exit 1; }
+python3 setup.py -q build_ext --inplace > "$LOGS/build.log" 2>&1 || { tail -40 "$LOGS/build.log"; exit 1; }
 python3 -c "import kccl; print('kccl gpu support:', kccl.gpu_support())" || exit 1
 export CUDA_MPS_PIPE_DIRECTORY=/tmp/mps CUDA_MPS_LOG_DIRECTORY=/tmp/mpslog
 mkdir -p $CUDA_MPS_PIPE_DIRECTORY $CUDA_MPS_LOG_DIRECTORY
@@ -23,31 +24,32 @@ steps=${*:-check2 failures check8 bench2 bench8}
 for s in $steps; do
   echo "=== $s $(date +%T)"
   case $s in
-    check[0-9]*) n=${s#check}; timeout 150 $MPI -n $n python3 tests/gpu/mpi_check.py --quick 2>&1 | tee "$OUT/$s.log" | tail -25 ;;
-    fullcheck[0-9]*) n=${s#fullcheck}; timeout 400 $MPI -n $n python3 tests/gpu/mpi_check.py 2>&1 | tee "$OUT/$s.log" | tail -25 ;;
-    failures) timeout 150 python3 tests/gpu/failures.py 2>&1 | tee "$OUT/failures.log" | tail -12 ;;
-    small[0-9]*) n=${s#small}; timeout 200 $MPI -n $n python3 bench/allreduce.py --device cuda -d bfloat16 -b 4 -e 256K -r 20 --json "$OUT/gpu_bench_${n}ranks_small.json" 2>&1 | tee "$OUT/$s.log" | grep -v Traceback | tail -32 ;;
-    pdlcheck[0-9]*) n=${s#pdlcheck}; KCCL_GPU_PDL=1 timeout 150 $MPI -x KCCL_GPU_PDL -n $n python3 tests/gpu/mpi_check.py --quick 2>&1 | tee "$OUT/$s.log" | tail -8 ;;
-    pdlsmall[0-9]*) n=${s#pdlsmall}; KCCL_GPU_PDL=1 timeout 200 $MPI -x KCCL_GPU_PDL -n $n python3 bench/allreduce.py --device cuda -d bfloat16 -b 4 -e 256K -r 20 --json "$OUT/gpu_bench_${n}ranks_pdl.json" 2>&1 | tee "$OUT/$s.log" | grep -v Traceback | tail -32 ;;
-    ts[0-9]*) n=${s#ts}; KCCL_ALGO=twoshot timeout 200 $MPI -x KCCL_ALGO -n $n python3 bench/allreduce.py --device cuda -d bfloat16 -b 1K -e 1M -r 20 --json "$OUT/gpu_bench_${n}ranks_twoshot.json" 2>&1 | tee "$OUT/$s.log" | grep -v Traceback | grep -v "^# device API" | tail -14 ;;
-    large[0-9]*) n=${s#large}; timeout 200 $MPI -n $n python3 bench/allreduce.py --device cuda -d bfloat16 -b 512K -e 64M -r 10 --json "$OUT/gpu_bench_${n}ranks_large.json" 2>&1 | tee "$OUT/$s.log" | grep -v Traceback | tail -16 ;;
-    nopdl[0-9]*) n=${s#nopdl}; KCCL_GPU_PDL=0 timeout 200 $MPI -x KCCL_GPU_PDL -n $n python3 bench/allreduce.py --device cuda -d bfloat16 -b 4 -e 256K -r 20 --json "$OUT/gpu_bench_${n}ranks_nopdl.json" 2>&1 | tee "$OUT/$s.log" | grep -v Traceback | tail -30 ;;
-    bench[0-9]*) n=${s#bench}; timeout 300 $MPI -n $n python3 bench/allreduce.py --device cuda -d bfloat16 -b 4 -e 64M -r 20 --json "$OUT/gpu_bench_${n}ranks.json" 2>&1 | tee "$OUT/$s.log" | tail -40 ;;
+    check[0-9]*) n=${s#check}; timeout 150 $MPI -n $n python3 tests/gpu/mpi_check.py --quick 2>&1 | tee "$LOGS/$s.log" | tail -25 ;;
+    fullcheck[0-9]*) n=${s#fullcheck}; timeout 400 $MPI -n $n python3 tests/gpu/mpi_check.py 2>&1 | tee "$LOGS/$s.log" | tail -25 ;;
+    failures) timeout 150 python3 tests/gpu/failures.py 2>&1 | tee "$LOGS/failures.log" | tail -12 ;;
+    small[0-9]*) n=${s#small}; timeout 200 $MPI -n $n python3 bench/allreduce.py --device cuda -d bfloat16 -b 4 -e 256K -r 20 --json "$LOGS/gpu_bench_${n}ranks_small.json" 2>&1 | tee "$LOGS/$s.log" | grep -v Traceback | tail -32 ;;
+    pdlcheck[0-9]*) n=${s#pdlcheck}; KCCL_GPU_PDL=1 timeout 150 $MPI -x KCCL_GPU_PDL -n $n python3 tests/gpu/mpi_check.py --quick 2>&1 | tee "$LOGS/$s.log" | tail -8 ;;
+    pdlsmall[0-9]*) n=${s#pdlsmall}; KCCL_GPU_PDL=1 timeout 200 $MPI -x KCCL_GPU_PDL -n $n python3 bench/allreduce.py --device cuda -d bfloat16 -b 4 -e 256K -r 20 --json "$LOGS/gpu_bench_${n}ranks_pdl.json" 2>&1 | tee "$LOGS/$s.log" | grep -v Traceback | tail -32 ;;
+    ts[0-9]*) n=${s#ts}; KCCL_ALGO=twoshot timeout 200 $MPI -x KCCL_ALGO -n $n python3 bench/allreduce.py --device cuda -d bfloat16 -b 1K -e 1M -r 20 --json "$LOGS/gpu_bench_${n}ranks_twoshot.json" 2>&1 | tee "$LOGS/$s.log" | grep -v Traceback | grep -v "^# device API" | tail -14 ;;
+    large[0-9]*) n=${s#large}; timeout 200 $MPI -n $n python3 bench/allreduce.py --device cuda -d bfloat16 -b 512K -e 64M -r 10 --json "$LOGS/gpu_bench_${n}ranks_large.json" 2>&1 | tee "$LOGS/$s.log" | grep -v Traceback | tail -16 ;;
+    nopdl[0-9]*) n=${s#nopdl}; KCCL_GPU_PDL=0 timeout 200 $MPI -x KCCL_GPU_PDL -n $n python3 bench/allreduce.py --device cuda -d bfloat16 -b 4 -e 256K -r 20 --json "$LOGS/gpu_bench_${n}ranks_nopdl.json" 2>&1 | tee "$LOGS/$s.log" | grep -v Traceback | tail -30 ;;
+    bench[0-9]*) n=${s#bench}; timeout 300 $MPI -n $n python3 bench/allreduce.py --device cuda -d bfloat16 -b 4 -e 64M -r 20 --json "$LOGS/gpu_bench_${n}ranks.json" 2>&1 | tee "$LOGS/$s.log" | tail -40 ;;
     sanitize) for tool in memcheck racecheck; do
-                timeout 200 $MPI -n 2 compute-sanitizer --tool $tool --print-limit 20 python3 tests/gpu/mpi_check.py --quick --tiny 2>&1 | tee "$OUT/sanitize_$tool.log" | grep -E "ERROR SUMMARY|GPU CHECK|error" | head -12
+                timeout 200 $MPI -n 2 compute-sanitizer --tool $tool --print-limit 20 python3 tests/gpu/mpi_check.py --quick --tiny 2>&1 | tee "$LOGS/sanitize_$tool.log" | grep -E "ERROR SUMMARY|GPU CHECK|error" | head -12
               done ;;
     multigpu) # issue 6: one rank per GPU, KCCL vs NCCL on the same buffers (needs an -x2/-x4/-x8 kind)
-      nvidia-smi topo -m | tee "$OUT/topo.txt"
+      nvidia-smi topo -m | tee "$LOGS/topo.txt"
       ng=$(nvidia-smi -L | wc -l)
       for n in 2 4 8; do
         [ "$n" -le "$ng" ] || continue
         for dt in bfloat16 float32; do
           timeout 280 $MPI -n $n python3 bench/allreduce.py --device cuda --compare nccl -d $dt -b 4 -e 256M -r 20 \
-            --json "$OUT/multigpu_${n}gpus_${dt}.json" 2>&1 | tee "$OUT/multigpu_${n}_${dt}.log" | grep -v Traceback | tail -40
+            --json "$LOGS/multigpu_${n}gpus_${dt}.json" 2>&1 | tee "$LOGS/multigpu_${n}_${dt}.log" | grep -v Traceback | tail -40
         done
       done ;;
-    replica[0-9]*) n=${s#replica}; timeout 200 $MPI -n $n python3 bench/gpu/replica_ab.py --json "$OUT/replica_${n}ranks.json" 2>&1 | tee "$OUT/$s.log" | grep -v Traceback | tail -24 ;;
-    l2poll) [ -f bench/gpu/run_l2_poll.sh ] && timeout 200 bash bench/gpu/run_l2_poll.sh 2>&1 | tee "$OUT/l2poll.log" | tail -30 ;;
+    replica[0-9]*) n=${s#replica}; timeout 200 $MPI -n $n python3 bench/gpu/replica_ab.py --json "$LOGS/replica_${n}ranks.json" 2>&1 | tee "$LOGS/$s.log" | grep -v Traceback | tail -24 ;;
+    l2poll) [ -f bench/gpu/run_l2_poll.sh ] && timeout 200 bash bench/gpu/run_l2_poll.sh 2>&1 | tee "$LOGS/l2poll.log" | tail -30 ;;
     *) echo "unknown step $s" ;;
   esac
+  tar czf "$OUT/logs.tgz" -C "$LOGS" .
 done
