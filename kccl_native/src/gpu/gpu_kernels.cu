@@ -211,7 +211,7 @@ struct TwoShot {
   Replicas rep;
 };
 
-/* (256, 3): at most 80 registers (no spills), so the ranks' blocks fit with room to spare. */
+/* (256, 3): at most 80 registers, without spills (at 64 they spill in the inner loops). */
 __global__ void __launch_bounds__(256, 3) k_twoshot(TwoShot a) {
   kgpu_pdl_wait();
   kgpu_pdl_trigger();
