@@ -86,9 +86,9 @@ SETTINGS: Tuple[Setting, ...] = (
     Setting("KCCL_GPU_BUFFER_BYTES", "gpu_buffer_bytes", 16 * 1024 * 1024, _int_range(65536, 1 << 32, sizes=True),
             "GPU communicators: chunk size of two-shot all-reduce, reduce-scatter, all-gather and "
             "broadcast (each rank allocates 4 such areas on its GPU). Must be equal on all ranks."),
-    Setting("KCCL_GPU_PDL", "gpu_pdl", 0, _int_range(0, 1),
-            "GPU communicators, EXPERIMENTAL: 1 launches collectives with programmatic dependent "
-            "launch (Hopper); it deadlocked at 8 ranks on one GPU under MPS, so 0 (plain launches) is the default."),
+    Setting("KCCL_GPU_PDL", "gpu_pdl", 1, _int_range(0, 1),
+            "GPU communicators: 1 launches collectives with programmatic dependent launch (Hopper): the "
+            "next call's kernel starts launching while this one runs (0: plain launches)."),
     Setting("KCCL_GPU_FLAG_REPLICAS", "gpu_flag_replicas", 0, _int_range(0, 1),
             "GPU communicators, opt-in: 1 keeps each two-shot / gather flag twice, once near each L2 "
             "partition (found by timing loads at init); writers write both, a reader polls the copy "

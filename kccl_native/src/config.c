@@ -71,7 +71,7 @@ kcclResult_t kcclConfigInit(kcclConfig_t *cfg) {
   cfg->device = -1;
   cfg->gpu_oneshot_max_bytes = 256 * 1024; /* the LL path's capacity; bench/allreduce.py --device cuda */
   cfg->gpu_buffer_bytes = 16 * 1024 * 1024;
-  cfg->gpu_pdl = 0; /* experimental: deadlocked at 8 ranks under MPS (bench/RESULTS.md) */
+  cfg->gpu_pdl = 1; /* the configuration that passed every 8-rank check on the H200 (bench/RESULTS.md) */
   cfg->gpu_flag_replicas = 0; /* opt-in: not yet measured (bench/gpu/replica_ab.py) */
 
   long v;

@@ -67,11 +67,14 @@ def worker(scenario, uid, rank, q):
                 out["msg"] = str(e)
             q.put(out)
             return
-        else:
-            comm.all_reduce(x)  # rank 0: the peer never answers this one
-        torch.cuda.synchronize()
         try:
-            comm.all_reduce(x)  # the failure recorded on the GPU surfaces here
+            if scenario not in ("mismatch", "close"):
+                comm.all_reduce(x)  # rank 0: the peer never answers this one
+            torch.cuda.synchronize()
+            # The failure recorded on the GPU surfaces here at the latest; it may
+            # already surface at the call above (the watcher can record a dead
+            # peer before that call is launched: seen with two-shot + replicas).
+            comm.all_reduce(x)
             torch.cuda.synchronize()
             out["err"] = "none"
         except kccl.KcclError as e:

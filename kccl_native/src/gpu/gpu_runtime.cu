@@ -162,18 +162,20 @@ extern "C" kcclResult_t kgpu_connect(struct kgpu *g, const kgpu_export *peers) {
     if (peers[p].ts_per_sm < ts_per_sm) ts_per_sm = peers[p].ts_per_sm;
     if (peers[p].ll_per_sm < ll_per_sm) ll_per_sm = peers[p].ll_per_sm;
   }
-  /* Half of the room.  Measured on the H200 under MPS (bench/RESULTS.md):
-   * every configuration that kept the ranks' blocks at <= 1/2 of what the
-   * occupancy calculator allows ran; every one at 2/3 or more (1-shot at 80
-   * registers, 8 x 32 blocks; two-shot at 80 or 128 registers, 2 x 132
-   * blocks) timed out sooner or later, as if fewer blocks were co-resident
-   * across MPS clients than the calculator says. */
-  const int resident = max_local * (s->pdl ? 2 : 1);
-  int blocks = 2 * min_sms / max_local, cap = min_sms * ts_per_sm / (2 * resident);
+  /* Room for two kernels per rank (with PDL the next call's kernel is
+   * resident too), each at most 3/4 of its share.  On the H200 under MPS,
+   * 8 ranks ran every correctness check with these counts (18 one-shot and 18
+   * chunked blocks per rank: ~36 % of what the occupancy calculator allows),
+   * while 24-33 blocks per rank (48-67 %) timed out sooner or later in 3 of 4
+   * runs, as if fewer blocks were co-resident across MPS clients than the
+   * calculator says (bench/RESULTS.md).  Without PDL the same counts are used:
+   * the larger ones are the ones that failed. */
+  const int resident = max_local * 2;
+  int blocks = 2 * min_sms / max_local, cap = min_sms * ts_per_sm * 3 / (4 * resident);
   if (blocks > cap) blocks = cap;
   g->shape.ts_blocks = blocks < 1 ? 1 : blocks > KGPU_TS_MAX_BLOCKS ? KGPU_TS_MAX_BLOCKS : blocks;
   kgpu_l2_agree(g, peers);
-  cap = min_sms * ll_per_sm / (2 * resident);
+  cap = min_sms * ll_per_sm * 3 / (4 * resident);
   g->shape.ll_blocks = cap < 1 ? 1 : cap > KCCL_DEV_MAX_BLOCKS ? KCCL_DEV_MAX_BLOCKS : cap;
   for (int c = 0; c < KCCL_CHANNELS; c++) {
     kcclDevComm *dc = &g->dc[c];
