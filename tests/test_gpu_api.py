@@ -78,6 +78,12 @@ def test_host_communicator_reports_no_device_and_refuses_device_calls():
             comm.all_reduce(np.ones(4, np.float32), stream=0)
         with pytest.raises(kccl.KcclInvalidArgument, match="stream"):
             comm.barrier(stream=0)
+        # The GPU benchmarks and probes refuse a host communicator the same way.
+        with pytest.raises(kccl.KcclInvalidUsage, match="host communicator"):
+            comm.bench_residency(8)
+        with pytest.raises(kccl.KcclInvalidUsage, match="host communicator"):
+            comm.bench_device_all_reduce_phases(FakeCudaArray((4,)))
+        assert lib.kcclBenchResidency(comm._comm, 8, 100, ffi.NULL) != 0
 
 
 class FakeCudaArray:

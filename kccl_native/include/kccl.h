@@ -186,6 +186,14 @@ kcclResult_t kcclBenchFlagHop(kcclComm_t comm, int iters, int mode, double *usPe
  * from clock64 at the nominal SM clock): phases[0] entry to pushes issued (epoch
  * and input loads), [1] to every peer's line received, [2] to the end (combine,
  * store, barrier); phases[3] poll rounds per call of thread 0's first line. */
+/* Residency probe (collective: every rank at once): each rank launches `blocks`
+ * blocks of a kernel with about the collective kernels' footprint; every block
+ * announces itself on rank 0's counter and waits up to timeoutMs for all
+ * ranks' blocks.  out[0]: how many arrivals the best-placed block saw (all of
+ * them when every rank's blocks fit on the GPU at once), out[1]: how many were
+ * launched (blocks x nranks), out[2]: registers per thread of the probe kernel,
+ * out[3]: its blocks per SM by the occupancy calculator. */
+kcclResult_t kcclBenchResidency(kcclComm_t comm, int blocks, int timeoutMs, int out[4]);
 kcclResult_t kcclBenchDevAllReducePhases(void *buf, size_t count, kcclDataType_t datatype, int iters, int blocks,
                                          kcclComm_t comm, double phases[4]);
 

@@ -31,6 +31,8 @@ typedef hipIpcMemHandle_t kgpuIpcMemHandle_t;
 #define kgpuDeviceGetPCIBusId hipDeviceGetPCIBusId
 #define kgpuDeviceGetAttribute hipDeviceGetAttribute
 #define kgpuOccupancyMaxActiveBlocksPerMultiprocessor hipOccupancyMaxActiveBlocksPerMultiprocessor
+#define kgpuFuncAttributes hipFuncAttributes
+#define kgpuFuncGetAttributes(attr, kernel) hipFuncGetAttributes((attr), (const void *)(kernel))
 #define kgpuDevAttrMultiProcessorCount hipDeviceAttributeMultiprocessorCount
 #define kgpuDevAttrClockRate hipDeviceAttributeClockRate
 #define kgpuMalloc hipMalloc
@@ -140,6 +142,8 @@ typedef cudaIpcMemHandle_t kgpuIpcMemHandle_t;
 #define kgpuDeviceGetPCIBusId cudaDeviceGetPCIBusId
 #define kgpuDeviceGetAttribute cudaDeviceGetAttribute
 #define kgpuOccupancyMaxActiveBlocksPerMultiprocessor cudaOccupancyMaxActiveBlocksPerMultiprocessor
+#define kgpuFuncAttributes cudaFuncAttributes
+#define kgpuFuncGetAttributes cudaFuncGetAttributes
 #define kgpuDevAttrMultiProcessorCount cudaDevAttrMultiProcessorCount
 #define kgpuDevAttrClockRate cudaDevAttrClockRate
 #define kgpuMalloc cudaMalloc

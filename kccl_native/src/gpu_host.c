@@ -372,6 +372,14 @@ kcclResult_t kcclBenchDevAllReducePhases(void *buf, size_t count, kcclDataType_t
   return after(comm, kgpu_bench_dev_phases(g, buf, count, datatype, iters, blocks, phases));
 }
 
+kcclResult_t kcclBenchResidency(kcclComm_t comm, int blocks, int timeoutMs, int out[4]) {
+  struct kgpu *g = NULL;
+  kcclResult_t r = gpu_comm(comm, &g);
+  if (r != kcclSuccess) return r;
+  if (!out) return kccl_err(kcclInvalidArgument, "out[4] needed");
+  return after(comm, kgpu_bench_residency(g, blocks, timeoutMs, out));
+}
+
 kcclResult_t kcclBenchFlagHop(kcclComm_t comm, int iters, int mode, double *usPerHop) {
   struct kgpu *g = NULL;
   kcclResult_t r = gpu_comm(comm, &g);

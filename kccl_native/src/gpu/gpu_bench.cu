@@ -95,6 +95,65 @@ __global__ void k_flag_hop(kcclDevComm dc, size_t hop_off, uint64_t base, int it
   }
 }
 
+/* Residency probe: every block of every rank adds one to rank 0's counter,
+ * then waits (bounded) until all have.  If the GPU cannot hold every rank's
+ * blocks at once, the ones that are resident see fewer arrivals than the
+ * target and give up at the deadline; the most any block saw is how many were
+ * resident together.  __launch_bounds__(256, 3) and KGPU_PROBE_LIVE floats kept
+ * live across the wait give it about the collective kernels' footprint (~80
+ * registers: 3 blocks per SM by the occupancy calculator). */
+#define KGPU_PROBE_LIVE 48
+__global__ void __launch_bounds__(256, 3) k_residency(int *counter, long long target, uint64_t timeout_ns,
+                                                      int *seen, float seed) {
+  float keep[KGPU_PROBE_LIVE];
+#pragma unroll
+  for (int i = 0; i < KGPU_PROBE_LIVE; i++) keep[i] = seed * (float)(clock() ^ i); /* not recomputable later */
+  if (threadIdx.x == 0) {
+    long long v = (long long)atomicAdd_system(counter, 1) + 1;
+    const uint64_t deadline = kgpu_time_ns() + timeout_ns;
+    while (v < target && kgpu_time_ns() < deadline) {
+      kgpu_pause();
+      v = *(volatile int *)counter;
+    }
+    atomicMax(seen, (int)(v > target ? target : v));
+  }
+  __syncthreads();
+  float s = 0.f;
+#pragma unroll
+  for (int i = 0; i < KGPU_PROBE_LIVE; i++) s += keep[i] * keep[(i + 1) % KGPU_PROBE_LIVE];
+  if (s == 1234.5f) seen[1] = 1; /* never in practice: keeps `keep` live, so the registers stay allocated */
+}
+
+extern "C" kcclResult_t kgpu_bench_residency(struct kgpu *g, int blocks, int timeout_ms, int out[4]) {
+  if (blocks < 1 || blocks > 4096) return kccl_err(kcclInvalidArgument, "blocks=%d: 1..4096", blocks);
+  if (timeout_ms < 1 || timeout_ms > 60000) return kccl_err(kcclInvalidArgument, "timeout_ms=%d: 1..60000", timeout_ms);
+  KGPU_CHECK(kgpuSetDevice(g->device));
+  kgpuFuncAttributes fa;
+  int per_sm = 0;
+  KGPU_CHECK(kgpuFuncGetAttributes(&fa, k_residency));
+  KGPU_CHECK(kgpuOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, k_residency, 256, 0));
+  int *seen = NULL, host[2] = {0, 0};
+  KGPU_CHECK(kgpuMalloc((void **)&seen, sizeof host));
+  const long long before = g->probe_base;
+  g->probe_base += (long long)blocks * g->shape.nranks; /* every rank adds the same, seen or not */
+  kgpuError_t e = kgpuMemset(seen, 0, sizeof host);
+  kcclResult_t r = kcclSuccess;
+  if (e == kgpuSuccess) {
+    k_residency<<<blocks, 256>>>((int *)(g->peer[0] + g->lay.probe), g->probe_base,
+                                  (uint64_t)timeout_ms * 1000000ull, seen, 1.0f + (float)blocks);
+    r = kgpu_launch_error("residency probe");
+    if (r == kcclSuccess) e = kgpuMemcpy(host, seen, sizeof host, kgpuMemcpyDefault); /* waits for it */
+  }
+  kgpuFree(seen);
+  if (r != kcclSuccess) return r;
+  if (e != kgpuSuccess) return kccl_err(kcclUnhandledCudaError, "residency probe: %s", kgpuGetErrorString(e));
+  out[0] = (int)(host[0] - before); /* arrivals the best-placed block saw */
+  out[1] = blocks * g->shape.nranks;
+  out[2] = fa.numRegs;
+  out[3] = per_sm;
+  return kcclSuccess;
+}
+
 static kcclResult_t devapi_args(int count, int dtype, int blocks) {
   if (dtype != kcclFloat32 && dtype != kcclFloat16 && dtype != kcclBfloat16)
     return kccl_err(kcclInvalidArgument, "the device API takes float32, float16 or bfloat16");

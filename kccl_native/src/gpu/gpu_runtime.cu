@@ -25,6 +25,8 @@ static kgpu_layout make_layout(const kgpu_shape *s) {
   at = align_up(at + sizeof(int));
   l.hop = at;
   at = align_up(at + 2 * sizeof(uint64_t));
+  l.probe = at;
+  at = align_up(at + sizeof(int));
   l.flags = at;
   at = align_up(at + sizeof(uint64_t) * 2 * KGPU_TS_MAX_BLOCKS * KCCL_GPU_MAX_RANKS);
   const int rep = s->flag_replicas != 0;

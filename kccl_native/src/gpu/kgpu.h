@@ -28,6 +28,7 @@ struct kgpu_layout {
   size_t steps;             /* uint32 [KGPU_TS_MAX_BLOCKS]: step counter per two-shot / gather block */
   size_t fail;              /* int: claimed by the first failing block */
   size_t hop;               /* uint64 [2]: flag-hop benchmark words */
+  size_t probe;             /* int: the residency probe's arrival counter (rank 0's is used) */
   size_t flags;             /* uint64 [2 stages][KGPU_TS_MAX_BLOCKS][KCCL_GPU_MAX_RANKS], pushed by senders */
   /* Flag replicas (sizes 0 unless asked for): */
   size_t l2pool;            /* KGPU_L2_POOL_LINES lines: the replicas' flag lines are chosen from these */
@@ -49,6 +50,7 @@ struct kgpu {
   kcclGpuStatus *status_h, *status_d;
   kcclDevComm dc[KCCL_CHANNELS];
   uint64_t hop_base;
+  long long probe_base;     /* arrivals every residency probe so far should have added */
   const void *ok_ptr[8];
   size_t ok_len[8];
   int ok_next;
