@@ -25,36 +25,57 @@ import statistics
 import sys
 import time
 
-import numpy as np
+from allreduce import fmt_size  # bench/ is on sys.path: allreduce.py imports this module from main()
 
 
-def fmt_size(n):
-    for unit, div in (("G", 1 << 30), ("M", 1 << 20), ("K", 1 << 10)):
-        if n >= div and n % div == 0:
-            return f"{n // div}{unit}"
-    return str(n)
+def cuda_rank_device(world, what):
+    """(torch, this rank's device, devices visible), the device selected (rank % devices),
+    or None after rank 0 says what is missing."""
+    try:
+        import torch
+    except ImportError:
+        if world.Get_rank() == 0:
+            print(f"error: {what} needs PyTorch with CUDA (its tensors, streams and graphs)", file=sys.stderr)
+        return None
+    ndev = torch.cuda.device_count()
+    if ndev == 0:
+        if world.Get_rank() == 0:
+            print(f"error: {what}: no CUDA device visible", file=sys.stderr)
+        return None
+    dev = world.Get_rank() % ndev
+    torch.cuda.set_device(dev)
+    return torch, dev, ndev
+
+
+def capture_graph(fn, warmup=None):
+    """fn captured in a CUDA graph, after running warmup() and fn once eagerly on a side
+    stream (as torch recommends)."""
+    import torch
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        if warmup is not None:
+            warmup()
+        fn()
+    torch.cuda.current_stream().wait_stream(s)
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        fn()
+    return g
 
 
 def main(args, sizes):
     from mpi4py import MPI
-    try:
-        import torch
-    except ImportError:
-        if MPI.COMM_WORLD.Get_rank() == 0:
-            print("error: --device cuda needs PyTorch with CUDA (its tensors, streams and graphs)", file=sys.stderr)
+    world = MPI.COMM_WORLD
+    got = cuda_rank_device(world, "--device cuda")
+    if got is None:
         return 2
+    torch, dev, ndev = got
 
     import kccl
 
-    world = MPI.COMM_WORLD
     rank, nranks = world.Get_rank(), world.Get_size()
-    ndev = torch.cuda.device_count()
-    if ndev == 0:
-        if rank == 0:
-            print("error: --device cuda: no CUDA device visible", file=sys.stderr)
-        return 2
-    dev = rank % ndev
-    torch.cuda.set_device(dev)
     local = world.Split_type(MPI.COMM_TYPE_SHARED)
     per_gpu = local.allreduce(1 if dev == 0 else 0, op=MPI.SUM)  # ranks sharing GPU 0
     tdt = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[args.dtype]
@@ -134,17 +155,7 @@ def main(args, sizes):
             return f
 
         def graph_of(fn):
-            s = torch.cuda.Stream()
-            s.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(s):
-                pre()
-                fn()
-            torch.cuda.current_stream().wait_stream(s)
-            torch.cuda.synchronize()
-            g = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(g):
-                fn()
-            return g
+            return capture_graph(fn, pre)
 
         big = nbytes >= (8 << 20)
         reps = max(5, args.rounds // (8 if big else 1))
@@ -182,7 +193,6 @@ def main(args, sizes):
                   f"{a:10.2f} {b:10.2f} {ratio:9.2f} | {algbw:7.1f} {busbw:7.1f} {hbm:8.0f} | {w:>6}", flush=True)
     # Floors and the device-side API, measured after the table.
     hops = [comm.bench_flag_hop(20000, mode) if nranks >= 2 else 0.0 for mode in range(4)]
-    hop = hops[0]
     dev_rows = []
     for nb in (4096, 8192, 16384):
         cnt = nb // es

@@ -29,11 +29,7 @@ import kccl
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
 from _topo_files import fake_l3s  # noqa: E402
-
-
-def parse_size(t):
-    t = t.strip().upper()
-    return int(t[:-1]) * 1024 if t.endswith("K") else int(t)
+from allreduce import parse_size  # noqa: E402  (bench/ is this script's directory)
 
 
 def main():

@@ -28,14 +28,9 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))  # bench/: paired_stats, allreduce_cuda
-from allreduce_cuda import fmt_size  # noqa: E402
+from allreduce import fmt_size, parse_size  # noqa: E402
+from allreduce_cuda import capture_graph, cuda_rank_device  # noqa: E402
 from paired_stats import median_ci, sign_test_p  # noqa: E402
-
-
-def parse_size(text):
-    s = text.strip().upper().rstrip("B")
-    mult = {"K": 1 << 10, "M": 1 << 20}.get(s[-1:], 1)
-    return int(s[:-1] if mult > 1 else s) * mult
 
 
 def main():
@@ -53,20 +48,11 @@ def main():
     from mpi4py import MPI
     world = MPI.COMM_WORLD
     rank, nranks = world.Get_rank(), world.Get_size()
-    try:
-        import torch
-    except ImportError:
-        if rank == 0:
-            print("error: replica_ab.py needs PyTorch with CUDA", file=sys.stderr)
+    got = cuda_rank_device(world, "replica_ab.py")
+    if got is None:
         return 2
+    torch, dev, ndev = got
     import kccl
-    ndev = torch.cuda.device_count()
-    if ndev == 0:
-        if rank == 0:
-            print("error: replica_ab.py: no CUDA device visible", file=sys.stderr)
-        return 2
-    dev = rank % ndev
-    torch.cuda.set_device(dev)
     per_gpu = sum(1 for r in range(nranks) if r % ndev == 0)
 
     comms = {}
@@ -88,18 +74,6 @@ def main():
         e1.synchronize()
         return e0.elapsed_time(e1) * 1e3
 
-    def graph_of(fn):
-        s = torch.cuda.Stream()
-        s.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(s):  # warm up outside capture (as torch recommends)
-            fn()
-        torch.cuda.current_stream().wait_stream(s)
-        torch.cuda.synchronize()
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g):
-            fn()
-        return g
-
     rows, raw = [], {}
     for nbytes in sizes:
         count = max(1, nbytes // es)
@@ -120,7 +94,7 @@ def main():
             c, buf = comms[name], x[name]
             return lambda: [c.all_reduce(buf, op=kccl.AVG) for _ in range(k)]
 
-        graphs = {name: (graph_of(chain(name, K)), graph_of(chain(name, Kq))) for name in comms}
+        graphs = {name: (capture_graph(chain(name, K)), capture_graph(chain(name, Kq))) for name in comms}
         for name in comms:  # warm: a few replays of each
             for _ in range(2):
                 timed_us(graphs[name][0].replay)
