@@ -33,31 +33,37 @@ def test_asking_for_a_gpu_without_one_is_a_clear_error():
 
 
 @pytest.mark.skipif(NDEV > 0, reason="a GPU is visible")
-def test_c_api_refuses_a_missing_device_and_leaves_nothing():
+def _init_one_rank_with(**fields):
+    """kcclCommInitRankConfig of a 1-rank communicator whose config (from
+    kcclConfigInit) has `fields` changed: (result code, error text, handle)."""
     from kccl._native import ffi, lib
     cfg = ffi.new("kcclConfig_t *")
-    assert lib.kcclConfigInit(cfg) == 0 and cfg.device == -1
-    cfg.device = 3
+    assert lib.kcclConfigInit(cfg) == 0
+    for name, value in fields.items():
+        setattr(cfg, name, value)
     uid = ffi.new("kcclUniqueId *")
     assert lib.kcclGetUniqueId(uid) == 0
     comm = ffi.new("kcclComm_t *")
     rc = lib.kcclCommInitRankConfig(comm, 1, uid[0], 0, cfg)
+    return rc, ffi.string(lib.kcclGetLastError(ffi.NULL)), comm[0]
+
+
+def test_c_api_refuses_a_missing_device_and_leaves_nothing():
+    from kccl._native import ffi, lib
+    cfg = ffi.new("kcclConfig_t *")
+    assert lib.kcclConfigInit(cfg) == 0 and cfg.device == -1
+    rc, msg, comm = _init_one_rank_with(device=3)
     assert rc == kccl.errors.INVALID_ARGUMENT
-    assert b"device" in ffi.string(lib.kcclGetLastError(ffi.NULL))
-    assert comm[0] == ffi.NULL
+    assert b"device" in msg
+    assert comm == ffi.NULL
 
 
 def test_c_api_refuses_a_negative_device_other_than_host():
-    from kccl._native import ffi, lib
-    cfg = ffi.new("kcclConfig_t *")
-    assert lib.kcclConfigInit(cfg) == 0
-    cfg.device = -2
-    uid = ffi.new("kcclUniqueId *")
-    assert lib.kcclGetUniqueId(uid) == 0
-    comm = ffi.new("kcclComm_t *")
-    assert lib.kcclCommInitRankConfig(comm, 1, uid[0], 0, cfg) == kccl.errors.INVALID_ARGUMENT
-    assert b"config.device=-2" in ffi.string(lib.kcclGetLastError(ffi.NULL))
-    assert comm[0] == ffi.NULL
+    from kccl._native import ffi
+    rc, msg, comm = _init_one_rank_with(device=-2)
+    assert rc == kccl.errors.INVALID_ARGUMENT
+    assert b"config.device=-2" in msg
+    assert comm == ffi.NULL
 
 
 @pytest.mark.parametrize("device", [-1, -5, "cuda:x", "gpu0", True, 1.0, [0]])
@@ -185,13 +191,10 @@ def test_c_api_refuses_an_invalid_flag_replicas_value():
     from kccl._native import ffi, lib
     cfg = ffi.new("kcclConfig_t *")
     assert lib.kcclConfigInit(cfg) == 0 and cfg.gpu_flag_replicas == 0
-    cfg.gpu_flag_replicas = 2
-    uid = ffi.new("kcclUniqueId *")
-    assert lib.kcclGetUniqueId(uid) == 0
-    comm = ffi.new("kcclComm_t *")
-    assert lib.kcclCommInitRankConfig(comm, 1, uid[0], 0, cfg) == kccl.errors.INVALID_ARGUMENT
-    assert b"gpu_flag_replicas" in ffi.string(lib.kcclGetLastError(ffi.NULL))
-    assert comm[0] == ffi.NULL
+    rc, msg, comm = _init_one_rank_with(gpu_flag_replicas=2)
+    assert rc == kccl.errors.INVALID_ARGUMENT
+    assert b"gpu_flag_replicas" in msg
+    assert comm == ffi.NULL
 
 
 @pytest.mark.skipif(NDEV > 0, reason="a GPU is visible")

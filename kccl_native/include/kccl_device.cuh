@@ -233,7 +233,7 @@ __device__ static inline kcclResult_t ll_allreduce_block(const kcclDevComm &dc, 
                                                          uint32_t nbytes, kcclDataType_t dt, kcclRedOp_t op,
                                                          uint32_t sig, long long *trace = nullptr) {
   const bool tr = TRACE && threadIdx.x == 0 && block == 0;
-  long long t_mark = tr ? clock64() : 0;
+  long long t_mark = tr ? kgpu_clock64() : 0;
   __shared__ volatile int s_fail;
   __shared__ uint32_t s_epoch;
   const int tid = threadIdx.x, nt = blockDim.x;
@@ -259,7 +259,7 @@ __device__ static inline kcclResult_t ll_allreduce_block(const kcclDevComm &dc, 
     if (l < lines) load8(in, (size_t)l * 8, nbytes, &mine[k][0], &mine[k][1]);
   }
   if (tid == 0) {
-    const uint32_t next = *(volatile uint32_t *)ep + 1;
+    const uint32_t next = kgpu_ld_volatile_u32(ep) + 1;
     *ep = next;
     s_epoch = next;
     s_fail = 0;
@@ -295,7 +295,7 @@ __device__ static inline kcclResult_t ll_allreduce_block(const kcclDevComm &dc, 
     }
 
     if (tr && base == 0) {
-      const long long now = clock64();
+      const long long now = kgpu_clock64();
       trace[0] += now - t_mark;
       t_mark = now;
     }
@@ -349,7 +349,7 @@ __device__ static inline kcclResult_t ll_allreduce_block(const kcclDevComm &dc, 
         }
       }
       if (tr && base == 0 && k == 0) {
-        const long long now = clock64();
+        const long long now = kgpu_clock64();
         trace[1] += now - t_mark;
         trace[3] += wt.polls + 1;
         t_mark = now;
@@ -376,7 +376,7 @@ __device__ static inline kcclResult_t ll_allreduce_block(const kcclDevComm &dc, 
     if (s_fail) break;
   }
   __syncthreads();
-  if (tr) trace[2] += clock64() - t_mark;
+  if (tr) trace[2] += kgpu_clock64() - t_mark;
   return s_fail ? (kcclResult_t)(dc.status->code ? dc.status->code : kcclRemoteError) : kcclSuccess;
 }
 

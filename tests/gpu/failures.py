@@ -39,7 +39,6 @@ def worker(scenario, uid, rank, q):
     out = {"rank": rank, "first": float(x[0].item())}
     if variant == "replicas":
         out["replicas"] = comm.gpu_flag_replicas()["enabled"]
-    t_event = None
     try:
         if scenario in ("kill", "abort", "timeout") and rank == 1:
             time.sleep(0.5)

@@ -14,7 +14,6 @@ all-reduce cases, a replayed graph, all-gather, broadcast and reduce-scatter too
 (whether its calibration enabled them is printed).  Prints one line per
 failure and a final `GPU CHECK: n passed, m failed` on rank 0; exit 1 on any failure."""
 import argparse
-import os
 import sys
 import time
 

@@ -1,7 +1,15 @@
 /* gpu_bench.cu - kernels that exercise the device-side API (a self-test and
- * a latency benchmark inside one persistent kernel) and the flag-hop floor.
- * They use only kccl_device.cuh's public surface, as a user kernel would. */
+ * a latency benchmark inside one persistent kernel), the flag-hop floor and a
+ * residency probe.  They use only kccl_device.cuh's public surface, as a user
+ * kernel would, except the phase trace (its internal TRACE copy). */
 #include "kgpu.h"
+
+/* This block's share [lo, hi) of count elements, in even slices. */
+__device__ static inline void block_slice(int count, int *lo, int *hi) {
+  const int per = (count + gridDim.x - 1) / gridDim.x;
+  *lo = blockIdx.x * per < count ? blockIdx.x * per : count;
+  *hi = *lo + per < count ? *lo + per : count;
+}
 
 /* Iteration k: every element of this block's slice becomes in[i] + k (in
  * the data type), is all-reduced in place inside out row k, and stays there
@@ -10,9 +18,8 @@ template <int MAXR>
 __global__ void __launch_bounds__(KCCL_LL_THREADS) k_dev_selftest(kcclDevComm dc, const char *in, char *out,
                                                                   int count, int dt, int op, int iters) {
   const int es = dt == kcclFloat32 ? 4 : 2;
-  const int per = (count + gridDim.x - 1) / gridDim.x;
-  const int lo = blockIdx.x * per < count ? blockIdx.x * per : count;
-  const int hi = lo + per < count ? lo + per : count;
+  int lo, hi;
+  block_slice(count, &lo, &hi);
   for (int k = 0; k < iters; k++) {
     char *row = out + (size_t)k * count * es;
     for (int i = lo + threadIdx.x; i < hi; i += blockDim.x) {
@@ -32,30 +39,22 @@ __global__ void __launch_bounds__(KCCL_LL_THREADS) k_dev_selftest(kcclDevComm dc
 }
 
 /* A dependent chain: each call averages the previous result (the average
- * keeps values bounded over thousands of calls). */
-template <int MAXR>
+ * keeps values bounded over thousands of calls).  TRACE: the same chain with
+ * block 0's phase trace (kccl_device.cuh's internal TRACE copy); otherwise the
+ * public kcclDevAllReduce, as a user kernel calls it. */
+template <int MAXR, bool TRACE>
 __global__ void __launch_bounds__(KCCL_LL_THREADS) k_dev_chain(kcclDevComm dc, char *buf, int count, int dt,
-                                                               int iters) {
-  const int es = dt == kcclFloat32 ? 4 : 2;
-  const int per = (count + gridDim.x - 1) / gridDim.x;
-  const int lo = blockIdx.x * per < count ? blockIdx.x * per : count;
-  const int hi = lo + per < count ? lo + per : count;
-  for (int k = 0; k < iters; k++)
-    if (kcclDevAllReduce<MAXR>(dc, buf + (size_t)lo * es, hi - lo, (kcclDataType_t)dt, kcclAvg) != kcclSuccess) return;
-}
-
-/* The same chain with the phase trace of block 0 (kccl_device.cuh). */
-template <int MAXR>
-__global__ void __launch_bounds__(KCCL_LL_THREADS) k_dev_trace(kcclDevComm dc, char *buf, int count, int dt,
                                                                int iters, long long *trace) {
   const int es = dt == kcclFloat32 ? 4 : 2;
-  const int per = (count + gridDim.x - 1) / gridDim.x;
-  const int lo = blockIdx.x * per < count ? blockIdx.x * per : count;
-  const int hi = lo + per < count ? lo + per : count;
-  for (int k = 0; k < iters; k++)
-    if (kccl_detail::dev_allreduce<MAXR, true>(dc, buf + (size_t)lo * es, hi - lo, (kcclDataType_t)dt, kcclAvg,
-                                               trace) != kcclSuccess)
-      return;
+  int lo, hi;
+  block_slice(count, &lo, &hi);
+  char *mine = buf + (size_t)lo * es;
+  for (int k = 0; k < iters; k++) {
+    const kcclResult_t r =
+        TRACE ? kccl_detail::dev_allreduce<MAXR, true>(dc, mine, hi - lo, (kcclDataType_t)dt, kcclAvg, trace)
+              : kcclDevAllReduce<MAXR>(dc, mine, hi - lo, (kcclDataType_t)dt, kcclAvg);
+    if (r != kcclSuccess) return;
+  }
 }
 
 /* Ranks 0 and 1 bounce a counter.  mode 0: release / acquire at system scope,
@@ -107,7 +106,7 @@ __global__ void __launch_bounds__(256, 3) k_residency(int *counter, long long ta
                                                       int *seen, float seed) {
   float keep[KGPU_PROBE_LIVE];
 #pragma unroll
-  for (int i = 0; i < KGPU_PROBE_LIVE; i++) keep[i] = seed * (float)(clock() ^ i); /* not recomputable later */
+  for (int i = 0; i < KGPU_PROBE_LIVE; i++) keep[i] = seed * (float)(kgpu_clock64() ^ i); /* not recomputable later */
   if (threadIdx.x == 0) {
     long long v = (long long)atomicAdd_system(counter, 1) + 1;
     const uint64_t deadline = kgpu_time_ns() + timeout_ns;
@@ -201,8 +200,8 @@ extern "C" kcclResult_t kgpu_bench_dev(struct kgpu *g, void *buf, size_t count, 
   for (int pass = 0; pass < 2 && r == kcclSuccess; pass++) {
     const int it = pass ? iters + short_iters : short_iters;
     kgpuEventRecord(e0, 0);
-    (g->shape.nranks <= 8 ? k_dev_chain<8> : k_dev_chain<KCCL_GPU_MAX_RANKS>)<<<blocks, KCCL_LL_THREADS>>>(
-        g->dc[1], (char *)buf, (int)count, dtype, it);
+    auto kern = g->shape.nranks <= 8 ? k_dev_chain<8, false> : k_dev_chain<KCCL_GPU_MAX_RANKS, false>;
+    kern<<<blocks, KCCL_LL_THREADS>>>(g->dc[1], (char *)buf, (int)count, dtype, it, nullptr);
     kgpuEventRecord(e1, 0);
     if ((r = kgpu_launch_error("device-API chain")) == kcclSuccess) r = timed(e0, e1, pass ? &ms_long : &ms_short);
   }
@@ -225,8 +224,8 @@ extern "C" kcclResult_t kgpu_bench_dev_phases(struct kgpu *g, void *buf, size_t 
   KGPU_CHECK(kgpuMalloc((void **)&tr, sizeof host));
   kgpuError_t e = kgpuMemset(tr, 0, sizeof host);
   if (e == kgpuSuccess) {
-    (g->shape.nranks <= 8 ? k_dev_trace<8> : k_dev_trace<KCCL_GPU_MAX_RANKS>)<<<blocks, KCCL_LL_THREADS>>>(
-        g->dc[1], (char *)buf, (int)count, dtype, iters, tr);
+    auto kern = g->shape.nranks <= 8 ? k_dev_chain<8, true> : k_dev_chain<KCCL_GPU_MAX_RANKS, true>;
+    kern<<<blocks, KCCL_LL_THREADS>>>(g->dc[1], (char *)buf, (int)count, dtype, iters, tr);
     r = kgpu_launch_error("device-API trace");
     if (r == kcclSuccess) e = kgpuMemcpy(host, tr, sizeof host, kgpuMemcpyDefault); /* waits for the kernel */
   }

@@ -101,6 +101,19 @@ __device__ static inline uint64_t *rep_slot(char *base, const Replicas &rep, uin
   return (uint64_t *)(base + rep.off_pool + (size_t)line * KGPU_LINE) + src;
 }
 
+/* The block's next step number: its counter in device memory (one per block,
+ * shared by the chunked kernels) is read and advanced by thread 0 only; the
+ * others take the value from shared memory after the barrier. */
+__device__ static inline uint32_t next_step(const kcclDevComm &dc, size_t off_steps, uint32_t *s_step) {
+  if (threadIdx.x == 0) {
+    uint32_t *sp = (uint32_t *)(dc.peer_base[dc.rank] + off_steps) + blockIdx.x;
+    *s_step = *sp + 1;
+    *sp = *s_step;
+  }
+  __syncthreads();
+  return *s_step;
+}
+
 /* After the block's writes: tell peers (thread p signals peer p). */
 __device__ static inline void signal_peers(const kcclDevComm &dc, size_t flags_off, const Replicas &rep,
                                            const RepLines &rl, int stage, uint64_t val) {
@@ -243,13 +256,7 @@ __global__ void __launch_bounds__(256, 3) k_twoshot(TwoShot a) {
     }
     const size_t P = ((S + G - 1) / G + 15) / 16 * 16; /* block b's portion of a segment */
     const size_t plo = (size_t)b * P < S ? (size_t)b * P : S, phi = plo + P < S ? plo + P : S;
-    if (threadIdx.x == 0) {
-      uint32_t *sp = (uint32_t *)(dc.peer_base[me] + a.off_steps) + b;
-      s_step = *sp + 1;
-      *sp = s_step;
-    }
-    __syncthreads();
-    const uint32_t step = s_step;
+    const uint32_t step = next_step(dc, a.off_steps, &s_step);
     const uint64_t val = ((uint64_t)a.sig << 32) | step;
 
     /* Stage 1: my portion b of every segment into my in-area. */
@@ -354,13 +361,7 @@ __global__ void __launch_bounds__(256, 3) k_gather(Gather a) {
     const size_t cb = a.bytes - o < a.chunk_bytes ? a.bytes - o : a.chunk_bytes;
     const size_t P = ((cb + G - 1) / G + 15) / 16 * 16;
     const size_t lo = (size_t)b * P < cb ? (size_t)b * P : cb, hi = lo + P < cb ? lo + P : cb;
-    if (threadIdx.x == 0) {
-      uint32_t *sp = (uint32_t *)(dc.peer_base[me] + a.off_steps) + b;
-      s_step = *sp + 1;
-      *sp = s_step;
-    }
-    __syncthreads();
-    const uint32_t step = s_step;
+    const uint32_t step = next_step(dc, a.off_steps, &s_step);
     const size_t half = (step & 1) ? a.off_g1 : a.off_g0;
     const uint64_t val = ((uint64_t)a.sig << 32) | step;
     char *my_recv = a.recv + (bcast ? 0 : (size_t)me * a.bytes);
