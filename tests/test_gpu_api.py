@@ -89,7 +89,16 @@ def test_host_communicator_reports_no_device_and_refuses_device_calls():
             comm.bench_residency(8)
         with pytest.raises(kccl.KcclInvalidUsage, match="host communicator"):
             comm.bench_device_all_reduce_phases(FakeCudaArray((4,)))
-        assert lib.kcclBenchResidency(comm._comm, 8, 100, ffi.NULL) != 0
+        # Argument errors come first, on any communicator.
+        assert lib.kcclBenchResidency(comm._comm, 8, 100, ffi.NULL) == kccl.errors.INVALID_ARGUMENT
+        for blocks, timeout_ms, what in ((0, 100, "blocks=0"), (4097, 100, "blocks=4097"),
+                                         (8, 0, "timeout"), (8, 60001, "timeout")):
+            with pytest.raises(kccl.KcclInvalidArgument, match=what):
+                comm.bench_residency(blocks, timeout_ms)
+        assert lib.kcclBenchDevAllReducePhases(ffi.NULL, 4, lib.kcclFloat32, 10, 1, comm._comm,
+                                               ffi.NULL) == kccl.errors.INVALID_ARGUMENT
+        assert lib.kcclBenchDevAllReducePhases(ffi.NULL, 4, lib.kcclFloat32, 0, 1, comm._comm,
+                                               ffi.new("double[4]")) == kccl.errors.INVALID_ARGUMENT
 
 
 class FakeCudaArray:

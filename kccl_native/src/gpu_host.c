@@ -364,19 +364,21 @@ kcclResult_t kcclBenchDevAllReduce(void *buf, size_t count, kcclDataType_t datat
 
 kcclResult_t kcclBenchDevAllReducePhases(void *buf, size_t count, kcclDataType_t datatype, int iters, int blocks,
                                          kcclComm_t comm, double phases[4]) {
+  if (iters < 1 || !phases) return kccl_err(kcclInvalidArgument, "iters >= 1 and phases[4] needed");
   struct kgpu *g = NULL;
   kcclResult_t r = gpu_comm(comm, &g);
   if (r != kcclSuccess) return r;
-  if (iters < 1 || !phases) return kccl_err(kcclInvalidArgument, "iters >= 1 and phases[4] needed");
   if ((r = kgpu_check_ptr(g, buf, dtype_bytes(datatype, count), "buf"))) return r;
   return after(comm, kgpu_bench_dev_phases(g, buf, count, datatype, iters, blocks, phases));
 }
 
 kcclResult_t kcclBenchResidency(kcclComm_t comm, int blocks, int timeoutMs, int out[4]) {
+  if (!out) return kccl_err(kcclInvalidArgument, "out[4] needed");
+  if (blocks < 1 || blocks > 4096) return kccl_err(kcclInvalidArgument, "blocks=%d: 1..4096", blocks);
+  if (timeoutMs < 1 || timeoutMs > 60000) return kccl_err(kcclInvalidArgument, "timeoutMs=%d: 1..60000", timeoutMs);
   struct kgpu *g = NULL;
   kcclResult_t r = gpu_comm(comm, &g);
   if (r != kcclSuccess) return r;
-  if (!out) return kccl_err(kcclInvalidArgument, "out[4] needed");
   return after(comm, kgpu_bench_residency(g, blocks, timeoutMs, out));
 }
 
