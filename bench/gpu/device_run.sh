@@ -49,6 +49,8 @@ for s in $steps; do
       done ;;
     replica[0-9]*) n=${s#replica}; timeout 200 $MPI -n $n python3 bench/gpu/replica_ab.py --json "$LOGS/replica_${n}ranks.json" 2>&1 | tee "$LOGS/$s.log" | grep -v Traceback | tail -24 ;;
     residency[0-9]*) n=${s#residency}; timeout 120 $MPI -n $n python3 bench/gpu/residency.py --json "$LOGS/residency_${n}ranks.json" 2>&1 | tee "$LOGS/$s.log" | tail -16 ;;
+    ladder) nvcc -O3 -std=c++17 -gencode=arch=compute_90,code=sm_90 -Ikccl_native/include -o /tmp/ll_ladder bench/gpu/ll_ladder.cu &&
+            timeout 120 /tmp/ll_ladder 2>&1 | tee "$LOGS/ladder.log" ;;
     launchfloor) timeout 200 sh bench/gpu/run_launch_floor.sh 2>&1 | tee "$LOGS/launchfloor.log" | tail -60 ;;
     nopdlcheck[0-9]*) n=${s#nopdlcheck}; KCCL_GPU_PDL=0 timeout 150 $MPI -x KCCL_GPU_PDL -n $n python3 tests/gpu/mpi_check.py --quick 2>&1 | tee "$LOGS/$s.log" | tail -8 ;;
     l2poll) [ -f bench/gpu/run_l2_poll.sh ] && timeout 200 bash bench/gpu/run_l2_poll.sh 2>&1 | tee "$LOGS/l2poll.log" | tail -30 ;;

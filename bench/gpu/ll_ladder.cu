@@ -1,0 +1,198 @@
+// ll_ladder.cu - what the parts of KCCL's LL all-reduce body cost, one process.
+//
+// R "ranks" are R groups of B blocks of one grid on one GPU (the same L2 as R
+// MPS clients, without MPS or IPC), each with its own kcclDevComm whose
+// peer_base[] point into one allocation.  Each block runs a dependent chain of
+// in-place 8 KB (per rank) bf16 all-reduces of its 8 KB / B slice and reports
+// us per call.  Variants, from the bare exchange up to the library's code:
+//   0 bare: epoch in a register, load -> push to every peer -> poll -> combine -> store
+//   1 bare + a block barrier at the end of each call
+//   2 bare + thread 0 reads / advances the epoch in memory + start barrier + end barrier
+//   3 kccl_detail::ll_allreduce_block<8>   (the library's, header and bounded waits)
+//   4 kccl_detail::ll_allreduce_block<16>
+//   Each at 256, 128, 64 and 32 threads per block (one 8-byte datum per thread: 4-32 blocks).
+//   ll_ladder [iters=2000]
+// Build: nvcc -O3 -std=c++17 -gencode=arch=compute_90,code=sm_90 -Ikccl_native/include -o ll_ladder ll_ladder.cu
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <vector>
+
+#include "kccl_device.cuh"
+
+#define CHECK(x)                                                                                 \
+  do {                                                                                           \
+    cudaError_t e_ = (x);                                                                        \
+    if (e_ != cudaSuccess) {                                                                     \
+      std::fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
+      std::exit(1);                                                                              \
+    }                                                                                            \
+  } while (0)
+
+using namespace kccl_detail;
+
+static const size_t LL_BYTES = (size_t)KCCL_LL_SETS * 8 * KCCL_DEV_MAX_BLOCKS * KCCL_LL_REGION_BYTES;
+static const size_t MISC = 64 * 1024; // epochs, fail word, status, data
+static const size_t RANK_BYTES = LL_BYTES + MISC;
+static const size_t OFF_EPOCHS = LL_BYTES, OFF_FAIL = LL_BYTES + 1024, OFF_STATUS = LL_BYTES + 2048,
+                    OFF_DATA = LL_BYTES + 4096;
+static const int DATA_BYTES = 8192;
+
+struct Ranks {
+  kcclDevComm dc[8];
+};
+
+__device__ static inline unsigned long long gtimer() {
+  unsigned long long t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+
+// The bare exchange: one 8-byte datum per thread (lines <= blockDim.x).
+template <int R, int V>
+__device__ static inline bool bare(const kcclDevComm &dc, int block, char *data, uint32_t nbytes, uint32_t &e,
+                                   int *hung) {
+  __shared__ uint32_t s_e;
+  const int tid = threadIdx.x, me = dc.rank;
+  const uint32_t lines = nbytes / 8;
+  uint32_t w0 = 0, w1 = 0;
+  if (tid < lines) load8(data, (size_t)tid * 8, nbytes, &w0, &w1);
+  if (V >= 2) {
+    uint32_t *ep = dc.epochs + block;
+    if (tid == 0) {
+      const uint32_t nx = kgpu_ld_volatile_u32(ep) + 1;
+      *ep = nx;
+      s_e = nx;
+    }
+    __syncthreads();
+    e = s_e;
+  } else {
+    e++;
+  }
+  if (tid >= lines) {
+    if (V >= 1) __syncthreads();
+    return true;
+  }
+  const uint32_t set = e % KCCL_LL_SETS;
+#pragma unroll
+  for (int p = 0; p < R; p++)
+    if (p != me) kgpu_st_weak_v4(ll_region(dc, p, set, me, block) + 4 * (1 + tid), w0, e, w1, e);
+  uint4 got[R];
+  uint32_t pending = ((1u << R) - 1) & ~(1u << me);
+  for (uint32_t polls = 0; pending; polls++) {
+#pragma unroll
+    for (int p = 0; p < R; p++)
+      if (pending & (1u << p))
+        kgpu_ld_weak_v4(ll_region(dc, me, set, p, block) + 4 * (1 + tid), &got[p].x, &got[p].y, &got[p].z, &got[p].w);
+#pragma unroll
+    for (int p = 0; p < R; p++)
+      if ((pending & (1u << p)) && got[p].y == e && got[p].w == e) pending &= ~(1u << p);
+    if (polls > (1u << 24)) { *hung = 1; return false; } /* a bug here: the run's timeout ends it */
+  }
+  float acc[4], v[4];
+#pragma unroll
+  for (int p = 0; p < R; p++) {
+    decode(p == me ? w0 : got[p].x, p == me ? w1 : got[p].z, kcclBfloat16, v);
+#pragma unroll
+    for (int j = 0; j < 4; j++) acc[j] = p == 0 ? v[j] : combine(acc[j], v[j], kcclMax);
+  }
+  encode(acc, kcclBfloat16, &w0, &w1);
+  store8(data, (size_t)tid * 8, nbytes, w0, w1);
+  if (V >= 1) __syncthreads();
+  return true;
+}
+
+template <int R, int V>
+__global__ void __launch_bounds__(256) k_ladder(Ranks rk, int B, int iters, uint32_t e0, double *us, int *hung) {
+  const int r = blockIdx.x / B, b = blockIdx.x % B;
+  const kcclDevComm &dc = rk.dc[r];
+  const uint32_t per = DATA_BYTES / B;
+  char *data = dc.peer_base[r] + OFF_DATA + (size_t)b * per;
+  uint32_t e = e0;
+  const unsigned long long t0 = gtimer();
+  for (int it = 0; it < iters; it++) {
+    if (V <= 2) {
+      if (!bare<R, V>(dc, b, data, per, e, hung)) break;
+    } else {
+      kcclResult_t rc = V == 3 ? ll_allreduce_block<8>(dc, b, data, data, per, kcclBfloat16, kcclMax, 0x1234u)
+                               : ll_allreduce_block<16>(dc, b, data, data, per, kcclBfloat16, kcclMax, 0x1234u);
+      if (rc != kcclSuccess) { *hung = 2; break; }
+    }
+  }
+  const unsigned long long t1 = gtimer();
+  if (threadIdx.x == 0) us[blockIdx.x] = (t1 - t0) * 1e-3 / iters;
+}
+
+template <int R, int V>
+static double run(Ranks rk, int B, int T, int iters, uint32_t &e0, double *d_us, int *d_hung) {
+  k_ladder<R, V><<<R * B, T>>>(rk, B, iters, e0, d_us, d_hung);
+  CHECK(cudaGetLastError());
+  CHECK(cudaDeviceSynchronize());
+  e0 += iters;
+  int hung;
+  CHECK(cudaMemcpy(&hung, d_hung, sizeof hung, cudaMemcpyDeviceToHost));
+  if (hung) { std::printf("  (variant %d: hung / failed: %d)\n", V, hung); return -1; }
+  std::vector<double> us(R * B);
+  CHECK(cudaMemcpy(us.data(), d_us, sizeof(double) * R * B, cudaMemcpyDeviceToHost));
+  return *std::max_element(us.begin(), us.end());
+}
+
+template <int R>
+static void ladder(char *base, int iters) {
+  Ranks rk;
+  CHECK(cudaMemset(base, 0, RANK_BYTES * R));
+  for (int r = 0; r < R; r++) {
+    kcclDevComm &dc = rk.dc[r];
+    std::memset(&dc, 0, sizeof dc);
+    dc.rank = r;
+    dc.nranks = R;
+    dc.channel = 0;
+    dc.timeout_ns = 5000000000ull;
+    for (int p = 0; p < R; p++) dc.peer_base[p] = base + (size_t)p * RANK_BYTES;
+    dc.ll_off[0] = dc.ll_off[1] = 0;
+    dc.epochs = (uint32_t *)(base + (size_t)r * RANK_BYTES + OFF_EPOCHS);
+    dc.fail_owner = (int *)(base + (size_t)r * RANK_BYTES + OFF_FAIL);
+    dc.status = (kcclGpuStatus *)(base + (size_t)r * RANK_BYTES + OFF_STATUS);
+  }
+  double *d_us;
+  int *d_hung;
+  CHECK(cudaMalloc(&d_us, sizeof(double) * 8 * KCCL_DEV_MAX_BLOCKS));
+  CHECK(cudaMalloc(&d_hung, sizeof(int)));
+  CHECK(cudaMemset(d_hung, 0, sizeof(int)));
+  for (int T : {256, 128, 64, 32}) {
+    const int B = DATA_BYTES / 8 / T; /* one 8-byte datum per thread */
+    // Variants 0-1 keep the epoch in a register, 2-4 in memory: separate epoch ranges, so
+    // no inbox line of one run can pass for a line of the next (each run starts 10^6 on).
+    uint32_t ereg = 1000000;
+    CHECK(cudaMemset(base, 0, RANK_BYTES * R));
+    double v[5];
+    v[0] = run<R, 0>(rk, B, T, iters, ereg, d_us, d_hung);
+    ereg += 1000000;
+    v[1] = run<R, 1>(rk, B, T, iters, ereg, d_us, d_hung);
+    CHECK(cudaMemset(base, 0, RANK_BYTES * R));  // epochs in memory restart at 0
+    uint32_t dummy = 0;
+    v[2] = run<R, 2>(rk, B, T, iters, dummy, d_us, d_hung);
+    v[3] = run<R, 3>(rk, B, T, iters, dummy, d_us, d_hung);
+    v[4] = run<R, 4>(rk, B, T, iters, dummy, d_us, d_hung);
+    std::printf("R=%d ranks, %2d blocks/rank x %3d threads: bare %.3f | +end barrier %.3f | +epoch in memory, "
+                "2 barriers %.3f | ll_allreduce_block<8> %.3f | <16> %.3f   us per call\n",
+                R, B, T, v[0], v[1], v[2], v[3], v[4]);
+  }
+  CHECK(cudaFree(d_us));
+  CHECK(cudaFree(d_hung));
+}
+
+int main(int argc, char **argv) {
+  const int iters = argc > 1 ? std::atoi(argv[1]) : 2000;
+  char *base;
+  CHECK(cudaMalloc(&base, RANK_BYTES * 8));
+  std::printf("ll_ladder: %d dependent calls per run, max over blocks of us per call\n", iters);
+  ladder<2>(base, iters);
+  ladder<4>(base, iters);
+  ladder<8>(base, iters);
+  CHECK(cudaFree(base));
+  return 0;
+}
