@@ -10,6 +10,7 @@
 //   2 bare + thread 0 reads / advances the epoch in memory + start barrier + end barrier
 //   3 kccl_detail::ll_allreduce_block<8>   (the library's, header and bounded waits)
 //   4 kccl_detail::ll_allreduce_block<16>
+//   5 the library's body for bf16 max, 8 ranks at most, without the lane-0 wait (LEAD false)
 //   Each at 256, 128, 64 and 32 threads per block (one 8-byte datum per thread: 4-32 blocks).
 //   ll_ladder [iters=2000]
 // Build: nvcc -O3 -std=c++17 -gencode=arch=compute_90,code=sm_90 -Ikccl_native/include -o ll_ladder ll_ladder.cu
@@ -117,8 +118,10 @@ __global__ void __launch_bounds__(256) k_ladder(Ranks rk, int B, int iters, uint
     if (V <= 2) {
       if (!bare<R, V>(dc, b, data, per, e, hung)) break;
     } else {
-      kcclResult_t rc = V == 3 ? ll_allreduce_block<8>(dc, b, data, data, per, kcclBfloat16, kcclMax, 0x1234u)
-                               : ll_allreduce_block<16>(dc, b, data, data, per, kcclBfloat16, kcclMax, 0x1234u);
+      kcclResult_t rc =
+          V == 3 ? ll_allreduce_block<8>(dc, b, data, data, per, kcclBfloat16, kcclMax, 0x1234u)
+          : V == 4 ? ll_allreduce_block<16>(dc, b, data, data, per, kcclBfloat16, kcclMax, 0x1234u)
+                   : ll_block<8, kcclBfloat16, kcclMax, false, false>(dc, b, data, data, per, false, 0x1234u, nullptr);
       if (rc != kcclSuccess) { *hung = 2; break; }
     }
   }
@@ -168,7 +171,7 @@ static void ladder(char *base, int iters) {
     // no inbox line of one run can pass for a line of the next (each run starts 10^6 on).
     uint32_t ereg = 1000000;
     CHECK(cudaMemset(base, 0, RANK_BYTES * R));
-    double v[5];
+    double v[6];
     v[0] = run<R, 0>(rk, B, T, iters, ereg, d_us, d_hung);
     ereg += 1000000;
     v[1] = run<R, 1>(rk, B, T, iters, ereg, d_us, d_hung);
@@ -177,9 +180,10 @@ static void ladder(char *base, int iters) {
     v[2] = run<R, 2>(rk, B, T, iters, dummy, d_us, d_hung);
     v[3] = run<R, 3>(rk, B, T, iters, dummy, d_us, d_hung);
     v[4] = run<R, 4>(rk, B, T, iters, dummy, d_us, d_hung);
+    v[5] = run<R, 5>(rk, B, T, iters, dummy, d_us, d_hung);
     std::printf("R=%d ranks, %2d blocks/rank x %3d threads: bare %.3f | +end barrier %.3f | +epoch in memory, "
-                "2 barriers %.3f | ll_allreduce_block<8> %.3f | <16> %.3f   us per call\n",
-                R, B, T, v[0], v[1], v[2], v[3], v[4]);
+                "2 barriers %.3f | ll_allreduce_block<8> %.3f | <16> %.3f | <8> without lane-0 wait %.3f  us per call\n",
+                R, B, T, v[0], v[1], v[2], v[3], v[4], v[5]);
   }
   CHECK(cudaFree(d_us));
   CHECK(cudaFree(d_hung));

@@ -83,12 +83,14 @@ __device__ static inline uint32_t *ll_region(const kcclDevComm &dc, int owner, u
   return (uint32_t *)(dc.peer_base[owner] + dc.ll_off[dc.channel] + idx * KCCL_LL_REGION_BYTES);
 }
 
-/* Records the first failure of this rank (one block wins the claim) for the host. */
-__device__ static inline void record_failure(const kcclDevComm &dc, int what, int code, int peer, uint32_t sig_mine,
-                                             uint32_t sig_peer, uint32_t epoch, uint32_t bytes_mine,
-                                             uint32_t bytes_peer) {
-  if (atomicCAS(dc.fail_owner, 0, 1) != 0) return;
-  kcclGpuStatus *s = dc.status;
+/* Records the first failure of this rank (one block wins the claim) for the host.
+ * Cold paths are out of line (__noinline__, fields by value: a kernel
+ * parameter whose address is taken is copied to local memory), so the
+ * kernels' hot loops stay small (see ll_block). */
+__device__ __noinline__ static void record_failure_at(int *fail_owner, kcclGpuStatus *s, int what, int code,
+                                                      int peer, uint32_t sig_mine, uint32_t sig_peer, uint32_t epoch,
+                                                      uint32_t bytes_mine, uint32_t bytes_peer) {
+  if (atomicCAS(fail_owner, 0, 1) != 0) return;
   s->what = what;
   s->peer = peer;
   s->sig_mine = sig_mine;
@@ -99,6 +101,11 @@ __device__ static inline void record_failure(const kcclDevComm &dc, int what, in
   kgpu_fence_system();
   s->code = code;
   kgpu_fence_system();
+}
+__device__ static inline void record_failure(const kcclDevComm &dc, int what, int code, int peer, uint32_t sig_mine,
+                                             uint32_t sig_peer, uint32_t epoch, uint32_t bytes_mine,
+                                             uint32_t bytes_peer) {
+  record_failure_at(dc.fail_owner, dc.status, what, code, peer, sig_mine, sig_peer, epoch, bytes_mine, bytes_peer);
 }
 
 /* Bounded-wait bookkeeping of one thread.  The deadline is set at the first
@@ -117,20 +124,29 @@ __device__ static inline Waiter waiter(const kcclDevComm &dc) {
   return w;
 }
 
+/* keep_waiting's every-64th-poll part, out of line: the deadline (set on
+ * the first call), with the verdict (KCCL_GPU_*) in the top two bits. */
+__device__ __noinline__ static uint64_t wait_check(const kcclGpuStatus *st, uint64_t timeout_ns, uint64_t deadline,
+                                                   uint32_t polls) {
+  if (st->stop || st->code) return deadline | ((uint64_t)KCCL_GPU_STOPPED << 62);
+  if (timeout_ns) {
+    const uint64_t now = kgpu_time_ns();
+    if (!deadline) deadline = now + timeout_ns;
+    else if (now > deadline) return deadline | ((uint64_t)KCCL_GPU_TIMEOUT << 62);
+  }
+  if (polls > (1u << 16)) kgpu_pause(); /* a long wait: let the peer's warps have the issue slots */
+  return deadline;
+}
+
 /* Called between polls.  Returns KCCL_GPU_OK to keep polling.  The clock and
  * the host-mapped words are read only every 64 polls (a read of host memory
  * crosses PCIe); the block's shared failure flag every poll (cheap). */
 __device__ static inline int keep_waiting(const kcclDevComm &dc, Waiter &w, volatile int *block_fail) {
   if (*block_fail) return KCCL_GPU_STOPPED;
   if ((++w.polls & 63) != 0) return KCCL_GPU_OK;
-  if (dc.status->stop || dc.status->code) return KCCL_GPU_STOPPED;
-  if (dc.timeout_ns) {
-    const uint64_t now = kgpu_time_ns();
-    if (!w.deadline) w.deadline = now + dc.timeout_ns;
-    else if (now > w.deadline) return KCCL_GPU_TIMEOUT;
-  }
-  if (w.polls > (1u << 16)) kgpu_pause(); /* a long wait: let the peer's warps have the issue slots */
-  return KCCL_GPU_OK;
+  const uint64_t r = wait_check(dc.status, dc.timeout_ns, w.deadline, w.polls);
+  w.deadline = r & ((1ull << 62) - 1);
+  return (int)(r >> 62);
 }
 
 __device__ static inline float bf16_to_f32(uint32_t h) { return __uint_as_float(h << 16); }
@@ -186,57 +202,99 @@ __device__ static inline float combine(float a, float b, kcclRedOp_t op) {
 }
 
 /* Bytes [off, off+8) of buf into two words, zero beyond n bytes; 8-byte
- * loads when aligned and whole. */
-__device__ static inline void load8(const char *buf, size_t off, size_t n, uint32_t *w0, uint32_t *w1) {
-  if (off + 8 <= n && (((uintptr_t)(buf + off)) & 7) == 0) {
-    uint2 v = *(const uint2 *)(buf + off);
-    *w0 = v.x;
-    *w1 = v.y;
-    return;
-  }
+ * loads when aligned and whole (the byte-wise rest out of line). */
+__device__ __noinline__ static uint2 load8_bytes(const char *buf, size_t off, size_t n) {
   uint32_t w[2] = {0, 0};
   for (int i = 0; i < 8 && off + i < n; i++) w[i >> 2] |= (uint32_t)(uint8_t)buf[off + i] << (8 * (i & 3));
-  *w0 = w[0];
-  *w1 = w[1];
+  return make_uint2(w[0], w[1]);
+}
+__device__ static inline void load8(const char *buf, size_t off, size_t n, uint32_t *w0, uint32_t *w1) {
+  const uint2 v = off + 8 <= n && (((uintptr_t)(buf + off)) & 7) == 0 ? *(const uint2 *)(buf + off)
+                                                                      : load8_bytes(buf, off, n);
+  *w0 = v.x;
+  *w1 = v.y;
 }
 
-__device__ static inline void store8(char *buf, size_t off, size_t n, uint32_t w0, uint32_t w1) {
-  if (off + 8 <= n && (((uintptr_t)(buf + off)) & 7) == 0) {
-    *(uint2 *)(buf + off) = make_uint2(w0, w1);
-    return;
-  }
+__device__ __noinline__ static void store8_bytes(char *buf, size_t off, size_t n, uint32_t w0, uint32_t w1) {
   uint32_t w[2] = {w0, w1};
   for (int i = 0; i < 8 && off + i < n; i++) buf[off + i] = (char)(w[i >> 2] >> (8 * (i & 3)));
 }
+__device__ static inline void store8(char *buf, size_t off, size_t n, uint32_t w0, uint32_t w1) {
+  if (off + 8 <= n && (((uintptr_t)(buf + off)) & 7) == 0) *(uint2 *)(buf + off) = make_uint2(w0, w1);
+  else store8_bytes(buf, off, n, w0, w1);
+}
 
-/* One block's LL all-reduce of nbytes (<= KCCL_LL_MAX_BYTES) from `in` to `out`
- * (may alias).  Every thread of the block calls it; blockDim.x <= KCCL_LL_THREADS.
- *
- * Where the time goes is memory latency (~0.3-0.6 us per dependent round trip),
- * so the code is shaped to keep round trips few and overlapped:
- * - every thread reads the epoch itself, in the same round trip as its input
- *   lines (no thread-0 read, barrier, then input read);
- * - a thread loads its input lines once, into registers, then pushes them to
- *   every peer back to back (stores do not wait), and reduces from the same
- *   registers (no reload);
- * - the receive issues the loads of one line from every pending peer before
- *   it looks at any of them, so one poll round costs one round trip, not one
- *   per peer. */
 /* Where one call's time goes, for the benchmark (TRACE copies only; thread 0
  * of block 0 adds clock64 cycles): [0] entry to pushes issued (the epoch and
  * input loads), [1] to every line and header received, [2] to the end (combine,
  * store, barrier), [3] poll rounds of its first line. */
 #define KCCL_LL_TRACE_SLOTS 4
 
-template <int MAXR, bool TRACE = false> /* MAXR: ranks this copy handles (<= KCCL_GPU_MAX_RANKS): the registers scale with it */
-__device__ static inline kcclResult_t ll_allreduce_block(const kcclDevComm &dc, int block, const char *in, char *out,
-                                                         uint32_t nbytes, kcclDataType_t dt, kcclRedOp_t op,
-                                                         uint32_t sig, long long *trace = nullptr) {
+/* A wait that gave up (why: KCCL_GPU_TIMEOUT or KCCL_GPU_STOPPED): record it
+ * for the host, unless this block already failed, and fail the block. */
+__device__ static inline void ll_wait_failed(const kcclDevComm &dc, int why, int peer, uint32_t sig, uint32_t e,
+                                             uint32_t nbytes, volatile int *s_fail) {
+  if (why == KCCL_GPU_TIMEOUT)
+    record_failure(dc, KCCL_GPU_TIMEOUT, kcclTimeout, peer, sig, 0, e, nbytes, 0);
+  else if (!*s_fail)
+    record_failure(dc, KCCL_GPU_STOPPED, kcclRemoteError, dc.status->stop_peer, sig, 0, e, nbytes, 0);
+  *s_fail = 1;
+}
+
+/* mine[k][j] for a k known only at run time, without spilling mine[] to local memory. */
+__device__ static inline uint32_t ll_pick(const uint32_t (&mine)[KCCL_LL_MAX_LPT][2], int k, int j) {
+  static_assert(KCCL_LL_MAX_LPT == 4, "ll_pick selects among 4 lines");
+  return k == 0 ? mine[0][j] : k == 1 ? mine[1][j] : k == 2 ? mine[2][j] : mine[3][j];
+}
+
+/* Line l of every peer in `pending` whose both epoch words equal e arrives in
+ * got[p] and leaves `pending`.  Every load is issued before any is looked at:
+ * one round costs one round trip, not one per peer. */
+template <int MAXR>
+__device__ static inline uint32_t ll_poll(const kcclDevComm &dc, uint32_t set, int block, uint32_t l, uint32_t e,
+                                          uint32_t pending, uint4 *got) {
+#pragma unroll
+  for (int p = 0; p < MAXR; p++)
+    if (pending & (1u << p))
+      kgpu_ld_weak_v4(ll_region(dc, dc.rank, set, p, block) + 4 * (1 + l), &got[p].x, &got[p].y, &got[p].z,
+                      &got[p].w);
+#pragma unroll
+  for (int p = 0; p < MAXR; p++)
+    if ((pending & (1u << p)) && got[p].y == e && got[p].w == e) pending &= ~(1u << p);
+  return pending;
+}
+
+/* One block's LL all-reduce of nbytes (<= KCCL_LL_MAX_BYTES) from `in` to `out`
+ * (may alias), for one data type DT and operation OP (kcclAvg: OP kcclSum and
+ * avg).  Every thread of the block calls it; blockDim.x <= KCCL_LL_THREADS.
+ *
+ * The shape follows what bench/gpu/ll_ladder.cu measured on the H200:
+ * - small code.  DT and OP are compile-time and the receive is one loop over
+ *   a thread's lines, not an unrolled copy per line: the first version, with
+ *   the type and operation switched per element and four unrolled copies,
+ *   was ~80 KB of machine code and cost ~0.9 us per call more than a bare
+ *   exchange of ~20 KB (instruction fetch, branches);
+ * - round trips few and overlapped: a thread loads its input lines once into
+ *   registers, pushes them to every peer back to back (stores do not wait),
+ *   and reduces from the same registers; thread 0's epoch read overlaps the
+ *   input loads;
+ * - little poll traffic: with 4+ ranks, until lane 0 of a warp has its line
+ *   from every peer only lane 0 polls (a peer's warp pushes those 32 lines with
+ *   one store instruction, so they arrive together); then every lane polls its
+ *   own lines, which are then (nearly always) there.  Polling every lane's
+ *   lines from every peer all along flooded the L2 with loads at 8 ranks and
+ *   slowed the pushes it waited for;
+ * - control flow that leaves a warp (the end of a thread's lines, a failure) is
+ *   warp-uniform, so the lane-0 wait can use warp shuffles. */
+template <int MAXR, int DT, int OP, bool TRACE, bool LEAD = true> /* LEAD: lane 0 waits first (4+ ranks) */
+__device__ static inline kcclResult_t ll_block(const kcclDevComm &dc, int block, const char *in, char *out,
+                                               uint32_t nbytes, bool avg, uint32_t sig, long long *trace) {
   const bool tr = TRACE && threadIdx.x == 0 && block == 0;
   long long t_mark = tr ? kgpu_clock64() : 0;
   __shared__ volatile int s_fail;
   __shared__ uint32_t s_epoch;
-  const int tid = threadIdx.x, nt = blockDim.x;
+  const int tid = threadIdx.x, nt = blockDim.x, lane = tid % KGPU_WARP, wbase = tid - lane;
+  const kgpu_lanes_t wmask = kgpu_lane_mask(nt - wbase < KGPU_WARP ? nt - wbase : KGPU_WARP);
   uint32_t *ep = dc.epochs + dc.channel * KCCL_DEV_MAX_BLOCKS + block;
   const int me = dc.rank, n = dc.nranks;
   const uint32_t lines = (nbytes + 7) / 8;
@@ -244,13 +302,10 @@ __device__ static inline kcclResult_t ll_allreduce_block(const kcclDevComm &dc, 
 
   /* Lines are handled in rounds of up to KCCL_LL_MAX_LPT per thread (one round
    * when blockDim.x == KCCL_LL_THREADS); each round is a whole push + receive.
-   * The input loads are issued first, so thread 0's epoch round trip overlaps
-   * them.  Only thread 0 touches the epoch in memory (read, then write back),
-   * and the others take it from shared memory after the barrier: when every
-   * thread read it from memory and thread 0 wrote it after a barrier, nothing
-   * kept a read still in flight at the barrier from seeing the new value (its
-   * warp would then use the wrong epoch and hang: the likely cause of the
-   * intermittent timeouts that version had at 2 and 8 ranks). */
+   * Only thread 0 touches the epoch in memory (read, then write back) and the
+   * others take it from shared memory after the barrier: when every thread read
+   * it from memory, nothing kept a read still in flight at the barrier from
+   * seeing thread 0's new value. */
   uint32_t mine[KCCL_LL_MAX_LPT][2];
 #pragma unroll
   for (int k = 0; k < KCCL_LL_MAX_LPT; k++) {
@@ -268,11 +323,10 @@ __device__ static inline kcclResult_t ll_allreduce_block(const kcclDevComm &dc, 
   const uint32_t e = s_epoch;
   const uint32_t set = e % KCCL_LL_SETS;
 
-  uint32_t hpend = 0; /* headers this thread checks: peer tid's */
-  for (int p = tid; p < n; p += nt)
-    if (p != me) hpend |= 1u << p;
+  uint32_t hpend = 0; /* headers this thread checks: peer tid's (warp 0 only, n <= 32) */
+  if (tid < n && tid != me) hpend = 1u << tid;
 
-  for (uint32_t base = 0; base < lines || hpend; base += (uint32_t)nt * KCCL_LL_MAX_LPT) {
+  for (uint32_t base = 0; base < lines || kgpu_any(wmask, hpend != 0); base += (uint32_t)nt * KCCL_LL_MAX_LPT) {
     if (base) { /* a later round (small blocks): its input lines.  Each line is read
                  * and written by one thread only, so in place needs no barrier. */
 #pragma unroll
@@ -283,17 +337,20 @@ __device__ static inline kcclResult_t ll_allreduce_block(const kcclDevComm &dc, 
       }
     }
     /* Push: header (first round), then this thread's lines, into every peer's inbox. */
-    for (int p = 0; p < n; p++) {
-      if (p == me) continue;
-      uint32_t *reg = ll_region(dc, p, set, me, block);
-      if (tid == 0 && base == 0) kgpu_st_weak_v4(reg, sig, e, nbytes, e);
+    if (tid == 0 && base == 0) {
 #pragma unroll
-      for (int k = 0; k < KCCL_LL_MAX_LPT; k++) {
-        const uint32_t l = base + tid + k * nt;
-        if (l < lines) kgpu_st_weak_v4(reg + 4 * (1 + l), mine[k][0], e, mine[k][1], e);
-      }
+      for (int p = 0; p < MAXR; p++)
+        if (p < n && p != me) kgpu_st_weak_v4(ll_region(dc, p, set, me, block), sig, e, nbytes, e);
     }
-
+#pragma unroll 1
+    for (int k = 0; k < KCCL_LL_MAX_LPT; k++) {
+      const uint32_t l = base + tid + k * nt;
+      if (l >= lines) break;
+      const uint32_t m0 = ll_pick(mine, k, 0), m1 = ll_pick(mine, k, 1);
+#pragma unroll
+      for (int p = 0; p < MAXR; p++)
+        if (p < n && p != me) kgpu_st_weak_v4(ll_region(dc, p, set, me, block) + 4 * (1 + l), m0, e, m1, e);
+    }
     if (tr && base == 0) {
       const long long now = kgpu_clock64();
       trace[0] += now - t_mark;
@@ -301,50 +358,51 @@ __device__ static inline kcclResult_t ll_allreduce_block(const kcclDevComm &dc, 
     }
     /* Receive each of this thread's lines from every peer, then combine in rank
      * order (the same order on every rank: bitwise the same result everywhere). */
-#pragma unroll
+#pragma unroll 1
     for (int k = 0; k < KCCL_LL_MAX_LPT; k++) {
       const uint32_t l = base + tid + k * nt;
       const bool have_line = l < lines;
-      if (!have_line && !hpend) break;
+      const bool warp_line = base + wbase + k * nt < lines; /* lane 0's line: the same for the warp */
+      if (!warp_line && !kgpu_any(wmask, hpend != 0)) break;
+      const uint32_t m0 = ll_pick(mine, k, 0), m1 = ll_pick(mine, k, 1);
       uint4 got[MAXR]; /* a peer's line stays here once it has arrived */
+      if (LEAD && MAXR >= 4 && n >= 4 && warp_line) { /* lane 0 waits for the warp (see above) */
+        uint32_t lead = all_peers;
+        Waiter w = waiter(dc);
+        for (;;) {
+          if (lane == 0) lead = ll_poll<MAXR>(dc, set, block, l, e, lead, got);
+          if (!kgpu_shfl(wmask, lead, 0)) break;
+          int why = lane == 0 ? keep_waiting(dc, w, &s_fail) : 0;
+          why = kgpu_shfl(wmask, why, 0);
+          if (why) { /* the lanes' own wait below takes its last look and records a stop */
+            if (lane == 0 && why == KCCL_GPU_TIMEOUT) ll_wait_failed(dc, why, __ffs(lead) - 1, sig, e, nbytes, &s_fail);
+            break;
+          }
+        }
+      }
       uint32_t pending = have_line ? all_peers : 0;
       Waiter wt = waiter(dc);
       bool last_look = false;
       while (pending | hpend) {
         uint4 hdr;
-        const int hp = hpend ? __ffs(hpend) - 1 : 0; /* one header per round (one per thread when nt >= n) */
-        /* Issue every load of this round first ... */
-#pragma unroll
-        for (int p = 0; p < MAXR; p++)
-          if (pending & (1u << p))
-            kgpu_ld_weak_v4(ll_region(dc, me, set, p, block) + 4 * (1 + l), &got[p].x, &got[p].y, &got[p].z,
-                            &got[p].w);
+        const int hp = hpend ? __ffs(hpend) - 1 : 0;
         if (hpend) kgpu_ld_weak_v4(ll_region(dc, me, set, hp, block), &hdr.x, &hdr.y, &hdr.z, &hdr.w);
-        /* ... then look at them. */
-#pragma unroll
-        for (int p = 0; p < MAXR; p++) {
-          if ((pending & (1u << p)) && got[p].y == e && got[p].w == e) pending &= ~(1u << p);
-        }
+        pending = ll_poll<MAXR>(dc, set, block, l, e, pending, got);
         if (hpend && hdr.y == e && hdr.w == e) {
-          hpend &= ~(1u << hp);
+          hpend = 0;
           if (hdr.x != sig || hdr.z != nbytes) {
             record_failure(dc, KCCL_GPU_MISMATCH, kcclInvalidUsage, hp, sig, hdr.x, e, nbytes, hdr.z);
             s_fail = 1;
           }
         }
         if (!(pending | hpend) || s_fail) break;
-        int why = keep_waiting(dc, wt, &s_fail);
+        const int why = keep_waiting(dc, wt, &s_fail);
         if (why == KCCL_GPU_STOPPED && !s_fail && !last_look) { /* sent just before the peer went? */
           last_look = true;
           continue;
         }
         if (why) {
-          int p = __ffs(pending | hpend) - 1;
-          if (why == KCCL_GPU_TIMEOUT)
-            record_failure(dc, KCCL_GPU_TIMEOUT, kcclTimeout, p, sig, 0, e, nbytes, 0);
-          else if (!s_fail)
-            record_failure(dc, KCCL_GPU_STOPPED, kcclRemoteError, dc.status->stop_peer, sig, 0, e, nbytes, 0);
-          s_fail = 1;
+          ll_wait_failed(dc, why, __ffs(pending | hpend) - 1, sig, e, nbytes, &s_fail);
           break;
         }
       }
@@ -354,30 +412,51 @@ __device__ static inline kcclResult_t ll_allreduce_block(const kcclDevComm &dc, 
         trace[3] += wt.polls + 1;
         t_mark = now;
       }
-      if (s_fail) break;
-      if (!have_line) continue;
-      float acc[4] = {0.f, 0.f, 0.f, 0.f}, v[4] = {0.f, 0.f, 0.f, 0.f};
+      if (have_line && !s_fail) {
+        float acc[4] = {0.f, 0.f, 0.f, 0.f}, v[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
-      for (int p = 0; p < MAXR; p++) {
-        if (p < n) {
-          decode(p == me ? mine[k][0] : got[p].x, p == me ? mine[k][1] : got[p].z, dt, v);
+        for (int p = 0; p < MAXR; p++) {
+          if (p < n) {
+            decode(p == me ? m0 : got[p].x, p == me ? m1 : got[p].z, (kcclDataType_t)DT, v);
 #pragma unroll
-          for (int j = 0; j < 4; j++) acc[j] = p == 0 ? v[j] : combine(acc[j], v[j], op);
+            for (int j = 0; j < 4; j++) acc[j] = p == 0 ? v[j] : combine(acc[j], v[j], (kcclRedOp_t)OP);
+          }
         }
-      }
-      if (op == kcclAvg) {
+        if (avg) {
 #pragma unroll
-        for (int j = 0; j < 4; j++) acc[j] /= (float)n;
+          for (int j = 0; j < 4; j++) acc[j] /= (float)n;
+        }
+        uint32_t w0, w1;
+        encode(acc, (kcclDataType_t)DT, &w0, &w1);
+        store8(out, (size_t)l * 8, nbytes, w0, w1);
       }
-      uint32_t w0, w1;
-      encode(acc, dt, &w0, &w1);
-      store8(out, (size_t)l * 8, nbytes, w0, w1);
+      if (kgpu_any(wmask, s_fail != 0)) break;
     }
-    if (s_fail) break;
+    if (kgpu_any(wmask, s_fail != 0)) break;
   }
   __syncthreads();
   if (tr) trace[2] += kgpu_clock64() - t_mark;
   return s_fail ? (kcclResult_t)(dc.status->code ? dc.status->code : kcclRemoteError) : kcclSuccess;
+}
+
+/* The library's entry: dtype and op at run time, one compiled body each (only
+ * the one that runs has to be fetched).  kcclInvalidArgument for others. */
+template <int MAXR, bool TRACE = false> /* MAXR: ranks this copy handles (<= KCCL_GPU_MAX_RANKS): the registers scale with it */
+__device__ static inline kcclResult_t ll_allreduce_block(const kcclDevComm &dc, int block, const char *in, char *out,
+                                                         uint32_t nbytes, kcclDataType_t dt, kcclRedOp_t op,
+                                                         uint32_t sig, long long *trace = nullptr) {
+  const bool avg = op == kcclAvg;
+  const int o = avg ? (int)kcclSum : (int)op;
+#define KCCL_LL_CASE(D, O) \
+  if (dt == D && o == O) return ll_block<MAXR, D, O, TRACE>(dc, block, in, out, nbytes, avg, sig, trace)
+#define KCCL_LL_CASES(D) \
+  KCCL_LL_CASE(D, kcclSum); KCCL_LL_CASE(D, kcclProd); KCCL_LL_CASE(D, kcclMax); KCCL_LL_CASE(D, kcclMin)
+  KCCL_LL_CASES(kcclBfloat16);
+  KCCL_LL_CASES(kcclFloat16);
+  KCCL_LL_CASES(kcclFloat32);
+#undef KCCL_LL_CASES
+#undef KCCL_LL_CASE
+  return kcclInvalidArgument;
 }
 
 /* kcclDevAllReduce's body; TRACE copies fill `trace` (see KCCL_LL_TRACE_SLOTS). */

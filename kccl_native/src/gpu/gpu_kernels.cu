@@ -34,16 +34,34 @@ using namespace kccl_detail;
 /* ------------------------------------------------------------- one-shot ---- */
 
 /* MAXR: 8 for communicators of up to 8 ranks (fewer registers, so more blocks
- * fit on an SM beside the peers' and the next call's), else KCCL_GPU_MAX_RANKS. */
-template <int MAXR>
+ * fit on an SM beside the peers' and the next call's), else KCCL_GPU_MAX_RANKS.
+ * One kernel per (MAXR, data type, operation): the body stays small (see
+ * ll_block); kcclAvg runs the kcclSum kernel with avg set. */
+template <int MAXR, int DT, int OP>
 __global__ void __launch_bounds__(KCCL_LL_THREADS) k_oneshot(kcclDevComm dc, const char *in, char *out,
-                                                             size_t nbytes, uint32_t per_block, int dt, int op,
+                                                             size_t nbytes, uint32_t per_block, int avg,
                                                              uint32_t sig) {
   kgpu_pdl_wait();    /* everything below may read what the previous kernel wrote */
   kgpu_pdl_trigger(); /* after the wait: see kgpu_pdl_trigger */
   const size_t off = (size_t)blockIdx.x * per_block;
   const uint32_t nb = (uint32_t)(nbytes - off < per_block ? nbytes - off : per_block);
-  ll_allreduce_block<MAXR>(dc, blockIdx.x, in + off, out + off, nb, (kcclDataType_t)dt, (kcclRedOp_t)op, sig);
+  ll_block<MAXR, DT, OP, false>(dc, blockIdx.x, in + off, out + off, nb, avg != 0, sig, nullptr);
+}
+
+typedef void (*oneshot_fn)(kcclDevComm, const char *, char *, size_t, uint32_t, int, uint32_t);
+
+/* [MAXR 8 / 16][bf16, f16, f32][sum, prod, max, min] */
+#define KCCL_ONESHOT_OPS(M, D) {k_oneshot<M, D, kcclSum>, k_oneshot<M, D, kcclProd>, k_oneshot<M, D, kcclMax>, \
+                                k_oneshot<M, D, kcclMin>}
+#define KCCL_ONESHOT_TYPES(M) {KCCL_ONESHOT_OPS(M, kcclBfloat16), KCCL_ONESHOT_OPS(M, kcclFloat16), \
+                               KCCL_ONESHOT_OPS(M, kcclFloat32)}
+static const oneshot_fn oneshot_kernels[2][3][4] = {KCCL_ONESHOT_TYPES(8), KCCL_ONESHOT_TYPES(KCCL_GPU_MAX_RANKS)};
+#undef KCCL_ONESHOT_TYPES
+#undef KCCL_ONESHOT_OPS
+
+static oneshot_fn oneshot_kernel(int nranks, int dtype, int op) {
+  const int t = dtype == kcclBfloat16 ? 0 : dtype == kcclFloat16 ? 1 : 2;
+  return oneshot_kernels[nranks <= 8 ? 0 : 1][t][op == kcclAvg ? kcclSum : op];
 }
 
 /* ------------------------------------------------ flags of the chunked path -- */
@@ -407,8 +425,8 @@ kgpuError_t kgpu_kernel_occupancy(int nranks, int *ts_per_sm, int *ll_per_sm) {
   kgpuError_t e;
   if ((e = kgpuOccupancyMaxActiveBlocksPerMultiprocessor(&a, k_twoshot, 256, 0)) != kgpuSuccess ||
       (e = kgpuOccupancyMaxActiveBlocksPerMultiprocessor(&b, k_gather, 256, 0)) != kgpuSuccess ||
-      (e = kgpuOccupancyMaxActiveBlocksPerMultiprocessor(
-           &c, nranks <= 8 ? k_oneshot<8> : k_oneshot<KCCL_GPU_MAX_RANKS>, KCCL_LL_THREADS, 0)) != kgpuSuccess)
+      (e = kgpuOccupancyMaxActiveBlocksPerMultiprocessor(&c, oneshot_kernel(nranks, kcclFloat32, kcclSum),
+                                                         KCCL_LL_THREADS, 0)) != kgpuSuccess)
     return e;
   *ts_per_sm = a < b ? a : b;
   *ll_per_sm = c;
@@ -459,9 +477,9 @@ extern "C" kcclResult_t kgpu_allreduce(struct kgpu *g, const void *send, void *r
     size_t per = (nbytes + blocks - 1) / blocks;
     per = (per + 7) / 8 * 8;
     blocks = (nbytes + per - 1) / per;
-    kgpuError_t e = kgpu_launch(g->shape.nranks <= 8 ? k_oneshot<8> : k_oneshot<KCCL_GPU_MAX_RANKS>,
-                                (unsigned)blocks, KCCL_LL_THREADS, st, g->shape.pdl, g->dc[0], (const char *)send,
-                                (char *)recv, nbytes, (uint32_t)per, dtype, op, sig);
+    kgpuError_t e = kgpu_launch(oneshot_kernel(g->shape.nranks, dtype, op), (unsigned)blocks, KCCL_LL_THREADS, st,
+                                g->shape.pdl, g->dc[0], (const char *)send, (char *)recv, nbytes, (uint32_t)per,
+                                op == kcclAvg ? 1 : 0, sig);
     return launched(e, "one-shot all-reduce");
   }
   /* Whole 16-element units per rank segment. */
