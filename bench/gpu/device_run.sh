@@ -31,6 +31,7 @@ for s in $steps; do
     pdlcheck[0-9]*) n=${s#pdlcheck}; KCCL_GPU_PDL=1 timeout 150 $MPI -x KCCL_GPU_PDL -n $n python3 tests/gpu/mpi_check.py --quick 2>&1 | tee "$LOGS/$s.log" | tail -8 ;;
     pdlsmall[0-9]*) n=${s#pdlsmall}; KCCL_GPU_PDL=1 timeout 200 $MPI -x KCCL_GPU_PDL -n $n python3 bench/allreduce.py --device cuda -d bfloat16 -b 4 -e 256K -r 20 --json "$LOGS/gpu_bench_${n}ranks_pdl.json" 2>&1 | tee "$LOGS/$s.log" | grep -v Traceback | tail -32 ;;
     ts[0-9]*) n=${s#ts}; KCCL_ALGO=twoshot timeout 200 $MPI -x KCCL_ALGO -n $n python3 bench/allreduce.py --device cuda -d bfloat16 -b 1K -e 1M -r 20 --json "$LOGS/gpu_bench_${n}ranks_twoshot.json" 2>&1 | tee "$LOGS/$s.log" | grep -v Traceback | grep -v "^# device API" | tail -14 ;;
+    nopdllarge[0-9]*) n=${s#nopdllarge}; KCCL_GPU_PDL=0 timeout 200 $MPI -x KCCL_GPU_PDL -n $n python3 bench/allreduce.py --device cuda -d bfloat16 -b 512K -e 64M -r 10 --json "$LOGS/gpu_bench_${n}ranks_large_nopdl.json" 2>&1 | tee "$LOGS/$s.log" | grep -v Traceback | tail -16 ;;
     large[0-9]*) n=${s#large}; timeout 200 $MPI -n $n python3 bench/allreduce.py --device cuda -d bfloat16 -b 512K -e 64M -r 10 --json "$LOGS/gpu_bench_${n}ranks_large.json" 2>&1 | tee "$LOGS/$s.log" | grep -v Traceback | tail -16 ;;
     nopdl[0-9]*) n=${s#nopdl}; KCCL_GPU_PDL=0 timeout 200 $MPI -x KCCL_GPU_PDL -n $n python3 bench/allreduce.py --device cuda -d bfloat16 -b 4 -e 256K -r 20 --json "$LOGS/gpu_bench_${n}ranks_nopdl.json" 2>&1 | tee "$LOGS/$s.log" | grep -v Traceback | tail -30 ;;
     bench[0-9]*) n=${s#bench}; timeout 300 $MPI -n $n python3 bench/allreduce.py --device cuda -d bfloat16 -b 4 -e 64M -r 20 --json "$LOGS/gpu_bench_${n}ranks.json" 2>&1 | tee "$LOGS/$s.log" | tail -40 ;;
@@ -51,6 +52,14 @@ for s in $steps; do
     residency[0-9]*) n=${s#residency}; timeout 120 $MPI -n $n python3 bench/gpu/residency.py --json "$LOGS/residency_${n}ranks.json" 2>&1 | tee "$LOGS/$s.log" | tail -16 ;;
     ladder) nvcc -O3 -std=c++17 -gencode=arch=compute_90,code=sm_90 -Ikccl_native/include -o /tmp/ll_ladder bench/gpu/ll_ladder.cu &&
             timeout 120 /tmp/ll_ladder 2>&1 | tee "$LOGS/ladder.log" ;;
+    nculadder) # stall reasons of the ladder's variants (ncu does not profile MPS clients: MPS is stopped meanwhile)
+      echo quit | nvidia-cuda-mps-control; sleep 2
+      for r in 2 8; do
+        timeout 150 ncu --csv --metrics regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio,smsp__inst_executed.sum,gpu__time_duration.sum,smsp__warps_active.avg.per_cycle_active \
+          -k regex:k_ladder /tmp/ll_ladder 300 $r 256 > "$LOGS/ncu_ladder_$r.csv" 2> "$LOGS/ncu_ladder_$r.err"
+        tail -3 "$LOGS/ncu_ladder_$r.err"
+      done
+      nvidia-cuda-mps-control -d && echo "MPS restarted" ;;
     launchfloor) timeout 200 sh bench/gpu/run_launch_floor.sh 2>&1 | tee "$LOGS/launchfloor.log" | tail -60 ;;
     nopdlcheck[0-9]*) n=${s#nopdlcheck}; KCCL_GPU_PDL=0 timeout 150 $MPI -x KCCL_GPU_PDL -n $n python3 tests/gpu/mpi_check.py --quick 2>&1 | tee "$LOGS/$s.log" | tail -8 ;;
     l2poll) [ -f bench/gpu/run_l2_poll.sh ] && timeout 200 bash bench/gpu/run_l2_poll.sh 2>&1 | tee "$LOGS/l2poll.log" | tail -30 ;;

@@ -10,9 +10,9 @@
 //   2 bare + thread 0 reads / advances the epoch in memory + start barrier + end barrier
 //   3 kccl_detail::ll_allreduce_block<8>   (the library's, header and bounded waits)
 //   4 kccl_detail::ll_allreduce_block<16>
-//   5 the library's body for bf16 max, 8 ranks at most, without the lane-0 wait (LEAD false)
+//   5 the library's body for bf16 max, 8 ranks at most, called directly (no dtype / op dispatch)
 //   Each at 256, 128, 64 and 32 threads per block (one 8-byte datum per thread: 4-32 blocks).
-//   ll_ladder [iters=2000]
+//   ll_ladder [iters=2000] [ranks (0: 2, 4, 8)] [threads (0: all four)]   (one config: for ncu)
 // Build: nvcc -O3 -std=c++17 -gencode=arch=compute_90,code=sm_90 -Ikccl_native/include -o ll_ladder ll_ladder.cu
 #include <cuda_runtime.h>
 
@@ -121,7 +121,7 @@ __global__ void __launch_bounds__(256) k_ladder(Ranks rk, int B, int iters, uint
       kcclResult_t rc =
           V == 3 ? ll_allreduce_block<8>(dc, b, data, data, per, kcclBfloat16, kcclMax, 0x1234u)
           : V == 4 ? ll_allreduce_block<16>(dc, b, data, data, per, kcclBfloat16, kcclMax, 0x1234u)
-                   : ll_block<8, kcclBfloat16, kcclMax, false, false>(dc, b, data, data, per, false, 0x1234u, nullptr);
+                   : ll_block<8, kcclBfloat16, kcclMax, false>(dc, b, data, data, per, false, 0x1234u, nullptr);
       if (rc != kcclSuccess) { *hung = 2; break; }
     }
   }
@@ -144,7 +144,7 @@ static double run(Ranks rk, int B, int T, int iters, uint32_t &e0, double *d_us,
 }
 
 template <int R>
-static void ladder(char *base, int iters) {
+static void ladder(char *base, int iters, int only_threads) {
   Ranks rk;
   CHECK(cudaMemset(base, 0, RANK_BYTES * R));
   for (int r = 0; r < R; r++) {
@@ -166,6 +166,7 @@ static void ladder(char *base, int iters) {
   CHECK(cudaMalloc(&d_hung, sizeof(int)));
   CHECK(cudaMemset(d_hung, 0, sizeof(int)));
   for (int T : {256, 128, 64, 32}) {
+    if (only_threads && T != only_threads) continue;
     const int B = DATA_BYTES / 8 / T; /* one 8-byte datum per thread */
     // Variants 0-1 keep the epoch in a register, 2-4 in memory: separate epoch ranges, so
     // no inbox line of one run can pass for a line of the next (each run starts 10^6 on).
@@ -182,7 +183,7 @@ static void ladder(char *base, int iters) {
     v[4] = run<R, 4>(rk, B, T, iters, dummy, d_us, d_hung);
     v[5] = run<R, 5>(rk, B, T, iters, dummy, d_us, d_hung);
     std::printf("R=%d ranks, %2d blocks/rank x %3d threads: bare %.3f | +end barrier %.3f | +epoch in memory, "
-                "2 barriers %.3f | ll_allreduce_block<8> %.3f | <16> %.3f | <8> without lane-0 wait %.3f  us per call\n",
+                "2 barriers %.3f | ll_allreduce_block<8> %.3f | <16> %.3f | <8> bf16/max body %.3f  us per call\n",
                 R, B, T, v[0], v[1], v[2], v[3], v[4], v[5]);
   }
   CHECK(cudaFree(d_us));
@@ -194,9 +195,10 @@ int main(int argc, char **argv) {
   char *base;
   CHECK(cudaMalloc(&base, RANK_BYTES * 8));
   std::printf("ll_ladder: %d dependent calls per run, max over blocks of us per call\n", iters);
-  ladder<2>(base, iters);
-  ladder<4>(base, iters);
-  ladder<8>(base, iters);
+  const int ranks = argc > 2 ? std::atoi(argv[2]) : 0, threads = argc > 3 ? std::atoi(argv[3]) : 0;
+  if (!ranks || ranks == 2) ladder<2>(base, iters, threads);
+  if (!ranks || ranks == 4) ladder<4>(base, iters, threads);
+  if (!ranks || ranks == 8) ladder<8>(base, iters, threads);
   CHECK(cudaFree(base));
   return 0;
 }

@@ -278,15 +278,12 @@ __device__ static inline uint32_t ll_poll(const kcclDevComm &dc, uint32_t set, i
  *   registers, pushes them to every peer back to back (stores do not wait),
  *   and reduces from the same registers; thread 0's epoch read overlaps the
  *   input loads;
- * - little poll traffic: with 4+ ranks, until lane 0 of a warp has its line
- *   from every peer only lane 0 polls (a peer's warp pushes those 32 lines with
- *   one store instruction, so they arrive together); then every lane polls its
- *   own lines, which are then (nearly always) there.  Polling every lane's
- *   lines from every peer all along flooded the L2 with loads at 8 ranks and
- *   slowed the pushes it waited for;
+ * - (measured, and dropped: letting only lane 0 of a warp poll until its line
+ *   had come from every peer, to cut poll traffic, cost ~1 us per call more at
+ *   8 ranks than every lane polling its own lines);
  * - control flow that leaves a warp (the end of a thread's lines, a failure) is
- *   warp-uniform, so the lane-0 wait can use warp shuffles. */
-template <int MAXR, int DT, int OP, bool TRACE, bool LEAD = true> /* LEAD: lane 0 waits first (4+ ranks) */
+ *   warp-uniform. */
+template <int MAXR, int DT, int OP, bool TRACE>
 __device__ static inline kcclResult_t ll_block(const kcclDevComm &dc, int block, const char *in, char *out,
                                                uint32_t nbytes, bool avg, uint32_t sig, long long *trace) {
   const bool tr = TRACE && threadIdx.x == 0 && block == 0;
@@ -366,20 +363,6 @@ __device__ static inline kcclResult_t ll_block(const kcclDevComm &dc, int block,
       if (!warp_line && !kgpu_any(wmask, hpend != 0)) break;
       const uint32_t m0 = ll_pick(mine, k, 0), m1 = ll_pick(mine, k, 1);
       uint4 got[MAXR]; /* a peer's line stays here once it has arrived */
-      if (LEAD && MAXR >= 4 && n >= 4 && warp_line) { /* lane 0 waits for the warp (see above) */
-        uint32_t lead = all_peers;
-        Waiter w = waiter(dc);
-        for (;;) {
-          if (lane == 0) lead = ll_poll<MAXR>(dc, set, block, l, e, lead, got);
-          if (!kgpu_shfl(wmask, lead, 0)) break;
-          int why = lane == 0 ? keep_waiting(dc, w, &s_fail) : 0;
-          why = kgpu_shfl(wmask, why, 0);
-          if (why) { /* the lanes' own wait below takes its last look and records a stop */
-            if (lane == 0 && why == KCCL_GPU_TIMEOUT) ll_wait_failed(dc, why, __ffs(lead) - 1, sig, e, nbytes, &s_fail);
-            break;
-          }
-        }
-      }
       uint32_t pending = have_line ? all_peers : 0;
       Waiter wt = waiter(dc);
       bool last_look = false;

@@ -94,9 +94,9 @@ def oneshot_cap(c, count, dtype):
 
 def allreduce_cases(comm, comms_by_algo, quick):
     sizes = [4, 8, 12, 16, 100, 1000, 2048, 4096, 8192, 8200, 16384, 65536, 131072, 262144, 1 << 20, 3 << 20,
-             (16 << 20) + 48, 64 << 20]
+             (16 << 20) + 48, (24 << 20) + 48, 64 << 20]
     if quick:
-        sizes = [4, 12, 1000, 8192, 65536, 262144, 3 << 20, (16 << 20) + 48]
+        sizes = [4, 12, 1000, 8192, 65536, 262144, 3 << 20, (24 << 20) + 48]  # 24 MB: a full chunk and a large last one
     seed = 1
     for algo, c in comms_by_algo.items():
         for dtype in ("bfloat16", "float32", "float16"):

@@ -259,20 +259,27 @@ __global__ void __launch_bounds__(256, 3) k_twoshot(TwoShot a) {
   const size_t piece_max = a.scatter ? (a.chunk_elems / n) / 16 * 16 : a.chunk_elems;
   const RepLines rl = rep_lines(dc, a.rep);
 
+  /* The scratch layout is the same for every chunk of a call: segment s at
+   * s * stride and block b's portion at [b * P, (b + 1) * P) of it, both from
+   * the first (largest) chunk.  The reuse rules above are per block, so block
+   * b must touch the same scratch bytes in every step: with the layout of the
+   * (smaller) last chunk, block b could overwrite what another block of a
+   * peer, still a step behind, was reading. */
+  const size_t S0 = a.scatter ? (total < piece_max ? total : piece_max)
+                              : (((total < a.chunk_elems ? total : a.chunk_elems) + n - 1) / n + 15) / 16 * 16;
+  const size_t stride = (S0 + 15) / 16 * 16;
+  const size_t P = ((S0 + G - 1) / G + 15) / 16 * 16; /* block b's portion of a segment */
   for (size_t o = 0; o < total;) {
     /* This chunk: segment s covers user elements [useg(s), useg(s)+slen(s)) and
      * scratch elements [s*stride, ...). */
-    size_t CE, S, stride;
+    size_t CE, S;
     if (a.scatter) {
       S = total - o < piece_max ? total - o : piece_max;
-      stride = (S + 15) / 16 * 16;
       CE = S * n;
     } else {
       CE = total - o < a.chunk_elems ? total - o : a.chunk_elems;
       S = ((CE + n - 1) / n + 15) / 16 * 16;
-      stride = S;
     }
-    const size_t P = ((S + G - 1) / G + 15) / 16 * 16; /* block b's portion of a segment */
     const size_t plo = (size_t)b * P < S ? (size_t)b * P : S, phi = plo + P < S ? plo + P : S;
     const uint32_t step = next_step(dc, a.off_steps, &s_step);
     const uint64_t val = ((uint64_t)a.sig << 32) | step;
@@ -341,7 +348,7 @@ __global__ void __launch_bounds__(256, 3) k_twoshot(TwoShot a) {
       size_t slen = CE > s * S ? (CE - s * S < S ? CE - s * S : S) : 0;
       size_t lo = plo < slen ? plo : slen, hi = phi < slen ? phi : slen;
       if (lo >= hi) continue;
-      const char *src = dc.peer_base[s] + a.off_out + (size_t)s * S * es;
+      const char *src = dc.peer_base[s] + a.off_out + (size_t)s * stride * es;
       char *dst = a.recv + (o + (size_t)s * S) * es;
       copy_range(dst, src, lo * es, hi * es, true);
     }
@@ -375,9 +382,11 @@ __global__ void __launch_bounds__(256, 3) k_gather(Gather a) {
   const bool bcast = a.root >= 0;
   const bool publish = !bcast || me == a.root;
   const RepLines rl = rep_lines(dc, a.rep);
+  /* Block b's portion of every chunk comes from the first (largest) one: see k_twoshot. */
+  const size_t cb0 = a.bytes < a.chunk_bytes ? a.bytes : a.chunk_bytes;
+  const size_t P = ((cb0 + G - 1) / G + 15) / 16 * 16;
   for (size_t o = 0; o < a.bytes || (o == 0 && a.bytes == 0);) {
     const size_t cb = a.bytes - o < a.chunk_bytes ? a.bytes - o : a.chunk_bytes;
-    const size_t P = ((cb + G - 1) / G + 15) / 16 * 16;
     const size_t lo = (size_t)b * P < cb ? (size_t)b * P : cb, hi = lo + P < cb ? lo + P : cb;
     const uint32_t step = next_step(dc, a.off_steps, &s_step);
     const size_t half = (step & 1) ? a.off_g1 : a.off_g0;

@@ -171,7 +171,13 @@ extern "C" kcclResult_t kgpu_connect(struct kgpu *g, const kgpu_export *peers) {
    * while 24-33 blocks per rank (48-67 %) timed out sooner or later in 3 of 4
    * runs, as if fewer blocks were co-resident across MPS clients than the
    * calculator says (bench/RESULTS.md).  Without PDL the same counts are used:
-   * the larger ones are the ones that failed. */
+   * the larger ones are the ones that failed.  Since then bench/gpu/residency.py
+   * found that 8 ranks x 48 blocks of one 80-register kernel (97 % of the
+   * calculator) are all resident at once, and the two-shot timeouts at 8
+   * ranks came back at 18 blocks, so residency is not their cause; the margin
+   * stays because kernels of different register counts (one-shot 118, the
+   * chunked ones 80) share SMs, where the calculator's per-kernel counts do
+   * not add up. */
   const int resident = max_local * 2;
   int blocks = 2 * min_sms / max_local, cap = min_sms * ts_per_sm * 3 / (4 * resident);
   if (blocks > cap) blocks = cap;
