@@ -121,11 +121,14 @@ __device__ static inline uint64_t *rep_slot(char *base, const Replicas &rep, uin
 
 /* The block's next step number: its counter in device memory (one per block,
  * shared by the chunked kernels) is read and advanced by thread 0 only; the
- * others take the value from shared memory after the barrier. */
+ * others take the value from shared memory after the barrier.  The read goes
+ * past L1 (volatile): the counters of 32 blocks share a line, and another
+ * block's plain read may have left a copy in this SM's L1 that is older than
+ * this block's last write from another SM. */
 __device__ static inline uint32_t next_step(const kcclDevComm &dc, size_t off_steps, uint32_t *s_step) {
   if (threadIdx.x == 0) {
     uint32_t *sp = (uint32_t *)(dc.peer_base[dc.rank] + off_steps) + blockIdx.x;
-    *s_step = *sp + 1;
+    *s_step = kgpu_ld_volatile_u32(sp) + 1;
     *sp = *s_step;
   }
   __syncthreads();
