@@ -11,6 +11,9 @@
 //   3 kccl_detail::ll_allreduce_block<8>   (the library's, header and bounded waits)
 //   4 kccl_detail::ll_allreduce_block<16>
 //   5 the library's body for bf16 max, 8 ranks at most, called directly (no dtype / op dispatch)
+//   6 variant 2 + the header line (thread 0 pushes it, thread p checks peer p's)
+//   7 variant 6 + the library's bounded wait (keep_waiting between poll rounds)
+//   8 variant 7 with the peer loops run to 8 and the rank count known only at run time
 //   Each at 256, 128, 64 and 32 threads per block (one 8-byte datum per thread: 4-32 blocks).
 //   ll_ladder [iters=2000] [ranks (0: 2, 4, 8)] [threads (0: all four)]   (one config: for ncu)
 // Build: nvcc -O3 -std=c++17 -gencode=arch=compute_90,code=sm_90 -Ikccl_native/include -o ll_ladder ll_ladder.cu
@@ -52,13 +55,15 @@ __device__ static inline unsigned long long gtimer() {
   return t;
 }
 
-// The bare exchange: one 8-byte datum per thread (lines <= blockDim.x).
-template <int R, int V>
+// The bare exchange: one 8-byte datum per thread (lines <= blockDim.x).  MAXR: the
+// peer loops run to MAXR with a run-time rank count (as the library's do); V as above.
+template <int R, int MAXR, int V>
 __device__ static inline bool bare(const kcclDevComm &dc, int block, char *data, uint32_t nbytes, uint32_t &e,
                                    int *hung) {
   __shared__ uint32_t s_e;
-  const int tid = threadIdx.x, me = dc.rank;
-  const uint32_t lines = nbytes / 8;
+  __shared__ volatile int s_fail;
+  const int tid = threadIdx.x, me = dc.rank, n = MAXR == R ? R : dc.nranks;
+  const uint32_t lines = nbytes / 8, sig = 0x1234u;
   uint32_t w0 = 0, w1 = 0;
   if (tid < lines) load8(data, (size_t)tid * 8, nbytes, &w0, &w1);
   if (V >= 2) {
@@ -67,41 +72,63 @@ __device__ static inline bool bare(const kcclDevComm &dc, int block, char *data,
       const uint32_t nx = kgpu_ld_volatile_u32(ep) + 1;
       *ep = nx;
       s_e = nx;
+      s_fail = 0;
     }
     __syncthreads();
     e = s_e;
   } else {
     e++;
   }
-  if (tid >= lines) {
+  const uint32_t set = e % KCCL_LL_SETS;
+  uint32_t hpend = V >= 6 && tid < n && tid != me ? 1u << tid : 0;
+  if (V >= 6 && tid == 0) {
+#pragma unroll
+    for (int p = 0; p < MAXR; p++)
+      if (p < n && p != me) kgpu_st_weak_v4(ll_region(dc, p, set, me, block), sig, e, nbytes, e);
+  }
+  if (tid >= lines && !hpend) {
     if (V >= 1) __syncthreads();
     return true;
   }
-  const uint32_t set = e % KCCL_LL_SETS;
+  if (tid < lines) {
 #pragma unroll
-  for (int p = 0; p < R; p++)
-    if (p != me) kgpu_st_weak_v4(ll_region(dc, p, set, me, block) + 4 * (1 + tid), w0, e, w1, e);
-  uint4 got[R];
-  uint32_t pending = ((1u << R) - 1) & ~(1u << me);
-  for (uint32_t polls = 0; pending; polls++) {
+    for (int p = 0; p < MAXR; p++)
+      if (p < n && p != me) kgpu_st_weak_v4(ll_region(dc, p, set, me, block) + 4 * (1 + tid), w0, e, w1, e);
+  }
+  uint4 got[MAXR];
+  uint32_t pending = tid < lines ? ((1u << n) - 1) & ~(1u << me) : 0;
+  Waiter w = waiter(dc);
+  for (uint32_t polls = 0; pending | hpend; polls++) {
+    uint4 hdr;
+    if (V >= 6 && hpend) kgpu_ld_weak_v4(ll_region(dc, me, set, tid, block), &hdr.x, &hdr.y, &hdr.z, &hdr.w);
 #pragma unroll
-    for (int p = 0; p < R; p++)
+    for (int p = 0; p < MAXR; p++)
       if (pending & (1u << p))
         kgpu_ld_weak_v4(ll_region(dc, me, set, p, block) + 4 * (1 + tid), &got[p].x, &got[p].y, &got[p].z, &got[p].w);
 #pragma unroll
-    for (int p = 0; p < R; p++)
+    for (int p = 0; p < MAXR; p++)
       if ((pending & (1u << p)) && got[p].y == e && got[p].w == e) pending &= ~(1u << p);
+    if (V >= 6 && hpend && hdr.y == e && hdr.w == e) {
+      hpend = 0;
+      if (hdr.x != sig || hdr.z != nbytes) *hung = 3;
+    }
+    if (!(pending | hpend)) break;
+    if (V >= 7 && keep_waiting(dc, w, &s_fail)) { *hung = 4; return false; }
     if (polls > (1u << 24)) { *hung = 1; return false; } /* a bug here: the run's timeout ends it */
   }
-  float acc[4], v[4];
+  if (tid < lines) {
+    float acc[4], v[4];
 #pragma unroll
-  for (int p = 0; p < R; p++) {
-    decode(p == me ? w0 : got[p].x, p == me ? w1 : got[p].z, kcclBfloat16, v);
+    for (int p = 0; p < MAXR; p++) {
+      if (p < n) {
+        decode(p == me ? w0 : got[p].x, p == me ? w1 : got[p].z, kcclBfloat16, v);
 #pragma unroll
-    for (int j = 0; j < 4; j++) acc[j] = p == 0 ? v[j] : combine(acc[j], v[j], kcclMax);
+        for (int j = 0; j < 4; j++) acc[j] = p == 0 ? v[j] : combine(acc[j], v[j], kcclMax);
+      }
+    }
+    encode(acc, kcclBfloat16, &w0, &w1);
+    store8(data, (size_t)tid * 8, nbytes, w0, w1);
   }
-  encode(acc, kcclBfloat16, &w0, &w1);
-  store8(data, (size_t)tid * 8, nbytes, w0, w1);
   if (V >= 1) __syncthreads();
   return true;
 }
@@ -115,8 +142,8 @@ __global__ void __launch_bounds__(256) k_ladder(Ranks rk, int B, int iters, uint
   uint32_t e = e0;
   const unsigned long long t0 = gtimer();
   for (int it = 0; it < iters; it++) {
-    if (V <= 2) {
-      if (!bare<R, V>(dc, b, data, per, e, hung)) break;
+    if (V <= 2 || V >= 6) {
+      if (!bare<R, V == 8 ? 8 : R, V>(dc, b, data, per, e, hung)) break;
     } else {
       kcclResult_t rc =
           V == 3 ? ll_allreduce_block<8>(dc, b, data, data, per, kcclBfloat16, kcclMax, 0x1234u)
@@ -172,7 +199,7 @@ static void ladder(char *base, int iters, int only_threads) {
     // no inbox line of one run can pass for a line of the next (each run starts 10^6 on).
     uint32_t ereg = 1000000;
     CHECK(cudaMemset(base, 0, RANK_BYTES * R));
-    double v[6];
+    double v[9];
     v[0] = run<R, 0>(rk, B, T, iters, ereg, d_us, d_hung);
     ereg += 1000000;
     v[1] = run<R, 1>(rk, B, T, iters, ereg, d_us, d_hung);
@@ -182,9 +209,13 @@ static void ladder(char *base, int iters, int only_threads) {
     v[3] = run<R, 3>(rk, B, T, iters, dummy, d_us, d_hung);
     v[4] = run<R, 4>(rk, B, T, iters, dummy, d_us, d_hung);
     v[5] = run<R, 5>(rk, B, T, iters, dummy, d_us, d_hung);
+    v[6] = run<R, 6>(rk, B, T, iters, dummy, d_us, d_hung);
+    v[7] = run<R, 7>(rk, B, T, iters, dummy, d_us, d_hung);
+    v[8] = run<R, 8>(rk, B, T, iters, dummy, d_us, d_hung);
     std::printf("R=%d ranks, %2d blocks/rank x %3d threads: bare %.3f | +end barrier %.3f | +epoch in memory, "
-                "2 barriers %.3f | ll_allreduce_block<8> %.3f | <16> %.3f | <8> bf16/max body %.3f  us per call\n",
-                R, B, T, v[0], v[1], v[2], v[3], v[4], v[5]);
+                "2 barriers %.3f | +header %.3f | +bounded wait %.3f | +loops to 8 %.3f | ll_allreduce_block<8> %.3f | <16> %.3f "
+                "| <8> bf16/max body %.3f  us per call\n",
+                R, B, T, v[0], v[1], v[2], v[6], v[7], v[8], v[3], v[4], v[5]);
   }
   CHECK(cudaFree(d_us));
   CHECK(cudaFree(d_hung));
