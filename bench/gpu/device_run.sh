@@ -55,8 +55,8 @@ for s in $steps; do
     nculadder) # stall reasons of the ladder's variants (ncu does not profile MPS clients: MPS is stopped meanwhile)
       echo quit | nvidia-cuda-mps-control; sleep 2
       for r in 2 8; do
-        timeout 150 ncu --csv --metrics regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio,smsp__inst_executed.sum,gpu__time_duration.sum,smsp__warps_active.avg.per_cycle_active \
-          -k regex:k_ladder /tmp/ll_ladder 300 $r 256 > "$LOGS/ncu_ladder_$r.csv" 2> "$LOGS/ncu_ladder_$r.err"
+        timeout 150 ncu --section WarpStateStats --section LaunchStats --metrics smsp__inst_executed.sum,gpu__time_duration.sum \
+          --page raw --csv -k regex:k_ladder /tmp/ll_ladder 300 $r 256 > "$LOGS/ncu_ladder_$r.csv" 2> "$LOGS/ncu_ladder_$r.err"
         tail -3 "$LOGS/ncu_ladder_$r.err"
       done
       nvidia-cuda-mps-control -d && echo "MPS restarted" ;;
