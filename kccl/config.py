@@ -88,8 +88,9 @@ SETTINGS: Tuple[Setting, ...] = (
             "GPU communicators: chunk size of two-shot all-reduce, reduce-scatter, all-gather and "
             "broadcast (each rank allocates 4 such areas on its GPU). Must be equal on all ranks."),
     Setting("KCCL_GPU_PDL", "gpu_pdl", 1, _int_range(0, 1),
-            "GPU communicators: 1 launches collectives with programmatic dependent launch (Hopper): the "
-            "next call's kernel starts launching while this one runs (0: plain launches)."),
+            "GPU communicators: 1 launches the one-shot all-reduce with programmatic dependent launch "
+            "(Hopper): the next call's kernel starts launching while this one runs (0: plain launches). "
+            "The chunked kernels (two-shot, all-gather, broadcast) always launch plainly."),
     Setting("KCCL_GPU_FLAG_REPLICAS", "gpu_flag_replicas", 0, _int_range(0, 1),
             "GPU communicators, opt-in: 1 keeps each two-shot / gather flag twice, once near each L2 "
             "partition (found by timing loads at init); writers write both, a reader polls the copy "

@@ -93,7 +93,7 @@ __device__ static inline bool bare(const kcclDevComm &dc, int block, char *data,
   if (tid < lines) {
 #pragma unroll
     for (int p = 0; p < MAXR; p++)
-      if (p < n && p != me) kgpu_st_weak_v4(ll_region(dc, p, set, me, block) + 4 * (1 + tid), w0, e, w1, e);
+      if (p < n && p != me) kgpu_st_weak_v4(ll_line(ll_region(dc, p, set, me, block), tid), w0, e, w1, e);
   }
   uint4 got[MAXR];
   uint32_t pending = tid < lines ? ((1u << n) - 1) & ~(1u << me) : 0;
@@ -104,7 +104,7 @@ __device__ static inline bool bare(const kcclDevComm &dc, int block, char *data,
 #pragma unroll
     for (int p = 0; p < MAXR; p++)
       if (pending & (1u << p))
-        kgpu_ld_weak_v4(ll_region(dc, me, set, p, block) + 4 * (1 + tid), &got[p].x, &got[p].y, &got[p].z, &got[p].w);
+        kgpu_ld_weak_v4(ll_line(ll_region(dc, me, set, p, block), tid), &got[p].x, &got[p].y, &got[p].z, &got[p].w);
 #pragma unroll
     for (int p = 0; p < MAXR; p++)
       if ((pending & (1u << p)) && got[p].y == e && got[p].w == e) pending &= ~(1u << p);

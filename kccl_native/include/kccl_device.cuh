@@ -56,8 +56,10 @@
 #define KCCL_LL_THREADS 256     /* threads per block of the library's LL kernels */
 #define KCCL_LL_MAX_LPT 4       /* data lines per thread per call, at most */
 #define KCCL_DEV_MAX_BLOCKS 32  /* blocks per channel */
-#define KCCL_LL_REGION_LINES (1 + KCCL_LL_THREADS * KCCL_LL_MAX_LPT)
-#define KCCL_LL_REGION_BYTES (16 * KCCL_LL_REGION_LINES)
+/* A region: the header in a 128-byte line of its own (sharing it with data lines
+ * cost ~0.4-0.8 us per call: bench/gpu/ll_ladder.cu), then the data lines. */
+#define KCCL_LL_HEADER_BYTES 128
+#define KCCL_LL_REGION_BYTES (KCCL_LL_HEADER_BYTES + 16 * KCCL_LL_THREADS * KCCL_LL_MAX_LPT)
 #define KCCL_LL_MAX_BYTES (8 * KCCL_LL_THREADS * KCCL_LL_MAX_LPT) /* data bytes per block per call */
 #define KCCL_CHANNELS 2         /* 0: the library's kernels, 1: user kernels through this API */
 
@@ -76,6 +78,11 @@ typedef struct {
 
 /* ---------------------------------------------------------------- internals -- */
 namespace kccl_detail {
+
+/* Data line l of a region. */
+__device__ static inline uint32_t *ll_line(uint32_t *region, uint32_t l) {
+  return region + KCCL_LL_HEADER_BYTES / 4 + 4 * l;
+}
 
 __device__ static inline uint32_t *ll_region(const kcclDevComm &dc, int owner, uint32_t set, int sender,
                                              int block) {
@@ -256,7 +263,7 @@ __device__ static inline uint32_t ll_poll(const kcclDevComm &dc, uint32_t set, i
 #pragma unroll
   for (int p = 0; p < MAXR; p++)
     if (pending & (1u << p))
-      kgpu_ld_weak_v4(ll_region(dc, dc.rank, set, p, block) + 4 * (1 + l), &got[p].x, &got[p].y, &got[p].z,
+      kgpu_ld_weak_v4(ll_line(ll_region(dc, dc.rank, set, p, block), l), &got[p].x, &got[p].y, &got[p].z,
                       &got[p].w);
 #pragma unroll
   for (int p = 0; p < MAXR; p++)
@@ -346,7 +353,7 @@ __device__ static inline kcclResult_t ll_block(const kcclDevComm &dc, int block,
       const uint32_t m0 = ll_pick(mine, k, 0), m1 = ll_pick(mine, k, 1);
 #pragma unroll
       for (int p = 0; p < MAXR; p++)
-        if (p < n && p != me) kgpu_st_weak_v4(ll_region(dc, p, set, me, block) + 4 * (1 + l), m0, e, m1, e);
+        if (p < n && p != me) kgpu_st_weak_v4(ll_line(ll_region(dc, p, set, me, block), l), m0, e, m1, e);
     }
     if (tr && base == 0) {
       const long long now = kgpu_clock64();
@@ -428,6 +435,9 @@ template <int MAXR, bool TRACE = false> /* MAXR: ranks this copy handles (<= KCC
 __device__ static inline kcclResult_t ll_allreduce_block(const kcclDevComm &dc, int block, const char *in, char *out,
                                                          uint32_t nbytes, kcclDataType_t dt, kcclRedOp_t op,
                                                          uint32_t sig, long long *trace = nullptr) {
+  /* Two ranks get their own body: peer loops that run to MAXR with a run-time
+   * rank count cost ~0.7 us per call at 2 ranks (bench/gpu/ll_ladder.cu). */
+  if (MAXR > 2 && dc.nranks <= 2) return ll_allreduce_block<2, TRACE>(dc, block, in, out, nbytes, dt, op, sig, trace);
   const bool avg = op == kcclAvg;
   const int o = avg ? (int)kcclSum : (int)op;
 #define KCCL_LL_CASE(D, O) \
