@@ -291,7 +291,7 @@ __device__ static inline uint32_t ll_poll(const kcclDevComm &dc, uint32_t set, i
  * - control flow that leaves a warp (the end of a thread's lines, a failure) is
  *   warp-uniform. */
 template <int MAXR, int DT, int OP, bool TRACE>
-__device__ static inline kcclResult_t ll_block(const kcclDevComm &dc, int block, const char *in, char *out,
+__device__ static __forceinline__ kcclResult_t ll_block(const kcclDevComm &dc, int block, const char *in, char *out,
                                                uint32_t nbytes, bool avg, uint32_t sig, long long *trace) {
   const bool tr = TRACE && threadIdx.x == 0 && block == 0;
   long long t_mark = tr ? kgpu_clock64() : 0;
@@ -432,7 +432,7 @@ __device__ static inline kcclResult_t ll_block(const kcclDevComm &dc, int block,
 /* The library's entry: dtype and op at run time, one compiled body each (only
  * the one that runs has to be fetched).  kcclInvalidArgument for others. */
 template <int MAXR, bool TRACE = false> /* MAXR: ranks this copy handles (<= KCCL_GPU_MAX_RANKS): the registers scale with it */
-__device__ static inline kcclResult_t ll_allreduce_block(const kcclDevComm &dc, int block, const char *in, char *out,
+__device__ static __forceinline__ kcclResult_t ll_allreduce_block(const kcclDevComm &dc, int block, const char *in, char *out,
                                                          uint32_t nbytes, kcclDataType_t dt, kcclRedOp_t op,
                                                          uint32_t sig, long long *trace = nullptr) {
   /* Two ranks get their own body: peer loops that run to MAXR with a run-time
@@ -454,7 +454,7 @@ __device__ static inline kcclResult_t ll_allreduce_block(const kcclDevComm &dc, 
 
 /* kcclDevAllReduce's body; TRACE copies fill `trace` (see KCCL_LL_TRACE_SLOTS). */
 template <int MaxRanks, bool TRACE>
-__device__ static inline kcclResult_t dev_allreduce(const kcclDevComm &dc, void *data, int count, kcclDataType_t dt,
+__device__ static __forceinline__ kcclResult_t dev_allreduce(const kcclDevComm &dc, void *data, int count, kcclDataType_t dt,
                                                     kcclRedOp_t op, long long *trace) {
   static_assert(MaxRanks >= 1 && MaxRanks <= KCCL_GPU_MAX_RANKS, "MaxRanks: 1..KCCL_GPU_MAX_RANKS");
   const int es = dt == kcclFloat32 ? 4 : 2;
@@ -480,7 +480,7 @@ __device__ static inline kcclResult_t dev_allreduce(const kcclDevComm &dc, void 
  * with more ranks gets kcclInvalidArgument); a kernel that knows it runs on
  * at most 8 ranks saves registers with kcclDevAllReduce<8>. */
 template <int MaxRanks = KCCL_GPU_MAX_RANKS>
-__device__ static inline kcclResult_t kcclDevAllReduce(const kcclDevComm &dc, void *data, int count,
+__device__ static __forceinline__ kcclResult_t kcclDevAllReduce(const kcclDevComm &dc, void *data, int count,
                                                        kcclDataType_t dt, kcclRedOp_t op) {
   return kccl_detail::dev_allreduce<MaxRanks, false>(dc, data, count, dt, op, nullptr);
 }
