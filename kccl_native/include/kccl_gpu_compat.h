@@ -95,14 +95,12 @@ __device__ static inline uint64_t kgpu_opaque_u64(uint64_t x) { asm volatile("" 
 __device__ static inline uint32_t kgpu_opaque_u32(uint32_t x) { asm volatile("" : "+v"(x)); return x; }
 __device__ static inline long long kgpu_clock64(void) { return clock64(); }
 __device__ static inline uint32_t kgpu_ld_volatile_u32(const volatile uint32_t *p) { return *p; }
-/* Warp votes and shuffles over the lanes in `mask` (every one of them must take part). */
+/* A warp vote over the lanes in `mask` (every one of them must take part). */
 typedef uint64_t kgpu_lanes_t;
 __device__ static inline kgpu_lanes_t kgpu_lane_mask(int lanes) {
   return lanes >= 64 ? ~0ull : ((1ull << lanes) - 1);
 }
 __device__ static inline bool kgpu_any(kgpu_lanes_t mask, bool pred) { (void)mask; return __any(pred); }
-__device__ static inline uint32_t kgpu_shfl(kgpu_lanes_t mask, uint32_t v, int lane) { (void)mask; return __shfl(v, lane); }
-__device__ static inline int kgpu_shfl(kgpu_lanes_t mask, int v, int lane) { (void)mask; return __shfl(v, lane); }
 __device__ static inline void kgpu_st_volatile_u64(uint64_t *p, uint64_t v) { *(volatile uint64_t *)p = v; }
 __device__ static inline uint64_t kgpu_ld_volatile_u64(const uint64_t *p) { return *(const volatile uint64_t *)p; }
 __device__ static inline void kgpu_st_relaxed_gpu_u64(uint64_t *p, uint64_t v) {
@@ -245,12 +243,10 @@ __device__ static inline uint32_t kgpu_ld_volatile_u32(const volatile uint32_t *
   return v;
 }
 __device__ static inline void kgpu_fence_system(void) { asm volatile("fence.sc.sys;" ::: "memory"); }
-/* Warp votes and shuffles over the lanes in `mask` (every one of them must take part). */
+/* A warp vote over the lanes in `mask` (every one of them must take part). */
 typedef unsigned kgpu_lanes_t;
 __device__ static inline kgpu_lanes_t kgpu_lane_mask(int lanes) { return lanes >= 32 ? ~0u : ((1u << lanes) - 1); }
 __device__ static inline bool kgpu_any(kgpu_lanes_t mask, bool pred) { return __any_sync(mask, pred); }
-template <typename T>
-__device__ static inline T kgpu_shfl(kgpu_lanes_t mask, T v, int lane) { return __shfl_sync(mask, v, lane); }
 /* Flag words with weaker orderings (the flag-hop benchmark compares them). */
 __device__ static inline void kgpu_st_volatile_u64(uint64_t *p, uint64_t v) {
   asm volatile("st.volatile.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
