@@ -27,14 +27,7 @@
 #include <string>
 #include <vector>
 
-#define CHECK(x)                                                                          \
-  do {                                                                                    \
-    cudaError_t e_ = (x);                                                                 \
-    if (e_ != cudaSuccess) {                                                              \
-      std::fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
-      std::exit(1);                                                                       \
-    }                                                                                     \
-  } while (0)
+#include "bench_cuda.h"
 
 static const int MODES = 3;
 static const char *MODE_NAMES[MODES] = {"volatile", "acquire", "atomic"};
@@ -44,11 +37,6 @@ __device__ __forceinline__ unsigned smid() {
   unsigned s;
   asm volatile("mov.u32 %0, %%smid;" : "=r"(s));
   return s;
-}
-__device__ __forceinline__ unsigned long long gtimer() {
-  unsigned long long t;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-  return t;
 }
 template <int MODE>
 __device__ __forceinline__ unsigned long long load(const unsigned long long *p) {

@@ -30,14 +30,7 @@
 #include <thread>
 #include <vector>
 
-#define CHECK(x)                                                                                 \
-  do {                                                                                           \
-    cudaError_t e_ = (x);                                                                        \
-    if (e_ != cudaSuccess) {                                                                     \
-      std::fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
-      std::exit(1);                                                                              \
-    }                                                                                            \
-  } while (0)
+#include "bench_cuda.h"
 
 // ------------------------------------------------------------------ launch --
 
@@ -119,11 +112,6 @@ static int run_launch(long long start_ms, int K, int pdl, int blocks, double sec
 
 // --------------------------------------------------------------------- mem --
 
-__device__ __forceinline__ unsigned long long gtimer() {
-  unsigned long long t;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-  return t;
-}
 __device__ __forceinline__ unsigned long long ld_cg(const unsigned long long *p) {
   unsigned long long v;
   asm volatile("ld.global.cg.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");

@@ -25,16 +25,8 @@
 #include <cstring>
 #include <vector>
 
+#include "bench_cuda.h"
 #include "kccl_device.cuh"
-
-#define CHECK(x)                                                                                 \
-  do {                                                                                           \
-    cudaError_t e_ = (x);                                                                        \
-    if (e_ != cudaSuccess) {                                                                     \
-      std::fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
-      std::exit(1);                                                                              \
-    }                                                                                            \
-  } while (0)
 
 using namespace kccl_detail;
 
@@ -48,12 +40,6 @@ static const int DATA_BYTES = 8192;
 struct Ranks {
   kcclDevComm dc[8];
 };
-
-__device__ static inline unsigned long long gtimer() {
-  unsigned long long t;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-  return t;
-}
 
 // The bare exchange: one 8-byte datum per thread (lines <= blockDim.x).  MAXR: the
 // peer loops run to MAXR with a run-time rank count (as the library's do); V as above.
