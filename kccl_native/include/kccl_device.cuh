@@ -248,6 +248,18 @@ __device__ static inline void ll_wait_failed(const kcclDevComm &dc, int why, int
   *s_fail = 1;
 }
 
+/* This thread's input lines of the round starting at line `base` (line
+ * base + threadIdx.x + k * blockDim.x into mine[k]), zero past the last. */
+__device__ static inline void ll_load_round(uint32_t (&mine)[KCCL_LL_MAX_LPT][2], const char *in, uint32_t base,
+                                            uint32_t lines, uint32_t nbytes) {
+#pragma unroll
+  for (int k = 0; k < KCCL_LL_MAX_LPT; k++) {
+    const uint32_t l = base + threadIdx.x + k * blockDim.x;
+    mine[k][0] = mine[k][1] = 0;
+    if (l < lines) load8(in, (size_t)l * 8, nbytes, &mine[k][0], &mine[k][1]);
+  }
+}
+
 /* mine[k][j] for a k known only at run time, without spilling mine[] to local memory. */
 __device__ static inline uint32_t ll_pick(const uint32_t (&mine)[KCCL_LL_MAX_LPT][2], int k, int j) {
   static_assert(KCCL_LL_MAX_LPT == 4, "ll_pick selects among 4 lines");
@@ -315,12 +327,7 @@ __device__ static __forceinline__ kcclResult_t ll_block(const kcclDevComm &dc, i
    * it from memory, nothing kept a read still in flight at the barrier from
    * seeing thread 0's new value. */
   uint32_t mine[KCCL_LL_MAX_LPT][2];
-#pragma unroll
-  for (int k = 0; k < KCCL_LL_MAX_LPT; k++) {
-    const uint32_t l = tid + k * nt;
-    mine[k][0] = mine[k][1] = 0;
-    if (l < lines) load8(in, (size_t)l * 8, nbytes, &mine[k][0], &mine[k][1]);
-  }
+  ll_load_round(mine, in, 0, lines, nbytes);
   if (tid == 0) {
     const uint32_t next = kgpu_ld_volatile_u32(ep) + 1;
     *ep = next;
@@ -335,15 +342,9 @@ __device__ static __forceinline__ kcclResult_t ll_block(const kcclDevComm &dc, i
   if (tid < n && tid != me) hpend = 1u << tid;
 
   for (uint32_t base = 0; base < lines || kgpu_any(wmask, hpend != 0); base += (uint32_t)nt * KCCL_LL_MAX_LPT) {
-    if (base) { /* a later round (small blocks): its input lines.  Each line is read
-                 * and written by one thread only, so in place needs no barrier. */
-#pragma unroll
-      for (int k = 0; k < KCCL_LL_MAX_LPT; k++) {
-        const uint32_t l = base + tid + k * nt;
-        mine[k][0] = mine[k][1] = 0;
-        if (l < lines) load8(in, (size_t)l * 8, nbytes, &mine[k][0], &mine[k][1]);
-      }
-    }
+    /* A later round (small blocks): its input lines.  Each line is read and
+     * written by one thread only, so in place needs no barrier. */
+    if (base) ll_load_round(mine, in, base, lines, nbytes);
     /* Push: header (first round), then this thread's lines, into every peer's inbox. */
     if (tid == 0 && base == 0) {
 #pragma unroll
