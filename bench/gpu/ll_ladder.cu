@@ -14,6 +14,7 @@
 //   6 variant 2 + the header line (thread 0 pushes it, thread p checks peer p's)
 //   7 variant 6 + the library's bounded wait (keep_waiting between poll rounds)
 //   8 variant 7 with the peer loops run to 8 and the rank count known only at run time
+//   100 + F: the feature rungs (see feat)
 //   Each at 256, 128, 64 and 32 threads per block (one 8-byte datum per thread: 4-32 blocks).
 //   ll_ladder [iters=2000] [ranks (0: 2, 4, 8)] [threads (0: all four)]   (one config: for ncu)
 // Build: nvcc -O3 -std=c++17 -gencode=arch=compute_90,code=sm_90 -Ikccl_native/include -o ll_ladder ll_ladder.cu
@@ -119,6 +120,91 @@ __device__ static inline bool bare(const kcclDevComm &dc, int block, char *data,
   return true;
 }
 
+// Feature rungs (session 5), all on top of variant 2 (epoch in memory, 2 barriers):
+//   F_PULL: the sender writes each line once, into its own buffer's slot, and
+//           readers poll the sender's copy (one GPU: one L2, so pull costs what push does
+//           per load, with 1 store per line instead of R-1)
+//   F_SENT: after a first full round, poll only the lowest pending peer per round, and
+//           all pending peers again once it has come (1 load per round while waiting)
+//   F_SLEEP: __nanosleep(64) after a round that found something missing
+//   F_HDR:  the header line pushed (thread 0) and polled by threads 0..R-1 (variant 6)
+//   F_HDRW: as F_HDR, but polled by the last warp's lanes instead of warp 0's
+//   F_HSTORE: the header pushed, not polled (the store's cost alone)
+enum { F_PULL = 1, F_SENT = 2, F_SLEEP = 4, F_HDR = 8, F_HDRW = 16, F_HSTORE = 32 };
+template <int R, int F>
+__device__ static inline bool feat(const kcclDevComm &dc, int block, char *data, uint32_t nbytes, int *hung) {
+  __shared__ uint32_t s_e;
+  const int tid = threadIdx.x, me = dc.rank, nt = blockDim.x;
+  const uint32_t lines = nbytes / 8, sig = 0x1234u;
+  uint32_t w0 = 0, w1 = 0;
+  if (tid < lines) load8(data, (size_t)tid * 8, nbytes, &w0, &w1);
+  uint32_t *ep = dc.epochs + block;
+  if (tid == 0) {
+    const uint32_t nx = kgpu_ld_volatile_u32(ep) + 1;
+    *ep = nx;
+    s_e = nx;
+  }
+  __syncthreads();
+  const uint32_t e = s_e, set = e % KCCL_LL_SETS;
+  const int htid = (F & F_HDRW) ? tid - (nt - 32) : tid; /* which peer's header this thread checks */
+  uint32_t hpend = (F & (F_HDR | F_HDRW)) && htid >= 0 && htid < R && htid != me ? 1u << htid : 0;
+  if ((F & (F_HDR | F_HDRW | F_HSTORE)) && tid == 0) {
+#pragma unroll
+    for (int p = 0; p < R; p++)
+      if (p != me) kgpu_st_weak_v4(ll_region(dc, p, set, me, block), sig, e, nbytes, e);
+  }
+  if (tid < lines) {
+    if (F & F_PULL) {
+      kgpu_st_weak_v4(ll_line(ll_region(dc, me, set, me, block), tid), w0, e, w1, e);
+    } else {
+#pragma unroll
+      for (int p = 0; p < R; p++)
+        if (p != me) kgpu_st_weak_v4(ll_line(ll_region(dc, p, set, me, block), tid), w0, e, w1, e);
+    }
+  }
+  uint4 got[R];
+  uint32_t pending = tid < lines ? ((1u << R) - 1) & ~(1u << me) : 0;
+  bool full = true;
+  for (uint32_t polls = 0; pending | hpend; polls++) {
+    uint4 hdr;
+    if (hpend) kgpu_ld_weak_v4(ll_region(dc, me, set, htid, block), &hdr.x, &hdr.y, &hdr.z, &hdr.w);
+    const uint32_t look = (F & F_SENT) && !full ? pending & (0u - pending) : pending;
+#pragma unroll
+    for (int p = 0; p < R; p++)
+      if (look & (1u << p)) {
+        uint32_t *src = (F & F_PULL) ? ll_line(ll_region(dc, p, set, p, block), tid)
+                                     : ll_line(ll_region(dc, me, set, p, block), tid);
+        kgpu_ld_weak_v4(src, &got[p].x, &got[p].y, &got[p].z, &got[p].w);
+      }
+    uint32_t came = 0;
+#pragma unroll
+    for (int p = 0; p < R; p++)
+      if ((look & (1u << p)) && got[p].y == e && got[p].w == e) came |= 1u << p;
+    pending &= ~came;
+    full = came != 0;
+    if (hpend && hdr.y == e && hdr.w == e) {
+      hpend = 0;
+      if (hdr.x != sig || hdr.z != nbytes) *hung = 3;
+    }
+    if (!(pending | hpend)) break;
+    if (F & F_SLEEP) __nanosleep(64);
+    if (polls > (1u << 24)) { *hung = 1; return false; }
+  }
+  if (tid < lines) {
+    float acc[4], v[4];
+#pragma unroll
+    for (int p = 0; p < R; p++) {
+      decode(p == me ? w0 : got[p].x, p == me ? w1 : got[p].z, kcclBfloat16, v);
+#pragma unroll
+      for (int j = 0; j < 4; j++) acc[j] = p == 0 ? v[j] : combine(acc[j], v[j], kcclMax);
+    }
+    encode(acc, kcclBfloat16, &w0, &w1);
+    store8(data, (size_t)tid * 8, nbytes, w0, w1);
+  }
+  __syncthreads();
+  return true;
+}
+
 template <int R, int V>
 __global__ void __launch_bounds__(256) k_ladder(Ranks rk, int B, int iters, uint32_t e0, double *us, int *hung) {
   const int r = blockIdx.x / B, b = blockIdx.x % B;
@@ -128,7 +214,9 @@ __global__ void __launch_bounds__(256) k_ladder(Ranks rk, int B, int iters, uint
   uint32_t e = e0;
   const unsigned long long t0 = gtimer();
   for (int it = 0; it < iters; it++) {
-    if (V <= 2 || V >= 6) {
+    if (V >= 100) {
+      if (!feat<R, V - 100>(dc, b, data, per, hung)) break;
+    } else if (V <= 2 || V >= 6) {
       if (!bare<R, V == 8 ? 8 : R, V>(dc, b, data, per, e, hung)) break;
     } else {
       kcclResult_t rc =
@@ -198,6 +286,24 @@ static void ladder(char *base, int iters, int only_threads) {
     v[6] = run<R, 6>(rk, B, T, iters, dummy, d_us, d_hung);
     v[7] = run<R, 7>(rk, B, T, iters, dummy, d_us, d_hung);
     v[8] = run<R, 8>(rk, B, T, iters, dummy, d_us, d_hung);
+    {
+      double f[11];
+      f[0] = run<R, 100>(rk, B, T, iters, dummy, d_us, d_hung);
+      f[1] = run<R, 100 + F_HSTORE>(rk, B, T, iters, dummy, d_us, d_hung);
+      f[2] = run<R, 100 + F_HDR>(rk, B, T, iters, dummy, d_us, d_hung);
+      f[3] = run<R, 100 + F_HDRW>(rk, B, T, iters, dummy, d_us, d_hung);
+      f[4] = run<R, 100 + F_PULL>(rk, B, T, iters, dummy, d_us, d_hung);
+      f[5] = run<R, 100 + F_SENT>(rk, B, T, iters, dummy, d_us, d_hung);
+      f[6] = run<R, 100 + (F_PULL | F_SENT)>(rk, B, T, iters, dummy, d_us, d_hung);
+      f[7] = run<R, 100 + F_SLEEP>(rk, B, T, iters, dummy, d_us, d_hung);
+      f[8] = run<R, 100 + (F_PULL | F_SLEEP)>(rk, B, T, iters, dummy, d_us, d_hung);
+      f[9] = run<R, 100 + (F_PULL | F_SENT | F_HDR)>(rk, B, T, iters, dummy, d_us, d_hung);
+      f[10] = run<R, 100 + (F_PULL | F_SENT | F_HDRW)>(rk, B, T, iters, dummy, d_us, d_hung);
+      std::printf("R=%d ranks, %2d blocks/rank x %3d threads, feature rungs (us per call):", R, B, T);
+      const char *names[] = {"v2", "+hdr store", "+hdr", "+hdr last warp", "pull", "sentinel", "pull+sent",
+                             "sleep", "pull+sleep", "pull+sent+hdr", "pull+sent+hdr last warp"};
+      for (int i = 0; i < 11; i++) std::printf(" %s %.3f%s", names[i], f[i], i < 10 ? " |" : "\n");
+    }
     std::printf("R=%d ranks, %2d blocks/rank x %3d threads: bare %.3f | +end barrier %.3f | +epoch in memory, "
                 "2 barriers %.3f | +header %.3f | +bounded wait %.3f | +loops to 8 %.3f | ll_allreduce_block<8> %.3f | <16> %.3f "
                 "| <8> bf16/max body %.3f  us per call\n",
