@@ -96,6 +96,11 @@ SETTINGS: Tuple[Setting, ...] = (
             "partition (found by timing loads at init); writers write both, a reader polls the copy "
             "near its SM. Disabled (one copy) when the calibration finds no two partitions. "
             "Measured on the H200: no effect. Must be equal on all ranks."),
+    Setting("KCCL_GPU_BLOCKS", "gpu_blocks", 0, _int_range(0, 132),
+            "GPU communicators: blocks per rank of the chunked kernels (two-shot all-reduce, "
+            "reduce-scatter, all-gather, broadcast); 0 = auto (two per SM shared by the ranks on the "
+            "busiest GPU, within 3/4 of the occupancy). Every rank's blocks must be resident at once: "
+            "too many for the ranks sharing a GPU hangs until KCCL_TIMEOUT_MS. Must be equal on all ranks."),
     Setting("KCCL_DEBUG", "debug", "NONE", _choice(DEBUG_LEVELS),
             "Log to stderr: NONE, WARN (every error), INFO (init details), TRACE."),
     # Placement: Python's topology/ computes it and hands it to kcclCommInitRankPlacement;

@@ -62,6 +62,20 @@ for s in $steps; do
       nvidia-cuda-mps-control -d && echo "MPS restarted" ;;
     launchfloor) timeout 200 sh bench/gpu/run_launch_floor.sh 2>&1 | tee "$LOGS/launchfloor.log" | tail -60 ;;
     nopdlcheck[0-9]*) n=${s#nopdlcheck}; KCCL_GPU_PDL=0 timeout 150 $MPI -x KCCL_GPU_PDL -n $n python3 tests/gpu/mpi_check.py --quick 2>&1 | tee "$LOGS/$s.log" | tail -8 ;;
+    blocks[0-9]*) # 64 MB with several chunked-kernel block counts (KCCL_GPU_BLOCKS; 0 = auto)
+      n=${s#blocks}; [ "$n" -gt 4 ] && list="0 18 26 40" || list="0 74 99"
+      for b in $list; do
+        echo "--- KCCL_GPU_BLOCKS=$b"
+        KCCL_GPU_BLOCKS=$b timeout 120 $MPI -x KCCL_GPU_BLOCKS -n $n python3 bench/allreduce.py --device cuda -d bfloat16 -b 64M -e 64M -r 5 \
+          --json "$LOGS/gpu_bench_${n}ranks_blocks$b.json" 2>&1 | tee "$LOGS/${s}_$b.log" | grep -E "^ +64M|copy bandwidth|64M: two-shot|Error|rror:" | head -6
+      done ;;
+    mid[0-9]*) # the one-shot's upper sizes, with and without PDL
+      n=${s#mid}
+      for pdl in 1 0; do
+        echo "--- KCCL_GPU_PDL=$pdl"
+        KCCL_GPU_PDL=$pdl timeout 120 $MPI -x KCCL_GPU_PDL -n $n python3 bench/allreduce.py --device cuda -d bfloat16 -b 32K -e 256K -r 10 \
+          --json "$LOGS/gpu_bench_${n}ranks_mid_pdl$pdl.json" 2>&1 | tee "$LOGS/${s}_pdl$pdl.log" | grep -v Traceback | grep -v "^# device API" | tail -9
+      done ;;
     l2poll) [ -f bench/gpu/run_l2_poll.sh ] && timeout 200 bash bench/gpu/run_l2_poll.sh 2>&1 | tee "$LOGS/l2poll.log" | tail -30 ;;
     *) echo "unknown step $s" ;;
   esac

@@ -109,6 +109,7 @@ typedef struct {
   int gpu_flag_replicas;   /* KCCL_GPU_FLAG_REPLICAS: 1 = a copy of each chunked-path flag per L2
                               partition (calibrated at init; see kcclCommGpuFlagReplicas) */
   int max_outstanding;     /* KCCL_MAX_OUTSTANDING: kcclAllReduceStart ops in flight, 1..8 */
+  int gpu_blocks;          /* KCCL_GPU_BLOCKS: blocks per rank of the chunked GPU kernels; 0 = auto */
 } kcclConfig_t;
 
 kcclResult_t kcclConfigInit(kcclConfig_t *config);

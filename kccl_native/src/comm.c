@@ -74,9 +74,11 @@ kcclResult_t kccl_comm_init(kcclComm_t *out, int nranks, kcclUniqueId id, int ra
     return kccl_err(kcclInvalidArgument, "config.device=%d: -1 (host transport) or a CUDA device ordinal", cfg.device);
   if (cfg.buffer_bytes < 4096 || cfg.timeout_ms < 0 || cfg.algo < 0 || cfg.algo > kcclAlgoTwoShot ||
       cfg.debug < 0 || cfg.debug > 3 || cfg.max_outstanding < 1 || cfg.max_outstanding > KCCL_MAX_OUTSTANDING ||
-      cfg.gpu_flag_replicas < 0 || cfg.gpu_flag_replicas > 1)
+      cfg.gpu_flag_replicas < 0 || cfg.gpu_flag_replicas > 1 || cfg.gpu_blocks < 0 ||
+      cfg.gpu_blocks > KCCL_GPU_MAX_BLOCKS)
     return kccl_err(kcclInvalidArgument, "invalid config (buffer_bytes >= 4096, timeout_ms >= 0, algo 0..2, "
-                    "debug 0..3, max_outstanding 1..%d, gpu_flag_replicas 0..1)", KCCL_MAX_OUTSTANDING);
+                    "debug 0..3, max_outstanding 1..%d, gpu_flag_replicas 0..1, gpu_blocks 0..%d)",
+                    KCCL_MAX_OUTSTANDING, KCCL_GPU_MAX_BLOCKS);
   kccl_debug_level = cfg.debug;
 
   struct kcclComm *c = calloc(1, sizeof *c);

@@ -15,6 +15,7 @@ extern "C" {
 
 #define KGPU_IPC_BYTES 64
 #define KGPU_PCI_BYTES 32
+#define KCCL_GPU_MAX_BLOCKS 132 /* blocks per rank of the chunked kernels, at most (KCCL_GPU_BLOCKS) */
 
 struct kgpu; /* opaque: one rank's GPU state */
 
@@ -25,6 +26,7 @@ typedef struct {
   int32_t ll_per_sm;            /* blocks of the one-shot kernel that fit on one multiprocessor */
   int32_t flag_replicas;        /* KGPU_REP_*: asked for per-L2-partition flag replicas, and how its
                                    calibration went (its tables are in its buffer when OK) */
+  int32_t blocks;               /* its KCCL_GPU_BLOCKS (0: auto): must be equal on all ranks */
   uint64_t bytes;               /* size of its exported buffer */
   char pci[KGPU_PCI_BYTES];     /* PCI bus id: ranks with equal ids share a GPU */
   uint8_t ipc[KGPU_IPC_BYTES];  /* cudaIpcMemHandle_t of the buffer */
@@ -46,6 +48,7 @@ typedef struct {
   uint64_t timeout_ns;
   int pdl;                      /* launch with programmatic dependent launch */
   int flag_replicas;            /* config: calibrate and use per-L2-partition flag replicas */
+  int blocks;                   /* config: chunked-kernel blocks per rank, 0 = auto */
 } kgpu_shape;
 
 int kgpu_built(void);

@@ -251,7 +251,9 @@ struct TwoShot {
 /* (256, 3): at most 80 registers, without spills (at 64 they spill in the inner loops). */
 __global__ void __launch_bounds__(256, 3) k_twoshot(TwoShot a) {
   kgpu_pdl_wait();
-  kgpu_pdl_trigger();
+  /* No kgpu_pdl_trigger: a successor launched with PDL (a one-shot call) then
+   * starts only when this kernel ends, so at most one chunked kernel per rank
+   * is resident and the block counts of kgpu_connect hold. */
   __shared__ uint32_t s_step;
   __shared__ volatile int s_fail;
   const kcclDevComm &dc = a.dc;
@@ -379,7 +381,9 @@ struct Gather {
 
 __global__ void __launch_bounds__(256, 3) k_gather(Gather a) {
   kgpu_pdl_wait();
-  kgpu_pdl_trigger();
+  /* No kgpu_pdl_trigger: a successor launched with PDL (a one-shot call) then
+   * starts only when this kernel ends, so at most one chunked kernel per rank
+   * is resident and the block counts of kgpu_connect hold. */
   __shared__ uint32_t s_step;
   __shared__ volatile int s_fail;
   const kcclDevComm &dc = a.dc;

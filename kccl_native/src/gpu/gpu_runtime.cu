@@ -94,6 +94,7 @@ extern "C" kcclResult_t kgpu_create(int device, const kgpu_shape *shape, struct 
   }
   memset((void *)g->status_h, 0, sizeof *g->status_h);
   exp->flag_replicas = KGPU_REP_OFF;
+  exp->blocks = shape->blocks;
   if (shape->flag_replicas) {
     /* Before the export is published: a peer reads the tables once it has mapped this buffer. */
     kcclResult_t r = kgpu_l2_calibrate(g);
@@ -130,6 +131,10 @@ extern "C" kcclResult_t kgpu_connect(struct kgpu *g, const kgpu_export *peers) {
       return kccl_err(kcclInvalidUsage, "rank %d has KCCL_GPU_FLAG_REPLICAS=%d, this rank (%d) %d: the setting must "
                       "be equal on all ranks", p, peers[p].flag_replicas != KGPU_REP_OFF, s->rank,
                       s->flag_replicas != 0);
+  for (int p = 0; p < s->nranks; p++)
+    if (peers[p].blocks != s->blocks)
+      return kccl_err(kcclInvalidUsage, "rank %d has KCCL_GPU_BLOCKS=%d, this rank (%d) %d: the setting must be "
+                      "equal on all ranks", p, peers[p].blocks, s->rank, s->blocks);
   for (int p = 0; p < s->nranks; p++) {
     if (p == s->rank) {
       g->peer[p] = g->buf;
@@ -149,11 +154,21 @@ extern "C" kcclResult_t kgpu_connect(struct kgpu *g, const kgpu_export *peers) {
                       kgpuGetErrorString(e));
     }
   }
-  /* Every rank's kernels must be resident at once (a block waits for the same
-   * block of every peer), and with PDL the next call's kernel is resident too,
-   * waiting.  So a kernel takes at most 1 / (ranks on the busiest GPU x kernels
-   * per stream) of the GPU's blocks, counted with its own blocks-per-SM; the
-   * chunked kernels want about two blocks per SM in all.  Every rank computes
+  /* Every rank's kernels must be resident at once: a block waits for the same
+   * block of every peer.  Each kernel's share is counted with its own
+   * blocks-per-SM and kept to 3/4 of it (kernels of different register counts
+   * share SMs, where the per-kernel counts do not quite add up).
+   * - The one-shot kernel launches with PDL: the next call's kernel may be
+   *   resident too, waiting, so it gets 1 / (2 x ranks on the busiest GPU).
+   * - The chunked kernels launch without PDL and never trigger their
+   *   successor early, so at most one of them per rank is resident; beside it
+   *   there can only be a rank's previous kernel, which finishes on its own
+   *   (its peers' parts of it have all been sent).  They get 1 / (ranks on the
+   *   busiest GPU), at most 2 blocks per SM in all, or KCCL_GPU_BLOCKS.
+   * Session 3's 8-rank two-shot timeouts at 24-33 blocks per rank came while
+   * the chunked kernels still launched with PDL; session 4 found residency
+   * was not their cause (bench/gpu/residency.py: 8 ranks x 48 blocks fit) and
+   * that they went away without PDL (bench/RESULTS.md).  Every rank computes
    * the same numbers from the same exports. */
   int max_local = 1, min_sms = 1 << 30, ts_per_sm = 1 << 30, ll_per_sm = 1 << 30;
   for (int p = 0; p < s->nranks; p++) {
@@ -164,26 +179,12 @@ extern "C" kcclResult_t kgpu_connect(struct kgpu *g, const kgpu_export *peers) {
     if (peers[p].ts_per_sm < ts_per_sm) ts_per_sm = peers[p].ts_per_sm;
     if (peers[p].ll_per_sm < ll_per_sm) ll_per_sm = peers[p].ll_per_sm;
   }
-  /* Room for two kernels per rank (with PDL the next call's kernel is
-   * resident too), each at most 3/4 of its share.  On the H200 under MPS,
-   * 8 ranks ran every correctness check with these counts (18 one-shot and 18
-   * chunked blocks per rank: ~36 % of what the occupancy calculator allows),
-   * while 24-33 blocks per rank (48-67 %) timed out sooner or later in 3 of 4
-   * runs, as if fewer blocks were co-resident across MPS clients than the
-   * calculator says (bench/RESULTS.md).  Without PDL the same counts are used:
-   * the larger ones are the ones that failed.  Since then bench/gpu/residency.py
-   * found that 8 ranks x 48 blocks of one 80-register kernel (97 % of the
-   * calculator) are all resident at once, and the two-shot timeouts at 8
-   * ranks came back at 18 blocks, so residency is not their cause; the margin
-   * stays because kernels of different register counts (one-shot 118, the
-   * chunked ones 80) share SMs, where the calculator's per-kernel counts do
-   * not add up. */
-  const int resident = max_local * 2;
-  int blocks = 2 * min_sms / max_local, cap = min_sms * ts_per_sm * 3 / (4 * resident);
+  int blocks = 2 * min_sms / max_local, cap = min_sms * ts_per_sm * 3 / (4 * max_local);
   if (blocks > cap) blocks = cap;
+  if (s->blocks > 0) blocks = s->blocks; /* the user's choice, equal on all ranks (checked above) */
   g->shape.ts_blocks = blocks < 1 ? 1 : blocks > KGPU_TS_MAX_BLOCKS ? KGPU_TS_MAX_BLOCKS : blocks;
   kgpu_l2_agree(g, peers);
-  cap = min_sms * ll_per_sm * 3 / (4 * resident);
+  cap = min_sms * ll_per_sm * 3 / (4 * 2 * max_local); /* the one-shot kernel and its PDL successor */
   g->shape.ll_blocks = cap < 1 ? 1 : cap > KCCL_DEV_MAX_BLOCKS ? KCCL_DEV_MAX_BLOCKS : cap;
   for (int c = 0; c < KCCL_CHANNELS; c++) {
     kcclDevComm *dc = &g->dc[c];

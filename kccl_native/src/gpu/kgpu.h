@@ -4,7 +4,7 @@
 #include "../gpu_api.h"
 #include "kccl_device.cuh"
 
-#define KGPU_TS_MAX_BLOCKS 132 /* blocks of the two-shot / gather kernels, at most */
+#define KGPU_TS_MAX_BLOCKS KCCL_GPU_MAX_BLOCKS /* blocks of the two-shot / gather kernels, at most */
 #define KGPU_ALIGN 256
 #define KGPU_LINE 128          /* one flag line: the 16 per-source slots of one (stage, block) */
 
