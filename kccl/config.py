@@ -101,6 +101,11 @@ SETTINGS: Tuple[Setting, ...] = (
             "reduce-scatter, all-gather, broadcast); 0 = auto (two per SM shared by the ranks on the "
             "busiest GPU, within 3/4 of the occupancy). Every rank's blocks must be resident at once: "
             "too many for the ranks sharing a GPU hangs until KCCL_TIMEOUT_MS. Must be equal on all ranks."),
+    Setting("KCCL_GPU_PULL", "gpu_pull", -1, _int_range(-1, 1),
+            "GPU communicators: how the one-shot all-reduce (and the device API) moves lines: 1 pull "
+            "(each sender writes its lines once, into its own buffer, and peers read them there), 0 push "
+            "(into every peer's buffer); -1 = auto: pull when every rank shares one GPU, push across "
+            "GPUs (where a remote poll is a round trip over the link). Must be equal on all ranks."),
     Setting("KCCL_DEBUG", "debug", "NONE", _choice(DEBUG_LEVELS),
             "Log to stderr: NONE, WARN (every error), INFO (init details), TRACE."),
     # Placement: Python's topology/ computes it and hands it to kcclCommInitRankPlacement;

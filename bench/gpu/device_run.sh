@@ -20,6 +20,7 @@ mkdir -p $CUDA_MPS_PIPE_DIRECTORY $CUDA_MPS_LOG_DIRECTORY
 nvidia-cuda-mps-control -d && echo "MPS started"
 trap 'echo quit | nvidia-cuda-mps-control' EXIT
 MPI="mpiexec --oversubscribe --allow-run-as-root --bind-to none -x PYTHONPATH -x NCCL_NVLS_ENABLE -x TORCH_SYMM_MEM_DISABLE_MULTICAST -x NVSHMEM_DISABLE_NVLS -x PYTHONUNBUFFERED -x KCCL_TIMEOUT_MS -x CUDA_MPS_PIPE_DIRECTORY -x CUDA_MPS_LOG_DIRECTORY"
+[ -n "${CUDA_MODULE_LOADING:-}" ] && MPI="$MPI -x CUDA_MODULE_LOADING"
 steps=${*:-check2 failures check8 bench2 bench8}
 for s in $steps; do
   echo "=== $s $(date +%T)"
@@ -63,11 +64,20 @@ for s in $steps; do
     launchfloor) timeout 200 sh bench/gpu/run_launch_floor.sh 2>&1 | tee "$LOGS/launchfloor.log" | tail -60 ;;
     nopdlcheck[0-9]*) n=${s#nopdlcheck}; KCCL_GPU_PDL=0 timeout 150 $MPI -x KCCL_GPU_PDL -n $n python3 tests/gpu/mpi_check.py --quick 2>&1 | tee "$LOGS/$s.log" | tail -8 ;;
     blocks[0-9]*) # 64 MB with several chunked-kernel block counts (KCCL_GPU_BLOCKS; 0 = auto)
-      n=${s#blocks}; [ "$n" -gt 4 ] && list="0 18 26 40" || list="0 74 99"
+      n=${s#blocks}; [ "$n" -gt 4 ] && list="${BLOCKS8:-0 18 26 40}" || list="${BLOCKS2:-0 74 99}"
       for b in $list; do
         echo "--- KCCL_GPU_BLOCKS=$b"
         KCCL_GPU_BLOCKS=$b timeout 120 $MPI -x KCCL_GPU_BLOCKS -n $n python3 bench/allreduce.py --device cuda -d bfloat16 -b 64M -e 64M -r 5 \
           --json "$LOGS/gpu_bench_${n}ranks_blocks$b.json" 2>&1 | tee "$LOGS/${s}_$b.log" | grep -E "^ +64M|copy bandwidth|64M: two-shot|Error|rror:" | head -6
+      done ;;
+    ab[0-9]*) # one-shot pull (auto on one GPU) against push, 2 KB - 32 KB, alternating twice
+      n=${s#ab}
+      for i in 1 2; do
+        for pull in 1 0; do
+          echo "--- KCCL_GPU_PULL=$pull (round $i)"
+          KCCL_GPU_PULL=$pull timeout 120 $MPI -x KCCL_GPU_PULL -n $n python3 bench/allreduce.py --device cuda -d bfloat16 -b 2K -e 32K -r 10 \
+            --json "$LOGS/gpu_bench_${n}ranks_pull${pull}_$i.json" 2>&1 | tee "$LOGS/${s}_pull${pull}_$i.log" | grep -v Traceback | grep -E "^ +[0-9]|device API 8K|rror" | head -14
+        done
       done ;;
     mid[0-9]*) # the one-shot's upper sizes, with and without PDL
       n=${s#mid}

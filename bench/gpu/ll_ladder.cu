@@ -15,6 +15,7 @@
 //   7 variant 6 + the library's bounded wait (keep_waiting between poll rounds)
 //   8 variant 7 with the peer loops run to 8 and the rank count known only at run time
 //   100 + F: the feature rungs (see feat)
+//   and variants 3 and 5 again with the library's pull mode (dc.pull = 1)
 //   Each at 256, 128, 64 and 32 threads per block (one 8-byte datum per thread: 4-32 blocks).
 //   ll_ladder [iters=2000] [ranks (0: 2, 4, 8)] [threads (0: all four)]   (one config: for ncu)
 // Build: nvcc -O3 -std=c++17 -gencode=arch=compute_90,code=sm_90 -Ikccl_native/include -o ll_ladder ll_ladder.cu
@@ -130,7 +131,9 @@ __device__ static inline bool bare(const kcclDevComm &dc, int block, char *data,
 //   F_HDR:  the header line pushed (thread 0) and polled by threads 0..R-1 (variant 6)
 //   F_HDRW: as F_HDR, but polled by the last warp's lanes instead of warp 0's
 //   F_HSTORE: the header pushed, not polled (the store's cost alone)
-enum { F_PULL = 1, F_SENT = 2, F_SLEEP = 4, F_HDR = 8, F_HDRW = 16, F_HSTORE = 32 };
+//   F_HFULL: (with F_HDR) the header looked at only in full rounds (see F_SENT)
+//   F_HAFTER: (with F_HDR) the header looked at only once the thread's lines have all come
+enum { F_PULL = 1, F_SENT = 2, F_SLEEP = 4, F_HDR = 8, F_HDRW = 16, F_HSTORE = 32, F_HFULL = 64, F_HAFTER = 128 };
 template <int R, int F>
 __device__ static inline bool feat(const kcclDevComm &dc, int block, char *data, uint32_t nbytes, int *hung) {
   __shared__ uint32_t s_e;
@@ -149,9 +152,13 @@ __device__ static inline bool feat(const kcclDevComm &dc, int block, char *data,
   const int htid = (F & F_HDRW) ? tid - (nt - 32) : tid; /* which peer's header this thread checks */
   uint32_t hpend = (F & (F_HDR | F_HDRW)) && htid >= 0 && htid < R && htid != me ? 1u << htid : 0;
   if ((F & (F_HDR | F_HDRW | F_HSTORE)) && tid == 0) {
+    if (F & F_PULL) {
+      kgpu_st_weak_v4(ll_region(dc, me, set, me, block), sig, e, nbytes, e);
+    } else {
 #pragma unroll
-    for (int p = 0; p < R; p++)
-      if (p != me) kgpu_st_weak_v4(ll_region(dc, p, set, me, block), sig, e, nbytes, e);
+      for (int p = 0; p < R; p++)
+        if (p != me) kgpu_st_weak_v4(ll_region(dc, p, set, me, block), sig, e, nbytes, e);
+    }
   }
   if (tid < lines) {
     if (F & F_PULL) {
@@ -167,7 +174,9 @@ __device__ static inline bool feat(const kcclDevComm &dc, int block, char *data,
   bool full = true;
   for (uint32_t polls = 0; pending | hpend; polls++) {
     uint4 hdr;
-    if (hpend) kgpu_ld_weak_v4(ll_region(dc, me, set, htid, block), &hdr.x, &hdr.y, &hdr.z, &hdr.w);
+    const bool hlook = hpend && (!(F & F_HFULL) || full) && (!(F & F_HAFTER) || !pending);
+    uint32_t *hsrc = (F & F_PULL) ? ll_region(dc, htid, set, htid, block) : ll_region(dc, me, set, htid, block);
+    if (hlook) kgpu_ld_weak_v4(hsrc, &hdr.x, &hdr.y, &hdr.z, &hdr.w);
     const uint32_t look = (F & F_SENT) && !full ? pending & (0u - pending) : pending;
 #pragma unroll
     for (int p = 0; p < R; p++)
@@ -182,7 +191,7 @@ __device__ static inline bool feat(const kcclDevComm &dc, int block, char *data,
       if ((look & (1u << p)) && got[p].y == e && got[p].w == e) came |= 1u << p;
     pending &= ~came;
     full = came != 0;
-    if (hpend && hdr.y == e && hdr.w == e) {
+    if (hlook && hdr.y == e && hdr.w == e) {
       hpend = 0;
       if (hdr.x != sig || hdr.z != nbytes) *hung = 3;
     }
@@ -286,8 +295,13 @@ static void ladder(char *base, int iters, int only_threads) {
     v[6] = run<R, 6>(rk, B, T, iters, dummy, d_us, d_hung);
     v[7] = run<R, 7>(rk, B, T, iters, dummy, d_us, d_hung);
     v[8] = run<R, 8>(rk, B, T, iters, dummy, d_us, d_hung);
+    double lib_pull[2];
+    for (int r = 0; r < R; r++) rk.dc[r].pull = 1; /* the library's pull mode (dc.pull) */
+    lib_pull[0] = run<R, 3>(rk, B, T, iters, dummy, d_us, d_hung);
+    lib_pull[1] = run<R, 5>(rk, B, T, iters, dummy, d_us, d_hung);
+    for (int r = 0; r < R; r++) rk.dc[r].pull = 0;
     {
-      double f[11];
+      double f[15];
       f[0] = run<R, 100>(rk, B, T, iters, dummy, d_us, d_hung);
       f[1] = run<R, 100 + F_HSTORE>(rk, B, T, iters, dummy, d_us, d_hung);
       f[2] = run<R, 100 + F_HDR>(rk, B, T, iters, dummy, d_us, d_hung);
@@ -299,15 +313,21 @@ static void ladder(char *base, int iters, int only_threads) {
       f[8] = run<R, 100 + (F_PULL | F_SLEEP)>(rk, B, T, iters, dummy, d_us, d_hung);
       f[9] = run<R, 100 + (F_PULL | F_SENT | F_HDR)>(rk, B, T, iters, dummy, d_us, d_hung);
       f[10] = run<R, 100 + (F_PULL | F_SENT | F_HDRW)>(rk, B, T, iters, dummy, d_us, d_hung);
+      f[11] = run<R, 100 + (F_PULL | F_SENT | F_HSTORE)>(rk, B, T, iters, dummy, d_us, d_hung);
+      f[12] = run<R, 100 + (F_PULL | F_SENT | F_HDR | F_HFULL)>(rk, B, T, iters, dummy, d_us, d_hung);
+      f[13] = run<R, 100 + (F_PULL | F_SENT | F_HDR | F_HAFTER)>(rk, B, T, iters, dummy, d_us, d_hung);
+      f[14] = run<R, 100 + (F_PULL | F_SENT | F_HDRW | F_HFULL)>(rk, B, T, iters, dummy, d_us, d_hung);
       std::printf("R=%d ranks, %2d blocks/rank x %3d threads, feature rungs (us per call):", R, B, T);
       const char *names[] = {"v2", "+hdr store", "+hdr", "+hdr last warp", "pull", "sentinel", "pull+sent",
-                             "sleep", "pull+sleep", "pull+sent+hdr", "pull+sent+hdr last warp"};
-      for (int i = 0; i < 11; i++) std::printf(" %s %.3f%s", names[i], f[i], i < 10 ? " |" : "\n");
+                             "sleep", "pull+sleep", "pull+sent+hdr", "pull+sent+hdr last warp",
+                             "pull+sent+hdr store", "pull+sent+hdr full rounds", "pull+sent+hdr after lines",
+                             "pull+sent+hdr last warp full rounds"};
+      for (int i = 0; i < 15; i++) std::printf(" %s %.3f%s", names[i], f[i], i < 14 ? " |" : "\n");
     }
     std::printf("R=%d ranks, %2d blocks/rank x %3d threads: bare %.3f | +end barrier %.3f | +epoch in memory, "
                 "2 barriers %.3f | +header %.3f | +bounded wait %.3f | +loops to 8 %.3f | ll_allreduce_block<8> %.3f | <16> %.3f "
-                "| <8> bf16/max body %.3f  us per call\n",
-                R, B, T, v[0], v[1], v[2], v[6], v[7], v[8], v[3], v[4], v[5]);
+                "| <8> bf16/max body %.3f | pull: <8> %.3f, <8> bf16/max body %.3f  us per call\n",
+                R, B, T, v[0], v[1], v[2], v[6], v[7], v[8], v[3], v[4], v[5], lib_pull[0], lib_pull[1]);
   }
   CHECK(cudaFree(d_us));
   CHECK(cudaFree(d_hung));

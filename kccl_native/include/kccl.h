@@ -110,6 +110,8 @@ typedef struct {
                               partition (calibrated at init; see kcclCommGpuFlagReplicas) */
   int max_outstanding;     /* KCCL_MAX_OUTSTANDING: kcclAllReduceStart ops in flight, 1..8 */
   int gpu_blocks;          /* KCCL_GPU_BLOCKS: blocks per rank of the chunked GPU kernels; 0 = auto */
+  int gpu_pull;            /* KCCL_GPU_PULL: one-shot lines pulled from the sender (1) or pushed to
+                              every peer (0); -1 = auto: pull when every rank shares one GPU */
 } kcclConfig_t;
 
 kcclResult_t kcclConfigInit(kcclConfig_t *config);

@@ -30,6 +30,17 @@
  * signature: a peer that called with another count / type / op is reported as
  * a mismatch instead of being reduced.
  *
+ * Pull (dc.pull, set when every rank shares one GPU): the sender writes each
+ * line once, into its own inbox's slot for itself, and readers poll that slot
+ * in the sender's buffer.  On one GPU every buffer sits in the same L2, so a
+ * remote poll costs what a local one does, and a call stores each line once
+ * instead of once per peer.  After a first full round a waiting thread then
+ * polls only its lowest pending peer until that one's line arrives (a
+ * "sentinel"), which cuts the poll traffic that at 8 ranks otherwise nearly
+ * fills the L2 (bench/gpu/ll_ladder.cu: 8 ranks 2.29 -> 1.65-1.71 us, 4 ranks
+ * 1.45-1.66 -> 1.16-1.38 us, and each of the two alone gained nothing).
+ * Across GPUs a remote poll is a round trip over the link, so they push.
+ *
  * Waits are bounded: every few dozen polls a waiting thread checks the clock
  * (KCCL_TIMEOUT_MS), its block's failure flag, and the host-mapped stop word
  * that the host sets when a peer dies, aborts or closes.  A failed call
@@ -68,6 +79,7 @@
 typedef struct {
   int rank, nranks;
   int channel;                              /* which LL inbox / epoch array this handle uses */
+  int pull;                                 /* 1: every rank is on this GPU (see "Pull" above) */
   uint64_t timeout_ns;                      /* 0: no time limit (the stop word still applies) */
   char *peer_base[KCCL_GPU_MAX_RANKS];      /* every rank's device buffer, mapped here (own too) */
   uint64_t ll_off[KCCL_CHANNELS];           /* offset of each channel's LL inbox in a buffer */
@@ -132,10 +144,13 @@ __device__ static inline Waiter waiter(const kcclDevComm &dc) {
 }
 
 /* keep_waiting's every-64th-poll part, out of line: the deadline (set on
- * the first call), with the verdict (KCCL_GPU_*) in the top two bits. */
+ * the first call), with the verdict (KCCL_GPU_*) in the top two bits.  The
+ * host-mapped words are read every 1024th poll only: a read crosses PCIe, and
+ * when thousands of threads wait at once (a 256 KB one-shot call: 8192) their
+ * reads queue there; reading them every 64th poll made such calls 3-6x slower. */
 __device__ __noinline__ static uint64_t wait_check(const kcclGpuStatus *st, uint64_t timeout_ns, uint64_t deadline,
                                                    uint32_t polls) {
-  if (st->stop || st->code) return deadline | ((uint64_t)KCCL_GPU_STOPPED << 62);
+  if ((polls & 1023) == 0 && (st->stop || st->code)) return deadline | ((uint64_t)KCCL_GPU_STOPPED << 62);
   if (timeout_ns) {
     const uint64_t now = kgpu_time_ns();
     if (!deadline) deadline = now + timeout_ns;
@@ -145,9 +160,9 @@ __device__ __noinline__ static uint64_t wait_check(const kcclGpuStatus *st, uint
   return deadline;
 }
 
-/* Called between polls.  Returns KCCL_GPU_OK to keep polling.  The clock and
- * the host-mapped words are read only every 64 polls (a read of host memory
- * crosses PCIe); the block's shared failure flag every poll (cheap). */
+/* Called between polls.  Returns KCCL_GPU_OK to keep polling.  The clock is
+ * read every 64 polls and the host-mapped words every 1024 (see wait_check);
+ * the block's shared failure flag every poll (cheap). */
 __device__ static inline int keep_waiting(const kcclDevComm &dc, Waiter &w, volatile int *block_fail) {
   if (*block_fail) return KCCL_GPU_STOPPED;
   if ((++w.polls & 63) != 0) return KCCL_GPU_OK;
@@ -266,21 +281,27 @@ __device__ static inline uint32_t ll_pick(const uint32_t (&mine)[KCCL_LL_MAX_LPT
   return k == 0 ? mine[0][j] : k == 1 ? mine[1][j] : k == 2 ? mine[2][j] : mine[3][j];
 }
 
-/* Line l of every peer in `pending` whose both epoch words equal e arrives in
- * got[p] and leaves `pending`.  Every load is issued before any is looked at:
- * one round costs one round trip, not one per peer. */
+/* Where sender p's lines of `set` for `block` are read: this rank's inbox
+ * (push), or p's own slot in p's buffer (pull). */
+__device__ static inline uint32_t *ll_from(const kcclDevComm &dc, uint32_t set, int p, int block) {
+  return ll_region(dc, dc.pull ? p : dc.rank, set, p, block);
+}
+
+/* Looks at line l of every peer in `look`; those whose both epoch words equal
+ * e are returned (their line in got[p]).  Every load is issued before any is
+ * looked at: one round costs one round trip, not one per peer. */
 template <int MAXR>
 __device__ static inline uint32_t ll_poll(const kcclDevComm &dc, uint32_t set, int block, uint32_t l, uint32_t e,
-                                          uint32_t pending, uint4 *got) {
+                                          uint32_t look, uint4 *got) {
 #pragma unroll
   for (int p = 0; p < MAXR; p++)
-    if (pending & (1u << p))
-      kgpu_ld_weak_v4(ll_line(ll_region(dc, dc.rank, set, p, block), l), &got[p].x, &got[p].y, &got[p].z,
-                      &got[p].w);
+    if (look & (1u << p))
+      kgpu_ld_weak_v4(ll_line(ll_from(dc, set, p, block), l), &got[p].x, &got[p].y, &got[p].z, &got[p].w);
+  uint32_t came = 0;
 #pragma unroll
   for (int p = 0; p < MAXR; p++)
-    if ((pending & (1u << p)) && got[p].y == e && got[p].w == e) pending &= ~(1u << p);
-  return pending;
+    if ((look & (1u << p)) && got[p].y == e && got[p].w == e) came |= 1u << p;
+  return came;
 }
 
 /* One block's LL all-reduce of nbytes (<= KCCL_LL_MAX_BYTES) from `in` to `out`
@@ -319,6 +340,7 @@ __device__ static __forceinline__ kcclResult_t ll_block(const kcclDevComm &dc, i
   const int me = dc.rank, n = dc.nranks;
   const uint32_t lines = (nbytes + 7) / 8;
   const uint32_t all_peers = (n >= 32 ? 0xffffffffu : ((1u << n) - 1)) & ~(1u << me);
+  const bool pull = dc.pull != 0;
 
   /* Lines are handled in rounds of up to KCCL_LL_MAX_LPT per thread (one round
    * when blockDim.x == KCCL_LL_THREADS); each round is a whole push + receive.
@@ -345,17 +367,26 @@ __device__ static __forceinline__ kcclResult_t ll_block(const kcclDevComm &dc, i
     /* A later round (small blocks): its input lines.  Each line is read and
      * written by one thread only, so in place needs no barrier. */
     if (base) ll_load_round(mine, in, base, lines, nbytes);
-    /* Push: header (first round), then this thread's lines, into every peer's inbox. */
+    /* Send: header (first round), then this thread's lines, into every peer's
+     * inbox (push) or once into this rank's own slot (pull). */
     if (tid == 0 && base == 0) {
+      if (pull) {
+        kgpu_st_weak_v4(ll_region(dc, me, set, me, block), sig, e, nbytes, e);
+      } else {
 #pragma unroll
-      for (int p = 0; p < MAXR; p++)
-        if (p < n && p != me) kgpu_st_weak_v4(ll_region(dc, p, set, me, block), sig, e, nbytes, e);
+        for (int p = 0; p < MAXR; p++)
+          if (p < n && p != me) kgpu_st_weak_v4(ll_region(dc, p, set, me, block), sig, e, nbytes, e);
+      }
     }
 #pragma unroll 1
     for (int k = 0; k < KCCL_LL_MAX_LPT; k++) {
       const uint32_t l = base + tid + k * nt;
       if (l >= lines) break;
       const uint32_t m0 = ll_pick(mine, k, 0), m1 = ll_pick(mine, k, 1);
+      if (pull) {
+        kgpu_st_weak_v4(ll_line(ll_region(dc, me, set, me, block), l), m0, e, m1, e);
+        continue;
+      }
 #pragma unroll
       for (int p = 0; p < MAXR; p++)
         if (p < n && p != me) kgpu_st_weak_v4(ll_line(ll_region(dc, p, set, me, block), l), m0, e, m1, e);
@@ -377,12 +408,17 @@ __device__ static __forceinline__ kcclResult_t ll_block(const kcclDevComm &dc, i
       uint4 got[MAXR]; /* a peer's line stays here once it has arrived */
       uint32_t pending = have_line ? all_peers : 0;
       Waiter wt = waiter(dc);
-      bool last_look = false;
+      bool last_look = false, full = true;
       while (pending | hpend) {
         uint4 hdr;
         const int hp = hpend ? __ffs(hpend) - 1 : 0;
-        if (hpend) kgpu_ld_weak_v4(ll_region(dc, me, set, hp, block), &hdr.x, &hdr.y, &hdr.z, &hdr.w);
-        pending = ll_poll<MAXR>(dc, set, block, l, e, pending, got);
+        if (hpend) kgpu_ld_weak_v4(ll_from(dc, set, hp, block), &hdr.x, &hdr.y, &hdr.z, &hdr.w);
+        /* Pull: a full round first and after each round that brought a line; in
+         * between only the lowest pending peer (the sentinel). */
+        const uint32_t look = pull && !full ? pending & (0u - pending) : pending;
+        const uint32_t came = ll_poll<MAXR>(dc, set, block, l, e, look, got);
+        pending &= ~came;
+        full = came != 0;
         if (hpend && hdr.y == e && hdr.w == e) {
           hpend = 0;
           if (hdr.x != sig || hdr.z != nbytes) {

@@ -74,6 +74,7 @@ kcclResult_t kcclConfigInit(kcclConfig_t *cfg) {
   cfg->gpu_pdl = 1; /* the configuration that passed every 8-rank check on the H200 (bench/RESULTS.md) */
   cfg->gpu_flag_replicas = 0; /* opt-in: not yet measured (bench/gpu/replica_ab.py) */
   cfg->gpu_blocks = 0;        /* auto: from the ranks per GPU and the occupancy (gpu_runtime.cu) */
+  cfg->gpu_pull = -1;         /* auto: pull on one GPU (bench/gpu/ll_ladder.cu), push across GPUs */
 
   long v;
   kcclResult_t r;
@@ -110,6 +111,9 @@ kcclResult_t kcclConfigInit(kcclConfig_t *cfg) {
   v = cfg->gpu_blocks;
   if ((r = env_long("KCCL_GPU_BLOCKS", 0, KCCL_GPU_MAX_BLOCKS, 0, &v))) return r;
   cfg->gpu_blocks = (int)v;
+  v = cfg->gpu_pull;
+  if ((r = env_long("KCCL_GPU_PULL", -1, 1, 0, &v))) return r;
+  cfg->gpu_pull = (int)v;
   static const char *const algos[] = {"auto", "oneshot", "twoshot"};
   static const char *const levels[] = {"NONE", "WARN", "INFO", "TRACE"};
   if ((r = env_choice("KCCL_ALGO", algos, 3, &cfg->algo))) return r;

@@ -27,6 +27,7 @@ typedef struct {
   int32_t flag_replicas;        /* KGPU_REP_*: asked for per-L2-partition flag replicas, and how its
                                    calibration went (its tables are in its buffer when OK) */
   int32_t blocks;               /* its KCCL_GPU_BLOCKS (0: auto): must be equal on all ranks */
+  int32_t pull;                 /* its KCCL_GPU_PULL (-1: auto): must be equal on all ranks */
   uint64_t bytes;               /* size of its exported buffer */
   char pci[KGPU_PCI_BYTES];     /* PCI bus id: ranks with equal ids share a GPU */
   uint8_t ipc[KGPU_IPC_BYTES];  /* cudaIpcMemHandle_t of the buffer */
@@ -49,6 +50,7 @@ typedef struct {
   int pdl;                      /* launch with programmatic dependent launch */
   int flag_replicas;            /* config: calibrate and use per-L2-partition flag replicas */
   int blocks;                   /* config: chunked-kernel blocks per rank, 0 = auto */
+  int pull;                     /* config: one-shot pull 1, push 0, auto -1 */
 } kgpu_shape;
 
 int kgpu_built(void);

@@ -115,7 +115,8 @@ kcclResult_t kccl_gpu_init(struct kcclComm *c) {
                       .timeout_ns = (uint64_t)c->cfg.timeout_ms * 1000000ull,
                       .pdl = c->cfg.gpu_pdl,
                       .flag_replicas = c->cfg.gpu_flag_replicas,
-                      .blocks = c->cfg.gpu_blocks};
+                      .blocks = c->cfg.gpu_blocks,
+                      .pull = c->cfg.gpu_pull};
   kccl_seg_header *me = c->hdr[c->rank];
   kcclResult_t r = kgpu_create(c->cfg.device, &shape, &gh->kg, &me->gpu, &gh->status);
   if (r == kcclSuccess) {

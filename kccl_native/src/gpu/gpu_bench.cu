@@ -123,6 +123,21 @@ __global__ void __launch_bounds__(256, 3) k_residency(int *counter, long long ta
   if (s == 1234.5f) seen[1] = 1; /* never in practice: keeps `keep` live, so the registers stay allocated */
 }
 
+/* The benchmark kernels that wait for a peer, loaded at init (see kgpu_preload_kernels). */
+kgpuError_t kgpu_preload_bench_kernels(void) {
+  kgpuFuncAttributes fa;
+  kgpuError_t e;
+  if ((e = kgpuFuncGetAttributes(&fa, k_dev_selftest<8>)) != kgpuSuccess ||
+      (e = kgpuFuncGetAttributes(&fa, k_dev_selftest<KCCL_GPU_MAX_RANKS>)) != kgpuSuccess ||
+      (e = kgpuFuncGetAttributes(&fa, k_dev_chain<8, false>)) != kgpuSuccess ||
+      (e = kgpuFuncGetAttributes(&fa, k_dev_chain<KCCL_GPU_MAX_RANKS, false>)) != kgpuSuccess ||
+      (e = kgpuFuncGetAttributes(&fa, k_dev_chain<8, true>)) != kgpuSuccess ||
+      (e = kgpuFuncGetAttributes(&fa, k_dev_chain<KCCL_GPU_MAX_RANKS, true>)) != kgpuSuccess ||
+      (e = kgpuFuncGetAttributes(&fa, k_flag_hop)) != kgpuSuccess)
+    return e;
+  return kgpuFuncGetAttributes(&fa, k_residency);
+}
+
 extern "C" kcclResult_t kgpu_bench_residency(struct kgpu *g, int blocks, int timeout_ms, int out[4]) {
   /* blocks and timeout_ms: range-checked by kcclBenchResidency */
   KGPU_CHECK(kgpuSetDevice(g->device));

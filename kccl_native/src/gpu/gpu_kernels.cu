@@ -446,6 +446,23 @@ static Replicas replicas(const kgpu *g) {
   return r;
 }
 
+/* Loads every kernel of this file now.  With lazy loading (CUDA's default
+ * since 12.2) a kernel's code is loaded at its first launch, and a load "might
+ * require context synchronization" (CUDA programming guide, lazy loading):
+ * a rank whose first two-shot launch waits for that while a peer's kernel
+ * spins waiting for it deadlocks until KCCL_TIMEOUT_MS.  Getting a kernel's
+ * attributes loads it. */
+kgpuError_t kgpu_preload_kernels(void) {
+  kgpuFuncAttributes fa;
+  kgpuError_t e;
+  for (int m = 0; m < 3; m++)
+    for (int t = 0; t < 3; t++)
+      for (int o = 0; o < 4; o++)
+        if ((e = kgpuFuncGetAttributes(&fa, oneshot_kernels[m][t][o])) != kgpuSuccess) return e;
+  if ((e = kgpuFuncGetAttributes(&fa, k_twoshot)) != kgpuSuccess) return e;
+  return kgpuFuncGetAttributes(&fa, k_gather);
+}
+
 kgpuError_t kgpu_kernel_occupancy(int nranks, int *ts_per_sm, int *ll_per_sm) {
   int a = 0, b = 0, c = 0;
   kgpuError_t e;

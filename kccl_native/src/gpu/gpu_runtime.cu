@@ -95,6 +95,7 @@ extern "C" kcclResult_t kgpu_create(int device, const kgpu_shape *shape, struct 
   memset((void *)g->status_h, 0, sizeof *g->status_h);
   exp->flag_replicas = KGPU_REP_OFF;
   exp->blocks = shape->blocks;
+  exp->pull = shape->pull;
   if (shape->flag_replicas) {
     /* Before the export is published: a peer reads the tables once it has mapped this buffer. */
     kcclResult_t r = kgpu_l2_calibrate(g);
@@ -110,7 +111,8 @@ extern "C" kcclResult_t kgpu_create(int device, const kgpu_shape *shape, struct 
       (e = kgpuIpcGetMemHandle((kgpuIpcMemHandle_t *)exp->ipc, g->buf)) != kgpuSuccess ||
       (e = kgpuDeviceGetPCIBusId(exp->pci, KGPU_PCI_BYTES, device)) != kgpuSuccess ||
       (e = kgpuDeviceGetAttribute(&exp->sms, kgpuDevAttrMultiProcessorCount, device)) != kgpuSuccess ||
-      (e = kgpu_kernel_occupancy(shape->nranks, &exp->ts_per_sm, &exp->ll_per_sm)) != kgpuSuccess) {
+      (e = kgpu_kernel_occupancy(shape->nranks, &exp->ts_per_sm, &exp->ll_per_sm)) != kgpuSuccess ||
+      (e = kgpu_preload_kernels()) != kgpuSuccess || (e = kgpu_preload_bench_kernels()) != kgpuSuccess) {
     kgpuFreeHost((void *)g->status_h);
     kgpuFree(g->buf);
     free(g);
@@ -135,6 +137,10 @@ extern "C" kcclResult_t kgpu_connect(struct kgpu *g, const kgpu_export *peers) {
     if (peers[p].blocks != s->blocks)
       return kccl_err(kcclInvalidUsage, "rank %d has KCCL_GPU_BLOCKS=%d, this rank (%d) %d: the setting must be "
                       "equal on all ranks", p, peers[p].blocks, s->rank, s->blocks);
+  for (int p = 0; p < s->nranks; p++)
+    if (peers[p].pull != s->pull)
+      return kccl_err(kcclInvalidUsage, "rank %d has KCCL_GPU_PULL=%d, this rank (%d) %d: the setting must be "
+                      "equal on all ranks", p, peers[p].pull, s->rank, s->pull);
   for (int p = 0; p < s->nranks; p++) {
     if (p == s->rank) {
       g->peer[p] = g->buf;
@@ -192,6 +198,7 @@ extern "C" kcclResult_t kgpu_connect(struct kgpu *g, const kgpu_export *peers) {
     dc->rank = s->rank;
     dc->nranks = s->nranks;
     dc->channel = c;
+    dc->pull = s->pull >= 0 ? s->pull : max_local == s->nranks; /* auto: pull when all share this GPU */
     dc->timeout_ns = s->timeout_ns;
     for (int p = 0; p < s->nranks; p++) dc->peer_base[p] = g->peer[p];
     for (int k = 0; k < KCCL_CHANNELS; k++) dc->ll_off[k] = g->lay.ll[k];

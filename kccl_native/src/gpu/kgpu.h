@@ -72,6 +72,9 @@ kcclResult_t kgpu_launch_error(const char *what);
 /* Blocks per multiprocessor of the chunked kernels (the smaller of two-shot's
  * and gather's) and of the one-shot kernel used for nranks (gpu_kernels.cu). */
 kgpuError_t kgpu_kernel_occupancy(int nranks, int *ts_per_sm, int *ll_per_sm);
+/* Loads the library's kernels at init (lazy loading: see gpu_kernels.cu, gpu_bench.cu). */
+kgpuError_t kgpu_preload_kernels(void);
+kgpuError_t kgpu_preload_bench_kernels(void);
 
 /* gpu_l2map.cu.  Times every candidate line from every SM and fills this rank's
  * l2tab / l2map (g->rep_self, g->rep_cal say how it went); an error only when
