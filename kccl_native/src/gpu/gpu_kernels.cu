@@ -182,6 +182,9 @@ __device__ static inline bool wait_peers(const kcclDevComm &dc, size_t flags_off
       int why = keep_waiting(dc, w, s_fail);
       if (why == KCCL_GPU_STOPPED && !*s_fail && (int32_t)((uint32_t)kgpu_ld_acquire_sys_u64(f) - step) >= 0)
         continue; /* raised just before the peer went: the loop's next look takes it */
+      /* Past a few polls, back off: a waiting warp's acquire loads take issue
+       * slots and L2 bandwidth from the warps of this SM that are copying. */
+      if (!why && w.polls > 8) kgpu_pause();
       if (why) {
         if (why == KCCL_GPU_TIMEOUT)
           record_failure(dc, KCCL_GPU_TIMEOUT, kcclTimeout, t, sig, 0, step, 0, 0);
