@@ -62,6 +62,7 @@ for s in $steps; do
       done
       nvidia-cuda-mps-control -d && echo "MPS restarted" ;;
     launchfloor) timeout 200 sh bench/gpu/run_launch_floor.sh 2>&1 | tee "$LOGS/launchfloor.log" | tail -60 ;;
+    pushcheck[0-9]*) n=${s#pushcheck}; KCCL_GPU_PULL=0 timeout 150 $MPI -x KCCL_GPU_PULL -n $n python3 tests/gpu/mpi_check.py --quick 2>&1 | tee "$LOGS/$s.log" | tail -8 ;;
     nopdlcheck[0-9]*) n=${s#nopdlcheck}; KCCL_GPU_PDL=0 timeout 150 $MPI -x KCCL_GPU_PDL -n $n python3 tests/gpu/mpi_check.py --quick 2>&1 | tee "$LOGS/$s.log" | tail -8 ;;
     blocks[0-9]*) # 64 MB with several chunked-kernel block counts (KCCL_GPU_BLOCKS; 0 = auto)
       n=${s#blocks}; [ "$n" -gt 4 ] && list="${BLOCKS8:-0 18 26 40}" || list="${BLOCKS2:-0 74 99}"
