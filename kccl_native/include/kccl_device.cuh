@@ -360,8 +360,15 @@ __device__ static __forceinline__ kcclResult_t ll_block(const kcclDevComm &dc, i
   const uint32_t e = s_epoch;
   const uint32_t set = e % KCCL_LL_SETS;
 
-  uint32_t hpend = 0; /* headers this thread checks: peer tid's (warp 0 only, n <= 32) */
-  if (tid < n && tid != me) hpend = 1u << tid;
+  /* Headers: lane p of the block's last warp checks peer p's (warp 0 when the
+   * last warp has fewer than n lanes).  The last warp rather than warp 0,
+   * which also reads the epoch and pushes the header: measured, not explained
+   * (bench/gpu/ll_ladder.cu, pull + sentinel + header, session 6: 8 ranks
+   * 2.05 -> 1.99 us, 4 ranks 1.58-1.61 -> 1.16-1.18). */
+  const int last_lanes = nt - (nt - 1) / KGPU_WARP * KGPU_WARP;
+  const int hbase = last_lanes >= n ? nt - last_lanes : 0;
+  uint32_t hpend = 0; /* the header this thread checks: peer (tid - hbase)'s */
+  if (tid >= hbase && tid - hbase < n && tid - hbase != me) hpend = 1u << (tid - hbase);
 
   for (uint32_t base = 0; base < lines || kgpu_any(wmask, hpend != 0); base += (uint32_t)nt * KCCL_LL_MAX_LPT) {
     /* A later round (small blocks): its input lines.  Each line is read and
