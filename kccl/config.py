@@ -82,8 +82,8 @@ SETTINGS: Tuple[Setting, ...] = (
             "or 1000 us when ranks outnumber cores)."),
     Setting("KCCL_GPU_ONESHOT_MAX_BYTES", "gpu_oneshot_max_bytes", 256 * 1024, _int_range(0, 1 << 40, sizes=True),
             "GPU communicators: largest all-reduce (bytes) that auto sends one-shot (LL push; "
-            "capped by the kernel's capacity: 8 KB per block times the blocks that fit beside the peers', "
-            "144 KB at 8 ranks on one H200); larger ones go two-shot."),
+            "capped by the kernel's capacity: 8 KB per block times the blocks that fit beside the peers'; "
+            "below 128 KB at 8 ranks on one H200); larger ones go two-shot."),
     Setting("KCCL_GPU_BUFFER_BYTES", "gpu_buffer_bytes", 16 * 1024 * 1024, _int_range(65536, 1 << 32, sizes=True),
             "GPU communicators: chunk size of two-shot all-reduce, reduce-scatter, all-gather and "
             "broadcast (each rank allocates 4 such areas on its GPU). Must be equal on all ranks."),
@@ -98,9 +98,10 @@ SETTINGS: Tuple[Setting, ...] = (
             "Measured on the H200: no effect. Must be equal on all ranks."),
     Setting("KCCL_GPU_BLOCKS", "gpu_blocks", 0, _int_range(0, 132),
             "GPU communicators: blocks per rank of the chunked kernels (two-shot all-reduce, "
-            "reduce-scatter, all-gather, broadcast); 0 = auto (two per SM shared by the ranks on the "
-            "busiest GPU, within 3/4 of the occupancy). Every rank's blocks must be resident at once: "
-            "too many for the ranks sharing a GPU hangs until KCCL_TIMEOUT_MS. Must be equal on all ranks."),
+            "reduce-scatter, all-gather, broadcast); 0 = auto (a share of the GPU per rank on the busiest "
+            "GPU: 18 at 8 ranks, 74 at 2 on one H200). More can be faster (64 MB: 26 at 8 ranks, 99 at 2) "
+            "but every rank's blocks must be resident at once, and twice the auto count timed out "
+            "(KcclTimeout after KCCL_TIMEOUT_MS) in 5 of 6 runs on the H200. Must be equal on all ranks."),
     Setting("KCCL_GPU_PULL", "gpu_pull", -1, _int_range(-1, 1),
             "GPU communicators: how the one-shot all-reduce (and the device API) moves lines: 1 pull "
             "(each sender writes its lines once, into its own buffer, and peers read them there), 0 push "
