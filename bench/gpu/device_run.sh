@@ -62,6 +62,17 @@ for s in $steps; do
       done
       nvidia-cuda-mps-control -d && echo "MPS restarted" ;;
     launchfloor) timeout 200 sh bench/gpu/run_launch_floor.sh 2>&1 | tee "$LOGS/launchfloor.log" | tail -60 ;;
+    fullshare*) # the chunked kernels with twice the default blocks (timed out in session 6), PDL on / off
+      n=${s#fullshare}; n=${n%%[a-z]*}; b=$((264 / n)); what=${s#fullshare$n}
+      for pdl in 0 1; do
+        echo "--- KCCL_GPU_BLOCKS=$b KCCL_GPU_PDL=$pdl ${what:-check}"
+        if [ "$what" = large ]; then
+          KCCL_GPU_BLOCKS=$b KCCL_GPU_PDL=$pdl timeout 150 $MPI -x KCCL_GPU_BLOCKS -x KCCL_GPU_PDL -n $n python3 bench/allreduce.py --device cuda -d bfloat16 -b 1M -e 64M -f 4 -r 5 \
+            2>&1 | tee "$LOGS/${s}_pdl$pdl.log" | grep -E "^ +[0-9]+M|rror:" | head -6
+        else
+          KCCL_GPU_BLOCKS=$b KCCL_GPU_PDL=$pdl timeout 150 $MPI -x KCCL_GPU_BLOCKS -x KCCL_GPU_PDL -n $n python3 tests/gpu/mpi_check.py --quick 2>&1 | tee "$LOGS/${s}_pdl$pdl.log" | grep -E "GPU CHECK|rror:" | head -3
+        fi
+      done ;;
     pushcheck[0-9]*) n=${s#pushcheck}; KCCL_GPU_PULL=0 timeout 150 $MPI -x KCCL_GPU_PULL -n $n python3 tests/gpu/mpi_check.py --quick 2>&1 | tee "$LOGS/$s.log" | tail -8 ;;
     nopdlcheck[0-9]*) n=${s#nopdlcheck}; KCCL_GPU_PDL=0 timeout 150 $MPI -x KCCL_GPU_PDL -n $n python3 tests/gpu/mpi_check.py --quick 2>&1 | tee "$LOGS/$s.log" | tail -8 ;;
     blocks[0-9]*) # 64 MB with several chunked-kernel block counts (KCCL_GPU_BLOCKS; 0 = auto)
