@@ -437,6 +437,7 @@ __device__ static __forceinline__ kcclResult_t ll_block(const kcclDevComm &dc, i
         const int why = keep_waiting(dc, wt, &s_fail);
         if (why == KCCL_GPU_STOPPED && !s_fail && !last_look) { /* sent just before the peer went? */
           last_look = true;
+          full = true; /* the last look covers every pending peer, not only the sentinel */
           continue;
         }
         if (why) {
