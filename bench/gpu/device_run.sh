@@ -73,6 +73,7 @@ for s in $steps; do
           KCCL_GPU_BLOCKS=$b KCCL_GPU_PDL=$pdl timeout 150 $MPI -x KCCL_GPU_BLOCKS -x KCCL_GPU_PDL -n $n python3 tests/gpu/mpi_check.py --quick 2>&1 | tee "$LOGS/${s}_pdl$pdl.log" | grep -E "GPU CHECK|rror:" | head -3
         fi
       done ;;
+    blockcounts[0-9]*) n=${s#blockcounts}; timeout 200 $MPI -n $n python3 tests/gpu/block_counts.py 2>&1 | tee "$LOGS/$s.log" | grep -v "^ *File\|^    " | tail -20 ;;
     pushcheck[0-9]*) n=${s#pushcheck}; KCCL_GPU_PULL=0 timeout 150 $MPI -x KCCL_GPU_PULL -n $n python3 tests/gpu/mpi_check.py --quick 2>&1 | tee "$LOGS/$s.log" | tail -8 ;;
     nopdlcheck[0-9]*) n=${s#nopdlcheck}; KCCL_GPU_PDL=0 timeout 150 $MPI -x KCCL_GPU_PDL -n $n python3 tests/gpu/mpi_check.py --quick 2>&1 | tee "$LOGS/$s.log" | tail -8 ;;
     blocks[0-9]*) # 64 MB with several chunked-kernel block counts (KCCL_GPU_BLOCKS; 0 = auto)

@@ -108,8 +108,11 @@ __device__ static inline uint32_t *ll_region(const kcclDevComm &dc, int owner, u
  * kernels' hot loops stay small (see ll_block). */
 __device__ __noinline__ static void record_failure_at(int *fail_owner, kcclGpuStatus *s, int what, int code,
                                                       int peer, uint32_t sig_mine, uint32_t sig_peer, uint32_t epoch,
-                                                      uint32_t bytes_mine, uint32_t bytes_peer) {
+                                                      uint32_t bytes_mine, uint32_t bytes_peer, int stage) {
   if (atomicCAS(fail_owner, 0, 1) != 0) return;
+  s->block = (int32_t)blockIdx.x;
+  s->grid = (int32_t)gridDim.x;
+  s->stage = stage;
   s->what = what;
   s->peer = peer;
   s->sig_mine = sig_mine;
@@ -123,8 +126,9 @@ __device__ __noinline__ static void record_failure_at(int *fail_owner, kcclGpuSt
 }
 __device__ static inline void record_failure(const kcclDevComm &dc, int what, int code, int peer, uint32_t sig_mine,
                                              uint32_t sig_peer, uint32_t epoch, uint32_t bytes_mine,
-                                             uint32_t bytes_peer) {
-  record_failure_at(dc.fail_owner, dc.status, what, code, peer, sig_mine, sig_peer, epoch, bytes_mine, bytes_peer);
+                                             uint32_t bytes_peer, int stage = -1) {
+  record_failure_at(dc.fail_owner, dc.status, what, code, peer, sig_mine, sig_peer, epoch, bytes_mine, bytes_peer,
+                    stage);
 }
 
 /* Bounded-wait bookkeeping of one thread.  The deadline is set at the first

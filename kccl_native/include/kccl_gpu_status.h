@@ -19,6 +19,9 @@ typedef struct {
   volatile int32_t peer;       /* the rank waited for */
   volatile uint32_t sig_mine, sig_peer, epoch;
   volatile uint32_t bytes_mine, bytes_peer;
+  /* Where the failing wait was, for the message: the block, the grid's block
+   * count, and the chunked kernels' flag stage (0, 1; -1: the one-shot / device API). */
+  volatile int32_t block, grid, stage;
 } kcclGpuStatus;
 
 #endif

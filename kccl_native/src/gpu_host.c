@@ -223,12 +223,16 @@ kcclResult_t kccl_gpu_enter(struct kcclComm *c) {
                               "collective mismatch on GPU: rank %d's call (signature %08x, %u bytes per block) "
                               "differs from rank %d's (signature %08x, %u bytes per block)",
                               c->rank, s->sig_mine, s->bytes_mine, s->peer, s->sig_peer, s->bytes_peer);
-      case KCCL_GPU_TIMEOUT:
+      case KCCL_GPU_TIMEOUT: {
+        char where[64]; /* which wait, for diagnosis */
+        if (s->stage < 0) snprintf(where, sizeof where, "block %d of %d, one-shot", s->block, s->grid);
+        else snprintf(where, sizeof where, "block %d of %d, chunked flag %d", s->block, s->grid, s->stage + 1);
         return kccl_comm_fail(c, kcclTimeout,
-                              "a kernel of rank %d waited %d ms for rank %d (pid %d) at step %u (KCCL_TIMEOUT_MS); "
-                              "is it alive, and calling the same collectives?",
+                              "a kernel of rank %d waited %d ms for rank %d (pid %d) at step %u (KCCL_TIMEOUT_MS; "
+                              "%s); is it alive, and calling the same collectives?",
                               c->rank, c->cfg.timeout_ms, s->peer, s->peer >= 0 ? (int)c->pid[s->peer] : -1,
-                              s->epoch);
+                              s->epoch, where);
+      }
       default:
         break;
     }

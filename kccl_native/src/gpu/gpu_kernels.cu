@@ -187,7 +187,7 @@ __device__ static inline bool wait_peers(const kcclDevComm &dc, size_t flags_off
       if (!why && w.polls > 8) kgpu_pause();
       if (why) {
         if (why == KCCL_GPU_TIMEOUT)
-          record_failure(dc, KCCL_GPU_TIMEOUT, kcclTimeout, t, sig, 0, step, 0, 0);
+          record_failure(dc, KCCL_GPU_TIMEOUT, kcclTimeout, t, sig, 0, step, 0, 0, stage);
         else if (!*s_fail)
           record_failure(dc, KCCL_GPU_STOPPED, kcclRemoteError, dc.status->stop_peer, sig, 0, step, 0, 0);
         *s_fail = 1;
