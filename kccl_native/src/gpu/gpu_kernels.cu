@@ -450,11 +450,13 @@ static Replicas replicas(const kgpu *g) {
 }
 
 /* Loads every kernel of this file now.  With lazy loading (CUDA's default
- * since 12.2) a kernel's code is loaded at its first launch, and a load "might
- * require context synchronization" (CUDA programming guide, lazy loading):
- * a rank whose first two-shot launch waits for that while a peer's kernel
- * spins waiting for it deadlocks until KCCL_TIMEOUT_MS.  Getting a kernel's
- * attributes loads it. */
+ * since 12.2) a kernel's code is loaded at its first launch, and the CUDA
+ * programming guide warns that a load may need a context synchronization, so
+ * kernels that wait for each other can deadlock.  Here a rank's first launch
+ * would wait while its peers' kernels spin waiting for it (until
+ * KCCL_TIMEOUT_MS).  Getting a kernel's attributes loads it.  (This did not
+ * remove the timeouts seen with twice the default chunked blocks: session 6,
+ * bench/RESULTS.md.) */
 kgpuError_t kgpu_preload_kernels(void) {
   kgpuFuncAttributes fa;
   kgpuError_t e;
