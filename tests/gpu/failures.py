@@ -13,7 +13,7 @@ SIGKILLed without an MPI launcher tearing the job down):
   kill+replicas, mismatch+replicas, timeout+replicas: the same on a two-shot
             communicator with per-L2-partition flag replicas (KCCL_GPU_FLAG_REPLICAS=1),
             so the waits that fail are the chunked path's, polling a replica
-  blocks    the ranks ask for different KCCL_GPU_BLOCKS: init fails on both
+  blocks, pull  the ranks ask for different KCCL_GPU_BLOCKS / KCCL_GPU_PULL: init fails on both
 Each prints PASS/FAIL with what rank 0 saw and how long it took; the last
 line is `GPU FAILURES: n passed, m failed`; exit 1 on any failure."""
 import multiprocessing as mp
@@ -23,6 +23,7 @@ import sys
 import time
 
 DETECT_S = 2.0
+UNEQUAL = {"blocks": "KCCL_GPU_BLOCKS", "pull": "KCCL_GPU_PULL"}  # scenario: the setting rank r sets to r
 
 
 def worker(scenario, uid, rank, q):
@@ -33,8 +34,8 @@ def worker(scenario, uid, rank, q):
     cfg = {"KCCL_TIMEOUT_MS": 1500 if scenario == "timeout" else 20000}
     if variant == "replicas":
         cfg.update(KCCL_ALGO="twoshot", KCCL_GPU_FLAG_REPLICAS=1)
-    if scenario == "blocks":  # settings that must be equal on all ranks, and are not
-        cfg.update(KCCL_GPU_BLOCKS=8 + rank, KCCL_TIMEOUT_MS=5000)
+    if scenario in UNEQUAL:  # settings that must be equal on all ranks, and are not
+        cfg.update({UNEQUAL[scenario]: rank, "KCCL_TIMEOUT_MS": 5000})
         try:
             kccl.Communicator(2, kccl.UniqueId(uid), rank, device=0, config=cfg).close()
             q.put({"rank": rank, "err": "none"})
@@ -99,7 +100,8 @@ def worker(scenario, uid, rank, q):
 
 EXPECT = {"kill": "KcclRemoteError", "abort": "KcclRemoteError", "mismatch": "KcclRemoteError",
           "timeout": "KcclTimeout", "close": "KcclInvalidUsage", "kill+replicas": "KcclRemoteError",
-          "mismatch+replicas": "KcclRemoteError", "timeout+replicas": "KcclTimeout", "blocks": "KcclInvalidUsage"}
+          "mismatch+replicas": "KcclRemoteError", "timeout+replicas": "KcclTimeout", "blocks": "KcclInvalidUsage",
+          "pull": "KcclInvalidUsage"}
 
 
 def run(scenario):
@@ -133,16 +135,16 @@ def run(scenario):
     why = f"rank 0 got {r0.get('err')}: {r0.get('msg', '')[:200]}"
     if "replicas" in r0:
         why += f"; replicas {'in use' if r0['replicas'] else 'NOT in use (calibration refused them)'}"
-    if ok and base not in ("close", "blocks") and r0.get("async") != EXPECT[scenario]:
+    if ok and base != "close" and base not in UNEQUAL and r0.get("async") != EXPECT[scenario]:
         ok = False
         why += f"; async_error() gave {r0.get('async')}"
     if ok and base in ("kill", "abort") and "t_event" in got.get(1, {}):
         delay = r0["t_err"] - got[1]["t_event"]
         why += f" ({delay:.2f} s after the event)"
         ok = delay < DETECT_S  # t_event is taken just before the kill / abort
-    if ok and base == "blocks":
+    if ok and base in UNEQUAL:
         r1 = got.get(1, {})
-        ok = "KCCL_GPU_BLOCKS" in r0.get("msg", "") and r1.get("err") == EXPECT[scenario]
+        ok = UNEQUAL[base] in r0.get("msg", "") and r1.get("err") == EXPECT[scenario]
         why += f"; rank 1 got {r1.get('err')}"
     if ok and base == "mismatch":
         r1 = got.get(1, {})

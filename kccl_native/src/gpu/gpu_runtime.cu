@@ -133,14 +133,14 @@ extern "C" kcclResult_t kgpu_connect(struct kgpu *g, const kgpu_export *peers) {
       return kccl_err(kcclInvalidUsage, "rank %d has KCCL_GPU_FLAG_REPLICAS=%d, this rank (%d) %d: the setting must "
                       "be equal on all ranks", p, peers[p].flag_replicas != KGPU_REP_OFF, s->rank,
                       s->flag_replicas != 0);
-  for (int p = 0; p < s->nranks; p++)
+  for (int p = 0; p < s->nranks; p++) {
     if (peers[p].blocks != s->blocks)
       return kccl_err(kcclInvalidUsage, "rank %d has KCCL_GPU_BLOCKS=%d, this rank (%d) %d: the setting must be "
                       "equal on all ranks", p, peers[p].blocks, s->rank, s->blocks);
-  for (int p = 0; p < s->nranks; p++)
     if (peers[p].pull != s->pull)
       return kccl_err(kcclInvalidUsage, "rank %d has KCCL_GPU_PULL=%d, this rank (%d) %d: the setting must be "
                       "equal on all ranks", p, peers[p].pull, s->rank, s->pull);
+  }
   for (int p = 0; p < s->nranks; p++) {
     if (p == s->rank) {
       g->peer[p] = g->buf;
