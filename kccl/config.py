@@ -101,7 +101,7 @@ SETTINGS: Tuple[Setting, ...] = (
             "reduce-scatter, all-gather, broadcast); 0 = auto (a share of the GPU per rank on the busiest "
             "GPU: 18 at 8 ranks, 74 at 2 on one H200). More can be faster (64 MB: 26 at 8 ranks, 99 at 2) "
             "but every rank's blocks must be resident at once, and twice the auto count timed out "
-            "(KcclTimeout after KCCL_TIMEOUT_MS) in 7 of 8 runs on the H200. Must be equal on all ranks."),
+            "(KcclTimeout after KCCL_TIMEOUT_MS) in 13 of 14 runs on the H200. Must be equal on all ranks."),
     Setting("KCCL_GPU_PULL", "gpu_pull", -1, _int_range(-1, 1),
             "GPU communicators: how the one-shot all-reduce (and the device API) moves lines: 1 pull "
             "(each sender writes its lines once, into its own buffer, and peers read them there), 0 push "

@@ -37,8 +37,8 @@
  * instead of once per peer.  After a first full round a waiting thread then
  * polls only its lowest pending peer until that one's line arrives (a
  * "sentinel"), which cuts the poll traffic that at 8 ranks otherwise nearly
- * fills the L2 (bench/gpu/ll_ladder.cu: 8 ranks 2.29 -> 1.65-1.71 us, 4 ranks
- * 1.45-1.66 -> 1.16-1.38 us, and each of the two alone gained nothing).
+ * fills the L2 (bench/gpu/ll_ladder.cu, no header: 8 ranks 2.29-2.58 -> 1.65-1.92
+ * us, 4 ranks 1.45-1.66 -> 1.16-1.38 us; either of the two alone gained little or lost).
  * Across GPUs a remote poll is a round trip over the link, so they push.
  *
  * Waits are bounded: every few dozen polls a waiting thread checks the clock
@@ -151,7 +151,8 @@ __device__ static inline Waiter waiter(const kcclDevComm &dc) {
  * the first call), with the verdict (KCCL_GPU_*) in the top two bits.  The
  * host-mapped words are read every 1024th poll only: a read crosses PCIe, and
  * when thousands of threads wait at once (a 256 KB one-shot call: 8192) their
- * reads queue there; reading them every 64th poll made such calls 3-6x slower. */
+ * reads queue there.  With every 64th poll, 256 KB at 2 ranks took 16.6-29.8 us;
+ * with every 1024th, 4.7-5.7 (bench/RESULTS.md, session 6). */
 __device__ __noinline__ static uint64_t wait_check(const kcclGpuStatus *st, uint64_t timeout_ns, uint64_t deadline,
                                                    uint32_t polls) {
   if ((polls & 1023) == 0 && (st->stop || st->code)) return deadline | ((uint64_t)KCCL_GPU_STOPPED << 62);

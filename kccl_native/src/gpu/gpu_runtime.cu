@@ -171,8 +171,8 @@ extern "C" kcclResult_t kgpu_connect(struct kgpu *g, const kgpu_export *peers) {
    *   count they could have 1 / (ranks on the busiest GPU); they get half of
    *   it, the budget that passed every check on the H200 (8 ranks: 18 blocks,
    *   2 ranks: 74), or KCCL_GPU_BLOCKS.  With the full share (8 ranks x 33,
-   *   2 ranks x 132) the quick checks and the 64 MB benchmark timed out in 7
-   *   of 8 runs (session 6), though bench/gpu/residency.py found 8 x 48
+   *   2 ranks x 132) the quick checks and the 64 MB benchmark timed out in 13
+   *   of 14 runs (session 6, PDL on or off), though bench/gpu/residency.py found 8 x 48
    *   blocks of the same size all resident: the cause is not known
    *   (bench/RESULTS.md).  Every rank computes the same numbers from the
    *   same exports. */
