@@ -73,7 +73,8 @@ for s in $steps; do
           KCCL_GPU_BLOCKS=$b KCCL_GPU_PDL=$pdl timeout 150 $MPI -x KCCL_GPU_BLOCKS -x KCCL_GPU_PDL -n $n python3 tests/gpu/mpi_check.py --quick 2>&1 | tee "$LOGS/${s}_pdl$pdl.log" | grep -E "GPU CHECK|rror:" | head -3
         fi
       done ;;
-    blockcounts[0-9]*) n=${s#blockcounts}; timeout 200 $MPI -n $n python3 tests/gpu/block_counts.py 2>&1 | tee "$LOGS/$s.log" | grep -v "^ *File\|^    " | tail -20 ;;
+    blockcounts[0-9]*) n=${s#blockcounts}; [ "$n" -gt 4 ] && list="${BCOUNTS8:-}" || list="${BCOUNTS2:-}"
+      timeout 200 $MPI -n $n python3 tests/gpu/block_counts.py $list 2>&1 | tee "$LOGS/$s.log" | grep -v "^ *File\|^    " | tail -20 ;;
     pushcheck[0-9]*) n=${s#pushcheck}; KCCL_GPU_PULL=0 timeout 150 $MPI -x KCCL_GPU_PULL -n $n python3 tests/gpu/mpi_check.py --quick 2>&1 | tee "$LOGS/$s.log" | tail -8 ;;
     nopdlcheck[0-9]*) n=${s#nopdlcheck}; KCCL_GPU_PDL=0 timeout 150 $MPI -x KCCL_GPU_PDL -n $n python3 tests/gpu/mpi_check.py --quick 2>&1 | tee "$LOGS/$s.log" | tail -8 ;;
     blocks[0-9]*) # 64 MB with several chunked-kernel block counts (KCCL_GPU_BLOCKS; 0 = auto)
@@ -100,6 +101,8 @@ for s in $steps; do
           --json "$LOGS/gpu_bench_${n}ranks_mid_pdl$pdl.json" 2>&1 | tee "$LOGS/${s}_pdl$pdl.log" | grep -v Traceback | grep -v "^# device API" | tail -9
       done ;;
     l2poll) [ -f bench/gpu/run_l2_poll.sh ] && timeout 200 bash bench/gpu/run_l2_poll.sh 2>&1 | tee "$LOGS/l2poll.log" | tail -30 ;;
+    env:*=*) # env:NAME=VALUE: set NAME for the steps after this one (and pass it to the ranks)
+      kv=${s#env:}; export "${kv%%=*}=${kv#*=}"; MPI="$MPI -x ${kv%%=*}"; echo "${kv%%=*}=${kv#*=} from here on" ;;
     *) echo "unknown step $s" ;;
   esac
   tar czf "$OUT/logs.tgz" -C "$LOGS" .
