@@ -563,16 +563,22 @@ class Communicator:
             _raise(rc)
         return {"pushed": out[0], "received": out[1], "end": out[2], "poll_rounds": out[3]}
 
-    def bench_residency(self, blocks, timeout_ms=200):
+    def bench_residency(self, blocks, timeout_ms=200, foreign=0):
         """Collective: can every rank's `blocks` blocks (of a kernel with about the
-        collective kernels' footprint) be resident at once?  Returns a dict: seen
-        (arrivals the best-placed block saw before its timeout), launched (blocks x
-        ranks), regs (per thread), per_sm (blocks per SM by the occupancy calculator)."""
+        collective kernels' footprint) be resident at once?  foreign: a kernel this
+        rank launches just before the probe (0 none, 1 without shared memory, 2 with
+        40 KB of it).  Returns a dict: seen (arrivals the best-placed block saw before
+        its timeout), launched (blocks x ranks), regs (per thread), per_sm (blocks per
+        SM by the occupancy calculator), sms (the SM of each of this rank's blocks)."""
+        comm = self._handle()
+        blocks = _as_int(blocks, "blocks")
         out = ffi.new("int[4]")
-        rc = lib.kcclBenchResidency(self._handle(), _as_int(blocks, "blocks"), _as_int(timeout_ms, "timeout_ms"), out)
+        sms = ffi.new("int[]", max(blocks, 1))
+        rc = lib.kcclBenchResidency(comm, blocks, _as_int(timeout_ms, "timeout_ms"), _as_int(foreign, "foreign"),
+                                    out, sms)
         if rc:
             _raise(rc)
-        return {"seen": out[0], "launched": out[1], "regs": out[2], "per_sm": out[3]}
+        return {"seen": out[0], "launched": out[1], "regs": out[2], "per_sm": out[3], "sms": list(sms[0:blocks])}
 
     def bench_flag_hop(self, iters=10000, mode=0):
         """Microseconds for one flag hop between ranks 0 and 1 through device memory

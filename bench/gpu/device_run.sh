@@ -50,6 +50,12 @@ for s in $steps; do
         done
       done ;;
     replica[0-9]*) n=${s#replica}; timeout 200 $MPI -n $n python3 bench/gpu/replica_ab.py --json "$LOGS/replica_${n}ranks.json" 2>&1 | tee "$LOGS/$s.log" | grep -v Traceback | tail -24 ;;
+    foreign[0-9]*) # residency with the last rank 50 ms late and an own kernel of its before the probe
+      n=${s#foreign}; [ "$n" -gt 4 ] && list="${FBLOCKS8:-12,16,17,18,19,20,22,26,33}" || list="${FBLOCKS2:-64,99,116,128,131,132}"
+      for f in 0 1 2; do
+        timeout 120 $MPI -n $n python3 bench/gpu/residency.py --blocks $list --late-ms 50 --timeout-ms 500 --foreign $f \
+          --json "$LOGS/residency_${n}ranks_foreign$f.json" 2>&1 | tee "$LOGS/${s}_$f.log" | tail -12
+      done ;;
     residency[0-9]*) n=${s#residency}; timeout 120 $MPI -n $n python3 bench/gpu/residency.py --json "$LOGS/residency_${n}ranks.json" 2>&1 | tee "$LOGS/$s.log" | tail -16 ;;
     ladder) nvcc -O3 -std=c++17 -gencode=arch=compute_90,code=sm_90 -Ikccl_native/include -o /tmp/ll_ladder bench/gpu/ll_ladder.cu &&
             timeout 120 /tmp/ll_ladder 2>&1 | tee "$LOGS/ladder.log" ;;

@@ -195,8 +195,12 @@ kcclResult_t kcclBenchFlagHop(kcclComm_t comm, int iters, int mode, double *usPe
  * ranks' blocks.  out[0]: how many arrivals the best-placed block saw (all of
  * them when every rank's blocks fit on the GPU at once), out[1]: how many were
  * launched (blocks x nranks), out[2]: registers per thread of the probe kernel,
- * out[3]: its blocks per SM by the occupancy calculator. */
-kcclResult_t kcclBenchResidency(kcclComm_t comm, int blocks, int timeoutMs, int out[4]);
+ * out[3]: its blocks per SM by the occupancy calculator.  foreign: a kernel
+ * launched on the same stream just before the probe, as an application's own
+ * kernel would come before a collective: 0 none, 1 one block without shared
+ * memory, 2 one block with 40 KB of shared memory.  smOut (blocks ints, or
+ * NULL): the SM each probe block ran on. */
+kcclResult_t kcclBenchResidency(kcclComm_t comm, int blocks, int timeoutMs, int foreign, int out[4], int *smOut);
 kcclResult_t kcclBenchDevAllReducePhases(void *buf, size_t count, kcclDataType_t datatype, int iters, int blocks,
                                          kcclComm_t comm, double phases[4]);
 

@@ -91,7 +91,7 @@ kcclResult_t kgpu_bench_dev_phases(struct kgpu *g, void *buf, size_t count, int 
                                    double phases[4]);
 /* out: arrivals seen by the best-placed block, arrivals expected (blocks x ranks),
  * registers per thread of the probe kernel, its blocks per SM by the calculator. */
-kcclResult_t kgpu_bench_residency(struct kgpu *g, int blocks, int timeout_ms, int out[4]);
+kcclResult_t kgpu_bench_residency(struct kgpu *g, int blocks, int timeout_ms, int foreign, int out[4], int *sm_out);
 kcclResult_t kgpu_bench_flag_hop(struct kgpu *g, int iters, int mode, double *us_per_hop);
 
 /* error.c */

@@ -224,9 +224,12 @@ kcclResult_t kccl_gpu_enter(struct kcclComm *c) {
                               "differs from rank %d's (signature %08x, %u bytes per block)",
                               c->rank, s->sig_mine, s->bytes_mine, s->peer, s->sig_peer, s->bytes_peer);
       case KCCL_GPU_TIMEOUT: {
-        char where[64]; /* which wait, for diagnosis */
+        char where[160]; /* which wait, and how far the peer got, for diagnosis */
         if (s->stage < 0) snprintf(where, sizeof where, "block %d of %d, one-shot", s->block, s->grid);
-        else snprintf(where, sizeof where, "block %d of %d, chunked flag %d", s->block, s->grid, s->stage + 1);
+        else
+          snprintf(where, sizeof where, "block %d of %d, chunked flag %d; that rank's block %d is at step %u, "
+                   "%u of its %d blocks have begun step %u", s->block, s->grid, s->stage + 1, s->block,
+                   s->bytes_peer, s->bytes_mine, s->grid, s->epoch);
         return kccl_comm_fail(c, kcclTimeout,
                               "a kernel of rank %d waited %d ms for rank %d (pid %d) at step %u (KCCL_TIMEOUT_MS; "
                               "%s); is it alive, and calling the same collectives?",
@@ -378,14 +381,16 @@ kcclResult_t kcclBenchDevAllReducePhases(void *buf, size_t count, kcclDataType_t
   return after(comm, kgpu_bench_dev_phases(g, buf, count, datatype, iters, blocks, phases));
 }
 
-kcclResult_t kcclBenchResidency(kcclComm_t comm, int blocks, int timeoutMs, int out[4]) {
+kcclResult_t kcclBenchResidency(kcclComm_t comm, int blocks, int timeoutMs, int foreign, int out[4], int *smOut) {
   if (!out) return kccl_err(kcclInvalidArgument, "out[4] needed");
   if (blocks < 1 || blocks > 4096) return kccl_err(kcclInvalidArgument, "blocks=%d: 1..4096", blocks);
   if (timeoutMs < 1 || timeoutMs > 60000) return kccl_err(kcclInvalidArgument, "timeoutMs=%d: 1..60000", timeoutMs);
+  if (foreign < 0 || foreign > 2)
+    return kccl_err(kcclInvalidArgument, "foreign=%d: 0 (none), 1 (no shared memory) or 2 (40 KB of it)", foreign);
   struct kgpu *g = NULL;
   kcclResult_t r = gpu_comm(comm, &g);
   if (r != kcclSuccess) return r;
-  return after(comm, kgpu_bench_residency(g, blocks, timeoutMs, out));
+  return after(comm, kgpu_bench_residency(g, blocks, timeoutMs, foreign, out, smOut));
 }
 
 kcclResult_t kcclBenchFlagHop(kcclComm_t comm, int iters, int mode, double *usPerHop) {

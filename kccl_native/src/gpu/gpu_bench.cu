@@ -103,11 +103,12 @@ __global__ void k_flag_hop(kcclDevComm dc, size_t hop_off, uint64_t base, int it
  * registers: 3 blocks per SM by the occupancy calculator). */
 #define KGPU_PROBE_LIVE 48
 __global__ void __launch_bounds__(256, 3) k_residency(int *counter, long long target, uint64_t timeout_ns,
-                                                      int *seen, float seed) {
+                                                      int *seen, float seed, int *sm_out) {
   float keep[KGPU_PROBE_LIVE];
 #pragma unroll
   for (int i = 0; i < KGPU_PROBE_LIVE; i++) keep[i] = seed * (float)(kgpu_clock64() ^ i); /* not recomputable later */
   if (threadIdx.x == 0) {
+    sm_out[blockIdx.x] = (int)kgpu_smid();
     long long v = (long long)atomicAdd_system(counter, 1) + 1;
     const uint64_t deadline = kgpu_time_ns() + timeout_ns;
     while (v < target && kgpu_time_ns() < deadline) {
@@ -123,6 +124,20 @@ __global__ void __launch_bounds__(256, 3) k_residency(int *counter, long long ta
   if (s == 1234.5f) seen[1] = 1; /* never in practice: keeps `keep` live, so the registers stay allocated */
 }
 
+/* The probe's "foreign" kernels: what an application might launch on its
+ * stream just before a collective.  One block; `smem`: dynamic shared memory
+ * (0, or 40 KB, which asks the SM for a larger shared-memory carveout than
+ * the collective kernels use). */
+__global__ void k_foreign(int *out) {
+  extern __shared__ int s_buf[];
+  s_buf[threadIdx.x] = (int)threadIdx.x;
+  __syncthreads();
+  if (threadIdx.x == 0) out[0] = s_buf[blockDim.x - 1];
+}
+__global__ void k_foreign_plain(int *out) {
+  if (threadIdx.x == 0) out[0] = (int)blockDim.x;
+}
+
 /* The benchmark kernels that wait for a peer, loaded at init (see kgpu_preload_kernels). */
 kgpuError_t kgpu_preload_bench_kernels(void) {
   kgpuFuncAttributes fa;
@@ -135,27 +150,36 @@ kgpuError_t kgpu_preload_bench_kernels(void) {
       (e = kgpuFuncGetAttributes(&fa, k_dev_chain<KCCL_GPU_MAX_RANKS, true>)) != kgpuSuccess ||
       (e = kgpuFuncGetAttributes(&fa, k_flag_hop)) != kgpuSuccess)
     return e;
+  if ((e = kgpuFuncGetAttributes(&fa, k_foreign)) != kgpuSuccess ||
+      (e = kgpuFuncGetAttributes(&fa, k_foreign_plain)) != kgpuSuccess)
+    return e;
   return kgpuFuncGetAttributes(&fa, k_residency);
 }
 
-extern "C" kcclResult_t kgpu_bench_residency(struct kgpu *g, int blocks, int timeout_ms, int out[4]) {
-  /* blocks and timeout_ms: range-checked by kcclBenchResidency */
+extern "C" kcclResult_t kgpu_bench_residency(struct kgpu *g, int blocks, int timeout_ms, int foreign, int out[4],
+                                             int *sm_out) {
+  /* blocks, timeout_ms and foreign: range-checked by kcclBenchResidency */
   KGPU_CHECK(kgpuSetDevice(g->device));
   kgpuFuncAttributes fa;
   int per_sm = 0;
   KGPU_CHECK(kgpuFuncGetAttributes(&fa, k_residency));
   KGPU_CHECK(kgpuOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, k_residency, 256, 0));
   int *seen = NULL, host[2] = {0, 0};
-  KGPU_CHECK(kgpuMalloc((void **)&seen, sizeof host));
+  /* seen[0..1], then the foreign kernel's word, then one SM id per block */
+  KGPU_CHECK(kgpuMalloc((void **)&seen, sizeof(int) * (3 + (size_t)blocks)));
   const long long before = g->probe_base;
   g->probe_base += (long long)blocks * g->shape.nranks; /* every rank adds the same, seen or not */
   kgpuError_t e = kgpuMemset(seen, 0, sizeof host);
   kcclResult_t r = kcclSuccess;
   if (e == kgpuSuccess) {
+    if (foreign == 1) k_foreign_plain<<<1, 128>>>(seen + 2);
+    if (foreign == 2) k_foreign<<<1, 128, 40 * 1024>>>(seen + 2);
     k_residency<<<blocks, 256>>>((int *)(g->peer[0] + g->lay.probe), g->probe_base,
-                                  (uint64_t)timeout_ms * 1000000ull, seen, 1.0f + (float)blocks);
+                                  (uint64_t)timeout_ms * 1000000ull, seen, 1.0f + (float)blocks, seen + 3);
     r = kgpu_launch_error("residency probe");
     if (r == kcclSuccess) e = kgpuMemcpy(host, seen, sizeof host, kgpuMemcpyDefault); /* waits for it */
+    if (r == kcclSuccess && e == kgpuSuccess && sm_out)
+      e = kgpuMemcpy(sm_out, seen + 3, sizeof(int) * (size_t)blocks, kgpuMemcpyDefault);
   }
   kgpuFree(seen);
   if (r != kcclSuccess) return r;

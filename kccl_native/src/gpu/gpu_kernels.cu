@@ -157,11 +157,27 @@ __device__ static inline void signal_peers(const kcclDevComm &dc, size_t flags_o
   }
 }
 
+/* A chunked wait timed out: record it with how far the peer got, read from
+ * its step counters (thread 0 of each of its blocks raises its own at the
+ * start of every step): the step of the same block, and how many of its
+ * blocks have begun this step.  None of them means the peer's kernel has not
+ * started (not launched, or not resident); some, that only part of it is.
+ * Fields by value: see record_failure_at. */
+__device__ __noinline__ static void record_chunked_timeout(int *fail_owner, kcclGpuStatus *st,
+                                                           const char *peer_steps, int peer, uint32_t sig,
+                                                           uint32_t step, int stage) {
+  const uint32_t *ps = (const uint32_t *)peer_steps;
+  const uint32_t same = kgpu_ld_volatile_u32(ps + blockIdx.x);
+  uint32_t begun = 0;
+  for (unsigned k = 0; k < gridDim.x; k++) begun += (int32_t)(kgpu_ld_volatile_u32(ps + k) - step) >= 0;
+  record_failure_at(fail_owner, st, KCCL_GPU_TIMEOUT, kcclTimeout, peer, sig, 0, step, begun, same, stage);
+}
+
 /* Thread p waits for peer p's flag of `stage` to reach `step` (only == `only`
  * when only >= 0).  Returns false (the whole block) on failure. */
-__device__ static inline bool wait_peers(const kcclDevComm &dc, size_t flags_off, const Replicas &rep,
-                                         const RepLines &rl, int stage, uint32_t step, uint32_t sig, int only,
-                                         volatile int *s_fail) {
+__device__ static inline bool wait_peers(const kcclDevComm &dc, size_t flags_off, size_t steps_off,
+                                         const Replicas &rep, const RepLines &rl, int stage, uint32_t step,
+                                         uint32_t sig, int only, volatile int *s_fail) {
   const int t = threadIdx.x;
   if (t < dc.nranks && t != dc.rank && (only < 0 || t == only)) {
     /* With replicas: the copy near this SM's group (an unmeasured SM: copy 0). */
@@ -187,7 +203,7 @@ __device__ static inline bool wait_peers(const kcclDevComm &dc, size_t flags_off
       if (!why && w.polls > 8) kgpu_pause();
       if (why) {
         if (why == KCCL_GPU_TIMEOUT)
-          record_failure(dc, KCCL_GPU_TIMEOUT, kcclTimeout, t, sig, 0, step, 0, 0, stage);
+          record_chunked_timeout(dc.fail_owner, dc.status, dc.peer_base[t] + steps_off, t, sig, step, stage);
         else if (!*s_fail)
           record_failure(dc, KCCL_GPU_STOPPED, kcclRemoteError, dc.status->stop_peer, sig, 0, step, 0, 0);
         *s_fail = 1;
@@ -304,7 +320,7 @@ __global__ void __launch_bounds__(256, 3) k_twoshot(TwoShot a) {
       copy_range(in_area + (size_t)s * stride * es, a.send + ubase * es, lo * es, hi * es, false);
     }
     signal_peers(dc, a.off_flags, a.rep, rl, 0, val);
-    if (!wait_peers(dc, a.off_flags, a.rep, rl, 0, step, a.sig, -1, &s_fail)) break;
+    if (!wait_peers(dc, a.off_flags, a.off_steps, a.rep, rl, 0, step, a.sig, -1, &s_fail)) break;
 
     /* Stage 2: reduce segment `me`, portion b, over every rank's in-area (rank order). */
     {
@@ -346,12 +362,12 @@ __global__ void __launch_bounds__(256, 3) k_twoshot(TwoShot a) {
     if (a.scatter) {
       /* Nobody reads the out-area; flag 2 only keeps the in-area reuse rule. */
       signal_peers(dc, a.off_flags, a.rep, rl, 1, val);
-      if (!wait_peers(dc, a.off_flags, a.rep, rl, 1, step, a.sig, -1, &s_fail)) break;
+      if (!wait_peers(dc, a.off_flags, a.off_steps, a.rep, rl, 1, step, a.sig, -1, &s_fail)) break;
       o += S;
       continue;
     }
     signal_peers(dc, a.off_flags, a.rep, rl, 1, val);
-    if (!wait_peers(dc, a.off_flags, a.rep, rl, 1, step, a.sig, -1, &s_fail)) break;
+    if (!wait_peers(dc, a.off_flags, a.off_steps, a.rep, rl, 1, step, a.sig, -1, &s_fail)) break;
 
     /* Stage 3: every other segment's portion b from its owner's out-area. */
     for (int s = 0; s < n; s++) {
@@ -408,7 +424,8 @@ __global__ void __launch_bounds__(256, 3) k_gather(Gather a) {
 
     if (publish && lo < hi) copy_range(dc.peer_base[me] + half - o, a.send, o + lo, o + hi, false);
     signal_peers(dc, a.off_flags, a.rep, rl, 0, val);
-    if (!wait_peers(dc, a.off_flags, a.rep, rl, 0, step, a.sig, bcast && me != a.root ? a.root : -1, &s_fail))
+    if (!wait_peers(dc, a.off_flags, a.off_steps, a.rep, rl, 0, step, a.sig, bcast && me != a.root ? a.root : -1,
+                    &s_fail))
       break;
     if (lo < hi) {
       if (!bcast) {
