@@ -563,11 +563,12 @@ class Communicator:
             _raise(rc)
         return {"pushed": out[0], "received": out[1], "end": out[2], "poll_rounds": out[3]}
 
-    def bench_residency(self, blocks, timeout_ms=200, foreign=0):
+    def bench_residency(self, blocks, timeout_ms=200, foreign=0, carveout=-1):
         """Collective: can every rank's `blocks` blocks (of a kernel with about the
         collective kernels' footprint) be resident at once?  foreign: a kernel this
         rank launches just before the probe (0 none, 1 without shared memory, 2 with
-        40 KB of it).  Returns a dict: seen (arrivals the best-placed block saw before
+        40 KB of it).  carveout: the probe kernel's preferred shared-memory carveout in
+        percent (-1: the driver's choice).  Returns a dict: seen (arrivals the best-placed block saw before
         its timeout), launched (blocks x ranks), regs (per thread), per_sm (blocks per
         SM by the occupancy calculator), sms (the SM of each of this rank's blocks)."""
         comm = self._handle()
@@ -575,7 +576,7 @@ class Communicator:
         out = ffi.new("int[4]")
         sms = ffi.new("int[]", max(blocks, 1))
         rc = lib.kcclBenchResidency(comm, blocks, _as_int(timeout_ms, "timeout_ms"), _as_int(foreign, "foreign"),
-                                    out, sms)
+                                    _as_int(carveout, "carveout"), out, sms)
         if rc:
             _raise(rc)
         return {"seen": out[0], "launched": out[1], "regs": out[2], "per_sm": out[3], "sms": list(sms[0:blocks])}

@@ -82,15 +82,16 @@ SETTINGS: Tuple[Setting, ...] = (
             "or 1000 us when ranks outnumber cores)."),
     Setting("KCCL_GPU_ONESHOT_MAX_BYTES", "gpu_oneshot_max_bytes", 256 * 1024, _int_range(0, 1 << 40, sizes=True),
             "GPU communicators: largest all-reduce (bytes) that auto sends one-shot (LL push; "
-            "capped by the kernel's capacity: 8 KB per block times the blocks that fit beside the peers'; "
-            "below 128 KB at 8 ranks on one H200); larger ones go two-shot."),
+            "capped by the kernel's capacity: 8 KB per block times the blocks that fit beside the peers' "
+            "with SMs to spare; 72 KB at 8 ranks on one H200 with PDL); larger ones go two-shot."),
     Setting("KCCL_GPU_BUFFER_BYTES", "gpu_buffer_bytes", 16 * 1024 * 1024, _int_range(65536, 1 << 32, sizes=True),
             "GPU communicators: chunk size of two-shot all-reduce, reduce-scatter, all-gather and "
             "broadcast (each rank allocates 4 such areas on its GPU). Must be equal on all ranks."),
     Setting("KCCL_GPU_PDL", "gpu_pdl", 1, _int_range(0, 1),
             "GPU communicators: 1 launches the one-shot all-reduce with programmatic dependent launch "
             "(Hopper): the next call's kernel starts launching while this one runs (0: plain launches). "
-            "The chunked kernels (two-shot, all-gather, broadcast) always launch plainly."),
+            "The chunked kernels (two-shot, all-gather, broadcast) always launch plainly. Must be equal "
+            "on all ranks (it halves the one-shot kernel's block budget)."),
     Setting("KCCL_GPU_FLAG_REPLICAS", "gpu_flag_replicas", 0, _int_range(0, 1),
             "GPU communicators, opt-in: 1 keeps each two-shot / gather flag twice, once near each L2 "
             "partition (found by timing loads at init); writers write both, a reader polls the copy "
@@ -98,10 +99,11 @@ SETTINGS: Tuple[Setting, ...] = (
             "Measured on the H200: no effect. Must be equal on all ranks."),
     Setting("KCCL_GPU_BLOCKS", "gpu_blocks", 0, _int_range(0, 132),
             "GPU communicators: blocks per rank of the chunked kernels (two-shot all-reduce, "
-            "reduce-scatter, all-gather, broadcast); 0 = auto (a share of the GPU per rank on the busiest "
-            "GPU: 18 at 8 ranks, 74 at 2 on one H200). More can be faster (64 MB: 26 at 8 ranks, 99 at 2) "
-            "but every rank's blocks must be resident at once, and twice the auto count timed out "
-            "(KcclTimeout after KCCL_TIMEOUT_MS) in 13 of 14 runs on the H200. Must be equal on all ranks."),
+            "reduce-scatter, all-gather, broadcast); 0 = auto: every rank's blocks resident at once, and "
+            "the blocks of all ranks of a GPU but one leaving 4 SMs free, so that a late rank's own kernel "
+            "can still start (18 at 8 ranks, 128 at 2 on one H200). More can time out (KcclTimeout after "
+            "KCCL_TIMEOUT_MS) when a rank launches a kernel of its own before the collective: 8 ranks x 22 "
+            "did, behind a torch kernel. Must be equal on all ranks."),
     Setting("KCCL_GPU_PULL", "gpu_pull", -1, _int_range(-1, 1),
             "GPU communicators: how the one-shot all-reduce (and the device API) moves lines: 1 pull "
             "(each sender writes its lines once, into its own buffer, and peers read them there), 0 push "

@@ -90,12 +90,13 @@ def test_host_communicator_reports_no_device_and_refuses_device_calls():
         with pytest.raises(kccl.KcclInvalidUsage, match="host communicator"):
             comm.bench_device_all_reduce_phases(FakeCudaArray((4,)))
         # Argument errors come first, on any communicator.
-        assert lib.kcclBenchResidency(comm._comm, 8, 100, 0, ffi.NULL, ffi.NULL) == kccl.errors.INVALID_ARGUMENT
-        for blocks, timeout_ms, foreign, what in ((0, 100, 0, "blocks=0"), (4097, 100, 0, "blocks=4097"),
-                                                  (8, 0, 0, "timeout"), (8, 60001, 0, "timeout"),
-                                                  (8, 100, -1, "foreign=-1"), (8, 100, 3, "foreign=3")):
+        assert lib.kcclBenchResidency(comm._comm, 8, 100, 0, -1, ffi.NULL, ffi.NULL) == kccl.errors.INVALID_ARGUMENT
+        for blocks, timeout_ms, foreign, carveout, what in (
+                (0, 100, 0, -1, "blocks=0"), (4097, 100, 0, -1, "blocks=4097"), (8, 0, 0, -1, "timeout"),
+                (8, 60001, 0, -1, "timeout"), (8, 100, -1, -1, "foreign=-1"), (8, 100, 3, -1, "foreign=3"),
+                (8, 100, 0, -2, "carveout=-2"), (8, 100, 0, 101, "carveout=101")):
             with pytest.raises(kccl.KcclInvalidArgument, match=what):
-                comm.bench_residency(blocks, timeout_ms, foreign)
+                comm.bench_residency(blocks, timeout_ms, foreign, carveout)
         assert lib.kcclBenchDevAllReducePhases(ffi.NULL, 4, lib.kcclFloat32, 10, 1, comm._comm,
                                                ffi.NULL) == kccl.errors.INVALID_ARGUMENT
         assert lib.kcclBenchDevAllReducePhases(ffi.NULL, 4, lib.kcclFloat32, 0, 1, comm._comm,

@@ -53,7 +53,7 @@ for s in $steps; do
     foreign[0-9]*) # residency with the last rank 50 ms late and an own kernel of its before the probe
       n=${s#foreign}; [ "$n" -gt 4 ] && list="${FBLOCKS8:-12,16,17,18,19,20,22,26,33}" || list="${FBLOCKS2:-64,99,116,128,131,132}"
       for f in 0 1 2; do
-        timeout 120 $MPI -n $n python3 bench/gpu/residency.py --blocks $list --late-ms 50 --timeout-ms 500 --foreign $f \
+        timeout 120 $MPI -n $n python3 bench/gpu/residency.py --blocks $list --late-ms 50 --timeout-ms 500 --foreign $f --carveout ${CARVE:--1} \
           --json "$LOGS/residency_${n}ranks_foreign$f.json" 2>&1 | tee "$LOGS/${s}_$f.log" | tail -12
       done ;;
     residency[0-9]*) n=${s#residency}; timeout 120 $MPI -n $n python3 bench/gpu/residency.py --json "$LOGS/residency_${n}ranks.json" 2>&1 | tee "$LOGS/$s.log" | tail -16 ;;

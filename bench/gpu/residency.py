@@ -50,6 +50,8 @@ def main():
     ap.add_argument("--foreign", type=int, default=0, choices=(0, 1, 2),
                     help="the last rank's own kernel before the probe: 0 none, 1 plain, 2 with 40 KB shared memory")
     ap.add_argument("--late-ms", type=float, default=0.0, help="the last rank starts this much later")
+    ap.add_argument("--carveout", type=int, default=-1,
+                    help="the probe kernel's preferred shared-memory carveout, percent (-1: the driver's choice)")
     ap.add_argument("--json", metavar="FILE")
     a = ap.parse_args()
     world = MPI.COMM_WORLD
@@ -60,7 +62,7 @@ def main():
         world.Barrier()
         if last and a.late_ms:
             time.sleep(a.late_ms / 1000.0)
-        r = comm.bench_residency(b, a.timeout_ms, a.foreign if last else 0)
+        r = comm.bench_residency(b, a.timeout_ms, a.foreign if last else 0, a.carveout)
         seen = world.allreduce(r["seen"], op=MPI.MIN)
         placed = world.gather(r["sms"], root=0)
         row = dict(blocks_per_rank=b, launched=r["launched"], seen_min=seen, fits=seen == r["launched"],
@@ -74,7 +76,7 @@ def main():
         sms = torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
         print(f"# residency probe: {world.size} ranks, {rows[0]['regs']} registers per thread, 256 threads per "
               f"block, calculator {rows[0]['per_sm']} blocks per SM x {sms} SMs = {rows[0]['per_sm'] * sms}; "
-              f"last rank {a.late_ms:g} ms late, foreign kernel {a.foreign}")
+              f"last rank {a.late_ms:g} ms late, foreign kernel {a.foreign}, probe carveout {a.carveout}")
         print(f"{'blocks/rank':>11} {'launched':>9} {'seen(min)':>10} {'% of calc':>10} {'SMs used':>9} "
               f"{'SMs shared':>11} {'min SMs/rank':>13}  result")
         for r in rows:
@@ -84,7 +86,7 @@ def main():
                   f"{r['min_sms_of_a_rank']:>13}  {'fits' if r['fits'] else 'DOES NOT FIT'}")
         if a.json:
             with open(a.json, "w") as f:
-                json.dump(dict(nranks=world.size, sms=sms, timeout_ms=a.timeout_ms, foreign=a.foreign,
+                json.dump(dict(nranks=world.size, sms=sms, timeout_ms=a.timeout_ms, foreign=a.foreign, carveout=a.carveout,
                                late_ms=a.late_ms, rows=rows), f, indent=1)
 
 

@@ -198,9 +198,11 @@ kcclResult_t kcclBenchFlagHop(kcclComm_t comm, int iters, int mode, double *usPe
  * out[3]: its blocks per SM by the occupancy calculator.  foreign: a kernel
  * launched on the same stream just before the probe, as an application's own
  * kernel would come before a collective: 0 none, 1 one block without shared
- * memory, 2 one block with 40 KB of shared memory.  smOut (blocks ints, or
- * NULL): the SM each probe block ran on. */
-kcclResult_t kcclBenchResidency(kcclComm_t comm, int blocks, int timeoutMs, int foreign, int out[4], int *smOut);
+ * memory, 2 one block with 40 KB of shared memory.  carveout: the probe
+ * kernel's preferred shared-memory carveout in percent (-1: the driver's
+ * choice).  smOut (blocks ints, or NULL): the SM each probe block ran on. */
+kcclResult_t kcclBenchResidency(kcclComm_t comm, int blocks, int timeoutMs, int foreign, int carveout, int out[4],
+                                int *smOut);
 kcclResult_t kcclBenchDevAllReducePhases(void *buf, size_t count, kcclDataType_t datatype, int iters, int blocks,
                                          kcclComm_t comm, double phases[4]);
 

@@ -33,6 +33,8 @@ typedef hipIpcMemHandle_t kgpuIpcMemHandle_t;
 #define kgpuOccupancyMaxActiveBlocksPerMultiprocessor hipOccupancyMaxActiveBlocksPerMultiprocessor
 #define kgpuFuncAttributes hipFuncAttributes
 #define kgpuFuncGetAttributes(attr, kernel) hipFuncGetAttributes((attr), (const void *)(kernel))
+#define kgpuFuncSetCarveout(kernel, pct) \
+  hipFuncSetAttribute((const void *)(kernel), hipFuncAttributePreferredSharedMemoryCarveout, (pct))
 #define kgpuDevAttrMultiProcessorCount hipDeviceAttributeMultiprocessorCount
 #define kgpuDevAttrClockRate hipDeviceAttributeClockRate
 #define kgpuMalloc hipMalloc
@@ -140,6 +142,7 @@ typedef cudaIpcMemHandle_t kgpuIpcMemHandle_t;
 #define kgpuOccupancyMaxActiveBlocksPerMultiprocessor cudaOccupancyMaxActiveBlocksPerMultiprocessor
 #define kgpuFuncAttributes cudaFuncAttributes
 #define kgpuFuncGetAttributes cudaFuncGetAttributes
+#define kgpuFuncSetCarveout(kernel, pct) cudaFuncSetAttribute((kernel), cudaFuncAttributePreferredSharedMemoryCarveout, (pct))
 #define kgpuDevAttrMultiProcessorCount cudaDevAttrMultiProcessorCount
 #define kgpuDevAttrClockRate cudaDevAttrClockRate
 #define kgpuMalloc cudaMalloc

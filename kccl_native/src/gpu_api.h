@@ -28,6 +28,8 @@ typedef struct {
                                    calibration went (its tables are in its buffer when OK) */
   int32_t blocks;               /* its KCCL_GPU_BLOCKS (0: auto): must be equal on all ranks */
   int32_t pull;                 /* its KCCL_GPU_PULL (-1: auto): must be equal on all ranks */
+  int32_t pdl;                  /* its KCCL_GPU_PDL: must be equal on all ranks (the one-shot's block count
+                                   depends on it) */
   uint64_t bytes;               /* size of its exported buffer */
   char pci[KGPU_PCI_BYTES];     /* PCI bus id: ranks with equal ids share a GPU */
   uint8_t ipc[KGPU_IPC_BYTES];  /* cudaIpcMemHandle_t of the buffer */
@@ -91,7 +93,8 @@ kcclResult_t kgpu_bench_dev_phases(struct kgpu *g, void *buf, size_t count, int 
                                    double phases[4]);
 /* out: arrivals seen by the best-placed block, arrivals expected (blocks x ranks),
  * registers per thread of the probe kernel, its blocks per SM by the calculator. */
-kcclResult_t kgpu_bench_residency(struct kgpu *g, int blocks, int timeout_ms, int foreign, int out[4], int *sm_out);
+kcclResult_t kgpu_bench_residency(struct kgpu *g, int blocks, int timeout_ms, int foreign, int carveout, int out[4],
+                                  int *sm_out);
 kcclResult_t kgpu_bench_flag_hop(struct kgpu *g, int iters, int mode, double *us_per_hop);
 
 /* error.c */

@@ -381,16 +381,19 @@ kcclResult_t kcclBenchDevAllReducePhases(void *buf, size_t count, kcclDataType_t
   return after(comm, kgpu_bench_dev_phases(g, buf, count, datatype, iters, blocks, phases));
 }
 
-kcclResult_t kcclBenchResidency(kcclComm_t comm, int blocks, int timeoutMs, int foreign, int out[4], int *smOut) {
+kcclResult_t kcclBenchResidency(kcclComm_t comm, int blocks, int timeoutMs, int foreign, int carveout, int out[4],
+                                int *smOut) {
   if (!out) return kccl_err(kcclInvalidArgument, "out[4] needed");
   if (blocks < 1 || blocks > 4096) return kccl_err(kcclInvalidArgument, "blocks=%d: 1..4096", blocks);
   if (timeoutMs < 1 || timeoutMs > 60000) return kccl_err(kcclInvalidArgument, "timeoutMs=%d: 1..60000", timeoutMs);
   if (foreign < 0 || foreign > 2)
     return kccl_err(kcclInvalidArgument, "foreign=%d: 0 (none), 1 (no shared memory) or 2 (40 KB of it)", foreign);
+  if (carveout < -1 || carveout > 100)
+    return kccl_err(kcclInvalidArgument, "carveout=%d: -1 (the driver's choice) or 0..100 percent", carveout);
   struct kgpu *g = NULL;
   kcclResult_t r = gpu_comm(comm, &g);
   if (r != kcclSuccess) return r;
-  return after(comm, kgpu_bench_residency(g, blocks, timeoutMs, foreign, out, smOut));
+  return after(comm, kgpu_bench_residency(g, blocks, timeoutMs, foreign, carveout, out, smOut));
 }
 
 kcclResult_t kcclBenchFlagHop(kcclComm_t comm, int iters, int mode, double *usPerHop) {

@@ -58,8 +58,9 @@ kcclResult_t kgpu_bench_dev_phases(struct kgpu *g, void *buf, size_t count, int 
   (void)g; (void)buf; (void)count; (void)dtype; (void)iters; (void)blocks; (void)phases;
   return NO_CUDA;
 }
-kcclResult_t kgpu_bench_residency(struct kgpu *g, int blocks, int timeout_ms, int foreign, int out[4], int *sm_out) {
-  (void)g; (void)blocks; (void)timeout_ms; (void)foreign; (void)out; (void)sm_out;
+kcclResult_t kgpu_bench_residency(struct kgpu *g, int blocks, int timeout_ms, int foreign, int carveout, int out[4],
+                                  int *sm_out) {
+  (void)g; (void)blocks; (void)timeout_ms; (void)foreign; (void)carveout; (void)out; (void)sm_out;
   return NO_CUDA;
 }
 kcclResult_t kgpu_bench_flag_hop(struct kgpu *g, int iters, int mode, double *us_per_hop) {

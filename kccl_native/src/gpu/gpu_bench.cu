@@ -156,10 +156,11 @@ kgpuError_t kgpu_preload_bench_kernels(void) {
   return kgpuFuncGetAttributes(&fa, k_residency);
 }
 
-extern "C" kcclResult_t kgpu_bench_residency(struct kgpu *g, int blocks, int timeout_ms, int foreign, int out[4],
-                                             int *sm_out) {
-  /* blocks, timeout_ms and foreign: range-checked by kcclBenchResidency */
+extern "C" kcclResult_t kgpu_bench_residency(struct kgpu *g, int blocks, int timeout_ms, int foreign, int carveout,
+                                             int out[4], int *sm_out) {
+  /* blocks, timeout_ms, foreign and carveout: range-checked by kcclBenchResidency */
   KGPU_CHECK(kgpuSetDevice(g->device));
+  KGPU_CHECK(kgpuFuncSetCarveout(k_residency, carveout)); /* -1: back to the driver's choice */
   kgpuFuncAttributes fa;
   int per_sm = 0;
   KGPU_CHECK(kgpuFuncGetAttributes(&fa, k_residency));

@@ -96,6 +96,7 @@ extern "C" kcclResult_t kgpu_create(int device, const kgpu_shape *shape, struct 
   exp->flag_replicas = KGPU_REP_OFF;
   exp->blocks = shape->blocks;
   exp->pull = shape->pull;
+  exp->pdl = shape->pdl;
   if (shape->flag_replicas) {
     /* Before the export is published: a peer reads the tables once it has mapped this buffer. */
     kcclResult_t r = kgpu_l2_calibrate(g);
@@ -140,6 +141,9 @@ extern "C" kcclResult_t kgpu_connect(struct kgpu *g, const kgpu_export *peers) {
     if (peers[p].pull != s->pull)
       return kccl_err(kcclInvalidUsage, "rank %d has KCCL_GPU_PULL=%d, this rank (%d) %d: the setting must be "
                       "equal on all ranks", p, peers[p].pull, s->rank, s->pull);
+    if (peers[p].pdl != s->pdl)
+      return kccl_err(kcclInvalidUsage, "rank %d has KCCL_GPU_PDL=%d, this rank (%d) %d: the setting must be "
+                      "equal on all ranks", p, peers[p].pdl, s->rank, s->pdl);
   }
   for (int p = 0; p < s->nranks; p++) {
     if (p == s->rank) {
@@ -161,21 +165,29 @@ extern "C" kcclResult_t kgpu_connect(struct kgpu *g, const kgpu_export *peers) {
     }
   }
   /* Every rank's kernels must be resident at once: a block waits for the same
-   * block of every peer.  Each kernel's share is counted with its own
-   * blocks-per-SM and kept to 3/4 of it (kernels of different register counts
-   * share SMs, where the per-kernel counts do not quite add up).
-   * - The one-shot kernel launches with PDL: the next call's kernel may be
-   *   resident too, waiting, so it gets 1 / (2 x ranks on the busiest GPU).
-   * - The chunked kernels launch without PDL and never trigger their
-   *   successor early, so at most one of them per rank is resident.  By that
-   *   count they could have 1 / (ranks on the busiest GPU); they get half of
-   *   it, the budget that passed every check on the H200 (8 ranks: 18 blocks,
-   *   2 ranks: 74), or KCCL_GPU_BLOCKS.  With the full share (8 ranks x 33,
-   *   2 ranks x 132) the quick checks and the 64 MB benchmark timed out in 13
-   *   of 14 runs (session 6, PDL on or off), though bench/gpu/residency.py found 8 x 48
-   *   blocks of the same size all resident: the cause is not known
-   *   (bench/RESULTS.md).  Every rank computes the same numbers from the
-   *   same exports. */
+   * block of every peer.  Two limits, both per GPU:
+   * - Room: all ranks' blocks fit, each kernel counted with its own
+   *   blocks-per-SM and kept to 3/4 of it (kernels of different register
+   *   counts share SMs, where the per-kernel counts do not quite add up).
+   * - A free SM: a rank that is late may have a kernel of its own (the
+   *   application's, torch's) before the collective on its stream.  If the
+   *   blocks its peers already have waiting sit on every SM, a kernel that
+   *   needs a larger shared-memory carveout than those SMs are set to cannot
+   *   start anywhere, the late rank never reaches the collective, and the
+   *   peers wait until KCCL_TIMEOUT_MS.  bench/gpu/residency.py --late-ms 50
+   *   --foreign 2 (H200, 132 SMs, session 7): with 7 ranks' blocks waiting,
+   *   7 x 18 fit and 7 x 19 did not; with 1 rank's, 131 fit and 132 did not;
+   *   a kernel without shared memory always started.  So the blocks of all
+   *   ranks of a GPU but one must leave KGPU_FREE_SMS SMs free (the block
+   *   scheduler spreads a grid over empty SMs first).
+   * The one-shot kernel launches with PDL: the next call's kernel may be
+   * resident too, so it counts twice.  The chunked kernels launch without
+   * PDL and never trigger their successor early, so at most one of them per
+   * rank is resident.  KCCL_GPU_BLOCKS overrides the chunked count.  With
+   * 8 ranks x 22-33 blocks, mpi_check.py and tests/gpu/block_counts.py timed
+   * out at a rank's first two-shot call, behind one of torch's kernels (the
+   * peer's blocks had not begun: session 7).  Every rank computes the same
+   * numbers from the same exports. */
   int max_local = 1, min_sms = 1 << 30, ts_per_sm = 1 << 30, ll_per_sm = 1 << 30;
   for (int p = 0; p < s->nranks; p++) {
     int local = 0;
@@ -185,12 +197,16 @@ extern "C" kcclResult_t kgpu_connect(struct kgpu *g, const kgpu_export *peers) {
     if (peers[p].ts_per_sm < ts_per_sm) ts_per_sm = peers[p].ts_per_sm;
     if (peers[p].ll_per_sm < ll_per_sm) ll_per_sm = peers[p].ll_per_sm;
   }
-  int blocks = 2 * min_sms / max_local, cap = min_sms * ts_per_sm * 3 / (4 * 2 * max_local);
+  const int free_sm_room = max_local > 1 ? (min_sms - KGPU_FREE_SMS) / (max_local - 1) : 1 << 30;
+  int blocks = 2 * min_sms / max_local, cap = min_sms * ts_per_sm * 3 / (4 * max_local);
+  if (cap > free_sm_room) cap = free_sm_room;
   if (blocks > cap) blocks = cap;
   if (s->blocks > 0) blocks = s->blocks; /* the user's choice, equal on all ranks (checked above) */
   g->shape.ts_blocks = blocks < 1 ? 1 : blocks > KGPU_TS_MAX_BLOCKS ? KGPU_TS_MAX_BLOCKS : blocks;
   kgpu_l2_agree(g, peers);
-  cap = min_sms * ll_per_sm * 3 / (4 * 2 * max_local); /* the one-shot kernel and its PDL successor */
+  const int ll_copies = s->pdl ? 2 : 1; /* the kernel and its PDL successor */
+  cap = min_sms * ll_per_sm * 3 / (4 * ll_copies * max_local);
+  if (cap > free_sm_room / ll_copies) cap = free_sm_room / ll_copies;
   g->shape.ll_blocks = cap < 1 ? 1 : cap > KCCL_DEV_MAX_BLOCKS ? KCCL_DEV_MAX_BLOCKS : cap;
   for (int c = 0; c < KCCL_CHANNELS; c++) {
     kcclDevComm *dc = &g->dc[c];

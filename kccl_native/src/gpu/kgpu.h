@@ -14,6 +14,8 @@
  * lines [8i, 8i+8), the low bits varied by a multiplicative hash of i. */
 #define KGPU_L2_CANDIDATES 1024
 #define KGPU_L2_POOL_LINES (8 * KGPU_L2_CANDIDATES)
+#define KGPU_FREE_SMS 4        /* SMs the collective kernels of all ranks of a GPU but one leave free
+                                  (gpu_runtime.cu) */
 #define KGPU_SM_MAP 256        /* SM ids the SM -> group map covers (more: copy 0) */
 #define KGPU_L2_NEED (2 * KGPU_TS_MAX_BLOCKS) /* lines near each group the flags need */
 
