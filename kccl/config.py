@@ -83,15 +83,15 @@ SETTINGS: Tuple[Setting, ...] = (
     Setting("KCCL_GPU_ONESHOT_MAX_BYTES", "gpu_oneshot_max_bytes", 256 * 1024, _int_range(0, 1 << 40, sizes=True),
             "GPU communicators: largest all-reduce (bytes) that auto sends one-shot (LL push; "
             "capped by the kernel's capacity: 8 KB per block times the blocks that fit beside the peers' "
-            "with SMs to spare; 72 KB at 8 ranks on one H200 with PDL); larger ones go two-shot."),
+            "with SMs to spare; 144 KB at 8 ranks on one H200); larger ones go two-shot."),
     Setting("KCCL_GPU_BUFFER_BYTES", "gpu_buffer_bytes", 16 * 1024 * 1024, _int_range(65536, 1 << 32, sizes=True),
             "GPU communicators: chunk size of two-shot all-reduce, reduce-scatter, all-gather and "
             "broadcast (each rank allocates 4 such areas on its GPU). Must be equal on all ranks."),
     Setting("KCCL_GPU_PDL", "gpu_pdl", 1, _int_range(0, 1),
             "GPU communicators: 1 launches the one-shot all-reduce with programmatic dependent launch "
             "(Hopper): the next call's kernel starts launching while this one runs (0: plain launches). "
-            "The chunked kernels (two-shot, all-gather, broadcast) always launch plainly. Must be equal "
-            "on all ranks (it halves the one-shot kernel's block budget)."),
+            "A call whose grid and the previous one-shot call's together exceed the one-shot block "
+            "budget launches plainly; the chunked kernels (two-shot, all-gather, broadcast) always do."),
     Setting("KCCL_GPU_FLAG_REPLICAS", "gpu_flag_replicas", 0, _int_range(0, 1),
             "GPU communicators, opt-in: 1 keeps each two-shot / gather flag twice, once near each L2 "
             "partition (found by timing loads at init); writers write both, a reader polls the copy "

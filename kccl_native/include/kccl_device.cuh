@@ -16,7 +16,15 @@
  * blocks never wait for each other.  At most KCCL_DEV_MAX_BLOCKS blocks, each
  * call at most KCCL_LL_MAX_BYTES bytes.  All ranks' kernels must be resident
  * at once (one GPU per rank, or several ranks of one GPU under MPS with few
- * enough blocks): a block waits for the same block of every peer.
+ * enough blocks): a block waits for the same block of every peer.  With
+ * several ranks on one GPU, two more rules keep a late rank's own kernels
+ * (those before yours on its stream) able to start, measured on the H200
+ * (bench/gpu/residency.py): ask for the largest shared-memory carveout
+ * (cudaFuncSetAttribute(my_kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
+ * 100)), or a kernel with more shared memory than your blocks' SMs are set
+ * to cannot start beside them; and keep the blocks of all ranks but one
+ * below the GPU's SM count, leaving a few SMs empty, for kernels that need
+ * more registers or threads than an SM has left beside your blocks.
  *
  * Protocol (LL, "low latency"): the sender writes each 8 bytes of data as one
  * 16-byte line {data0, epoch, data1, epoch} straight into every peer's inbox;

@@ -28,8 +28,6 @@ typedef struct {
                                    calibration went (its tables are in its buffer when OK) */
   int32_t blocks;               /* its KCCL_GPU_BLOCKS (0: auto): must be equal on all ranks */
   int32_t pull;                 /* its KCCL_GPU_PULL (-1: auto): must be equal on all ranks */
-  int32_t pdl;                  /* its KCCL_GPU_PDL: must be equal on all ranks (the one-shot's block count
-                                   depends on it) */
   uint64_t bytes;               /* size of its exported buffer */
   char pci[KGPU_PCI_BYTES];     /* PCI bus id: ranks with equal ids share a GPU */
   uint8_t ipc[KGPU_IPC_BYTES];  /* cudaIpcMemHandle_t of the buffer */

@@ -23,7 +23,7 @@ import sys
 import time
 
 DETECT_S = 2.0
-UNEQUAL = {"blocks": "KCCL_GPU_BLOCKS", "pull": "KCCL_GPU_PULL", "pdl": "KCCL_GPU_PDL"}  # scenario: the setting rank r sets to r
+UNEQUAL = {"blocks": "KCCL_GPU_BLOCKS", "pull": "KCCL_GPU_PULL"}  # scenario: the setting rank r sets to r
 
 
 def worker(scenario, uid, rank, q):
@@ -101,7 +101,7 @@ def worker(scenario, uid, rank, q):
 EXPECT = {"kill": "KcclRemoteError", "abort": "KcclRemoteError", "mismatch": "KcclRemoteError",
           "timeout": "KcclTimeout", "close": "KcclInvalidUsage", "kill+replicas": "KcclRemoteError",
           "mismatch+replicas": "KcclRemoteError", "timeout+replicas": "KcclTimeout", "blocks": "KcclInvalidUsage",
-          "pull": "KcclInvalidUsage", "pdl": "KcclInvalidUsage"}
+          "pull": "KcclInvalidUsage"}
 
 
 def run(scenario):

@@ -75,7 +75,7 @@ _caps = {}
 
 def oneshot_cap(c, count, dtype):
     """The one-shot kernel's capacity: 256 KB of inbox, but at most as many
-    blocks as fit on the GPU beside the peers' (fewer with KCCL_GPU_PDL=1).  A
+    blocks as fit on the GPU beside the peers' with SMs to spare.  A
     forced one-shot beyond it must be a typed error (found once, then cached)."""
     if id(c) not in _caps:
         _caps[id(c)] = 256 * 1024

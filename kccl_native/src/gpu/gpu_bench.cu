@@ -153,6 +153,17 @@ kgpuError_t kgpu_preload_bench_kernels(void) {
   if ((e = kgpuFuncGetAttributes(&fa, k_foreign)) != kgpuSuccess ||
       (e = kgpuFuncGetAttributes(&fa, k_foreign_plain)) != kgpuSuccess)
     return e;
+  /* The kernels that wait for peers ask for the library's carveout (as a user's
+   * persistent kernel should: kccl_device.cuh); the residency probe keeps the
+   * driver's choice unless told otherwise. */
+  if ((e = kgpu_wide_carveout(k_dev_selftest<8>)) != kgpuSuccess ||
+      (e = kgpu_wide_carveout(k_dev_selftest<KCCL_GPU_MAX_RANKS>)) != kgpuSuccess ||
+      (e = kgpu_wide_carveout(k_dev_chain<8, false>)) != kgpuSuccess ||
+      (e = kgpu_wide_carveout(k_dev_chain<KCCL_GPU_MAX_RANKS, false>)) != kgpuSuccess ||
+      (e = kgpu_wide_carveout(k_dev_chain<8, true>)) != kgpuSuccess ||
+      (e = kgpu_wide_carveout(k_dev_chain<KCCL_GPU_MAX_RANKS, true>)) != kgpuSuccess ||
+      (e = kgpu_wide_carveout(k_flag_hop)) != kgpuSuccess)
+    return e;
   return kgpuFuncGetAttributes(&fa, k_residency);
 }
 

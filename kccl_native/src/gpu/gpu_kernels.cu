@@ -466,6 +466,16 @@ static Replicas replicas(const kgpu *g) {
   return r;
 }
 
+/* The largest shared-memory carveout for a kernel that waits for its peers.
+ * An SM's L1 / shared-memory split is set for the blocks it holds; a kernel
+ * that wants a larger shared part than an SM is set to cannot start there
+ * while those blocks run.  A late rank's own kernel before a collective
+ * (torch's, say) then found no SM while its peers' blocks waited on all of
+ * them, and everyone timed out (bench/gpu/residency.py --foreign 2, session 7).
+ * With the largest shared part asked for, a kernel with 40 KB of shared
+ * memory started beside the probe's blocks in every row (8 ranks x 33,
+ * 2 x 132); these kernels read remote data past L1 and need little of it. */
+
 /* Loads every kernel of this file now.  With lazy loading (CUDA's default
  * since 12.2) a kernel's code is loaded at its first launch, and the CUDA
  * programming guide warns that a load may need a context synchronization, so
@@ -480,9 +490,13 @@ kgpuError_t kgpu_preload_kernels(void) {
   for (int m = 0; m < 3; m++)
     for (int t = 0; t < 3; t++)
       for (int o = 0; o < 4; o++)
-        if ((e = kgpuFuncGetAttributes(&fa, oneshot_kernels[m][t][o])) != kgpuSuccess) return e;
-  if ((e = kgpuFuncGetAttributes(&fa, k_twoshot)) != kgpuSuccess) return e;
-  return kgpuFuncGetAttributes(&fa, k_gather);
+        if ((e = kgpuFuncGetAttributes(&fa, oneshot_kernels[m][t][o])) != kgpuSuccess ||
+            (e = kgpu_wide_carveout(oneshot_kernels[m][t][o])) != kgpuSuccess)
+          return e;
+  if ((e = kgpuFuncGetAttributes(&fa, k_twoshot)) != kgpuSuccess || (e = kgpu_wide_carveout(k_twoshot)) != kgpuSuccess ||
+      (e = kgpuFuncGetAttributes(&fa, k_gather)) != kgpuSuccess)
+    return e;
+  return kgpu_wide_carveout(k_gather);
 }
 
 kgpuError_t kgpu_kernel_occupancy(int nranks, int *ts_per_sm, int *ll_per_sm) {
@@ -525,6 +539,7 @@ static kcclResult_t launch_twoshot(kgpu *g, const void *send, void *recv, size_t
   a.scatter = scatter;
   a.sig = sig;
   a.rep = replicas(g);
+  g->ll_prev_grid = 0;
   return launched(kgpu_launch(k_twoshot, ts_grid(g), 256, st, KGPU_CHUNKED_PDL, a), what);
 }
 
@@ -542,9 +557,14 @@ extern "C" kcclResult_t kgpu_allreduce(struct kgpu *g, const void *send, void *r
     size_t per = (nbytes + blocks - 1) / blocks;
     per = (per + 7) / 8 * 8;
     blocks = (nbytes + per - 1) / per;
+    /* With PDL this kernel may be resident while the previous one-shot call
+     * still runs (it triggers at once): both grids must fit the budget
+     * (gpu_runtime.cu), else this one launches plainly, after it. */
+    const int pdl = g->shape.pdl && (int)blocks + g->ll_prev_grid <= g->shape.ll_blocks;
     kgpuError_t e = kgpu_launch(oneshot_kernel(g->shape.nranks, dtype, op), (unsigned)blocks, KCCL_LL_THREADS, st,
-                                g->shape.pdl, g->dc[0], (const char *)send, (char *)recv, nbytes, (uint32_t)per,
+                                pdl, g->dc[0], (const char *)send, (char *)recv, nbytes, (uint32_t)per,
                                 op == kcclAvg ? 1 : 0, sig);
+    g->ll_prev_grid = (int)blocks;
     return launched(e, "one-shot all-reduce");
   }
   /* Whole 16-element units per rank segment. */
@@ -579,6 +599,7 @@ extern "C" kcclResult_t kgpu_gather(struct kgpu *g, const void *send, void *recv
   a.root = root;
   a.sig = sig;
   a.rep = replicas(g);
+  g->ll_prev_grid = 0;
   return launched(kgpu_launch(k_gather, ts_grid(g), 256, (kgpuStream_t)stream, KGPU_CHUNKED_PDL, a),
                   root < 0 ? "all-gather" : "broadcast");
 }

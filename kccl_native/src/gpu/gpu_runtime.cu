@@ -96,7 +96,6 @@ extern "C" kcclResult_t kgpu_create(int device, const kgpu_shape *shape, struct 
   exp->flag_replicas = KGPU_REP_OFF;
   exp->blocks = shape->blocks;
   exp->pull = shape->pull;
-  exp->pdl = shape->pdl;
   if (shape->flag_replicas) {
     /* Before the export is published: a peer reads the tables once it has mapped this buffer. */
     kcclResult_t r = kgpu_l2_calibrate(g);
@@ -141,9 +140,6 @@ extern "C" kcclResult_t kgpu_connect(struct kgpu *g, const kgpu_export *peers) {
     if (peers[p].pull != s->pull)
       return kccl_err(kcclInvalidUsage, "rank %d has KCCL_GPU_PULL=%d, this rank (%d) %d: the setting must be "
                       "equal on all ranks", p, peers[p].pull, s->rank, s->pull);
-    if (peers[p].pdl != s->pdl)
-      return kccl_err(kcclInvalidUsage, "rank %d has KCCL_GPU_PDL=%d, this rank (%d) %d: the setting must be "
-                      "equal on all ranks", p, peers[p].pdl, s->rank, s->pdl);
   }
   for (int p = 0; p < s->nranks; p++) {
     if (p == s->rank) {
@@ -177,17 +173,22 @@ extern "C" kcclResult_t kgpu_connect(struct kgpu *g, const kgpu_export *peers) {
    *   peers wait until KCCL_TIMEOUT_MS.  bench/gpu/residency.py --late-ms 50
    *   --foreign 2 (H200, 132 SMs, session 7): with 7 ranks' blocks waiting,
    *   7 x 18 fit and 7 x 19 did not; with 1 rank's, 131 fit and 132 did not;
-   *   a kernel without shared memory always started.  So the blocks of all
-   *   ranks of a GPU but one must leave KGPU_FREE_SMS SMs free (the block
-   *   scheduler spreads a grid over empty SMs first).
+   *   a kernel without shared memory always started.  The library's kernels
+   *   now ask for the largest carveout (kgpu_preload_kernels), with which
+   *   every probe row fitted (8 x 33, 2 x 132), but a kernel that needs more
+   *   registers or threads than an SM has left beside them would still wait.
+   *   So the blocks of all ranks of a GPU but one leave KGPU_FREE_SMS SMs
+   *   free (the block scheduler spreads a grid over empty SMs first).
    * The one-shot kernel launches with PDL: the next call's kernel may be
-   * resident too, so it counts twice.  The chunked kernels launch without
-   * PDL and never trigger their successor early, so at most one of them per
-   * rank is resident.  KCCL_GPU_BLOCKS overrides the chunked count.  With
-   * 8 ranks x 22-33 blocks, mpi_check.py and tests/gpu/block_counts.py timed
-   * out at a rank's first two-shot call, behind one of torch's kernels (the
-   * peer's blocks had not begun: session 7).  Every rank computes the same
-   * numbers from the same exports. */
+   * resident beside it.  The launcher uses PDL only when both grids together
+   * stay within this budget (kgpu_allreduce), so one call alone may use all
+   * of it.  The chunked kernels launch without PDL and never trigger their
+   * successor early, so at most one of them per rank is resident.
+   * KCCL_GPU_BLOCKS overrides the chunked count.  With 8 ranks x 22-33
+   * blocks, mpi_check.py and tests/gpu/block_counts.py timed out at a rank's
+   * first two-shot call, behind one of torch's kernels (the peer's blocks had
+   * not begun: session 7).  Every rank computes the same numbers from the
+   * same exports. */
   int max_local = 1, min_sms = 1 << 30, ts_per_sm = 1 << 30, ll_per_sm = 1 << 30;
   for (int p = 0; p < s->nranks; p++) {
     int local = 0;
@@ -204,10 +205,10 @@ extern "C" kcclResult_t kgpu_connect(struct kgpu *g, const kgpu_export *peers) {
   if (s->blocks > 0) blocks = s->blocks; /* the user's choice, equal on all ranks (checked above) */
   g->shape.ts_blocks = blocks < 1 ? 1 : blocks > KGPU_TS_MAX_BLOCKS ? KGPU_TS_MAX_BLOCKS : blocks;
   kgpu_l2_agree(g, peers);
-  const int ll_copies = s->pdl ? 2 : 1; /* the kernel and its PDL successor */
-  cap = min_sms * ll_per_sm * 3 / (4 * ll_copies * max_local);
-  if (cap > free_sm_room / ll_copies) cap = free_sm_room / ll_copies;
+  cap = min_sms * ll_per_sm * 3 / (4 * max_local);
+  if (cap > free_sm_room) cap = free_sm_room;
   g->shape.ll_blocks = cap < 1 ? 1 : cap > KCCL_DEV_MAX_BLOCKS ? KCCL_DEV_MAX_BLOCKS : cap;
+  g->ll_prev_grid = 0;
   for (int c = 0; c < KCCL_CHANNELS; c++) {
     kcclDevComm *dc = &g->dc[c];
     memset(dc, 0, sizeof *dc);

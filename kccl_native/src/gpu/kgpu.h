@@ -56,6 +56,8 @@ struct kgpu {
   const void *ok_ptr[8];
   size_t ok_len[8];
   int ok_next;
+  int ll_prev_grid;         /* blocks of the last one-shot launch, while a PDL successor may overlap it
+                               (0 after a chunked launch: those never trigger their successor) */
   int rep_self;             /* KGPU_REP_* of this rank's calibration */
   int rep_on;               /* every rank calibrated: the chunked kernels use the replicas */
   char rep_cal[320];        /* this rank's calibration, in words */
@@ -76,6 +78,8 @@ kcclResult_t kgpu_launch_error(const char *what);
 kgpuError_t kgpu_kernel_occupancy(int nranks, int *ts_per_sm, int *ll_per_sm);
 /* Loads the library's kernels at init (lazy loading: see gpu_kernels.cu, gpu_bench.cu). */
 kgpuError_t kgpu_preload_kernels(void);
+/* The largest shared-memory carveout for a kernel that waits for its peers (why: gpu_kernels.cu). */
+template <typename K> static inline kgpuError_t kgpu_wide_carveout(K kernel) { return kgpuFuncSetCarveout(kernel, 100); }
 kgpuError_t kgpu_preload_bench_kernels(void);
 
 /* gpu_l2map.cu.  Times every candidate line from every SM and fills this rank's
