@@ -109,6 +109,12 @@ SETTINGS: Tuple[Setting, ...] = (
             "(each sender writes its lines once, into its own buffer, and peers read them there), 0 push "
             "(into every peer's buffer); -1 = auto: pull when every rank shares one GPU, push across "
             "GPUs (where a remote poll is a round trip over the link). Must be equal on all ranks."),
+    Setting("KCCL_GPU_CARVEOUT", "gpu_carveout", 100, _int_range(-1, 100),
+            "GPU communicators: the shared-memory carveout (percent of the L1 / shared split) the "
+            "collective kernels ask for; -1 = the driver's choice. With the driver's choice, a rank's own "
+            "kernel that uses shared memory could not start on SMs holding its peers' waiting blocks, and "
+            "with enough blocks per rank every SM held some (bench/gpu/residency.py --foreign 2); with 100 "
+            "it could. Per process (a kernel attribute): the last communicator created sets it."),
     Setting("KCCL_DEBUG", "debug", "NONE", _choice(DEBUG_LEVELS),
             "Log to stderr: NONE, WARN (every error), INFO (init details), TRACE."),
     # Placement: Python's topology/ computes it and hands it to kcclCommInitRankPlacement;

@@ -112,6 +112,8 @@ typedef struct {
   int gpu_blocks;          /* KCCL_GPU_BLOCKS: blocks per rank of the chunked GPU kernels; 0 = auto */
   int gpu_pull;            /* KCCL_GPU_PULL: one-shot lines pulled from the sender (1) or pushed to
                               every peer (0); -1 = auto: pull when every rank shares one GPU */
+  int gpu_carveout;        /* KCCL_GPU_CARVEOUT: shared-memory carveout (percent) the collective kernels
+                              ask for; -1 = the driver's choice; default 100 (see gpu_kernels.cu) */
 } kcclConfig_t;
 
 kcclResult_t kcclConfigInit(kcclConfig_t *config);

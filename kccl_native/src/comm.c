@@ -75,9 +75,11 @@ kcclResult_t kccl_comm_init(kcclComm_t *out, int nranks, kcclUniqueId id, int ra
   if (cfg.buffer_bytes < 4096 || cfg.timeout_ms < 0 || cfg.algo < 0 || cfg.algo > kcclAlgoTwoShot ||
       cfg.debug < 0 || cfg.debug > 3 || cfg.max_outstanding < 1 || cfg.max_outstanding > KCCL_MAX_OUTSTANDING ||
       cfg.gpu_flag_replicas < 0 || cfg.gpu_flag_replicas > 1 || cfg.gpu_blocks < 0 ||
-      cfg.gpu_blocks > KCCL_GPU_MAX_BLOCKS || cfg.gpu_pull < -1 || cfg.gpu_pull > 1)
+      cfg.gpu_blocks > KCCL_GPU_MAX_BLOCKS || cfg.gpu_pull < -1 || cfg.gpu_pull > 1 || cfg.gpu_carveout < -1 ||
+      cfg.gpu_carveout > 100)
     return kccl_err(kcclInvalidArgument, "invalid config (buffer_bytes >= 4096, timeout_ms >= 0, algo 0..2, "
-                    "debug 0..3, max_outstanding 1..%d, gpu_flag_replicas 0..1, gpu_blocks 0..%d, gpu_pull -1..1)",
+                    "debug 0..3, max_outstanding 1..%d, gpu_flag_replicas 0..1, gpu_blocks 0..%d, gpu_pull -1..1, "
+                    "gpu_carveout -1..100)",
                     KCCL_MAX_OUTSTANDING, KCCL_GPU_MAX_BLOCKS);
   kccl_debug_level = cfg.debug;
 

@@ -75,6 +75,7 @@ kcclResult_t kcclConfigInit(kcclConfig_t *cfg) {
   cfg->gpu_flag_replicas = 0; /* opt-in: not yet measured (bench/gpu/replica_ab.py) */
   cfg->gpu_blocks = 0;        /* auto: from the ranks per GPU and the occupancy (gpu_runtime.cu) */
   cfg->gpu_pull = -1;         /* auto: pull on one GPU (bench/gpu/ll_ladder.cu), push across GPUs */
+  cfg->gpu_carveout = 100;    /* a late rank's kernels can start beside waiting blocks (gpu_kernels.cu) */
 
   long v;
   kcclResult_t r;
@@ -114,6 +115,9 @@ kcclResult_t kcclConfigInit(kcclConfig_t *cfg) {
   v = cfg->gpu_pull;
   if ((r = env_long("KCCL_GPU_PULL", -1, 1, 0, &v))) return r;
   cfg->gpu_pull = (int)v;
+  v = cfg->gpu_carveout;
+  if ((r = env_long("KCCL_GPU_CARVEOUT", -1, 100, 0, &v))) return r;
+  cfg->gpu_carveout = (int)v;
   static const char *const algos[] = {"auto", "oneshot", "twoshot"};
   static const char *const levels[] = {"NONE", "WARN", "INFO", "TRACE"};
   if ((r = env_choice("KCCL_ALGO", algos, 3, &cfg->algo))) return r;

@@ -45,11 +45,13 @@ typedef struct {
   int nranks, rank;
   int ts_blocks;                /* blocks of the two-shot / gather kernels */
   int ll_blocks;                /* blocks of the one-shot kernel, at most */
+  int ll_room;                  /* one-shot blocks that fit at once: a call's and its PDL successor's */
   size_t chunk_bytes;           /* two-shot and gather chunk */
   uint64_t timeout_ns;
   int pdl;                      /* launch with programmatic dependent launch */
   int flag_replicas;            /* config: calibrate and use per-L2-partition flag replicas */
   int blocks;                   /* config: chunked-kernel blocks per rank, 0 = auto */
+  int carveout;                 /* config: shared-memory carveout of the collective kernels, -1 = driver's */
   int pull;                     /* config: one-shot pull 1, push 0, auto -1 */
 } kgpu_shape;
 

@@ -139,7 +139,7 @@ __global__ void k_foreign_plain(int *out) {
 }
 
 /* The benchmark kernels that wait for a peer, loaded at init (see kgpu_preload_kernels). */
-kgpuError_t kgpu_preload_bench_kernels(void) {
+kgpuError_t kgpu_preload_bench_kernels(int carveout) {
   kgpuFuncAttributes fa;
   kgpuError_t e;
   if ((e = kgpuFuncGetAttributes(&fa, k_dev_selftest<8>)) != kgpuSuccess ||
@@ -156,13 +156,13 @@ kgpuError_t kgpu_preload_bench_kernels(void) {
   /* The kernels that wait for peers ask for the library's carveout (as a user's
    * persistent kernel should: kccl_device.cuh); the residency probe keeps the
    * driver's choice unless told otherwise. */
-  if ((e = kgpu_wide_carveout(k_dev_selftest<8>)) != kgpuSuccess ||
-      (e = kgpu_wide_carveout(k_dev_selftest<KCCL_GPU_MAX_RANKS>)) != kgpuSuccess ||
-      (e = kgpu_wide_carveout(k_dev_chain<8, false>)) != kgpuSuccess ||
-      (e = kgpu_wide_carveout(k_dev_chain<KCCL_GPU_MAX_RANKS, false>)) != kgpuSuccess ||
-      (e = kgpu_wide_carveout(k_dev_chain<8, true>)) != kgpuSuccess ||
-      (e = kgpu_wide_carveout(k_dev_chain<KCCL_GPU_MAX_RANKS, true>)) != kgpuSuccess ||
-      (e = kgpu_wide_carveout(k_flag_hop)) != kgpuSuccess)
+  if ((e = kgpuFuncSetCarveout((k_dev_selftest<8>), carveout)) != kgpuSuccess ||
+      (e = kgpuFuncSetCarveout((k_dev_selftest<KCCL_GPU_MAX_RANKS>), carveout)) != kgpuSuccess ||
+      (e = kgpuFuncSetCarveout((k_dev_chain<8, false>), carveout)) != kgpuSuccess ||
+      (e = kgpuFuncSetCarveout((k_dev_chain<KCCL_GPU_MAX_RANKS, false>), carveout)) != kgpuSuccess ||
+      (e = kgpuFuncSetCarveout((k_dev_chain<8, true>), carveout)) != kgpuSuccess ||
+      (e = kgpuFuncSetCarveout((k_dev_chain<KCCL_GPU_MAX_RANKS, true>), carveout)) != kgpuSuccess ||
+      (e = kgpuFuncSetCarveout(k_flag_hop, carveout)) != kgpuSuccess)
     return e;
   return kgpuFuncGetAttributes(&fa, k_residency);
 }

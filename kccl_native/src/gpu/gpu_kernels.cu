@@ -466,7 +466,8 @@ static Replicas replicas(const kgpu *g) {
   return r;
 }
 
-/* The largest shared-memory carveout for a kernel that waits for its peers.
+/* Why the kernels that wait for their peers ask for the largest
+ * shared-memory carveout (KCCL_GPU_CARVEOUT, default 100; kgpu_preload_kernels).
  * An SM's L1 / shared-memory split is set for the blocks it holds; a kernel
  * that wants a larger shared part than an SM is set to cannot start there
  * while those blocks run.  A late rank's own kernel before a collective
@@ -484,19 +485,20 @@ static Replicas replicas(const kgpu *g) {
  * KCCL_TIMEOUT_MS).  Getting a kernel's attributes loads it.  (This did not
  * remove the timeouts seen with twice the default chunked blocks: session 6,
  * bench/RESULTS.md.) */
-kgpuError_t kgpu_preload_kernels(void) {
+kgpuError_t kgpu_preload_kernels(int carveout) {
   kgpuFuncAttributes fa;
   kgpuError_t e;
   for (int m = 0; m < 3; m++)
     for (int t = 0; t < 3; t++)
       for (int o = 0; o < 4; o++)
         if ((e = kgpuFuncGetAttributes(&fa, oneshot_kernels[m][t][o])) != kgpuSuccess ||
-            (e = kgpu_wide_carveout(oneshot_kernels[m][t][o])) != kgpuSuccess)
+            (e = kgpuFuncSetCarveout(oneshot_kernels[m][t][o], carveout)) != kgpuSuccess)
           return e;
-  if ((e = kgpuFuncGetAttributes(&fa, k_twoshot)) != kgpuSuccess || (e = kgpu_wide_carveout(k_twoshot)) != kgpuSuccess ||
+  if ((e = kgpuFuncGetAttributes(&fa, k_twoshot)) != kgpuSuccess ||
+      (e = kgpuFuncSetCarveout(k_twoshot, carveout)) != kgpuSuccess ||
       (e = kgpuFuncGetAttributes(&fa, k_gather)) != kgpuSuccess)
     return e;
-  return kgpu_wide_carveout(k_gather);
+  return kgpuFuncSetCarveout(k_gather, carveout);
 }
 
 kgpuError_t kgpu_kernel_occupancy(int nranks, int *ts_per_sm, int *ll_per_sm) {
@@ -560,7 +562,7 @@ extern "C" kcclResult_t kgpu_allreduce(struct kgpu *g, const void *send, void *r
     /* With PDL this kernel may be resident while the previous one-shot call
      * still runs (it triggers at once): both grids must fit the budget
      * (gpu_runtime.cu), else this one launches plainly, after it. */
-    const int pdl = g->shape.pdl && (int)blocks + g->ll_prev_grid <= g->shape.ll_blocks;
+    const int pdl = g->shape.pdl && (int)blocks + g->ll_prev_grid <= g->shape.ll_room;
     kgpuError_t e = kgpu_launch(oneshot_kernel(g->shape.nranks, dtype, op), (unsigned)blocks, KCCL_LL_THREADS, st,
                                 pdl, g->dc[0], (const char *)send, (char *)recv, nbytes, (uint32_t)per,
                                 op == kcclAvg ? 1 : 0, sig);

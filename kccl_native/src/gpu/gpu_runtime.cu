@@ -112,7 +112,8 @@ extern "C" kcclResult_t kgpu_create(int device, const kgpu_shape *shape, struct 
       (e = kgpuDeviceGetPCIBusId(exp->pci, KGPU_PCI_BYTES, device)) != kgpuSuccess ||
       (e = kgpuDeviceGetAttribute(&exp->sms, kgpuDevAttrMultiProcessorCount, device)) != kgpuSuccess ||
       (e = kgpu_kernel_occupancy(shape->nranks, &exp->ts_per_sm, &exp->ll_per_sm)) != kgpuSuccess ||
-      (e = kgpu_preload_kernels()) != kgpuSuccess || (e = kgpu_preload_bench_kernels()) != kgpuSuccess) {
+      (e = kgpu_preload_kernels(shape->carveout)) != kgpuSuccess ||
+      (e = kgpu_preload_bench_kernels(shape->carveout)) != kgpuSuccess) {
     kgpuFreeHost((void *)g->status_h);
     kgpuFree(g->buf);
     free(g);
@@ -207,6 +208,7 @@ extern "C" kcclResult_t kgpu_connect(struct kgpu *g, const kgpu_export *peers) {
   kgpu_l2_agree(g, peers);
   cap = min_sms * ll_per_sm * 3 / (4 * max_local);
   if (cap > free_sm_room) cap = free_sm_room;
+  g->shape.ll_room = cap < 1 ? 1 : cap;
   g->shape.ll_blocks = cap < 1 ? 1 : cap > KCCL_DEV_MAX_BLOCKS ? KCCL_DEV_MAX_BLOCKS : cap;
   g->ll_prev_grid = 0;
   for (int c = 0; c < KCCL_CHANNELS; c++) {

@@ -77,10 +77,11 @@ kcclResult_t kgpu_launch_error(const char *what);
  * and gather's) and of the one-shot kernel used for nranks (gpu_kernels.cu). */
 kgpuError_t kgpu_kernel_occupancy(int nranks, int *ts_per_sm, int *ll_per_sm);
 /* Loads the library's kernels at init (lazy loading: see gpu_kernels.cu, gpu_bench.cu). */
-kgpuError_t kgpu_preload_kernels(void);
-/* The largest shared-memory carveout for a kernel that waits for its peers (why: gpu_kernels.cu). */
-template <typename K> static inline kgpuError_t kgpu_wide_carveout(K kernel) { return kgpuFuncSetCarveout(kernel, 100); }
-kgpuError_t kgpu_preload_bench_kernels(void);
+/* carveout: the shared-memory carveout in percent for the kernels that wait
+ * for peers (KCCL_GPU_CARVEOUT; -1: the driver's choice; why: gpu_kernels.cu).
+ * A function attribute, so per process: the last communicator's setting holds. */
+kgpuError_t kgpu_preload_kernels(int carveout);
+kgpuError_t kgpu_preload_bench_kernels(int carveout);
 
 /* gpu_l2map.cu.  Times every candidate line from every SM and fills this rank's
  * l2tab / l2map (g->rep_self, g->rep_cal say how it went); an error only when
