@@ -103,7 +103,8 @@ SETTINGS: Tuple[Setting, ...] = (
             "the blocks of all ranks of a GPU but one leaving 4 SMs free, so that a late rank's own kernel "
             "can still start (18 at 8 ranks, 128 at 2 on one H200). More can time out (KcclTimeout after "
             "KCCL_TIMEOUT_MS) when a rank launches a kernel of its own before the collective: 8 ranks x 22 "
-            "did, behind a torch kernel. Must be equal on all ranks."),
+            "did, behind a torch kernel, with KCCL_GPU_CARVEOUT=-1 (with 100, 26 and 33 passed). Must be "
+            "equal on all ranks."),
     Setting("KCCL_GPU_PULL", "gpu_pull", -1, _int_range(-1, 1),
             "GPU communicators: how the one-shot all-reduce (and the device API) moves lines: 1 pull "
             "(each sender writes its lines once, into its own buffer, and peers read them there), 0 push "

@@ -185,11 +185,12 @@ extern "C" kcclResult_t kgpu_connect(struct kgpu *g, const kgpu_export *peers) {
    * stay within this budget (kgpu_allreduce), so one call alone may use all
    * of it.  The chunked kernels launch without PDL and never trigger their
    * successor early, so at most one of them per rank is resident.
-   * KCCL_GPU_BLOCKS overrides the chunked count.  With 8 ranks x 22-33
-   * blocks, mpi_check.py and tests/gpu/block_counts.py timed out at a rank's
-   * first two-shot call, behind one of torch's kernels (the peer's blocks had
-   * not begun: session 7).  Every rank computes the same numbers from the
-   * same exports. */
+   * KCCL_GPU_BLOCKS overrides the chunked count.  With the driver's carveout
+   * and 8 ranks x 22-33 blocks, mpi_check.py and tests/gpu/block_counts.py
+   * timed out at a rank's first two-shot call, behind one of torch's kernels
+   * (the peer's blocks had not begun); with the largest carveout 26 and 33
+   * passed block_counts.py (session 7).  Every rank computes the same numbers
+   * from the same exports. */
   int max_local = 1, min_sms = 1 << 30, ts_per_sm = 1 << 30, ll_per_sm = 1 << 30;
   for (int p = 0; p < s->nranks; p++) {
     int local = 0;
