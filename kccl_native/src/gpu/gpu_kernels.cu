@@ -483,8 +483,8 @@ static Replicas replicas(const kgpu *g) {
  * kernels that wait for each other can deadlock.  Here a rank's first launch
  * would wait while its peers' kernels spin waiting for it (until
  * KCCL_TIMEOUT_MS).  Getting a kernel's attributes loads it.  (This did not
- * remove the timeouts seen with twice the default chunked blocks: session 6,
- * bench/RESULTS.md.) */
+ * remove the timeouts seen with twice the default chunked blocks, session 6:
+ * their cause was the carveout, above.) */
 kgpuError_t kgpu_preload_kernels(int carveout) {
   kgpuFuncAttributes fa;
   kgpuError_t e;
