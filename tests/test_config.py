@@ -116,7 +116,8 @@ BAD_ENV = [("KCCL_ALGO", "bogus"), ("KCCL_ALGO", "one-shot"), ("KCCL_TIMEOUT_MS"
            ("KCCL_BUFFER_BYTES", "2G"), ("KCCL_BUFFER_BYTES", "lots"), ("KCCL_ONESHOT_MAX_BYTES", "-1"),
            ("KCCL_SPIN_US", "-2"), ("KCCL_YIELD_US", "x"), ("KCCL_DEBUG", "LOUD"), ("KCCL_DEBUG", "4"),
            ("KCCL_GPU_FLAG_REPLICAS", "2"), ("KCCL_GPU_FLAG_REPLICAS", "on"), ("KCCL_GPU_BLOCKS", "133"),
-           ("KCCL_GPU_BLOCKS", "-1"), ("KCCL_GPU_PULL", "2")]
+           ("KCCL_GPU_BLOCKS", "-1"), ("KCCL_GPU_PULL", "2"), ("KCCL_GPU_CARVEOUT", "101"),
+           ("KCCL_GPU_CARVEOUT", "-2")]
 
 
 @pytest.mark.parametrize("name,value", BAD_ENV)

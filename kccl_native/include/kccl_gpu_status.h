@@ -17,7 +17,10 @@ typedef struct {
   volatile int32_t code;       /* kcclResult_t of the first kernel-side failure; written last */
   volatile int32_t what;       /* KCCL_GPU_* */
   volatile int32_t peer;       /* the rank waited for */
-  volatile uint32_t sig_mine, sig_peer, epoch;
+  volatile uint32_t sig_mine, sig_peer, epoch; /* epoch: the LL epoch, or the chunked step */
+  /* A mismatch: each side's bytes per block.  A chunked timeout: bytes_mine is
+   * how many of the peer's blocks had begun the step, bytes_peer the step of
+   * the peer's same block (record_chunked_timeout). */
   volatile uint32_t bytes_mine, bytes_peer;
   /* Where the failing wait was, for the message: the block, the grid's block
    * count, and the chunked kernels' flag stage (0, 1; -1: the one-shot / device API). */

@@ -2,9 +2,8 @@
 
     mpiexec -n 2 --oversubscribe python tests/gpu/block_counts.py [blocks ...]
 
-Session 6 found that the chunked kernels time out with twice the default
-blocks per rank (8 ranks x 33, 2 ranks x 132) while the residency probe fits
-more blocks of the same size.  This runs a short fixed sequence of two-shot
+Sessions 4-6 saw the chunked kernels time out with twice the default blocks
+per rank (8 ranks x 33, 2 ranks x 132); session 7 found why (below).  This runs a short fixed sequence of two-shot
 all-reduces (in place, then out of place, at a few sizes) on a fresh
 communicator per block count, one call at a time, and prints per block count
 the first call that failed and the error (which names the waiting block and
@@ -14,8 +13,9 @@ Exit 1 when a count that auto would pick fails.
 Before each call the last rank sleeps 30 ms and then runs torch kernels of
 its own (a fill and a sum, which uses shared memory), so its peers' blocks
 are already waiting when its kernels reach the GPU: the case that timed out
-with 8 ranks x 22 blocks in session 7 (a torch kernel of the late rank could
-not start beside them; gpu_runtime.cu keeps SMs free for it)."""
+with 8 ranks x 22 blocks in session 7: with the driver's shared-memory
+carveout a torch kernel of the late rank could not start beside them
+(KCCL_GPU_CARVEOUT=100 fixed it; gpu_runtime.cu also keeps SMs free)."""
 import os
 import sys
 import time

@@ -140,31 +140,21 @@ __global__ void k_foreign_plain(int *out) {
 
 /* The benchmark kernels that wait for a peer, loaded at init (see kgpu_preload_kernels). */
 kgpuError_t kgpu_preload_bench_kernels(int carveout) {
-  kgpuFuncAttributes fa;
-  kgpuError_t e;
-  if ((e = kgpuFuncGetAttributes(&fa, k_dev_selftest<8>)) != kgpuSuccess ||
-      (e = kgpuFuncGetAttributes(&fa, k_dev_selftest<KCCL_GPU_MAX_RANKS>)) != kgpuSuccess ||
-      (e = kgpuFuncGetAttributes(&fa, k_dev_chain<8, false>)) != kgpuSuccess ||
-      (e = kgpuFuncGetAttributes(&fa, k_dev_chain<KCCL_GPU_MAX_RANKS, false>)) != kgpuSuccess ||
-      (e = kgpuFuncGetAttributes(&fa, k_dev_chain<8, true>)) != kgpuSuccess ||
-      (e = kgpuFuncGetAttributes(&fa, k_dev_chain<KCCL_GPU_MAX_RANKS, true>)) != kgpuSuccess ||
-      (e = kgpuFuncGetAttributes(&fa, k_flag_hop)) != kgpuSuccess)
-    return e;
-  if ((e = kgpuFuncGetAttributes(&fa, k_foreign)) != kgpuSuccess ||
-      (e = kgpuFuncGetAttributes(&fa, k_foreign_plain)) != kgpuSuccess)
-    return e;
   /* The kernels that wait for peers ask for the library's carveout (as a user's
    * persistent kernel should: kccl_device.cuh); the residency probe keeps the
    * driver's choice unless told otherwise. */
-  if ((e = kgpuFuncSetCarveout((k_dev_selftest<8>), carveout)) != kgpuSuccess ||
-      (e = kgpuFuncSetCarveout((k_dev_selftest<KCCL_GPU_MAX_RANKS>), carveout)) != kgpuSuccess ||
-      (e = kgpuFuncSetCarveout((k_dev_chain<8, false>), carveout)) != kgpuSuccess ||
-      (e = kgpuFuncSetCarveout((k_dev_chain<KCCL_GPU_MAX_RANKS, false>), carveout)) != kgpuSuccess ||
-      (e = kgpuFuncSetCarveout((k_dev_chain<8, true>), carveout)) != kgpuSuccess ||
-      (e = kgpuFuncSetCarveout((k_dev_chain<KCCL_GPU_MAX_RANKS, true>), carveout)) != kgpuSuccess ||
-      (e = kgpuFuncSetCarveout(k_flag_hop, carveout)) != kgpuSuccess)
-    return e;
-  return kgpuFuncGetAttributes(&fa, k_residency);
+  const void *const waiting[] = {(const void *)k_dev_selftest<8>, (const void *)k_dev_selftest<KCCL_GPU_MAX_RANKS>,
+                                 (const void *)k_dev_chain<8, false>,
+                                 (const void *)k_dev_chain<KCCL_GPU_MAX_RANKS, false>,
+                                 (const void *)k_dev_chain<8, true>, (const void *)k_dev_chain<KCCL_GPU_MAX_RANKS, true>,
+                                 (const void *)k_flag_hop};
+  const void *const others[] = {(const void *)k_foreign, (const void *)k_foreign_plain, (const void *)k_residency};
+  kgpuError_t e;
+  for (const void *fn : waiting)
+    if ((e = kgpu_load_waiting_kernel(fn, carveout)) != kgpuSuccess) return e;
+  for (const void *fn : others)
+    if ((e = kgpu_load_kernel(fn)) != kgpuSuccess) return e;
+  return kgpuSuccess;
 }
 
 extern "C" kcclResult_t kgpu_bench_residency(struct kgpu *g, int blocks, int timeout_ms, int foreign, int carveout,

@@ -486,19 +486,14 @@ static Replicas replicas(const kgpu *g) {
  * remove the timeouts seen with twice the default chunked blocks, session 6:
  * their cause was the carveout, above.) */
 kgpuError_t kgpu_preload_kernels(int carveout) {
-  kgpuFuncAttributes fa;
   kgpuError_t e;
   for (int m = 0; m < 3; m++)
     for (int t = 0; t < 3; t++)
       for (int o = 0; o < 4; o++)
-        if ((e = kgpuFuncGetAttributes(&fa, oneshot_kernels[m][t][o])) != kgpuSuccess ||
-            (e = kgpuFuncSetCarveout(oneshot_kernels[m][t][o], carveout)) != kgpuSuccess)
+        if ((e = kgpu_load_waiting_kernel((const void *)oneshot_kernels[m][t][o], carveout)) != kgpuSuccess)
           return e;
-  if ((e = kgpuFuncGetAttributes(&fa, k_twoshot)) != kgpuSuccess ||
-      (e = kgpuFuncSetCarveout(k_twoshot, carveout)) != kgpuSuccess ||
-      (e = kgpuFuncGetAttributes(&fa, k_gather)) != kgpuSuccess)
-    return e;
-  return kgpuFuncSetCarveout(k_gather, carveout);
+  if ((e = kgpu_load_waiting_kernel((const void *)k_twoshot, carveout)) != kgpuSuccess) return e;
+  return kgpu_load_waiting_kernel((const void *)k_gather, carveout);
 }
 
 kgpuError_t kgpu_kernel_occupancy(int nranks, int *ts_per_sm, int *ll_per_sm) {

@@ -210,8 +210,7 @@ extern "C" kcclResult_t kgpu_connect(struct kgpu *g, const kgpu_export *peers) {
   cap = min_sms * ll_per_sm * 3 / (4 * max_local);
   if (cap > free_sm_room) cap = free_sm_room;
   g->shape.ll_room = cap < 1 ? 1 : cap;
-  g->shape.ll_blocks = cap < 1 ? 1 : cap > KCCL_DEV_MAX_BLOCKS ? KCCL_DEV_MAX_BLOCKS : cap;
-  g->ll_prev_grid = 0;
+  g->shape.ll_blocks = g->shape.ll_room < KCCL_DEV_MAX_BLOCKS ? g->shape.ll_room : KCCL_DEV_MAX_BLOCKS;
   for (int c = 0; c < KCCL_CHANNELS; c++) {
     kcclDevComm *dc = &g->dc[c];
     memset(dc, 0, sizeof *dc);

@@ -81,6 +81,16 @@ kgpuError_t kgpu_kernel_occupancy(int nranks, int *ts_per_sm, int *ll_per_sm);
  * for peers (KCCL_GPU_CARVEOUT; -1: the driver's choice; why: gpu_kernels.cu).
  * A function attribute, so per process: the last communicator's setting holds. */
 kgpuError_t kgpu_preload_kernels(int carveout);
+/* One kernel of those lists: getting its attributes loads it; one that waits
+ * for peers also gets the carveout. */
+static inline kgpuError_t kgpu_load_kernel(const void *fn) {
+  kgpuFuncAttributes fa;
+  return kgpuFuncGetAttributes(&fa, fn);
+}
+static inline kgpuError_t kgpu_load_waiting_kernel(const void *fn, int carveout) {
+  kgpuError_t e = kgpu_load_kernel(fn);
+  return e != kgpuSuccess ? e : kgpuFuncSetCarveout(fn, carveout);
+}
 kgpuError_t kgpu_preload_bench_kernels(int carveout);
 
 /* gpu_l2map.cu.  Times every candidate line from every SM and fills this rank's
