@@ -13,7 +13,18 @@ else
   export PYTHONPATH=$PWD
 fi
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv,noheader
+# A/B against an earlier commit: .ab/base.tar (git archive of it, untracked, carried) is
+# built in /tmp/base beside this tree; a step base:STEP runs STEP there, logs in $LOGS/base.
+if [ -f .ab/base.tar ]; then
+  rm -rf /tmp/base && mkdir -p /tmp/base "$LOGS/base" && tar xf .ab/base.tar -C /tmp/base &&
+    (cd /tmp/base && python3 setup.py -q build_ext --inplace > "$LOGS/base/build.log" 2>&1) &
+  base_build=$!
+fi
 python3 setup.py -q build_ext --inplace > "$LOGS/build.log" 2>&1 || { tail -40 "$LOGS/build.log"; exit 1; }
+if [ -n "${base_build:-}" ]; then
+  wait $base_build || { echo "base build failed"; tail -20 "$LOGS/base/build.log"; }
+  cat /tmp/base/.ab_ref 2>/dev/null
+fi
 python3 -c "import kccl; print('kccl gpu support:', kccl.gpu_support())" || exit 1
 export CUDA_MPS_PIPE_DIRECTORY=/tmp/mps CUDA_MPS_LOG_DIRECTORY=/tmp/mpslog
 mkdir -p $CUDA_MPS_PIPE_DIRECTORY $CUDA_MPS_LOG_DIRECTORY
@@ -22,8 +33,8 @@ trap 'echo quit | nvidia-cuda-mps-control' EXIT
 MPI="mpiexec --oversubscribe --allow-run-as-root --bind-to none -x PYTHONPATH -x NCCL_NVLS_ENABLE -x TORCH_SYMM_MEM_DISABLE_MULTICAST -x NVSHMEM_DISABLE_NVLS -x PYTHONUNBUFFERED -x KCCL_TIMEOUT_MS -x CUDA_MPS_PIPE_DIRECTORY -x CUDA_MPS_LOG_DIRECTORY"
 [ -n "${CUDA_MODULE_LOADING:-}" ] && MPI="$MPI -x CUDA_MODULE_LOADING"
 steps=${*:-check2 failures check8 bench2 bench8}
-for s in $steps; do
-  echo "=== $s $(date +%T)"
+run_step() {
+  local s=$1
   case $s in
     check[0-9]*) n=${s#check}; timeout 150 $MPI -n $n python3 tests/gpu/mpi_check.py --quick 2>&1 | tee "$LOGS/$s.log" | tail -25 ;;
     fullcheck[0-9]*) n=${s#fullcheck}; timeout 400 $MPI -n $n python3 tests/gpu/mpi_check.py 2>&1 | tee "$LOGS/$s.log" | tail -25 ;;
@@ -107,9 +118,17 @@ for s in $steps; do
           --json "$LOGS/gpu_bench_${n}ranks_mid_pdl$pdl.json" 2>&1 | tee "$LOGS/${s}_pdl$pdl.log" | grep -v Traceback | grep -v "^# device API" | tail -9
       done ;;
     l2poll) [ -f bench/gpu/run_l2_poll.sh ] && timeout 200 bash bench/gpu/run_l2_poll.sh 2>&1 | tee "$LOGS/l2poll.log" | tail -30 ;;
+    *) echo "unknown step $s" ;;
+  esac
+}
+for s in $steps; do
+  echo "=== $s $(date +%T)"
+  case $s in
     env:*=*) # env:NAME=VALUE: set NAME for the steps after this one (and pass it to the ranks)
       kv=${s#env:}; export "${kv%%=*}=${kv#*=}"; MPI="$MPI -x ${kv%%=*}"; echo "${kv%%=*}=${kv#*=} from here on" ;;
-    *) echo "unknown step $s" ;;
+    base:*) [ -d /tmp/base ] || { echo "no base tree (.ab/base.tar)"; continue; }
+      (cd /tmp/base && export PYTHONPATH=/tmp/site:/tmp/base LOGS="$LOGS/base" && run_step "${s#base:}") ;;
+    *) run_step "$s" ;;
   esac
   tar czf "$OUT/logs.tgz" -C "$LOGS" .
 done

@@ -8,7 +8,7 @@
 //   0 bare: epoch in a register, load -> push to every peer -> poll -> combine -> store
 //   1 bare + a block barrier at the end of each call
 //   2 bare + thread 0 reads / advances the epoch in memory + start barrier + end barrier
-//   3 kccl_detail::ll_allreduce_block<8>   (the library's, header and bounded waits)
+//   3 kccl_detail::ll_allreduce_block<8>   (the library's: signature check and bounded waits)
 //   4 kccl_detail::ll_allreduce_block<16>
 //   5 the library's body for bf16 max, 8 ranks at most, called directly (no dtype / op dispatch)
 //   6 variant 2 + the header line (thread 0 pushes it, thread p checks peer p's)
@@ -38,6 +38,13 @@ static const size_t RANK_BYTES = LL_BYTES + MISC;
 static const size_t OFF_EPOCHS = LL_BYTES, OFF_FAIL = LL_BYTES + 1024, OFF_STATUS = LL_BYTES + 2048,
                     OFF_DATA = LL_BYTES + 4096;
 static const int DATA_BYTES = 8192;
+
+// The header rungs' line: the last line of a region, which the ladder's data
+// (one line per thread, at most 256) never uses.  (The library has no header
+// line since session 8: the signature rides in each data line's flag word.)
+__device__ static inline uint32_t *lad_hdr(uint32_t *region) {
+  return ll_line(region, KCCL_LL_THREADS * KCCL_LL_MAX_LPT - 1);
+}
 
 struct Ranks {
   kcclDevComm dc[8];
@@ -72,7 +79,7 @@ __device__ static inline bool bare(const kcclDevComm &dc, int block, char *data,
   if (V >= 6 && tid == 0) {
 #pragma unroll
     for (int p = 0; p < MAXR; p++)
-      if (p < n && p != me) kgpu_st_weak_v4(ll_region(dc, p, set, me, block), sig, e, nbytes, e);
+      if (p < n && p != me) kgpu_st_weak_v4(lad_hdr(ll_region(dc, p, set, me, block)), sig, e, nbytes, e);
   }
   if (tid >= lines && !hpend) {
     if (V >= 1) __syncthreads();
@@ -88,7 +95,7 @@ __device__ static inline bool bare(const kcclDevComm &dc, int block, char *data,
   Waiter w = waiter(dc);
   for (uint32_t polls = 0; pending | hpend; polls++) {
     uint4 hdr;
-    if (V >= 6 && hpend) kgpu_ld_weak_v4(ll_region(dc, me, set, tid, block), &hdr.x, &hdr.y, &hdr.z, &hdr.w);
+    if (V >= 6 && hpend) kgpu_ld_weak_v4(lad_hdr(ll_region(dc, me, set, tid, block)), &hdr.x, &hdr.y, &hdr.z, &hdr.w);
 #pragma unroll
     for (int p = 0; p < MAXR; p++)
       if (pending & (1u << p))
@@ -153,11 +160,11 @@ __device__ static inline bool feat(const kcclDevComm &dc, int block, char *data,
   uint32_t hpend = (F & (F_HDR | F_HDRW)) && htid >= 0 && htid < R && htid != me ? 1u << htid : 0;
   if ((F & (F_HDR | F_HDRW | F_HSTORE)) && tid == 0) {
     if (F & F_PULL) {
-      kgpu_st_weak_v4(ll_region(dc, me, set, me, block), sig, e, nbytes, e);
+      kgpu_st_weak_v4(lad_hdr(ll_region(dc, me, set, me, block)), sig, e, nbytes, e);
     } else {
 #pragma unroll
       for (int p = 0; p < R; p++)
-        if (p != me) kgpu_st_weak_v4(ll_region(dc, p, set, me, block), sig, e, nbytes, e);
+        if (p != me) kgpu_st_weak_v4(lad_hdr(ll_region(dc, p, set, me, block)), sig, e, nbytes, e);
     }
   }
   if (tid < lines) {
@@ -175,7 +182,7 @@ __device__ static inline bool feat(const kcclDevComm &dc, int block, char *data,
   for (uint32_t polls = 0; pending | hpend; polls++) {
     uint4 hdr;
     const bool hlook = hpend && (!(F & F_HFULL) || full) && (!(F & F_HAFTER) || !pending);
-    uint32_t *hsrc = (F & F_PULL) ? ll_region(dc, htid, set, htid, block) : ll_region(dc, me, set, htid, block);
+    uint32_t *hsrc = lad_hdr((F & F_PULL) ? ll_region(dc, htid, set, htid, block) : ll_region(dc, me, set, htid, block));
     if (hlook) kgpu_ld_weak_v4(hsrc, &hdr.x, &hdr.y, &hdr.z, &hdr.w);
     const uint32_t look = (F & F_SENT) && !full ? pending & (0u - pending) : pending;
 #pragma unroll

@@ -27,16 +27,20 @@
  * more registers or threads than an SM has left beside your blocks.
  *
  * Protocol (LL, "low latency"): the sender writes each 8 bytes of data as one
- * 16-byte line {data0, epoch, data1, epoch} straight into every peer's inbox;
- * the reader polls its own inbox until both epoch words of a line equal the
- * epoch it expects (weak .cg accesses: volatile ones would serialise a thread's
- * pushes and polls).  PTX makes each aligned 8-byte half single-copy atomic, so
- * a half with the right epoch carries the right data: no separate flag, no
- * fence, no barrier.  The epoch increments on every call (it lives in device
- * memory, so graph replays advance it) and inbox sets rotate over three, so
- * nothing is ever cleared.  A header line per (sender, block) carries the call
- * signature: a peer that called with another count / type / op is reported as
- * a mismatch instead of being reduced.
+ * 16-byte line {data0, epoch, data1, epoch ^ sig} straight into every peer's
+ * inbox, where sig is the call's signature (count, type, operation); the reader
+ * polls its own inbox until the line's words are {epoch, epoch ^ sig} for the
+ * epoch and signature it expects (weak .cg accesses: volatile ones would
+ * serialise a thread's pushes and polls).  Each aligned 8-byte half is taken
+ * as single-copy atomic, so a half with the right flag word carries the right
+ * data: no separate flag, no fence, no barrier.  The epoch increments on every
+ * call (it lives in device memory, so graph replays advance it) and inbox sets
+ * rotate over three, so nothing is ever cleared: an older line of the same
+ * slot has an older epoch in its first half, and in its second (epoch' ^ sig'),
+ * which for the same signature differs from epoch ^ sig.  A peer that called
+ * with another signature writes lines whose first word is this call's epoch
+ * but whose second is not; a reader that keeps seeing that reports a
+ * mismatch instead of reducing (KCCL_LL_MISMATCH_POLLS).
  *
  * Pull (dc.pull, set when every rank shares one GPU): the sender writes each
  * line once, into its own inbox's slot for itself, and readers poll that slot
@@ -75,10 +79,8 @@
 #define KCCL_LL_THREADS 256     /* threads per block of the library's LL kernels */
 #define KCCL_LL_MAX_LPT 4       /* data lines per thread per call, at most */
 #define KCCL_DEV_MAX_BLOCKS 32  /* blocks per channel */
-/* A region: the header in a 128-byte line of its own (sharing it with data lines
- * cost ~0.4-0.8 us per call: bench/gpu/ll_ladder.cu), then the data lines. */
-#define KCCL_LL_HEADER_BYTES 128
-#define KCCL_LL_REGION_BYTES (KCCL_LL_HEADER_BYTES + 16 * KCCL_LL_THREADS * KCCL_LL_MAX_LPT)
+/* A region: one (set, sender, block)'s data lines, 16 bytes each. */
+#define KCCL_LL_REGION_BYTES (16 * KCCL_LL_THREADS * KCCL_LL_MAX_LPT)
 #define KCCL_LL_MAX_BYTES (8 * KCCL_LL_THREADS * KCCL_LL_MAX_LPT) /* data bytes per block per call */
 #define KCCL_CHANNELS 2         /* 0: the library's kernels, 1: user kernels through this API */
 
@@ -101,7 +103,7 @@ namespace kccl_detail {
 
 /* Data line l of a region. */
 __device__ static inline uint32_t *ll_line(uint32_t *region, uint32_t l) {
-  return region + KCCL_LL_HEADER_BYTES / 4 + 4 * l;
+  return region + 4 * l;
 }
 
 __device__ static inline uint32_t *ll_region(const kcclDevComm &dc, int owner, uint32_t set, int sender,
@@ -173,12 +175,13 @@ __device__ __noinline__ static uint64_t wait_check(const kcclGpuStatus *st, uint
   return deadline;
 }
 
-/* Called between polls.  Returns KCCL_GPU_OK to keep polling.  The clock is
- * read every 64 polls and the host-mapped words every 1024 (see wait_check);
- * the block's shared failure flag every poll (cheap). */
+/* Called between polls.  Returns KCCL_GPU_OK to keep polling.  The block's
+ * shared failure flag and the clock are read every 64 polls, the host-mapped
+ * words every 1024 (see wait_check): a wait that succeeds within a few polls
+ * reads none of them. */
 __device__ static inline int keep_waiting(const kcclDevComm &dc, Waiter &w, volatile int *block_fail) {
-  if (*block_fail) return KCCL_GPU_STOPPED;
   if ((++w.polls & 63) != 0) return KCCL_GPU_OK;
+  if (*block_fail) return KCCL_GPU_STOPPED;
   const uint64_t r = wait_check(dc.status, dc.timeout_ns, w.deadline, w.polls);
   w.deadline = r & ((1ull << 62) - 1);
   return (int)(r >> 62);
@@ -261,9 +264,16 @@ __device__ static inline void store8(char *buf, size_t off, size_t n, uint32_t w
 
 /* Where one call's time goes, for the benchmark (TRACE copies only; thread 0
  * of block 0 adds clock64 cycles): [0] entry to pushes issued (the epoch and
- * input loads), [1] to every line and header received, [2] to the end (combine,
- * store, barrier), [3] poll rounds of its first line. */
+ * input loads), [1] to its first line received from every peer, [2] to the
+ * end (the rest of its lines, combine, store, barrier), [3] poll rounds of its
+ * first line. */
 #define KCCL_LL_TRACE_SLOTS 4
+
+/* Polls for which a peer's line may show this call's epoch in its first half
+ * and another word in its second before that counts as a mismatch (the two
+ * halves of one 16-byte store become visible together in practice, but only
+ * each half's atomicity is guaranteed). */
+#define KCCL_LL_MISMATCH_POLLS 64
 
 /* A wait that gave up (why: KCCL_GPU_TIMEOUT or KCCL_GPU_STOPPED): record it
  * for the host, unless this block already failed, and fail the block. */
@@ -300,21 +310,88 @@ __device__ static inline uint32_t *ll_from(const kcclDevComm &dc, uint32_t set, 
   return ll_region(dc, dc.pull ? p : dc.rank, set, p, block);
 }
 
-/* Looks at line l of every peer in `look`; those whose both epoch words equal
- * e are returned (their line in got[p]).  Every load is issued before any is
- * looked at: one round costs one round trip, not one per peer. */
+/* Looks at line l of every peer in `look` (every load issued before any is
+ * looked at: one round costs one round trip, not one per peer).  Returns the
+ * peers whose line is this call's (first word e, second ew: in got[p]); *odd
+ * gets those whose first word is e but whose second is not ew, which a peer
+ * that made another call (another signature) writes. */
 template <int MAXR>
 __device__ static inline uint32_t ll_poll(const kcclDevComm &dc, uint32_t set, int block, uint32_t l, uint32_t e,
-                                          uint32_t look, uint4 *got) {
+                                          uint32_t ew, uint32_t look, uint4 *got, uint32_t *odd) {
 #pragma unroll
   for (int p = 0; p < MAXR; p++)
     if (look & (1u << p))
       kgpu_ld_weak_v4(ll_line(ll_from(dc, set, p, block), l), &got[p].x, &got[p].y, &got[p].z, &got[p].w);
-  uint32_t came = 0;
+  uint32_t came = 0, o = 0;
 #pragma unroll
   for (int p = 0; p < MAXR; p++)
-    if ((look & (1u << p)) && got[p].y == e && got[p].w == e) came |= 1u << p;
+    if (look & (1u << p)) {
+      came |= (got[p].y == e && got[p].w == ew) ? 1u << p : 0u;
+      o |= (got[p].y == e && got[p].w != ew) ? 1u << p : 0u;
+    }
+  *odd = o;
   return came;
+}
+
+/* got[p].w for the lowest peer in `which` (constant indices: got[] stays in registers). */
+template <int MAXR>
+__device__ static inline uint32_t ll_second_word(const uint4 *got, uint32_t which) {
+  uint32_t w = 0;
+  const int hp = __ffs(which) - 1;
+#pragma unroll
+  for (int p = 0; p < MAXR; p++)
+    if (p == hp) w = got[p].w;
+  return w;
+}
+
+/* Waits for line l from every peer in `pending` (got[p] then holds it).
+ * Returns false when the block failed (recorded; s_fail set).  The sentinel:
+ * in pull mode, after a first full round a waiting thread polls only its
+ * lowest pending peer (and any whose line looked like a mismatch) until a
+ * round brings a line, then all again (see "Pull").  The block's failure flag
+ * and the clock are looked at every 64th round only (keep_waiting): a wait
+ * that succeeds within a few rounds pays nothing for them. */
+template <int MAXR>
+__device__ static inline bool ll_wait_line(const kcclDevComm &dc, uint32_t set, int block, uint32_t l, uint32_t e,
+                                           uint32_t ew, uint32_t pending, uint32_t sig, uint32_t nbytes, uint4 *got,
+                                           volatile int *s_fail, uint32_t *rounds) {
+  const bool pull = dc.pull != 0;
+  Waiter wt = waiter(dc);
+  uint32_t odd = 0, odd_rounds = 0;
+  bool full = true, last_look = false;
+  for (;;) {
+    const uint32_t look = pull && !full ? (pending & (0u - pending)) | odd : pending;
+    const uint32_t came = ll_poll<MAXR>(dc, set, block, l, e, ew, look, got, &odd);
+    pending &= ~came;
+    full = came != 0;
+    if (!pending) break;
+    if (odd) {
+      /* This call's epoch with another second word, round after round: the
+       * peer called with another signature (count, type or operation). */
+      if (++odd_rounds > KCCL_LL_MISMATCH_POLLS) {
+        const int hp = __ffs(odd) - 1;
+        if (!*s_fail)
+          record_failure(dc, KCCL_GPU_MISMATCH, kcclInvalidUsage, hp, sig, ll_second_word<MAXR>(got, odd) ^ e, e,
+                         nbytes, KCCL_GPU_BYTES_UNKNOWN);
+        *s_fail = 1;
+        return false;
+      }
+    } else {
+      odd_rounds = 0;
+    }
+    const int why = keep_waiting(dc, wt, s_fail);
+    if (why == KCCL_GPU_STOPPED && !*s_fail && !last_look) { /* sent just before the peer went? */
+      last_look = true;
+      full = true; /* the last look covers every pending peer, not only the sentinel */
+      continue;
+    }
+    if (why) {
+      if (!*s_fail || why == KCCL_GPU_TIMEOUT) ll_wait_failed(dc, why, __ffs(pending) - 1, sig, e, nbytes, s_fail);
+      return false;
+    }
+  }
+  *rounds += wt.polls + 1;
+  return true;
 }
 
 /* One block's LL all-reduce of nbytes (<= KCCL_LL_MAX_BYTES) from `in` to `out`
@@ -325,21 +402,24 @@ __device__ static inline uint32_t ll_poll(const kcclDevComm &dc, uint32_t set, i
  * - small code.  DT and OP are compile-time and the receive is one loop over
  *   a thread's lines, not an unrolled copy per line: the first version, with
  *   the type and operation switched per element and four unrolled copies,
- *   was ~80 KB of machine code per kernel, this one ~28 KB, and the 8-rank
- *   call in a CUDA graph (a fresh kernel each call) went from 6.8 to 4.8 us;
- * - the ladder's steps (bare exchange, + epoch in memory, + header, + bounded
- *   wait, + peer loops to MAXR) show the header check and peer loops run to a
- *   larger MAXR than the rank count as the big costs, so 2 ranks get their own
- *   bodies (MAXR 2); why the header costs 0.3-0.9 us is not known;
+ *   was ~80 KB of machine code per kernel, and the 8-rank call in a CUDA
+ *   graph went from 6.8 to 4.8 us when it shrank to ~28 KB;
+ * - no header line.  The call signature rides in every line's second flag
+ *   word (epoch ^ sig), so checking it costs no extra load and no extra wait;
+ *   a separate header line per (sender, block) cost 0.3-0.6 us per call in
+ *   the ladder (session 6), whichever warp polled it;
+ * - peer loops run to MAXR with a run-time rank count; that costs ~0.7 us per
+ *   call at 2 ranks in an 8-rank body, so 2 ranks get their own bodies;
  * - round trips few and overlapped: a thread loads its input lines once into
- *   registers, pushes them to every peer back to back (stores do not wait),
- *   and reduces from the same registers; thread 0's epoch read overlaps the
- *   input loads;
+ *   registers, pushes them back to back (stores do not wait), and reduces from
+ *   the same registers; thread 0's epoch read overlaps the input loads;
  * - (measured, and dropped: letting only lane 0 of a warp poll until its line
  *   had come from every peer, to cut poll traffic, cost ~1 us per call more at
  *   8 ranks than every lane polling its own lines);
- * - control flow that leaves a warp (the end of a thread's lines, a failure) is
- *   warp-uniform. */
+ * - each thread waits on its own: no warp votes or shared-memory reads per
+ *   poll round.  A failure in one thread reaches the block's others through
+ *   s_fail within 64 of their rounds, and every thread meets at the end
+ *   barrier. */
 template <int MAXR, int DT, int OP, bool TRACE>
 __device__ static __forceinline__ kcclResult_t ll_block(const kcclDevComm &dc, int block, const char *in, char *out,
                                                uint32_t nbytes, bool avg, uint32_t sig, long long *trace) {
@@ -347,8 +427,7 @@ __device__ static __forceinline__ kcclResult_t ll_block(const kcclDevComm &dc, i
   long long t_mark = tr ? kgpu_clock64() : 0;
   __shared__ volatile int s_fail;
   __shared__ uint32_t s_epoch;
-  const int tid = threadIdx.x, nt = blockDim.x, lane = tid % KGPU_WARP, wbase = tid - lane;
-  const kgpu_lanes_t wmask = kgpu_lane_mask(nt - wbase < KGPU_WARP ? nt - wbase : KGPU_WARP);
+  const int tid = threadIdx.x, nt = blockDim.x;
   uint32_t *ep = dc.epochs + dc.channel * KCCL_DEV_MAX_BLOCKS + block;
   const int me = dc.rank, n = dc.nranks;
   const uint32_t lines = (nbytes + 7) / 8;
@@ -370,46 +449,28 @@ __device__ static __forceinline__ kcclResult_t ll_block(const kcclDevComm &dc, i
     s_fail = 0;
   }
   __syncthreads();
-  const uint32_t e = s_epoch;
+  const uint32_t e = s_epoch, ew = e ^ sig;
   const uint32_t set = e % KCCL_LL_SETS;
+  uint32_t rounds = 0;
 
-  /* Headers: lane p of the block's last warp checks peer p's (warp 0 when the
-   * last warp has fewer than n lanes).  The last warp rather than warp 0,
-   * which also reads the epoch and pushes the header: measured, not explained
-   * (bench/gpu/ll_ladder.cu, pull + sentinel + header, session 6: 8 ranks
-   * 2.05 -> 1.99 us, 4 ranks 1.58-1.61 -> 1.16-1.18). */
-  const int last_lanes = nt - (nt - 1) / KGPU_WARP * KGPU_WARP;
-  const int hbase = last_lanes >= n ? nt - last_lanes : 0;
-  uint32_t hpend = 0; /* the header this thread checks: peer (tid - hbase)'s */
-  if (tid >= hbase && tid - hbase < n && tid - hbase != me) hpend = 1u << (tid - hbase);
-
-  for (uint32_t base = 0; base < lines || kgpu_any(wmask, hpend != 0); base += (uint32_t)nt * KCCL_LL_MAX_LPT) {
+  for (uint32_t base = 0; base < lines; base += (uint32_t)nt * KCCL_LL_MAX_LPT) {
     /* A later round (small blocks): its input lines.  Each line is read and
      * written by one thread only, so in place needs no barrier. */
     if (base) ll_load_round(mine, in, base, lines, nbytes);
-    /* Send: header (first round), then this thread's lines, into every peer's
+    /* Send this thread's lines, {data, e, data, e ^ sig}, into every peer's
      * inbox (push) or once into this rank's own slot (pull). */
-    if (tid == 0 && base == 0) {
-      if (pull) {
-        kgpu_st_weak_v4(ll_region(dc, me, set, me, block), sig, e, nbytes, e);
-      } else {
-#pragma unroll
-        for (int p = 0; p < MAXR; p++)
-          if (p < n && p != me) kgpu_st_weak_v4(ll_region(dc, p, set, me, block), sig, e, nbytes, e);
-      }
-    }
 #pragma unroll 1
     for (int k = 0; k < KCCL_LL_MAX_LPT; k++) {
       const uint32_t l = base + tid + k * nt;
       if (l >= lines) break;
       const uint32_t m0 = ll_pick(mine, k, 0), m1 = ll_pick(mine, k, 1);
       if (pull) {
-        kgpu_st_weak_v4(ll_line(ll_region(dc, me, set, me, block), l), m0, e, m1, e);
+        kgpu_st_weak_v4(ll_line(ll_region(dc, me, set, me, block), l), m0, e, m1, ew);
         continue;
       }
 #pragma unroll
       for (int p = 0; p < MAXR; p++)
-        if (p < n && p != me) kgpu_st_weak_v4(ll_line(ll_region(dc, p, set, me, block), l), m0, e, m1, e);
+        if (p < n && p != me) kgpu_st_weak_v4(ll_line(ll_region(dc, p, set, me, block), l), m0, e, m1, ew);
     }
     if (tr && base == 0) {
       const long long now = kgpu_clock64();
@@ -418,73 +479,39 @@ __device__ static __forceinline__ kcclResult_t ll_block(const kcclDevComm &dc, i
     }
     /* Receive each of this thread's lines from every peer, then combine in rank
      * order (the same order on every rank: bitwise the same result everywhere). */
+    bool ok = true;
 #pragma unroll 1
     for (int k = 0; k < KCCL_LL_MAX_LPT; k++) {
       const uint32_t l = base + tid + k * nt;
-      const bool have_line = l < lines;
-      const bool warp_line = base + wbase + k * nt < lines; /* lane 0's line: the same for the warp */
-      if (!warp_line && !kgpu_any(wmask, hpend != 0)) break;
-      const uint32_t m0 = ll_pick(mine, k, 0), m1 = ll_pick(mine, k, 1);
+      if (l >= lines) break;
       uint4 got[MAXR]; /* a peer's line stays here once it has arrived */
-      uint32_t pending = have_line ? all_peers : 0;
-      Waiter wt = waiter(dc);
-      bool last_look = false, full = true;
-      while (pending | hpend) {
-        uint4 hdr;
-        const int hp = hpend ? __ffs(hpend) - 1 : 0;
-        if (hpend) kgpu_ld_weak_v4(ll_from(dc, set, hp, block), &hdr.x, &hdr.y, &hdr.z, &hdr.w);
-        /* Pull: a full round first and after each round that brought a line; in
-         * between only the lowest pending peer (the sentinel). */
-        const uint32_t look = pull && !full ? pending & (0u - pending) : pending;
-        const uint32_t came = ll_poll<MAXR>(dc, set, block, l, e, look, got);
-        pending &= ~came;
-        full = came != 0;
-        if (hpend && hdr.y == e && hdr.w == e) {
-          hpend = 0;
-          if (hdr.x != sig || hdr.z != nbytes) {
-            record_failure(dc, KCCL_GPU_MISMATCH, kcclInvalidUsage, hp, sig, hdr.x, e, nbytes, hdr.z);
-            s_fail = 1;
-          }
-        }
-        if (!(pending | hpend) || s_fail) break;
-        const int why = keep_waiting(dc, wt, &s_fail);
-        if (why == KCCL_GPU_STOPPED && !s_fail && !last_look) { /* sent just before the peer went? */
-          last_look = true;
-          full = true; /* the last look covers every pending peer, not only the sentinel */
-          continue;
-        }
-        if (why) {
-          ll_wait_failed(dc, why, __ffs(pending | hpend) - 1, sig, e, nbytes, &s_fail);
-          break;
-        }
-      }
+      if (!(ok = ll_wait_line<MAXR>(dc, set, block, l, e, ew, all_peers, sig, nbytes, got, &s_fail, &rounds)))
+        break;
       if (tr && base == 0 && k == 0) {
         const long long now = kgpu_clock64();
         trace[1] += now - t_mark;
-        trace[3] += wt.polls + 1;
+        trace[3] += rounds;
         t_mark = now;
       }
-      if (have_line && !s_fail) {
-        float acc[4] = {0.f, 0.f, 0.f, 0.f}, v[4] = {0.f, 0.f, 0.f, 0.f};
+      const uint32_t m0 = ll_pick(mine, k, 0), m1 = ll_pick(mine, k, 1);
+      float acc[4] = {0.f, 0.f, 0.f, 0.f}, v[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
-        for (int p = 0; p < MAXR; p++) {
-          if (p < n) {
-            decode(p == me ? m0 : got[p].x, p == me ? m1 : got[p].z, (kcclDataType_t)DT, v);
+      for (int p = 0; p < MAXR; p++) {
+        if (p < n) {
+          decode(p == me ? m0 : got[p].x, p == me ? m1 : got[p].z, (kcclDataType_t)DT, v);
 #pragma unroll
-            for (int j = 0; j < 4; j++) acc[j] = p == 0 ? v[j] : combine(acc[j], v[j], (kcclRedOp_t)OP);
-          }
+          for (int j = 0; j < 4; j++) acc[j] = p == 0 ? v[j] : combine(acc[j], v[j], (kcclRedOp_t)OP);
         }
-        if (avg) {
-#pragma unroll
-          for (int j = 0; j < 4; j++) acc[j] /= (float)n;
-        }
-        uint32_t w0, w1;
-        encode(acc, (kcclDataType_t)DT, &w0, &w1);
-        store8(out, (size_t)l * 8, nbytes, w0, w1);
       }
-      if (kgpu_any(wmask, s_fail != 0)) break;
+      if (avg) {
+#pragma unroll
+        for (int j = 0; j < 4; j++) acc[j] /= (float)n;
+      }
+      uint32_t w0, w1;
+      encode(acc, (kcclDataType_t)DT, &w0, &w1);
+      store8(out, (size_t)l * 8, nbytes, w0, w1);
     }
-    if (kgpu_any(wmask, s_fail != 0)) break;
+    if (!ok || s_fail) break;
   }
   __syncthreads();
   if (tr) trace[2] += kgpu_clock64() - t_mark;

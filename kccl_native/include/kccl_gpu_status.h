@@ -7,6 +7,8 @@
 /* Why a GPU wait gave up (kcclGpuStatus.what). */
 enum { KCCL_GPU_OK = 0, KCCL_GPU_TIMEOUT = 1, KCCL_GPU_MISMATCH = 2, KCCL_GPU_STOPPED = 3 };
 
+#define KCCL_GPU_BYTES_UNKNOWN 0xffffffffu
+
 /* Why the host's watcher stopped the kernels (kcclGpuStatus.stop). */
 enum { KCCL_STOP_NONE = 0, KCCL_STOP_DEAD = 1, KCCL_STOP_ABORTED = 2, KCCL_STOP_CLOSED = 3, KCCL_STOP_FAILED = 4,
        KCCL_STOP_SELF = 5 };
@@ -18,7 +20,8 @@ typedef struct {
   volatile int32_t what;       /* KCCL_GPU_* */
   volatile int32_t peer;       /* the rank waited for */
   volatile uint32_t sig_mine, sig_peer, epoch; /* epoch: the LL epoch, or the chunked step */
-  /* A mismatch: each side's bytes per block.  A chunked timeout: bytes_mine is
+  /* A mismatch: each side's bytes per block (KCCL_GPU_BYTES_UNKNOWN where the
+   * wait saw only the peer's signature: the one-shot).  A chunked timeout: bytes_mine is
    * how many of the peer's blocks had begun the step, bytes_peer the step of
    * the peer's same block (record_chunked_timeout). */
   volatile uint32_t bytes_mine, bytes_peer;

@@ -221,6 +221,11 @@ kcclResult_t kccl_gpu_enter(struct kcclComm *c) {
   if (s->code) {
     switch (s->what) {
       case KCCL_GPU_MISMATCH:
+        if (s->bytes_peer == KCCL_GPU_BYTES_UNKNOWN) /* the one-shot: only the peer's signature is known */
+          return kccl_comm_fail(c, kcclRemoteError,
+                                "collective mismatch on GPU: rank %d's call (signature %08x, %u bytes per block) "
+                                "differs from rank %d's (signature %08x)",
+                                c->rank, s->sig_mine, s->bytes_mine, s->peer, s->sig_peer);
         return kccl_comm_fail(c, kcclRemoteError,
                               "collective mismatch on GPU: rank %d's call (signature %08x, %u bytes per block) "
                               "differs from rank %d's (signature %08x, %u bytes per block)",

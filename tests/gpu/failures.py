@@ -8,6 +8,8 @@ SIGKILLed without an MPI launcher tearing the job down):
   kill      rank 1 is SIGKILLed while rank 0's kernel waits for it
   abort     rank 1 calls abort() while rank 0's kernel waits for it
   mismatch  the ranks all-reduce different counts
+  mismatchop, mismatchdtype  the same bytes with another operation (sum / max) or
+            type (float16 / bfloat16): only the call signature tells them apart
   timeout   rank 1 stays alive but never calls; KCCL_TIMEOUT_MS=1500
   close     use after close
   kill+replicas, mismatch+replicas, timeout+replicas: the same on a two-shot
@@ -66,6 +68,12 @@ def worker(scenario, uid, rank, q):
         if scenario == "mismatch":
             y = torch.ones(1000 + rank * 24, device="cuda")
             comm.all_reduce(y)
+        elif scenario == "mismatchop":
+            y = torch.ones(1024, device="cuda")
+            comm.all_reduce(y, op=kccl.SUM if rank == 0 else kccl.MAX)
+        elif scenario == "mismatchdtype":
+            y = torch.ones(1024, device="cuda", dtype=torch.float16 if rank == 0 else torch.bfloat16)
+            comm.all_reduce(y)
         elif scenario == "close":
             comm.close()
             try:
@@ -77,7 +85,7 @@ def worker(scenario, uid, rank, q):
             q.put(out)
             return
         try:
-            if scenario not in ("mismatch", "close"):
+            if not scenario.startswith("mismatch") and scenario != "close":
                 comm.all_reduce(x)  # rank 0: the peer never answers this one
             torch.cuda.synchronize()
             # The failure recorded on the GPU surfaces here at the latest; it may
@@ -99,6 +107,7 @@ def worker(scenario, uid, rank, q):
 
 
 EXPECT = {"kill": "KcclRemoteError", "abort": "KcclRemoteError", "mismatch": "KcclRemoteError",
+          "mismatchop": "KcclRemoteError", "mismatchdtype": "KcclRemoteError",
           "timeout": "KcclTimeout", "close": "KcclInvalidUsage", "kill+replicas": "KcclRemoteError",
           "mismatch+replicas": "KcclRemoteError", "timeout+replicas": "KcclTimeout", "blocks": "KcclInvalidUsage",
           "pull": "KcclInvalidUsage"}
@@ -146,7 +155,7 @@ def run(scenario):
         r1 = got.get(1, {})
         ok = UNEQUAL[base] in r0.get("msg", "") and r1.get("err") == EXPECT[scenario]
         why += f"; rank 1 got {r1.get('err')}"
-    if ok and base == "mismatch":
+    if ok and base.startswith("mismatch"):
         r1 = got.get(1, {})
         ok = r1.get("err") == EXPECT[scenario] and "mismatch" in r0.get("msg", "")
         why += f"; rank 1 got {r1.get('err')}"
