@@ -20,7 +20,7 @@ DEBUG_LEVELS = {"NONE": 0, "WARN": 1, "INFO": 2, "TRACE": 3}
 TOPO_MODES = {"off": 0, "on": 1}
 
 
-def _int_range(lo, hi, sizes=False):
+def _int_range(lo, hi, sizes=False, multiple=1):
     def parse(text):
         s = str(text).strip()
         mult = 1
@@ -32,6 +32,8 @@ def _int_range(lo, hi, sizes=False):
         v = int(s) * mult
         if not lo <= v <= hi:
             raise ValueError(f"expected a value in [{lo}, {hi}]")
+        if v % multiple:
+            raise ValueError(f"expected a multiple of {multiple}")
         return v
     return parse
 
@@ -116,6 +118,10 @@ SETTINGS: Tuple[Setting, ...] = (
             "kernel that uses shared memory could not start on SMs holding its peers' waiting blocks, and "
             "with enough blocks per rank every SM held some (bench/gpu/residency.py --foreign 2); with 100 "
             "it could. Per process (a kernel attribute): the last communicator created sets it."),
+    Setting("KCCL_GPU_LL_THREADS", "gpu_ll_threads", 256, _int_range(32, 256, multiple=32),
+            "GPU communicators: threads per block of the one-shot all-reduce, a multiple of 32. A call "
+            "is split into blocks of one 8-byte line per thread (256: 2 KB per block) until the blocks "
+            "run out, then more lines per thread. Must be equal on all ranks."),
     Setting("KCCL_DEBUG", "debug", "NONE", _choice(DEBUG_LEVELS),
             "Log to stderr: NONE, WARN (every error), INFO (init details), TRACE."),
     # Placement: Python's topology/ computes it and hands it to kcclCommInitRankPlacement;

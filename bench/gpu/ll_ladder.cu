@@ -140,7 +140,12 @@ __device__ static inline bool bare(const kcclDevComm &dc, int block, char *data,
 //   F_HSTORE: the header pushed, not polled (the store's cost alone)
 //   F_HFULL: (with F_HDR) the header looked at only in full rounds (see F_SENT)
 //   F_HAFTER: (with F_HDR) the header looked at only once the thread's lines have all come
-enum { F_PULL = 1, F_SENT = 2, F_SLEEP = 4, F_HDR = 8, F_HDRW = 16, F_HSTORE = 32, F_HFULL = 64, F_HAFTER = 128 };
+//   F_SIG:  (session 8) no header: lines carry {data, e, data, e ^ sig}, and a peer whose line has
+//           e in its first word but not e ^ sig in its second is polled every round (the library's
+//           mismatch check, without the verdict)
+//   F_BOUND: the library's bounded wait (keep_waiting) between poll rounds
+enum { F_PULL = 1, F_SENT = 2, F_SLEEP = 4, F_HDR = 8, F_HDRW = 16, F_HSTORE = 32, F_HFULL = 64, F_HAFTER = 128,
+       F_SIG = 256, F_BOUND = 512 };
 template <int R, int F>
 __device__ static inline bool feat(const kcclDevComm &dc, int block, char *data, uint32_t nbytes, int *hung) {
   __shared__ uint32_t s_e;
@@ -155,7 +160,9 @@ __device__ static inline bool feat(const kcclDevComm &dc, int block, char *data,
     s_e = nx;
   }
   __syncthreads();
-  const uint32_t e = s_e, set = e % KCCL_LL_SETS;
+  const uint32_t e = s_e, set = e % KCCL_LL_SETS, ew = (F & F_SIG) ? e ^ sig : e;
+  __shared__ volatile int s_fail;
+  if (tid == 0) s_fail = 0;
   const int htid = (F & F_HDRW) ? tid - (nt - 32) : tid; /* which peer's header this thread checks */
   uint32_t hpend = (F & (F_HDR | F_HDRW)) && htid >= 0 && htid < R && htid != me ? 1u << htid : 0;
   if ((F & (F_HDR | F_HDRW | F_HSTORE)) && tid == 0) {
@@ -169,22 +176,23 @@ __device__ static inline bool feat(const kcclDevComm &dc, int block, char *data,
   }
   if (tid < lines) {
     if (F & F_PULL) {
-      kgpu_st_weak_v4(ll_line(ll_region(dc, me, set, me, block), tid), w0, e, w1, e);
+      kgpu_st_weak_v4(ll_line(ll_region(dc, me, set, me, block), tid), w0, e, w1, ew);
     } else {
 #pragma unroll
       for (int p = 0; p < R; p++)
-        if (p != me) kgpu_st_weak_v4(ll_line(ll_region(dc, p, set, me, block), tid), w0, e, w1, e);
+        if (p != me) kgpu_st_weak_v4(ll_line(ll_region(dc, p, set, me, block), tid), w0, e, w1, ew);
     }
   }
   uint4 got[R];
-  uint32_t pending = tid < lines ? ((1u << R) - 1) & ~(1u << me) : 0;
+  uint32_t pending = tid < lines ? ((1u << R) - 1) & ~(1u << me) : 0, odd = 0;
   bool full = true;
+  Waiter wt = waiter(dc);
   for (uint32_t polls = 0; pending | hpend; polls++) {
     uint4 hdr;
     const bool hlook = hpend && (!(F & F_HFULL) || full) && (!(F & F_HAFTER) || !pending);
     uint32_t *hsrc = lad_hdr((F & F_PULL) ? ll_region(dc, htid, set, htid, block) : ll_region(dc, me, set, htid, block));
     if (hlook) kgpu_ld_weak_v4(hsrc, &hdr.x, &hdr.y, &hdr.z, &hdr.w);
-    const uint32_t look = (F & F_SENT) && !full ? pending & (0u - pending) : pending;
+    const uint32_t look = (F & F_SENT) && !full ? (pending & (0u - pending)) | odd : pending;
 #pragma unroll
     for (int p = 0; p < R; p++)
       if (look & (1u << p)) {
@@ -192,10 +200,14 @@ __device__ static inline bool feat(const kcclDevComm &dc, int block, char *data,
                                      : ll_line(ll_region(dc, me, set, p, block), tid);
         kgpu_ld_weak_v4(src, &got[p].x, &got[p].y, &got[p].z, &got[p].w);
       }
-    uint32_t came = 0;
+    uint32_t came = 0, o = 0;
 #pragma unroll
     for (int p = 0; p < R; p++)
-      if ((look & (1u << p)) && got[p].y == e && got[p].w == e) came |= 1u << p;
+      if (look & (1u << p)) {
+        came |= (got[p].y == e && got[p].w == ew) ? 1u << p : 0u;
+        if (F & F_SIG) o |= (got[p].y == e && got[p].w != ew) ? 1u << p : 0u;
+      }
+    odd = o;
     pending &= ~came;
     full = came != 0;
     if (hlook && hdr.y == e && hdr.w == e) {
@@ -204,6 +216,7 @@ __device__ static inline bool feat(const kcclDevComm &dc, int block, char *data,
     }
     if (!(pending | hpend)) break;
     if (F & F_SLEEP) __nanosleep(64);
+    if ((F & F_BOUND) && keep_waiting(dc, wt, &s_fail)) { *hung = 4; return false; }
     if (polls > (1u << 24)) { *hung = 1; return false; }
   }
   if (tid < lines) {
@@ -308,7 +321,7 @@ static void ladder(char *base, int iters, int only_threads) {
     lib_pull[1] = run<R, 5>(rk, B, T, iters, dummy, d_us, d_hung);
     for (int r = 0; r < R; r++) rk.dc[r].pull = 0;
     {
-      double f[15];
+      double f[17];
       f[0] = run<R, 100>(rk, B, T, iters, dummy, d_us, d_hung);
       f[1] = run<R, 100 + F_HSTORE>(rk, B, T, iters, dummy, d_us, d_hung);
       f[2] = run<R, 100 + F_HDR>(rk, B, T, iters, dummy, d_us, d_hung);
@@ -324,12 +337,14 @@ static void ladder(char *base, int iters, int only_threads) {
       f[12] = run<R, 100 + (F_PULL | F_SENT | F_HDR | F_HFULL)>(rk, B, T, iters, dummy, d_us, d_hung);
       f[13] = run<R, 100 + (F_PULL | F_SENT | F_HDR | F_HAFTER)>(rk, B, T, iters, dummy, d_us, d_hung);
       f[14] = run<R, 100 + (F_PULL | F_SENT | F_HDRW | F_HFULL)>(rk, B, T, iters, dummy, d_us, d_hung);
+      f[15] = run<R, 100 + (F_PULL | F_SENT | F_SIG)>(rk, B, T, iters, dummy, d_us, d_hung);
+      f[16] = run<R, 100 + (F_PULL | F_SENT | F_SIG | F_BOUND)>(rk, B, T, iters, dummy, d_us, d_hung);
       std::printf("R=%d ranks, %2d blocks/rank x %3d threads, feature rungs (us per call):", R, B, T);
       const char *names[] = {"v2", "+hdr store", "+hdr", "+hdr last warp", "pull", "sentinel", "pull+sent",
                              "sleep", "pull+sleep", "pull+sent+hdr", "pull+sent+hdr last warp",
                              "pull+sent+hdr store", "pull+sent+hdr full rounds", "pull+sent+hdr after lines",
-                             "pull+sent+hdr last warp full rounds"};
-      for (int i = 0; i < 15; i++) std::printf(" %s %.3f%s", names[i], f[i], i < 14 ? " |" : "\n");
+                             "pull+sent+hdr last warp full rounds", "pull+sent+sig", "pull+sent+sig+bounded"};
+      for (int i = 0; i < 17; i++) std::printf(" %s %.3f%s", names[i], f[i], i < 16 ? " |" : "\n");
     }
     std::printf("R=%d ranks, %2d blocks/rank x %3d threads: bare %.3f | +end barrier %.3f | +epoch in memory, "
                 "2 barriers %.3f | +header %.3f | +bounded wait %.3f | +loops to 8 %.3f | ll_allreduce_block<8> %.3f | <16> %.3f "

@@ -394,6 +394,64 @@ __device__ static inline bool ll_wait_line(const kcclDevComm &dc, uint32_t set, 
   return true;
 }
 
+/* Line l of every rank (this rank's m0, m1; the peers' in got[]) combined in
+ * rank order (the same order on every rank: bitwise the same result
+ * everywhere) and stored to out. */
+template <int MAXR, int DT, int OP>
+__device__ static __forceinline__ void ll_reduce_line(const kcclDevComm &dc, const uint4 *got, uint32_t m0,
+                                                      uint32_t m1, bool avg, char *out, uint32_t l, uint32_t nbytes) {
+  const int me = dc.rank, n = dc.nranks;
+  float acc[4] = {0.f, 0.f, 0.f, 0.f}, v[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+  for (int p = 0; p < MAXR; p++) {
+    if (p < n) {
+      decode(p == me ? m0 : got[p].x, p == me ? m1 : got[p].z, (kcclDataType_t)DT, v);
+#pragma unroll
+      for (int j = 0; j < 4; j++) acc[j] = p == 0 ? v[j] : combine(acc[j], v[j], (kcclRedOp_t)OP);
+    }
+  }
+  if (avg) {
+#pragma unroll
+    for (int j = 0; j < 4; j++) acc[j] /= (float)n;
+  }
+  uint32_t w0, w1;
+  encode(acc, (kcclDataType_t)DT, &w0, &w1);
+  store8(out, (size_t)l * 8, nbytes, w0, w1);
+}
+
+/* Sends line l, {m0, e, m1, e ^ sig}: into every peer's inbox (push) or once
+ * into this rank's own slot (pull). */
+template <int MAXR>
+__device__ static __forceinline__ void ll_send_line(const kcclDevComm &dc, uint32_t set, int block, uint32_t l,
+                                                    uint32_t m0, uint32_t m1, uint32_t e, uint32_t ew) {
+  const int me = dc.rank, n = dc.nranks;
+  if (dc.pull) {
+    kgpu_st_weak_v4(ll_line(ll_region(dc, me, set, me, block), l), m0, e, m1, ew);
+    return;
+  }
+#pragma unroll
+  for (int p = 0; p < MAXR; p++)
+    if (p < n && p != me) kgpu_st_weak_v4(ll_line(ll_region(dc, p, set, me, block), l), m0, e, m1, ew);
+}
+
+/* The block's next epoch.  Only thread 0 touches it in memory (read, then
+ * write back) and the others take it from shared memory after the barrier:
+ * when every thread read it from memory, nothing kept a read still in flight
+ * at the barrier from seeing thread 0's new value.  Also clears the block's
+ * failure flag.  Every thread calls it (a barrier). */
+__device__ static __forceinline__ uint32_t ll_next_epoch(const kcclDevComm &dc, int block, uint32_t *s_epoch,
+                                                        volatile int *s_fail) {
+  if (threadIdx.x == 0) {
+    uint32_t *ep = dc.epochs + dc.channel * KCCL_DEV_MAX_BLOCKS + block;
+    const uint32_t next = kgpu_ld_volatile_u32(ep) + 1;
+    *ep = next;
+    *s_epoch = next;
+    *s_fail = 0;
+  }
+  __syncthreads();
+  return *s_epoch;
+}
+
 /* One block's LL all-reduce of nbytes (<= KCCL_LL_MAX_BYTES) from `in` to `out`
  * (may alias), for one data type DT and operation OP (kcclAvg: OP kcclSum and
  * avg).  Every thread of the block calls it; blockDim.x <= KCCL_LL_THREADS.
@@ -407,7 +465,12 @@ __device__ static inline bool ll_wait_line(const kcclDevComm &dc, uint32_t set, 
  * - no header line.  The call signature rides in every line's second flag
  *   word (epoch ^ sig), so checking it costs no extra load and no extra wait;
  *   a separate header line per (sender, block) cost 0.3-0.6 us per call in
- *   the ladder (session 6), whichever warp polled it;
+ *   the ladder (session 6), whichever warp polled it, and removing it took the
+ *   8 KB call in a graph from 2.36 to 2.08 us at 2 ranks and from 4.49 to 3.80
+ *   at 8 (session 8, side by side);
+ * - one line per thread (the common case: 8 KB in 4 blocks of 256 threads, a
+ *   device-API call of up to 2 KB per block) takes a straight path: one load,
+ *   one send, one wait, one store;
  * - peer loops run to MAXR with a run-time rank count; that costs ~0.7 us per
  *   call at 2 ranks in an 8-rank body, so 2 ranks get their own bodies;
  * - round trips few and overlapped: a thread loads its input lines once into
@@ -427,58 +490,60 @@ __device__ static __forceinline__ kcclResult_t ll_block(const kcclDevComm &dc, i
   long long t_mark = tr ? kgpu_clock64() : 0;
   __shared__ volatile int s_fail;
   __shared__ uint32_t s_epoch;
-  const int tid = threadIdx.x, nt = blockDim.x;
-  uint32_t *ep = dc.epochs + dc.channel * KCCL_DEV_MAX_BLOCKS + block;
-  const int me = dc.rank, n = dc.nranks;
+  const int tid = threadIdx.x, nt = blockDim.x, me = dc.rank, n = dc.nranks;
   const uint32_t lines = (nbytes + 7) / 8;
   const uint32_t all_peers = (n >= 32 ? 0xffffffffu : ((1u << n) - 1)) & ~(1u << me);
-  const bool pull = dc.pull != 0;
-
-  /* Lines are handled in rounds of up to KCCL_LL_MAX_LPT per thread (one round
-   * when blockDim.x == KCCL_LL_THREADS); each round is a whole push + receive.
-   * Only thread 0 touches the epoch in memory (read, then write back) and the
-   * others take it from shared memory after the barrier: when every thread read
-   * it from memory, nothing kept a read still in flight at the barrier from
-   * seeing thread 0's new value. */
-  uint32_t mine[KCCL_LL_MAX_LPT][2];
-  ll_load_round(mine, in, 0, lines, nbytes);
-  if (tid == 0) {
-    const uint32_t next = kgpu_ld_volatile_u32(ep) + 1;
-    *ep = next;
-    s_epoch = next;
-    s_fail = 0;
-  }
-  __syncthreads();
-  const uint32_t e = s_epoch, ew = e ^ sig;
-  const uint32_t set = e % KCCL_LL_SETS;
   uint32_t rounds = 0;
 
+  if (lines <= (uint32_t)nt) { /* one line per thread at most */
+    const bool have = (uint32_t)tid < lines;
+    uint32_t m0 = 0, m1 = 0;
+    if (have) load8(in, (size_t)tid * 8, nbytes, &m0, &m1);
+    const uint32_t e = ll_next_epoch(dc, block, &s_epoch, &s_fail), ew = e ^ sig, set = e % KCCL_LL_SETS;
+    if (have) {
+      ll_send_line<MAXR>(dc, set, block, tid, m0, m1, e, ew);
+      if (tr) {
+        const long long now = kgpu_clock64();
+        trace[0] += now - t_mark;
+        t_mark = now;
+      }
+      uint4 got[MAXR];
+      if (ll_wait_line<MAXR>(dc, set, block, tid, e, ew, all_peers, sig, nbytes, got, &s_fail, &rounds)) {
+        if (tr) {
+          const long long now = kgpu_clock64();
+          trace[1] += now - t_mark;
+          trace[3] += rounds;
+          t_mark = now;
+        }
+        ll_reduce_line<MAXR, DT, OP>(dc, got, m0, m1, avg, out, tid, nbytes);
+      }
+    }
+    __syncthreads();
+    if (tr) trace[2] += kgpu_clock64() - t_mark;
+    return s_fail ? (kcclResult_t)(dc.status->code ? dc.status->code : kcclRemoteError) : kcclSuccess;
+  }
+
+  /* Several lines per thread: rounds of up to KCCL_LL_MAX_LPT per thread (one
+   * round when blockDim.x == KCCL_LL_THREADS); each round is a whole push +
+   * receive. */
+  uint32_t mine[KCCL_LL_MAX_LPT][2];
+  ll_load_round(mine, in, 0, lines, nbytes);
+  const uint32_t e = ll_next_epoch(dc, block, &s_epoch, &s_fail), ew = e ^ sig, set = e % KCCL_LL_SETS;
   for (uint32_t base = 0; base < lines; base += (uint32_t)nt * KCCL_LL_MAX_LPT) {
     /* A later round (small blocks): its input lines.  Each line is read and
      * written by one thread only, so in place needs no barrier. */
     if (base) ll_load_round(mine, in, base, lines, nbytes);
-    /* Send this thread's lines, {data, e, data, e ^ sig}, into every peer's
-     * inbox (push) or once into this rank's own slot (pull). */
 #pragma unroll 1
     for (int k = 0; k < KCCL_LL_MAX_LPT; k++) {
       const uint32_t l = base + tid + k * nt;
       if (l >= lines) break;
-      const uint32_t m0 = ll_pick(mine, k, 0), m1 = ll_pick(mine, k, 1);
-      if (pull) {
-        kgpu_st_weak_v4(ll_line(ll_region(dc, me, set, me, block), l), m0, e, m1, ew);
-        continue;
-      }
-#pragma unroll
-      for (int p = 0; p < MAXR; p++)
-        if (p < n && p != me) kgpu_st_weak_v4(ll_line(ll_region(dc, p, set, me, block), l), m0, e, m1, ew);
+      ll_send_line<MAXR>(dc, set, block, l, ll_pick(mine, k, 0), ll_pick(mine, k, 1), e, ew);
     }
     if (tr && base == 0) {
       const long long now = kgpu_clock64();
       trace[0] += now - t_mark;
       t_mark = now;
     }
-    /* Receive each of this thread's lines from every peer, then combine in rank
-     * order (the same order on every rank: bitwise the same result everywhere). */
     bool ok = true;
 #pragma unroll 1
     for (int k = 0; k < KCCL_LL_MAX_LPT; k++) {
@@ -493,23 +558,7 @@ __device__ static __forceinline__ kcclResult_t ll_block(const kcclDevComm &dc, i
         trace[3] += rounds;
         t_mark = now;
       }
-      const uint32_t m0 = ll_pick(mine, k, 0), m1 = ll_pick(mine, k, 1);
-      float acc[4] = {0.f, 0.f, 0.f, 0.f}, v[4] = {0.f, 0.f, 0.f, 0.f};
-#pragma unroll
-      for (int p = 0; p < MAXR; p++) {
-        if (p < n) {
-          decode(p == me ? m0 : got[p].x, p == me ? m1 : got[p].z, (kcclDataType_t)DT, v);
-#pragma unroll
-          for (int j = 0; j < 4; j++) acc[j] = p == 0 ? v[j] : combine(acc[j], v[j], (kcclRedOp_t)OP);
-        }
-      }
-      if (avg) {
-#pragma unroll
-        for (int j = 0; j < 4; j++) acc[j] /= (float)n;
-      }
-      uint32_t w0, w1;
-      encode(acc, (kcclDataType_t)DT, &w0, &w1);
-      store8(out, (size_t)l * 8, nbytes, w0, w1);
+      ll_reduce_line<MAXR, DT, OP>(dc, got, ll_pick(mine, k, 0), ll_pick(mine, k, 1), avg, out, l, nbytes);
     }
     if (!ok || s_fail) break;
   }

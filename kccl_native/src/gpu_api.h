@@ -28,6 +28,8 @@ typedef struct {
                                    calibration went (its tables are in its buffer when OK) */
   int32_t blocks;               /* its KCCL_GPU_BLOCKS (0: auto): must be equal on all ranks */
   int32_t pull;                 /* its KCCL_GPU_PULL (-1: auto): must be equal on all ranks */
+  int32_t ll_threads;           /* its KCCL_GPU_LL_THREADS: must be equal on all ranks (it splits a
+                                   one-shot call into blocks, and block b pairs with block b) */
   uint64_t bytes;               /* size of its exported buffer */
   char pci[KGPU_PCI_BYTES];     /* PCI bus id: ranks with equal ids share a GPU */
   uint8_t ipc[KGPU_IPC_BYTES];  /* cudaIpcMemHandle_t of the buffer */
@@ -53,6 +55,7 @@ typedef struct {
   int blocks;                   /* config: chunked-kernel blocks per rank, 0 = auto */
   int carveout;                 /* config: shared-memory carveout of the collective kernels, -1 = driver's */
   int pull;                     /* config: one-shot pull 1, push 0, auto -1 */
+  int ll_threads;               /* config: threads per one-shot block */
 } kgpu_shape;
 
 int kgpu_built(void);

@@ -118,7 +118,8 @@ kcclResult_t kccl_gpu_init(struct kcclComm *c) {
                       .flag_replicas = c->cfg.gpu_flag_replicas,
                       .blocks = c->cfg.gpu_blocks,
                       .pull = c->cfg.gpu_pull,
-                      .carveout = c->cfg.gpu_carveout};
+                      .carveout = c->cfg.gpu_carveout,
+                      .ll_threads = c->cfg.gpu_ll_threads};
   kccl_seg_header *me = c->hdr[c->rank];
   kcclResult_t r = kgpu_create(c->cfg.device, &shape, &gh->kg, &me->gpu, &gh->status);
   if (r == kcclSuccess) {

@@ -15,7 +15,8 @@ SIGKILLed without an MPI launcher tearing the job down):
   kill+replicas, mismatch+replicas, timeout+replicas: the same on a two-shot
             communicator with per-L2-partition flag replicas (KCCL_GPU_FLAG_REPLICAS=1),
             so the waits that fail are the chunked path's, polling a replica
-  blocks, pull  the ranks ask for different KCCL_GPU_BLOCKS / KCCL_GPU_PULL: init fails on both
+  blocks, pull, llthreads  the ranks ask for different KCCL_GPU_BLOCKS / KCCL_GPU_PULL /
+            KCCL_GPU_LL_THREADS: init fails on both
 Each prints PASS/FAIL with what rank 0 saw and how long it took; the last
 line is `GPU FAILURES: n passed, m failed`; exit 1 on any failure."""
 import multiprocessing as mp
@@ -25,7 +26,9 @@ import sys
 import time
 
 DETECT_S = 2.0
-UNEQUAL = {"blocks": "KCCL_GPU_BLOCKS", "pull": "KCCL_GPU_PULL"}  # scenario: the setting rank r sets to r
+# scenario: (the setting, its value on rank 0 and on rank 1)
+UNEQUAL = {"blocks": ("KCCL_GPU_BLOCKS", 0, 1), "pull": ("KCCL_GPU_PULL", 0, 1),
+           "llthreads": ("KCCL_GPU_LL_THREADS", 256, 128)}
 
 
 def worker(scenario, uid, rank, q):
@@ -37,7 +40,8 @@ def worker(scenario, uid, rank, q):
     if variant == "replicas":
         cfg.update(KCCL_ALGO="twoshot", KCCL_GPU_FLAG_REPLICAS=1)
     if scenario in UNEQUAL:  # settings that must be equal on all ranks, and are not
-        cfg.update({UNEQUAL[scenario]: rank, "KCCL_TIMEOUT_MS": 5000})
+        name, v0, v1 = UNEQUAL[scenario]
+        cfg.update({name: v1 if rank else v0, "KCCL_TIMEOUT_MS": 5000})
         try:
             kccl.Communicator(2, kccl.UniqueId(uid), rank, device=0, config=cfg).close()
             q.put({"rank": rank, "err": "none"})
@@ -110,7 +114,7 @@ EXPECT = {"kill": "KcclRemoteError", "abort": "KcclRemoteError", "mismatch": "Kc
           "mismatchop": "KcclRemoteError", "mismatchdtype": "KcclRemoteError",
           "timeout": "KcclTimeout", "close": "KcclInvalidUsage", "kill+replicas": "KcclRemoteError",
           "mismatch+replicas": "KcclRemoteError", "timeout+replicas": "KcclTimeout", "blocks": "KcclInvalidUsage",
-          "pull": "KcclInvalidUsage"}
+          "pull": "KcclInvalidUsage", "llthreads": "KcclInvalidUsage"}
 
 
 def run(scenario):
@@ -153,7 +157,7 @@ def run(scenario):
         ok = delay < DETECT_S  # t_event is taken just before the kill / abort
     if ok and base in UNEQUAL:
         r1 = got.get(1, {})
-        ok = UNEQUAL[base] in r0.get("msg", "") and r1.get("err") == EXPECT[scenario]
+        ok = UNEQUAL[base][0] in r0.get("msg", "") and r1.get("err") == EXPECT[scenario]
         why += f"; rank 1 got {r1.get('err')}"
     if ok and base.startswith("mismatch"):
         r1 = got.get(1, {})

@@ -548,8 +548,10 @@ extern "C" kcclResult_t kgpu_allreduce(struct kgpu *g, const void *send, void *r
   const size_t es = dtype == kcclFloat32 ? 4 : 2, nbytes = count * es;
   kgpuStream_t st = (kgpuStream_t)stream;
   if (!twoshot && nbytes <= kgpu_oneshot_max_bytes(g)) {
-    /* 2 KB per block (one line per thread) until the blocks run out, then more lines per thread. */
-    size_t blocks = (nbytes + 2047) / 2048;
+    /* One line per thread (KCCL_GPU_LL_THREADS x 8 bytes per block) until the
+     * blocks run out, then more lines per thread. */
+    const unsigned threads = (unsigned)g->shape.ll_threads;
+    size_t blocks = (nbytes + threads * 8 - 1) / (threads * 8);
     if (blocks > (size_t)g->shape.ll_blocks) blocks = (size_t)g->shape.ll_blocks;
     size_t per = (nbytes + blocks - 1) / blocks;
     per = (per + 7) / 8 * 8;
@@ -558,7 +560,7 @@ extern "C" kcclResult_t kgpu_allreduce(struct kgpu *g, const void *send, void *r
      * still runs (it triggers at once): both grids must fit the budget
      * (gpu_runtime.cu), else this one launches plainly, after it. */
     const int pdl = g->shape.pdl && (int)blocks + g->ll_prev_grid <= g->shape.ll_room;
-    kgpuError_t e = kgpu_launch(oneshot_kernel(g->shape.nranks, dtype, op), (unsigned)blocks, KCCL_LL_THREADS, st,
+    kgpuError_t e = kgpu_launch(oneshot_kernel(g->shape.nranks, dtype, op), (unsigned)blocks, threads, st,
                                 pdl, g->dc[0], (const char *)send, (char *)recv, nbytes, (uint32_t)per,
                                 op == kcclAvg ? 1 : 0, sig);
     g->ll_prev_grid = (int)blocks;

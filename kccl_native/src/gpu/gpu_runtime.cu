@@ -96,6 +96,7 @@ extern "C" kcclResult_t kgpu_create(int device, const kgpu_shape *shape, struct 
   exp->flag_replicas = KGPU_REP_OFF;
   exp->blocks = shape->blocks;
   exp->pull = shape->pull;
+  exp->ll_threads = shape->ll_threads;
   if (shape->flag_replicas) {
     /* Before the export is published: a peer reads the tables once it has mapped this buffer. */
     kcclResult_t r = kgpu_l2_calibrate(g);
@@ -138,6 +139,9 @@ extern "C" kcclResult_t kgpu_connect(struct kgpu *g, const kgpu_export *peers) {
     if (peers[p].blocks != s->blocks)
       return kccl_err(kcclInvalidUsage, "rank %d has KCCL_GPU_BLOCKS=%d, this rank (%d) %d: the setting must be "
                       "equal on all ranks", p, peers[p].blocks, s->rank, s->blocks);
+    if (peers[p].ll_threads != s->ll_threads)
+      return kccl_err(kcclInvalidUsage, "rank %d has KCCL_GPU_LL_THREADS=%d, this rank (%d) %d: the setting must "
+                      "be equal on all ranks", p, peers[p].ll_threads, s->rank, s->ll_threads);
     if (peers[p].pull != s->pull)
       return kccl_err(kcclInvalidUsage, "rank %d has KCCL_GPU_PULL=%d, this rank (%d) %d: the setting must be "
                       "equal on all ranks", p, peers[p].pull, s->rank, s->pull);
