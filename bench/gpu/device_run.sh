@@ -36,10 +36,10 @@ steps=${*:-check2 failures check8 bench2 bench8}
 run_step() {
   local s=$1
   case $s in
-    check[0-9]*) n=${s#check}; timeout 150 $MPI -n $n python3 tests/gpu/mpi_check.py --quick 2>&1 | tee "$LOGS/$s.log" | tail -25 ;;
+    check[0-9]*) n=${s#check}; timeout 150 $MPI -n $n python3 tests/gpu/mpi_check.py --quick 2>&1 | tee "$LOGS/$s${LOGTAG:-}.log" | tail -25 ;;
     fullcheck[0-9]*) n=${s#fullcheck}; timeout 400 $MPI -n $n python3 tests/gpu/mpi_check.py 2>&1 | tee "$LOGS/$s.log" | tail -25 ;;
     failures) timeout 150 python3 tests/gpu/failures.py 2>&1 | tee "$LOGS/failures.log" | tail -12 ;;
-    small[0-9]*) n=${s#small}; timeout 200 $MPI -n $n python3 bench/allreduce.py --device cuda -d bfloat16 -b 4 -e 256K -r 20 --json "$LOGS/gpu_bench_${n}ranks_small.json" 2>&1 | tee "$LOGS/$s.log" | grep -v Traceback | tail -32 ;;
+    small[0-9]*) n=${s#small}; timeout 200 $MPI -n $n python3 bench/allreduce.py --device cuda -d bfloat16 -b 4 -e 256K -r 20 --json "$LOGS/gpu_bench_${n}ranks_small${LOGTAG:-}.json" 2>&1 | tee "$LOGS/$s${LOGTAG:-}.log" | grep -v Traceback | tail -32 ;;
     pdlcheck[0-9]*) n=${s#pdlcheck}; KCCL_GPU_PDL=1 timeout 150 $MPI -x KCCL_GPU_PDL -n $n python3 tests/gpu/mpi_check.py --quick 2>&1 | tee "$LOGS/$s.log" | tail -8 ;;
     pdlsmall[0-9]*) n=${s#pdlsmall}; KCCL_GPU_PDL=1 timeout 200 $MPI -x KCCL_GPU_PDL -n $n python3 bench/allreduce.py --device cuda -d bfloat16 -b 4 -e 256K -r 20 --json "$LOGS/gpu_bench_${n}ranks_pdl.json" 2>&1 | tee "$LOGS/$s.log" | grep -v Traceback | tail -32 ;;
     ts[0-9]*) n=${s#ts}; KCCL_ALGO=twoshot timeout 200 $MPI -x KCCL_ALGO -n $n python3 bench/allreduce.py --device cuda -d bfloat16 -b 1K -e 1M -r 20 --json "$LOGS/gpu_bench_${n}ranks_twoshot.json" 2>&1 | tee "$LOGS/$s.log" | grep -v Traceback | grep -v "^# device API" | tail -14 ;;
@@ -70,6 +70,8 @@ run_step() {
     residency[0-9]*) n=${s#residency}; timeout 120 $MPI -n $n python3 bench/gpu/residency.py --json "$LOGS/residency_${n}ranks.json" 2>&1 | tee "$LOGS/$s.log" | tail -16 ;;
     ladder) nvcc -O3 -std=c++17 -gencode=arch=compute_90,code=sm_90 -Ikccl_native/include -o /tmp/ll_ladder bench/gpu/ll_ladder.cu &&
             timeout 120 /tmp/ll_ladder 2>&1 | tee "$LOGS/ladder.log" ;;
+    ladder8) nvcc -O3 -std=c++17 -gencode=arch=compute_90,code=sm_90 -Ikccl_native/include -o /tmp/ll_ladder bench/gpu/ll_ladder.cu &&
+            timeout 120 /tmp/ll_ladder 2000 8 2>&1 | tee "$LOGS/ladder8.log" ;;
     nculadder) # stall reasons of the ladder's variants (ncu does not profile MPS clients: MPS is stopped meanwhile)
       echo quit | nvidia-cuda-mps-control; sleep 2
       for r in 2 8; do
@@ -125,7 +127,8 @@ for s in $steps; do
   echo "=== $s $(date +%T)"
   case $s in
     env:*=*) # env:NAME=VALUE: set NAME for the steps after this one (and pass it to the ranks)
-      kv=${s#env:}; export "${kv%%=*}=${kv#*=}"; MPI="$MPI -x ${kv%%=*}"; echo "${kv%%=*}=${kv#*=} from here on" ;;
+      kv=${s#env:}; export "${kv%%=*}=${kv#*=}"; MPI="$MPI -x ${kv%%=*}"; echo "${kv%%=*}=${kv#*=} from here on"
+      LOGTAG="${LOGTAG:-}_$(printf %s "$kv" | tr -c 'A-Za-z0-9' _)" ;; # small / check logs of later steps get this tag
     base:*) [ -d /tmp/base ] || { echo "no base tree (.ab/base.tar)"; continue; }
       (cd /tmp/base && export PYTHONPATH=/tmp/site:/tmp/base LOGS="$LOGS/base" && run_step "${s#base:}") ;;
     *) run_step "$s" ;;

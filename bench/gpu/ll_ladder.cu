@@ -46,6 +46,11 @@ __device__ static inline uint32_t *lad_hdr(uint32_t *region) {
   return ll_line(region, KCCL_LL_THREADS * KCCL_LL_MAX_LPT - 1);
 }
 
+// F_SIG rungs: poll rounds that saw a line whose first flag word was this call's epoch and whose
+// second was not e ^ sig.  Every rank calls with the same signature, so each is a 16-byte line read
+// half old, half new (the library's mismatch check waits 64 rounds before it trusts such a line).
+__device__ unsigned long long g_odd_rounds;
+
 struct Ranks {
   kcclDevComm dc[8];
 };
@@ -208,6 +213,7 @@ __device__ static inline bool feat(const kcclDevComm &dc, int block, char *data,
         if (F & F_SIG) o |= (got[p].y == e && got[p].w != ew) ? 1u << p : 0u;
       }
     odd = o;
+    if ((F & F_SIG) && o) atomicAdd(&g_odd_rounds, 1ull);
     pending &= ~came;
     full = came != 0;
     if (hlook && hdr.y == e && hdr.w == e) {
@@ -337,8 +343,15 @@ static void ladder(char *base, int iters, int only_threads) {
       f[12] = run<R, 100 + (F_PULL | F_SENT | F_HDR | F_HFULL)>(rk, B, T, iters, dummy, d_us, d_hung);
       f[13] = run<R, 100 + (F_PULL | F_SENT | F_HDR | F_HAFTER)>(rk, B, T, iters, dummy, d_us, d_hung);
       f[14] = run<R, 100 + (F_PULL | F_SENT | F_HDRW | F_HFULL)>(rk, B, T, iters, dummy, d_us, d_hung);
+      const unsigned long long zero = 0;
+      CHECK(cudaMemcpyToSymbol(g_odd_rounds, &zero, sizeof zero));
       f[15] = run<R, 100 + (F_PULL | F_SENT | F_SIG)>(rk, B, T, iters, dummy, d_us, d_hung);
       f[16] = run<R, 100 + (F_PULL | F_SENT | F_SIG | F_BOUND)>(rk, B, T, iters, dummy, d_us, d_hung);
+      unsigned long long odd_rounds = 0;
+      CHECK(cudaMemcpyFromSymbol(&odd_rounds, g_odd_rounds, sizeof odd_rounds));
+      std::printf("R=%d ranks, %2d blocks/rank x %3d threads: torn lines (first word new, second old) seen in "
+                  "%llu poll rounds over the two sig rungs (2 x %d calls x %d lines per rank)\n",
+                  R, B, T, odd_rounds, iters, DATA_BYTES / 8);
       std::printf("R=%d ranks, %2d blocks/rank x %3d threads, feature rungs (us per call):", R, B, T);
       const char *names[] = {"v2", "+hdr store", "+hdr", "+hdr last warp", "pull", "sentinel", "pull+sent",
                              "sleep", "pull+sleep", "pull+sent+hdr", "pull+sent+hdr last warp",
