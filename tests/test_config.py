@@ -117,7 +117,7 @@ BAD_ENV = [("KCCL_ALGO", "bogus"), ("KCCL_ALGO", "one-shot"), ("KCCL_TIMEOUT_MS"
            ("KCCL_SPIN_US", "-2"), ("KCCL_YIELD_US", "x"), ("KCCL_DEBUG", "LOUD"), ("KCCL_DEBUG", "4"),
            ("KCCL_GPU_FLAG_REPLICAS", "2"), ("KCCL_GPU_FLAG_REPLICAS", "on"), ("KCCL_GPU_BLOCKS", "133"),
            ("KCCL_GPU_BLOCKS", "-1"), ("KCCL_GPU_PULL", "2"), ("KCCL_GPU_CARVEOUT", "101"),
-           ("KCCL_GPU_CARVEOUT", "-2"), ("KCCL_GPU_LL_THREADS", "48"), ("KCCL_GPU_LL_THREADS", "16"),
+           ("KCCL_GPU_CARVEOUT", "-2"), ("KCCL_GPU_LL_THREADS", "48"), ("KCCL_GPU_LL_THREADS", "0"),
            ("KCCL_GPU_LL_THREADS", "288")]
 
 

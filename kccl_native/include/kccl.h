@@ -115,8 +115,7 @@ typedef struct {
   int gpu_carveout;        /* KCCL_GPU_CARVEOUT: shared-memory carveout (percent) the collective kernels
                               ask for; -1 = the driver's choice; default 100 (see gpu_kernels.cu) */
   int gpu_ll_threads;      /* KCCL_GPU_LL_THREADS: threads per block of the one-shot all-reduce (one
-                              8-byte line each per round), 32..256, a multiple of 32; 0 = auto
-                              (the default: see gpu_kernels.cu) */
+                              8-byte line each per round), 32..256, a multiple of 32; default 256 */
 } kcclConfig_t;
 
 kcclResult_t kcclConfigInit(kcclConfig_t *config);

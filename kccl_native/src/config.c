@@ -76,7 +76,7 @@ kcclResult_t kcclConfigInit(kcclConfig_t *cfg) {
   cfg->gpu_blocks = 0;        /* auto: from the ranks per GPU and the occupancy (gpu_runtime.cu) */
   cfg->gpu_pull = -1;         /* auto: pull on one GPU (bench/gpu/ll_ladder.cu), push across GPUs */
   cfg->gpu_carveout = 100;    /* a late rank's kernels can start beside waiting blocks (gpu_kernels.cu) */
-  cfg->gpu_ll_threads = 0;    /* auto: gpu_kernels.cu, bench/RESULTS.md session 8 */
+  cfg->gpu_ll_threads = 256;  /* 128 was not faster at 8 KB and slower from 64 KB (bench/RESULTS.md, session 8) */
 
   long v;
   kcclResult_t r;
@@ -120,10 +120,9 @@ kcclResult_t kcclConfigInit(kcclConfig_t *cfg) {
   if ((r = env_long("KCCL_GPU_CARVEOUT", -1, 100, 0, &v))) return r;
   cfg->gpu_carveout = (int)v;
   v = cfg->gpu_ll_threads;
-  if ((r = env_long("KCCL_GPU_LL_THREADS", 0, 256, 0, &v))) return r;
+  if ((r = env_long("KCCL_GPU_LL_THREADS", 32, 256, 0, &v))) return r;
   if (v % 32)
-    return kccl_err(kcclInvalidArgument, "KCCL_GPU_LL_THREADS=%ld: 0 (auto) or a multiple of 32 (whole warps) "
-                    "up to 256", v);
+    return kccl_err(kcclInvalidArgument, "KCCL_GPU_LL_THREADS=%ld: a multiple of 32 (whole warps), 32..256", v);
   cfg->gpu_ll_threads = (int)v;
   static const char *const algos[] = {"auto", "oneshot", "twoshot"};
   static const char *const levels[] = {"NONE", "WARN", "INFO", "TRACE"};

@@ -55,7 +55,7 @@ typedef struct {
   int blocks;                   /* config: chunked-kernel blocks per rank, 0 = auto */
   int carveout;                 /* config: shared-memory carveout of the collective kernels, -1 = driver's */
   int pull;                     /* config: one-shot pull 1, push 0, auto -1 */
-  int ll_threads;               /* config: threads per one-shot block, 0 = auto */
+  int ll_threads;               /* config: threads per one-shot block */
 } kgpu_shape;
 
 int kgpu_built(void);

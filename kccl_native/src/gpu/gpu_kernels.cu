@@ -548,17 +548,14 @@ extern "C" kcclResult_t kgpu_allreduce(struct kgpu *g, const void *send, void *r
   const size_t es = dtype == kcclFloat32 ? 4 : 2, nbytes = count * es;
   kgpuStream_t st = (kgpuStream_t)stream;
   if (!twoshot && nbytes <= kgpu_oneshot_max_bytes(g)) {
-    /* One line per thread (threads x 8 bytes per block) until the blocks run
-     * out, then more lines per thread.  Auto (KCCL_GPU_LL_THREADS=0): blocks of
-     * 128 threads above 2 ranks while the call fits the blocks that way, else
-     * 256.  In the one-process ladder (bench/gpu/ll_ladder.cu) 8 ranks took
-     * 0.15-0.25 us less per 8 KB call with 8 x 128 than with 4 x 256, 2 ranks
-     * the same; in the 8-rank graph benchmark 128 threads made 64 KB and up
-     * slower (more lines per thread once the blocks run out): bench/RESULTS.md,
-     * session 8. */
-    unsigned threads = (unsigned)g->shape.ll_threads;
-    if (!threads)
-      threads = g->shape.nranks > 2 && nbytes <= (size_t)g->shape.ll_blocks * 128 * 8 ? 128u : KCCL_LL_THREADS;
+    /* One line per thread (KCCL_GPU_LL_THREADS x 8 bytes per block) until the
+     * blocks run out, then more lines per thread.  256 by default: in the
+     * one-process ladder (bench/gpu/ll_ladder.cu) 8 ranks took 0.15-0.25 us
+     * less per 8 KB call with 8 x 128 than with 4 x 256, but across 8 MPS
+     * processes in a graph 128 threads measured 3.39-3.45 us against 3.19 at
+     * 8 KB, and 64 KB and up got slower (more lines per thread once the blocks
+     * run out): bench/RESULTS.md, session 8. */
+    const unsigned threads = (unsigned)g->shape.ll_threads;
     size_t blocks = (nbytes + threads * 8 - 1) / (threads * 8);
     if (blocks > (size_t)g->shape.ll_blocks) blocks = (size_t)g->shape.ll_blocks;
     size_t per = (nbytes + blocks - 1) / blocks;
