@@ -40,7 +40,11 @@
  * which for the same signature differs from epoch ^ sig.  A peer that called
  * with another signature writes lines whose first word is this call's epoch
  * but whose second is not; a reader that keeps seeing that reports a
- * mismatch instead of reducing (KCCL_LL_MISMATCH_POLLS).
+ * mismatch instead of reducing (KCCL_LL_MISMATCH_POLLS).  (Were the two halves
+ * of one line ever seen from different stores, a stale second half would pass
+ * only when epoch' ^ sig' == epoch ^ sig, which takes another signature and a
+ * 32-bit coincidence; bench/gpu/ll_ladder.cu counted no half-old line in 4 x
+ * 2 x 2000 calls of 8 KB per rank at 8 ranks on the H200.)
  *
  * Pull (dc.pull, set when every rank shares one GPU): the sender writes each
  * line once, into its own inbox's slot for itself, and readers poll that slot
