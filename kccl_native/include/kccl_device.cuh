@@ -456,6 +456,13 @@ __device__ static __forceinline__ uint32_t ll_next_epoch(const kcclDevComm &dc, 
   return *s_epoch;
 }
 
+/* TRACE copies: adds the cycles since *t_mark to `slot` and restarts the mark. */
+__device__ static __forceinline__ void ll_trace_mark(long long *trace, int slot, long long *t_mark) {
+  const long long now = kgpu_clock64();
+  trace[slot] += now - *t_mark;
+  *t_mark = now;
+}
+
 /* One block's LL all-reduce of nbytes (<= KCCL_LL_MAX_BYTES) from `in` to `out`
  * (may alias), for one data type DT and operation OP (kcclAvg: OP kcclSum and
  * avg).  Every thread of the block calls it; blockDim.x <= KCCL_LL_THREADS.
@@ -506,18 +513,12 @@ __device__ static __forceinline__ kcclResult_t ll_block(const kcclDevComm &dc, i
     const uint32_t e = ll_next_epoch(dc, block, &s_epoch, &s_fail), ew = e ^ sig, set = e % KCCL_LL_SETS;
     if (have) {
       ll_send_line<MAXR>(dc, set, block, tid, m0, m1, e, ew);
-      if (tr) {
-        const long long now = kgpu_clock64();
-        trace[0] += now - t_mark;
-        t_mark = now;
-      }
+      if (tr) ll_trace_mark(trace, 0, &t_mark);
       uint4 got[MAXR];
       if (ll_wait_line<MAXR>(dc, set, block, tid, e, ew, all_peers, sig, nbytes, got, &s_fail, &rounds)) {
         if (tr) {
-          const long long now = kgpu_clock64();
-          trace[1] += now - t_mark;
+          ll_trace_mark(trace, 1, &t_mark);
           trace[3] += rounds;
-          t_mark = now;
         }
         ll_reduce_line<MAXR, DT, OP>(dc, got, m0, m1, avg, out, tid, nbytes);
       }
@@ -543,11 +544,7 @@ __device__ static __forceinline__ kcclResult_t ll_block(const kcclDevComm &dc, i
       if (l >= lines) break;
       ll_send_line<MAXR>(dc, set, block, l, ll_pick(mine, k, 0), ll_pick(mine, k, 1), e, ew);
     }
-    if (tr && base == 0) {
-      const long long now = kgpu_clock64();
-      trace[0] += now - t_mark;
-      t_mark = now;
-    }
+    if (tr && base == 0) ll_trace_mark(trace, 0, &t_mark);
     bool ok = true;
 #pragma unroll 1
     for (int k = 0; k < KCCL_LL_MAX_LPT; k++) {
@@ -557,10 +554,8 @@ __device__ static __forceinline__ kcclResult_t ll_block(const kcclDevComm &dc, i
       if (!(ok = ll_wait_line<MAXR>(dc, set, block, l, e, ew, all_peers, sig, nbytes, got, &s_fail, &rounds)))
         break;
       if (tr && base == 0 && k == 0) {
-        const long long now = kgpu_clock64();
-        trace[1] += now - t_mark;
+        ll_trace_mark(trace, 1, &t_mark);
         trace[3] += rounds;
-        t_mark = now;
       }
       ll_reduce_line<MAXR, DT, OP>(dc, got, ll_pick(mine, k, 0), ll_pick(mine, k, 1), avg, out, l, nbytes);
     }
