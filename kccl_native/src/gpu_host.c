@@ -221,16 +221,15 @@ kcclResult_t kccl_gpu_enter(struct kcclComm *c) {
   __atomic_thread_fence(__ATOMIC_SEQ_CST);
   if (s->code) {
     switch (s->what) {
-      case KCCL_GPU_MISMATCH:
-        if (s->bytes_peer == KCCL_GPU_BYTES_UNKNOWN) /* the one-shot: only the peer's signature is known */
-          return kccl_comm_fail(c, kcclRemoteError,
-                                "collective mismatch on GPU: rank %d's call (signature %08x, %u bytes per block) "
-                                "differs from rank %d's (signature %08x)",
-                                c->rank, s->sig_mine, s->bytes_mine, s->peer, s->sig_peer);
+      case KCCL_GPU_MISMATCH: {
+        char peer_bytes[40] = ""; /* the one-shot knows only the peer's signature */
+        if (s->bytes_peer != KCCL_GPU_BYTES_UNKNOWN)
+          snprintf(peer_bytes, sizeof peer_bytes, ", %u bytes per block", s->bytes_peer);
         return kccl_comm_fail(c, kcclRemoteError,
                               "collective mismatch on GPU: rank %d's call (signature %08x, %u bytes per block) "
-                              "differs from rank %d's (signature %08x, %u bytes per block)",
-                              c->rank, s->sig_mine, s->bytes_mine, s->peer, s->sig_peer, s->bytes_peer);
+                              "differs from rank %d's (signature %08x%s)",
+                              c->rank, s->sig_mine, s->bytes_mine, s->peer, s->sig_peer, peer_bytes);
+      }
       case KCCL_GPU_TIMEOUT: {
         char where[160]; /* which wait, and how far the peer got, for diagnosis */
         if (s->stage < 0) snprintf(where, sizeof where, "block %d of %d, one-shot", s->block, s->grid);
