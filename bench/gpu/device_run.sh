@@ -68,10 +68,9 @@ run_step() {
           --json "$LOGS/residency_${n}ranks_foreign$f.json" 2>&1 | tee "$LOGS/${s}_$f.log" | tail -12
       done ;;
     residency[0-9]*) n=${s#residency}; timeout 120 $MPI -n $n python3 bench/gpu/residency.py --json "$LOGS/residency_${n}ranks.json" 2>&1 | tee "$LOGS/$s.log" | tail -16 ;;
-    ladder) nvcc -O3 -std=c++17 -gencode=arch=compute_90,code=sm_90 -Ikccl_native/include -o /tmp/ll_ladder bench/gpu/ll_ladder.cu &&
-            timeout 120 /tmp/ll_ladder 2>&1 | tee "$LOGS/ladder.log" ;;
-    ladder8) nvcc -O3 -std=c++17 -gencode=arch=compute_90,code=sm_90 -Ikccl_native/include -o /tmp/ll_ladder bench/gpu/ll_ladder.cu &&
-            timeout 120 /tmp/ll_ladder 2000 8 2>&1 | tee "$LOGS/ladder8.log" ;;
+    ladder|ladder[0-9]*) # ladderN: only N ranks (ladder: 2, 4 and 8)
+      r=${s#ladder}; nvcc -O3 -std=c++17 -gencode=arch=compute_90,code=sm_90 -Ikccl_native/include -o /tmp/ll_ladder bench/gpu/ll_ladder.cu &&
+            timeout 120 /tmp/ll_ladder 2000 ${r:-0} 2>&1 | tee "$LOGS/$s.log" ;;
     nculadder) # stall reasons of the ladder's variants (ncu does not profile MPS clients: MPS is stopped meanwhile)
       echo quit | nvidia-cuda-mps-control; sleep 2
       for r in 2 8; do
