@@ -123,6 +123,12 @@ SETTINGS: Tuple[Setting, ...] = (
             "split into blocks of one 8-byte line per thread (256: 2 KB per block) until the blocks run out, "
             "then more lines per thread. 128 was not faster at 8 KB on one H200 and slower from 64 KB. Must "
             "be equal on all ranks."),
+    Setting("KCCL_GPU_LL_HOPS", "gpu_ll_hops", 0, _int_range(0, 2),
+            "GPU communicators: how a one-shot all-reduce block of one line per thread (up to 2 KB with "
+            "256 threads; the device API too) reaches every rank: 1 hop (every rank reads every rank's "
+            "lines), 2 hops (each rank reduces 1/N of the block's lines, then every rank reads the N "
+            "reduced parts: N times fewer lines read per rank, one more wait); 0 = auto: 2 in pull mode "
+            "from 4 ranks on, else 1. Must be equal on all ranks."),
     Setting("KCCL_DEBUG", "debug", "NONE", _choice(DEBUG_LEVELS),
             "Log to stderr: NONE, WARN (every error), INFO (init details), TRACE."),
     # Placement: Python's topology/ computes it and hands it to kcclCommInitRankPlacement;

@@ -38,7 +38,7 @@ run_step() {
   case $s in
     check[0-9]*) n=${s#check}; timeout 150 $MPI -n $n python3 tests/gpu/mpi_check.py --quick 2>&1 | tee "$LOGS/$s${LOGTAG:-}.log" | tail -25 ;;
     fullcheck[0-9]*) n=${s#fullcheck}; timeout 400 $MPI -n $n python3 tests/gpu/mpi_check.py 2>&1 | tee "$LOGS/$s.log" | tail -25 ;;
-    failures) timeout 150 python3 tests/gpu/failures.py 2>&1 | tee "$LOGS/failures.log" | tail -12 ;;
+    failures) timeout 400 python3 tests/gpu/failures.py 2>&1 | tee "$LOGS/failures.log" | tail -12 ;;
     small[0-9]*) n=${s#small}; timeout 200 $MPI -n $n python3 bench/allreduce.py --device cuda -d bfloat16 -b 4 -e 256K -r 20 --json "$LOGS/gpu_bench_${n}ranks_small${LOGTAG:-}.json" 2>&1 | tee "$LOGS/$s${LOGTAG:-}.log" | grep -v Traceback | tail -32 ;;
     pdlcheck[0-9]*) n=${s#pdlcheck}; KCCL_GPU_PDL=1 timeout 150 $MPI -x KCCL_GPU_PDL -n $n python3 tests/gpu/mpi_check.py --quick 2>&1 | tee "$LOGS/$s.log" | tail -8 ;;
     pdlsmall[0-9]*) n=${s#pdlsmall}; KCCL_GPU_PDL=1 timeout 200 $MPI -x KCCL_GPU_PDL -n $n python3 bench/allreduce.py --device cuda -d bfloat16 -b 4 -e 256K -r 20 --json "$LOGS/gpu_bench_${n}ranks_pdl.json" 2>&1 | tee "$LOGS/$s.log" | grep -v Traceback | tail -32 ;;
@@ -68,6 +68,9 @@ run_step() {
           --json "$LOGS/residency_${n}ranks_foreign$f.json" 2>&1 | tee "$LOGS/${s}_$f.log" | tail -12
       done ;;
     residency[0-9]*) n=${s#residency}; timeout 120 $MPI -n $n python3 bench/gpu/residency.py --json "$LOGS/residency_${n}ranks.json" 2>&1 | tee "$LOGS/$s.log" | tail -16 ;;
+    ladderlib) # only the library's rungs (push / pull, one hop / two), 4 and 8 ranks, three rounds each
+      nvcc -O3 -std=c++17 -gencode=arch=compute_90,code=sm_90 -Ikccl_native/include -o /tmp/ll_ladder bench/gpu/ll_ladder.cu &&
+        for r in 4 8; do timeout 100 /tmp/ll_ladder 2000 $r 0 lib; done 2>&1 | tee "$LOGS/$s.log" ;;
     ladder|ladder[0-9]*) # ladderN: only N ranks (ladder: 2, 4 and 8)
       r=${s#ladder}; nvcc -O3 -std=c++17 -gencode=arch=compute_90,code=sm_90 -Ikccl_native/include -o /tmp/ll_ladder bench/gpu/ll_ladder.cu &&
             timeout 120 /tmp/ll_ladder 2000 ${r:-0} 2>&1 | tee "$LOGS/$s.log" ;;

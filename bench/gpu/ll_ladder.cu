@@ -15,9 +15,11 @@
 //   7 variant 6 + the library's bounded wait (keep_waiting between poll rounds)
 //   8 variant 7 with the peer loops run to 8 and the rank count known only at run time
 //   100 + F: the feature rungs (see feat)
-//   and variants 3 and 5 again with the library's pull mode (dc.pull = 1)
+//   and variants 3 and 5 again with the library's pull mode (dc.pull = 1), in one hop and in
+//   two (dc.ll_hops = 2: reduce-scatter, then all-gather; kccl_device.cuh "Two hops")
 //   Each at 256, 128, 64 and 32 threads per block (one 8-byte datum per thread: 4-32 blocks).
-//   ll_ladder [iters=2000] [ranks (0: 2, 4, 8)] [threads (0: all four)]   (one config: for ncu)
+//   ll_ladder [iters=2000] [ranks (0: 2, 4, 8)] [threads (0: all four)] [lib]
+//   (one config: for ncu; lib: only the library's rungs, push and pull, one hop and two)
 // Build: nvcc -O3 -std=c++17 -gencode=arch=compute_90,code=sm_90 -Ikccl_native/include -o ll_ladder ll_ladder.cu
 #include <cuda_runtime.h>
 
@@ -279,8 +281,24 @@ static double run(Ranks rk, int B, int T, int iters, uint32_t &e0, double *d_us,
   return *std::max_element(us.begin(), us.end());
 }
 
+// The library's body (variant 3) with push / pull and one / two hops: us per call, in that order.
 template <int R>
-static void ladder(char *base, int iters, int only_threads) {
+static void lib_rungs(Ranks &rk, int B, int T, int iters, uint32_t &e, double *d_us, int *d_hung, double out[4]) {
+  for (int k = 0; k < 4; k++) {
+    for (int r = 0; r < R; r++) {
+      rk.dc[r].pull = k & 1;
+      rk.dc[r].ll_hops = k & 2 ? 2 : 1;
+    }
+    out[k] = run<R, 3>(rk, B, T, iters, e, d_us, d_hung);
+  }
+  for (int r = 0; r < R; r++) {
+    rk.dc[r].pull = 0;
+    rk.dc[r].ll_hops = 1;
+  }
+}
+
+template <int R>
+static void ladder(char *base, int iters, int only_threads, bool lib_only) {
   Ranks rk;
   CHECK(cudaMemset(base, 0, RANK_BYTES * R));
   for (int r = 0; r < R; r++) {
@@ -288,6 +306,7 @@ static void ladder(char *base, int iters, int only_threads) {
     std::memset(&dc, 0, sizeof dc);
     dc.rank = r;
     dc.nranks = R;
+    dc.ll_hops = 1;
     dc.channel = 0;
     dc.timeout_ns = 5000000000ull;
     for (int p = 0; p < R; p++) dc.peer_base[p] = base + (size_t)p * RANK_BYTES;
@@ -308,6 +327,17 @@ static void ladder(char *base, int iters, int only_threads) {
     // no inbox line of one run can pass for a line of the next (each run starts 10^6 on).
     uint32_t ereg = 1000000;
     CHECK(cudaMemset(base, 0, RANK_BYTES * R));
+    double lib[4];
+    if (lib_only) {
+      uint32_t e = 0;
+      for (int round = 0; round < 3; round++) { /* three times: the spread shows the noise */
+        lib_rungs<R>(rk, B, T, iters, e, d_us, d_hung, lib);
+        std::printf("R=%d ranks, %2d blocks/rank x %3d threads, ll_allreduce_block<8> (round %d): push %.3f | "
+                    "pull %.3f | push 2 hops %.3f | pull 2 hops %.3f  us per call\n",
+                    R, B, T, round, lib[0], lib[1], lib[2], lib[3]);
+      }
+      continue;
+    }
     double v[9];
     v[0] = run<R, 0>(rk, B, T, iters, ereg, d_us, d_hung);
     ereg += 1000000;
@@ -326,6 +356,7 @@ static void ladder(char *base, int iters, int only_threads) {
     lib_pull[0] = run<R, 3>(rk, B, T, iters, dummy, d_us, d_hung);
     lib_pull[1] = run<R, 5>(rk, B, T, iters, dummy, d_us, d_hung);
     for (int r = 0; r < R; r++) rk.dc[r].pull = 0;
+    lib_rungs<R>(rk, B, T, iters, dummy, d_us, d_hung, lib);
     {
       double f[17];
       f[0] = run<R, 100>(rk, B, T, iters, dummy, d_us, d_hung);
@@ -361,8 +392,10 @@ static void ladder(char *base, int iters, int only_threads) {
     }
     std::printf("R=%d ranks, %2d blocks/rank x %3d threads: bare %.3f | +end barrier %.3f | +epoch in memory, "
                 "2 barriers %.3f | +header %.3f | +bounded wait %.3f | +loops to 8 %.3f | ll_allreduce_block<8> %.3f | <16> %.3f "
-                "| <8> bf16/max body %.3f | pull: <8> %.3f, <8> bf16/max body %.3f  us per call\n",
-                R, B, T, v[0], v[1], v[2], v[6], v[7], v[8], v[3], v[4], v[5], lib_pull[0], lib_pull[1]);
+                "| <8> bf16/max body %.3f | pull: <8> %.3f, <8> bf16/max body %.3f | two hops: push <8> %.3f, "
+                "pull <8> %.3f  us per call\n",
+                R, B, T, v[0], v[1], v[2], v[6], v[7], v[8], v[3], v[4], v[5], lib_pull[0], lib_pull[1], lib[2],
+                lib[3]);
   }
   CHECK(cudaFree(d_us));
   CHECK(cudaFree(d_hung));
@@ -374,9 +407,10 @@ int main(int argc, char **argv) {
   CHECK(cudaMalloc(&base, RANK_BYTES * 8));
   std::printf("ll_ladder: %d dependent calls per run, max over blocks of us per call\n", iters);
   const int ranks = argc > 2 ? std::atoi(argv[2]) : 0, threads = argc > 3 ? std::atoi(argv[3]) : 0;
-  if (!ranks || ranks == 2) ladder<2>(base, iters, threads);
-  if (!ranks || ranks == 4) ladder<4>(base, iters, threads);
-  if (!ranks || ranks == 8) ladder<8>(base, iters, threads);
+  const bool lib_only = argc > 4 && std::strcmp(argv[4], "lib") == 0;
+  if (!ranks || ranks == 2) ladder<2>(base, iters, threads, lib_only);
+  if (!ranks || ranks == 4) ladder<4>(base, iters, threads, lib_only);
+  if (!ranks || ranks == 8) ladder<8>(base, iters, threads, lib_only);
   CHECK(cudaFree(base));
   return 0;
 }

@@ -116,6 +116,9 @@ typedef struct {
                               ask for; -1 = the driver's choice; default 100 (see gpu_kernels.cu) */
   int gpu_ll_threads;      /* KCCL_GPU_LL_THREADS: threads per block of the one-shot all-reduce (one
                               8-byte line each per round), 32..256, a multiple of 32; default 256 */
+  int gpu_ll_hops;         /* KCCL_GPU_LL_HOPS: a one-shot call of one line per thread in one hop (1: every
+                              rank reads every line) or two (2: reduce-scatter, then all-gather, both in
+                              LL lines); 0 = auto (kccl_device.cuh, "Two hops") */
 } kcclConfig_t;
 
 kcclResult_t kcclConfigInit(kcclConfig_t *config);
@@ -169,7 +172,7 @@ kcclResult_t kcclGetGpuSupport(int *built, int *devices);
 kcclResult_t kcclCommCuDevice(const kcclComm_t comm, int *device);
 /* Fills a kcclDevComm (kccl_device.cuh) for kernels that call the device API;
  * bytes = sizeof(kcclDevComm) = KCCL_DEV_COMM_BYTES, checked. */
-#define KCCL_DEV_COMM_BYTES 192
+#define KCCL_DEV_COMM_BYTES 200
 kcclResult_t kcclCommGetDevComm(kcclComm_t comm, void *devComm, size_t bytes);
 /* Per-L2-partition flag replicas of a GPU communicator (KCCL_GPU_FLAG_REPLICAS):
  * *state = 1 in use (every rank's calibration found two L2 groups), 0 not asked

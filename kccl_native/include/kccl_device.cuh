@@ -57,6 +57,19 @@
  * us, 4 ranks 1.45-1.66 -> 1.16-1.38 us; either of the two alone gained little or lost).
  * Across GPUs a remote poll is a round trip over the link, so they push.
  *
+ * Two hops (dc.ll_hops == 2, for a block of one line per thread, L lines, N
+ * ranks, S = ceil(L / N), when N * S <= blockDim): rank r owns lines [r*S,
+ * r*S + S) of the block.  Thread t = p*S + j of rank r sends its input line t
+ * (pull: into its own slot; push: to the line's owner only), then takes line
+ * r*S + j of rank p; after a block barrier thread r*S + j reduces its N values
+ * (in rank order, as one hop does: the same bits on every rank) and sends the
+ * reduced line (region line KCCL_LL_SHARD_LINE + j), and thread p*S + j (p !=
+ * r) waits for rank p's reduced line j and stores it.  Each thread waits for
+ * one line per hop, and a rank reads 2 (N-1) S lines instead of (N-1) L: at 8
+ * ranks in pull mode the one-hop call's polls (each thread 7 lines per round)
+ * keep the L2 busy.  Both hops' lines carry {e, e ^ sig}, so a mismatch shows
+ * in the first hop as in one.
+ *
  * Waits are bounded: every few dozen polls a waiting thread checks the clock
  * (KCCL_TIMEOUT_MS), its block's failure flag, and the host-mapped stop word
  * that the host sets when a peer dies, aborts or closes.  A failed call
@@ -94,6 +107,7 @@ typedef struct {
   int rank, nranks;
   int channel;                              /* which LL inbox / epoch array this handle uses */
   int pull;                                 /* 1: every rank is on this GPU (see "Pull" above) */
+  int ll_hops;                              /* 2: blocks of one line per thread take two hops ("Two hops") */
   uint64_t timeout_ns;                      /* 0: no time limit (the stop word still applies) */
   char *peer_base[KCCL_GPU_MAX_RANKS];      /* every rank's device buffer, mapped here (own too) */
   uint64_t ll_off[KCCL_CHANNELS];           /* offset of each channel's LL inbox in a buffer */
@@ -348,6 +362,53 @@ __device__ static inline uint32_t ll_second_word(const uint4 *got, uint32_t whic
   return w;
 }
 
+/* A peer's line seen with this call's epoch but another second word for more
+ * than KCCL_LL_MISMATCH_POLLS rounds: the peer made another call (sig_peer
+ * is its signature).  Recorded unless the block already failed. */
+__device__ static inline void ll_mismatch(const kcclDevComm &dc, int peer, uint32_t sig, uint32_t sig_peer,
+                                          uint32_t e, uint32_t nbytes, volatile int *s_fail) {
+  if (!*s_fail)
+    record_failure(dc, KCCL_GPU_MISMATCH, kcclInvalidUsage, peer, sig, sig_peer, e, nbytes, KCCL_GPU_BYTES_UNKNOWN);
+  *s_fail = 1;
+}
+
+/* Between two poll rounds of a wait for the peers in `pending`: 0 polls on,
+ * 1 takes a last look at every pending peer (the wait was stopped, but a line
+ * sent just before a peer went may be there), -1 gives up (recorded unless
+ * another thread of the block failed first; s_fail set). */
+__device__ static inline int ll_next_round(const kcclDevComm &dc, Waiter &wt, bool *last_look, uint32_t pending,
+                                           uint32_t sig, uint32_t e, uint32_t nbytes, volatile int *s_fail) {
+  const int why = keep_waiting(dc, wt, s_fail);
+  if (!why) return 0;
+  if (why == KCCL_GPU_STOPPED && !*s_fail && !*last_look) {
+    *last_look = true;
+    return 1;
+  }
+  if (!*s_fail || why == KCCL_GPU_TIMEOUT) ll_wait_failed(dc, why, __ffs(pending) - 1, sig, e, nbytes, s_fail);
+  return -1;
+}
+
+/* Waits for the one line at `line`, sent by `from` (*got then holds it).
+ * Returns false when the block failed (recorded; s_fail set). */
+__device__ static inline bool ll_wait_one(const kcclDevComm &dc, const uint32_t *line, int from, uint32_t e,
+                                          uint32_t ew, uint32_t sig, uint32_t nbytes, uint4 *got,
+                                          volatile int *s_fail) {
+  Waiter wt = waiter(dc);
+  uint32_t odd_rounds = 0;
+  bool last_look = false;
+  for (;;) {
+    kgpu_ld_weak_v4(line, &got->x, &got->y, &got->z, &got->w);
+    if (got->y == e && got->w == ew) return true;
+    if (got->y != e) {
+      odd_rounds = 0;
+    } else if (++odd_rounds > KCCL_LL_MISMATCH_POLLS) {
+      ll_mismatch(dc, from, sig, got->w ^ e, e, nbytes, s_fail);
+      return false;
+    }
+    if (ll_next_round(dc, wt, &last_look, 1u << from, sig, e, nbytes, s_fail) < 0) return false;
+  }
+}
+
 /* Waits for line l from every peer in `pending` (got[p] then holds it).
  * Returns false when the block failed (recorded; s_fail set).  The sentinel:
  * in pull mode, after a first full round a waiting thread polls only its
@@ -373,26 +434,15 @@ __device__ static inline bool ll_wait_line(const kcclDevComm &dc, uint32_t set, 
       /* This call's epoch with another second word, round after round: the
        * peer called with another signature (count, type or operation). */
       if (++odd_rounds > KCCL_LL_MISMATCH_POLLS) {
-        const int hp = __ffs(odd) - 1;
-        if (!*s_fail)
-          record_failure(dc, KCCL_GPU_MISMATCH, kcclInvalidUsage, hp, sig, ll_second_word<MAXR>(got, odd) ^ e, e,
-                         nbytes, KCCL_GPU_BYTES_UNKNOWN);
-        *s_fail = 1;
+        ll_mismatch(dc, __ffs(odd) - 1, sig, ll_second_word<MAXR>(got, odd) ^ e, e, nbytes, s_fail);
         return false;
       }
     } else {
       odd_rounds = 0;
     }
-    const int why = keep_waiting(dc, wt, s_fail);
-    if (why == KCCL_GPU_STOPPED && !*s_fail && !last_look) { /* sent just before the peer went? */
-      last_look = true;
-      full = true; /* the last look covers every pending peer, not only the sentinel */
-      continue;
-    }
-    if (why) {
-      if (!*s_fail || why == KCCL_GPU_TIMEOUT) ll_wait_failed(dc, why, __ffs(pending) - 1, sig, e, nbytes, s_fail);
-      return false;
-    }
+    const int next = ll_next_round(dc, wt, &last_look, pending, sig, e, nbytes, s_fail);
+    if (next < 0) return false;
+    if (next) full = true; /* the last look covers every pending peer, not only the sentinel */
   }
   *rounds += wt.polls + 1;
   return true;
@@ -436,6 +486,76 @@ __device__ static __forceinline__ void ll_send_line(const kcclDevComm &dc, uint3
 #pragma unroll
   for (int p = 0; p < MAXR; p++)
     if (p < n && p != me) kgpu_st_weak_v4(ll_line(ll_region(dc, p, set, me, block), l), m0, e, m1, ew);
+}
+
+/* Where a block's reduced lines (two hops) start in its region: past the
+ * data lines of a call of one line per thread (at most KCCL_LL_THREADS). */
+#define KCCL_LL_SHARD_LINE KCCL_LL_THREADS
+
+/* Lines of the block owned by rank q with two hops: [q*S, q*S + S) cut at `lines`. */
+__device__ static inline uint32_t ll_shard_len(uint32_t lines, uint32_t S, int q) {
+  const uint32_t first = (uint32_t)q * S;
+  return first >= lines ? 0 : lines - first < S ? lines - first : S;
+}
+
+/* The two hops of a block of one line per thread (see "Two hops"), after this
+ * thread (with its input line m0, m1 if it has one) has its epoch.  Returns
+ * with s_fail set when the block failed; the caller's end barrier follows. */
+template <int MAXR, int DT, int OP>
+__device__ static __forceinline__ void ll_two_hops(const kcclDevComm &dc, int block, char *out, uint32_t nbytes,
+                                                   uint32_t lines, uint32_t S, bool avg, uint32_t sig, uint32_t e,
+                                                   uint32_t set, uint32_t m0, uint32_t m1, volatile int *s_fail) {
+  __shared__ uint2 s_part[KCCL_LL_THREADS]; /* hop 1: [p*S + j] = rank p's line me*S + j */
+  const int tid = threadIdx.x, me = dc.rank, n = dc.nranks;
+  const uint32_t ew = e ^ sig;
+  const int p = tid / (int)S;
+  const uint32_t j = (uint32_t)tid - (uint32_t)p * S;
+  if ((uint32_t)tid < lines) { /* the input line: to its owner */
+    const int owner = tid / (int)S;
+    if (dc.pull)
+      kgpu_st_weak_v4(ll_line(ll_region(dc, me, set, me, block), tid), m0, e, m1, ew);
+    else if (owner != me)
+      kgpu_st_weak_v4(ll_line(ll_region(dc, owner, set, me, block), tid), m0, e, m1, ew);
+  }
+  const uint32_t my_len = ll_shard_len(lines, S, me);
+  if (p < n && j < my_len) {
+    if (p == me) {
+      s_part[tid] = make_uint2(m0, m1);
+    } else {
+      uint4 g;
+      if (ll_wait_one(dc, ll_line(ll_from(dc, set, p, block), (uint32_t)me * S + j), p, e, ew, sig, nbytes, &g,
+                      s_fail))
+        s_part[tid] = make_uint2(g.x, g.z);
+    }
+  }
+  __syncthreads();
+  if (*s_fail || p >= n) return;
+  if (p == me) {
+    if (j >= my_len) return;
+    float acc[4] = {0.f, 0.f, 0.f, 0.f}, v[4];
+#pragma unroll
+    for (int q = 0; q < MAXR; q++) {
+      if (q < n) {
+        const uint2 w = s_part[q * S + j];
+        decode(w.x, w.y, (kcclDataType_t)DT, v);
+#pragma unroll
+        for (int k = 0; k < 4; k++) acc[k] = q == 0 ? v[k] : combine(acc[k], v[k], (kcclRedOp_t)OP);
+      }
+    }
+    if (avg) {
+#pragma unroll
+      for (int k = 0; k < 4; k++) acc[k] /= (float)n;
+    }
+    uint32_t w0, w1;
+    encode(acc, (kcclDataType_t)DT, &w0, &w1);
+    ll_send_line<MAXR>(dc, set, block, KCCL_LL_SHARD_LINE + j, w0, w1, e, ew);
+    store8(out, (size_t)tid * 8, nbytes, w0, w1);
+  } else if (j < ll_shard_len(lines, S, p)) {
+    uint4 g;
+    if (ll_wait_one(dc, ll_line(ll_from(dc, set, p, block), KCCL_LL_SHARD_LINE + j), p, e, ew, sig, nbytes, &g,
+                    s_fail))
+      store8(out, (size_t)tid * 8, nbytes, g.x, g.z);
+  }
 }
 
 /* The block's next epoch.  Only thread 0 touches it in memory (read, then
@@ -511,7 +631,10 @@ __device__ static __forceinline__ kcclResult_t ll_block(const kcclDevComm &dc, i
     uint32_t m0 = 0, m1 = 0;
     if (have) load8(in, (size_t)tid * 8, nbytes, &m0, &m1);
     const uint32_t e = ll_next_epoch(dc, block, &s_epoch, &s_fail), ew = e ^ sig, set = e % KCCL_LL_SETS;
-    if (have) {
+    const uint32_t S = (lines + n - 1) / n; /* two hops: lines per owner */
+    if (MAXR > 2 && dc.ll_hops == 2 && lines && S * n <= (uint32_t)nt) { /* 2 ranks: 1 hop reads as few lines */
+      ll_two_hops<MAXR, DT, OP>(dc, block, out, nbytes, lines, S, avg, sig, e, set, m0, m1, &s_fail);
+    } else if (have) {
       ll_send_line<MAXR>(dc, set, block, tid, m0, m1, e, ew);
       if (tr) ll_trace_mark(trace, 0, &t_mark);
       uint4 got[MAXR];

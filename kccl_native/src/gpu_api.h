@@ -30,6 +30,7 @@ typedef struct {
   int32_t pull;                 /* its KCCL_GPU_PULL (-1: auto): must be equal on all ranks */
   int32_t ll_threads;           /* its KCCL_GPU_LL_THREADS: must be equal on all ranks (it splits a
                                    one-shot call into blocks, and block b pairs with block b) */
+  int32_t ll_hops;              /* its KCCL_GPU_LL_HOPS (0: auto): must be equal on all ranks */
   uint64_t bytes;               /* size of its exported buffer */
   char pci[KGPU_PCI_BYTES];     /* PCI bus id: ranks with equal ids share a GPU */
   uint8_t ipc[KGPU_IPC_BYTES];  /* cudaIpcMemHandle_t of the buffer */
@@ -56,6 +57,7 @@ typedef struct {
   int carveout;                 /* config: shared-memory carveout of the collective kernels, -1 = driver's */
   int pull;                     /* config: one-shot pull 1, push 0, auto -1 */
   int ll_threads;               /* config: threads per one-shot block */
+  int ll_hops;                  /* config: one-shot hops, 1 or 2; 0 = auto */
 } kgpu_shape;
 
 int kgpu_built(void);

@@ -119,7 +119,8 @@ kcclResult_t kccl_gpu_init(struct kcclComm *c) {
                       .blocks = c->cfg.gpu_blocks,
                       .pull = c->cfg.gpu_pull,
                       .carveout = c->cfg.gpu_carveout,
-                      .ll_threads = c->cfg.gpu_ll_threads};
+                      .ll_threads = c->cfg.gpu_ll_threads,
+                      .ll_hops = c->cfg.gpu_ll_hops};
   kccl_seg_header *me = c->hdr[c->rank];
   kcclResult_t r = kgpu_create(c->cfg.device, &shape, &gh->kg, &me->gpu, &gh->status);
   if (r == kcclSuccess) {

@@ -4,19 +4,22 @@ for several ranks on one GPU):
     python tests/gpu/failures.py [scenario ...]
 
 Scenarios (2 ranks on GPU 0, spawned with multiprocessing so a rank can be
-SIGKILLed without an MPI launcher tearing the job down):
-  kill      rank 1 is SIGKILLed while rank 0's kernel waits for it
-  abort     rank 1 calls abort() while rank 0's kernel waits for it
+SIGKILLed without an MPI launcher tearing the job down; "the last rank" is rank 1):
+  kill      the last rank is SIGKILLed while rank 0's kernel waits for it
+  abort     the last rank calls abort() while rank 0's kernel waits for it
   mismatch  the ranks all-reduce different counts
   mismatchop, mismatchdtype  the same bytes with another operation (sum / max) or
             type (float16 / bfloat16): only the call signature tells them apart
-  timeout   rank 1 stays alive but never calls; KCCL_TIMEOUT_MS=1500
+  timeout   the last rank stays alive but never calls; KCCL_TIMEOUT_MS=1500
+  kill+4ranks, mismatch+4ranks, mismatchop+4ranks, timeout+4ranks: the same with 4
+            ranks (the last is rank 3), whose one-shot calls take two hops by default
+            (KCCL_GPU_LL_HOPS), so the waits that fail are the two-hop path's
   close     use after close
   kill+replicas, mismatch+replicas, timeout+replicas: the same on a two-shot
             communicator with per-L2-partition flag replicas (KCCL_GPU_FLAG_REPLICAS=1),
             so the waits that fail are the chunked path's, polling a replica
-  blocks, pull, llthreads  the ranks ask for different KCCL_GPU_BLOCKS / KCCL_GPU_PULL /
-            KCCL_GPU_LL_THREADS: init fails on both
+  blocks, pull, llthreads, llhops  the ranks ask for different KCCL_GPU_BLOCKS /
+            KCCL_GPU_PULL / KCCL_GPU_LL_THREADS / KCCL_GPU_LL_HOPS: init fails on both
 Each prints PASS/FAIL with what rank 0 saw and how long it took; the last
 line is `GPU FAILURES: n passed, m failed`; exit 1 on any failure."""
 import multiprocessing as mp
@@ -28,13 +31,19 @@ import time
 DETECT_S = 2.0
 # scenario: (the setting, its value on rank 0 and on rank 1)
 UNEQUAL = {"blocks": ("KCCL_GPU_BLOCKS", 0, 1), "pull": ("KCCL_GPU_PULL", 0, 1),
-           "llthreads": ("KCCL_GPU_LL_THREADS", 256, 128)}
+           "llthreads": ("KCCL_GPU_LL_THREADS", 256, 128), "llhops": ("KCCL_GPU_LL_HOPS", 1, 2)}
+
+
+def ranks_of(scenario):
+    return 4 if "+4ranks" in scenario else 2
 
 
 def worker(scenario, uid, rank, q):
     import torch
     import kccl
     torch.cuda.set_device(0)
+    nranks = ranks_of(scenario)
+    last = nranks - 1
     scenario, _, variant = scenario.partition("+")
     cfg = {"KCCL_TIMEOUT_MS": 1500 if scenario == "timeout" else 20000}
     if variant == "replicas":
@@ -43,12 +52,12 @@ def worker(scenario, uid, rank, q):
         name, v0, v1 = UNEQUAL[scenario]
         cfg.update({name: v1 if rank else v0, "KCCL_TIMEOUT_MS": 5000})
         try:
-            kccl.Communicator(2, kccl.UniqueId(uid), rank, device=0, config=cfg).close()
+            kccl.Communicator(nranks, kccl.UniqueId(uid), rank, device=0, config=cfg).close()
             q.put({"rank": rank, "err": "none"})
         except kccl.KcclError as e:
             q.put({"rank": rank, "err": type(e).__name__, "msg": str(e)})
         return
-    comm = kccl.Communicator(2, kccl.UniqueId(uid), rank, device=0, config=cfg)
+    comm = kccl.Communicator(nranks, kccl.UniqueId(uid), rank, device=0, config=cfg)
     x = torch.ones(1024, device="cuda")
     comm.all_reduce(x)  # one good call first
     torch.cuda.synchronize()
@@ -56,9 +65,9 @@ def worker(scenario, uid, rank, q):
     if variant == "replicas":
         out["replicas"] = comm.gpu_flag_replicas()["enabled"]
     try:
-        if scenario in ("kill", "abort", "timeout") and rank == 1:
+        if scenario in ("kill", "abort", "timeout") and rank == last:
             time.sleep(0.5)
-            q.put({"rank": 1, "t_event": time.monotonic()})
+            q.put({"rank": last, "t_event": time.monotonic()})
             if scenario == "kill":
                 os.kill(os.getpid(), signal.SIGKILL)
             elif scenario == "abort":
@@ -114,7 +123,9 @@ EXPECT = {"kill": "KcclRemoteError", "abort": "KcclRemoteError", "mismatch": "Kc
           "mismatchop": "KcclRemoteError", "mismatchdtype": "KcclRemoteError",
           "timeout": "KcclTimeout", "close": "KcclInvalidUsage", "kill+replicas": "KcclRemoteError",
           "mismatch+replicas": "KcclRemoteError", "timeout+replicas": "KcclTimeout", "blocks": "KcclInvalidUsage",
-          "pull": "KcclInvalidUsage", "llthreads": "KcclInvalidUsage"}
+          "pull": "KcclInvalidUsage", "llthreads": "KcclInvalidUsage", "llhops": "KcclInvalidUsage",
+          "kill+4ranks": "KcclRemoteError", "mismatch+4ranks": "KcclRemoteError",
+          "mismatchop+4ranks": "KcclRemoteError", "timeout+4ranks": "KcclTimeout"}
 
 
 def run(scenario):
@@ -122,7 +133,9 @@ def run(scenario):
     ctx = mp.get_context("spawn")
     q = ctx.Queue()
     uid = bytes(kccl.get_unique_id())
-    procs = [ctx.Process(target=worker, args=(scenario, uid, r, q)) for r in range(2)]
+    nranks = ranks_of(scenario)
+    last = nranks - 1
+    procs = [ctx.Process(target=worker, args=(scenario, uid, r, q)) for r in range(nranks)]
     for p in procs:
         p.start()
     got = {}
@@ -137,7 +150,7 @@ def run(scenario):
                 break
             continue
         got.setdefault(m["rank"], {}).update(m)
-        if 0 in got and "err" in got[0] and (need == 1 or (1 in got and "err" in got[1])):
+        if all("err" in got.get(r, {}) for r in (range(1) if need == 1 else range(nranks))):
             break
     for p in procs:
         p.join(timeout=20)
@@ -151,18 +164,18 @@ def run(scenario):
     if ok and base != "close" and base not in UNEQUAL and r0.get("async") != EXPECT[scenario]:
         ok = False
         why += f"; async_error() gave {r0.get('async')}"
-    if ok and base in ("kill", "abort") and "t_event" in got.get(1, {}):
-        delay = r0["t_err"] - got[1]["t_event"]
+    if ok and base in ("kill", "abort") and "t_event" in got.get(last, {}):
+        delay = r0["t_err"] - got[last]["t_event"]
         why += f" ({delay:.2f} s after the event)"
         ok = delay < DETECT_S  # t_event is taken just before the kill / abort
     if ok and base in UNEQUAL:
-        r1 = got.get(1, {})
-        ok = UNEQUAL[base][0] in r0.get("msg", "") and r1.get("err") == EXPECT[scenario]
-        why += f"; rank 1 got {r1.get('err')}"
-    if ok and base.startswith("mismatch"):
-        r1 = got.get(1, {})
-        ok = r1.get("err") == EXPECT[scenario] and "mismatch" in r0.get("msg", "")
-        why += f"; rank 1 got {r1.get('err')}"
+        rl = got.get(last, {})
+        ok = UNEQUAL[base][0] in r0.get("msg", "") and rl.get("err") == EXPECT[scenario]
+        why += f"; rank {last} got {rl.get('err')}"
+    if ok and base.startswith("mismatch"):  # every rank made a call that matches no other's
+        others = [got.get(r, {}).get("err") for r in range(1, nranks)]
+        ok = all(e == EXPECT[scenario] for e in others) and "mismatch" in r0.get("msg", "")
+        why += f"; ranks 1..{last} got {others}"
     leftover = [n for n in os.listdir("/dev/shm") if n.startswith("kccl-")]
     if leftover:
         ok = False

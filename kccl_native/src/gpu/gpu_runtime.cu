@@ -97,6 +97,7 @@ extern "C" kcclResult_t kgpu_create(int device, const kgpu_shape *shape, struct 
   exp->blocks = shape->blocks;
   exp->pull = shape->pull;
   exp->ll_threads = shape->ll_threads;
+  exp->ll_hops = shape->ll_hops;
   if (shape->flag_replicas) {
     /* Before the export is published: a peer reads the tables once it has mapped this buffer. */
     kcclResult_t r = kgpu_l2_calibrate(g);
@@ -126,6 +127,12 @@ extern "C" kcclResult_t kgpu_create(int device, const kgpu_shape *shape, struct 
   return kcclSuccess;
 }
 
+/* KCCL_GPU_LL_HOPS=0: two hops in pull mode from 4 ranks on (MEASURED: see
+ * bench/RESULTS.md, session 9).  Across GPUs (push) one hop: not measured. */
+static int ll_hops_auto(int pull, int nranks) {
+  return pull && nranks >= 4 ? 2 : 1;
+}
+
 extern "C" kcclResult_t kgpu_connect(struct kgpu *g, const kgpu_export *peers) {
   const kgpu_shape *s = &g->shape;
   KGPU_CHECK(kgpuSetDevice(g->device));
@@ -142,6 +149,9 @@ extern "C" kcclResult_t kgpu_connect(struct kgpu *g, const kgpu_export *peers) {
     if (peers[p].ll_threads != s->ll_threads)
       return kccl_err(kcclInvalidUsage, "rank %d has KCCL_GPU_LL_THREADS=%d, this rank (%d) %d: the setting must "
                       "be equal on all ranks", p, peers[p].ll_threads, s->rank, s->ll_threads);
+    if (peers[p].ll_hops != s->ll_hops)
+      return kccl_err(kcclInvalidUsage, "rank %d has KCCL_GPU_LL_HOPS=%d, this rank (%d) %d: the setting must "
+                      "be equal on all ranks", p, peers[p].ll_hops, s->rank, s->ll_hops);
     if (peers[p].pull != s->pull)
       return kccl_err(kcclInvalidUsage, "rank %d has KCCL_GPU_PULL=%d, this rank (%d) %d: the setting must be "
                       "equal on all ranks", p, peers[p].pull, s->rank, s->pull);
@@ -222,6 +232,7 @@ extern "C" kcclResult_t kgpu_connect(struct kgpu *g, const kgpu_export *peers) {
     dc->nranks = s->nranks;
     dc->channel = c;
     dc->pull = s->pull >= 0 ? s->pull : max_local == s->nranks; /* auto: pull when all share this GPU */
+    dc->ll_hops = s->ll_hops ? s->ll_hops : ll_hops_auto(dc->pull, s->nranks);
     dc->timeout_ns = s->timeout_ns;
     for (int p = 0; p < s->nranks; p++) dc->peer_base[p] = g->peer[p];
     for (int k = 0; k < KCCL_CHANNELS; k++) dc->ll_off[k] = g->lay.ll[k];
