@@ -47,8 +47,9 @@ run_step() {
     large[0-9]*) n=${s#large}; timeout 200 $MPI -n $n python3 bench/allreduce.py --device cuda -d bfloat16 -b 512K -e 64M -r 10 --json "$LOGS/gpu_bench_${n}ranks_large.json" 2>&1 | tee "$LOGS/$s.log" | grep -v Traceback | tail -16 ;;
     nopdl[0-9]*) n=${s#nopdl}; KCCL_GPU_PDL=0 timeout 200 $MPI -x KCCL_GPU_PDL -n $n python3 bench/allreduce.py --device cuda -d bfloat16 -b 4 -e 256K -r 20 --json "$LOGS/gpu_bench_${n}ranks_nopdl.json" 2>&1 | tee "$LOGS/$s.log" | grep -v Traceback | tail -30 ;;
     bench[0-9]*) n=${s#bench}; timeout 300 $MPI -n $n python3 bench/allreduce.py --device cuda -d bfloat16 -b 4 -e 64M -r 20 --json "$LOGS/gpu_bench_${n}ranks.json" 2>&1 | tee "$LOGS/$s.log" | tail -40 ;;
-    sanitize) for tool in memcheck racecheck; do
-                timeout 200 $MPI -n 2 compute-sanitizer --tool $tool --print-limit 20 python3 tests/gpu/mpi_check.py --quick --tiny 2>&1 | tee "$LOGS/sanitize_$tool.log" | grep -E "ERROR SUMMARY|GPU CHECK|error" | head -12
+    sanitize|sanitize[0-9]*) n=${s#sanitize}; n=${n:-2} # sanitizeN: N ranks (sanitize: 2)
+              for tool in memcheck racecheck; do
+                timeout 200 $MPI -n $n compute-sanitizer --tool $tool --print-limit 20 python3 tests/gpu/mpi_check.py --quick --tiny 2>&1 | tee "$LOGS/${s}_$tool${LOGTAG:-}.log" | grep -E "ERROR SUMMARY|GPU CHECK|error" | head -12
               done ;;
     multigpu) # issue 6: one rank per GPU, KCCL vs NCCL on the same buffers (needs an -x2/-x4/-x8 kind)
       nvidia-smi topo -m | tee "$LOGS/topo.txt"

@@ -118,7 +118,7 @@ typedef struct {
                               8-byte line each per round), 32..256, a multiple of 32; default 256 */
   int gpu_ll_hops;         /* KCCL_GPU_LL_HOPS: a one-shot call of one line per thread in one hop (1: every
                               rank reads every line) or two (2: reduce-scatter, then all-gather, both in
-                              LL lines); 0 = auto (kccl_device.cuh, "Two hops") */
+                              LL lines); 0 = auto: 1 (gpu_runtime.cu) */
 } kcclConfig_t;
 
 kcclResult_t kcclConfigInit(kcclConfig_t *config);

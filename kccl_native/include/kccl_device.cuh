@@ -293,6 +293,12 @@ __device__ static inline void store8(char *buf, size_t off, size_t n, uint32_t w
  * each half's atomicity is guaranteed). */
 #define KCCL_LL_MISMATCH_POLLS 64
 
+/* 1: a pull-mode wait polls only its lowest pending peer between full rounds
+ * (the sentinel, see "Pull"); 0: every pending peer every round (for A/B runs). */
+#ifndef KCCL_LL_SENTINEL
+#define KCCL_LL_SENTINEL 1
+#endif
+
 /* A wait that gave up (why: KCCL_GPU_TIMEOUT or KCCL_GPU_STOPPED): record it
  * for the host, unless this block already failed, and fail the block. */
 __device__ static inline void ll_wait_failed(const kcclDevComm &dc, int why, int peer, uint32_t sig, uint32_t e,
@@ -425,7 +431,7 @@ __device__ static inline bool ll_wait_line(const kcclDevComm &dc, uint32_t set, 
   uint32_t odd = 0, odd_rounds = 0;
   bool full = true, last_look = false;
   for (;;) {
-    const uint32_t look = pull && !full ? (pending & (0u - pending)) | odd : pending;
+    const uint32_t look = KCCL_LL_SENTINEL && pull && !full ? (pending & (0u - pending)) | odd : pending;
     const uint32_t came = ll_poll<MAXR>(dc, set, block, l, e, ew, look, got, &odd);
     pending &= ~came;
     full = came != 0;

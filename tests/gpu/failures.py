@@ -12,8 +12,8 @@ SIGKILLed without an MPI launcher tearing the job down; "the last rank" is rank 
             type (float16 / bfloat16): only the call signature tells them apart
   timeout   the last rank stays alive but never calls; KCCL_TIMEOUT_MS=1500
   kill+4ranks, mismatch+4ranks, mismatchop+4ranks, timeout+4ranks: the same with 4
-            ranks (the last is rank 3), whose one-shot calls take two hops by default
-            (KCCL_GPU_LL_HOPS), so the waits that fail are the two-hop path's
+            ranks (the last is rank 3) and KCCL_GPU_LL_HOPS=2, so the waits that fail are
+            the two-hop path's
   close     use after close
   kill+replicas, mismatch+replicas, timeout+replicas: the same on a two-shot
             communicator with per-L2-partition flag replicas (KCCL_GPU_FLAG_REPLICAS=1),
@@ -48,6 +48,8 @@ def worker(scenario, uid, rank, q):
     cfg = {"KCCL_TIMEOUT_MS": 1500 if scenario == "timeout" else 20000}
     if variant == "replicas":
         cfg.update(KCCL_ALGO="twoshot", KCCL_GPU_FLAG_REPLICAS=1)
+    if variant == "4ranks":
+        cfg.update(KCCL_GPU_LL_HOPS=2)
     if scenario in UNEQUAL:  # settings that must be equal on all ranks, and are not
         name, v0, v1 = UNEQUAL[scenario]
         cfg.update({name: v1 if rank else v0, "KCCL_TIMEOUT_MS": 5000})

@@ -127,12 +127,6 @@ extern "C" kcclResult_t kgpu_create(int device, const kgpu_shape *shape, struct 
   return kcclSuccess;
 }
 
-/* KCCL_GPU_LL_HOPS=0: two hops in pull mode from 4 ranks on (MEASURED: see
- * bench/RESULTS.md, session 9).  Across GPUs (push) one hop: not measured. */
-static int ll_hops_auto(int pull, int nranks) {
-  return pull && nranks >= 4 ? 2 : 1;
-}
-
 extern "C" kcclResult_t kgpu_connect(struct kgpu *g, const kgpu_export *peers) {
   const kgpu_shape *s = &g->shape;
   KGPU_CHECK(kgpuSetDevice(g->device));
@@ -232,7 +226,12 @@ extern "C" kcclResult_t kgpu_connect(struct kgpu *g, const kgpu_export *peers) {
     dc->nranks = s->nranks;
     dc->channel = c;
     dc->pull = s->pull >= 0 ? s->pull : max_local == s->nranks; /* auto: pull when all share this GPU */
-    dc->ll_hops = s->ll_hops ? s->ll_hops : ll_hops_auto(dc->pull, s->nranks);
+    /* KCCL_GPU_LL_HOPS=0: one hop.  Two hops won in one process (bench/gpu/ll_ladder.cu,
+     * 8 ranks of 4 x 256 threads: 2.42 us per 8 KB call against 2.82) but not
+     * across 8 MPS processes, where each hop costs a cross-process round trip:
+     * 8 KB in a graph 3.44 us against 3.37, the device API with 8 blocks 2.63
+     * against 2.27 (bench/RESULTS.md, session 9).  Across GPUs: not measured. */
+    dc->ll_hops = s->ll_hops ? s->ll_hops : 1;
     dc->timeout_ns = s->timeout_ns;
     for (int p = 0; p < s->nranks; p++) dc->peer_base[p] = g->peer[p];
     for (int k = 0; k < KCCL_CHANNELS; k++) dc->ll_off[k] = g->lay.ll[k];
