@@ -50,12 +50,13 @@
  * line once, into its own inbox's slot for itself, and readers poll that slot
  * in the sender's buffer.  On one GPU every buffer sits in the same L2, so a
  * remote poll costs what a local one does, and a call stores each line once
- * instead of once per peer.  After a first full round a waiting thread then
- * polls only its lowest pending peer until that one's line arrives (a
- * "sentinel"), which cuts the poll traffic that at 8 ranks otherwise nearly
- * fills the L2 (bench/gpu/ll_ladder.cu, no header: 8 ranks 2.29-2.58 -> 1.65-1.92
- * us, 4 ranks 1.45-1.66 -> 1.16-1.38 us; either of the two alone gained little or lost).
- * Across GPUs a remote poll is a round trip over the link, so they push.
+ * instead of once per peer.  A waiting thread polls every pending peer each
+ * round.  (With KCCL_LL_SENTINEL 1 it polls only its lowest pending peer
+ * between full rounds, to cut poll traffic: that gained with the old header
+ * line, session 6, and lost without it: in one process, 8 ranks, 2.87 us per
+ * 8 KB call against 2.67, and across 8 MPS processes 3.39 against 3.34 in a
+ * graph; bench/RESULTS.md, session 9.)  Across GPUs a remote poll is a round
+ * trip over the link, so they push.
  *
  * Two hops (dc.ll_hops == 2, for a block of one line per thread, L lines, N
  * ranks, S = ceil(L / N), when N * S <= blockDim): rank r owns lines [r*S,
@@ -294,9 +295,9 @@ __device__ static inline void store8(char *buf, size_t off, size_t n, uint32_t w
 #define KCCL_LL_MISMATCH_POLLS 64
 
 /* 1: a pull-mode wait polls only its lowest pending peer between full rounds
- * (the sentinel, see "Pull"); 0: every pending peer every round (for A/B runs). */
+ * (the sentinel, see "Pull"); 0: every pending peer every round. */
 #ifndef KCCL_LL_SENTINEL
-#define KCCL_LL_SENTINEL 1
+#define KCCL_LL_SENTINEL 0
 #endif
 
 /* A wait that gave up (why: KCCL_GPU_TIMEOUT or KCCL_GPU_STOPPED): record it
@@ -416,8 +417,9 @@ __device__ static inline bool ll_wait_one(const kcclDevComm &dc, const uint32_t 
 }
 
 /* Waits for line l from every peer in `pending` (got[p] then holds it).
- * Returns false when the block failed (recorded; s_fail set).  The sentinel:
- * in pull mode, after a first full round a waiting thread polls only its
+ * Returns false when the block failed (recorded; s_fail set).  The sentinel
+ * (KCCL_LL_SENTINEL 1, off by default): in pull mode, after a first full
+ * round a waiting thread polls only its
  * lowest pending peer (and any whose line looked like a mismatch) until a
  * round brings a line, then all again (see "Pull").  The block's failure flag
  * and the clock are looked at every 64th round only (keep_waiting): a wait
