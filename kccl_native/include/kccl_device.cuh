@@ -53,10 +53,10 @@
  * instead of once per peer.  A waiting thread polls every pending peer each
  * round.  (With KCCL_LL_SENTINEL 1 it polls only its lowest pending peer
  * between full rounds, to cut poll traffic: that gained with the old header
- * line, session 6, and lost without it: in one process, 8 ranks, 2.87 us per
- * 8 KB call against 2.67, and across 8 MPS processes 3.39 against 3.34 in a
- * graph; bench/RESULTS.md, session 9.)  Across GPUs a remote poll is a round
- * trip over the link, so they push.
+ * line, session 6; without it, across 8 MPS processes, it measured 3.39 us
+ * per 8 KB call in a graph against 3.34 without, and 1.77 against 1.76 at 2
+ * ranks: a wash, so the simpler wait stays; bench/RESULTS.md, session 9.)
+ * Across GPUs a remote poll is a round trip over the link, so they push.
  *
  * Two hops (dc.ll_hops == 2, for a block of one line per thread, L lines, N
  * ranks, S = ceil(L / N), when N * S <= blockDim): rank r owns lines [r*S,
