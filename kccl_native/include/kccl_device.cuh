@@ -518,12 +518,11 @@ __device__ static __forceinline__ void ll_two_hops(const kcclDevComm &dc, int bl
   const uint32_t ew = e ^ sig;
   const int p = tid / (int)S;
   const uint32_t j = (uint32_t)tid - (uint32_t)p * S;
-  if ((uint32_t)tid < lines) { /* the input line: to its owner */
-    const int owner = tid / (int)S;
+  if ((uint32_t)tid < lines) { /* the input line, owned by rank p (line p*S + j) */
     if (dc.pull)
       kgpu_st_weak_v4(ll_line(ll_region(dc, me, set, me, block), tid), m0, e, m1, ew);
-    else if (owner != me)
-      kgpu_st_weak_v4(ll_line(ll_region(dc, owner, set, me, block), tid), m0, e, m1, ew);
+    else if (p != me)
+      kgpu_st_weak_v4(ll_line(ll_region(dc, p, set, me, block), tid), m0, e, m1, ew);
   }
   const uint32_t my_len = ll_shard_len(lines, S, me);
   if (p < n && j < my_len) {
