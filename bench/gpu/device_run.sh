@@ -104,7 +104,7 @@ run_step() {
       for b in $list; do
         echo "--- KCCL_GPU_BLOCKS=$b"
         KCCL_GPU_BLOCKS=$b timeout 120 $MPI -x KCCL_GPU_BLOCKS -n $n python3 bench/allreduce.py --device cuda -d bfloat16 -b 64M -e 64M -r 5 \
-          --json "$LOGS/gpu_bench_${n}ranks_blocks$b.json" 2>&1 | tee "$LOGS/${s}_$b.log" | grep -E "^ +64M|copy bandwidth|64M: two-shot|Error|rror:" | head -6
+          --json "$LOGS/gpu_bench_${n}ranks_blocks$b${LOGTAG:-}.json" 2>&1 | tee "$LOGS/${s}_$b${LOGTAG:-}.log" | grep -E "^ +64M|copy bandwidth|64M: two-shot|Error|rror:" | head -6
       done ;;
     ab[0-9]*) # one-shot pull (auto on one GPU) against push, 2 KB - 32 KB, alternating twice
       n=${s#ab}
