@@ -79,11 +79,6 @@ __device__ static inline void kgpu_ld_volatile_v4(const uint32_t *p, uint32_t *a
 }
 /* 16-byte load that bypasses the (non-coherent) L1: data another process wrote. */
 __device__ static inline uint4 kgpu_ld_cg_v4(const void *p) { return __builtin_nontemporal_load((const uint4 *)p); }
-/* Asynchronous 16-byte copies into shared memory (CUDA: cp.async): here a plain
- * copy, so commit and wait have nothing to do. */
-__device__ static inline void kgpu_cp_async16(void *smem, const void *gmem) { *(uint4 *)smem = kgpu_ld_cg_v4(gmem); }
-__device__ static inline void kgpu_cp_async_commit(void) {}
-__device__ static inline void kgpu_cp_async_wait_all(void) {}
 #define kgpu_st_weak_v4 kgpu_st_volatile_v4
 #define kgpu_ld_weak_v4 kgpu_ld_volatile_v4
 __device__ static inline void kgpu_st_release_sys_u64(uint64_t *p, uint64_t v) {
@@ -195,18 +190,6 @@ __device__ static inline void kgpu_ld_volatile_v4(const uint32_t *p, uint32_t *a
 }
 /* 16-byte load that bypasses the (non-coherent) L1: data another process wrote. */
 __device__ static inline uint4 kgpu_ld_cg_v4(const void *p) { return __ldcg((const uint4 *)p); }
-/* Asynchronous 16-byte copy from global (cached at L2 only, like ld.cg) into
- * this thread's shared memory (sm_80+).  The data does not pass through
- * registers, so a thread can keep many copies in flight without the register
- * cost of as many loads.  They are weak generic-proxy accesses of this thread:
- * an earlier acquire (and the barrier that shares it) orders them as it orders
- * plain loads.  The destination is valid for this thread after wait_all. */
-__device__ static inline void kgpu_cp_async16(void *smem, const void *gmem) {
-  const unsigned s = (unsigned)__cvta_generic_to_shared(smem);
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(s), "l"(gmem) : "memory");
-}
-__device__ static inline void kgpu_cp_async_commit(void) { asm volatile("cp.async.commit_group;" ::: "memory"); }
-__device__ static inline void kgpu_cp_async_wait_all(void) { asm volatile("cp.async.wait_group 0;" ::: "memory"); }
 /* The same 16-byte line with weak (non-volatile) accesses, cached at L2 only
  * (.cg: L1 is not coherent).  PTX keeps a thread's volatile accesses in order,
  * so a thread that pushes a line to each of 7 peers and then polls 7 lines

@@ -234,50 +234,14 @@ __device__ static inline void store16(char *p, size_t off, size_t n, uint4 v) {
   for (int i = 0; i < 16 && off + i < n; i++) p[off + i] = (char)(w[i >> 2] >> (8 * (i & 3)));
 }
 
-/* Per-thread staging in shared memory for the chunked kernels' asynchronous
- * loads: KCCL_ASYNC_DEPTH 16-byte slots per thread, slot j of thread t at
- * [j * blockDim.x + t].  Only thread t touches its slots, so no barrier guards
- * them.  The depth is what each thread has in flight: with 18 blocks of 256
- * threads per rank (8 ranks on one GPU) the whole GPU has 8 x 18 x 256 x depth
- * x 16 bytes of loads outstanding, and HBM needs a few MB of it to stay busy
- * (bandwidth = bytes in flight / latency; four register loads per thread, as
- * before, gave 56 % of the copy bandwidth at 8 ranks). */
-#define KCCL_ASYNC_DEPTH 8
-#define KCCL_CHUNKED_THREADS 256
-#define KCCL_STAGE_SLOTS (KCCL_ASYNC_DEPTH * KCCL_CHUNKED_THREADS)
-
 /* Block-wide copy of bytes [lo, hi) from src (another rank's scratch when
- * remote) to dst.  Aligned: batches of KCCL_ASYNC_DEPTH asynchronous 16-byte
- * loads per thread (past L1, which is not coherent with other processes'
- * writes), then their stores.  Unaligned (a user buffer at an odd offset):
- * four register loads per thread, then their stores. */
+ * remote: loaded past L1) to dst.  Four 16-byte loads per thread are issued
+ * before their stores: one outstanding load per thread leaves HBM idle when
+ * few blocks run (bandwidth = bytes in flight / latency). */
 #define KCCL_COPY_UNROLL 4
-__device__ static inline void copy_range(char *dst, const char *src, size_t lo, size_t hi, bool src_remote,
-                                         uint4 *stage) {
-  const size_t B = blockDim.x, t = threadIdx.x;
-  if (((((uintptr_t)(dst + lo)) | ((uintptr_t)(src + lo))) & 15) == 0) {
-    const size_t nv = (hi - lo) / 16;
-    const uint4 *s = (const uint4 *)(src + lo);
-    uint4 *d = (uint4 *)(dst + lo);
-    for (size_t i = t; i < nv; i += KCCL_ASYNC_DEPTH * B) { /* i: this thread's first vector of the batch */
-      const uint4 *sp = s + i;
-      uint4 *dp = d + i;
-      const size_t left = nv - i;
-#pragma unroll
-      for (unsigned j = 0; j < KCCL_ASYNC_DEPTH; j++)
-        if (j * B < left) kgpu_cp_async16(&stage[j * B + t], sp + j * B);
-      kgpu_cp_async_commit();
-      kgpu_cp_async_wait_all();
-#pragma unroll
-      for (unsigned j = 0; j < KCCL_ASYNC_DEPTH; j++)
-        if (j * B < left) dp[j * B] = stage[j * B + t];
-    }
-    const size_t o = lo + nv * 16; /* fewer than 16 bytes left */
-    if (o < hi && t == 0) store16(dst, o, hi, src_remote ? kgpu_ld_cg_v4(src + o) : load16(src, o, hi));
-    return;
-  }
-  const size_t stride = B * 16;
-  size_t o = lo + t * 16;
+__device__ static inline void copy_range(char *dst, const char *src, size_t lo, size_t hi, bool src_remote) {
+  const size_t stride = (size_t)blockDim.x * 16;
+  size_t o = lo + (size_t)threadIdx.x * 16;
   for (; o + (KCCL_COPY_UNROLL - 1) * stride < hi; o += KCCL_COPY_UNROLL * stride) {
     uint4 v[KCCL_COPY_UNROLL];
 #pragma unroll
@@ -304,14 +268,13 @@ struct TwoShot {
 };
 
 /* (256, 3): at most 80 registers, without spills (at 64 they spill in the inner loops). */
-__global__ void __launch_bounds__(KCCL_CHUNKED_THREADS, 3) k_twoshot(TwoShot a) {
+__global__ void __launch_bounds__(256, 3) k_twoshot(TwoShot a) {
   kgpu_pdl_wait();
   /* No kgpu_pdl_trigger: a successor launched with PDL (a one-shot call) then
    * starts only when this kernel ends, so at most one chunked kernel per rank
    * is resident and the block counts of kgpu_connect hold. */
   __shared__ uint32_t s_step;
   __shared__ volatile int s_fail;
-  __shared__ uint4 stage[KCCL_STAGE_SLOTS];
   const kcclDevComm &dc = a.dc;
   const int n = dc.nranks, me = dc.rank, G = gridDim.x, b = blockIdx.x;
   const kcclDataType_t dt = (kcclDataType_t)a.dt;
@@ -354,7 +317,7 @@ __global__ void __launch_bounds__(KCCL_CHUNKED_THREADS, 3) k_twoshot(TwoShot a) 
       size_t lo = plo < slen ? plo : slen, hi = phi < slen ? phi : slen;
       if (lo >= hi) continue;
       size_t ubase = a.scatter ? (size_t)s * a.count + o : o + (size_t)s * S;
-      copy_range(in_area + (size_t)s * stride * es, a.send + ubase * es, lo * es, hi * es, false, stage);
+      copy_range(in_area + (size_t)s * stride * es, a.send + ubase * es, lo * es, hi * es, false);
     }
     signal_peers(dc, a.off_flags, a.rep, rl, 0, val);
     if (!wait_peers(dc, a.off_flags, a.off_steps, a.rep, rl, 0, step, a.sig, -1, &s_fail)) break;
@@ -368,22 +331,19 @@ __global__ void __launch_bounds__(KCCL_CHUNKED_THREADS, 3) k_twoshot(TwoShot a) 
       char *user = a.recv + (a.scatter ? o * es : (o + (size_t)me * S) * es);
       for (size_t x = lo * es + threadIdx.x * 16; x < hi * es; x += (size_t)blockDim.x * 16) {
         /* 8 slots with constant indices (registers); float32 uses slots 0-1 and 4-5.
-         * Up to KCCL_ASYNC_DEPTH ranks' 16 bytes are in flight (asynchronous, into
-         * this thread's staging slots) before any is used; rank order is kept. */
+         * Four ranks' 16 bytes are loaded before any is used: 4 loads in flight, not one
+         * (groups of 4 keep the registers in bounds; rank order is kept). */
         float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0}, v[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-        for (int g0 = 0; g0 < n; g0 += KCCL_ASYNC_DEPTH) {
+        for (int g0 = 0; g0 < n; g0 += 4) {
+          uint4 u[4];
 #pragma unroll
-          for (int j = 0; j < KCCL_ASYNC_DEPTH; j++)
-            if (g0 + j < n)
-              kgpu_cp_async16(&stage[j * blockDim.x + threadIdx.x], dc.peer_base[g0 + j] + a.off_in + sbase + x);
-          kgpu_cp_async_commit();
-          kgpu_cp_async_wait_all();
+          for (int j = 0; j < 4; j++)
+            if (g0 + j < n) u[j] = kgpu_ld_cg_v4(dc.peer_base[g0 + j] + a.off_in + sbase + x);
 #pragma unroll
-          for (int j = 0; j < KCCL_ASYNC_DEPTH; j++) {
+          for (int j = 0; j < 4; j++) {
             if (g0 + j >= n) break;
-            const uint4 u = stage[j * blockDim.x + threadIdx.x];
-            decode(u.x, u.y, dt, v);
-            decode(u.z, u.w, dt, v + 4);
+            decode(u[j].x, u[j].y, dt, v);
+            decode(u[j].z, u[j].w, dt, v + 4);
 #pragma unroll
             for (int k = 0; k < 8; k++) acc[k] = g0 + j == 0 ? v[k] : combine(acc[k], v[k], op);
           }
@@ -417,7 +377,7 @@ __global__ void __launch_bounds__(KCCL_CHUNKED_THREADS, 3) k_twoshot(TwoShot a) 
       if (lo >= hi) continue;
       const char *src = dc.peer_base[s] + a.off_out + (size_t)s * stride * es;
       char *dst = a.recv + (o + (size_t)s * S) * es;
-      copy_range(dst, src, lo * es, hi * es, true, stage);
+      copy_range(dst, src, lo * es, hi * es, true);
     }
     __syncthreads();
     o += CE;
@@ -438,14 +398,13 @@ struct Gather {
   Replicas rep;
 };
 
-__global__ void __launch_bounds__(KCCL_CHUNKED_THREADS, 3) k_gather(Gather a) {
+__global__ void __launch_bounds__(256, 3) k_gather(Gather a) {
   kgpu_pdl_wait();
   /* No kgpu_pdl_trigger: a successor launched with PDL (a one-shot call) then
    * starts only when this kernel ends, so at most one chunked kernel per rank
    * is resident and the block counts of kgpu_connect hold. */
   __shared__ uint32_t s_step;
   __shared__ volatile int s_fail;
-  __shared__ uint4 stage[KCCL_STAGE_SLOTS];
   const kcclDevComm &dc = a.dc;
   const int n = dc.nranks, me = dc.rank, G = gridDim.x, b = blockIdx.x;
   if (threadIdx.x == 0) s_fail = 0;
@@ -463,7 +422,7 @@ __global__ void __launch_bounds__(KCCL_CHUNKED_THREADS, 3) k_gather(Gather a) {
     const uint64_t val = ((uint64_t)a.sig << 32) | step;
     char *my_recv = a.recv + (bcast ? 0 : (size_t)me * a.bytes);
 
-    if (publish && lo < hi) copy_range(dc.peer_base[me] + half - o, a.send, o + lo, o + hi, false, stage);
+    if (publish && lo < hi) copy_range(dc.peer_base[me] + half - o, a.send, o + lo, o + hi, false);
     signal_peers(dc, a.off_flags, a.rep, rl, 0, val);
     if (!wait_peers(dc, a.off_flags, a.off_steps, a.rep, rl, 0, step, a.sig, bcast && me != a.root ? a.root : -1,
                     &s_fail))
@@ -472,13 +431,13 @@ __global__ void __launch_bounds__(KCCL_CHUNKED_THREADS, 3) k_gather(Gather a) {
       if (!bcast) {
         for (int p = 0; p < n; p++) {
           if (p == me) continue;
-          copy_range(a.recv + (size_t)p * a.bytes + o, dc.peer_base[p] + half, lo, hi, true, stage);
+          copy_range(a.recv + (size_t)p * a.bytes + o, dc.peer_base[p] + half, lo, hi, true);
         }
-        if (a.send != my_recv) copy_range(my_recv, a.send, o + lo, o + hi, false, stage);
+        if (a.send != my_recv) copy_range(my_recv, a.send, o + lo, o + hi, false);
       } else if (me != a.root) {
-        copy_range(a.recv + o, dc.peer_base[a.root] + half, lo, hi, true, stage);
+        copy_range(a.recv + o, dc.peer_base[a.root] + half, lo, hi, true);
       } else if (a.send != a.recv) {
-        copy_range(a.recv, a.send, o + lo, o + hi, false, stage);
+        copy_range(a.recv, a.send, o + lo, o + hi, false);
       }
     }
     __syncthreads();
@@ -540,8 +499,8 @@ kgpuError_t kgpu_preload_kernels(int carveout) {
 kgpuError_t kgpu_kernel_occupancy(int nranks, int *ts_per_sm, int *ll_per_sm) {
   int a = 0, b = 0, c = 0;
   kgpuError_t e;
-  if ((e = kgpuOccupancyMaxActiveBlocksPerMultiprocessor(&a, k_twoshot, KCCL_CHUNKED_THREADS, 0)) != kgpuSuccess ||
-      (e = kgpuOccupancyMaxActiveBlocksPerMultiprocessor(&b, k_gather, KCCL_CHUNKED_THREADS, 0)) != kgpuSuccess ||
+  if ((e = kgpuOccupancyMaxActiveBlocksPerMultiprocessor(&a, k_twoshot, 256, 0)) != kgpuSuccess ||
+      (e = kgpuOccupancyMaxActiveBlocksPerMultiprocessor(&b, k_gather, 256, 0)) != kgpuSuccess ||
       (e = kgpuOccupancyMaxActiveBlocksPerMultiprocessor(&c, oneshot_kernel(nranks, kcclFloat32, kcclSum),
                                                          KCCL_LL_THREADS, 0)) != kgpuSuccess)
     return e;
@@ -578,7 +537,7 @@ static kcclResult_t launch_twoshot(kgpu *g, const void *send, void *recv, size_t
   a.sig = sig;
   a.rep = replicas(g);
   g->ll_prev_grid = 0;
-  return launched(kgpu_launch(k_twoshot, ts_grid(g), KCCL_CHUNKED_THREADS, st, KGPU_CHUNKED_PDL, a), what);
+  return launched(kgpu_launch(k_twoshot, ts_grid(g), 256, st, KGPU_CHUNKED_PDL, a), what);
 }
 
 extern "C" kcclResult_t kgpu_allreduce(struct kgpu *g, const void *send, void *recv, size_t count, int dtype,
@@ -645,6 +604,6 @@ extern "C" kcclResult_t kgpu_gather(struct kgpu *g, const void *send, void *recv
   a.sig = sig;
   a.rep = replicas(g);
   g->ll_prev_grid = 0;
-  return launched(kgpu_launch(k_gather, ts_grid(g), KCCL_CHUNKED_THREADS, (kgpuStream_t)stream, KGPU_CHUNKED_PDL, a),
+  return launched(kgpu_launch(k_gather, ts_grid(g), 256, (kgpuStream_t)stream, KGPU_CHUNKED_PDL, a),
                   root < 0 ? "all-gather" : "broadcast");
 }
