@@ -101,6 +101,7 @@ run_step() {
     nopdlcheck[0-9]*) n=${s#nopdlcheck}; KCCL_GPU_PDL=0 timeout 150 $MPI -x KCCL_GPU_PDL -n $n python3 tests/gpu/mpi_check.py --quick 2>&1 | tee "$LOGS/$s.log" | tail -8 ;;
     blocks[0-9]*) # 64 MB with several chunked-kernel block counts (KCCL_GPU_BLOCKS; 0 = auto)
       n=${s#blocks}; [ "$n" -gt 4 ] && list="${BLOCKS8:-0 18 26 40}" || list="${BLOCKS2:-0 74 99}"
+      list=${list//,/ } # env:BLOCKS8=12,16,0 sets the list from within the steps
       for b in $list; do
         echo "--- KCCL_GPU_BLOCKS=$b"
         KCCL_GPU_BLOCKS=$b timeout 120 $MPI -x KCCL_GPU_BLOCKS -n $n python3 bench/allreduce.py --device cuda -d bfloat16 -b 64M -e 64M -r 5 \
