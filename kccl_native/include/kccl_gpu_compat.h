@@ -112,6 +112,13 @@ __device__ static inline uint64_t kgpu_ld_relaxed_gpu_u64(const uint64_t *p) {
   return __hip_atomic_load((uint64_t *)p, __ATOMIC_RELAXED, __HIP_MEMORY_SCOPE_AGENT);
 }
 __device__ static inline void kgpu_fence_system(void) { __threadfence_system(); }
+__device__ static inline void kgpu_fence_gpu(void) { __threadfence(); }
+__device__ static inline void kgpu_st_release_gpu_u64(uint64_t *p, uint64_t v) {
+  __hip_atomic_store(p, v, __ATOMIC_RELEASE, __HIP_MEMORY_SCOPE_AGENT);
+}
+__device__ static inline uint64_t kgpu_ld_acquire_gpu_u64(const uint64_t *p) {
+  return __hip_atomic_load((uint64_t *)p, __ATOMIC_ACQUIRE, __HIP_MEMORY_SCOPE_AGENT);
+}
 __device__ static inline uint64_t kgpu_time_ns(void) { return wall_clock64() * 10; /* 100 MHz on gfx942 */ }
 __device__ static inline void kgpu_pause(void) { __builtin_amdgcn_s_sleep(1); }
 __device__ static inline void kgpu_pdl_wait(void) {}
@@ -246,6 +253,21 @@ __device__ static inline uint32_t kgpu_ld_volatile_u32(const volatile uint32_t *
   return v;
 }
 __device__ static inline void kgpu_fence_system(void) { asm volatile("fence.sc.sys;" ::: "memory"); }
+/* The same orderings at GPU scope: every thread on this GPU, whatever its
+ * process (PTX: .gpu is the set of all threads executing on the same device),
+ * which is all the chunked kernels need when every rank shares one GPU.  A
+ * fence.acq_rel is cumulative like fence.sc (enough for release patterns) and
+ * orders only at the L2, where a system-scope fence also waits for the
+ * writes to be visible beyond the GPU. */
+__device__ static inline void kgpu_fence_gpu(void) { asm volatile("fence.acq_rel.gpu;" ::: "memory"); }
+__device__ static inline void kgpu_st_release_gpu_u64(uint64_t *p, uint64_t v) {
+  asm volatile("st.release.gpu.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
+}
+__device__ static inline uint64_t kgpu_ld_acquire_gpu_u64(const uint64_t *p) {
+  uint64_t v;
+  asm volatile("ld.acquire.gpu.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
+  return v;
+}
 /* A warp vote over the lanes in `mask` (every one of them must take part). */
 typedef unsigned kgpu_lanes_t;
 __device__ static inline kgpu_lanes_t kgpu_lane_mask(int lanes) { return lanes >= 32 ? ~0u : ((1u << lanes) - 1); }

@@ -69,21 +69,22 @@ static oneshot_fn oneshot_kernel(int nranks, int dtype, int op) {
 
 /* ------------------------------------------------ flags of the chunked path -- */
 
-struct Flags {
-  char *peer_base[KCCL_GPU_MAX_RANKS];
-  size_t off;
-  int rank, nranks;
-};
-
 __device__ static inline uint64_t *flag_slot(char *base, size_t off, int stage, int block, int src) {
   return (uint64_t *)(base + off) + ((size_t)stage * KGPU_TS_MAX_BLOCKS + block) * KCCL_GPU_MAX_RANKS + src;
 }
 
-/* Flag replicas: where the tables are (the same offsets in every rank's buffer)
- * and whether to use them; off: the flags region above, as without replicas. */
+/* How the flags are reached.  Flag replicas: where the tables are (the same
+ * offsets in every rank's buffer) and whether to use them (on); the flags
+ * region above is used as without replicas.  gpu_scope: every rank runs on
+ * this GPU, so signals and waits order at GPU scope, not system scope.  Across
+ * 8 processes on one H200, a step of the two-shot kernel (two all-rank flag
+ * exchanges per block) cost about 32 us more than its data (64 MB in 2-32 MB
+ * chunks: bench/RESULTS.md, session 10); a system-scope fence waits for the
+ * block's writes to be visible beyond the GPU, a GPU-scope one only at L2. */
 struct Replicas {
   size_t off_pool, off_tab, off_map;
   int on;
+  int gpu_scope;
 };
 
 /* What thread t (the one that signals peer t and waits for it) needs of the
@@ -144,15 +145,29 @@ __device__ static inline void signal_peers(const kcclDevComm &dc, size_t flags_o
   __syncthreads();
   const int t = threadIdx.x;
   if (t < dc.nranks && t != dc.rank) {
-    kgpu_fence_system();
+    if (rep.gpu_scope)
+      kgpu_fence_gpu();
+    else
+      kgpu_fence_system();
     if (!rep.on) {
-      kgpu_st_release_sys_u64(flag_slot(dc.peer_base[t], flags_off, stage, blockIdx.x, dc.rank), val);
+      uint64_t *f = flag_slot(dc.peer_base[t], flags_off, stage, blockIdx.x, dc.rank);
+      if (rep.gpu_scope)
+        kgpu_st_release_gpu_u64(f, val);
+      else
+        kgpu_st_release_sys_u64(f, val);
     } else {
       /* Both copies, the first exactly as the single flag is written.  The fence
        * already orders the block's writes before the second (fence + strong store
        * is a release); a second release store would first wait for the first. */
-      kgpu_st_release_sys_u64(rep_slot(dc.peer_base[t], rep, rep_field(rl.peer, 2 * stage), dc.rank), val);
-      kgpu_st_relaxed_sys_u64(rep_slot(dc.peer_base[t], rep, rep_field(rl.peer, 2 * stage + 1), dc.rank), val);
+      uint64_t *f0 = rep_slot(dc.peer_base[t], rep, rep_field(rl.peer, 2 * stage), dc.rank);
+      uint64_t *f1 = rep_slot(dc.peer_base[t], rep, rep_field(rl.peer, 2 * stage + 1), dc.rank);
+      if (rep.gpu_scope) {
+        kgpu_st_release_gpu_u64(f0, val);
+        kgpu_st_relaxed_gpu_u64(f1, val);
+      } else {
+        kgpu_st_release_sys_u64(f0, val);
+        kgpu_st_relaxed_sys_u64(f1, val);
+      }
     }
   }
 }
@@ -186,7 +201,7 @@ __device__ static inline bool wait_peers(const kcclDevComm &dc, size_t flags_off
                                            rep_field(rl.own, 2 * stage + rep_copy(rl.group)), t);
     Waiter w = waiter(dc);
     for (;;) {
-      uint64_t v = kgpu_ld_acquire_sys_u64(f);
+      uint64_t v = rep.gpu_scope ? kgpu_ld_acquire_gpu_u64(f) : kgpu_ld_acquire_sys_u64(f);
       uint32_t got = (uint32_t)v;
       if ((int32_t)(got - step) >= 0) {
         if (got == step && (uint32_t)(v >> 32) != sig) {
@@ -463,6 +478,7 @@ static Replicas replicas(const kgpu *g) {
   r.off_tab = g->lay.l2tab;
   r.off_map = g->lay.l2map;
   r.on = g->rep_on;
+  r.gpu_scope = g->one_gpu;
   return r;
 }
 

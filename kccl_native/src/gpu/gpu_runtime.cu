@@ -214,6 +214,7 @@ extern "C" kcclResult_t kgpu_connect(struct kgpu *g, const kgpu_export *peers) {
   if (blocks > cap) blocks = cap;
   if (s->blocks > 0) blocks = s->blocks; /* the user's choice, equal on all ranks (checked above) */
   g->shape.ts_blocks = blocks < 1 ? 1 : blocks > KGPU_TS_MAX_BLOCKS ? KGPU_TS_MAX_BLOCKS : blocks;
+  g->one_gpu = max_local == s->nranks;
   kgpu_l2_agree(g, peers);
   cap = min_sms * ll_per_sm * 3 / (4 * max_local);
   if (cap > free_sm_room) cap = free_sm_room;

@@ -60,6 +60,7 @@ struct kgpu {
                                (0 after a chunked launch: those never trigger their successor) */
   int rep_self;             /* KGPU_REP_* of this rank's calibration */
   int rep_on;               /* every rank calibrated: the chunked kernels use the replicas */
+  int one_gpu;              /* every rank runs on this GPU: the chunked flags order at GPU scope */
   char rep_cal[320];        /* this rank's calibration, in words */
   char rep_note[420];       /* what kgpu_flag_replicas reports */
 };
