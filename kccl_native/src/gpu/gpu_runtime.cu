@@ -212,16 +212,18 @@ extern "C" kcclResult_t kgpu_connect(struct kgpu *g, const kgpu_export *peers) {
   int blocks = 2 * min_sms / max_local, cap = min_sms * ts_per_sm * 3 / (4 * max_local);
   if (cap > free_sm_room) cap = free_sm_room;
   if (blocks > cap) blocks = cap;
-  /* Whole blocks per SM: the ranks of a GPU together run k blocks on each of
-   * the SMs they leave free, not k on some and k + 1 on others.  A block on a
-   * shared SM moves its portion more slowly, and at every flag exchange block
-   * b of each rank waits for block b of all the others.  64 MB at 8 ranks on
-   * one H200 (bench/RESULTS.md, session 10): 16 blocks per rank (128 in all)
-   * 59-62 % of the copy bandwidth in five runs, 18 (144: twelve SMs with two)
-   * 56-57 %; at 2 ranks the 128 of two per SM measured 70-73 %, 64 50 %. */
+  /* Whole blocks per SM where the count is just past them: the ranks of a GPU
+   * together run k blocks on each of the SMs they leave free, not k on most
+   * and k + 1 on a few.  A block on a shared SM moves its portion more slowly,
+   * and at every flag exchange block b of each rank waits for block b of all
+   * the others.  64 MB on one H200 (bench/RESULTS.md, session 10): 8 ranks x 16
+   * blocks (128 in all, one per usable SM) 59-62 % of the copy bandwidth in
+   * six runs, x 18 (144: twelve SMs with two) 56-57 %; but 4 ranks x 32 (one
+   * per SM) 58 % against 63 % for x 42 (168, a third of the SMs with two), so
+   * only an excess of at most a quarter of the SMs is dropped. */
   if (max_local > 1 && min_sms > KGPU_FREE_SMS) { /* never more blocks than above */
     const int usable = min_sms - KGPU_FREE_SMS, per_sm = blocks * max_local / usable;
-    if (per_sm >= 1) blocks = per_sm * usable / max_local;
+    if (per_sm >= 1 && 4 * (blocks * max_local - per_sm * usable) <= usable) blocks = per_sm * usable / max_local;
   }
   if (s->blocks > 0) blocks = s->blocks; /* the user's choice, equal on all ranks (checked above) */
   g->shape.ts_blocks = blocks < 1 ? 1 : blocks > KGPU_TS_MAX_BLOCKS ? KGPU_TS_MAX_BLOCKS : blocks;
