@@ -76,11 +76,10 @@ __device__ static inline uint64_t *flag_slot(char *base, size_t off, int stage, 
 /* How the flags are reached.  Flag replicas: where the tables are (the same
  * offsets in every rank's buffer) and whether to use them (on); the flags
  * region above is used as without replicas.  gpu_scope: every rank runs on
- * this GPU, so signals and waits order at GPU scope, not system scope.  Across
- * 8 processes on one H200, a step of the two-shot kernel (two all-rank flag
- * exchanges per block) cost about 32 us more than its data (64 MB in 2-32 MB
- * chunks: bench/RESULTS.md, session 10); a system-scope fence waits for the
- * block's writes to be visible beyond the GPU, a GPU-scope one only at L2. */
+ * this GPU, so signals and waits order at GPU scope, not system scope (a
+ * system-scope fence also waits for the writes to be visible beyond the GPU).
+ * Measured side by side on one H200 (bench/RESULTS.md, session 10): 64 MB
+ * 1-5 % faster at 2 and 8 ranks. */
 struct Replicas {
   size_t off_pool, off_tab, off_map;
   int on;

@@ -218,7 +218,7 @@ extern "C" kcclResult_t kgpu_connect(struct kgpu *g, const kgpu_export *peers) {
    * and at every flag exchange block b of each rank waits for block b of all
    * the others.  64 MB on one H200 (bench/RESULTS.md, session 10): 8 ranks x 16
    * blocks (128 in all, one per usable SM) 59-62 % of the copy bandwidth in
-   * six runs, x 18 (144: twelve SMs with two) 56-57 %; but 4 ranks x 32 (one
+   * every run, x 18 (144: twelve SMs with two) 56-58 %; but 4 ranks x 32 (one
    * per SM) 58 % against 63 % for x 42 (168, a third of the SMs with two), so
    * only an excess of at most a quarter of the SMs is dropped. */
   if (max_local > 1 && min_sms > KGPU_FREE_SMS) { /* never more blocks than above */
