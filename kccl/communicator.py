@@ -10,7 +10,6 @@ import os
 
 import numpy as np
 
-from . import config as _config
 from . import placement as _placement
 from . import _cuda_buffers as _cu
 from ._buffers import NAMES, NUMPY_CODES, resolve
@@ -201,6 +200,10 @@ class Communicator:
             raise KcclInvalidArgument(f"unique_id must be a kccl.UniqueId (bytes), got {type(unique_id).__name__}")
         uid = ffi.new("kcclUniqueId *")
         ffi.buffer(uid)[:] = UniqueId(unique_id)
+        # Imported here, not at module level: `python -m kccl.config` runs that module as
+        # __main__ after importing the package, and runpy warns when the package has
+        # already imported it under its own name.
+        from . import config as _config
         settings = _config.resolve(config)
         cfg = _config.native_from(ffi, settings)
         device = _device_index(device)
