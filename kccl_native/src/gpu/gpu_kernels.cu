@@ -5,7 +5,8 @@
  *   inbox and reduces what arrives in its own.  No flag, no barrier.
  * two-shot all-reduce / reduce-scatter / all-gather / broadcast: chunked
  *   through each rank's exported scratch areas, with per-block flags pushed to
- *   the peers (release at system scope) and polled locally (acquire).  Block b
+ *   the peers (release at system scope, or GPU scope when every rank shares
+ *   this GPU) and polled locally (acquire at the same scope).  Block b
  *   of every rank handles the same portion of every segment, so block b waits
  *   only for block b of its peers and blocks never wait for each other.
  *
