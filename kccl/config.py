@@ -130,6 +130,10 @@ SETTINGS: Tuple[Setting, ...] = (
             "reduced parts: N times fewer lines read per rank, one more wait); 0 = auto: 1. Two hops were "
             "faster in one process but not across 8 MPS processes on one H200 (8 KB in a graph 3.44 us "
             "against 3.37). Must be equal on all ranks."),
+    Setting("KCCL_GPU_CHUNK_THREADS", "gpu_chunk_threads", 0, _int_range(0, 768, multiple=32),
+            "GPU communicators: threads per block of the chunked kernels (two-shot all-reduce, "
+            "reduce-scatter, all-gather, broadcast), a multiple of 32 up to 768; 0 = auto: 256. "
+            "Must be equal on all ranks."),
     Setting("KCCL_DEBUG", "debug", "NONE", _choice(DEBUG_LEVELS),
             "Log to stderr: NONE, WARN (every error), INFO (init details), TRACE."),
     # Placement: Python's topology/ computes it and hands it to kcclCommInitRankPlacement;

@@ -491,7 +491,8 @@ def test_c_api_init_checks():
     for field, value in (("algo", 3), ("timeout_ms", -1), ("buffer_bytes", 100), ("debug", 7), ("gpu_blocks", -1),
                          ("gpu_blocks", 133), ("gpu_pull", -2), ("gpu_pull", 2), ("gpu_carveout", -2),
                          ("gpu_carveout", 101), ("gpu_ll_threads", 48), ("gpu_ll_threads", 0),
-                         ("gpu_ll_threads", 512), ("gpu_ll_hops", -1), ("gpu_ll_hops", 3)):
+                         ("gpu_ll_threads", 512), ("gpu_ll_hops", -1), ("gpu_ll_hops", 3),
+                         ("gpu_chunk_threads", -32), ("gpu_chunk_threads", 48), ("gpu_chunk_threads", 800)):
         assert lib.kcclConfigInit(cfg) == 0
         setattr(cfg, field, value)
         assert lib.kcclCommInitRankConfig(pc, 1, uid[0], 0, cfg) == lib.kcclInvalidArgument, field

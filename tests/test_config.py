@@ -120,7 +120,8 @@ BAD_ENV = [("KCCL_ALGO", "bogus"), ("KCCL_ALGO", "one-shot"), ("KCCL_TIMEOUT_MS"
            ("KCCL_GPU_BLOCKS", "-1"), ("KCCL_GPU_PULL", "2"), ("KCCL_GPU_CARVEOUT", "101"),
            ("KCCL_GPU_CARVEOUT", "-2"), ("KCCL_GPU_LL_THREADS", "48"), ("KCCL_GPU_LL_THREADS", "0"),
            ("KCCL_GPU_LL_THREADS", "288"), ("KCCL_GPU_LL_HOPS", "3"), ("KCCL_GPU_LL_HOPS", "-1"),
-           ("KCCL_GPU_LL_HOPS", "two")]
+           ("KCCL_GPU_LL_HOPS", "two"), ("KCCL_GPU_CHUNK_THREADS", "100"), ("KCCL_GPU_CHUNK_THREADS", "800"),
+           ("KCCL_GPU_CHUNK_THREADS", "-32")]
 
 
 @pytest.mark.parametrize("name,value", BAD_ENV)
@@ -176,7 +177,8 @@ AGREE = [("KCCL_TIMEOUT_MS", v) for v in ("0", "1", "250", "86400000")] + \
         [("KCCL_GPU_BLOCKS", v) for v in ("0", "1", "33", "132", "133", "-1", "auto")] + \
         [("KCCL_GPU_PULL", v) for v in ("-1", "0", "1", "2", "-2", "pull")] + \
         [("KCCL_GPU_LL_THREADS", v) for v in ("0", "32", "128", "256", "100", "16", "512", "2k", "-32")] + \
-        [("KCCL_GPU_LL_HOPS", v) for v in ("0", "1", "2", "3", "-1", "auto")]
+        [("KCCL_GPU_LL_HOPS", v) for v in ("0", "1", "2", "3", "-1", "auto")] + \
+        [("KCCL_GPU_CHUNK_THREADS", v) for v in ("0", "32", "512", "768", "800", "48", "-32", "auto")]
 # Values the two parsers once disagreed on (regressions).
 DISAGREE = [("KCCL_ALGO", "1"), ("KCCL_TIMEOUT_MS", "10k"), ("KCCL_BUFFER_BYTES", "1M "),
             ("KCCL_TIMEOUT_MS", "1_000"), ("KCCL_BUFFER_BYTES", "1 M"), ("KCCL_DEBUG", " info ")]

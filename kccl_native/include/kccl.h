@@ -119,6 +119,8 @@ typedef struct {
   int gpu_ll_hops;         /* KCCL_GPU_LL_HOPS: a one-shot call of one line per thread in one hop (1: every
                               rank reads every line) or two (2: reduce-scatter, then all-gather, both in
                               LL lines); 0 = auto: 1 (gpu_runtime.cu) */
+  int gpu_chunk_threads;   /* KCCL_GPU_CHUNK_THREADS: threads per block of the chunked GPU kernels, a
+                              multiple of 32 up to 768; 0 = auto (gpu_runtime.cu) */
 } kcclConfig_t;
 
 kcclResult_t kcclConfigInit(kcclConfig_t *config);

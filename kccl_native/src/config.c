@@ -78,6 +78,7 @@ kcclResult_t kcclConfigInit(kcclConfig_t *cfg) {
   cfg->gpu_carveout = 100;    /* a late rank's kernels can start beside waiting blocks (gpu_kernels.cu) */
   cfg->gpu_ll_threads = 256;  /* 128 was not faster at 8 KB and slower from 64 KB (bench/RESULTS.md, session 8) */
   cfg->gpu_ll_hops = 0;       /* auto: the rule in gpu_runtime.cu (ll_hops_auto) */
+  cfg->gpu_chunk_threads = 0; /* auto: the rule in gpu_runtime.cu (kgpu_connect) */
 
   long v;
   kcclResult_t r;
@@ -128,6 +129,12 @@ kcclResult_t kcclConfigInit(kcclConfig_t *cfg) {
   v = cfg->gpu_ll_hops;
   if ((r = env_long("KCCL_GPU_LL_HOPS", 0, 2, 0, &v))) return r;
   cfg->gpu_ll_hops = (int)v;
+  v = cfg->gpu_chunk_threads;
+  if ((r = env_long("KCCL_GPU_CHUNK_THREADS", 0, KCCL_GPU_MAX_CHUNK_THREADS, 0, &v))) return r;
+  if (v % 32)
+    return kccl_err(kcclInvalidArgument, "KCCL_GPU_CHUNK_THREADS=%ld: 0 (auto) or a multiple of 32 (whole warps) "
+                    "up to %d", v, KCCL_GPU_MAX_CHUNK_THREADS);
+  cfg->gpu_chunk_threads = (int)v;
   static const char *const algos[] = {"auto", "oneshot", "twoshot"};
   static const char *const levels[] = {"NONE", "WARN", "INFO", "TRACE"};
   if ((r = env_choice("KCCL_ALGO", algos, 3, &cfg->algo))) return r;

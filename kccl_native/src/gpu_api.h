@@ -16,13 +16,18 @@ extern "C" {
 #define KGPU_IPC_BYTES 64
 #define KGPU_PCI_BYTES 32
 #define KCCL_GPU_MAX_BLOCKS 132 /* blocks per rank of the chunked kernels, at most (KCCL_GPU_BLOCKS) */
+/* Threads per chunked block, at most (KCCL_GPU_CHUNK_THREADS): their launch
+ * bounds keep 80 registers (65536 / 768, rounded down to whole units), the
+ * count of (256, 3) they had before, so one block of 768 fits on an SM. */
+#define KCCL_GPU_MAX_CHUNK_THREADS 768
 
 struct kgpu; /* opaque: one rank's GPU state */
 
 /* What a rank publishes to its peers through its host segment. */
 typedef struct {
   int32_t sms;                  /* multiprocessors of its GPU */
-  int32_t ts_per_sm;            /* blocks of a chunked kernel that fit on one multiprocessor */
+  int8_t ts_per_sm[KCCL_GPU_MAX_CHUNK_THREADS / 32]; /* [w - 1]: blocks of w warps of a chunked kernel
+                                   that fit on one multiprocessor */
   int32_t ll_per_sm;            /* blocks of the one-shot kernel that fit on one multiprocessor */
   int32_t flag_replicas;        /* KGPU_REP_*: asked for per-L2-partition flag replicas, and how its
                                    calibration went (its tables are in its buffer when OK) */
@@ -31,6 +36,7 @@ typedef struct {
   int32_t ll_threads;           /* its KCCL_GPU_LL_THREADS: must be equal on all ranks (it splits a
                                    one-shot call into blocks, and block b pairs with block b) */
   int32_t ll_hops;              /* its KCCL_GPU_LL_HOPS (0: auto): must be equal on all ranks */
+  int32_t chunk_threads;        /* its KCCL_GPU_CHUNK_THREADS (0: auto): must be equal on all ranks */
   uint64_t bytes;               /* size of its exported buffer */
   char pci[KGPU_PCI_BYTES];     /* PCI bus id: ranks with equal ids share a GPU */
   uint8_t ipc[KGPU_IPC_BYTES];  /* cudaIpcMemHandle_t of the buffer */
@@ -58,6 +64,8 @@ typedef struct {
   int pull;                     /* config: one-shot pull 1, push 0, auto -1 */
   int ll_threads;               /* config: threads per one-shot block */
   int ll_hops;                  /* config: one-shot hops, 1 or 2; 0 = auto */
+  int chunk_threads;            /* config: threads per chunked block, 0 = auto */
+  int ts_threads;               /* threads per block of the two-shot / gather kernels (kgpu_connect) */
 } kgpu_shape;
 
 int kgpu_built(void);

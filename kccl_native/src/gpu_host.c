@@ -120,7 +120,8 @@ kcclResult_t kccl_gpu_init(struct kcclComm *c) {
                       .pull = c->cfg.gpu_pull,
                       .carveout = c->cfg.gpu_carveout,
                       .ll_threads = c->cfg.gpu_ll_threads,
-                      .ll_hops = c->cfg.gpu_ll_hops};
+                      .ll_hops = c->cfg.gpu_ll_hops,
+                      .chunk_threads = c->cfg.gpu_chunk_threads};
   kccl_seg_header *me = c->hdr[c->rank];
   kcclResult_t r = kgpu_create(c->cfg.device, &shape, &gh->kg, &me->gpu, &gh->status);
   if (r == kcclSuccess) {

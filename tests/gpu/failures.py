@@ -18,8 +18,9 @@ SIGKILLed without an MPI launcher tearing the job down; "the last rank" is rank 
   kill+replicas, mismatch+replicas, timeout+replicas: the same on a two-shot
             communicator with per-L2-partition flag replicas (KCCL_GPU_FLAG_REPLICAS=1),
             so the waits that fail are the chunked path's, polling a replica
-  blocks, pull, llthreads, llhops  the ranks ask for different KCCL_GPU_BLOCKS /
-            KCCL_GPU_PULL / KCCL_GPU_LL_THREADS / KCCL_GPU_LL_HOPS: init fails on both
+  blocks, pull, llthreads, llhops, chunkthreads  the ranks ask for different
+            KCCL_GPU_BLOCKS / KCCL_GPU_PULL / KCCL_GPU_LL_THREADS / KCCL_GPU_LL_HOPS /
+            KCCL_GPU_CHUNK_THREADS: init fails on both
 Each prints PASS/FAIL with what rank 0 saw and how long it took; the last
 line is `GPU FAILURES: n passed, m failed`; exit 1 on any failure."""
 import multiprocessing as mp
@@ -31,7 +32,8 @@ import time
 DETECT_S = 2.0
 # scenario: (the setting, its value on rank 0 and on rank 1)
 UNEQUAL = {"blocks": ("KCCL_GPU_BLOCKS", 0, 1), "pull": ("KCCL_GPU_PULL", 0, 1),
-           "llthreads": ("KCCL_GPU_LL_THREADS", 256, 128), "llhops": ("KCCL_GPU_LL_HOPS", 1, 2)}
+           "llthreads": ("KCCL_GPU_LL_THREADS", 256, 128), "llhops": ("KCCL_GPU_LL_HOPS", 1, 2),
+           "chunkthreads": ("KCCL_GPU_CHUNK_THREADS", 256, 512)}
 
 
 def ranks_of(scenario):
@@ -126,7 +128,7 @@ EXPECT = {"kill": "KcclRemoteError", "abort": "KcclRemoteError", "mismatch": "Kc
           "timeout": "KcclTimeout", "close": "KcclInvalidUsage", "kill+replicas": "KcclRemoteError",
           "mismatch+replicas": "KcclRemoteError", "timeout+replicas": "KcclTimeout", "blocks": "KcclInvalidUsage",
           "pull": "KcclInvalidUsage", "llthreads": "KcclInvalidUsage", "llhops": "KcclInvalidUsage",
-          "kill+4ranks": "KcclRemoteError", "mismatch+4ranks": "KcclRemoteError",
+          "chunkthreads": "KcclInvalidUsage", "kill+4ranks": "KcclRemoteError", "mismatch+4ranks": "KcclRemoteError",
           "mismatchop+4ranks": "KcclRemoteError", "timeout+4ranks": "KcclTimeout"}
 
 

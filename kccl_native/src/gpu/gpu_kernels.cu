@@ -282,8 +282,9 @@ struct TwoShot {
   Replicas rep;
 };
 
-/* (256, 3): at most 80 registers, without spills (at 64 they spill in the inner loops). */
-__global__ void __launch_bounds__(256, 3) k_twoshot(TwoShot a) {
+/* (768, 1), as (256, 3) before it: at most 80 registers, without spills (at 64
+ * they spill in the inner loops); launched with shape.ts_threads threads. */
+__global__ void __launch_bounds__(KCCL_GPU_MAX_CHUNK_THREADS, 1) k_twoshot(TwoShot a) {
   kgpu_pdl_wait();
   /* No kgpu_pdl_trigger: a successor launched with PDL (a one-shot call) then
    * starts only when this kernel ends, so at most one chunked kernel per rank
@@ -326,8 +327,11 @@ __global__ void __launch_bounds__(256, 3) k_twoshot(TwoShot a) {
     const uint32_t step = next_step(dc, a.off_steps, &s_step);
     const uint64_t val = ((uint64_t)a.sig << 32) | step;
 
-    /* Stage 1: my portion b of every segment into my in-area. */
+    /* Stage 1: my portion b of every peer's segment into my in-area.  My own
+     * segment stays where it is: only I reduce it, and stage 2 reads it from
+     * the send buffer (2 / n of the traffic saved). */
     for (int s = 0; s < n; s++) {
+      if (s == me) continue;
       size_t slen = a.scatter ? S : (CE > s * S ? (CE - s * S < S ? CE - s * S : S) : 0);
       size_t lo = plo < slen ? plo : slen, hi = phi < slen ? phi : slen;
       if (lo >= hi) continue;
@@ -344,6 +348,8 @@ __global__ void __launch_bounds__(256, 3) k_twoshot(TwoShot a) {
       const size_t sbase = (size_t)me * stride * es;
       char *outp = dc.peer_base[me] + a.off_out + sbase;
       char *user = a.recv + (a.scatter ? o * es : (o + (size_t)me * S) * es);
+      /* In place (send == recv) this thread reads own + x before it writes user + x, the same bytes. */
+      const char *own = a.send + (a.scatter ? (size_t)me * a.count + o : o + (size_t)me * S) * es;
       for (size_t x = lo * es + threadIdx.x * 16; x < hi * es; x += (size_t)blockDim.x * 16) {
         /* 8 slots with constant indices (registers); float32 uses slots 0-1 and 4-5.
          * Four ranks' 16 bytes are loaded before any is used: 4 loads in flight, not one
@@ -353,7 +359,8 @@ __global__ void __launch_bounds__(256, 3) k_twoshot(TwoShot a) {
           uint4 u[4];
 #pragma unroll
           for (int j = 0; j < 4; j++)
-            if (g0 + j < n) u[j] = kgpu_ld_cg_v4(dc.peer_base[g0 + j] + a.off_in + sbase + x);
+            if (g0 + j < n)
+              u[j] = g0 + j == me ? load16(own, x, hi * es) : kgpu_ld_cg_v4(dc.peer_base[g0 + j] + a.off_in + sbase + x);
 #pragma unroll
           for (int j = 0; j < 4; j++) {
             if (g0 + j >= n) break;
@@ -413,7 +420,7 @@ struct Gather {
   Replicas rep;
 };
 
-__global__ void __launch_bounds__(256, 3) k_gather(Gather a) {
+__global__ void __launch_bounds__(KCCL_GPU_MAX_CHUNK_THREADS, 1) k_gather(Gather a) {
   kgpu_pdl_wait();
   /* No kgpu_pdl_trigger: a successor launched with PDL (a one-shot call) then
    * starts only when this kernel ends, so at most one chunked kernel per rank
@@ -512,15 +519,19 @@ kgpuError_t kgpu_preload_kernels(int carveout) {
   return kgpu_load_waiting_kernel((const void *)k_gather, carveout);
 }
 
-kgpuError_t kgpu_kernel_occupancy(int nranks, int *ts_per_sm, int *ll_per_sm) {
+kgpuError_t kgpu_kernel_occupancy(int nranks, int8_t *ts_per_sm, int *ll_per_sm) {
   int a = 0, b = 0, c = 0;
   kgpuError_t e;
-  if ((e = kgpuOccupancyMaxActiveBlocksPerMultiprocessor(&a, k_twoshot, 256, 0)) != kgpuSuccess ||
-      (e = kgpuOccupancyMaxActiveBlocksPerMultiprocessor(&b, k_gather, 256, 0)) != kgpuSuccess ||
-      (e = kgpuOccupancyMaxActiveBlocksPerMultiprocessor(&c, oneshot_kernel(nranks, kcclFloat32, kcclSum),
+  for (int w = 1; w <= KCCL_GPU_MAX_CHUNK_THREADS / 32; w++) {
+    if ((e = kgpuOccupancyMaxActiveBlocksPerMultiprocessor(&a, k_twoshot, 32 * w, 0)) != kgpuSuccess ||
+        (e = kgpuOccupancyMaxActiveBlocksPerMultiprocessor(&b, k_gather, 32 * w, 0)) != kgpuSuccess)
+      return e;
+    a = a < b ? a : b;
+    ts_per_sm[w - 1] = (int8_t)(a > 127 ? 127 : a);
+  }
+  if ((e = kgpuOccupancyMaxActiveBlocksPerMultiprocessor(&c, oneshot_kernel(nranks, kcclFloat32, kcclSum),
                                                          KCCL_LL_THREADS, 0)) != kgpuSuccess)
     return e;
-  *ts_per_sm = a < b ? a : b;
   *ll_per_sm = c;
   return kgpuSuccess;
 }
@@ -553,7 +564,7 @@ static kcclResult_t launch_twoshot(kgpu *g, const void *send, void *recv, size_t
   a.sig = sig;
   a.rep = replicas(g);
   g->ll_prev_grid = 0;
-  return launched(kgpu_launch(k_twoshot, ts_grid(g), 256, st, KGPU_CHUNKED_PDL, a), what);
+  return launched(kgpu_launch(k_twoshot, ts_grid(g), (unsigned)g->shape.ts_threads, st, KGPU_CHUNKED_PDL, a), what);
 }
 
 extern "C" kcclResult_t kgpu_allreduce(struct kgpu *g, const void *send, void *recv, size_t count, int dtype,
@@ -620,6 +631,6 @@ extern "C" kcclResult_t kgpu_gather(struct kgpu *g, const void *send, void *recv
   a.sig = sig;
   a.rep = replicas(g);
   g->ll_prev_grid = 0;
-  return launched(kgpu_launch(k_gather, ts_grid(g), 256, (kgpuStream_t)stream, KGPU_CHUNKED_PDL, a),
+  return launched(kgpu_launch(k_gather, ts_grid(g), (unsigned)g->shape.ts_threads, (kgpuStream_t)stream, KGPU_CHUNKED_PDL, a),
                   root < 0 ? "all-gather" : "broadcast");
 }

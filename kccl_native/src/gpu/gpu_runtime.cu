@@ -98,6 +98,7 @@ extern "C" kcclResult_t kgpu_create(int device, const kgpu_shape *shape, struct 
   exp->pull = shape->pull;
   exp->ll_threads = shape->ll_threads;
   exp->ll_hops = shape->ll_hops;
+  exp->chunk_threads = shape->chunk_threads;
   if (shape->flag_replicas) {
     /* Before the export is published: a peer reads the tables once it has mapped this buffer. */
     kcclResult_t r = kgpu_l2_calibrate(g);
@@ -113,7 +114,7 @@ extern "C" kcclResult_t kgpu_create(int device, const kgpu_shape *shape, struct 
       (e = kgpuIpcGetMemHandle((kgpuIpcMemHandle_t *)exp->ipc, g->buf)) != kgpuSuccess ||
       (e = kgpuDeviceGetPCIBusId(exp->pci, KGPU_PCI_BYTES, device)) != kgpuSuccess ||
       (e = kgpuDeviceGetAttribute(&exp->sms, kgpuDevAttrMultiProcessorCount, device)) != kgpuSuccess ||
-      (e = kgpu_kernel_occupancy(shape->nranks, &exp->ts_per_sm, &exp->ll_per_sm)) != kgpuSuccess ||
+      (e = kgpu_kernel_occupancy(shape->nranks, exp->ts_per_sm, &exp->ll_per_sm)) != kgpuSuccess ||
       (e = kgpu_preload_kernels(shape->carveout)) != kgpuSuccess ||
       (e = kgpu_preload_bench_kernels(shape->carveout)) != kgpuSuccess) {
     kgpuFreeHost((void *)g->status_h);
@@ -125,6 +126,12 @@ extern "C" kcclResult_t kgpu_create(int device, const kgpu_shape *shape, struct 
   *status = g->status_h;
   *out = g;
   return kcclSuccess;
+}
+
+/* Threads per block of the chunked kernels when KCCL_GPU_CHUNK_THREADS is 0. */
+static int chunk_threads_auto(int max_local) {
+  (void)max_local;
+  return 256;
 }
 
 extern "C" kcclResult_t kgpu_connect(struct kgpu *g, const kgpu_export *peers) {
@@ -149,6 +156,9 @@ extern "C" kcclResult_t kgpu_connect(struct kgpu *g, const kgpu_export *peers) {
     if (peers[p].pull != s->pull)
       return kccl_err(kcclInvalidUsage, "rank %d has KCCL_GPU_PULL=%d, this rank (%d) %d: the setting must be "
                       "equal on all ranks", p, peers[p].pull, s->rank, s->pull);
+    if (peers[p].chunk_threads != s->chunk_threads)
+      return kccl_err(kcclInvalidUsage, "rank %d has KCCL_GPU_CHUNK_THREADS=%d, this rank (%d) %d: the setting "
+                      "must be equal on all ranks", p, peers[p].chunk_threads, s->rank, s->chunk_threads);
   }
   for (int p = 0; p < s->nranks; p++) {
     if (p == s->rank) {
@@ -205,9 +215,15 @@ extern "C" kcclResult_t kgpu_connect(struct kgpu *g, const kgpu_export *peers) {
     for (int q = 0; q < s->nranks; q++) local += !strncmp(peers[p].pci, peers[q].pci, KGPU_PCI_BYTES);
     if (local > max_local) max_local = local;
     if (peers[p].sms < min_sms) min_sms = peers[p].sms;
-    if (peers[p].ts_per_sm < ts_per_sm) ts_per_sm = peers[p].ts_per_sm;
     if (peers[p].ll_per_sm < ll_per_sm) ll_per_sm = peers[p].ll_per_sm;
   }
+  const int threads = s->chunk_threads > 0 ? s->chunk_threads : chunk_threads_auto(max_local);
+  for (int p = 0; p < s->nranks; p++)
+    if (peers[p].ts_per_sm[threads / 32 - 1] < ts_per_sm) ts_per_sm = peers[p].ts_per_sm[threads / 32 - 1];
+  if (ts_per_sm < 1)
+    return kccl_err(kcclInvalidArgument, "a chunked kernel of %d threads per block does not fit on a "
+                    "multiprocessor of every rank's GPU (KCCL_GPU_CHUNK_THREADS)", threads);
+  g->shape.ts_threads = threads;
   const int free_sm_room = max_local > 1 ? (min_sms - KGPU_FREE_SMS) / (max_local - 1) : 1 << 30;
   int blocks = 2 * min_sms / max_local, cap = min_sms * ts_per_sm * 3 / (4 * max_local);
   if (cap > free_sm_room) cap = free_sm_room;

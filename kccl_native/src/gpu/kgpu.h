@@ -75,8 +75,9 @@ struct kgpu {
 
 kcclResult_t kgpu_launch_error(const char *what);
 /* Blocks per multiprocessor of the chunked kernels (the smaller of two-shot's
- * and gather's) and of the one-shot kernel used for nranks (gpu_kernels.cu). */
-kgpuError_t kgpu_kernel_occupancy(int nranks, int *ts_per_sm, int *ll_per_sm);
+ * and gather's) for blocks of 1 .. KCCL_GPU_MAX_CHUNK_THREADS / 32 warps
+ * (ts_per_sm[w - 1]), and of the one-shot kernel used for nranks (gpu_kernels.cu). */
+kgpuError_t kgpu_kernel_occupancy(int nranks, int8_t *ts_per_sm, int *ll_per_sm);
 /* Loads the library's kernels at init (lazy loading: see gpu_kernels.cu, gpu_bench.cu). */
 /* carveout: the shared-memory carveout in percent for the kernels that wait
  * for peers (KCCL_GPU_CARVEOUT; -1: the driver's choice; why: gpu_kernels.cu).
