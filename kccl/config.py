@@ -103,7 +103,8 @@ SETTINGS: Tuple[Setting, ...] = (
             "GPU communicators: blocks per rank of the chunked kernels (two-shot all-reduce, "
             "reduce-scatter, all-gather, broadcast); 0 = auto: every rank's blocks resident at once, and "
             "the blocks of all ranks of a GPU but one leaving 4 SMs free, so that a late rank's own kernel "
-            "can still start (18 at 8 ranks, 128 at 2 on one H200). More can time out (KcclTimeout after "
+            "can still start (on one H200, one block of KCCL_GPU_CHUNK_THREADS=768 per usable SM: 16 at 8 ranks, "
+            "32 at 4, 64 at 2). More can time out (KcclTimeout after "
             "KCCL_TIMEOUT_MS) when a rank launches a kernel of its own before the collective: 8 ranks x 22 "
             "did, behind a torch kernel, with KCCL_GPU_CARVEOUT=-1 (with 100, 26 and 33 passed). Must be "
             "equal on all ranks."),
@@ -132,8 +133,9 @@ SETTINGS: Tuple[Setting, ...] = (
             "against 3.37). Must be equal on all ranks."),
     Setting("KCCL_GPU_CHUNK_THREADS", "gpu_chunk_threads", 0, _int_range(0, 768, multiple=32),
             "GPU communicators: threads per block of the chunked kernels (two-shot all-reduce, "
-            "reduce-scatter, all-gather, broadcast), a multiple of 32 up to 768; 0 = auto: 256. "
-            "Must be equal on all ranks."),
+            "reduce-scatter, all-gather, broadcast), a multiple of 32 up to 768; 0 = auto: 768 when ranks "
+            "share a GPU (one block per SM; 64 MB on one H200 took 0.57x the time of 256 at 8 ranks), "
+            "256 with one rank per GPU (not measured). Must be equal on all ranks."),
     Setting("KCCL_DEBUG", "debug", "NONE", _choice(DEBUG_LEVELS),
             "Log to stderr: NONE, WARN (every error), INFO (init details), TRACE."),
     # Placement: Python's topology/ computes it and hands it to kcclCommInitRankPlacement;

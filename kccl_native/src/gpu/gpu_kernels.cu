@@ -270,6 +270,13 @@ __device__ static inline void copy_range(char *dst, const char *src, size_t lo, 
 
 /* ---------------------------------------------------- two-shot / scatter -- */
 
+/* 1: the two-shot kernel reduces a rank's own segment straight from its send
+ * buffer instead of copying it into its in-area first; 0: copies it (the
+ * code before session 11, kept for A/B builds). */
+#ifndef KGPU_TS_OWN_FROM_SEND
+#define KGPU_TS_OWN_FROM_SEND 1
+#endif
+
 struct TwoShot {
   kcclDevComm dc;
   size_t off_in, off_out, off_flags, off_steps;
@@ -328,10 +335,10 @@ __global__ void __launch_bounds__(KCCL_GPU_MAX_CHUNK_THREADS, 1) k_twoshot(TwoSh
     const uint64_t val = ((uint64_t)a.sig << 32) | step;
 
     /* Stage 1: my portion b of every peer's segment into my in-area.  My own
-     * segment stays where it is: only I reduce it, and stage 2 reads it from
-     * the send buffer (2 / n of the traffic saved). */
+     * segment stays where it is (KGPU_TS_OWN_FROM_SEND): only I reduce it, and
+     * stage 2 reads it from the send buffer (2 / n of the traffic saved). */
     for (int s = 0; s < n; s++) {
-      if (s == me) continue;
+      if (KGPU_TS_OWN_FROM_SEND && s == me) continue;
       size_t slen = a.scatter ? S : (CE > s * S ? (CE - s * S < S ? CE - s * S : S) : 0);
       size_t lo = plo < slen ? plo : slen, hi = phi < slen ? phi : slen;
       if (lo >= hi) continue;
@@ -350,6 +357,7 @@ __global__ void __launch_bounds__(KCCL_GPU_MAX_CHUNK_THREADS, 1) k_twoshot(TwoSh
       char *user = a.recv + (a.scatter ? o * es : (o + (size_t)me * S) * es);
       /* In place (send == recv) this thread reads own + x before it writes user + x, the same bytes. */
       const char *own = a.send + (a.scatter ? (size_t)me * a.count + o : o + (size_t)me * S) * es;
+      const bool own_vec = (((uintptr_t)own) & 15) == 0;
       for (size_t x = lo * es + threadIdx.x * 16; x < hi * es; x += (size_t)blockDim.x * 16) {
         /* 8 slots with constant indices (registers); float32 uses slots 0-1 and 4-5.
          * Four ranks' 16 bytes are loaded before any is used: 4 loads in flight, not one
@@ -360,7 +368,9 @@ __global__ void __launch_bounds__(KCCL_GPU_MAX_CHUNK_THREADS, 1) k_twoshot(TwoSh
 #pragma unroll
           for (int j = 0; j < 4; j++)
             if (g0 + j < n)
-              u[j] = g0 + j == me ? load16(own, x, hi * es) : kgpu_ld_cg_v4(dc.peer_base[g0 + j] + a.off_in + sbase + x);
+              u[j] = !KGPU_TS_OWN_FROM_SEND || g0 + j != me ? kgpu_ld_cg_v4(dc.peer_base[g0 + j] + a.off_in + sbase + x)
+                     : own_vec && x + 16 <= hi * es ? kgpu_ld_cg_v4(own + x)
+                                                    : load16(own, x, hi * es);
 #pragma unroll
           for (int j = 0; j < 4; j++) {
             if (g0 + j >= n) break;

@@ -128,11 +128,15 @@ extern "C" kcclResult_t kgpu_create(int device, const kgpu_shape *shape, struct 
   return kcclSuccess;
 }
 
-/* Threads per block of the chunked kernels when KCCL_GPU_CHUNK_THREADS is 0. */
-static int chunk_threads_auto(int max_local) {
-  (void)max_local;
-  return 256;
-}
+/* Threads per block of the chunked kernels when KCCL_GPU_CHUNK_THREADS is 0.
+ * Ranks sharing a GPU: 768 (one block per SM at 80 registers).  64 MB bf16 on
+ * one H200 (bench/RESULTS.md, session 11), graph us with one block per usable
+ * SM: 8 ranks x 16 blocks 1319 (256 threads), 857 (512), 756 (768); 4 x 32:
+ * 414 (512), 384 (768); 2 x 64: 202 (512), 185 (768), against 202 for the
+ * 2 x 128 x 256 of before.  The ranks' blocks together are then one per SM,
+ * each with 24 warps: enough loads in flight for HBM.  One rank per GPU: not
+ * measured, 256 as before. */
+static int chunk_threads_auto(int max_local) { return max_local > 1 ? 768 : 256; }
 
 extern "C" kcclResult_t kgpu_connect(struct kgpu *g, const kgpu_export *peers) {
   const kgpu_shape *s = &g->shape;
@@ -225,7 +229,10 @@ extern "C" kcclResult_t kgpu_connect(struct kgpu *g, const kgpu_export *peers) {
                     "multiprocessor of every rank's GPU (KCCL_GPU_CHUNK_THREADS)", threads);
   g->shape.ts_threads = threads;
   const int free_sm_room = max_local > 1 ? (min_sms - KGPU_FREE_SMS) / (max_local - 1) : 1 << 30;
-  int blocks = 2 * min_sms / max_local, cap = min_sms * ts_per_sm * 3 / (4 * max_local);
+  /* Every rank's blocks resident at once on all but KGPU_FREE_SMS SMs' room
+   * (for 256 threads this is the same count as the 3/4 of all the room used
+   * before, wherever the free-SM rule did not already set it). */
+  int blocks = 2 * min_sms / max_local, cap = (min_sms - KGPU_FREE_SMS) * ts_per_sm / max_local;
   if (cap > free_sm_room) cap = free_sm_room;
   if (blocks > cap) blocks = cap;
   /* Whole blocks per SM where the count is just past them: the ranks of a GPU
