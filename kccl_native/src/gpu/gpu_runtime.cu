@@ -132,8 +132,8 @@ extern "C" kcclResult_t kgpu_create(int device, const kgpu_shape *shape, struct 
  * Ranks sharing a GPU: 768 (one block per SM at 80 registers).  64 MB bf16 on
  * one H200 (bench/RESULTS.md, session 11), graph us with one block per usable
  * SM: 8 ranks x 16 blocks 1319 (256 threads), 857 (512), 756 (768); 4 x 32:
- * 414 (512), 384 (768); 2 x 64: 202 (512), 185 (768), against 202 for the
- * 2 x 128 x 256 of before.  The ranks' blocks together are then one per SM,
+ * 414 (512), 384 (768); 2 x 64: 202 (512), 185 (768), against 202 for
+ * 2 x 128 x 256 (218 with session 10's code, which copied its own segment).  The ranks' blocks together are then one per SM,
  * each with 24 warps: enough loads in flight for HBM.  One rank per GPU: not
  * measured, 256 as before. */
 static int chunk_threads_auto(int max_local) { return max_local > 1 ? 768 : 256; }
