@@ -270,13 +270,6 @@ __device__ static inline void copy_range(char *dst, const char *src, size_t lo, 
 
 /* ---------------------------------------------------- two-shot / scatter -- */
 
-/* 1: the two-shot kernel reduces a rank's own segment straight from its send
- * buffer instead of copying it into its in-area first; 0: copies it (the
- * code before session 11, kept for A/B builds). */
-#ifndef KGPU_TS_OWN_FROM_SEND
-#define KGPU_TS_OWN_FROM_SEND 1
-#endif
-
 struct TwoShot {
   kcclDevComm dc;
   size_t off_in, off_out, off_flags, off_steps;
@@ -285,6 +278,7 @@ struct TwoShot {
   size_t count;       /* all-reduce: elements; reduce-scatter: elements per rank */
   size_t chunk_elems; /* scratch capacity in elements */
   int dt, op, es, scatter;
+  int own_from_send; /* kgpu_shape.ts_own_from_send */
   uint32_t sig;
   Replicas rep;
 };
@@ -334,11 +328,11 @@ __global__ void __launch_bounds__(KCCL_GPU_MAX_CHUNK_THREADS, 1) k_twoshot(TwoSh
     const uint32_t step = next_step(dc, a.off_steps, &s_step);
     const uint64_t val = ((uint64_t)a.sig << 32) | step;
 
-    /* Stage 1: my portion b of every peer's segment into my in-area.  My own
-     * segment stays where it is (KGPU_TS_OWN_FROM_SEND): only I reduce it, and
+    /* Stage 1: my portion b of every segment into my in-area.  With
+     * own_from_send my own segment stays where it is: only I reduce it, and
      * stage 2 reads it from the send buffer (2 / n of the traffic saved). */
     for (int s = 0; s < n; s++) {
-      if (KGPU_TS_OWN_FROM_SEND && s == me) continue;
+      if (a.own_from_send && s == me) continue;
       size_t slen = a.scatter ? S : (CE > s * S ? (CE - s * S < S ? CE - s * S : S) : 0);
       size_t lo = plo < slen ? plo : slen, hi = phi < slen ? phi : slen;
       if (lo >= hi) continue;
@@ -368,7 +362,7 @@ __global__ void __launch_bounds__(KCCL_GPU_MAX_CHUNK_THREADS, 1) k_twoshot(TwoSh
 #pragma unroll
           for (int j = 0; j < 4; j++)
             if (g0 + j < n)
-              u[j] = !KGPU_TS_OWN_FROM_SEND || g0 + j != me ? kgpu_ld_cg_v4(dc.peer_base[g0 + j] + a.off_in + sbase + x)
+              u[j] = !a.own_from_send || g0 + j != me ? kgpu_ld_cg_v4(dc.peer_base[g0 + j] + a.off_in + sbase + x)
                      : own_vec && x + 16 <= hi * es ? kgpu_ld_cg_v4(own + x)
                                                     : load16(own, x, hi * es);
 #pragma unroll
@@ -571,6 +565,7 @@ static kcclResult_t launch_twoshot(kgpu *g, const void *send, void *recv, size_t
   a.op = op;
   a.es = dtype == kcclFloat32 ? 4 : 2;
   a.scatter = scatter;
+  a.own_from_send = g->shape.ts_own_from_send;
   a.sig = sig;
   a.rep = replicas(g);
   g->ll_prev_grid = 0;

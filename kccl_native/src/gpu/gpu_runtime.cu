@@ -133,9 +133,9 @@ extern "C" kcclResult_t kgpu_create(int device, const kgpu_shape *shape, struct 
  * one H200 (bench/RESULTS.md, session 11), graph us with one block per usable
  * SM: 8 ranks x 16 blocks 1319 (256 threads), 857 (512), 756 (768); 4 x 32:
  * 414 (512), 384 (768); 2 x 64: 202 (512), 185 (768), against 202 for
- * 2 x 128 x 256 (218 with session 10's code, which copied its own segment).  The ranks' blocks together are then one per SM,
- * each with 24 warps: enough loads in flight for HBM.  One rank per GPU: not
- * measured, 256 as before. */
+ * 2 x 128 x 256 (218 with session 10's code, which copied its own segment).
+ * The ranks' blocks together are then one per SM, each with 24 warps: enough
+ * loads in flight for HBM.  One rank per GPU: not measured, 256 as before. */
 static int chunk_threads_auto(int max_local) { return max_local > 1 ? 768 : 256; }
 
 extern "C" kcclResult_t kgpu_connect(struct kgpu *g, const kgpu_export *peers) {
@@ -228,6 +228,13 @@ extern "C" kcclResult_t kgpu_connect(struct kgpu *g, const kgpu_export *peers) {
     return kccl_err(kcclInvalidArgument, "a chunked kernel of %d threads per block does not fit on a "
                     "multiprocessor of every rank's GPU (KCCL_GPU_CHUNK_THREADS)", threads);
   g->shape.ts_threads = threads;
+  /* Skipping the copy of a rank's own segment saves 2 / n of the two-shot's
+   * traffic, but where many ranks share a GPU it was slower: 64 MB bf16 at 768
+   * threads, side by side (bench/RESULTS.md, session 12), graph us copy vs skip:
+   * 8 ranks 713 vs 759, 4 ranks 387 vs 386, 2 ranks 205 vs 188.  Why 8 ranks
+   * lose is not known (L2 reuse of the copied segment is a guess).  One rank
+   * per GPU: not measured; it saves traffic that no other rank competes for. */
+  g->shape.ts_own_from_send = max_local <= 4;
   const int free_sm_room = max_local > 1 ? (min_sms - KGPU_FREE_SMS) / (max_local - 1) : 1 << 30;
   /* Every rank's blocks resident at once on all but KGPU_FREE_SMS SMs' room
    * (for 256 threads this is the same count as the 3/4 of all the room used
