@@ -72,6 +72,9 @@ run_step() {
     ladderlib) # only the library's rungs (push / pull, one hop / two), 4 and 8 ranks, three rounds each
       nvcc -O3 -std=c++17 -gencode=arch=compute_90,code=sm_90 -Ikccl_native/include -o /tmp/ll_ladder bench/gpu/ll_ladder.cu &&
         for r in 4 8; do timeout 100 /tmp/ll_ladder 2000 $r 0 lib; done 2>&1 | tee "$LOGS/$s.log" ;;
+    flagladder) # session 13: plain data behind flags against the LL exchange (ll_ladder.cu flagx), 2 / 4 / 8 ranks
+      nvcc -O3 -std=c++17 -gencode=arch=compute_90,code=sm_90 -Ikccl_native/include -o /tmp/ll_ladder bench/gpu/ll_ladder.cu &&
+        for r in 2 4 8; do timeout 100 /tmp/ll_ladder 2000 $r 0 flag; done 2>&1 | tee "$LOGS/$s.log" ;;
     ladder|ladder[0-9]*) # ladderN: only N ranks (ladder: 2, 4 and 8)
       r=${s#ladder}; nvcc -O3 -std=c++17 -gencode=arch=compute_90,code=sm_90 -Ikccl_native/include -o /tmp/ll_ladder bench/gpu/ll_ladder.cu &&
             timeout 120 /tmp/ll_ladder 2000 ${r:-0} 2>&1 | tee "$LOGS/$s.log" ;;

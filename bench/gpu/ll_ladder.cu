@@ -18,8 +18,11 @@
 //   and variants 3 and 5 again with the library's pull mode (dc.pull = 1), in one hop and in
 //   two (dc.ll_hops = 2: reduce-scatter, then all-gather; kccl_device.cuh "Two hops")
 //   Each at 256, 128, 64 and 32 threads per block (one 8-byte datum per thread: 4-32 blocks).
-//   ll_ladder [iters=2000] [ranks (0: 2, 4, 8)] [threads (0: all four)] [lib]
-//   (one config: for ncu; lib: only the library's rungs, push and pull, one hop and two)
+//   200 + M: (session 13) no LL lines: plain data behind one flag per block (M 0) or per
+//           warp (M 1), see flagx
+//   ll_ladder [iters=2000] [ranks (0: 2, 4, 8)] [threads (0: all four)] [lib | flag]
+//   (one config: for ncu; lib: only the library's rungs, push and pull, one hop and two;
+//   flag: the flag rungs beside the bare exchange and the library's pull body)
 // Build: nvcc -O3 -std=c++17 -gencode=arch=compute_90,code=sm_90 -Ikccl_native/include -o ll_ladder ll_ladder.cu
 #include <cuda_runtime.h>
 
@@ -242,6 +245,73 @@ __device__ static inline bool feat(const kcclDevComm &dc, int block, char *data,
   return true;
 }
 
+// Flag rungs (session 13).  The LL rungs' cost grows with the ranks (8 KB per rank, one
+// process: about 0.7 us at 2 ranks, 2 us at 8): every thread polls a 16-byte line of every
+// rank each round, 8 x 8 x 1024 line reads per round at 8 ranks, most of them to lines that
+// 7 other readers poll too.  Here the data travels as plain 8-byte words (half the bytes of
+// an LL line) behind one 64-bit flag per (sender, block) (M 0) or per (sender, block, warp)
+// (M 1): the writer stores its words, a barrier, then one thread fences (acq_rel, GPU
+// scope: every rank shares this GPU) and stores the flag; lane p of the reader polls
+// sender p's flag with an acquire load, a barrier, then every thread reads its word of
+// each rank past L1 (.cg) once.  Two more hops than LL on the critical path (the fence's
+// round trip, the data read after the flag), but R flag polls per reader block or warp
+// per round instead of R lines per thread.  No end barrier: a sender overwrites set s
+// only after every rank's flag of the next two calls, each published after that rank's
+// reads of this one.
+__device__ static inline uint64_t *flag_word(const kcclDevComm &dc, int owner, uint32_t set, int block, int unit) {
+  return (uint64_t *)((char *)ll_region(dc, owner, set, owner, block) + 8192 + unit * 128);
+}
+template <int R, int M>
+__device__ static inline bool flagx(const kcclDevComm &dc, int block, char *data, uint32_t nbytes, uint32_t &e,
+                                    int *hung) {
+  const int tid = threadIdx.x, me = dc.rank, lane = tid & 31;
+  const int who = M == 0 ? tid : lane;       /* 0: the publisher; p < R: polls sender p */
+  const int unit = M == 0 ? 0 : tid >> 5;    /* whose flag: the block's or the warp's */
+  const uint32_t lines = nbytes / 8;
+  __shared__ volatile int s_hung;
+  if (tid == 0) s_hung = 0;
+  e++;
+  const uint32_t set = e % KCCL_LL_SETS;
+  const uint64_t val = (uint64_t)0x1234u << 32 | e;
+  uint32_t w0 = 0, w1 = 0;
+  if (tid < lines) {
+    load8(data, (size_t)tid * 8, nbytes, &w0, &w1);
+    uint32_t *mine = (uint32_t *)ll_region(dc, me, set, me, block) + 2 * tid;
+    asm volatile("st.global.cg.v2.u32 [%0], {%1,%2};" ::"l"(mine), "r"(w0), "r"(w1) : "memory");
+  }
+  if (M == 0) __syncthreads(); else __syncwarp();
+  if (who == 0) {
+    kgpu_fence_gpu();
+    kgpu_st_relaxed_gpu_u64(flag_word(dc, me, set, block, unit), val);
+  }
+  if (who < R && who != me) {
+    const uint64_t *f = flag_word(dc, who, set, block, unit);
+    for (uint32_t polls = 0; kgpu_ld_acquire_gpu_u64(f) != val; polls++)
+      if (polls > (1u << 24)) { *hung = 1; s_hung = 1; break; }
+  }
+  if (M == 0) __syncthreads(); else __syncwarp();
+  if (s_hung) return false; /* shared: no extra round trip on the path */
+  if (tid < lines) {
+    uint2 got[R];
+#pragma unroll
+    for (int p = 0; p < R; p++)
+      if (p != me) {
+        const uint32_t *src = (const uint32_t *)ll_region(dc, p, set, p, block) + 2 * tid;
+        asm volatile("ld.global.cg.v2.u32 {%0,%1}, [%2];" : "=r"(got[p].x), "=r"(got[p].y) : "l"(src) : "memory");
+      }
+    float acc[4], v[4];
+#pragma unroll
+    for (int p = 0; p < R; p++) {
+      decode(p == me ? w0 : got[p].x, p == me ? w1 : got[p].y, kcclBfloat16, v);
+#pragma unroll
+      for (int j = 0; j < 4; j++) acc[j] = p == 0 ? v[j] : combine(acc[j], v[j], kcclMax);
+    }
+    encode(acc, kcclBfloat16, &w0, &w1);
+    store8(data, (size_t)tid * 8, nbytes, w0, w1);
+  }
+  return true;
+}
+
 template <int R, int V>
 __global__ void __launch_bounds__(256) k_ladder(Ranks rk, int B, int iters, uint32_t e0, double *us, int *hung) {
   const int r = blockIdx.x / B, b = blockIdx.x % B;
@@ -251,7 +321,9 @@ __global__ void __launch_bounds__(256) k_ladder(Ranks rk, int B, int iters, uint
   uint32_t e = e0;
   const unsigned long long t0 = gtimer();
   for (int it = 0; it < iters; it++) {
-    if (V >= 100) {
+    if (V >= 200) {
+      if (!flagx<R, V - 200>(dc, b, data, per, e, hung)) break;
+    } else if (V >= 100) {
       if (!feat<R, V - 100>(dc, b, data, per, hung)) break;
     } else if (V <= 2 || V >= 6) {
       if (!bare<R, V == 8 ? 8 : R, V>(dc, b, data, per, e, hung)) break;
@@ -298,7 +370,7 @@ static void lib_rungs(Ranks &rk, int B, int T, int iters, uint32_t &e, double *d
 }
 
 template <int R>
-static void ladder(char *base, int iters, int only_threads, bool lib_only) {
+static void ladder(char *base, int iters, int only_threads, bool lib_only, bool flag_only) {
   Ranks rk;
   CHECK(cudaMemset(base, 0, RANK_BYTES * R));
   for (int r = 0; r < R; r++) {
@@ -335,6 +407,27 @@ static void ladder(char *base, int iters, int only_threads, bool lib_only) {
         std::printf("R=%d ranks, %2d blocks/rank x %3d threads, ll_allreduce_block<8> (round %d): push %.3f | "
                     "pull %.3f | push 2 hops %.3f | pull 2 hops %.3f  us per call\n",
                     R, B, T, round, lib[0], lib[1], lib[2], lib[3]);
+      }
+      continue;
+    }
+    if (flag_only) {
+      for (int round = 0; round < 3; round++) { /* three times: the spread shows the noise */
+        uint32_t e = 2000000 + 1000000 * round, d = 0;
+        CHECK(cudaMemset(base, 0, RANK_BYTES * R));
+        const double b0 = run<R, 0>(rk, B, T, iters, e, d_us, d_hung);
+        e += 1000000;
+        const double b1 = run<R, 1>(rk, B, T, iters, e, d_us, d_hung);
+        e += 1000000;
+        const double f0 = run<R, 200>(rk, B, T, iters, e, d_us, d_hung);
+        e += 1000000;
+        const double f1 = run<R, 201>(rk, B, T, iters, e, d_us, d_hung);
+        CHECK(cudaMemset(base, 0, RANK_BYTES * R));
+        for (int r = 0; r < R; r++) rk.dc[r].pull = 1;
+        const double lp = run<R, 3>(rk, B, T, iters, d, d_us, d_hung);
+        for (int r = 0; r < R; r++) rk.dc[r].pull = 0;
+        std::printf("R=%d ranks, %2d blocks/rank x %3d threads (round %d): LL bare %.3f | LL bare+end barrier %.3f | "
+                    "flag per block %.3f | flag per warp %.3f | library pull <8> %.3f  us per call\n",
+                    R, B, T, round, b0, b1, f0, f1, lp);
       }
       continue;
     }
@@ -408,9 +501,10 @@ int main(int argc, char **argv) {
   std::printf("ll_ladder: %d dependent calls per run, max over blocks of us per call\n", iters);
   const int ranks = argc > 2 ? std::atoi(argv[2]) : 0, threads = argc > 3 ? std::atoi(argv[3]) : 0;
   const bool lib_only = argc > 4 && std::strcmp(argv[4], "lib") == 0;
-  if (!ranks || ranks == 2) ladder<2>(base, iters, threads, lib_only);
-  if (!ranks || ranks == 4) ladder<4>(base, iters, threads, lib_only);
-  if (!ranks || ranks == 8) ladder<8>(base, iters, threads, lib_only);
+  const bool flag_only = argc > 4 && std::strcmp(argv[4], "flag") == 0;
+  if (!ranks || ranks == 2) ladder<2>(base, iters, threads, lib_only, flag_only);
+  if (!ranks || ranks == 4) ladder<4>(base, iters, threads, lib_only, flag_only);
+  if (!ranks || ranks == 8) ladder<8>(base, iters, threads, lib_only, flag_only);
   CHECK(cudaFree(base));
   return 0;
 }
