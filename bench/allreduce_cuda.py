@@ -13,8 +13,12 @@ the smallest normal number (2^-125) so a chain of sums never overflows.
   the cost of merely touching the bytes once.
 #wrong counts elements that differ from the exactly known answer (a separate,
 un-timed call on small integers).  hbm_GBps: the memory traffic the algorithm
-needs on one GPU (two-shot: 5 x size per rank, summed over the ranks sharing
-that GPU) per second, to compare with the copy bandwidth printed at the end.
+needs on one GPU per second, summed over the ranks sharing that GPU, to compare
+with the copy bandwidth printed at the end.  Two-shot moves (5 - 2 / n) x size
+per rank of n: its peers' segments into scratch (read + write, (n - 1) / n),
+the reduction of its segment (read 1, write 2 / n: scratch and user buffer),
+and the other segments from their owners (read + write, (n - 1) / n); a rank's
+own segment is read from its send buffer, not copied (until session 11: 5 x).
 With --compare nccl (one GPU per rank only: NCCL refuses several ranks per GPU)
 torch.distributed's NCCL all-reduce runs on the same buffers in the same run."""
 import json
@@ -182,7 +186,7 @@ def main(args, sizes):
             w = sum(v[5] for v in vals)
             algbw = nbytes / g / 1e3 if g > 0 else float("nan")
             busbw = algbw * 2 * (nranks - 1) / nranks
-            hbm = 5 * nbytes * per_gpu / g / 1e3 if g > 0 else float("nan")
+            hbm = (5 - 2 / nranks) * nbytes * per_gpu / g / 1e3 if g > 0 else float("nan")
             row = dict(bytes=nbytes, count=count, dtype=args.dtype, nranks=nranks, per_gpu=per_gpu, K=K,
                        eager_us=e, graph_us=g, copy_us=c, nccl_eager_us=None if math.isnan(a) else a,
                        nccl_graph_us=None if math.isnan(b) else b, algbw_GBps=algbw, busbw_GBps=busbw,

@@ -66,7 +66,6 @@ typedef struct {
   int ll_hops;                  /* config: one-shot hops, 1 or 2; 0 = auto */
   int chunk_threads;            /* config: threads per chunked block, 0 = auto */
   int ts_threads;               /* threads per block of the two-shot / gather kernels (kgpu_connect) */
-  int ts_own_from_send;         /* two-shot reduces a rank's own segment from its send buffer (kgpu_connect) */
 } kgpu_shape;
 
 int kgpu_built(void);

@@ -278,7 +278,6 @@ struct TwoShot {
   size_t count;       /* all-reduce: elements; reduce-scatter: elements per rank */
   size_t chunk_elems; /* scratch capacity in elements */
   int dt, op, es, scatter;
-  int own_from_send; /* kgpu_shape.ts_own_from_send */
   uint32_t sig;
   Replicas rep;
 };
@@ -328,11 +327,14 @@ __global__ void __launch_bounds__(KCCL_GPU_MAX_CHUNK_THREADS, 1) k_twoshot(TwoSh
     const uint32_t step = next_step(dc, a.off_steps, &s_step);
     const uint64_t val = ((uint64_t)a.sig << 32) | step;
 
-    /* Stage 1: my portion b of every segment into my in-area.  With
-     * own_from_send my own segment stays where it is: only I reduce it, and
-     * stage 2 reads it from the send buffer (2 / n of the traffic saved). */
+    /* Stage 1: my portion b of every peer's segment into my in-area.  My own
+     * segment stays where it is: only I reduce it, and stage 2 reads it from
+     * the send buffer (2 / n of the traffic saved).  64 MB bf16 at 768 threads
+     * (bench/RESULTS.md, session 12), graph us skipping vs copying it: 2 ranks
+     * 188 / 194 vs 205 / 228, 4 ranks 386 / 394 vs 387 / 429, 8 ranks 759 / 783
+     * vs 713 / 817 (two runs: within the noise at 8). */
     for (int s = 0; s < n; s++) {
-      if (a.own_from_send && s == me) continue;
+      if (s == me) continue;
       size_t slen = a.scatter ? S : (CE > s * S ? (CE - s * S < S ? CE - s * S : S) : 0);
       size_t lo = plo < slen ? plo : slen, hi = phi < slen ? phi : slen;
       if (lo >= hi) continue;
@@ -362,7 +364,7 @@ __global__ void __launch_bounds__(KCCL_GPU_MAX_CHUNK_THREADS, 1) k_twoshot(TwoSh
 #pragma unroll
           for (int j = 0; j < 4; j++)
             if (g0 + j < n)
-              u[j] = !a.own_from_send || g0 + j != me ? kgpu_ld_cg_v4(dc.peer_base[g0 + j] + a.off_in + sbase + x)
+              u[j] = g0 + j != me ? kgpu_ld_cg_v4(dc.peer_base[g0 + j] + a.off_in + sbase + x)
                      : own_vec && x + 16 <= hi * es ? kgpu_ld_cg_v4(own + x)
                                                     : load16(own, x, hi * es);
 #pragma unroll
@@ -565,7 +567,6 @@ static kcclResult_t launch_twoshot(kgpu *g, const void *send, void *recv, size_t
   a.op = op;
   a.es = dtype == kcclFloat32 ? 4 : 2;
   a.scatter = scatter;
-  a.own_from_send = g->shape.ts_own_from_send;
   a.sig = sig;
   a.rep = replicas(g);
   g->ll_prev_grid = 0;

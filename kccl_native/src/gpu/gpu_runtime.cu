@@ -228,13 +228,6 @@ extern "C" kcclResult_t kgpu_connect(struct kgpu *g, const kgpu_export *peers) {
     return kccl_err(kcclInvalidArgument, "a chunked kernel of %d threads per block does not fit on a "
                     "multiprocessor of every rank's GPU (KCCL_GPU_CHUNK_THREADS)", threads);
   g->shape.ts_threads = threads;
-  /* Skipping the copy of a rank's own segment saves 2 / n of the two-shot's
-   * traffic, but where many ranks share a GPU it was slower: 64 MB bf16 at 768
-   * threads, side by side (bench/RESULTS.md, session 12), graph us copy vs skip:
-   * 8 ranks 713 vs 759, 4 ranks 387 vs 386, 2 ranks 205 vs 188.  Why 8 ranks
-   * lose is not known (L2 reuse of the copied segment is a guess).  One rank
-   * per GPU: not measured; it saves traffic that no other rank competes for. */
-  g->shape.ts_own_from_send = max_local <= 4;
   const int free_sm_room = max_local > 1 ? (min_sms - KGPU_FREE_SMS) / (max_local - 1) : 1 << 30;
   /* Every rank's blocks resident at once on all but KGPU_FREE_SMS SMs' room
    * (for 256 threads this is the same count as the 3/4 of all the room used
