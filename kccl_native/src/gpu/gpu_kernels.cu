@@ -330,9 +330,8 @@ __global__ void __launch_bounds__(KCCL_GPU_MAX_CHUNK_THREADS, 1) k_twoshot(TwoSh
     /* Stage 1: my portion b of every peer's segment into my in-area.  My own
      * segment stays where it is: only I reduce it, and stage 2 reads it from
      * the send buffer (2 / n of the traffic saved).  64 MB bf16 at 768 threads
-     * (bench/RESULTS.md, session 12), graph us skipping vs copying it: 2 ranks
-     * 188 / 194 vs 205 / 228, 4 ranks 386 / 394 vs 387 / 429, 8 ranks 759 / 783
-     * vs 713 / 817 (two runs: within the noise at 8). */
+     * on one H200 (bench/RESULTS.md, session 13, side by side, two rounds):
+     * 8 ranks 758 / 758 us skipping it against 808 / 808 copying it. */
     for (int s = 0; s < n; s++) {
       if (s == me) continue;
       size_t slen = a.scatter ? S : (CE > s * S ? (CE - s * S < S ? CE - s * S : S) : 0);
