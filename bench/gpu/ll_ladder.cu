@@ -60,6 +60,24 @@ struct Ranks {
   kcclDevComm dc[8];
 };
 
+// Every rung's combine: line `tid` of ranks 0..n-1 (this rank's w0, w1; the peers' in got[p].x
+// and .z) reduced with bf16 max in rank order and stored in place.
+template <int MAXR>
+__device__ static __forceinline__ void lad_reduce_store(const uint4 *got, int me, int n, uint32_t w0, uint32_t w1,
+                                                        char *data, int tid, uint32_t nbytes) {
+  float acc[4], v[4];
+#pragma unroll
+  for (int p = 0; p < MAXR; p++) {
+    if (p < n) {
+      decode(p == me ? w0 : got[p].x, p == me ? w1 : got[p].z, kcclBfloat16, v);
+#pragma unroll
+      for (int j = 0; j < 4; j++) acc[j] = p == 0 ? v[j] : combine(acc[j], v[j], kcclMax);
+    }
+  }
+  encode(acc, kcclBfloat16, &w0, &w1);
+  store8(data, (size_t)tid * 8, nbytes, w0, w1);
+}
+
 // The bare exchange: one 8-byte datum per thread (lines <= blockDim.x).  MAXR: the
 // peer loops run to MAXR with a run-time rank count (as the library's do); V as above.
 template <int R, int MAXR, int V>
@@ -121,19 +139,7 @@ __device__ static inline bool bare(const kcclDevComm &dc, int block, char *data,
     if (V >= 7 && keep_waiting(dc, w, &s_fail)) { *hung = 4; return false; }
     if (polls > (1u << 24)) { *hung = 1; return false; } /* a bug here: the run's timeout ends it */
   }
-  if (tid < lines) {
-    float acc[4], v[4];
-#pragma unroll
-    for (int p = 0; p < MAXR; p++) {
-      if (p < n) {
-        decode(p == me ? w0 : got[p].x, p == me ? w1 : got[p].z, kcclBfloat16, v);
-#pragma unroll
-        for (int j = 0; j < 4; j++) acc[j] = p == 0 ? v[j] : combine(acc[j], v[j], kcclMax);
-      }
-    }
-    encode(acc, kcclBfloat16, &w0, &w1);
-    store8(data, (size_t)tid * 8, nbytes, w0, w1);
-  }
+  if (tid < lines) lad_reduce_store<MAXR>(got, me, n, w0, w1, data, tid, nbytes);
   if (V >= 1) __syncthreads();
   return true;
 }
@@ -230,17 +236,7 @@ __device__ static inline bool feat(const kcclDevComm &dc, int block, char *data,
     if ((F & F_BOUND) && keep_waiting(dc, wt, &s_fail)) { *hung = 4; return false; }
     if (polls > (1u << 24)) { *hung = 1; return false; }
   }
-  if (tid < lines) {
-    float acc[4], v[4];
-#pragma unroll
-    for (int p = 0; p < R; p++) {
-      decode(p == me ? w0 : got[p].x, p == me ? w1 : got[p].z, kcclBfloat16, v);
-#pragma unroll
-      for (int j = 0; j < 4; j++) acc[j] = p == 0 ? v[j] : combine(acc[j], v[j], kcclMax);
-    }
-    encode(acc, kcclBfloat16, &w0, &w1);
-    store8(data, (size_t)tid * 8, nbytes, w0, w1);
-  }
+  if (tid < lines) lad_reduce_store<R>(got, me, R, w0, w1, data, tid, nbytes);
   __syncthreads();
   return true;
 }
@@ -294,22 +290,14 @@ __device__ static inline bool flagx(const kcclDevComm &dc, int block, char *data
   if (M == 0) __syncthreads(); else __syncwarp();
   if (s_hung) return false; /* shared: no extra round trip on the path */
   if (tid < lines) {
-    uint2 got[R];
+    uint4 got[R]; /* a peer's two data words in .x and .z, as an LL line's */
 #pragma unroll
     for (int p = 0; p < R; p++)
       if (p != me) {
         const uint32_t *src = (const uint32_t *)ll_region(dc, p, set, p, block) + 2 * tid;
-        asm volatile("ld.global.cg.v2.u32 {%0,%1}, [%2];" : "=r"(got[p].x), "=r"(got[p].y) : "l"(src) : "memory");
+        asm volatile("ld.global.cg.v2.u32 {%0,%1}, [%2];" : "=r"(got[p].x), "=r"(got[p].z) : "l"(src) : "memory");
       }
-    float acc[4], v[4];
-#pragma unroll
-    for (int p = 0; p < R; p++) {
-      decode(p == me ? w0 : got[p].x, p == me ? w1 : got[p].y, kcclBfloat16, v);
-#pragma unroll
-      for (int j = 0; j < 4; j++) acc[j] = p == 0 ? v[j] : combine(acc[j], v[j], kcclMax);
-    }
-    encode(acc, kcclBfloat16, &w0, &w1);
-    store8(data, (size_t)tid * 8, nbytes, w0, w1);
+    lad_reduce_store<R>(got, me, R, w0, w1, data, tid, nbytes);
   }
   return true;
 }
