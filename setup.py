@@ -1,5 +1,7 @@
 """Builds the kccl package: the C core is compiled into a cffi extension
-(out-of-line API mode) by kccl/_build_ffi.py."""
+(out-of-line API mode) by kccl/_build_ffi.py, and KIE's GPU engine into a
+second one by kie_engine/gpu/_build.py (both compile their CUDA files with
+nvcc when it is found)."""
 from setuptools import find_packages, setup
 
 setup(
@@ -17,6 +19,6 @@ setup(
         # reference its tests compare against (torch pinned: the CPU wheel, not a CUDA build).
         "kie": ["torch==2.13.0", "transformers", "safetensors", "tokenizers"],
     },
-    cffi_modules=["kccl/_build_ffi.py:ffibuilder"],
+    cffi_modules=["kccl/_build_ffi.py:ffibuilder", "kie_engine/gpu/_build.py:ffibuilder"],
     zip_safe=False,
 )

@@ -144,6 +144,12 @@ def _from_dlpack(obj, dtype, what):
     return (t.data or 0) + t.byte_offset, nbytes // ITEMSIZE[code], code, t.device.device_id, "dlpack"
 
 
+def library_of(obj):
+    """The library whose current stream serves obj's calls: "torch", "cupy" or None."""
+    mod = type(obj).__module__
+    return "torch" if mod.startswith("torch") else "cupy" if mod.startswith("cupy") else None
+
+
 def stream_handle(stream, lib, device):
     """The cudaStream_t (an int) for a call: `stream` as given (int, torch or CuPy stream, or an
     object with __cuda_stream__), else the current stream of the array's library, else 0."""

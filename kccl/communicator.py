@@ -176,6 +176,33 @@ class AllReduceHandle:
         return f"<kccl.AllReduceHandle {self._req} {'done' if self._finished else 'pending'}>"
 
 
+class GpuAllReduceHandle:
+    """An all-reduce started on a GPU communicator (stream-ordered).  wait(stream=None)
+    makes `stream` (default: the current stream of recv's library) wait for the sum and
+    returns recv at once: read it in stream order, or after synchronizing.  A second
+    wait returns recv and enqueues nothing."""
+    __slots__ = ("_owner", "_comm", "_req", "recv", "_waited")
+
+    def __init__(self, owner, comm, req, recv):
+        self._owner, self._comm, self._req, self.recv = owner, comm, req, recv
+        self._waited = False
+
+    def wait(self, stream=None):
+        if self._waited:
+            return self.recv
+        if self._owner._comm is not self._comm:
+            raise KcclInvalidUsage(f"the communicator of this all_reduce_start is {self._owner._why_closed}")
+        st = ffi.cast("void *", _cu.stream_handle(stream, _cu.library_of(self.recv), self._owner._device))
+        rc = lib.kcclAllReduceWaitStream(self._comm, self._req, st)
+        if rc:
+            _raise(rc)
+        self._waited = True
+        return self.recv
+
+    def __repr__(self):
+        return f"<kccl.GpuAllReduceHandle {self._req} {'waited' if self._waited else 'pending'}>"
+
+
 class Communicator:
     """A group of `nranks` processes on one host, this process being `rank`.
 
@@ -304,7 +331,7 @@ class Communicator:
                 return recv
         return self._all_reduce_general(send, recv, op, dtype, stream)
 
-    def all_reduce_start(self, send, recv=None, op=SUM, *, dtype=None):
+    def all_reduce_start(self, send, recv=None, op=SUM, *, dtype=None, stream=None):
         """Starts an all-reduce and returns at once with an AllReduceHandle; its wait()
         puts the result in recv (in place when recv is omitted) and returns recv.
 
@@ -313,13 +340,25 @@ class Communicator:
         every older one).  At most config max_outstanding (KCCL_MAX_OUTSTANDING,
         default 1) may be started and not waited (KcclInvalidUsage beyond), a
         message holds at most KCCL_BUFFER_BYTES, and blocking collectives are
-        refused while any is outstanding."""
+        refused while any is outstanding.
+
+        On a GPU communicator it is stream-ordered (kcclAllReduceStartStream): the
+        sum runs on the communicator's side stream after the work on `stream` (default:
+        the current stream of the array's library), any size; the handle's
+        wait(stream=...) makes that stream wait for it, returns at once, and can be
+        captured in a CUDA graph with the start."""
         if recv is None:
             recv = send
         comm = self._handle()
-        if self._device >= 0:
-            raise KcclInvalidUsage("all_reduce_start is implemented for the host transport only")
         opc = _op_code(op)
+        if self._device >= 0:
+            sp, rp, n, code, st = self._gpu_pair(send, recv, dtype, stream)
+            req = self._req
+            rc = lib.kcclAllReduceStartStream(sp, rp, n, code, opc, comm, st, req)
+            if rc:
+                _raise(rc)
+            return GpuAllReduceHandle(self, comm, req[0], recv)
+        self._no_stream(stream)
         if type(send) is _ndarray and dtype is None:
             hot = _prepare(send, recv)
             sp, rp, n, code = hot[3], hot[4], hot[5], hot[6]

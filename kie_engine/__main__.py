@@ -2,7 +2,7 @@
 
     python -m kie_engine init --config tiny|small|2b --dtp-delay D --out DIR [--seed S]
     [mpiexec -n N] python -m kie_engine generate --model DIR --prompt TEXT [--max-new-tokens 64]
-        [--temperature T --top-k K --top-p P --seed S] [--ignore-eos]
+        [--temperature T --top-k K --top-p P --seed S] [--ignore-eos] [--device cpu|cuda]
 
 Under mpiexec every rank is a lane (tensor parallelism over KCCL); N = 1 needs no
 mpiexec.  Rank 0 streams the text and prints the timing line."""
@@ -47,13 +47,22 @@ def cmd_generate(a):
         raise ValueError("the prompt encodes to no tokens")
     if max(ids) >= cfg.vocab_size:
         raise KieError(f"the tokenizer produced id {max(ids)}, outside the model's vocab_size={cfg.vocab_size}")
+    gpu = a.device == "cuda"
+    if gpu:
+        from .gpu.engine import require_gpu
+        require_gpu()  # before any rank connects: every rank fails alike
     comm = None
     if size > 1:
         from mpi4py import MPI
         import kccl
-        comm = kccl.Communicator.from_mpi(MPI.COMM_WORLD, config=comm_config(cfg))
+        comm = kccl.Communicator.from_mpi(MPI.COMM_WORLD, config=comm_config(cfg), device="local" if gpu else None)
+    model = None
     try:
-        model = load_model(ckpt, comm)
+        if gpu:
+            from .gpu.engine import load_gpu_model
+            model = load_gpu_model(ckpt, comm, max_seq=min(cfg.max_position_embeddings, len(ids) + a.max_new_tokens))
+        else:
+            model = load_model(ckpt, comm)
         stream = StreamDecoder(tok)
         show = rank == 0
 
@@ -63,12 +72,18 @@ def cmd_generate(a):
                 sys.stdout.flush()
         if show:
             sys.stdout.write(a.prompt)
-        res = generate(model, ids, a.max_new_tokens, sampling, None if a.ignore_eos else cfg.eos_token_id,
-                       on_token, prefill_chunk(cfg))
+        eos = None if a.ignore_eos else cfg.eos_token_id
+        if gpu:
+            res = model.generate(ids, a.max_new_tokens, sampling, eos, on_token)
+        else:
+            res = generate(model, ids, a.max_new_tokens, sampling, eos, on_token, prefill_chunk(cfg))
         if show:
             lanes = f", {size} lanes" if size > 1 else ""
-            print(f"\n[{res.summary()}; dtp_delay={cfg.dtp_delay}{lanes}]", flush=True)
+            where = ", cuda" if gpu else ""
+            print(f"\n[{res.summary()}; dtp_delay={cfg.dtp_delay}{lanes}{where}]", flush=True)
     finally:
+        if gpu and model is not None:
+            model.close()
         if comm is not None:
             comm.close()
     return 0
@@ -91,6 +106,9 @@ def main(argv=None):
     g.add_argument("--top-p", type=float, default=1.0)
     g.add_argument("--seed", type=int, default=0)
     g.add_argument("--ignore-eos", action="store_true", help="always generate --max-new-tokens tokens")
+    g.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
+                   help="cpu: the numpy engine; cuda: the GPU engine (bf16, one CUDA graph per token; under "
+                        "mpiexec each rank is a lane on GPU rank %% GPUs)")
     a = p.parse_args(argv)
     try:
         return (cmd_init if a.cmd == "init" else cmd_generate)(a)

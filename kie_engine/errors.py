@@ -24,3 +24,23 @@ class ShardingError(KieError, ValueError):
 
 class PromptTooLongError(KieError, ValueError):
     """The prompt (plus the tokens to generate) does not fit the context."""
+
+
+class GpuError(KieError, RuntimeError):
+    """The GPU engine failed: a CUDA call, a kernel's report, or the lanes' communicator."""
+
+
+class GpuUnavailableError(GpuError):
+    """The GPU path was asked for, but this build has no CUDA or no GPU is visible."""
+
+
+class GpuMemoryError(GpuError, MemoryError):
+    """The model (weights, KV cache, buffers) does not fit the GPU's free memory."""
+
+
+class GpuArgumentError(GpuError, ValueError):
+    """A shape or argument the GPU engine does not take."""
+
+
+class GpuTimeoutError(GpuError, TimeoutError):
+    """A decode step did not finish in time (a lane stopped answering)."""

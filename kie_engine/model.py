@@ -142,9 +142,20 @@ def softmax(s):
 
 # -- the model -------------------------------------------------------------------------------
 
+def round_bf16(x):
+    """x rounded to the nearest bfloat16 (ties to even), kept as float32."""
+    u = np.ascontiguousarray(x, np.float32).view(np.uint32)
+    u = (u + (np.uint32(0x7FFF) + ((u >> 16) & np.uint32(1)))) & np.uint32(0xFFFF0000)
+    return u.view(np.float32)
+
+
 class Model:
-    def __init__(self, cfg, weights, lanes=None, max_seq=None):
+    """kv_bf16: round keys and values to bfloat16 as they enter the cache, as the GPU
+    engine's bf16 cache does (the reference its tests compare against)."""
+
+    def __init__(self, cfg, weights, lanes=None, max_seq=None, kv_bf16=False):
         self.cfg, self.w = cfg, weights
+        self.kv_bf16 = kv_bf16
         self.lanes = lanes or OneLane()
         self.nh, self.nkv, self.hd = weights.n_heads, weights.n_kv_heads, cfg.head_dim
         self.max_seq = min(max_seq or cfg.max_position_embeddings, cfg.max_position_embeddings)
@@ -164,9 +175,12 @@ class Model:
         cos, sin = self.cos[pos:pos + T], self.sin[pos:pos + T]
         q = apply_rope(qkv[:, :nh * hd].reshape(T, nh, hd), cos, sin)
         k = apply_rope(qkv[:, nh * hd:(nh + nkv) * hd].reshape(T, nkv, hd), cos, sin)
+        v = qkv[:, (nh + nkv) * hd:].reshape(T, nkv, hd)
+        if self.kv_bf16:
+            k, v = round_bf16(k), round_bf16(v)
         kc, vc = self.k_cache[li], self.v_cache[li]
         kc[:, pos:pos + T] = k.transpose(1, 0, 2)
-        vc[:, pos:pos + T] = qkv[:, (nh + nkv) * hd:].reshape(T, nkv, hd).transpose(1, 0, 2)
+        vc[:, pos:pos + T] = v.transpose(1, 0, 2)
         S, g = pos + T, nh // nkv
         # Query head j*g + i uses KV head j: group the queries per KV head.
         qg = q.reshape(T, nkv, g, hd).transpose(1, 2, 0, 3)              # (nkv, g, T, hd)

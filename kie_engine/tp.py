@@ -13,6 +13,8 @@ Row-parallel outputs (o_proj, down_proj) are partial sums: the model hands them 
 block); the vocabulary slices are joined with all_gather.  KCCL reduces in rank
 order on every rank, so all lanes hold bitwise-identical residuals and logits and
 pick the same tokens."""
+from dataclasses import dataclass
+
 import numpy as np
 
 from .errors import ShardingError
@@ -69,15 +71,37 @@ def _bounds(n, size, rank):
     return int(cuts[rank]), int(cuts[rank + 1])
 
 
+@dataclass(frozen=True)
+class LanePlan:
+    """What lane `rank` of `size` holds: checkpoint rows of its query and KV heads,
+    its MLP columns [c0, c1), its vocabulary slice [v0, v1) padded to `part` rows."""
+    n_heads: int
+    n_kv_heads: int
+    q_rows: slice
+    kv_rows: slice
+    c0: int
+    c1: int
+    v0: int
+    v1: int
+    part: int
+
+
+def lane_plan(cfg, rank, size):
+    nhl, nkvl = plan(cfg, size)
+    hd, g = cfg.head_dim, cfg.num_attention_heads // cfg.num_key_value_heads
+    kv0 = (rank * nhl) // g  # first KV head used by this lane's query heads
+    c0, c1 = _bounds(cfg.intermediate_size, size, rank)
+    part = -(-cfg.vocab_size // size)
+    v0, v1 = min(cfg.vocab_size, rank * part), min(cfg.vocab_size, (rank + 1) * part)
+    return LanePlan(nhl, nkvl, slice(rank * nhl * hd, (rank + 1) * nhl * hd), slice(kv0 * hd, (kv0 + nkvl) * hd),
+                    c0, c1, v0, v1, part)
+
+
 def load_lane_weights(ckpt, rank, size):
     """Lane `rank` of `size`'s share of a checkpoint (reads only those rows/columns)."""
     cfg = ckpt.config
-    nhl, nkvl = plan(cfg, size)
-    hd, g = cfg.head_dim, cfg.num_attention_heads // cfg.num_key_value_heads
-    q_rows = slice(rank * nhl * hd, (rank + 1) * nhl * hd)
-    kv0 = (rank * nhl) // g  # first KV head used by this lane's query heads
-    kv_rows = slice(kv0 * hd, (kv0 + nkvl) * hd)
-    c0, c1 = _bounds(cfg.intermediate_size, size, rank)
+    lp = lane_plan(cfg, rank, size)
+    nhl, nkvl, q_rows, kv_rows, c0, c1 = lp.n_heads, lp.n_kv_heads, lp.q_rows, lp.kv_rows, lp.c0, lp.c1
     layers = []
     for i in range(cfg.num_hidden_layers):
         p = f"model.layers.{i}."
@@ -90,8 +114,7 @@ def load_lane_weights(ckpt, rank, size):
             w_gate_up=stack_t(t("mlp.gate_proj.weight", slice(c0, c1)), t("mlp.up_proj.weight", slice(c0, c1))),
             w_down=stack_t(t("mlp.down_proj.weight", cols=slice(c0, c1)))))
     embed = ckpt.tensor("model.embed_tokens.weight")
-    part = -(-cfg.vocab_size // size)
-    v0, v1 = min(cfg.vocab_size, rank * part), min(cfg.vocab_size, (rank + 1) * part)
+    part, v0, v1 = lp.part, lp.v0, lp.v1
     head = embed[v0:v1] if cfg.tie_word_embeddings else ckpt.tensor("lm_head.weight", slice(v0, v1))
     if v1 - v0 < part:  # the last slice: zero rows up to the common size (cut off after the gather)
         head = np.concatenate([head, np.zeros((part - (v1 - v0), cfg.hidden_size), np.float32)])

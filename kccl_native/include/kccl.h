@@ -273,6 +273,23 @@ kcclResult_t kcclAllReduceWait(kcclComm_t comm, uint64_t request);
  * aborted peer is reported as by Wait (checked about once a millisecond). */
 kcclResult_t kcclAllReduceTest(kcclComm_t comm, uint64_t request, int *done);
 
+/*
+ * Split phase for both transports, stream-ordered on the GPU.  On a GPU
+ * communicator Start enqueues the all-reduce on the communicator's own side
+ * stream, after the work already enqueued on `stream`, and returns at once;
+ * WaitStream makes work enqueued on `stream` afterwards wait for it (and for
+ * every older one).  Neither blocks the host, so both can be captured in a CUDA
+ * graph (the collective becomes a branch that joins at the wait); each Start
+ * needs its WaitStream before the capture ends.  Up to KCCL_MAX_OUTSTANDING in
+ * flight, any size, and blocking collectives are refused while any is
+ * outstanding, as on the host.  A host communicator takes stream = NULL and
+ * behaves as kcclAllReduceStart / kcclAllReduceWait.
+ */
+kcclResult_t kcclAllReduceStartStream(const void *sendbuff, void *recvbuff, size_t count,
+                                      kcclDataType_t datatype, kcclRedOp_t op, kcclComm_t comm, void *stream,
+                                      uint64_t *request);
+kcclResult_t kcclAllReduceWaitStream(kcclComm_t comm, uint64_t request, void *stream);
+
 #ifdef __cplusplus
 }
 #endif

@@ -59,6 +59,12 @@ typedef hipIpcMemHandle_t kgpuIpcMemHandle_t;
 #define kgpuEventSynchronize hipEventSynchronize
 #define kgpuEventElapsedTime hipEventElapsedTime
 #define kgpuEventDestroy hipEventDestroy
+#define kgpuEventCreateWithFlags hipEventCreateWithFlags
+#define kgpuEventDisableTiming hipEventDisableTiming
+#define kgpuStreamCreateWithFlags hipStreamCreateWithFlags
+#define kgpuStreamNonBlocking hipStreamNonBlocking
+#define kgpuStreamWaitEvent(st, ev) hipStreamWaitEvent((st), (ev), 0)
+#define kgpuStreamDestroy hipStreamDestroy
 #define kgpuPointerGetAttributes hipPointerGetAttributes
 typedef hipPointerAttribute_t kgpuPointerAttributes;
 #define KGPU_PTR_IS_DEVICE(a) ((a).type == hipMemoryTypeDevice)
@@ -174,6 +180,12 @@ typedef cudaIpcMemHandle_t kgpuIpcMemHandle_t;
 #define kgpuEventSynchronize cudaEventSynchronize
 #define kgpuEventElapsedTime cudaEventElapsedTime
 #define kgpuEventDestroy cudaEventDestroy
+#define kgpuEventCreateWithFlags cudaEventCreateWithFlags
+#define kgpuEventDisableTiming cudaEventDisableTiming
+#define kgpuStreamCreateWithFlags cudaStreamCreateWithFlags
+#define kgpuStreamNonBlocking cudaStreamNonBlocking
+#define kgpuStreamWaitEvent(st, ev) cudaStreamWaitEvent((st), (ev), 0)
+#define kgpuStreamDestroy cudaStreamDestroy
 #define kgpuPointerGetAttributes cudaPointerGetAttributes
 typedef struct cudaPointerAttributes kgpuPointerAttributes;
 #define KGPU_PTR_IS_DEVICE(a) ((a).type == cudaMemoryTypeDevice || (a).type == cudaMemoryTypeManaged)

@@ -93,6 +93,13 @@ kcclResult_t kgpu_gather(struct kgpu *g, const void *send, void *recv, size_t by
 kcclResult_t kgpu_reduce_scatter(struct kgpu *g, const void *send, void *recv, size_t recvcount, int dtype,
                                  int op, uint32_t sig, void *stream);
 
+/* Split-phase all-reduce on the GPU (kcclAllReduceStartStream): a side stream and
+ * one pair of events per outstanding slot (KCCL_MAX_OUTSTANDING of them). */
+#define KGPU_SPLIT_SLOTS 8
+kcclResult_t kgpu_split_fork(struct kgpu *g, int slot, void *stream, void **side);
+kcclResult_t kgpu_split_done(struct kgpu *g, int slot);
+kcclResult_t kgpu_split_join(struct kgpu *g, int slot, void *stream);
+
 kcclResult_t kgpu_get_devcomm(struct kgpu *g, void *out, size_t bytes);
 /* Flag replicas of this communicator: *state 1 in use, 0 not asked for, -1 asked for but
  * disabled; note says why (gpu_l2map.cu). */

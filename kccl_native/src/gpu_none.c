@@ -67,4 +67,10 @@ kcclResult_t kgpu_bench_flag_hop(struct kgpu *g, int iters, int mode, double *us
   (void)g; (void)iters; (void)mode; (void)us_per_hop;
   return NO_CUDA;
 }
+kcclResult_t kgpu_split_fork(struct kgpu *g, int slot, void *stream, void **side) {
+  (void)g; (void)slot; (void)stream; *side = 0;
+  return NO_CUDA;
+}
+kcclResult_t kgpu_split_done(struct kgpu *g, int slot) { (void)g; (void)slot; return NO_CUDA; }
+kcclResult_t kgpu_split_join(struct kgpu *g, int slot, void *stream) { (void)g; (void)slot; (void)stream; return NO_CUDA; }
 #endif

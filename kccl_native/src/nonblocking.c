@@ -29,7 +29,9 @@ kcclResult_t kcclAllReduceStart(const void *sendbuff, void *recvbuff, size_t cou
   uint32_t sig = 0;
   kcclResult_t r = kccl_enter(c, COLL_ALLREDUCE_NB, count, dt, op, 0, NULL, &sig);
   if (r != kcclSuccess) return r;
-  if (c->gpu) return kccl_err(kcclInvalidUsage, "all_reduce_start is implemented for the host transport only");
+  if (c->gpu)
+    return kccl_err(kcclInvalidUsage, "a GPU communicator's split-phase all-reduce is stream-ordered: use "
+                    "kcclAllReduceStartStream");
   const size_t es = kccl_dtype_size(dt), bytes = count * es;
   if (count && (!sendbuff || !recvbuff)) return kccl_err(kcclInvalidArgument, "NULL buffer with count=%zu", count);
   const char *s8 = sendbuff, *r8 = recvbuff;
@@ -103,9 +105,17 @@ static kcclResult_t check_request(struct kcclComm *c, uint64_t request, int *pen
   return kcclSuccess;
 }
 
+static kcclResult_t host_only(struct kcclComm *c, const char *what) {
+  if (c && c->magic == KCCL_COMM_MAGIC && c->gpu)
+    return kccl_err(kcclInvalidUsage, "%s is the host transport's; a GPU communicator waits on a stream "
+                    "(kcclAllReduceWaitStream)", what);
+  return kcclSuccess;
+}
+
 kcclResult_t kcclAllReduceWait(kcclComm_t c, uint64_t request) {
-  int pending;
-  kcclResult_t r = check_request(c, request, &pending);
+  int pending = 0;
+  kcclResult_t r = host_only(c, "kcclAllReduceWait");
+  if (r == kcclSuccess) r = check_request(c, request, &pending);
   while (r == kcclSuccess && pending) {
     if ((r = complete_oldest(c, 1)) == kcclSuccess) pending = c->nb_count && request >= oldest(c)->ticket;
   }
@@ -115,8 +125,9 @@ kcclResult_t kcclAllReduceWait(kcclComm_t c, uint64_t request) {
 kcclResult_t kcclAllReduceTest(kcclComm_t c, uint64_t request, int *done) {
   if (!done) return kccl_err(kcclInvalidArgument, "done is NULL");
   *done = 0;
-  int pending;
-  kcclResult_t r = check_request(c, request, &pending);
+  int pending = 0;
+  kcclResult_t r = host_only(c, "kcclAllReduceTest");
+  if (r == kcclSuccess) r = check_request(c, request, &pending);
   while (r == kcclSuccess && pending) {
     r = complete_oldest(c, 0);
     if (r == kcclInProgress) {
@@ -136,4 +147,79 @@ kcclResult_t kcclAllReduceTest(kcclComm_t c, uint64_t request, int *done) {
   }
   if (r == kcclSuccess) *done = 1;
   return r;
+}
+
+/* ----------------------------------------------------- GPU: stream-ordered --
+ *
+ * A GPU communicator's split phase lives on streams, not on the host: Start
+ * forks the communicator's side stream off `stream`, enqueues the ordinary GPU
+ * all-reduce there and records slot ticket % KCCL_MAX_OUTSTANDING's done event;
+ * Wait makes `stream` wait for that event.  Nothing blocks the host, so both
+ * can be captured in a CUDA graph, where they become a branch that joins the
+ * main chain where Wait was called.  The side stream runs the collectives in
+ * start order, so the one-shot kernels never overlap each other (their epochs
+ * are per communicator) and waiting for one also orders every older one.  The
+ * signature is the blocking all-reduce's: a peer may mix the two forms. */
+_Static_assert(KCCL_MAX_OUTSTANDING == KGPU_SPLIT_SLOTS, "one event pair per outstanding GPU split op");
+
+kcclResult_t kcclAllReduceStartStream(const void *sendbuff, void *recvbuff, size_t count, kcclDataType_t dt,
+                                      kcclRedOp_t op, kcclComm_t c, void *stream, uint64_t *request) {
+  if (!request) return kccl_err(kcclInvalidArgument, "request is NULL");
+  *request = 0;
+  if (c && c->magic == KCCL_COMM_MAGIC && !c->gpu) {
+    if (stream) return kccl_err(kcclInvalidArgument, "the host transport takes stream=NULL");
+    return kcclAllReduceStart(sendbuff, recvbuff, count, dt, op, c, request);
+  }
+  uint32_t sig = 0;
+  kcclResult_t r = kccl_enter(c, COLL_ALLREDUCE_NB, count, dt, op, 0, stream, &sig);
+  if (r != kcclSuccess) return r;
+  const size_t bytes = count * kccl_dtype_size(dt);
+  if (count && (!sendbuff || !recvbuff)) return kccl_err(kcclInvalidArgument, "NULL buffer with count=%zu", count);
+  const char *s8 = sendbuff, *r8 = recvbuff;
+  if (sendbuff != recvbuff && bytes && s8 < r8 + bytes && r8 < s8 + bytes)
+    return kccl_err(kcclInvalidArgument, "send and recv buffers partly overlap (in place needs send == recv)");
+  if (c->nb_count >= (uint32_t)c->cfg.max_outstanding)
+    return kccl_err(kcclInvalidUsage, "%u all_reduce_start operations are already outstanding, the most "
+                    "KCCL_MAX_OUTSTANDING=%d allows: wait for the oldest first", c->nb_count,
+                    c->cfg.max_outstanding);
+  const uint64_t ticket = c->nb_issued + 1;
+  const int slot = (int)(ticket % KCCL_MAX_OUTSTANDING);
+  void *side = NULL;
+  if ((r = kgpu_split_fork(c->gpu->kg, slot, stream, &side)) != kcclSuccess) return r;
+  sig = kccl_signature(COLL_ALLREDUCE, count, dt, op, 0);
+  r = kccl_gpu_collective(c, COLL_ALLREDUCE, sendbuff, recvbuff, count, dt, op, 0, side, sig);
+  /* The done event is recorded even after a refused launch, so the side stream's
+   * fork is always joined where the caller waits (a capture must not end with an
+   * unjoined branch); the request is handed out only on success. */
+  kcclResult_t r2 = kgpu_split_done(c->gpu->kg, slot);
+  if (r == kcclSuccess) r = r2;
+  if (r != kcclSuccess) {
+    kgpu_split_join(c->gpu->kg, slot, stream);
+    return r;
+  }
+  kccl_nb_op *o = &c->nb[(c->nb_head + c->nb_count) % KCCL_MAX_OUTSTANDING];
+  memset(o, 0, sizeof *o);
+  o->ticket = ++c->nb_issued;
+  o->sig = sig;
+  o->recv = recvbuff;
+  o->count = count;
+  o->dtype = dt;
+  o->op = op;
+  c->nb_count++;
+  *request = o->ticket;
+  return kcclSuccess;
+}
+
+kcclResult_t kcclAllReduceWaitStream(kcclComm_t c, uint64_t request, void *stream) {
+  if (c && c->magic == KCCL_COMM_MAGIC && !c->gpu) {
+    if (stream) return kccl_err(kcclInvalidArgument, "the host transport takes stream=NULL");
+    return kcclAllReduceWait(c, request);
+  }
+  int pending = 0;
+  kcclResult_t r = check_request(c, request, &pending);
+  if (r != kcclSuccess || !pending) return r;
+  if ((r = kccl_gpu_enter(c)) != kcclSuccess) return r;
+  if ((r = kgpu_split_join(c->gpu->kg, (int)(request % KCCL_MAX_OUTSTANDING), stream)) != kcclSuccess) return r;
+  while (c->nb_count && oldest(c)->ticket <= request) pop(c);
+  return kcclSuccess;
 }

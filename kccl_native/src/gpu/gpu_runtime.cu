@@ -53,6 +53,39 @@ static kgpu_layout make_layout(const kgpu_shape *s) {
 
 extern "C" int kgpu_built(void) { return 1; }
 
+static void split_free(kgpu *g) {
+  for (int i = 0; i < KGPU_SPLIT_SLOTS; i++) {
+    if (g->split_fork[i]) kgpuEventDestroy((kgpuEvent_t)g->split_fork[i]);
+    if (g->split_done[i]) kgpuEventDestroy((kgpuEvent_t)g->split_done[i]);
+    g->split_fork[i] = g->split_done[i] = NULL;
+  }
+  if (g->side) kgpuStreamDestroy((kgpuStream_t)g->side);
+  g->side = NULL;
+}
+
+/* Split phase: slot i forks the side stream off `stream` (it runs after the work
+ * enqueued there so far), and returns the side stream for the collective. Event
+ * records and waits are captured like kernels, so this works inside a graph. */
+extern "C" kcclResult_t kgpu_split_fork(struct kgpu *g, int slot, void *stream, void **side) {
+  KGPU_CHECK(kgpuEventRecord((kgpuEvent_t)g->split_fork[slot], (kgpuStream_t)stream));
+  KGPU_CHECK(kgpuStreamWaitEvent((kgpuStream_t)g->side, (kgpuEvent_t)g->split_fork[slot]));
+  *side = g->side;
+  return kcclSuccess;
+}
+
+/* Marks the end of slot i's collective on the side stream. */
+extern "C" kcclResult_t kgpu_split_done(struct kgpu *g, int slot) {
+  KGPU_CHECK(kgpuEventRecord((kgpuEvent_t)g->split_done[slot], (kgpuStream_t)g->side));
+  return kcclSuccess;
+}
+
+/* Work enqueued on `stream` from now on runs after slot i's collective (and, the
+ * side stream being in order, after every older one). */
+extern "C" kcclResult_t kgpu_split_join(struct kgpu *g, int slot, void *stream) {
+  KGPU_CHECK(kgpuStreamWaitEvent((kgpuStream_t)stream, (kgpuEvent_t)g->split_done[slot]));
+  return kcclSuccess;
+}
+
 extern "C" kcclResult_t kgpu_device_count(int *n) {
   *n = 0;
   kgpuError_t e = kgpuGetDeviceCount(n);
@@ -93,6 +126,22 @@ extern "C" kcclResult_t kgpu_create(int device, const kgpu_shape *shape, struct 
     return kccl_err(kcclUnhandledCudaError, "device %d setup: %s", device, kgpuGetErrorString(e));
   }
   memset((void *)g->status_h, 0, sizeof *g->status_h);
+  /* The split-phase all-reduce's side stream and events, made here rather than at
+   * the first kcclAllReduceStartStream: that call may come while the caller's
+   * stream is being captured, when creating them could be refused. */
+  e = kgpuStreamCreateWithFlags((kgpuStream_t *)&g->side, kgpuStreamNonBlocking);
+  for (int i = 0; e == kgpuSuccess && i < KGPU_SPLIT_SLOTS; i++) {
+    e = kgpuEventCreateWithFlags((kgpuEvent_t *)&g->split_fork[i], kgpuEventDisableTiming);
+    if (e == kgpuSuccess) e = kgpuEventCreateWithFlags((kgpuEvent_t *)&g->split_done[i], kgpuEventDisableTiming);
+  }
+  if (e != kgpuSuccess) {
+    split_free(g);
+    kgpuFreeHost((void *)g->status_h);
+    kgpuFree(g->buf);
+    free(g);
+    return kccl_err(kcclUnhandledCudaError, "device %d: side stream for split-phase all-reduces: %s", device,
+                    kgpuGetErrorString(e));
+  }
   exp->flag_replicas = KGPU_REP_OFF;
   exp->blocks = shape->blocks;
   exp->pull = shape->pull;
@@ -294,6 +343,7 @@ extern "C" void kgpu_destroy(struct kgpu *g, int free_own) {
   kgpuSetDevice(g->device);
   for (int p = 0; p < g->shape.nranks; p++)
     if (p != g->shape.rank && g->peer[p]) kgpuIpcCloseMemHandle(g->peer[p]);
+  split_free(g);
   if (free_own) {
     kgpuFree(g->buf);
     kgpuFreeHost((void *)g->status_h);

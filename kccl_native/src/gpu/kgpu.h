@@ -63,6 +63,8 @@ struct kgpu {
   int one_gpu;              /* every rank runs on this GPU: the chunked flags order at GPU scope */
   char rep_cal[320];        /* this rank's calibration, in words */
   char rep_note[420];       /* what kgpu_flag_replicas reports */
+  void *side;               /* kgpuStream_t of the split-phase all-reduces */
+  void *split_fork[KGPU_SPLIT_SLOTS], *split_done[KGPU_SPLIT_SLOTS]; /* kgpuEvent_t per outstanding slot */
 };
 
 #define KGPU_CHECK(call)                                                                              \

@@ -1,0 +1,341 @@
+"""Batch-1 bf16 decode on the GPU: KIE's engine (one CUDA graph per token) against a
+PyTorch baseline on the same weights, in the same run, with this machine's copy
+bandwidth, so that every row says what share of the weight-streaming floor it reaches
+(weight bytes per token / copy bandwidth, over its time per token).
+
+    python bench/decode_gpu.py --json bench/results/decode_gpu_1xh200.json            # TP = 1
+    mpiexec -n 2 python bench/decode_gpu.py --json ...                                  # TP = 2, a GPU per rank
+
+The weights are random (drawn on the GPU, one lane's share per rank), which is all a
+speed measurement needs.  KIE rows: greedy generation through the fast path (the
+device picks each token; the host reads them from a ring, a few steps ahead), timed on
+the host over --tokens tokens after a prefill of `context` tokens, median of --rounds.
+The baseline: a plain PyTorch Llama step (bf16, static KV cache, F.linear, SDPA),
+torch.compile'd (--baseline compile) or not (--baseline graph), captured in a CUDA
+graph and replayed; TP = 2 sums with torch.distributed NCCL inside the graph.
+Also: the engine's GEMV alone on a 32 MB matrix and the four GEMVs of a layer."""
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+for _v in ("NCCL_NVLS_ENABLE", "TORCH_SYMM_MEM_DISABLE_MULTICAST", "NVSHMEM_DISABLE_NVLS"):
+    os.environ.setdefault(_v, "0" if _v == "NCCL_NVLS_ENABLE" else "1")
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+from kie_engine.config import preset  # noqa: E402
+from kie_engine.generate import Sampling  # noqa: E402
+from kie_engine.gpu.engine import GpuModel, lib as kielib  # noqa: E402
+from kie_engine.model import rope_tables  # noqa: E402
+from kie_engine.tp import comm_config, lane_plan  # noqa: E402
+
+try:
+    from mpi4py import MPI
+    WORLD = MPI.COMM_WORLD
+    RANK, SIZE = WORLD.Get_rank(), WORLD.Get_size()
+except ImportError:
+    WORLD, RANK, SIZE = None, 0, 1
+
+
+def log(*a):
+    if RANK == 0:
+        print(*a, flush=True)
+
+
+# -- weights ---------------------------------------------------------------------------------
+
+def lane_weights(cfg, dev, seed=0):
+    """This lane's random bf16 weights, (out, in) like a checkpoint's: replicated tensors
+    drawn from a seed shared by every rank, shards from (seed, rank)."""
+    lp = lane_plan(cfg, RANK, SIZE)
+    h, hd = cfg.hidden_size, cfg.head_dim
+    q, kv, cols = lp.n_heads * hd, lp.n_kv_heads * hd, lp.c1 - lp.c0
+    gen = torch.Generator(device=dev)
+
+    def mat(rows, cin, key, scale=None):
+        gen.manual_seed(seed * 1_000_003 + key)
+        s = (1.0 / cin ** 0.5) if scale is None else scale
+        return (torch.randn(rows, cin, device=dev, generator=gen) * s).to(torch.bfloat16).contiguous()
+
+    def vec(n, key):
+        gen.manual_seed(seed * 1_000_003 + key)
+        return (1.0 + 0.1 * torch.randn(n, device=dev, generator=gen)).float()
+
+    shard = 1000 * (RANK + 1)
+    w = {"embed": mat(cfg.vocab_size, h, 1, scale=1.0), "norm": vec(h, 2),
+         "head": mat(lp.part, h, 3 + shard), "layers": []}
+    for i in range(cfg.num_hidden_layers):
+        k = 10 + 10 * i
+        w["layers"].append({"wqkv": mat(q + 2 * kv, h, k + shard), "wo": mat(h, q, k + 1 + shard),
+                            "wgu": mat(2 * cols, h, k + 2 + shard), "wd": mat(h, cols, k + 3 + shard),
+                            "n1": vec(h, k + 4), "n2": vec(h, k + 5)})
+    return w
+
+
+def kie_engine(cfg, w, comm, max_seq, pdl=None, prefetch=None):
+    m = GpuModel(cfg, comm, max_seq=max_seq, pdl=pdl, prefetch=prefetch)
+    L = kielib
+    m.upload_matrix(L.KIE_W_EMBED, 0, w["embed"])
+    m.upload_matrix(L.KIE_W_HEAD, 0, w["head"])
+    m.upload_vector(L.KIE_F_FINAL_NORM, 0, w["norm"].cpu().numpy())
+    for i, y in enumerate(w["layers"]):
+        m.upload_matrix(L.KIE_W_QKV, i, y["wqkv"])
+        m.upload_matrix(L.KIE_W_O, i, y["wo"])
+        m.upload_matrix(L.KIE_W_GATE_UP, i, y["wgu"])
+        m.upload_matrix(L.KIE_W_DOWN, i, y["wd"])
+        m.upload_vector(L.KIE_F_ATTN_NORM, i, y["n1"].cpu().numpy())
+        m.upload_vector(L.KIE_F_MLP_NORM, i, y["n2"].cpu().numpy())
+    return m
+
+
+# -- the PyTorch baseline --------------------------------------------------------------------
+
+class TorchDecoder:
+    """A plain Llama decode step in PyTorch (bf16, static KV cache of max_seq positions,
+    attention over the cache with positions past `pos` masked), one lane's share."""
+
+    def __init__(self, cfg, w, max_seq, group=None):
+        lp = lane_plan(cfg, RANK, SIZE)
+        self.cfg, self.w, self.group, self.lp = cfg, w, group, lp
+        dev = w["embed"].device
+        self.nh, self.nkv, self.hd = lp.n_heads, lp.n_kv_heads, cfg.head_dim
+        self.max_seq = max_seq
+        cos, sin = rope_tables(cfg.head_dim, max_seq, cfg.rope_theta)
+        self.cos = torch.tensor(cos, device=dev)
+        self.sin = torch.tensor(sin, device=dev)
+        L = cfg.num_hidden_layers
+        self.kc = torch.zeros(L, self.nkv, max_seq, self.hd, dtype=torch.bfloat16, device=dev)
+        self.vc = torch.zeros_like(self.kc)
+        self.ar = torch.arange(max_seq, device=dev)
+        self.gathered = torch.empty(SIZE * lp.part, device=dev, dtype=torch.bfloat16)
+
+    def norm(self, x, g):
+        xf = x.float()
+        return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.cfg.rms_norm_eps) * g).to(torch.bfloat16)
+
+    def rope(self, x, c, s):
+        half = self.hd // 2
+        x1, x2 = x[..., :half].float(), x[..., half:].float()
+        return torch.cat([x1 * c - x2 * s, x2 * c + x1 * s], -1).to(torch.bfloat16)
+
+    def sum(self, y):
+        if self.group is not None:
+            torch.distributed.all_reduce(y, group=self.group)
+        return y
+
+    def step(self, tok, pos):
+        """tok, pos: int64 tensors of shape (1,); returns the next token (1,)."""
+        nh, nkv, hd = self.nh, self.nkv, self.hd
+        x = self.w["embed"][tok]
+        c, s = self.cos[pos], self.sin[pos]
+        mask = (self.ar > pos).view(1, 1, -1)
+        for i, y in enumerate(self.w["layers"]):
+            h = self.norm(x, y["n1"])
+            qkv = F.linear(h, y["wqkv"])
+            q = self.rope(qkv[:, :nh * hd].view(nh, hd), c, s)
+            k = self.rope(qkv[:, nh * hd:(nh + nkv) * hd].view(nkv, hd), c, s)
+            v = qkv[:, (nh + nkv) * hd:].view(nkv, hd)
+            self.kc[i].index_copy_(1, pos, k.unsqueeze(1))
+            self.vc[i].index_copy_(1, pos, v.unsqueeze(1))
+            qg = q.view(nkv, nh // nkv, hd)
+            att = torch.matmul(qg, self.kc[i].transpose(1, 2)).float() * (1.0 / hd ** 0.5)
+            att = att.masked_fill(mask, float("-inf")).softmax(-1).to(torch.bfloat16)
+            o = torch.matmul(att, self.vc[i]).reshape(1, nh * hd)
+            x = x + self.sum(F.linear(o, y["wo"]))
+            h = self.norm(x, y["n2"])
+            gu = F.linear(h, y["wgu"])
+            cols = gu.shape[1] // 2
+            x = x + self.sum(F.linear(F.silu(gu[:, :cols]) * gu[:, cols:], y["wd"]))
+        logits = F.linear(self.norm(x, self.w["norm"]), self.w["head"]).view(-1)
+        if self.group is not None:
+            torch.distributed.all_gather_into_tensor(self.gathered, logits, group=self.group)
+            logits = self.gathered[:self.cfg.vocab_size]
+        return logits.argmax().view(1)
+
+
+def torch_baseline(cfg, w, ctx, tokens, rounds, compile_it, group):
+    dev = w["embed"].device
+    dec = TorchDecoder(cfg, w, ctx + tokens + 8, group)
+    fn = torch.compile(dec.step, fullgraph=False, dynamic=False) if compile_it else dec.step
+    tok = torch.zeros(1, dtype=torch.long, device=dev)
+    pos = torch.full((1,), ctx, dtype=torch.long, device=dev)
+    t0 = time.perf_counter()
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            out = fn(tok, pos)
+    torch.cuda.current_stream().wait_stream(side)
+    torch.cuda.synchronize()
+    warm_s = time.perf_counter() - t0
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        out = fn(tok, pos)
+        tok.copy_(out)
+        pos.add_(1)
+    times = []
+    for _ in range(rounds):
+        pos.fill_(ctx)
+        torch.cuda.synchronize()
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        for _ in range(tokens):
+            g.replay()
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b) * 1000.0 / tokens)
+    return statistics.median(times), warm_s
+
+
+# -- measurements ----------------------------------------------------------------------------
+
+def copy_bandwidth(dev, nbytes=2 << 30, reps=10):
+    a = torch.empty(nbytes, dtype=torch.uint8, device=dev)
+    b = torch.empty_like(a)
+    b.copy_(a)
+    ts = []
+    for _ in range(reps):
+        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        s.record()
+        b.copy_(a)
+        e.record()
+        e.synchronize()
+        ts.append(s.elapsed_time(e) / 1000.0)
+    del a, b
+    torch.cuda.empty_cache()
+    return 2 * nbytes / statistics.median(ts) / 1e9
+
+
+def kie_decode(m, ctx, tokens, rounds, vocab):
+    rng = np.random.default_rng(ctx)
+    prompt = rng.integers(0, vocab, ctx).tolist()
+    us, pre = [], []
+    first = None
+    for _ in range(rounds):
+        res = m.generate(prompt, tokens + 1, Sampling())
+        us.append(1e6 * res.decode_s / res.decode_tokens)
+        pre.append(1e3 * res.prefill_s)
+        first = first or res.tokens
+    return statistics.median(us), statistics.median(pre), first
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--preset", default="2b")
+    ap.add_argument("--contexts", default="128,1024")
+    ap.add_argument("--delays", default="0,1")
+    ap.add_argument("--tokens", type=int, default=128)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--baseline", default="compile", choices=["compile", "graph", "none"])
+    ap.add_argument("--variants", action="store_true",
+                    help="also KIE with PDL and the L2 prefetch switched off, one at a time (delay 0, first context)")
+    ap.add_argument("--json")
+    a = ap.parse_args()
+    ndev = torch.cuda.device_count()
+    dev_index = RANK % ndev
+    torch.cuda.set_device(dev_index)
+    dev = torch.device("cuda", dev_index)
+    gpus = min(SIZE, ndev)
+    contexts = [int(c) for c in a.contexts.split(",")]
+    delays = [int(d) for d in a.delays.split(",")]
+    max_seq = max(contexts) + a.tokens + 8
+    base = preset(a.preset)
+    comm = group = None
+    if SIZE > 1:
+        import kccl
+        comm = kccl.Communicator.from_mpi(WORLD, device="local", config=comm_config(base.replace(dtp_delay=max(delays))))
+        if a.baseline != "none":
+            os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+            os.environ.setdefault("MASTER_PORT", str(WORLD.bcast(29500 + os.getpid() % 1000 if RANK == 0 else None)))
+            torch.distributed.init_process_group("nccl", rank=RANK, world_size=SIZE, device_id=dev)
+            group = torch.distributed.group.WORLD
+    name = torch.cuda.get_device_name(dev)
+    bw = copy_bandwidth(dev)
+    log(f"# {name} x {gpus} GPU(s), {SIZE} rank(s); copy bandwidth {bw:.0f} GB/s (read + write, 2 GiB)")
+    w = lane_weights(base, dev)
+    rows, micro = [], {}
+
+    def add(engine, kernel, delay, ctx, us, extra=None):
+        wb = engine_bytes
+        row = {"engine": engine, "kernel": kernel, "tp": SIZE, "gpus": gpus, "dtp_delay": delay, "context": ctx,
+               "tokens_per_s": 1e6 / us, "us_per_token": us, "floor_share": (wb / (bw * 1e9)) / (us * 1e-6)}
+        row.update(extra or {})
+        rows.append(row)
+        log(f"{engine:5s} {kernel:13s} tp={SIZE} d={delay} ctx={ctx:5d}  {1e6 / us:8.1f} tokens/s  {us:8.1f} us/token"
+            f"  {100 * row['floor_share']:5.1f} % of floor" + "".join(f"  {k}={v}" for k, v in (extra or {}).items()))
+
+    engine_bytes = None
+    for d in delays:
+        cfg = base.replace(dtp_delay=d)
+        m = kie_engine(cfg, w, comm, max_seq)
+        engine_bytes = m.weight_bytes_per_token()
+        if d == delays[0]:
+            info = m.info()
+            log(f"# KIE: {engine_bytes / 1e9:.3f} GB of weights per token per lane; floor {engine_bytes / bw / 1e3:.1f} us;"
+                f" {info}")
+            for rws, cols in ((8192, 2048), (2048, 1024), (2048, 8192)):
+                us = m.bench_gemv(rws, cols, iters=100)
+                micro[f"gemv_{rws}x{cols}"] = {"us": us, "GBps": rws * cols * 2 / us / 1e3,
+                                               "share": rws * cols * 2 / us / 1e3 / bw}
+                log(f"# GEMV {rws} x {cols} ({rws * cols * 2 / 2**20:.0f} MiB): {us:.2f} us, "
+                    f"{rws * cols * 2 / us / 1e3:.0f} GB/s, {100 * micro[f'gemv_{rws}x{cols}']['share']:.0f} % of copy")
+            us = m.bench_layer_gemvs(iters=50)
+            lb = (engine_bytes - 2 * m.lane.part * cfg.hidden_size) / cfg.num_hidden_layers
+            micro["layer_gemvs"] = {"us": us, "GBps": lb / us / 1e3, "share": lb / us / 1e3 / bw}
+            log(f"# one layer's four GEMVs ({lb / 2**20:.0f} MiB): {us:.2f} us, {lb / us / 1e3:.0f} GB/s, "
+                f"{100 * lb / us / 1e3 / bw:.0f} % of copy")
+        for ctx in contexts:
+            us, pre, toks = kie_decode(m, ctx, a.tokens, a.rounds, cfg.vocab_size)
+            m.reset()
+            m.prefill(list(range(ctx)))
+            ev = m.bench_steps(a.tokens)
+            add("kie", "graph", d, ctx, us, {"prefill_ms": round(pre, 2), "events_us": round(ev, 1)})
+        nodes = m.info()["graph_nodes"]
+        log(f"# delay {d}: {nodes} graph nodes per step")
+        m.close()
+        if a.variants and d == delays[0]:
+            for pdl, pf in ((0, 1), (1, 0), (0, 0)):
+                mv = kie_engine(cfg, w, comm, max_seq, pdl=pdl, prefetch=pf)
+                us, pre, _ = kie_decode(mv, contexts[0], a.tokens, a.rounds, cfg.vocab_size)
+                add("kie", "graph", d, contexts[0], us, {"pdl": pdl, "prefetch": pf})
+                mv.close()
+    if a.baseline != "none":
+        for ctx in contexts:
+            us, warm = torch_baseline(base, w, ctx, a.tokens, a.rounds, a.baseline == "compile", group)
+            add("torch", "compile+graph" if a.baseline == "compile" else "graph", 0, ctx, us,
+                {"warmup_s": round(warm, 1)})
+    if RANK == 0:
+        for r in rows:
+            if r["engine"] == "kie" and "pdl" not in r:
+                t = [b for b in rows if b["engine"] == "torch" and b["context"] == r["context"]]
+                if t:
+                    r["vs_torch"] = r["tokens_per_s"] / t[0]["tokens_per_s"]
+        log("\n engine kernel         tp gpus d   ctx   tokens/s   us/token  floor  vs torch")
+        for r in rows:
+            vs = f"{r['vs_torch']:6.2f}x" if "vs_torch" in r else "      "
+            log(f" {r['engine']:6s} {r['kernel']:13s} {r['tp']:2d} {r['gpus']:4d} {r['dtp_delay']} {r['context']:5d} "
+                f"{r['tokens_per_s']:10.1f} {r['us_per_token']:10.1f} {100 * r['floor_share']:5.1f}%  {vs}"
+                + ("" if "pdl" not in r else f"  pdl={r['pdl']} prefetch={r['prefetch']}"))
+        if a.json:
+            meta = {"command": " ".join(sys.argv), "gpu": name, "gpus": gpus, "ranks": SIZE, "copy_GBps": bw,
+                    "preset": a.preset, "tokens": a.tokens, "rounds": a.rounds,
+                    "weight_bytes_per_token_per_lane": engine_bytes, "micro": micro,
+                    "date": time.strftime("%Y-%m-%d %H:%M:%S")}
+            with open(a.json, "w") as f:
+                json.dump({"meta": meta, "rows": rows}, f, indent=1)
+            log(f"wrote {a.json}")
+    if group is not None:
+        torch.distributed.destroy_process_group()
+    if comm is not None:
+        comm.close()
+
+
+if __name__ == "__main__":
+    main()

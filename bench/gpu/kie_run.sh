@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# One device call for KIE's GPU engine: install the carried wheels (.whl/), build
+# (objects carried in build/ are reused when their stamps match: see
+# kccl/_build_cuda.py), then run the steps given, in order:
+#   check1      tests/gpu/kie_check.py with one rank (TP = 1)
+#   check2      the same with 2 ranks: a GPU each, or both on GPU 0 under MPS
+#   bench       bench/decode_gpu.py, TP = 1 (PyTorch baseline compiled; BASELINE= to change)
+#   bench2      bench/decode_gpu.py with 2 ranks (needs two GPUs)
+#   sanitize    compute-sanitizer memcheck and racecheck on the tiny preset (TP = 1)
+# Logs and JSON go to $LOGS; after each step $OUT/kie_logs.tgz holds all of them.
+#   bash bench/gpu/kie_run.sh check1 bench check2
+set -u
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
+export KCCL_TIMEOUT_MS=${KCCL_TIMEOUT_MS:-20000}
+OUT=${OUT:-/tmp/out}; LOGS=${LOGS:-/tmp/kie_logs}; mkdir -p "$OUT" "$LOGS"
+if ls .whl/*.whl >/dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
+  export PYTHONPATH=/tmp/site:$PWD
+else
+  export PYTHONPATH=$PWD
+fi
+nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv,noheader | tee "$LOGS/gpus.txt"
+t0=$(date +%s)
+python3 setup.py -q build_ext --inplace > "$LOGS/build.log" 2>&1 || { tail -40 "$LOGS/build.log"; exit 1; }
+grep -E " in [0-9]+ s" "$LOGS/build.log"; echo "build: $(( $(date +%s) - t0 )) s"
+python3 -c "import kccl, kie_engine.gpu.engine as g; print('kccl gpu', kccl.gpu_support(), 'kie gpu', g.gpu_built(), g.device_count())" || exit 1
+NG=$(nvidia-smi -L | wc -l)
+MPI="mpiexec --oversubscribe --allow-run-as-root --bind-to none -x PYTHONPATH -x NCCL_NVLS_ENABLE -x TORCH_SYMM_MEM_DISABLE_MULTICAST -x NVSHMEM_DISABLE_NVLS -x PYTHONUNBUFFERED -x KCCL_TIMEOUT_MS -x CUDA_MPS_PIPE_DIRECTORY -x CUDA_MPS_LOG_DIRECTORY"
+mps_on() {
+  [ "$NG" -ge 2 ] && return 0
+  export CUDA_MPS_PIPE_DIRECTORY=/tmp/mps CUDA_MPS_LOG_DIRECTORY=/tmp/mpslog
+  mkdir -p $CUDA_MPS_PIPE_DIRECTORY $CUDA_MPS_LOG_DIRECTORY
+  nvidia-cuda-mps-control -d && echo "MPS started" && MPS=1
+}
+mps_off() { [ -n "${MPS:-}" ] && echo quit | nvidia-cuda-mps-control; unset MPS; sleep 1; }
+trap 'mps_off' EXIT
+for s in "$@"; do
+  echo "=== $s ($(date +%T))"
+  case $s in
+    check1) timeout 400 python3 tests/gpu/kie_check.py --json "$LOGS/kie_check_tp1.json" 2>&1 | tee "$LOGS/check1.log" | grep -v "^  (" | tail -60 ;;
+    check2) mps_on; timeout 400 $MPI -n 2 python3 tests/gpu/kie_check.py --no-hf --json "$LOGS/kie_check_tp2.json" 2>&1 | tee "$LOGS/check2.log" | tail -40; mps_off ;;
+    bench) timeout 560 python3 bench/decode_gpu.py --baseline ${BASELINE:-compile} ${BENCH_ARGS:-} --json "$LOGS/decode_gpu_tp1.json" 2>&1 | tee "$LOGS/bench.log" | tail -40 ;;
+    bench2) timeout 560 $MPI -n 2 python3 bench/decode_gpu.py --baseline ${BASELINE:-compile} ${BENCH_ARGS:-} --json "$LOGS/decode_gpu_tp2.json" 2>&1 | tee "$LOGS/bench2.log" | tail -40 ;;
+    sanitize)
+      for tool in memcheck racecheck; do
+        timeout 300 compute-sanitizer --tool $tool --print-limit 20 python3 tests/gpu/kie_check.py --presets tiny --steps 8 --no-hf 2>&1 | tee "$LOGS/sanitize_$tool.log" | grep -E "ERROR SUMMARY|RACECHECK SUMMARY|KIE GPU CHECK|Invalid|Race" | head -12
+      done ;;
+    *) echo "unknown step $s" ;;
+  esac
+  tar czf "$OUT/kie_logs.tgz" -C "$LOGS" . 2>/dev/null
+done
+echo "total: $(( $(date +%s) - t0 )) s"

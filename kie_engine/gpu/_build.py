@@ -1,0 +1,61 @@
+"""cffi builder of kie_engine.gpu._kie_gpu_cffi: the engine's CUDA sources
+(csrc/*.cu) compiled with nvcc when it is found (KCCL_CUDA, as for KCCL), else
+csrc/none.c, whose entries report a build without CUDA."""
+import glob
+import os
+import re
+import sys
+
+from cffi import FFI
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+CSRC = os.path.join(HERE, "csrc")
+HEADER = os.path.join(CSRC, "kie_gpu.h")
+sys.path.insert(0, os.path.join(ROOT, "kccl"))
+import _build_cuda  # noqa: E402  (KCCL's nvcc helpers: the same switch and flags)
+
+
+def cdef_from_header(path):
+    """kie_gpu.h as cffi's cdef wants it: no comments, no preprocessor or C++ guards;
+    the #defines become `#define NAME ...` (cffi reads the values from the header)."""
+    raw = open(path).read()
+    text = re.sub(r"/\*.*?\*/", "", raw, flags=re.S)
+    text = re.sub(r"#ifdef __cplusplus.*?#endif", "", text, flags=re.S)
+    names = re.findall(r"^#define (KIE_\w+) ", text, flags=re.M)
+    body = "\n".join(l for l in text.splitlines() if not l.lstrip().startswith("#"))
+    return body + "\n" + "\n".join(f"#define {n} ..." for n in names) + "\n"
+
+
+def _sources():
+    mode = _build_cuda._mode()
+    nvcc = None if mode == "0" else _build_cuda.find_nvcc()
+    if nvcc is None:
+        if mode == "1":
+            raise SystemExit("KCCL_CUDA=1 but nvcc was not found")
+        print("kie_engine.gpu: building without CUDA", file=sys.stderr)
+        return [os.path.relpath(os.path.join(CSRC, "none.c"), ROOT)], [], [], []
+    cu = sorted(glob.glob(os.path.join(CSRC, "*.cu")))
+    deps = glob.glob(os.path.join(CSRC, "*.h"))
+    objects = _build_cuda.compile_cuda(ROOT, nvcc, cu, [CSRC], deps, os.path.join(ROOT, "build", "kie_cuda"),
+                                       label="kie_engine.gpu")
+    return [], objects, [_build_cuda.cuda_libdir(nvcc)], ["cudart_static", "dl", "stdc++", "rt", "pthread"]
+
+
+_c_sources, _objects, _libdirs, _libs = _sources()
+
+ffibuilder = FFI()
+ffibuilder.cdef(cdef_from_header(HEADER))
+ffibuilder.set_source(
+    "kie_engine.gpu._kie_gpu_cffi",
+    '#include "kie_gpu.h"',
+    sources=_c_sources,
+    include_dirs=[os.path.relpath(CSRC, ROOT)],
+    extra_compile_args=["-O2", "-std=gnu11"],
+    extra_objects=_objects,
+    library_dirs=_libdirs,
+    libraries=_libs,
+)
+
+if __name__ == "__main__":
+    ffibuilder.compile(verbose=True)

@@ -1,0 +1,895 @@
+/* engine.cu - the host side of KIE's GPU engine: memory, weights, the step as a
+ * sequence of launches, its CUDA graphs, and the token ring.
+ *
+ * One step for T tokens (decode: T = 1, captured; prefill: T <= tmax, eager):
+ *
+ *   per sublayer i (attention, MLP, attention, ...):
+ *     normed GEMV   residual R + the sum due (DTP) -> R', RMSNorm -> QKV (+RoPE, KV write) or gate/up (+SwiGLU)
+ *     [attention]   split over the context, last block combines
+ *     GEMV          o or down projection -> the partial sum S_i
+ *     sum           KCCL all-reduce of S_i over the lanes: in line (delay 0) or split phase (delay d)
+ *   normed GEMV     final norm -> LM head slice, argmax candidate
+ *   pick            sum of the lanes' candidates + finalize, or gather + sample, or advance
+ *
+ * DTP delay d: sublayer i reads the residual without the sums of sublayers
+ * i-d .. i-1, so S_j is added by the normed GEMV of sublayer j+1+d (and the last
+ * d+1 by the final norm); d+1 sum buffers rotate.  With d = 0 it is a plain
+ * Llama step. */
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+#include <time.h>
+
+#include <algorithm>
+#include <vector>
+
+#include "kie_kernels.h"
+
+namespace {
+
+thread_local char g_err[1024];
+
+int fail(int code, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(g_err, sizeof g_err, fmt, ap);
+  va_end(ap);
+  return code;
+}
+
+#define CU(call)                                                                                         \
+  do {                                                                                                   \
+    cudaError_t e_ = (call);                                                                             \
+    if (e_ != cudaSuccess)                                                                               \
+      return fail(KIE_E_CUDA, "%s: %s (%s:%d)", #call, cudaGetErrorString(e_), __FILE__, __LINE__);    \
+  } while (0)
+#define TRY(call)                  \
+  do {                             \
+    int rc_ = (call);              \
+    if (rc_ != KIE_OK) return rc_; \
+  } while (0)
+
+/* KCCL's signatures (kccl.h), called through the addresses the caller passed. */
+typedef int (*fn_all_reduce)(const void *, void *, size_t, int, int, void *, void *);
+typedef int (*fn_start)(const void *, void *, size_t, int, int, void *, void *, uint64_t *);
+typedef int (*fn_wait)(void *, uint64_t, void *);
+typedef int (*fn_all_gather)(const void *, void *, size_t, int, void *, void *);
+typedef int (*fn_async_error)(void *, int *);
+typedef const char *(*fn_last_error)(void *);
+const int KCCL_FLOAT32 = 7, KCCL_SUM = 0;
+
+const size_t XS_MAX = 64 * 1024;   /* shared memory for x in a GEMV block: two blocks per SM still fit */
+const size_t ATT_SMEM_MAX = 160 * 1024;
+
+size_t round_up(size_t v, size_t a) { return (v + a - 1) / a * a; }
+
+struct Layer {
+  bf16 *wqkv, *wo, *wgu, *wd, *kc, *vc;
+  float *n1, *n2;
+};
+
+}  // namespace
+
+struct kie_engine {
+  kie_shape s;
+  kie_comm c;
+  int device, sms;
+  int hid_pad, qdim, kvdim, qkv_rows, inter_pad, tmax;
+  int g, gper, hgroups, nsplit, chunk_max, gemv_grid_max;
+  size_t att_smem, bytes;
+  char *arena;
+  std::vector<Layer> L;
+  bf16 *embed, *head;
+  float *normf, *rcos, *rsin;
+  float *R[2], *qbuf, *att, *act, *sums, *logits, *logits_all, *cand, *part;
+  unsigned *att_cnt, *head_cnt;
+  unsigned long long *amax;
+  int *tokbuf;
+  DevState *st;
+  SampParams *samp;
+  HostRing *ring_h, *ring_d;
+  cudaStream_t stream;
+  cudaGraphExec_t graph[3];
+  int graph_nodes;
+  std::vector<char> have; /* which uploads have arrived */
+  std::vector<uint64_t> req;
+  int pos_h, step_h;      /* the host's count of what it enqueued */
+  int sampling_set;
+};
+
+namespace {
+
+/* Sizes that follow from the shape and the device; an error names what does not fit. */
+int derive(kie_engine *e, const kie_shape &s, int sms) {
+  if (s.hidden < 1 || s.inter < 1 || s.layers < 1 || s.heads < 1 || s.kv_heads < 1 || s.vocab < 1 ||
+      s.vocab_part < 1 || s.max_seq < 1)
+    return fail(KIE_E_ARG, "every size of the shape must be positive");
+  if (s.heads % s.kv_heads)
+    return fail(KIE_E_ARG, "heads=%d is not a multiple of kv_heads=%d", s.heads, s.kv_heads);
+  if (s.head_dim < 8 || s.head_dim > 256 || (s.head_dim & (s.head_dim - 1)))
+    return fail(KIE_E_ARG, "head_dim=%d: the GPU attention takes a power of two from 8 to 256", s.head_dim);
+  if (s.vocab_valid < 0 || s.vocab_valid > s.vocab_part || s.vocab_off < 0 || s.vocab_off + s.vocab_valid > s.vocab)
+    return fail(KIE_E_ARG, "vocabulary slice [%d, %d + %d) of %d rows does not fit the vocabulary of %d", s.vocab_off,
+                s.vocab_off, s.vocab_valid, s.vocab_part, s.vocab);
+  if (s.vocab > (1 << 23))
+    return fail(KIE_E_ARG, "vocab=%d: the GPU sampler takes at most %d tokens", s.vocab, 1 << 23);
+  if (s.dtp_delay < 0 || s.dtp_delay > KIE_MAX_ADDS - 1)
+    return fail(KIE_E_ARG, "dtp_delay=%d: 0..%d", s.dtp_delay, KIE_MAX_ADDS - 1);
+  if (s.tp_size < 1 || s.tp_rank < 0 || s.tp_rank >= s.tp_size)
+    return fail(KIE_E_ARG, "tp_rank=%d of tp_size=%d", s.tp_rank, s.tp_size);
+  if (!(s.eps > 0.f)) return fail(KIE_E_ARG, "eps must be positive");
+  e->s = s;
+  e->sms = sms;
+  e->hid_pad = (int)round_up((size_t)s.hidden, 8);
+  e->inter_pad = (int)round_up((size_t)s.inter, 8);
+  e->qdim = s.heads * s.head_dim;
+  e->kvdim = s.kv_heads * s.head_dim;
+  e->qkv_rows = e->qdim + 2 * e->kvdim;
+  e->tmax = (int)std::min<size_t>(GEMV_MAX_T, XS_MAX / (4 * (size_t)e->hid_pad));
+  if (e->tmax < 1)
+    return fail(KIE_E_ARG, "hidden=%d: the normed GEMV keeps a token's activations in %zu KB of shared memory",
+                s.hidden, XS_MAX / 1024);
+  e->g = s.heads / s.kv_heads;
+  e->gper = std::min(e->g, ATT_MAXG);
+  e->hgroups = (e->g + e->gper - 1) / e->gper;
+  const int groups = s.kv_heads * e->hgroups;
+  e->nsplit = std::max(1, std::min(std::min(s.max_seq, 1024), (2 * sms + groups - 1) / groups));
+  for (;;) {
+    e->chunk_max = (s.max_seq + e->nsplit - 1) / e->nsplit;
+    e->att_smem = kie_attention_smem(s.head_dim, e->chunk_max);
+    if (e->att_smem <= ATT_SMEM_MAX) break;
+    if (e->nsplit >= 1024) return fail(KIE_E_ARG, "max_seq=%d is too long for the attention kernel", s.max_seq);
+    e->nsplit = std::min(1024, e->nsplit * 2);
+  }
+  const int bps = s.gemv_blocks_per_sm > 0 ? s.gemv_blocks_per_sm : 2;
+  e->gemv_grid_max = bps * sms;
+  return KIE_OK;
+}
+
+/* Carves the arena (base == NULL: only counts).  Returns its size. */
+size_t layout(kie_engine *e, char *base) {
+  size_t at = 0;
+  auto take = [&](size_t bytes) -> char * {
+    at = round_up(at, 256);
+    char *p = base ? base + at : nullptr;
+    at += bytes;
+    return p;
+  };
+  const kie_shape &s = e->s;
+  const size_t hp = (size_t)e->hid_pad, T = (size_t)e->tmax, hd = (size_t)s.head_dim;
+  e->embed = (bf16 *)take((size_t)s.vocab * hp * 2);
+  e->L.assign((size_t)s.layers, Layer{});
+  for (int l = 0; l < s.layers; l++) {
+    Layer &y = e->L[(size_t)l];
+    y.wqkv = (bf16 *)take((size_t)e->qkv_rows * hp * 2);
+    y.wo = (bf16 *)take((size_t)s.hidden * e->qdim * 2);
+    y.wgu = (bf16 *)take(2 * (size_t)s.inter * hp * 2);
+    y.wd = (bf16 *)take((size_t)s.hidden * e->inter_pad * 2);
+    y.n1 = (float *)take(hp * 4);
+    y.n2 = (float *)take(hp * 4);
+    y.kc = (bf16 *)take((size_t)s.kv_heads * s.max_seq * hd * 2);
+    y.vc = (bf16 *)take((size_t)s.kv_heads * s.max_seq * hd * 2);
+  }
+  e->head = (bf16 *)take((size_t)s.vocab_part * hp * 2);
+  e->normf = (float *)take(hp * 4);
+  e->rcos = (float *)take((size_t)s.max_seq * (hd / 2) * 4);
+  e->rsin = (float *)take((size_t)s.max_seq * (hd / 2) * 4);
+  e->R[0] = (float *)take(T * hp * 4);
+  e->R[1] = (float *)take(T * hp * 4);
+  e->qbuf = (float *)take(T * e->qdim * 4);
+  e->att = (float *)take(T * e->qdim * 4);
+  e->act = (float *)take(T * e->inter_pad * 4);
+  e->sums = (float *)take((size_t)(s.dtp_delay + 1) * T * hp * 4);
+  e->logits = (float *)take((size_t)s.vocab_part * 4);
+  e->logits_all = (float *)take((size_t)s.tp_size * s.vocab_part * 4);
+  e->cand = (float *)take(256);
+  e->part = (float *)take(T * s.heads * e->nsplit * (hd + 2) * 4);
+  e->att_cnt = (unsigned *)take(T * s.kv_heads * e->hgroups * 4);
+  e->head_cnt = (unsigned *)take(16);
+  e->amax = (unsigned long long *)take(16);
+  e->tokbuf = (int *)take(T * 4);
+  e->st = (DevState *)take(sizeof(DevState));
+  e->samp = (SampParams *)take(sizeof(SampParams));
+  return round_up(at, 256);
+}
+
+int n_uploads(const kie_shape &s) { return 5 + 6 * s.layers; }
+int upload_index(const kie_shape &s, int kind, int layer) {
+  switch (kind) {
+    case KIE_W_EMBED: return 0;
+    case KIE_W_HEAD: return 1;
+    case KIE_F_FINAL_NORM: return 2;
+    case KIE_F_ROPE_COS: return 3;
+    case KIE_F_ROPE_SIN: return 4;
+    case KIE_W_QKV: return 5 + 6 * layer;
+    case KIE_W_O: return 6 + 6 * layer;
+    case KIE_W_GATE_UP: return 7 + 6 * layer;
+    case KIE_W_DOWN: return 8 + 6 * layer;
+    case KIE_F_ATTN_NORM: return 9 + 6 * layer;
+    case KIE_F_MLP_NORM: return 10 + 6 * layer;
+  }
+  (void)s;
+  return -1;
+}
+
+int comm_fail(kie_engine *e, int rc, const char *what) {
+  const char *why = e->c.last_error ? ((fn_last_error)e->c.last_error)(e->c.comm) : "";
+  return fail(KIE_E_COMM, "%s: KCCL error %d: %s", what, rc, why ? why : "");
+}
+
+int all_reduce(kie_engine *e, float *p, size_t count) {
+  const int rc = ((fn_all_reduce)e->c.all_reduce)(p, p, count, KCCL_FLOAT32, KCCL_SUM, e->c.comm, e->stream);
+  return rc ? comm_fail(e, rc, "all-reduce of a sublayer's sum") : KIE_OK;
+}
+
+int sum_start(kie_engine *e, float *p, size_t count, uint64_t *req) {
+  const int rc = ((fn_start)e->c.start)(p, p, count, KCCL_FLOAT32, KCCL_SUM, e->c.comm, e->stream, req);
+  return rc ? comm_fail(e, rc, "split-phase all-reduce start") : KIE_OK;
+}
+
+int sum_wait(kie_engine *e, uint64_t req) {
+  const int rc = ((fn_wait)e->c.wait)(e->c.comm, req, e->stream);
+  return rc ? comm_fail(e, rc, "split-phase all-reduce wait") : KIE_OK;
+}
+
+int gemv(kie_engine *e, GemvArgs &a, int epi) {
+  const size_t xbytes = (size_t)a.T * a.ld * 4;
+  const int xs = a.x == nullptr || xbytes <= XS_MAX;
+  if (a.x == nullptr && xbytes > XS_MAX) return fail(KIE_E_ARG, "normed GEMV input of %zu bytes", xbytes);
+  const int units = epi == EPI_SWIGLU ? a.cols : (a.rows + 1) / 2;
+  const int grid = std::max(1, std::min(e->gemv_grid_max, (units + GEMV_WARPS - 1) / GEMV_WARPS));
+  a.prefetch = e->s.prefetch;
+  a.ring = e->ring_d;
+  CU(kie_launch_gemv(a, epi, xs, grid, xs ? xbytes : 0, e->stream, e->s.pdl));
+  return KIE_OK;
+}
+
+float *sum_buf(kie_engine *e, int j) {
+  return e->sums + (size_t)(j % (e->s.dtp_delay + 1)) * e->tmax * e->hid_pad;
+}
+
+GemvArgs normed(kie_engine *e, int T, const float *r_in, float *r_out, const float *gamma) {
+  GemvArgs a;
+  memset(&a, 0, sizeof a);
+  a.T = T;
+  a.x = nullptr;
+  a.in = e->s.hidden;
+  a.ld = e->hid_pad;
+  a.r_in = r_in;
+  a.r_out = r_out;
+  a.r_ld = e->hid_pad;
+  a.embed = e->embed;
+  a.tokens = e->tokbuf;
+  a.gamma = gamma;
+  a.eps = e->s.eps;
+  return a;
+}
+
+GemvArgs plain(kie_engine *e, int T, const float *x, int in, int x_ld) {
+  GemvArgs a;
+  memset(&a, 0, sizeof a);
+  (void)e;
+  a.T = T;
+  a.x = x;
+  a.in = in;
+  a.ld = x_ld;
+  a.x_ld = x_ld;
+  return a;
+}
+
+/* The attention sublayer's QKV launch (shared by the step and the layer benchmark). */
+int launch_qkv(kie_engine *e, int l, GemvArgs &a) {
+  const Layer &y = e->L[(size_t)l];
+  a.w = y.wqkv;
+  a.rows = e->qkv_rows;
+  a.nh = e->s.heads;
+  a.nkv = e->s.kv_heads;
+  a.hd = e->s.head_dim;
+  a.max_seq = e->s.max_seq;
+  a.pos = &e->st->pos;
+  a.cosv = e->rcos;
+  a.sinv = e->rsin;
+  a.kc = y.kc;
+  a.vc = y.vc;
+  a.q_out = e->qbuf;
+  a.q_ld = e->qdim;
+  return gemv(e, a, EPI_QKV);
+}
+
+int launch_gate_up(kie_engine *e, int l, GemvArgs &a) {
+  a.w = e->L[(size_t)l].wgu;
+  a.rows = 2 * e->s.inter;
+  a.cols = e->s.inter;
+  a.out = e->act;
+  a.out_ld = e->inter_pad;
+  return gemv(e, a, EPI_SWIGLU);
+}
+
+int launch_attention(kie_engine *e, int l, int T) {
+  AttnArgs a;
+  memset(&a, 0, sizeof a);
+  a.q = e->qbuf;
+  a.q_ld = e->qdim;
+  a.kc = e->L[(size_t)l].kc;
+  a.vc = e->L[(size_t)l].vc;
+  a.max_seq = e->s.max_seq;
+  a.hd = e->s.head_dim;
+  a.nh = e->s.heads;
+  a.g = e->g;
+  a.hgroups = e->hgroups;
+  a.gper = e->gper;
+  a.nsplit = e->nsplit;
+  a.chunk_max = e->chunk_max;
+  a.pos = &e->st->pos;
+  a.scale = (float)(1.0 / sqrt((double)e->s.head_dim));
+  a.part = e->part;
+  a.cnt = e->att_cnt;
+  a.out = e->att;
+  a.out_ld = e->qdim;
+  CU(kie_launch_attention(a, T, e->att_smem, e->stream, e->s.pdl));
+  return KIE_OK;
+}
+
+Commit commit_of(kie_engine *e, int T) {
+  Commit c;
+  c.st = e->st;
+  c.ring = e->ring_d;
+  c.tokbuf = e->tokbuf;
+  c.T = T;
+  return c;
+}
+
+/* One forward pass of T tokens (tokbuf, from the device position) ending with `mode`. */
+int enqueue_forward(kie_engine *e, int T, int mode) {
+  const kie_shape &s = e->s;
+  const int nsub = 2 * s.layers, d = s.dtp_delay, tp = s.tp_size;
+  const size_t sum_count = (size_t)T * e->hid_pad;
+  e->req.assign((size_t)nsub, 0);
+  int cur = 0;
+  for (int i = 0; i < nsub; i++) {
+    const int l = i / 2, sub = i % 2;
+    const Layer &y = e->L[(size_t)l];
+    GemvArgs a = normed(e, T, i == 0 ? nullptr : e->R[cur], e->R[cur ^ 1], sub ? y.n2 : y.n1);
+    const int j = i - 1 - d;
+    if (j >= 0) {
+      if (tp > 1 && d > 0) TRY(sum_wait(e, e->req[(size_t)j]));
+      a.adds[a.nadd++] = sum_buf(e, j);
+    }
+    cur ^= 1;
+    float *S = sum_buf(e, i);
+    if (sub == 0) {
+      TRY(launch_qkv(e, l, a));
+      TRY(launch_attention(e, l, T));
+      GemvArgs o = plain(e, T, e->att, e->qdim, e->qdim);
+      o.w = y.wo;
+      o.rows = s.hidden;
+      o.out = S;
+      o.out_ld = e->hid_pad;
+      TRY(gemv(e, o, EPI_STORE));
+    } else {
+      TRY(launch_gate_up(e, l, a));
+      GemvArgs dn = plain(e, T, e->act, s.inter, e->inter_pad);
+      dn.w = y.wd;
+      dn.rows = s.hidden;
+      dn.out = S;
+      dn.out_ld = e->hid_pad;
+      TRY(gemv(e, dn, EPI_STORE));
+    }
+    if (tp > 1) {
+      if (d == 0) TRY(all_reduce(e, S, sum_count));
+      else TRY(sum_start(e, S, sum_count, &e->req[(size_t)i]));
+    }
+  }
+  /* The sums still in flight: the final norm adds them (or, without a pick, they
+   * are only joined, so that nothing is outstanding when the pass ends). */
+  const size_t last_row = (size_t)(T - 1) * e->hid_pad;
+  if (tp > 1 && d > 0) TRY(sum_wait(e, e->req[(size_t)nsub - 1]));
+  if (mode == KIE_MODE_ADVANCE) {
+    CU(kie_launch_advance(commit_of(e, T), e->stream, e->s.pdl));
+    return KIE_OK;
+  }
+  GemvArgs h = normed(e, 1, e->R[cur] + last_row, nullptr, e->normf);
+  for (int j = std::max(0, nsub - 1 - d); j < nsub; j++) h.adds[h.nadd++] = sum_buf(e, j) + last_row;
+  h.w = e->head;
+  h.rows = s.vocab_part;
+  h.out = e->logits;
+  h.valid_rows = s.vocab_valid;
+  h.row_off = s.vocab_off;
+  h.tp = tp;
+  h.rank = s.tp_rank;
+  h.amax = e->amax;
+  h.cnt = e->head_cnt;
+  h.cand = e->cand;
+  TRY(gemv(e, h, EPI_HEAD));
+  if (mode == KIE_MODE_GREEDY) {
+    if (tp > 1) TRY(all_reduce(e, e->cand, 2 * (size_t)tp));
+    FinalArgs f;
+    f.cand = e->cand;
+    f.tp = tp;
+    f.c = commit_of(e, T);
+    CU(kie_launch_finalize(f, e->stream, e->s.pdl));
+  } else {
+    const float *logits = e->logits;
+    if (tp > 1) {
+      const int rc = ((fn_all_gather)e->c.all_gather)(e->logits, e->logits_all, (size_t)s.vocab_part, KCCL_FLOAT32,
+                                                      e->c.comm, e->stream);
+      if (rc) return comm_fail(e, rc, "all-gather of the logits");
+      logits = e->logits_all;
+    }
+    SampleArgs sa;
+    sa.logits = logits;
+    sa.V = s.vocab;
+    sa.p = e->samp;
+    sa.c = commit_of(e, T);
+    CU(kie_launch_sample(sa, e->stream, e->s.pdl));
+  }
+  return KIE_OK;
+}
+
+int ready(kie_engine *e) {
+  for (size_t i = 0; i < e->have.size(); i++)
+    if (!e->have[i]) return fail(KIE_E_STATE, "weights are missing (upload %zu of %zu not done)", i, e->have.size());
+  return KIE_OK;
+}
+
+int capture(kie_engine *e, int mode) {
+  if (e->graph[mode]) return KIE_OK;
+  cudaGraph_t g;
+  CU(cudaStreamBeginCapture(e->stream, cudaStreamCaptureModeRelaxed));
+  const int rc = enqueue_forward(e, 1, mode);
+  const cudaError_t ce = cudaStreamEndCapture(e->stream, &g);
+  if (rc != KIE_OK) {
+    if (ce == cudaSuccess) cudaGraphDestroy(g);
+    return rc;
+  }
+  CU(ce);
+  size_t n = 0;
+  cudaGraphGetNodes(g, nullptr, &n);
+  e->graph_nodes = (int)n;
+  cudaGraphExec_t x;
+  const cudaError_t ie = cudaGraphInstantiate(&x, g, 0);
+  cudaGraphDestroy(g);
+  CU(ie);
+  e->graph[mode] = x;
+  return KIE_OK;
+}
+
+int check_comm(kie_engine *e) {
+  if (e->s.tp_size < 2 || !e->c.async_error) return KIE_OK;
+  int err = 0;
+  ((fn_async_error)e->c.async_error)(e->c.comm, &err);
+  return err ? comm_fail(e, err, "the lanes' communicator") : KIE_OK;
+}
+
+int device_error(kie_engine *e) {
+  const int code = *(volatile int32_t *)&e->ring_h->err;
+  if (!code) return KIE_OK;
+  const int arg = *(volatile int32_t *)&e->ring_h->err_arg;
+  switch (code) {
+    case KIE_DERR_POS: return fail(KIE_E_DEVICE, "a kernel was asked for position %d, past the KV cache", arg);
+    case KIE_DERR_NAN: return fail(KIE_E_DEVICE, "the logits of step %d are not finite", arg);
+    default: return fail(KIE_E_DEVICE, "a kernel reported error %d (argument %d)", code, arg);
+  }
+}
+
+double now_s() {
+  timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+int time_graph(kie_engine *e, cudaGraphExec_t x, int reps, double *ms_median) {
+  cudaEvent_t a, b;
+  CU(cudaEventCreate(&a));
+  CU(cudaEventCreate(&b));
+  std::vector<float> ms;
+  for (int r = 0; r < reps; r++) {
+    CU(cudaEventRecord(a, e->stream));
+    CU(cudaGraphLaunch(x, e->stream));
+    CU(cudaEventRecord(b, e->stream));
+    CU(cudaEventSynchronize(b));
+    float t = 0.f;
+    CU(cudaEventElapsedTime(&t, a, b));
+    ms.push_back(t);
+  }
+  cudaEventDestroy(a);
+  cudaEventDestroy(b);
+  std::sort(ms.begin(), ms.end());
+  *ms_median = ms[ms.size() / 2];
+  return KIE_OK;
+}
+
+}  // namespace
+
+extern "C" {
+
+int kie_built(void) { return 1; }
+
+const char *kie_last_error(void) { return g_err; }
+
+int kie_device_count(int *n) {
+  *n = 0;
+  if (cudaGetDeviceCount(n) != cudaSuccess) {
+    cudaGetLastError();
+    *n = 0;
+  }
+  return KIE_OK;
+}
+
+int kie_plan_bytes(const kie_shape *s, int device, size_t *bytes) {
+  int n = 0;
+  kie_device_count(&n);
+  if (device < 0 || device >= n) return fail(KIE_E_NOCUDA, "device %d: this process sees %d CUDA device(s)", device, n);
+  int sms = 0;
+  CU(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+  kie_engine probe;
+  TRY(derive(&probe, *s, sms));
+  *bytes = layout(&probe, nullptr);
+  return KIE_OK;
+}
+
+int kie_create(const kie_shape *s, const kie_comm *c, int device, kie_engine **out) {
+  *out = nullptr;
+  if (s->tp_size > 1 && (!c || !c->comm || !c->all_reduce || !c->start || !c->wait || !c->all_gather))
+    return fail(KIE_E_ARG, "tp_size=%d needs a KCCL communicator and its functions", s->tp_size);
+  size_t bytes = 0;
+  TRY(kie_plan_bytes(s, device, &bytes));
+  CU(cudaSetDevice(device));
+  size_t free_b = 0, total_b = 0;
+  CU(cudaMemGetInfo(&free_b, &total_b));
+  if (bytes + (256u << 20) > free_b)
+    return fail(KIE_E_MEMORY, "the model needs %.2f GiB on device %d (weights, KV cache for %d positions, "
+                "buffers) and %.2f GiB of its %.2f GiB are free", bytes / 1073741824.0, device, s->max_seq,
+                free_b / 1073741824.0, total_b / 1073741824.0);
+  kie_engine *e = new kie_engine();
+  e->device = device;
+  int sms = 0;
+  cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+  derive(e, *s, sms);
+  if (c) e->c = *c;
+  e->bytes = layout(e, nullptr);
+  cudaError_t ce = cudaMalloc((void **)&e->arena, e->bytes);
+  if (ce != cudaSuccess) {
+    delete e;
+    cudaGetLastError();
+    return fail(KIE_E_MEMORY, "cudaMalloc of %.2f GiB on device %d: %s", bytes / 1073741824.0, device,
+                cudaGetErrorString(ce));
+  }
+  layout(e, e->arena);
+  int rc = KIE_OK;
+  if ((ce = cudaMemset(e->arena, 0, e->bytes)) != cudaSuccess ||
+      (ce = cudaHostAlloc((void **)&e->ring_h, sizeof(HostRing), cudaHostAllocMapped)) != cudaSuccess ||
+      (ce = cudaHostGetDevicePointer((void **)&e->ring_d, e->ring_h, 0)) != cudaSuccess ||
+      (ce = cudaStreamCreateWithFlags(&e->stream, cudaStreamNonBlocking)) != cudaSuccess ||
+      (ce = kie_gemv_attributes(XS_MAX)) != cudaSuccess ||
+      (ce = kie_attention_attributes(ATT_SMEM_MAX)) != cudaSuccess)
+    rc = fail(KIE_E_CUDA, "device %d setup: %s", device, cudaGetErrorString(ce));
+  if (rc != KIE_OK) {
+    kie_destroy(e);
+    return rc;
+  }
+  memset(e->ring_h, 0, sizeof(HostRing));
+  e->have.assign((size_t)n_uploads(*s), 0);
+  *out = e;
+  return KIE_OK;
+}
+
+void kie_destroy(kie_engine *e) {
+  if (!e) return;
+  cudaSetDevice(e->device);
+  if (e->stream) cudaStreamSynchronize(e->stream);
+  for (int m = 0; m < 3; m++)
+    if (e->graph[m]) cudaGraphExecDestroy(e->graph[m]);
+  if (e->stream) cudaStreamDestroy(e->stream);
+  if (e->arena) cudaFree(e->arena);
+  if (e->ring_h) cudaFreeHost(e->ring_h);
+  cudaGetLastError();
+  delete e;
+}
+
+int kie_upload(kie_engine *e, int kind, int layer, const void *src, size_t rows, size_t cols, int on_device) {
+  const kie_shape &s = e->s;
+  const int idx = upload_index(s, kind, layer);
+  if (idx < 0) return fail(KIE_E_ARG, "unknown weight kind %d", kind);
+  const bool per_layer = idx >= 5;
+  if (per_layer && (layer < 0 || layer >= s.layers))
+    return fail(KIE_E_ARG, "layer %d of %d", layer, s.layers);
+  size_t want_r = 0, want_c = 0, ld = 0;
+  void *dst = nullptr;
+  int f32 = 0;
+  const Layer *y = per_layer ? &e->L[(size_t)layer] : nullptr;
+  switch (kind) {
+    case KIE_W_EMBED: want_r = s.vocab, want_c = s.hidden, ld = e->hid_pad, dst = e->embed; break;
+    case KIE_W_HEAD: want_r = s.vocab_part, want_c = s.hidden, ld = e->hid_pad, dst = e->head; break;
+    case KIE_W_QKV: want_r = e->qkv_rows, want_c = s.hidden, ld = e->hid_pad, dst = y->wqkv; break;
+    case KIE_W_O: want_r = s.hidden, want_c = e->qdim, ld = e->qdim, dst = y->wo; break;
+    case KIE_W_GATE_UP: want_r = 2 * (size_t)s.inter, want_c = s.hidden, ld = e->hid_pad, dst = y->wgu; break;
+    case KIE_W_DOWN: want_r = s.hidden, want_c = s.inter, ld = e->inter_pad, dst = y->wd; break;
+    case KIE_F_ATTN_NORM: want_r = 1, want_c = s.hidden, ld = e->hid_pad, dst = y->n1, f32 = 1; break;
+    case KIE_F_MLP_NORM: want_r = 1, want_c = s.hidden, ld = e->hid_pad, dst = y->n2, f32 = 1; break;
+    case KIE_F_FINAL_NORM: want_r = 1, want_c = s.hidden, ld = e->hid_pad, dst = e->normf, f32 = 1; break;
+    case KIE_F_ROPE_COS: want_r = s.max_seq, want_c = s.head_dim / 2, ld = want_c, dst = e->rcos, f32 = 1; break;
+    case KIE_F_ROPE_SIN: want_r = s.max_seq, want_c = s.head_dim / 2, ld = want_c, dst = e->rsin, f32 = 1; break;
+  }
+  if (rows != want_r || cols != want_c)
+    return fail(KIE_E_ARG, "weight kind %d layer %d: got %zu x %zu, the shape needs %zu x %zu", kind, layer, rows,
+                cols, want_r, want_c);
+  if (!src) return fail(KIE_E_ARG, "weight kind %d: NULL source", kind);
+  CU(cudaSetDevice(e->device));
+  const size_t es = f32 ? 4 : 2;
+  CU(cudaMemcpy2DAsync(dst, ld * es, src, cols * es, cols * es, rows, on_device ? cudaMemcpyDefault
+                                                                                 : cudaMemcpyHostToDevice,
+                       e->stream));
+  CU(cudaStreamSynchronize(e->stream));
+  e->have[(size_t)idx] = 1;
+  return KIE_OK;
+}
+
+int kie_reset(kie_engine *e) {
+  CU(cudaSetDevice(e->device));
+  CU(cudaStreamSynchronize(e->stream));
+  TRY(device_error(e));
+  CU(cudaMemset(e->st, 0, sizeof(DevState)));
+  memset(e->ring_h, 0, sizeof(HostRing));
+  e->pos_h = e->step_h = 0;
+  return KIE_OK;
+}
+
+int kie_set_sampling(kie_engine *e, float temperature, int top_k, float top_p, uint64_t seed) {
+  if (!(temperature > 0.f)) return fail(KIE_E_ARG, "temperature must be > 0 for sampling (0 is greedy)");
+  if (top_k < 0) return fail(KIE_E_ARG, "top_k must be >= 0");
+  if (!(top_p > 0.f && top_p <= 1.f)) return fail(KIE_E_ARG, "top_p must be in (0, 1]");
+  SampParams p;
+  memset(&p, 0, sizeof p);
+  p.inv_temp = 1.0f / temperature;
+  p.top_k = top_k;
+  p.top_p = top_p;
+  p.seed = seed;
+  CU(cudaSetDevice(e->device));
+  CU(cudaMemcpyAsync(e->samp, &p, sizeof p, cudaMemcpyHostToDevice, e->stream));
+  CU(cudaStreamSynchronize(e->stream));
+  e->sampling_set = 1;
+  return KIE_OK;
+}
+
+static int check_mode(kie_engine *e, int mode) {
+  if (mode < KIE_MODE_ADVANCE || mode > KIE_MODE_SAMPLE) return fail(KIE_E_ARG, "mode %d", mode);
+  if (mode == KIE_MODE_SAMPLE && !e->sampling_set) return fail(KIE_E_STATE, "kie_set_sampling first");
+  return KIE_OK;
+}
+
+int kie_prefill(kie_engine *e, const int32_t *tokens, int n, int mode) {
+  TRY(check_mode(e, mode));
+  TRY(ready(e));
+  if (n < 1) return fail(KIE_E_ARG, "prefill needs at least one token");
+  if (e->pos_h + n > e->s.max_seq)
+    return fail(KIE_E_STATE, "%d tokens from position %d do not fit the context of %d", n, e->pos_h, e->s.max_seq);
+  for (int i = 0; i < n; i++)
+    if (tokens[i] < 0 || tokens[i] >= e->s.vocab)
+      return fail(KIE_E_ARG, "token %d at prompt index %d is outside the vocabulary of %d", tokens[i], i, e->s.vocab);
+  CU(cudaSetDevice(e->device));
+  for (int at = 0; at < n; at += e->tmax) {
+    const int T = std::min(e->tmax, n - at);
+    const bool last = at + T == n;
+    CU(cudaMemcpyAsync(e->tokbuf, tokens + at, (size_t)T * 4, cudaMemcpyHostToDevice, e->stream));
+    TRY(enqueue_forward(e, T, last ? mode : KIE_MODE_ADVANCE));
+    e->pos_h += T;
+  }
+  if (mode != KIE_MODE_ADVANCE) e->step_h++;
+  return KIE_OK;
+}
+
+int kie_set_token(kie_engine *e, int32_t token) {
+  if (token < 0 || token >= e->s.vocab) return fail(KIE_E_ARG, "token %d is outside the vocabulary of %d", token, e->s.vocab);
+  CU(cudaSetDevice(e->device));
+  CU(cudaMemcpyAsync(e->tokbuf, &token, 4, cudaMemcpyHostToDevice, e->stream));
+  CU(cudaStreamSynchronize(e->stream));
+  return KIE_OK;
+}
+
+int kie_decode(kie_engine *e, int n, int mode, int use_graph) {
+  TRY(check_mode(e, mode));
+  TRY(ready(e));
+  if (n < 0) return fail(KIE_E_ARG, "n=%d", n);
+  if (e->pos_h + n > e->s.max_seq)
+    return fail(KIE_E_STATE, "%d more steps from position %d do not fit the context of %d", n, e->pos_h, e->s.max_seq);
+  CU(cudaSetDevice(e->device));
+  if (use_graph) TRY(capture(e, mode));
+  for (int i = 0; i < n; i++) {
+    if (use_graph) CU(cudaGraphLaunch(e->graph[mode], e->stream));
+    else TRY(enqueue_forward(e, 1, mode));
+    e->pos_h++;
+    if (mode != KIE_MODE_ADVANCE) e->step_h++;
+  }
+  return KIE_OK;
+}
+
+int kie_wait_token(kie_engine *e, int step, int timeout_ms, int32_t *token) {
+  if (step < 0 || step >= e->step_h)
+    return fail(KIE_E_STATE, "step %d has not been enqueued (%d so far)", step, e->step_h);
+  if (e->step_h - step > KIE_RING)
+    return fail(KIE_E_STATE, "step %d was overwritten in the ring (%d steps enqueued since)", step, e->step_h - step);
+  const double deadline = now_s() + timeout_ms / 1000.0;
+  double next_check = 0;
+  long spins = 0;
+  const volatile uint32_t *seq = &e->ring_h->seq[step % KIE_RING];
+  for (;;) {
+    if (*seq == (uint32_t)step + 1u) {
+      __sync_synchronize();
+      *token = *(volatile int32_t *)&e->ring_h->token[step % KIE_RING];
+      TRY(device_error(e));
+      return KIE_OK;
+    }
+    TRY(device_error(e));
+    const double t = now_s();
+    if (t > next_check) {
+      next_check = t + 0.001;
+      TRY(check_comm(e));
+      const cudaError_t q = cudaStreamQuery(e->stream);
+      if (q != cudaSuccess && q != cudaErrorNotReady)
+        return fail(KIE_E_CUDA, "the decode stream failed: %s", cudaGetErrorString(q));
+      if (q == cudaSuccess) { /* all done: the token must be there now */
+        __sync_synchronize();
+        if (*seq != (uint32_t)step + 1u) {
+          TRY(device_error(e));
+          return fail(KIE_E_STATE, "the stream is idle but step %d never arrived", step);
+        }
+        continue;
+      }
+    }
+    if (t > deadline)
+      return fail(KIE_E_TIMEOUT, "step %d did not arrive within %d ms", step, timeout_ms);
+    if (++spins > 2000) {
+      timespec ts = {0, 20000};
+      nanosleep(&ts, nullptr);
+    }
+  }
+}
+
+int kie_logits(kie_engine *e, float *out, size_t n) {
+  CU(cudaSetDevice(e->device));
+  CU(cudaStreamSynchronize(e->stream));
+  TRY(device_error(e));
+  const float *src = e->logits;
+  if (e->s.tp_size > 1) {
+    const int rc = ((fn_all_gather)e->c.all_gather)(e->logits, e->logits_all, (size_t)e->s.vocab_part, KCCL_FLOAT32,
+                                                    e->c.comm, e->stream);
+    if (rc) return comm_fail(e, rc, "all-gather of the logits");
+    src = e->logits_all;
+  }
+  const size_t m = std::min(n, (size_t)e->s.vocab);
+  CU(cudaMemcpyAsync(out, src, m * 4, cudaMemcpyDeviceToHost, e->stream));
+  CU(cudaStreamSynchronize(e->stream));
+  return check_comm(e);
+}
+
+int kie_sync(kie_engine *e) {
+  CU(cudaSetDevice(e->device));
+  CU(cudaStreamSynchronize(e->stream));
+  TRY(device_error(e));
+  return check_comm(e);
+}
+
+int kie_get_info(kie_engine *e, kie_info *info) {
+  memset(info, 0, sizeof *info);
+  info->sms = e->sms;
+  info->nsplit = e->nsplit;
+  info->prefill_tokens = e->tmax;
+  info->gemv_blocks = e->gemv_grid_max;
+  info->device_bytes = e->bytes;
+  info->graph_nodes = e->graph_nodes;
+  CU(cudaSetDevice(e->device));
+  CU(cudaStreamSynchronize(e->stream));
+  DevState st;
+  CU(cudaMemcpy(&st, e->st, sizeof st, cudaMemcpyDeviceToHost));
+  info->pos = st.pos;
+  info->step = st.step;
+  return KIE_OK;
+}
+
+int kie_bench_gemv(kie_engine *e, int rows, int cols, int iters, double *us_per_call) {
+  if (rows < 2 || cols < 8 || cols % 8 || iters < 1)
+    return fail(KIE_E_ARG, "bench_gemv: rows >= 2, cols a positive multiple of 8, iters >= 1");
+  CU(cudaSetDevice(e->device));
+  bf16 *w = nullptr;
+  float *x = nullptr, *y = nullptr;
+  CU(cudaMalloc((void **)&w, (size_t)rows * cols * 2));
+  CU(cudaMalloc((void **)&x, (size_t)cols * 4));
+  CU(cudaMalloc((void **)&y, (size_t)rows * 4));
+  CU(cudaMemset(x, 0, (size_t)cols * 4));
+  CU(kie_launch_fill_random(w, (size_t)rows * cols, 1234u, 0.1f, e->stream));
+  CU(kie_launch_fill_random((bf16 *)x, (size_t)cols, 99u, 1.0f, e->stream));
+  cudaGraph_t g;
+  cudaGraphExec_t xg;
+  CU(cudaStreamBeginCapture(e->stream, cudaStreamCaptureModeRelaxed));
+  int rc = KIE_OK;
+  for (int i = 0; i < iters && rc == KIE_OK; i++) {
+    GemvArgs a = plain(e, 1, x, cols, cols);
+    a.w = w;
+    a.rows = rows;
+    a.out = y;
+    a.out_ld = rows;
+    rc = gemv(e, a, EPI_STORE);
+  }
+  CU(cudaStreamEndCapture(e->stream, &g));
+  if (rc != KIE_OK) return rc;
+  CU(cudaGraphInstantiate(&xg, g, 0));
+  cudaGraphDestroy(g);
+  double ms = 0;
+  TRY(time_graph(e, xg, 2, &ms));
+  TRY(time_graph(e, xg, 7, &ms));
+  cudaGraphExecDestroy(xg);
+  cudaFree(w);
+  cudaFree(x);
+  cudaFree(y);
+  *us_per_call = 1000.0 * ms / iters;
+  return KIE_OK;
+}
+
+int kie_bench_layer_gemvs(kie_engine *e, int iters, double *us_per_layer) {
+  TRY(ready(e));
+  if (iters < 1) return fail(KIE_E_ARG, "iters >= 1");
+  if (e->pos_h >= e->s.max_seq) return fail(KIE_E_STATE, "the context is full");
+  CU(cudaSetDevice(e->device));
+  cudaGraph_t g;
+  cudaGraphExec_t xg;
+  CU(cudaStreamBeginCapture(e->stream, cudaStreamCaptureModeRelaxed));
+  int rc = KIE_OK;
+  const Layer &y = e->L[0];
+  for (int i = 0; i < iters && rc == KIE_OK; i++) {
+    GemvArgs a = normed(e, 1, e->R[0], e->R[1], y.n1);
+    rc = launch_qkv(e, 0, a);
+    GemvArgs o = plain(e, 1, e->att, e->qdim, e->qdim);
+    o.w = y.wo;
+    o.rows = e->s.hidden;
+    o.out = e->sums;
+    o.out_ld = e->hid_pad;
+    if (rc == KIE_OK) rc = gemv(e, o, EPI_STORE);
+    GemvArgs b = normed(e, 1, e->R[1], e->R[0], y.n2);
+    if (rc == KIE_OK) rc = launch_gate_up(e, 0, b);
+    GemvArgs dn = plain(e, 1, e->act, e->s.inter, e->inter_pad);
+    dn.w = y.wd;
+    dn.rows = e->s.hidden;
+    dn.out = e->sums;
+    dn.out_ld = e->hid_pad;
+    if (rc == KIE_OK) rc = gemv(e, dn, EPI_STORE);
+  }
+  CU(cudaStreamEndCapture(e->stream, &g));
+  if (rc != KIE_OK) return rc;
+  CU(cudaGraphInstantiate(&xg, g, 0));
+  cudaGraphDestroy(g);
+  double ms = 0;
+  TRY(time_graph(e, xg, 2, &ms));
+  TRY(time_graph(e, xg, 7, &ms));
+  cudaGraphExecDestroy(xg);
+  *us_per_layer = 1000.0 * ms / iters;
+  return KIE_OK;
+}
+
+int kie_bench_steps(kie_engine *e, int iters, int mode, double *us_per_step) {
+  TRY(check_mode(e, mode));
+  TRY(ready(e));
+  if (iters < 1) return fail(KIE_E_ARG, "iters >= 1");
+  if (e->pos_h + iters > e->s.max_seq)
+    return fail(KIE_E_STATE, "%d steps from position %d do not fit the context of %d", iters, e->pos_h, e->s.max_seq);
+  CU(cudaSetDevice(e->device));
+  TRY(capture(e, mode));
+  cudaEvent_t a, b;
+  CU(cudaEventCreate(&a));
+  CU(cudaEventCreate(&b));
+  CU(cudaEventRecord(a, e->stream));
+  for (int i = 0; i < iters; i++) CU(cudaGraphLaunch(e->graph[mode], e->stream));
+  CU(cudaEventRecord(b, e->stream));
+  CU(cudaEventSynchronize(b));
+  float ms = 0.f;
+  CU(cudaEventElapsedTime(&ms, a, b));
+  cudaEventDestroy(a);
+  cudaEventDestroy(b);
+  e->pos_h += iters;
+  if (mode != KIE_MODE_ADVANCE) e->step_h += iters;
+  *us_per_step = 1000.0 * ms / iters;
+  TRY(device_error(e));
+  return check_comm(e);
+}
+
+}  // extern "C"

@@ -1,0 +1,355 @@
+/* gemv.cu - y = W x for bf16 W (row-major (out, in)) and f32 x, f32 accumulation,
+ * with the input and output work of a decode step fused in.
+ *
+ * Batch-1 decode is bound by streaming the weights, so the kernel is built
+ * around that: each warp takes a unit of two rows and loads both with 16-byte
+ * non-allocating loads, several per lane in flight before the first use, and
+ * keeps x in shared memory (or, for a prefill pass too large for it, in L1).
+ * Two rows per unit are also what the epilogues need: a RoPE pair (j, j + hd/2),
+ * a gate row with its up row.
+ *
+ *   EPI_STORE   out[t][row] = y                  (o and down projections: the sublayer's partial sum)
+ *   EPI_QKV     q rotated to q_out; k rotated and v to the bf16 cache at pos + t
+ *   EPI_SWIGLU  out[t][j] = silu(gate_j) * up_j
+ *   EPI_HEAD    logits to out; the argmax of the real rows (ties: lowest id) to cand
+ *
+ * With x == NULL the input is the residual stream: the kernel adds the sums due
+ * (the DTP schedule decides which), writes the updated residual (block 0) and
+ * applies the RMSNorm before the product, so the norm costs no kernel of its own. */
+#include <math.h>
+
+#include "kie_kernels.h"
+
+namespace {
+
+__device__ __forceinline__ uint4 ld_stream(const uint4 *p) {
+  uint4 v;
+  asm volatile("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0,%1,%2,%3}, [%4];"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "l"(p));
+  return v;
+}
+
+/* Asks L2 to fetch [p, p + bytes) (16-byte aligned, a multiple of 16). */
+__device__ __forceinline__ void prefetch_l2(const void *p, uint32_t bytes) {
+  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p), "r"(bytes) : "memory");
+}
+
+__device__ __forceinline__ float bf_lo(uint32_t w) { return __uint_as_float(w << 16); }
+__device__ __forceinline__ float bf_hi(uint32_t w) { return __uint_as_float(w & 0xffff0000u); }
+
+__device__ __forceinline__ float dot8(const uint4 w, const float4 xa, const float4 xb, float acc) {
+  acc = fmaf(bf_lo(w.x), xa.x, acc);
+  acc = fmaf(bf_hi(w.x), xa.y, acc);
+  acc = fmaf(bf_lo(w.y), xa.z, acc);
+  acc = fmaf(bf_hi(w.y), xa.w, acc);
+  acc = fmaf(bf_lo(w.z), xb.x, acc);
+  acc = fmaf(bf_hi(w.z), xb.y, acc);
+  acc = fmaf(bf_lo(w.w), xb.z, acc);
+  acc = fmaf(bf_hi(w.w), xb.w, acc);
+  return acc;
+}
+
+__device__ __forceinline__ float silu(float a) { return a * (0.5f + 0.5f * tanhf(0.5f * a)); }
+
+/* Orders floats as unsigned ints; with the id in the low word (inverted), the
+ * largest key is the largest value at the lowest id. */
+__device__ __forceinline__ unsigned long long argmax_key(float v, int id) {
+  unsigned u = __float_as_uint(v);
+  u = (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+  return ((unsigned long long)u << 32) | (unsigned long long)(0xffffffffu - (unsigned)id);
+}
+__device__ __forceinline__ float argmax_value(unsigned long long key) {
+  const unsigned u = (unsigned)(key >> 32);
+  return __uint_as_float((u & 0x80000000u) ? (u & 0x7fffffffu) : ~u);
+}
+
+template <int EPI>
+__device__ __forceinline__ int gemv_units(const GemvArgs &a) {
+  if (EPI == EPI_SWIGLU) return a.cols;
+  return (a.rows + 1) / 2; /* QKV: (nh + 2 nkv) * hd / 2, hd even */
+}
+
+/* The rows of unit u (r1 = -1: none). */
+template <int EPI>
+__device__ __forceinline__ void unit_rows(const GemvArgs &a, int u, int &r0, int &r1) {
+  if (EPI == EPI_SWIGLU) {
+    r0 = u;
+    r1 = a.cols + u;
+  } else if (EPI == EPI_QKV) {
+    const int half = a.hd >> 1, nq = a.nh * half, nk = a.nkv * half;
+    if (u < nq + nk) { /* q heads, then k heads: the pair (j, j + hd/2) of one head */
+      const int h = u / half, j = u - h * half;
+      r0 = h * a.hd + j;
+      r1 = r0 + half;
+    } else {           /* v: two neighbouring rows */
+      r0 = (a.nh + a.nkv) * a.hd + 2 * (u - nq - nk);
+      r1 = r0 + 1;
+    }
+  } else {
+    r0 = 2 * u;
+    r1 = 2 * u + 1 < a.rows ? 2 * u + 1 : -1;
+  }
+}
+
+/* x for this block in shared memory: [T][ld], zero past `in`. */
+__device__ void stage_plain(const GemvArgs &a, float *xs) {
+  const int n = a.T * a.ld;
+  for (int i = threadIdx.x; i < n; i += GEMV_THREADS) {
+    const int t = i / a.ld, k = i - t * a.ld;
+    xs[i] = k < a.in ? a.x[(size_t)t * a.x_ld + k] : 0.f;
+  }
+}
+
+__device__ float block_sum(float v, float *red) {
+  for (int off = 16; off; off >>= 1) v += __shfl_xor_sync(0xffffffffu, v, off);
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  __syncthreads(); /* red may still be read by the previous call */
+  if (lane == 0) red[warp] = v;
+  __syncthreads();
+  float s = 0.f;
+  for (int w = 0; w < GEMV_WARPS; w++) s += red[w];
+  return s;
+}
+
+/* The residual update and the RMSNorm, token by token. */
+__device__ void stage_norm(const GemvArgs &a, float *xs) {
+  __shared__ float red[GEMV_WARPS];
+  const int hidden = a.in;
+  for (int t = 0; t < a.T; t++) {
+    float ss = 0.f;
+    const bf16 *erow = a.r_in ? nullptr : a.embed + (size_t)a.tokens[t] * a.ld;
+    for (int k = threadIdx.x; k < a.ld; k += GEMV_THREADS) {
+      float v = 0.f;
+      if (k < hidden) {
+        v = a.r_in ? a.r_in[(size_t)t * a.r_ld + k] : __bfloat162float(erow[k]);
+        for (int j = 0; j < a.nadd; j++) v += a.adds[j][(size_t)t * a.r_ld + k];
+        if (a.r_out && blockIdx.x == 0) a.r_out[(size_t)t * a.r_ld + k] = v;
+      }
+      xs[t * a.ld + k] = v;
+      ss = fmaf(v, v, ss);
+    }
+    const float ms = block_sum(ss, red) / (float)hidden;
+    const float root = sqrtf(ms + a.eps);
+    for (int k = threadIdx.x; k < hidden; k += GEMV_THREADS) xs[t * a.ld + k] = xs[t * a.ld + k] / root * a.gamma[k];
+  }
+}
+
+template <int NT>
+__device__ __forceinline__ void epilogue_qkv(const GemvArgs &a, int u, int r0, const float *acc0,
+                                             const float *acc1, int lane) {
+  const int half = a.hd >> 1, nq = a.nh * half, nk = a.nkv * half;
+  const int pos = *a.pos;
+#pragma unroll
+  for (int t = 0; t < NT; t++) {
+    if (lane != t || t >= a.T) continue;
+    const int p = pos + t;
+    if (p >= a.max_seq) {
+      kie_set_error(a.ring, KIE_DERR_POS, p);
+      continue;
+    }
+    const float v0 = acc0[t], v1 = acc1[t];
+    if (u < nq + nk) {
+      const int h = u / half, j = u - h * half;
+      const float c = a.cosv[(size_t)p * half + j], s = a.sinv[(size_t)p * half + j];
+      const float o0 = v0 * c - v1 * s, o1 = v1 * c + v0 * s;
+      if (u < nq) {
+        float *q = a.q_out + (size_t)t * a.q_ld + (size_t)h * a.hd;
+        q[j] = o0;
+        q[j + half] = o1;
+      } else {
+        bf16 *k = a.kc + ((size_t)(h - a.nh) * a.max_seq + p) * a.hd;
+        k[j] = __float2bfloat16_rn(o0);
+        k[j + half] = __float2bfloat16_rn(o1);
+      }
+    } else {
+      const int vr = r0 - (a.nh + a.nkv) * a.hd, h = vr / a.hd, j = vr - h * a.hd;
+      bf16 *v = a.vc + ((size_t)h * a.max_seq + p) * a.hd;
+      v[j] = __float2bfloat16_rn(v0);
+      v[j + 1] = __float2bfloat16_rn(v1);
+    }
+  }
+}
+
+template <int NT, int XS, int EPI>
+__global__ void __launch_bounds__(GEMV_THREADS) k_gemv(const GemvArgs a) {
+  extern __shared__ float4 smem4[];
+  float *xs = reinterpret_cast<float *>(smem4);
+  constexpr int U = NT == 1 ? 8 : 2; /* 16-byte vectors per row per lane in flight */
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int units = gemv_units<EPI>(a), wstride = gridDim.x * GEMV_WARPS;
+  int u = blockIdx.x * GEMV_WARPS + warp;
+
+  /* The weights do not depend on the previous kernel: ask for this warp's first
+   * rows while it still runs, so HBM stays busy across the kernel boundary. */
+  if (a.prefetch && u < units && lane < 2) {
+    int r0, r1;
+    unit_rows<EPI>(a, u, r0, r1);
+    const int r = lane == 0 ? r0 : r1;
+    if (r >= 0) prefetch_l2(a.w + (size_t)r * a.ld, (uint32_t)a.ld * 2u);
+  }
+  kie_pdl_wait();
+  kie_pdl_trigger();
+
+  if (XS) {
+    if (a.x) stage_plain(a, xs);
+    else stage_norm(a, xs);
+    __syncthreads();
+  }
+  const float *xsrc = XS ? xs : a.x;
+  const int xld = XS ? a.ld : a.x_ld;
+  const int nvec = a.ld >> 3;
+  unsigned long long best = 0; /* EPI_HEAD: this lane's best key */
+
+  for (; u < units; u += wstride) {
+    int r0, r1;
+    unit_rows<EPI>(a, u, r0, r1);
+    const uint4 *w0 = reinterpret_cast<const uint4 *>(a.w + (size_t)r0 * a.ld);
+    const uint4 *w1 = reinterpret_cast<const uint4 *>(a.w + (size_t)(r1 >= 0 ? r1 : r0) * a.ld);
+    float acc0[NT], acc1[NT];
+#pragma unroll
+    for (int t = 0; t < NT; t++) acc0[t] = acc1[t] = 0.f;
+    for (int v0 = lane; v0 < nvec; v0 += 32 * U) {
+      uint4 wa[U], wb[U];
+#pragma unroll
+      for (int k = 0; k < U; k++) {
+        const int v = v0 + k * 32;
+        if (v < nvec) {
+          wa[k] = ld_stream(w0 + v);
+          wb[k] = ld_stream(w1 + v);
+        }
+      }
+#pragma unroll
+      for (int k = 0; k < U; k++) {
+        const int v = v0 + k * 32;
+        if (v < nvec) {
+#pragma unroll
+          for (int t = 0; t < NT; t++) {
+            if (NT > 1 && t >= a.T) break;
+            const float4 *xp = reinterpret_cast<const float4 *>(xsrc + (size_t)t * xld + (size_t)v * 8);
+            const float4 xa = XS ? xp[0] : __ldg(xp), xb = XS ? xp[1] : __ldg(xp + 1);
+            acc0[t] = dot8(wa[k], xa, xb, acc0[t]);
+            acc1[t] = dot8(wb[k], xa, xb, acc1[t]);
+          }
+        }
+      }
+    }
+#pragma unroll
+    for (int t = 0; t < NT; t++) {
+      for (int off = 16; off; off >>= 1) {
+        acc0[t] += __shfl_xor_sync(0xffffffffu, acc0[t], off);
+        acc1[t] += __shfl_xor_sync(0xffffffffu, acc1[t], off);
+      }
+    }
+    if (EPI == EPI_STORE) {
+#pragma unroll
+      for (int t = 0; t < NT; t++) {
+        if (lane != t || t >= a.T) continue;
+        a.out[(size_t)t * a.out_ld + r0] = acc0[t];
+        if (r1 >= 0) a.out[(size_t)t * a.out_ld + r1] = acc1[t];
+      }
+    } else if (EPI == EPI_SWIGLU) {
+#pragma unroll
+      for (int t = 0; t < NT; t++) {
+        if (lane != t || t >= a.T) continue;
+        a.out[(size_t)t * a.out_ld + u] = silu(acc0[t]) * acc1[t];
+      }
+    } else if (EPI == EPI_QKV) {
+      epilogue_qkv<NT>(a, u, r0, acc0, acc1, lane);
+    } else { /* EPI_HEAD: one token */
+      if (lane == 0) {
+        a.out[r0] = acc0[0];
+        if (r1 >= 0) a.out[r1] = acc1[0];
+        if (r0 < a.valid_rows) {
+          const unsigned long long k0 = argmax_key(acc0[0], a.row_off + r0);
+          if (k0 > best) best = k0;
+        }
+        if (r1 >= 0 && r1 < a.valid_rows) {
+          const unsigned long long k1 = argmax_key(acc1[0], a.row_off + r1);
+          if (k1 > best) best = k1;
+        }
+      }
+    }
+  }
+
+  if (EPI == EPI_HEAD) {
+    /* Block best, then the grid's through one atomic; the last block to finish
+     * writes this lane's candidate (value, id) and clears the slots for the next
+     * step.  cand has a pair per lane, zero but this lane's, so that a sum over
+     * the lanes hands every lane all of them. */
+    __shared__ unsigned long long sbest[GEMV_WARPS];
+    __shared__ int last;
+    if (lane == 0) sbest[warp] = best;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      unsigned long long b = 0;
+      for (int w = 0; w < GEMV_WARPS; w++) b = sbest[w] > b ? sbest[w] : b;
+      if (b) atomicMax(a.amax, b);
+      __threadfence();
+      last = atomicAdd(a.cnt, 1u) == gridDim.x - 1;
+    }
+    __syncthreads();
+    if (last && threadIdx.x == 0) {
+      __threadfence();
+      const unsigned long long b = atomicExch(a.amax, 0ull);
+      for (int i = 0; i < 2 * a.tp; i++) a.cand[i] = 0.f;
+      a.cand[a.rank] = b ? argmax_value(b) : -INFINITY;
+      a.cand[a.tp + a.rank] = b ? (float)(0xffffffffu - (unsigned)(b & 0xffffffffu)) : 0.f;
+      *a.cnt = 0;
+    }
+  }
+}
+
+template <int NT, int XS>
+cudaError_t launch_epi(const GemvArgs &a, int epi, int grid, size_t smem, cudaStream_t st, int pdl) {
+  const dim3 g(grid), b(GEMV_THREADS);
+  switch (epi) {
+    case EPI_STORE: return kie_launch(k_gemv<NT, XS, EPI_STORE>, g, b, smem, st, pdl, a);
+    case EPI_QKV: return kie_launch(k_gemv<NT, XS, EPI_QKV>, g, b, smem, st, pdl, a);
+    case EPI_SWIGLU: return kie_launch(k_gemv<NT, XS, EPI_SWIGLU>, g, b, smem, st, pdl, a);
+    case EPI_HEAD: return kie_launch(k_gemv<1, XS, EPI_HEAD>, g, b, smem, st, pdl, a);
+  }
+  return cudaErrorInvalidValue;
+}
+
+template <int NT, int XS>
+cudaError_t set_attr(size_t max_smem) {
+  cudaError_t e = cudaSuccess;
+  const int v = (int)max_smem;
+  if (e == cudaSuccess) e = cudaFuncSetAttribute(k_gemv<NT, XS, EPI_STORE>, cudaFuncAttributeMaxDynamicSharedMemorySize, v);
+  if (e == cudaSuccess) e = cudaFuncSetAttribute(k_gemv<NT, XS, EPI_QKV>, cudaFuncAttributeMaxDynamicSharedMemorySize, v);
+  if (e == cudaSuccess) e = cudaFuncSetAttribute(k_gemv<NT, XS, EPI_SWIGLU>, cudaFuncAttributeMaxDynamicSharedMemorySize, v);
+  if (e == cudaSuccess) e = cudaFuncSetAttribute(k_gemv<1, XS, EPI_HEAD>, cudaFuncAttributeMaxDynamicSharedMemorySize, v);
+  return e;
+}
+
+__global__ void k_fill_random(bf16 *p, size_t n, uint32_t seed, float scale) {
+  for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+    uint32_t h = (uint32_t)i * 2654435761u ^ seed;
+    h ^= h >> 15;
+    h *= 0x2c1b3c6du;
+    h ^= h >> 12;
+    h *= 0x297a2d39u;
+    h ^= h >> 15;
+    p[i] = __float2bfloat16_rn(((float)(h >> 8) * (1.0f / 16777216.0f) - 0.5f) * scale);
+  }
+}
+
+}  // namespace
+
+cudaError_t kie_launch_gemv(const GemvArgs &a, int epi, int xs, int grid, size_t smem, cudaStream_t st, int pdl) {
+  if (a.T > 1) return xs ? launch_epi<GEMV_MAX_T, 1>(a, epi, grid, smem, st, pdl)
+                         : launch_epi<GEMV_MAX_T, 0>(a, epi, grid, smem, st, pdl);
+  return xs ? launch_epi<1, 1>(a, epi, grid, smem, st, pdl) : launch_epi<1, 0>(a, epi, grid, smem, st, pdl);
+}
+
+cudaError_t kie_gemv_attributes(size_t max_smem) {
+  cudaError_t e = set_attr<1, 1>(max_smem);
+  if (e == cudaSuccess) e = set_attr<GEMV_MAX_T, 1>(max_smem);
+  return e;
+}
+
+cudaError_t kie_launch_fill_random(bf16 *p, size_t n, uint32_t seed, float scale, cudaStream_t st) {
+  k_fill_random<<<1024, 256, 0, st>>>(p, n, seed, scale);
+  return cudaGetLastError();
+}

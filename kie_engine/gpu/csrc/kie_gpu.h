@@ -1,0 +1,133 @@
+/*
+ * kie_gpu.h - the C interface of KIE's GPU decode engine (one lane of a
+ * tensor-parallel model on one CUDA device).
+ *
+ * The engine holds one lane's weights in bf16 (row-major, (out, in), rows padded
+ * to 16 bytes), a bf16 KV cache and f32 activations.  A decode step is a fixed
+ * sequence of fused kernels (per sublayer: RMSNorm folded into the GEMV that
+ * follows it, with RoPE and the KV-cache write or SwiGLU in its epilogue;
+ * attention split over the context; the row-parallel GEMV writing the
+ * sublayer's partial sum) and, between lanes, KCCL's GPU all-reduce on the same
+ * stream, or its stream-ordered split phase for DTP.  The step is captured
+ * once as a CUDA graph per sampling mode and replayed from C; the picked token
+ * goes to the next step on the device and to a host-mapped ring that the
+ * caller reads.
+ *
+ * Every call returns KIE_OK or an error code; kie_last_error() gives the text
+ * of the calling thread's last error.
+ */
+#ifndef KIE_GPU_H_
+#define KIE_GPU_H_
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define KIE_OK 0
+#define KIE_E_ARG 1      /* a bad argument or shape */
+#define KIE_E_CUDA 2     /* a CUDA call failed */
+#define KIE_E_MEMORY 3   /* the model does not fit the device */
+#define KIE_E_COMM 4     /* a KCCL call failed (a peer died, aborted, mismatched) */
+#define KIE_E_STATE 5    /* a call out of order (no weights, context full) */
+#define KIE_E_TIMEOUT 6  /* a token did not arrive in time */
+#define KIE_E_NOCUDA 7   /* built without CUDA, or no device */
+#define KIE_E_DEVICE 8   /* a kernel found bad data (non-finite logits, position past the cache) */
+
+#define KIE_RING 256     /* host-mapped token slots: steps in flight must stay below this */
+#define KIE_MAX_ADDS 8   /* sums one kernel adds to the residual: dtp_delay + 1 at most */
+
+/* What a step ends with. */
+#define KIE_MODE_ADVANCE 0 /* nothing picked: the position moves on (all but the last prompt chunk) */
+#define KIE_MODE_GREEDY 1  /* argmax, ties to the lowest id */
+#define KIE_MODE_SAMPLE 2  /* temperature, top-k, top-p, seeded (kie_set_sampling) */
+
+/* Weight kinds for kie_upload.  Matrices are bf16 bits, (out, in) row-major as
+ * stored by Hugging Face; the f32 kinds are vectors or tables. */
+#define KIE_W_EMBED 0      /* (vocab, hidden) */
+#define KIE_W_QKV 1        /* (q + k + v rows of this lane, hidden) */
+#define KIE_W_O 2          /* (hidden, q of this lane) */
+#define KIE_W_GATE_UP 3    /* (2 * columns: gate rows then up rows, hidden) */
+#define KIE_W_DOWN 4       /* (hidden, columns) */
+#define KIE_W_HEAD 5       /* (vocab_part, hidden): this lane's vocabulary slice, zero rows past the end */
+#define KIE_F_ATTN_NORM 10 /* f32 (hidden,) */
+#define KIE_F_MLP_NORM 11  /* f32 (hidden,) */
+#define KIE_F_FINAL_NORM 12/* f32 (hidden,) */
+#define KIE_F_ROPE_COS 13  /* f32 (max_seq, head_dim / 2) */
+#define KIE_F_ROPE_SIN 14  /* f32 (max_seq, head_dim / 2) */
+
+typedef struct kie_engine kie_engine;
+
+typedef struct {
+  int hidden, inter, layers;   /* inter: this lane's MLP columns */
+  int heads, kv_heads, head_dim; /* this lane's query / KV heads */
+  int vocab;                   /* the whole vocabulary */
+  int vocab_part;              /* rows of this lane's LM-head slice (padded: equal on every lane) */
+  int vocab_valid;             /* of those, rows that are real tokens */
+  int vocab_off;               /* token id of the slice's first row */
+  int max_seq;
+  float eps;
+  int dtp_delay;               /* 0..7 */
+  int tp_size, tp_rank;
+  int pdl;                     /* 1: the engine's kernels use programmatic dependent launch */
+  int prefetch;                /* 1: a GEMV prefetches its first rows into L2 before waiting */
+  int gemv_blocks_per_sm;      /* 0: auto */
+} kie_shape;
+
+/* KCCL's entry points for the lanes' sums (all NULL when tp_size == 1); void *
+ * so that this module need not link KCCL: the caller passes the addresses of
+ * kcclAllReduce, kcclAllReduceStartStream, kcclAllReduceWaitStream,
+ * kcclAllGather, kcclCommGetAsyncError and kcclGetLastError. */
+typedef struct {
+  void *comm;
+  void *all_reduce, *start, *wait, *all_gather, *async_error, *last_error;
+} kie_comm;
+
+typedef struct {
+  int sms, nsplit, prefill_tokens, gemv_blocks;
+  int pos, step;               /* after a kie_sync */
+  size_t device_bytes;         /* what the engine allocated */
+  int graph_nodes;             /* of the last graph captured */
+} kie_info;
+
+int kie_built(void);
+int kie_device_count(int *n);
+const char *kie_last_error(void);
+/* Bytes of device memory an engine of this shape allocates on `device`
+ * (kie_create checks them against the free memory before allocating). */
+int kie_plan_bytes(const kie_shape *s, int device, size_t *bytes);
+int kie_create(const kie_shape *s, const kie_comm *c, int device, kie_engine **out);
+void kie_destroy(kie_engine *e);
+/* Copies a weight in: bf16 bits for matrices (rows x cols), f32 for the rest;
+ * src in host memory, or device memory when on_device. */
+int kie_upload(kie_engine *e, int kind, int layer, const void *src, size_t rows, size_t cols, int on_device);
+/* Position 0, step 0, ring emptied. */
+int kie_reset(kie_engine *e);
+int kie_set_sampling(kie_engine *e, float temperature, int top_k, float top_p, uint64_t seed);
+/* Runs n prompt tokens through the model from the current position, in chunks;
+ * the last chunk ends with `mode` (its token lands in the ring at the current step). */
+int kie_prefill(kie_engine *e, const int32_t *tokens, int n, int mode);
+/* The token the next step reads (the last one picked, unless set here). */
+int kie_set_token(kie_engine *e, int32_t token);
+/* n decode steps enqueued (graph replays when use_graph, else eager launches). */
+int kie_decode(kie_engine *e, int n, int mode, int use_graph);
+/* Waits (bounded) for the token of step `step` and returns it. */
+int kie_wait_token(kie_engine *e, int step, int timeout_ms, int32_t *token);
+/* The last step's logits of the whole vocabulary (a collective when tp_size > 1). */
+int kie_logits(kie_engine *e, float *out, size_t n);
+int kie_sync(kie_engine *e);
+int kie_get_info(kie_engine *e, kie_info *info);
+
+/* Benchmarks, timed with CUDA events over graph replays. */
+/* One GEMV of a rows x cols bf16 matrix (random), chained `iters` times. */
+int kie_bench_gemv(kie_engine *e, int rows, int cols, int iters, double *us_per_call);
+/* The four GEMVs of layer 0 (norm + QKV, o, norm + gate/up, down), chained `iters` times. */
+int kie_bench_layer_gemvs(kie_engine *e, int iters, double *us_per_layer);
+/* `iters` decode steps of the captured graph (the position advances). */
+int kie_bench_steps(kie_engine *e, int iters, int mode, double *us_per_step);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

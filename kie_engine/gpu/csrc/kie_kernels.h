@@ -1,0 +1,185 @@
+/* kie_kernels.h - the engine's kernel arguments and launchers, shared by the
+ * host code (engine.cu) and the kernel files (gemv.cu, attention.cu, pick.cu). */
+#ifndef KIE_KERNELS_H_
+#define KIE_KERNELS_H_
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+#include <stdint.h>
+
+#include "kie_gpu.h"
+
+typedef __nv_bfloat16 bf16;
+
+/* Device-side error codes (HostRing.err). */
+#define KIE_DERR_POS 1     /* a position past the KV cache */
+#define KIE_DERR_NAN 2     /* non-finite logits */
+#define KIE_DERR_TOKEN 3   /* a token id outside the vocabulary */
+
+/* Written by the device, read by the host without synchronizing (host-mapped). */
+struct HostRing {
+  int32_t token[KIE_RING];
+  uint32_t seq[KIE_RING]; /* step + 1 once token[step % KIE_RING] is there */
+  int32_t err, err_arg;
+};
+
+/* The position and step counters live on the device, so a captured step can be
+ * replayed without the host touching anything. */
+struct DevState {
+  int pos;  /* first position of the tokens the next forward pass reads */
+  int step; /* tokens picked so far (ring index) */
+};
+
+struct SampParams {
+  float inv_temp, top_p;
+  int top_k, pad;
+  unsigned long long seed;
+};
+
+/* Where a step that picks a token puts it. */
+struct Commit {
+  DevState *st;
+  HostRing *ring; /* device address of the host-mapped ring */
+  int *tokbuf;    /* the next step's input token */
+  int T;          /* tokens this pass consumed: the position moves by T */
+};
+
+enum { EPI_STORE = 0, EPI_QKV = 1, EPI_SWIGLU = 2, EPI_HEAD = 3 };
+
+#define GEMV_THREADS 256
+#define GEMV_WARPS (GEMV_THREADS / 32)
+#define GEMV_MAX_T 8 /* tokens of one prefill pass */
+
+struct GemvArgs {
+  const bf16 *w;
+  int rows, ld;        /* ld: row length in elements, a multiple of 8 (zero padded) */
+  int in;              /* logical input length (<= ld) */
+  int T;               /* tokens (rows of x) */
+  int prefetch;
+  /* Plain input: x [T][x_ld] (x_ld >= ld, zero past `in`). */
+  const float *x;
+  int x_ld;
+  /* Norm-fused input (x == NULL): v = r_in (or the embedding rows of tokens) +
+   * adds[0] + ... ; r_out = v (when not NULL); x = v / sqrt(mean(v^2) + eps) * gamma. */
+  const float *r_in;
+  const bf16 *embed;
+  const int *tokens;
+  const float *adds[KIE_MAX_ADDS];
+  int nadd;
+  float *r_out;
+  int r_ld;
+  const float *gamma;
+  float eps;
+  /* Epilogues. */
+  float *out;
+  int out_ld;
+  /* EPI_QKV */
+  int nh, nkv, hd, max_seq;
+  const int *pos;
+  const float *cosv, *sinv; /* [max_seq][hd / 2] */
+  bf16 *kc, *vc;            /* this layer's cache, [nkv][max_seq][hd] */
+  float *q_out;
+  int q_ld;
+  /* EPI_SWIGLU: rows = 2 * cols */
+  int cols;
+  /* EPI_HEAD: logits to out, argmax of the real rows to cand */
+  int valid_rows, row_off, tp, rank;
+  unsigned long long *amax;
+  unsigned *cnt;
+  float *cand;
+  HostRing *ring;
+};
+
+#define ATT_THREADS 128
+#define ATT_MAXG 8 /* query heads of one KV head a block handles */
+
+struct AttnArgs {
+  const float *q;
+  int q_ld;
+  const bf16 *kc, *vc; /* this layer's cache */
+  int max_seq, hd, nh, g, hgroups, gper, nsplit, chunk_max;
+  const int *pos;
+  float scale;
+  float *part;   /* [T][nh][nsplit][hd + 2] */
+  unsigned *cnt; /* [T][nkv * hgroups] */
+  float *out;
+  int out_ld;
+};
+
+struct FinalArgs {
+  const float *cand;
+  int tp;
+  Commit c;
+};
+
+struct SampleArgs {
+  const float *logits;
+  int V;
+  const SampParams *p;
+  Commit c;
+};
+
+/* Launchers: grid and dynamic shared memory chosen by the caller; pdl launches
+ * with programmatic stream serialization (the kernel waits for its predecessor
+ * with griddepcontrol.wait). */
+cudaError_t kie_launch_gemv(const GemvArgs &a, int epi, int xs, int grid, size_t smem, cudaStream_t st, int pdl);
+cudaError_t kie_gemv_attributes(size_t max_smem);
+size_t kie_attention_smem(int hd, int chunk_max);
+cudaError_t kie_launch_attention(const AttnArgs &a, int T, size_t smem, cudaStream_t st, int pdl);
+cudaError_t kie_attention_attributes(size_t max_smem);
+cudaError_t kie_launch_finalize(const FinalArgs &a, cudaStream_t st, int pdl);
+cudaError_t kie_launch_advance(const Commit &c, cudaStream_t st, int pdl);
+cudaError_t kie_launch_sample(const SampleArgs &a, cudaStream_t st, int pdl);
+cudaError_t kie_launch_fill_random(bf16 *p, size_t n, uint32_t seed, float scale, cudaStream_t st);
+
+/* A launch with or without the programmatic-serialization attribute. */
+template <typename... Params, typename... Args>
+static inline cudaError_t kie_launch(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem,
+                                     cudaStream_t st, int pdl, Args... args) {
+  cudaLaunchConfig_t cfg = {};
+  cudaLaunchAttribute attr[1];
+  cfg.gridDim = grid;
+  cfg.blockDim = block;
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = st;
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = pdl ? 1 : 0;
+  return cudaLaunchKernelEx(&cfg, kernel, args...);
+}
+
+#ifdef __CUDACC__
+/* Every kernel waits for its predecessor before reading what it wrote, then lets
+ * its own successor start launching: triggering only after the wait keeps at
+ * most two kernels of the stream resident, so a chain of early-launched kernels
+ * never holds the SMs that the running one needs. */
+__device__ __forceinline__ void kie_pdl_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void kie_pdl_trigger() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
+__device__ __forceinline__ void kie_set_error(HostRing *ring, int code, int arg) {
+  if (atomicCAS(&ring->err, 0, code) == 0) ring->err_arg = arg;
+  __threadfence_system();
+}
+
+/* The token is the next step's input, and goes to the host ring (the token
+ * first, then its sequence number, each made visible to the host in order). */
+__device__ __forceinline__ void kie_commit(const Commit &c, int token) {
+  const int step = c.st->step;
+  c.tokbuf[0] = token;
+  c.ring->token[step % KIE_RING] = token;
+  __threadfence_system();
+  *(volatile uint32_t *)&c.ring->seq[step % KIE_RING] = (uint32_t)step + 1u;
+  __threadfence_system();
+  c.st->step = step + 1;
+  c.st->pos += c.T;
+}
+#endif
+#endif

@@ -1,0 +1,331 @@
+"""GpuModel: one lane of a model on one CUDA device, through the C engine
+(csrc/engine.cu).  It offers the numpy Model's interface (reset, prefill,
+decode_step returning logits, max_seq), which the tests and the host-side
+sampler use, and a fast generate() in which the device picks every token and
+the host only reads them from a ring, launching a few steps ahead.
+
+Lanes (tensor parallelism) follow tp.py's plan exactly; their sums go through
+a GPU kccl.Communicator, whose C functions the engine calls from its own
+stream (also inside the captured graph)."""
+import os
+import time
+
+import numpy as np
+
+from .. import tp as _tp
+from ..errors import (GpuArgumentError, GpuError, GpuMemoryError, GpuTimeoutError, GpuUnavailableError,
+                      PromptTooLongError)
+from ..generate import Result, Sampling
+from ..model import rope_tables
+from ..safetensors_io import float32_to_bf16_bits
+
+try:
+    from ._kie_gpu_cffi import ffi, lib
+except ImportError as _e:  # an install that never built the module
+    ffi = lib = None
+    _IMPORT_ERROR = _e
+
+MODE_ADVANCE, MODE_GREEDY, MODE_SAMPLE = 0, 1, 2
+AHEAD = 4                 # decode steps in flight beyond the one being read
+TOKEN_TIMEOUT_MS = 60000  # a step that takes this long means a lane is gone (KCCL times out first)
+
+_ERRORS = {1: GpuArgumentError, 2: GpuError, 3: GpuMemoryError, 4: GpuError, 5: GpuError, 6: GpuTimeoutError,
+           7: GpuUnavailableError, 8: GpuError}
+
+
+def _check(rc):
+    if rc:
+        raise _ERRORS.get(rc, GpuError)(ffi.string(lib.kie_last_error()).decode(errors="replace"))
+
+
+def gpu_built():
+    """Whether this install compiled the engine's CUDA code."""
+    return lib is not None and bool(lib.kie_built())
+
+
+def device_count():
+    if lib is None:
+        return 0
+    n = ffi.new("int *")
+    lib.kie_device_count(n)
+    return int(n[0])
+
+
+def gpu_available():
+    return gpu_built() and device_count() > 0
+
+
+def require_gpu():
+    """Raises GpuUnavailableError unless a GPU can be used; returns the device count."""
+    if lib is None:
+        raise GpuUnavailableError(f"the GPU engine's module is not built ({_IMPORT_ERROR}); reinstall the package")
+    if not lib.kie_built():
+        raise GpuUnavailableError(ffi.string(lib.kie_last_error()).decode())
+    n = device_count()
+    if n == 0:
+        raise GpuUnavailableError("--device cuda: no CUDA device is visible to this process (CUDA_VISIBLE_DEVICES, "
+                                  "driver); use --device cpu")
+    return n
+
+
+def _kccl_functions(comm):
+    """The addresses of the KCCL calls the engine makes, and the communicator handle."""
+    from kccl._native import ffi as kffi, lib as klib
+    addr = lambda name: int(kffi.cast("uintptr_t", kffi.addressof(klib, name)))  # noqa: E731
+    c = ffi.new("kie_comm *")
+    c.comm = ffi.cast("void *", int(kffi.cast("uintptr_t", comm._handle())))
+    for field, name in (("all_reduce", "kcclAllReduce"), ("start", "kcclAllReduceStartStream"),
+                        ("wait", "kcclAllReduceWaitStream"), ("all_gather", "kcclAllGather"),
+                        ("async_error", "kcclCommGetAsyncError"), ("last_error", "kcclGetLastError")):
+        setattr(c, field, ffi.cast("void *", addr(name)))
+    return c
+
+
+def _env_flag(name, default):
+    v = os.environ.get(name)
+    if v is None or v.strip() == "":
+        return default
+    if v.strip() not in ("0", "1"):
+        raise GpuArgumentError(f"{name}={v!r}: expected 0 or 1")
+    return int(v.strip())
+
+
+class GpuModel:
+    """cfg: the ModelConfig; comm: None (one lane) or a GPU kccl.Communicator whose
+    ranks are the lanes; device: the CUDA device (default: the communicator's, else 0);
+    pdl / prefetch: launch switches (default: on when this lane has its GPU to itself)."""
+
+    def __init__(self, cfg, comm=None, max_seq=None, device=None, pdl=None, prefetch=None):
+        ndev = require_gpu()
+        size, rank = (comm.size, comm.rank) if comm is not None else (1, 0)
+        if comm is not None and size > 1 and comm.device is None:
+            raise GpuArgumentError("the GPU engine's lanes need a GPU communicator (kccl.Communicator(device=...))")
+        lp = _tp.lane_plan(cfg, rank, size)
+        self.cfg, self.lane, self.size, self.rank = cfg, lp, size, rank
+        self.max_seq = min(max_seq or cfg.max_position_embeddings, cfg.max_position_embeddings)
+        if device is None:
+            device = comm.device if comm is not None and comm.device is not None else 0
+        if not 0 <= device < ndev:
+            raise GpuArgumentError(f"device={device}: this process sees {ndev} CUDA device(s)")
+        shared = size > ndev  # lanes share a GPU (under MPS): waiting kernels must not hold its SMs
+        s = ffi.new("kie_shape *")
+        s.hidden, s.inter, s.layers = cfg.hidden_size, lp.c1 - lp.c0, cfg.num_hidden_layers
+        s.heads, s.kv_heads, s.head_dim = lp.n_heads, lp.n_kv_heads, cfg.head_dim
+        s.vocab, s.vocab_part, s.vocab_valid, s.vocab_off = cfg.vocab_size, lp.part, lp.v1 - lp.v0, lp.v0
+        s.max_seq, s.eps, s.dtp_delay = self.max_seq, cfg.rms_norm_eps, cfg.dtp_delay
+        s.tp_size, s.tp_rank = size, rank
+        s.pdl = _env_flag("KIE_GPU_PDL", 0 if shared else 1) if pdl is None else int(bool(pdl))
+        s.prefetch = _env_flag("KIE_GPU_PREFETCH", 1) if prefetch is None else int(bool(prefetch))
+        s.gemv_blocks_per_sm = int(os.environ.get("KIE_GPU_GEMV_BLOCKS_PER_SM", "0") or 0)
+        self._shape = s
+        kcomm = _kccl_functions(comm) if size > 1 else ffi.NULL
+        self._comm = comm
+        out = ffi.new("kie_engine **")
+        _check(lib.kie_create(s, kcomm, device, out))
+        self._e = out[0]
+        self.device = device
+        self._loaded = False
+        self._logits = np.empty(cfg.vocab_size, np.float32)
+        self.pos = 0
+        cos, sin = rope_tables(cfg.head_dim, self.max_seq, cfg.rope_theta)
+        self._upload_f32(lib.KIE_F_ROPE_COS, 0, cos)
+        self._upload_f32(lib.KIE_F_ROPE_SIN, 0, sin)
+
+    # -- weights --------------------------------------------------------------------------
+    def _handle(self):
+        if self._e is None:
+            raise GpuError("this GpuModel is closed")
+        return self._e
+
+    def _upload_f32(self, kind, layer, a):
+        a = np.ascontiguousarray(a, np.float32)
+        rows, cols = (1, a.shape[0]) if a.ndim == 1 else a.shape
+        _check(lib.kie_upload(self._handle(), kind, layer, ffi.from_buffer(a), rows, cols, 0))
+
+    def upload_matrix(self, kind, layer, m):
+        """m: (out, in) float32 (rounded to bf16 here), uint16 bf16 bits, or a CUDA
+        torch.bfloat16 tensor (copied device to device)."""
+        if hasattr(m, "data_ptr") and getattr(m, "is_cuda", False):
+            if str(m.dtype) != "torch.bfloat16" or m.dim() != 2 or not m.is_contiguous():
+                raise GpuArgumentError(f"weight kind {kind}: a CUDA tensor must be contiguous 2-D bfloat16")
+            _check(lib.kie_upload(self._handle(), kind, layer, ffi.cast("void *", m.data_ptr()), m.shape[0],
+                                  m.shape[1], 1))
+            return
+        m = np.asarray(m)
+        bits = m if m.dtype == np.uint16 else float32_to_bf16_bits(m)
+        bits = np.ascontiguousarray(bits)
+        _check(lib.kie_upload(self._handle(), kind, layer, ffi.from_buffer(bits), bits.shape[0], bits.shape[1], 0))
+
+    def upload_vector(self, kind, layer, v):
+        self._upload_f32(kind, layer, np.asarray(v, np.float32))
+
+    def load(self, ckpt):
+        """This lane's share of a checkpoint (anything with .config and
+        .tensor(name, rows, cols) returning float32), in bf16 on the device."""
+        cfg, lp = self.cfg, self.lane
+        W = lib
+        self.upload_matrix(W.KIE_W_EMBED, 0, ckpt.tensor("model.embed_tokens.weight"))
+        for i in range(cfg.num_hidden_layers):
+            p = f"model.layers.{i}."
+            t = lambda n, rows=None, cols=None: ckpt.tensor(p + n, rows, cols)  # noqa: E731
+            self.upload_matrix(W.KIE_W_QKV, i, np.concatenate([t("self_attn.q_proj.weight", lp.q_rows),
+                                                               t("self_attn.k_proj.weight", lp.kv_rows),
+                                                               t("self_attn.v_proj.weight", lp.kv_rows)]))
+            self.upload_matrix(W.KIE_W_O, i, t("self_attn.o_proj.weight", cols=lp.q_rows))
+            self.upload_matrix(W.KIE_W_GATE_UP, i, np.concatenate([t("mlp.gate_proj.weight", slice(lp.c0, lp.c1)),
+                                                                   t("mlp.up_proj.weight", slice(lp.c0, lp.c1))]))
+            self.upload_matrix(W.KIE_W_DOWN, i, t("mlp.down_proj.weight", cols=slice(lp.c0, lp.c1)))
+            self.upload_vector(W.KIE_F_ATTN_NORM, i, t("input_layernorm.weight"))
+            self.upload_vector(W.KIE_F_MLP_NORM, i, t("post_attention_layernorm.weight"))
+        name = "model.embed_tokens.weight" if cfg.tie_word_embeddings else "lm_head.weight"
+        head = ckpt.tensor(name, slice(lp.v0, lp.v1))
+        if lp.v1 - lp.v0 < lp.part:
+            head = np.concatenate([head, np.zeros((lp.part - (lp.v1 - lp.v0), cfg.hidden_size), np.float32)])
+        self.upload_matrix(W.KIE_W_HEAD, 0, head)
+        self.upload_vector(W.KIE_F_FINAL_NORM, 0, ckpt.tensor("model.norm.weight"))
+        self._loaded = True
+        return self
+
+    # -- the numpy Model's interface ------------------------------------------------------
+    def reset(self):
+        _check(lib.kie_reset(self._handle()))
+        self.pos = 0
+
+    def _read_logits(self):
+        _check(lib.kie_logits(self._handle(), ffi.from_buffer(self._logits), self._logits.size))
+        return self._logits.copy()
+
+    def prefill(self, tokens, chunk=None, all_logits=False):
+        """Runs the prompt from the current position; returns the last token's logits."""
+        if all_logits:
+            raise GpuArgumentError("the GPU engine returns the last token's logits only")
+        ids = np.ascontiguousarray(tokens, np.int32)
+        if ids.size == 0:
+            raise ValueError("prefill needs at least one token")
+        if self.pos + ids.size > self.max_seq:
+            raise PromptTooLongError(f"the prompt has {ids.size} tokens; the context holds {self.max_seq}"
+                                     + (f" ({self.pos} already used)" if self.pos else ""))
+        _check(lib.kie_prefill(self._handle(), ffi.from_buffer(ids), int(ids.size), MODE_GREEDY))
+        self.pos += int(ids.size)
+        return self._read_logits()
+
+    def decode_step(self, token):
+        """One token in (through the captured graph), the next token's logits out."""
+        if self.pos + 1 > self.max_seq:
+            raise PromptTooLongError(f"the context of {self.max_seq} is full")
+        e = self._handle()
+        _check(lib.kie_set_token(e, int(token)))
+        _check(lib.kie_decode(e, 1, MODE_GREEDY, 1))
+        self.pos += 1
+        return self._read_logits()
+
+    # -- the fast path --------------------------------------------------------------------
+    def generate(self, prompt_ids, max_new_tokens, sampling=Sampling(), eos_id=None, on_token=None,
+                 use_graph=True, ahead=AHEAD):
+        """Greedy or sampled generation with every token picked on the device.  Every lane
+        enqueues the same number of steps whatever the timing (the count depends only on
+        the tokens), so their sums always pair up."""
+        prompt = np.ascontiguousarray(prompt_ids, np.int32)
+        if max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+        if prompt.size == 0:
+            raise ValueError("the prompt has no tokens")
+        if prompt.size + max_new_tokens > self.max_seq:
+            raise PromptTooLongError(f"the prompt has {prompt.size} tokens and {max_new_tokens} more were asked "
+                                     f"for; the context holds {self.max_seq}")
+        if not 1 <= ahead < lib.KIE_RING // 2:
+            raise GpuArgumentError(f"ahead={ahead}: 1..{lib.KIE_RING // 2 - 1}")
+        e = self._handle()
+        mode = MODE_GREEDY if sampling.temperature == 0 else MODE_SAMPLE
+        if mode == MODE_SAMPLE:
+            _check(lib.kie_set_sampling(e, sampling.temperature, sampling.top_k, sampling.top_p,
+                                        sampling.seed & 0xFFFFFFFFFFFFFFFF))
+        self.reset()
+        out = Result()
+        tok = ffi.new("int32_t *")
+        t0 = time.perf_counter()
+        _check(lib.kie_prefill(e, ffi.from_buffer(prompt), int(prompt.size), mode))
+        _check(lib.kie_wait_token(e, 0, TOKEN_TIMEOUT_MS, tok))
+        out.prefill_s = time.perf_counter() - t0
+        self.pos = int(prompt.size)
+        t1 = time.perf_counter()
+        enqueued = 1  # steps whose token is on its way (step 0 came from the prefill)
+        while True:
+            t = int(tok[0])
+            out.tokens.append(t)
+            if on_token:
+                on_token(t)
+            if t == eos_id:
+                out.stopped_on_eos = True
+                break
+            got = len(out.tokens)
+            if got >= max_new_tokens:
+                break
+            want = min(max_new_tokens, got + ahead)
+            if want > enqueued:
+                _check(lib.kie_decode(e, want - enqueued, mode, int(use_graph)))
+                self.pos += want - enqueued
+                enqueued = want
+            _check(lib.kie_wait_token(e, got, TOKEN_TIMEOUT_MS, tok))
+        _check(lib.kie_sync(e))
+        out.decode_s = time.perf_counter() - t1
+        return out
+
+    # -- measurements ---------------------------------------------------------------------
+    def info(self):
+        i = ffi.new("kie_info *")
+        _check(lib.kie_get_info(self._handle(), i))
+        return {k: int(getattr(i, k)) for k in ("sms", "nsplit", "prefill_tokens", "gemv_blocks", "pos", "step",
+                                                 "device_bytes", "graph_nodes")}
+
+    def bench_gemv(self, rows, cols, iters=50):
+        us = ffi.new("double *")
+        _check(lib.kie_bench_gemv(self._handle(), rows, cols, iters, us))
+        return float(us[0])
+
+    def bench_layer_gemvs(self, iters=50):
+        us = ffi.new("double *")
+        _check(lib.kie_bench_layer_gemvs(self._handle(), iters, us))
+        return float(us[0])
+
+    def bench_steps(self, iters, sampling=Sampling()):
+        """us per decode step over `iters` graph replays (timed with events); the
+        position advances by iters."""
+        us = ffi.new("double *")
+        mode = MODE_GREEDY if sampling.temperature == 0 else MODE_SAMPLE
+        if mode == MODE_SAMPLE:
+            _check(lib.kie_set_sampling(self._handle(), sampling.temperature, sampling.top_k, sampling.top_p,
+                                        sampling.seed))
+        _check(lib.kie_bench_steps(self._handle(), iters, mode, us))
+        self.pos += iters
+        return float(us[0])
+
+    def weight_bytes_per_token(self):
+        """Bytes of bf16 weights one decode step streams on this lane."""
+        cfg, lp = self.cfg, self.lane
+        h, hd = cfg.hidden_size, cfg.head_dim
+        q, kv, cols = lp.n_heads * hd, lp.n_kv_heads * hd, lp.c1 - lp.c0
+        layer = (q + 2 * kv) * h + h * q + 2 * cols * h + h * cols
+        return 2 * (cfg.num_hidden_layers * layer + lp.part * h)
+
+    def close(self):
+        if getattr(self, "_e", None) is not None:
+            lib.kie_destroy(self._e)
+            self._e = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:
+            pass
+
+
+def load_gpu_model(ckpt, comm=None, max_seq=None, **kw):
+    """A GpuModel of the checkpoint on this rank's lane (the CLI's --device cuda)."""
+    return GpuModel(ckpt.config, comm, max_seq=max_seq, **kw).load(ckpt)

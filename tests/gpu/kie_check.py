@@ -1,0 +1,249 @@
+"""KIE's GPU engine against the numpy engine and transformers (run on a GPU machine):
+
+    python tests/gpu/kie_check.py [--presets tiny,small] [--steps 64]     # TP = 1
+    mpiexec -n 2 python tests/gpu/kie_check.py ...                          # TP = 2 (a GPU per rank, or one GPU under MPS)
+
+For each preset (random weights, bf16 checkpoint) and DTP delay 0 and 1:
+  logits    the prompt's last logits and every teacher-forced decode step against the
+            numpy engine with a bf16 KV cache (the same function up to float32
+            summation order): relative L2 error at most BOUND at every step
+  greedy    the fast path (argmax on the device inside the CUDA graph, a few steps in
+            flight) gives numpy's greedy tokens, --steps of them; eager launches too
+  sampling  top_k=1 gives the greedy tokens; a seed gives the same tokens twice; with
+            top_k=5 every token is among the 5 best of the reference logits at its step;
+            top_p=1e-6 gives the greedy tokens
+  hf        (delay 0) logits against transformers' LlamaForCausalLM in float32 on the GPU
+            within HF_BOUND (its KV cache is float32), and its greedy tokens
+  errors    a token outside the vocabulary, a prompt longer than the context, a model
+            larger than the GPU: typed errors, and the engine still works after them
+Rank 0 prints one line per check and `KIE GPU CHECK: n passed, m failed`; exit 1 on any
+failure.  --json FILE writes every check with its numbers."""
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+import traceback
+
+import numpy as np
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
+
+from kie_engine.checkpoint import Checkpoint  # noqa: E402
+from kie_engine.config import preset  # noqa: E402
+from kie_engine.errors import GpuMemoryError, KieError, PromptTooLongError  # noqa: E402
+from kie_engine.generate import Sampling, generate  # noqa: E402
+from kie_engine.gpu.engine import GpuArgumentError, GpuModel  # noqa: E402
+from kie_engine.init import write_checkpoint  # noqa: E402
+from kie_engine.model import Model, load_weights  # noqa: E402
+from kie_engine.tp import comm_config  # noqa: E402
+
+BOUND = 2e-3     # GPU vs numpy with the same bf16 KV rounding: float32 summation order only
+HF_BOUND = 2e-2  # GPU (bf16 KV cache) vs transformers (float32 KV cache)
+
+try:
+    from mpi4py import MPI
+    WORLD = MPI.COMM_WORLD
+    RANK, SIZE = WORLD.Get_rank(), WORLD.Get_size()
+except ImportError:
+    WORLD, RANK, SIZE = None, 0, 1
+
+RESULTS = []
+
+
+def record(name, ok, **info):
+    RESULTS.append(dict(name=name, ok=bool(ok), rank=RANK, **info))
+    if RANK == 0 or not ok:
+        extra = " ".join(f"{k}={v:.3g}" if isinstance(v, float) else f"{k}={v}" for k, v in info.items())
+        print(f"[rank {RANK}] {'ok  ' if ok else 'FAIL'} {name} {extra}", flush=True)
+
+
+def rel(a, b):
+    return float(np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-30))
+
+
+def first_diff(a, b):
+    for i, (x, y) in enumerate(zip(a, b)):
+        if x != y:
+            return i
+    return -1 if len(a) == len(b) else min(len(a), len(b))
+
+
+def make_checkpoints(root, presets):
+    paths = {}
+    for name in presets:
+        for d in (0, 1):
+            p = os.path.join(root, f"{name}_d{d}")
+            if RANK == 0:
+                write_checkpoint(preset(name, dtp_delay=d), p, seed=7)
+            paths[(name, d)] = p
+    if WORLD is not None:
+        WORLD.Barrier()
+    return paths
+
+
+def check_model(tag, path, comm, steps, hf_ok):
+    ckpt = Checkpoint(path)
+    cfg = ckpt.config
+    rng = np.random.default_rng(11)
+    prompt = rng.integers(0, cfg.vocab_size, 9).tolist()
+    max_seq = len(prompt) + steps + 8
+    ref = Model(cfg, load_weights(ckpt), max_seq=max_seq, kv_bf16=True)
+    gpu = GpuModel(cfg, comm, max_seq=max_seq).load(ckpt)
+    t0 = time.time()
+    # numpy greedy tokens and its logits at every step
+    ref.reset()
+    ref_logits = [ref.prefill(prompt)]
+    toks = [int(np.argmax(ref_logits[0]))]
+    for _ in range(steps - 1):
+        ref_logits.append(ref.decode_step(toks[-1]))
+        toks.append(int(np.argmax(ref_logits[-1])))
+    # teacher-forced logits on the GPU
+    gpu.reset()
+    errs = [rel(gpu.prefill(prompt), ref_logits[0])]
+    agree = [int(np.argmax(ref_logits[0])) == toks[0]]
+    for i in range(1, steps):
+        g = gpu.decode_step(toks[i - 1])
+        errs.append(rel(g, ref_logits[i]))
+        agree.append(int(np.argmax(g)) == toks[i])
+    worst = int(np.argmax(errs))
+    record(f"{tag} logits vs numpy", max(errs) <= BOUND and all(agree), max_rel=max(errs), at_step=worst,
+           argmax_agree=f"{sum(agree)}/{len(agree)}")
+    # the fast path: greedy on the device, in the graph
+    res = gpu.generate(prompt, steps, Sampling())
+    d = first_diff(res.tokens, toks)
+    record(f"{tag} greedy tokens (graph)", d < 0, steps=len(res.tokens), first_diff=d,
+           tokens_per_s=res.tokens_per_s)
+    res_e = gpu.generate(prompt, min(steps, 16), Sampling(), use_graph=False)
+    d = first_diff(res_e.tokens, toks[:len(res_e.tokens)])
+    record(f"{tag} greedy tokens (eager)", d < 0, steps=len(res_e.tokens), first_diff=d)
+    # sampling
+    s1 = gpu.generate(prompt, steps, Sampling(temperature=0.7, top_k=1, seed=3))
+    record(f"{tag} sample top_k=1 == greedy", first_diff(s1.tokens, toks) < 0, first_diff=first_diff(s1.tokens, toks))
+    sp = gpu.generate(prompt, steps, Sampling(temperature=1.3, top_p=1e-6, seed=4))
+    record(f"{tag} sample top_p=1e-6 == greedy", first_diff(sp.tokens, toks) < 0, first_diff=first_diff(sp.tokens, toks))
+    sa = gpu.generate(prompt, steps, Sampling(temperature=1.0, top_k=5, seed=5))
+    sb = gpu.generate(prompt, steps, Sampling(temperature=1.0, top_k=5, seed=5))
+    sc = gpu.generate(prompt, steps, Sampling(temperature=1.0, top_k=5, seed=6))
+    record(f"{tag} sample seeded repeat", sa.tokens == sb.tokens and sa.tokens != toks,
+           differs_from_other_seed=sa.tokens != sc.tokens, differs_from_greedy=sa.tokens != toks)
+    ref.reset()
+    lg = ref.prefill(prompt)
+    inside = 0
+    for i, t in enumerate(sa.tokens):
+        top = np.argsort(-lg, kind="stable")[:5]
+        margin_ok = lg[t] >= lg[top[-1]] - 1e-3 * max(1.0, abs(lg[top[-1]]))
+        inside += int(t in top or margin_ok)
+        if i + 1 < len(sa.tokens):
+            lg = ref.decode_step(t)
+    record(f"{tag} sample top_k=5 in reference top 5", inside == len(sa.tokens), inside=f"{inside}/{len(sa.tokens)}")
+    # bad input, then the engine still works
+    try:
+        gpu.generate([cfg.vocab_size + 5], 2)
+        record(f"{tag} error: token out of range", False, raised="nothing")
+    except (KieError, ValueError) as e:
+        record(f"{tag} error: token out of range", "vocabulary" in str(e), raised=type(e).__name__)
+    try:
+        gpu.generate(prompt, max_seq, Sampling())
+        record(f"{tag} error: prompt too long", False, raised="nothing")
+    except PromptTooLongError as e:
+        record(f"{tag} error: prompt too long", True, raised=type(e).__name__)
+    again = gpu.generate(prompt, 8, Sampling())
+    record(f"{tag} works after errors", again.tokens == toks[:8])
+    if hf_ok and cfg.dtp_delay == 0:
+        check_hf(tag, path, prompt, toks, gpu, ref_logits)
+    gpu.close()
+    return time.time() - t0
+
+
+def check_hf(tag, path, prompt, toks, gpu, ref_logits):
+    import torch
+    import transformers
+    dev = f"cuda:{gpu.device}"
+    hf = transformers.LlamaForCausalLM.from_pretrained(path, dtype=torch.float32, attn_implementation="eager").to(dev)
+    hf.eval()
+    ids = torch.tensor([prompt + toks[:-1]], device=dev)
+    with torch.no_grad():
+        want = hf(ids).logits[0, len(prompt) - 1:].float().cpu().numpy()
+    gpu.reset()
+    got = [gpu.prefill(prompt)] + [gpu.decode_step(t) for t in toks[:-1]]
+    errs = [rel(g, w) for g, w in zip(got, want)]
+    record(f"{tag} logits vs transformers", max(errs) <= HF_BOUND, max_rel=max(errs),
+           numpy_f32_vs_hf=rel(np.stack(ref_logits), want))
+    # transformers' own greedy tokens, with its cache
+    seq = list(prompt)
+    with torch.no_grad():
+        out = hf(torch.tensor([seq], device=dev), use_cache=True)
+        past, hf_toks = out.past_key_values, []
+        for _ in range(len(toks)):
+            t = int(out.logits[0, -1].argmax())
+            hf_toks.append(t)
+            out = hf(torch.tensor([[t]], device=dev), past_key_values=past, use_cache=True)
+            past = out.past_key_values
+    res = gpu.generate(prompt, len(toks), Sampling())
+    record(f"{tag} greedy tokens vs transformers", res.tokens == hf_toks, first_diff=first_diff(res.tokens, hf_toks))
+    del hf
+    torch.cuda.empty_cache()
+
+
+def check_memory_error(comm):
+    cfg = preset("2b").replace(max_position_embeddings=1 << 21)
+    try:
+        GpuModel(cfg, comm, max_seq=1 << 21)
+        record("error: model larger than the GPU", False, raised="nothing")
+    except GpuMemoryError as e:
+        record("error: model larger than the GPU", "GiB" in str(e), raised=type(e).__name__, msg=str(e)[:90])
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--presets", default="tiny,small")
+    ap.add_argument("--steps", type=int, default=64)
+    ap.add_argument("--no-hf", action="store_true")
+    ap.add_argument("--json")
+    a = ap.parse_args()
+    comm = None
+    if SIZE > 1:
+        import kccl
+        comm = kccl.Communicator.from_mpi(WORLD, device="local", config=comm_config(preset("tiny", dtp_delay=1)))
+    hf_ok = not a.no_hf
+    if hf_ok:
+        try:
+            import transformers  # noqa: F401
+        except ImportError:
+            hf_ok = False
+    with tempfile.TemporaryDirectory() as root:
+        root = WORLD.bcast(root if RANK == 0 else None) if WORLD is not None else root
+        paths = make_checkpoints(root, a.presets.split(","))
+        for (name, d), path in paths.items():
+            tag = f"{name} d={d} tp={SIZE}"
+            try:
+                secs = check_model(tag, path, comm, a.steps, hf_ok)
+                if RANK == 0:
+                    print(f"  ({tag}: {secs:.1f} s)", flush=True)
+            except Exception as e:  # a crash is a failed check, and the others still run
+                record(f"{tag} crashed", False, error=f"{type(e).__name__}: {e}")
+                traceback.print_exc()
+        try:
+            check_memory_error(comm)
+        except Exception as e:
+            record("error: model larger than the GPU (crashed)", False, error=f"{type(e).__name__}: {e}")
+        if WORLD is not None:
+            WORLD.Barrier()
+    allres = WORLD.gather(RESULTS, root=0) if WORLD is not None else [RESULTS]
+    if comm is not None:
+        comm.close()
+    if RANK == 0:
+        flat = [r for rs in allres for r in rs]
+        bad = [r for r in flat if not r["ok"]]
+        print(f"KIE GPU CHECK (tp={SIZE}): {len(flat) - len(bad)} passed, {len(bad)} failed", flush=True)
+        if a.json:
+            with open(a.json, "w") as f:
+                json.dump(flat, f, indent=1, default=str)
+        return 1 if bad else 0
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,112 @@
+"""KIE's GPU engine where there is no GPU (CI): the module is built whenever nvcc is
+there, asking for the GPU fails clearly and early, and the numpy reference the GPU
+checks use (a bf16 KV cache) behaves.  The engine's own correctness is checked on
+the GPU machines by tests/gpu/kie_check.py (bench/RESULTS.md records the runs)."""
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import kccl
+from kccl._build_cuda import find_nvcc
+from kie_engine.config import preset
+from kie_engine.errors import GpuUnavailableError, KieError
+from kie_engine.gpu import engine as gpu_engine
+from kie_engine.init import random_tensors
+from kie_engine.model import Model, round_bf16
+from kie_engine.safetensors_io import float32_to_bf16_bits
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+NO_GPU = gpu_engine.device_count() == 0
+
+
+def test_engine_is_built_when_nvcc_is_present():
+    expect = find_nvcc() is not None and os.environ.get("KCCL_CUDA", "auto").strip() != "0"
+    assert gpu_engine.gpu_built() == expect
+
+
+def test_header_constants_reach_python():
+    lib = gpu_engine.lib
+    assert (lib.KIE_MODE_ADVANCE, lib.KIE_MODE_GREEDY, lib.KIE_MODE_SAMPLE) == (0, 1, 2)
+    assert (gpu_engine.MODE_ADVANCE, gpu_engine.MODE_GREEDY, gpu_engine.MODE_SAMPLE) == (0, 1, 2)
+    assert lib.KIE_MAX_ADDS == 8 and lib.KIE_RING > 2 * gpu_engine.AHEAD
+
+
+@pytest.mark.skipif(not NO_GPU, reason="a GPU is visible")
+def test_gpu_model_without_a_gpu_is_a_clear_error():
+    with pytest.raises(GpuUnavailableError, match="no CUDA device|without CUDA") as e:
+        gpu_engine.GpuModel(preset("tiny"))
+    assert isinstance(e.value, KieError) and isinstance(e.value, RuntimeError)
+
+
+@pytest.mark.skipif(not NO_GPU, reason="a GPU is visible")
+def test_cli_device_cuda_without_a_gpu_fails_before_printing(tmp_path):
+    model = str(tmp_path / "tiny")
+    subprocess.run([sys.executable, "-m", "kie_engine", "init", "--config", "tiny", "--out", model], check=True,
+                   capture_output=True, cwd=ROOT)
+    p = subprocess.run([sys.executable, "-m", "kie_engine", "generate", "--model", model, "--prompt", "hello",
+                        "--device", "cuda"], capture_output=True, text=True, cwd=ROOT)
+    assert p.returncode == 2
+    assert p.stdout == ""  # nothing echoed before the error
+    assert "error:" in p.stderr and ("no CUDA device" in p.stderr or "without CUDA" in p.stderr)
+
+
+def test_round_bf16_matches_the_checkpoint_rounding():
+    x = np.random.default_rng(0).standard_normal(10000).astype(np.float32) * 37
+    got = round_bf16(x)
+    want = (float32_to_bf16_bits(x).astype(np.uint32) << 16).view(np.float32)
+    assert np.array_equal(got, want)
+    assert np.all(np.abs(got - x) <= np.abs(x) * 2.0 ** -8)
+    assert not np.array_equal(got, x)
+
+
+class _Dict:
+    def __init__(self, cfg, tensors):
+        self.config, self.t = cfg, tensors
+
+    def tensor(self, name, rows=None, cols=None):
+        a = self.t[name]
+        if rows is not None:
+            a = a[rows]
+        if cols is not None:
+            a = a[:, cols]
+        return np.ascontiguousarray(a, np.float32)
+
+
+def test_bf16_kv_cache_reference_is_close_to_float32_and_not_equal():
+    from kie_engine.model import load_weights
+    cfg = preset("tiny")
+    ck = _Dict(cfg, random_tensors(cfg, seed=3))
+    a = Model(cfg, load_weights(ck), max_seq=64)
+    b = Model(cfg, load_weights(ck), max_seq=64, kv_bf16=True)
+    ids = [256, 10, 20, 30, 40]
+    la, lb = a.prefill(ids), b.prefill(ids)
+    rel = np.linalg.norm(la - lb) / np.linalg.norm(la)
+    assert 0 < rel < 1e-2
+    assert np.array_equal(b.k_cache, round_bf16(b.k_cache))  # every cached key is a bf16 value
+
+
+def test_kccl_stream_split_phase_on_a_host_communicator(comm1):
+    """kcclAllReduceStartStream / WaitStream: a host communicator takes stream = NULL and
+    behaves as the host split phase; a stream is refused."""
+    from kccl._native import ffi, lib
+    comm = comm1._comm
+    req = ffi.new("uint64_t *")
+    x = np.arange(6, dtype=np.float32)
+    y = np.zeros(6, np.float32)
+    px, py = ffi.from_buffer(x), ffi.from_buffer(y)
+    assert lib.kcclAllReduceStartStream(px, py, 6, lib.kcclFloat32, 0, comm, ffi.cast("void *", 1), req) == \
+        lib.kcclInvalidArgument
+    assert lib.kcclAllReduceStartStream(px, py, 6, lib.kcclFloat32, 0, comm, ffi.NULL, ffi.NULL) == \
+        lib.kcclInvalidArgument
+    assert lib.kcclAllReduceStartStream(px, py, 6, lib.kcclFloat32, 0, comm, ffi.NULL, req) == 0
+    assert lib.kcclAllReduceWaitStream(comm, req[0], ffi.cast("void *", 1)) == lib.kcclInvalidArgument
+    assert lib.kcclAllReduceWaitStream(comm, req[0], ffi.NULL) == 0
+    assert np.array_equal(y, x)
+    assert lib.kcclAllReduceWaitStream(comm, 999, ffi.NULL) == lib.kcclInvalidArgument
+    h = comm1.all_reduce_start(x.copy())  # the Python form keeps the host handle for host communicators
+    assert isinstance(h, kccl.AllReduceHandle) and np.array_equal(h.wait(), x)
+    with pytest.raises(kccl.KcclInvalidArgument, match="stream="):
+        comm1.all_reduce_start(x.copy(), stream=1)
