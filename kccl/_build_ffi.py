@@ -46,6 +46,7 @@ ffibuilder.set_source(
     extra_compile_args=["-O3", "-std=gnu11", "-Wall", "-fvisibility=hidden"],
     define_macros=_cu_macros,
     extra_objects=_cu_objects,
+    depends=_cu_objects,  # relink when an object changes (build_ext compares only sources and depends)
     library_dirs=_cu_libdirs,
     libraries=["rt", "pthread"] + _cu_libs,
 )

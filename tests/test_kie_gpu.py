@@ -110,3 +110,28 @@ def test_kccl_stream_split_phase_on_a_host_communicator(comm1):
     assert isinstance(h, kccl.AllReduceHandle) and np.array_equal(h.wait(), x)
     with pytest.raises(kccl.KcclInvalidArgument, match="stream="):
         comm1.all_reduce_start(x.copy(), stream=1)
+
+
+def test_every_wrapper_call_reaches_the_engine_with_the_right_types():
+    """Each GpuModel method's cffi call, against a NULL engine: the C side must answer
+    with a typed error (so the argument conversions are right), never a TypeError."""
+    from kie_engine.errors import GpuError
+    from kie_engine.generate import Sampling
+    from kie_engine.tp import lane_plan
+    cfg = preset("tiny")
+    m = gpu_engine.GpuModel.__new__(gpu_engine.GpuModel)
+    m.cfg, m.lane, m.size, m.rank, m.max_seq, m.pos = cfg, lane_plan(cfg, 0, 1), 1, 0, 64, 0
+    m._e = gpu_engine.ffi.NULL
+    m._logits = np.empty(cfg.vocab_size, np.float32)
+    lib = gpu_engine.lib
+    calls = [lambda: m.prefill([1, 2, 3]), lambda: m.decode_step(5), lambda: m.reset(), lambda: m.info(),
+             lambda: m.generate([1, 2], 3), lambda: m.generate([1, 2], 3, Sampling(temperature=0.5, top_k=3)),
+             lambda: m.upload_matrix(lib.KIE_W_EMBED, 0, np.zeros((cfg.vocab_size, cfg.hidden_size), np.float32)),
+             lambda: m.upload_vector(lib.KIE_F_FINAL_NORM, 0, np.ones(cfg.hidden_size)), lambda: m._read_logits(),
+             lambda: m.bench_gemv(64, 64), lambda: m.bench_layer_gemvs(), lambda: m.bench_steps(2)]
+    for call in calls:
+        with pytest.raises(GpuError):
+            call()
+    m._e = None
+    with pytest.raises(GpuError, match="closed"):
+        m.prefill([1])

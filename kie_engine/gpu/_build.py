@@ -53,6 +53,7 @@ ffibuilder.set_source(
     include_dirs=[os.path.relpath(CSRC, ROOT)],
     extra_compile_args=["-O2", "-std=gnu11"],
     extra_objects=_objects,
+    depends=_objects,  # relink when an object changes (build_ext compares only sources and depends)
     library_dirs=_libdirs,
     libraries=_libs,
 )

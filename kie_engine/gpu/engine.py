@@ -192,7 +192,7 @@ class GpuModel:
         self.pos = 0
 
     def _read_logits(self):
-        _check(lib.kie_logits(self._handle(), ffi.from_buffer(self._logits), self._logits.size))
+        _check(lib.kie_logits(self._handle(), ffi.from_buffer("float[]", self._logits), self._logits.size))
         return self._logits.copy()
 
     def prefill(self, tokens, chunk=None, all_logits=False):
@@ -205,7 +205,7 @@ class GpuModel:
         if self.pos + ids.size > self.max_seq:
             raise PromptTooLongError(f"the prompt has {ids.size} tokens; the context holds {self.max_seq}"
                                      + (f" ({self.pos} already used)" if self.pos else ""))
-        _check(lib.kie_prefill(self._handle(), ffi.from_buffer(ids), int(ids.size), MODE_GREEDY))
+        _check(lib.kie_prefill(self._handle(), ffi.from_buffer("int32_t[]", ids), int(ids.size), MODE_GREEDY))
         self.pos += int(ids.size)
         return self._read_logits()
 
@@ -244,7 +244,7 @@ class GpuModel:
         out = Result()
         tok = ffi.new("int32_t *")
         t0 = time.perf_counter()
-        _check(lib.kie_prefill(e, ffi.from_buffer(prompt), int(prompt.size), mode))
+        _check(lib.kie_prefill(e, ffi.from_buffer("int32_t[]", prompt), int(prompt.size), mode))
         _check(lib.kie_wait_token(e, 0, TOKEN_TIMEOUT_MS, tok))
         out.prefill_s = time.perf_counter() - t0
         self.pos = int(prompt.size)

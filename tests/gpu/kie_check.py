@@ -188,9 +188,10 @@ def check_hf(tag, path, prompt, toks, gpu, ref_logits):
 
 
 def check_memory_error(comm):
-    cfg = preset("2b").replace(max_position_embeddings=1 << 21)
+    n = (1 << 21) * SIZE  # a lane's KV cache alone is past the GPU's memory
+    cfg = preset("2b").replace(max_position_embeddings=n)
     try:
-        GpuModel(cfg, comm, max_seq=1 << 21)
+        GpuModel(cfg, comm, max_seq=n)
         record("error: model larger than the GPU", False, raised="nothing")
     except GpuMemoryError as e:
         record("error: model larger than the GPU", "GiB" in str(e), raised=type(e).__name__, msg=str(e)[:90])

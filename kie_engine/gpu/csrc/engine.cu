@@ -588,6 +588,7 @@ void kie_destroy(kie_engine *e) {
 }
 
 int kie_upload(kie_engine *e, int kind, int layer, const void *src, size_t rows, size_t cols, int on_device) {
+  if (!e) return fail(KIE_E_ARG, "%s: no engine (closed?)", __func__);
   const kie_shape &s = e->s;
   const int idx = upload_index(s, kind, layer);
   if (idx < 0) return fail(KIE_E_ARG, "unknown weight kind %d", kind);
@@ -626,6 +627,7 @@ int kie_upload(kie_engine *e, int kind, int layer, const void *src, size_t rows,
 }
 
 int kie_reset(kie_engine *e) {
+  if (!e) return fail(KIE_E_ARG, "%s: no engine (closed?)", __func__);
   CU(cudaSetDevice(e->device));
   CU(cudaStreamSynchronize(e->stream));
   TRY(device_error(e));
@@ -636,6 +638,7 @@ int kie_reset(kie_engine *e) {
 }
 
 int kie_set_sampling(kie_engine *e, float temperature, int top_k, float top_p, uint64_t seed) {
+  if (!e) return fail(KIE_E_ARG, "%s: no engine (closed?)", __func__);
   if (!(temperature > 0.f)) return fail(KIE_E_ARG, "temperature must be > 0 for sampling (0 is greedy)");
   if (top_k < 0) return fail(KIE_E_ARG, "top_k must be >= 0");
   if (!(top_p > 0.f && top_p <= 1.f)) return fail(KIE_E_ARG, "top_p must be in (0, 1]");
@@ -659,6 +662,7 @@ static int check_mode(kie_engine *e, int mode) {
 }
 
 int kie_prefill(kie_engine *e, const int32_t *tokens, int n, int mode) {
+  if (!e) return fail(KIE_E_ARG, "%s: no engine (closed?)", __func__);
   TRY(check_mode(e, mode));
   TRY(ready(e));
   if (n < 1) return fail(KIE_E_ARG, "prefill needs at least one token");
@@ -680,6 +684,7 @@ int kie_prefill(kie_engine *e, const int32_t *tokens, int n, int mode) {
 }
 
 int kie_set_token(kie_engine *e, int32_t token) {
+  if (!e) return fail(KIE_E_ARG, "%s: no engine (closed?)", __func__);
   if (token < 0 || token >= e->s.vocab) return fail(KIE_E_ARG, "token %d is outside the vocabulary of %d", token, e->s.vocab);
   CU(cudaSetDevice(e->device));
   CU(cudaMemcpyAsync(e->tokbuf, &token, 4, cudaMemcpyHostToDevice, e->stream));
@@ -688,6 +693,7 @@ int kie_set_token(kie_engine *e, int32_t token) {
 }
 
 int kie_decode(kie_engine *e, int n, int mode, int use_graph) {
+  if (!e) return fail(KIE_E_ARG, "%s: no engine (closed?)", __func__);
   TRY(check_mode(e, mode));
   TRY(ready(e));
   if (n < 0) return fail(KIE_E_ARG, "n=%d", n);
@@ -705,6 +711,7 @@ int kie_decode(kie_engine *e, int n, int mode, int use_graph) {
 }
 
 int kie_wait_token(kie_engine *e, int step, int timeout_ms, int32_t *token) {
+  if (!e) return fail(KIE_E_ARG, "%s: no engine (closed?)", __func__);
   if (step < 0 || step >= e->step_h)
     return fail(KIE_E_STATE, "step %d has not been enqueued (%d so far)", step, e->step_h);
   if (e->step_h - step > KIE_RING)
@@ -747,6 +754,7 @@ int kie_wait_token(kie_engine *e, int step, int timeout_ms, int32_t *token) {
 }
 
 int kie_logits(kie_engine *e, float *out, size_t n) {
+  if (!e) return fail(KIE_E_ARG, "%s: no engine (closed?)", __func__);
   CU(cudaSetDevice(e->device));
   CU(cudaStreamSynchronize(e->stream));
   TRY(device_error(e));
@@ -764,6 +772,7 @@ int kie_logits(kie_engine *e, float *out, size_t n) {
 }
 
 int kie_sync(kie_engine *e) {
+  if (!e) return fail(KIE_E_ARG, "%s: no engine (closed?)", __func__);
   CU(cudaSetDevice(e->device));
   CU(cudaStreamSynchronize(e->stream));
   TRY(device_error(e));
@@ -771,6 +780,7 @@ int kie_sync(kie_engine *e) {
 }
 
 int kie_get_info(kie_engine *e, kie_info *info) {
+  if (!e) return fail(KIE_E_ARG, "%s: no engine (closed?)", __func__);
   memset(info, 0, sizeof *info);
   info->sms = e->sms;
   info->nsplit = e->nsplit;
@@ -788,16 +798,21 @@ int kie_get_info(kie_engine *e, kie_info *info) {
 }
 
 int kie_bench_gemv(kie_engine *e, int rows, int cols, int iters, double *us_per_call) {
+  if (!e) return fail(KIE_E_ARG, "%s: no engine (closed?)", __func__);
   if (rows < 2 || cols < 8 || cols % 8 || iters < 1)
     return fail(KIE_E_ARG, "bench_gemv: rows >= 2, cols a positive multiple of 8, iters >= 1");
   CU(cudaSetDevice(e->device));
+  /* Enough matrices to rotate through that none is still in L2 (50 MB) when it
+   * comes round again. */
+  const size_t mbytes = (size_t)rows * cols * 2;
+  const int nmat = (int)std::max<size_t>(2, (512u << 20) / mbytes);
   bf16 *w = nullptr;
   float *x = nullptr, *y = nullptr;
-  CU(cudaMalloc((void **)&w, (size_t)rows * cols * 2));
+  CU(cudaMalloc((void **)&w, mbytes * nmat));
   CU(cudaMalloc((void **)&x, (size_t)cols * 4));
   CU(cudaMalloc((void **)&y, (size_t)rows * 4));
   CU(cudaMemset(x, 0, (size_t)cols * 4));
-  CU(kie_launch_fill_random(w, (size_t)rows * cols, 1234u, 0.1f, e->stream));
+  CU(kie_launch_fill_random(w, mbytes / 2 * nmat, 1234u, 0.1f, e->stream));
   CU(kie_launch_fill_random((bf16 *)x, (size_t)cols, 99u, 1.0f, e->stream));
   cudaGraph_t g;
   cudaGraphExec_t xg;
@@ -805,7 +820,7 @@ int kie_bench_gemv(kie_engine *e, int rows, int cols, int iters, double *us_per_
   int rc = KIE_OK;
   for (int i = 0; i < iters && rc == KIE_OK; i++) {
     GemvArgs a = plain(e, 1, x, cols, cols);
-    a.w = w;
+    a.w = w + (size_t)(i % nmat) * rows * cols;
     a.rows = rows;
     a.out = y;
     a.out_ld = rows;
@@ -827,6 +842,7 @@ int kie_bench_gemv(kie_engine *e, int rows, int cols, int iters, double *us_per_
 }
 
 int kie_bench_layer_gemvs(kie_engine *e, int iters, double *us_per_layer) {
+  if (!e) return fail(KIE_E_ARG, "%s: no engine (closed?)", __func__);
   TRY(ready(e));
   if (iters < 1) return fail(KIE_E_ARG, "iters >= 1");
   if (e->pos_h >= e->s.max_seq) return fail(KIE_E_STATE, "the context is full");
@@ -867,6 +883,7 @@ int kie_bench_layer_gemvs(kie_engine *e, int iters, double *us_per_layer) {
 }
 
 int kie_bench_steps(kie_engine *e, int iters, int mode, double *us_per_step) {
+  if (!e) return fail(KIE_E_ARG, "%s: no engine (closed?)", __func__);
   TRY(check_mode(e, mode));
   TRY(ready(e));
   if (iters < 1) return fail(KIE_E_ARG, "iters >= 1");
