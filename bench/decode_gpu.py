@@ -79,8 +79,8 @@ def lane_weights(cfg, dev, seed=0):
     return w
 
 
-def kie_engine(cfg, w, comm, max_seq, pdl=None, prefetch=None):
-    m = GpuModel(cfg, comm, max_seq=max_seq, pdl=pdl, prefetch=prefetch)
+def kie_engine(cfg, w, comm, max_seq, pdl=None, prefetch=None, tuning=None):
+    m = GpuModel(cfg, comm, max_seq=max_seq, pdl=pdl, prefetch=prefetch, tuning=tuning)
     L = kielib
     m.upload_matrix(L.KIE_W_EMBED, 0, w["embed"])
     m.upload_matrix(L.KIE_W_HEAD, 0, w["head"])
@@ -213,6 +213,14 @@ def copy_bandwidth(dev, nbytes=2 << 30, reps=10):
     return 2 * nbytes / statistics.median(ts) / 1e9
 
 
+# Launch and kernel variants against the defaults (PDL on, prefetch 2: a GEMV's first
+# loads before its wait, 8 loads per row per lane, 2 GEMV blocks per SM, 64 keys per
+# attention split at least).
+VARIANTS = [dict(pdl=0, prefetch=0), dict(pdl=1, prefetch=1), dict(pdl=1, prefetch=0), dict(pdl=0, prefetch=2),
+            dict(gemv_u=4), dict(gemv_u=4, gemv_blocks_per_sm=3), dict(gemv_blocks_per_sm=1),
+            dict(gemv_blocks_per_sm=3), dict(att_chunk=32), dict(att_chunk=256)]
+
+
 def kie_decode(m, ctx, tokens, rounds, vocab):
     rng = np.random.default_rng(ctx)
     prompt = rng.integers(0, vocab, ctx).tolist()
@@ -301,10 +309,16 @@ def main():
         log(f"# delay {d}: {nodes} graph nodes per step")
         m.close()
         if a.variants and d == delays[0]:
-            for pdl, pf in ((0, 1), (1, 0), (0, 0)):
-                mv = kie_engine(cfg, w, comm, max_seq, pdl=pdl, prefetch=pf)
+            for v in VARIANTS:
+                kw = dict(v)
+                pdl, pf = kw.pop("pdl", None), kw.pop("prefetch", None)
+                mv = kie_engine(cfg, w, comm, max_seq, pdl=pdl, prefetch=pf, tuning=kw)
                 us, pre, _ = kie_decode(mv, contexts[0], a.tokens, a.rounds, cfg.vocab_size)
-                add("kie", "graph", d, contexts[0], us, {"pdl": pdl, "prefetch": pf})
+                lay = mv.bench_layer_gemvs(iters=50)
+                down = mv.bench_gemv(2048, 8192, iters=100)
+                add("kie", "graph", d, contexts[0], us,
+                    {"variant": ",".join(f"{k}={x}" for k, x in v.items()), "layer_gemvs_us": round(lay, 2),
+                     "gemv_2048x8192_us": round(down, 2)})
                 mv.close()
     if a.baseline != "none":
         for ctx in contexts:
@@ -313,7 +327,7 @@ def main():
                 {"warmup_s": round(warm, 1)})
     if RANK == 0:
         for r in rows:
-            if r["engine"] == "kie" and "pdl" not in r:
+            if r["engine"] == "kie" and "variant" not in r:
                 t = [b for b in rows if b["engine"] == "torch" and b["context"] == r["context"]]
                 if t:
                     r["vs_torch"] = r["tokens_per_s"] / t[0]["tokens_per_s"]
@@ -322,7 +336,7 @@ def main():
             vs = f"{r['vs_torch']:6.2f}x" if "vs_torch" in r else "      "
             log(f" {r['engine']:6s} {r['kernel']:13s} {r['tp']:2d} {r['gpus']:4d} {r['dtp_delay']} {r['context']:5d} "
                 f"{r['tokens_per_s']:10.1f} {r['us_per_token']:10.1f} {100 * r['floor_share']:5.1f}%  {vs}"
-                + ("" if "pdl" not in r else f"  pdl={r['pdl']} prefetch={r['prefetch']}"))
+                + ("" if "variant" not in r else f"  {r['variant']} layer={r['layer_gemvs_us']} us"))
         if a.json:
             meta = {"command": " ".join(sys.argv), "gpu": name, "gpus": gpus, "ranks": SIZE, "copy_GBps": bw,
                     "preset": a.preset, "tokens": a.tokens, "rounds": a.rounds,

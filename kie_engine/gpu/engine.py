@@ -81,6 +81,19 @@ def _kccl_functions(comm):
     return c
 
 
+def _env_int(name, default, lo, hi):
+    v = os.environ.get(name)
+    if v is None or v.strip() == "":
+        return default
+    try:
+        n = int(v)
+    except ValueError:
+        n = lo - 1
+    if not lo <= n <= hi:
+        raise GpuArgumentError(f"{name}={v!r}: expected an integer in {lo}..{hi}")
+    return n
+
+
 def _env_flag(name, default):
     v = os.environ.get(name)
     if v is None or v.strip() == "":
@@ -93,9 +106,12 @@ def _env_flag(name, default):
 class GpuModel:
     """cfg: the ModelConfig; comm: None (one lane) or a GPU kccl.Communicator whose
     ranks are the lanes; device: the CUDA device (default: the communicator's, else 0);
-    pdl / prefetch: launch switches (default: on when this lane has its GPU to itself)."""
+    pdl / prefetch: launch switches (default: PDL when this lane has its GPU to itself,
+    prefetch 2: a GEMV's first loads before it waits for the previous kernel); tuning:
+    {kie_shape field: value} for the kernel variants the benchmark compares
+    (gemv_blocks_per_sm, gemv_u, att_chunk)."""
 
-    def __init__(self, cfg, comm=None, max_seq=None, device=None, pdl=None, prefetch=None):
+    def __init__(self, cfg, comm=None, max_seq=None, device=None, pdl=None, prefetch=None, tuning=None):
         ndev = require_gpu()
         size, rank = (comm.size, comm.rank) if comm is not None else (1, 0)
         if comm is not None and size > 1 and comm.device is None:
@@ -115,8 +131,12 @@ class GpuModel:
         s.max_seq, s.eps, s.dtp_delay = self.max_seq, cfg.rms_norm_eps, cfg.dtp_delay
         s.tp_size, s.tp_rank = size, rank
         s.pdl = _env_flag("KIE_GPU_PDL", 0 if shared else 1) if pdl is None else int(bool(pdl))
-        s.prefetch = _env_flag("KIE_GPU_PREFETCH", 1) if prefetch is None else int(bool(prefetch))
-        s.gemv_blocks_per_sm = int(os.environ.get("KIE_GPU_GEMV_BLOCKS_PER_SM", "0") or 0)
+        s.prefetch = _env_int("KIE_GPU_PREFETCH", 2, 0, 2) if prefetch is None else int(prefetch)
+        s.gemv_blocks_per_sm = _env_int("KIE_GPU_GEMV_BLOCKS_PER_SM", 0, 0, 16)
+        s.gemv_u = _env_int("KIE_GPU_GEMV_U", 0, 0, 8)
+        s.att_chunk = _env_int("KIE_GPU_ATT_CHUNK", 0, 0, 1 << 20)
+        for k, v in (tuning or {}).items():
+            setattr(s, k, int(v))
         self._shape = s
         kcomm = _kccl_functions(comm) if size > 1 else ffi.NULL
         self._comm = comm

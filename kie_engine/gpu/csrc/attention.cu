@@ -1,19 +1,23 @@
 /* attention.cu - decode attention over the bf16 KV cache, grouped-query, split
- * over the context so that a long context still spreads over every SM.
+ * over the context so that a long context still spreads over the SMs.
  *
- * Block (kv head group, split, token): the query heads of one KV head (up to
- * ATT_MAXG of them share each key and value load) against positions
- * [c0, c1) of the keys token t may see (0 .. pos + t).  It writes the split's
- * partial result (max score, sum of exponentials, unnormalised weighted sum of
- * values); the last block of a (token, group) to finish folds the splits into
- * the output, so the combine needs no kernel of its own.  The splits are a
- * fixed count (the grid is captured once) of equal shares of the current
- * length, read from the device. */
+ * Block (KV head group, split, token): the query heads of one KV head (up to
+ * ATT_MAXG of them share each key and value load) against positions [c0, c1)
+ * of the keys token t may see (0 .. pos + t).  The context is cut into as many
+ * splits as give each at least `min_chunk` keys (at most `nsplit`, the grid's
+ * count, fixed when the graph is captured; the rest of the blocks leave at
+ * once).  A block walks its keys in tiles of ATT_TILE with an online softmax,
+ * every thread issuing all its loads of a tile before using them.  One split
+ * writes the output itself; otherwise each writes a partial result (max
+ * score, sum of exponentials, weighted sum of values) and the last one of a
+ * (token, group) to finish folds them together. */
 #include <math.h>
 
 #include "kie_kernels.h"
 
 namespace {
+
+#define ATT_TILE 64 /* keys per tile */
 
 __device__ __forceinline__ uint4 ld_nc(const void *p) {
   uint4 v;
@@ -32,15 +36,22 @@ __device__ __forceinline__ void bf8(const uint4 w, float *f) {
   f[7] = __uint_as_float(w.w & 0xffff0000u);
 }
 
+template <int HD>
 __global__ void __launch_bounds__(ATT_THREADS) k_attention(const AttnArgs a) {
-  extern __shared__ float4 smem4[];
-  float *qs = reinterpret_cast<float *>(smem4);       /* [ATT_MAXG][hd] */
-  float *sc = qs + ATT_MAXG * a.hd;                    /* [ATT_MAXG][chunk_max] scores, then weights */
-  float *red = sc + ATT_MAXG * a.chunk_max;            /* [ATT_THREADS][ATT_MAXG * 8] partial sums */
-  float *stat = red + ATT_THREADS * ATT_MAXG * 8;      /* [ATT_MAXG][2]: max, sum */
+  constexpr int LPK = HD / 8;                        /* lanes per key (one 16-byte load each) */
+  constexpr int KPW = 32 / LPK;                      /* keys per warp per pass */
+  constexpr int KPP = (ATT_THREADS / 32) * KPW;      /* keys per pass */
+  constexpr int PASSES = ATT_TILE / KPP;             /* passes per tile */
+  constexpr int NPG = ATT_THREADS / LPK;             /* position groups of the value pass */
+  constexpr int VPT = ATT_TILE / NPG;                /* values per thread per tile */
+  static_assert(ATT_TILE % KPP == 0 && ATT_TILE % NPG == 0, "tile shape");
+  __shared__ float qs[ATT_MAXG * HD];
+  __shared__ float sc[ATT_MAXG * ATT_TILE];
+  __shared__ float red[ATT_THREADS * ATT_MAXG * 8 > ATT_MAXG * 1024 ? ATT_THREADS * ATT_MAXG * 8 : ATT_MAXG * 1024];
+  __shared__ float m_run[ATT_MAXG], l_run[ATT_MAXG], fac[ATT_MAXG];
   __shared__ int last;
 
-  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, hd = a.hd;
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const int kvh = blockIdx.x / a.hgroups, hg = blockIdx.x - kvh * a.hgroups;
   const int h0 = kvh * a.g + hg * a.gper;
   const int G = min(a.gper, a.g - hg * a.gper);
@@ -50,149 +61,205 @@ __global__ void __launch_bounds__(ATT_THREADS) k_attention(const AttnArgs a) {
   kie_pdl_trigger();
 
   const int S = *a.pos + t + 1; /* keys 0 .. pos + t */
-  const int len = (S + a.nsplit - 1) / a.nsplit;
-  const int c0 = min(S, split * len), c1 = min(S, c0 + len), n = c1 - c0;
-  const bf16 *K = a.kc + (size_t)kvh * a.max_seq * hd, *V = a.vc + (size_t)kvh * a.max_seq * hd;
+  const int ns = min(a.nsplit, (S + a.min_chunk - 1) / a.min_chunk);
+  if (split >= ns) return;
+  const int len = (S + ns - 1) / ns;
+  const int c0 = min(S, split * len), c1 = min(S, c0 + len);
+  const bf16 *K = a.kc + (size_t)kvh * a.max_seq * HD, *V = a.vc + (size_t)kvh * a.max_seq * HD;
 
-  for (int i = tid; i < G * hd; i += ATT_THREADS) qs[i] = a.q[(size_t)t * a.q_ld + (size_t)h0 * hd + i];
-  __syncthreads();
-
-  /* Scores: hd / 8 lanes per key, each with one 16-byte load. */
-  const int lpk = hd >> 3, kpw = 32 / lpk, sub = lane / lpk, sl = lane - sub * lpk;
-  for (int base = c0 + warp * kpw; base < c1; base += (ATT_THREADS / 32) * kpw) {
-    const int p = base + sub;
-    float kf[8];
-    if (p < c1) bf8(ld_nc(K + (size_t)p * hd + sl * 8), kf);
-    else
-      for (int i = 0; i < 8; i++) kf[i] = 0.f;
-    float d[ATT_MAXG];
-#pragma unroll
-    for (int j = 0; j < ATT_MAXG; j++) {
-      d[j] = 0.f;
-      if (j < G) {
-        const float4 qa = *reinterpret_cast<const float4 *>(qs + j * hd + sl * 8);
-        const float4 qb = *reinterpret_cast<const float4 *>(qs + j * hd + sl * 8 + 4);
-        d[j] = kf[0] * qa.x + kf[1] * qa.y + kf[2] * qa.z + kf[3] * qa.w + kf[4] * qb.x + kf[5] * qb.y +
-               kf[6] * qb.z + kf[7] * qb.w;
-      }
-    }
-    for (int off = lpk >> 1; off; off >>= 1)
-#pragma unroll
-      for (int j = 0; j < ATT_MAXG; j++) d[j] += __shfl_xor_sync(0xffffffffu, d[j], off);
-    if (sl == 0 && p < c1)
-#pragma unroll
-      for (int j = 0; j < ATT_MAXG; j++)
-        if (j < G) sc[j * a.chunk_max + (p - c0)] = d[j] * a.scale;
+  for (int i = tid; i < G * HD; i += ATT_THREADS) qs[i] = a.q[(size_t)t * a.q_ld + (size_t)h0 * HD + i];
+  if (tid < ATT_MAXG) {
+    m_run[tid] = -INFINITY;
+    l_run[tid] = 0.f;
   }
   __syncthreads();
 
-  /* Softmax pieces per head: a warp per head. */
-  for (int j = warp; j < G; j += ATT_THREADS / 32) {
-    float m = -INFINITY;
-    for (int i = lane; i < n; i += 32) m = fmaxf(m, sc[j * a.chunk_max + i]);
-    for (int off = 16; off; off >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, off));
-    float l = 0.f;
-    for (int i = lane; i < n; i += 32) {
-      const float e = expf(sc[j * a.chunk_max + i] - m);
-      sc[j * a.chunk_max + i] = e;
-      l += e;
-    }
-    for (int off = 16; off; off >>= 1) l += __shfl_xor_sync(0xffffffffu, l, off);
-    if (lane == 0) {
-      stat[2 * j] = m;
-      stat[2 * j + 1] = l;
-    }
-  }
-  __syncthreads();
-
-  /* Weighted values: thread (position group pg, 8 dims d8). */
-  const int d8n = hd >> 3, d8 = tid % d8n, pg = tid / d8n, npg = ATT_THREADS / d8n;
+  const int sub = lane / LPK, sl = lane - sub * LPK;
+  const int d8 = tid % LPK, pg = tid / LPK;
   float acc[ATT_MAXG][8];
 #pragma unroll
   for (int j = 0; j < ATT_MAXG; j++)
 #pragma unroll
     for (int i = 0; i < 8; i++) acc[j][i] = 0.f;
-  for (int p = c0 + pg; p < c1; p += npg) {
-    float vf[8];
-    bf8(ld_nc(V + (size_t)p * hd + d8 * 8), vf);
+
+  for (int tile = c0; tile < c1; tile += ATT_TILE) {
+    const int tend = min(c1, tile + ATT_TILE);
+    /* Scores: every key load of the tile first, then the dot products. */
+    uint4 kv[PASSES];
+#pragma unroll
+    for (int pp = 0; pp < PASSES; pp++) {
+      const int p = tile + pp * KPP + warp * KPW + sub;
+      kv[pp] = p < tend ? ld_nc(K + (size_t)p * HD + sl * 8) : make_uint4(0, 0, 0, 0);
+    }
+#pragma unroll
+    for (int pp = 0; pp < PASSES; pp++) {
+      const int p = tile + pp * KPP + warp * KPW + sub;
+      float kf[8];
+      bf8(kv[pp], kf);
+      float d[ATT_MAXG];
+#pragma unroll
+      for (int j = 0; j < ATT_MAXG; j++) {
+        d[j] = 0.f;
+        if (j < G) {
+          const float4 qa = *reinterpret_cast<const float4 *>(qs + j * HD + sl * 8);
+          const float4 qb = *reinterpret_cast<const float4 *>(qs + j * HD + sl * 8 + 4);
+          d[j] = kf[0] * qa.x + kf[1] * qa.y + kf[2] * qa.z + kf[3] * qa.w + kf[4] * qb.x + kf[5] * qb.y +
+                 kf[6] * qb.z + kf[7] * qb.w;
+        }
+      }
+#pragma unroll
+      for (int off = LPK / 2; off; off >>= 1)
+#pragma unroll
+        for (int j = 0; j < ATT_MAXG; j++) d[j] += __shfl_xor_sync(0xffffffffu, d[j], off);
+      if (sl == 0 && p < tend)
+#pragma unroll
+        for (int j = 0; j < ATT_MAXG; j++)
+          if (j < G) sc[j * ATT_TILE + (p - tile)] = d[j] * a.scale;
+    }
+    /* The value loads of the tile, issued before the softmax so they are in flight during it. */
+    uint4 vv[VPT];
+#pragma unroll
+    for (int k = 0; k < VPT; k++) {
+      const int p = tile + pg + k * NPG;
+      vv[k] = p < tend ? ld_nc(V + (size_t)p * HD + d8 * 8) : make_uint4(0, 0, 0, 0);
+    }
+    __syncthreads();
+    /* Online softmax: a warp per head rescales its running max and sum. */
+    const int nt = tend - tile;
+    for (int j = warp; j < G; j += ATT_THREADS / 32) {
+      float m = -INFINITY;
+      for (int i = lane; i < nt; i += 32) m = fmaxf(m, sc[j * ATT_TILE + i]);
+      for (int off = 16; off; off >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, off));
+      const float m_new = fmaxf(m_run[j], m);
+      float l = 0.f;
+      for (int i = lane; i < nt; i += 32) {
+        const float e = expf(sc[j * ATT_TILE + i] - m_new);
+        sc[j * ATT_TILE + i] = e;
+        l += e;
+      }
+      for (int off = 16; off; off >>= 1) l += __shfl_xor_sync(0xffffffffu, l, off);
+      if (lane == 0) {
+        const float f = m_run[j] == -INFINITY ? 0.f : expf(m_run[j] - m_new);
+        fac[j] = f;
+        l_run[j] = l_run[j] * f + l;
+        m_run[j] = m_new;
+      }
+    }
+    __syncthreads();
 #pragma unroll
     for (int j = 0; j < ATT_MAXG; j++) {
       if (j < G) {
-        const float e = sc[j * a.chunk_max + (p - c0)];
+        const float f = fac[j];
 #pragma unroll
-        for (int i = 0; i < 8; i++) acc[j][i] = fmaf(e, vf[i], acc[j][i]);
+        for (int i = 0; i < 8; i++) acc[j][i] *= f;
       }
     }
+#pragma unroll
+    for (int k = 0; k < VPT; k++) {
+      const int p = tile + pg + k * NPG;
+      if (p < tend) {
+        float vf[8];
+        bf8(vv[k], vf);
+#pragma unroll
+        for (int j = 0; j < ATT_MAXG; j++) {
+          if (j < G) {
+            const float e = sc[j * ATT_TILE + (p - tile)];
+#pragma unroll
+            for (int i = 0; i < 8; i++) acc[j][i] = fmaf(e, vf[i], acc[j][i]);
+          }
+        }
+      }
+    }
+    __syncthreads(); /* sc is rewritten by the next tile */
   }
+
+  /* The position groups' sums, in group order. */
 #pragma unroll
   for (int j = 0; j < ATT_MAXG; j++)
     if (j < G)
 #pragma unroll
-      for (int i = 0; i < 8; i++) red[((size_t)pg * ATT_MAXG + j) * hd + d8 * 8 + i] = acc[j][i];
+      for (int i = 0; i < 8; i++) red[((size_t)pg * ATT_MAXG + j) * HD + d8 * 8 + i] = acc[j][i];
   __syncthreads();
-  const size_t pstride = (size_t)hd + 2;
-  for (int i = tid; i < G * hd; i += ATT_THREADS) {
-    const int j = i / hd, dd = i - j * hd;
+  const size_t pstride = (size_t)HD + 2;
+  if (ns == 1) { /* the whole context in this block: the output directly */
+    for (int i = tid; i < G * HD; i += ATT_THREADS) {
+      const int j = i / HD, dd = i - j * HD;
+      float s = 0.f;
+      for (int q = 0; q < NPG; q++) s += red[((size_t)q * ATT_MAXG + j) * HD + dd];
+      a.out[(size_t)t * a.out_ld + (size_t)(h0 + j) * HD + dd] = s / l_run[j];
+    }
+    return;
+  }
+  for (int i = tid; i < G * HD; i += ATT_THREADS) {
+    const int j = i / HD, dd = i - j * HD;
     float s = 0.f;
-    for (int q = 0; q < npg; q++) s += red[((size_t)q * ATT_MAXG + j) * hd + dd];
+    for (int q = 0; q < NPG; q++) s += red[((size_t)q * ATT_MAXG + j) * HD + dd];
     a.part[(((size_t)t * a.nh + h0 + j) * a.nsplit + split) * pstride + dd] = s;
   }
   if (tid < G) {
     float *pp = a.part + (((size_t)t * a.nh + h0 + tid) * a.nsplit + split) * pstride;
-    pp[hd] = n > 0 ? stat[2 * tid] : -INFINITY;
-    pp[hd + 1] = n > 0 ? stat[2 * tid + 1] : 0.f;
+    pp[HD] = m_run[tid];
+    pp[HD + 1] = l_run[tid];
   }
 
   /* The last split block of this (token, group) combines. */
   __threadfence();
   __syncthreads();
-  if (tid == 0) last = atomicAdd(&a.cnt[(size_t)t * gridDim.x + blockIdx.x], 1u) == (unsigned)a.nsplit - 1;
+  if (tid == 0) last = atomicAdd(&a.cnt[(size_t)t * gridDim.x + blockIdx.x], 1u) == (unsigned)ns - 1;
   __syncthreads();
   if (!last) return;
   __threadfence();
-  /* Split weights w[j][s] = exp(m_s - M_j), in the (now free) score area. */
-  float *wgt = red; /* [ATT_MAXG][nsplit] */
-  float *msum = stat; /* [ATT_MAXG][2]: M, L */
+  float *wgt = red; /* [ATT_MAXG][ns]: exp(m_s - M) / L */
   for (int j = warp; j < G; j += ATT_THREADS / 32) {
     const float *pp = a.part + (((size_t)t * a.nh + h0 + j) * a.nsplit) * pstride;
     float M = -INFINITY;
-    for (int s = lane; s < a.nsplit; s += 32) M = fmaxf(M, __ldcg(pp + s * pstride + hd));
+    for (int s = lane; s < ns; s += 32) M = fmaxf(M, __ldcg(pp + s * pstride + HD));
     for (int off = 16; off; off >>= 1) M = fmaxf(M, __shfl_xor_sync(0xffffffffu, M, off));
     float L = 0.f;
-    for (int s = lane; s < a.nsplit; s += 32) {
-      const float l = __ldcg(pp + s * pstride + hd + 1);
-      const float w = l > 0.f ? expf(__ldcg(pp + s * pstride + hd) - M) : 0.f;
-      wgt[j * a.nsplit + s] = w;
+    for (int s = lane; s < ns; s += 32) {
+      const float l = __ldcg(pp + s * pstride + HD + 1);
+      const float w = l > 0.f ? expf(__ldcg(pp + s * pstride + HD) - M) : 0.f;
+      wgt[j * ns + s] = w;
       L += l * w;
     }
     for (int off = 16; off; off >>= 1) L += __shfl_xor_sync(0xffffffffu, L, off);
-    if (lane == 0) msum[2 * j + 1] = L;
+    __syncwarp();
+    for (int s = lane; s < ns; s += 32) wgt[j * ns + s] /= L;
   }
   __syncthreads();
-  for (int i = tid; i < G * hd; i += ATT_THREADS) {
-    const int j = i / hd, dd = i - j * hd;
+  for (int i = tid; i < G * HD; i += ATT_THREADS) {
+    const int j = i / HD, dd = i - j * HD;
     const float *pp = a.part + (((size_t)t * a.nh + h0 + j) * a.nsplit) * pstride + dd;
-    const float *w = wgt + j * a.nsplit;
+    const float *w = wgt + j * ns;
     float o = 0.f;
-#pragma unroll 4
-    for (int s = 0; s < a.nsplit; s++) o = fmaf(__ldcg(pp + s * pstride), w[s], o);
-    a.out[(size_t)t * a.out_ld + (size_t)(h0 + j) * hd + dd] = o / msum[2 * j + 1];
+    for (int s0 = 0; s0 < ns; s0 += 8) { /* eight independent loads in flight */
+      float v[8];
+#pragma unroll
+      for (int k = 0; k < 8; k++) v[k] = s0 + k < ns ? __ldcg(pp + (size_t)(s0 + k) * pstride) : 0.f;
+#pragma unroll
+      for (int k = 0; k < 8; k++)
+        if (s0 + k < ns) o = fmaf(v[k], w[s0 + k], o);
+    }
+    a.out[(size_t)t * a.out_ld + (size_t)(h0 + j) * HD + dd] = o;
   }
   if (tid == 0) a.cnt[(size_t)t * gridDim.x + blockIdx.x] = 0;
 }
 
+template <int HD>
+cudaError_t launch_hd(const AttnArgs &a, int T, cudaStream_t st, int pdl) {
+  const dim3 grid((unsigned)(a.nh / a.g * a.hgroups), (unsigned)a.nsplit, (unsigned)T);
+  return kie_launch(k_attention<HD>, grid, dim3(ATT_THREADS), 0, st, pdl, a);
+}
+
 }  // namespace
 
-size_t kie_attention_smem(int hd, int chunk_max) {
-  return sizeof(float) * ((size_t)ATT_MAXG * hd + (size_t)ATT_MAXG * chunk_max + (size_t)ATT_THREADS * ATT_MAXG * 8 +
-                          2 * ATT_MAXG);
-}
-
-cudaError_t kie_attention_attributes(size_t max_smem) {
-  return cudaFuncSetAttribute(k_attention, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)max_smem);
-}
-
-cudaError_t kie_launch_attention(const AttnArgs &a, int T, size_t smem, cudaStream_t st, int pdl) {
-  const dim3 grid((unsigned)(a.nh / a.g * a.hgroups), (unsigned)a.nsplit, (unsigned)T);
-  return kie_launch(k_attention, grid, dim3(ATT_THREADS), smem, st, pdl, a);
+cudaError_t kie_launch_attention(const AttnArgs &a, int T, cudaStream_t st, int pdl) {
+  switch (a.hd) {
+    case 16: return launch_hd<16>(a, T, st, pdl);
+    case 32: return launch_hd<32>(a, T, st, pdl);
+    case 64: return launch_hd<64>(a, T, st, pdl);
+    case 128: return launch_hd<128>(a, T, st, pdl);
+    case 256: return launch_hd<256>(a, T, st, pdl);
+  }
+  return cudaErrorInvalidValue;
 }

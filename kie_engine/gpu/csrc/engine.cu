@@ -59,7 +59,6 @@ typedef const char *(*fn_last_error)(void *);
 const int KCCL_FLOAT32 = 7, KCCL_SUM = 0;
 
 const size_t XS_MAX = 64 * 1024;   /* shared memory for x in a GEMV block: two blocks per SM still fit */
-const size_t ATT_SMEM_MAX = 160 * 1024;
 
 size_t round_up(size_t v, size_t a) { return (v + a - 1) / a * a; }
 
@@ -75,8 +74,8 @@ struct kie_engine {
   kie_comm c;
   int device, sms;
   int hid_pad, qdim, kvdim, qkv_rows, inter_pad, tmax;
-  int g, gper, hgroups, nsplit, chunk_max, gemv_grid_max;
-  size_t att_smem, bytes;
+  int g, gper, hgroups, nsplit, att_chunk, gemv_grid_max, gemv_u;
+  size_t bytes;
   char *arena;
   std::vector<Layer> L;
   bf16 *embed, *head;
@@ -106,8 +105,8 @@ int derive(kie_engine *e, const kie_shape &s, int sms) {
     return fail(KIE_E_ARG, "every size of the shape must be positive");
   if (s.heads % s.kv_heads)
     return fail(KIE_E_ARG, "heads=%d is not a multiple of kv_heads=%d", s.heads, s.kv_heads);
-  if (s.head_dim < 8 || s.head_dim > 256 || (s.head_dim & (s.head_dim - 1)))
-    return fail(KIE_E_ARG, "head_dim=%d: the GPU attention takes a power of two from 8 to 256", s.head_dim);
+  if (s.head_dim < 16 || s.head_dim > 256 || (s.head_dim & (s.head_dim - 1)))
+    return fail(KIE_E_ARG, "head_dim=%d: the GPU attention takes a power of two from 16 to 256", s.head_dim);
   if (s.vocab_valid < 0 || s.vocab_valid > s.vocab_part || s.vocab_off < 0 || s.vocab_off + s.vocab_valid > s.vocab)
     return fail(KIE_E_ARG, "vocabulary slice [%d, %d + %d) of %d rows does not fit the vocabulary of %d", s.vocab_off,
                 s.vocab_off, s.vocab_valid, s.vocab_part, s.vocab);
@@ -133,16 +132,15 @@ int derive(kie_engine *e, const kie_shape &s, int sms) {
   e->gper = std::min(e->g, ATT_MAXG);
   e->hgroups = (e->g + e->gper - 1) / e->gper;
   const int groups = s.kv_heads * e->hgroups;
+  /* Enough blocks to cover the SMs twice at a long context; a short one uses fewer. */
   e->nsplit = std::max(1, std::min(std::min(s.max_seq, 1024), (2 * sms + groups - 1) / groups));
-  for (;;) {
-    e->chunk_max = (s.max_seq + e->nsplit - 1) / e->nsplit;
-    e->att_smem = kie_attention_smem(s.head_dim, e->chunk_max);
-    if (e->att_smem <= ATT_SMEM_MAX) break;
-    if (e->nsplit >= 1024) return fail(KIE_E_ARG, "max_seq=%d is too long for the attention kernel", s.max_seq);
-    e->nsplit = std::min(1024, e->nsplit * 2);
-  }
+  if (s.att_chunk < 0) return fail(KIE_E_ARG, "att_chunk=%d", s.att_chunk);
+  e->att_chunk = s.att_chunk ? s.att_chunk : 64;
   const int bps = s.gemv_blocks_per_sm > 0 ? s.gemv_blocks_per_sm : 2;
   e->gemv_grid_max = bps * sms;
+  if (s.gemv_u != 0 && s.gemv_u != 4 && s.gemv_u != 8) return fail(KIE_E_ARG, "gemv_u=%d: 4 or 8 (0: auto)", s.gemv_u);
+  e->gemv_u = s.gemv_u ? s.gemv_u : 8;
+  if (s.prefetch < 0 || s.prefetch > 2) return fail(KIE_E_ARG, "prefetch=%d: 0, 1 or 2", s.prefetch);
   return KIE_OK;
 }
 
@@ -237,7 +235,14 @@ int gemv(kie_engine *e, GemvArgs &a, int epi) {
   const int xs = a.x == nullptr || xbytes <= XS_MAX;
   if (a.x == nullptr && xbytes > XS_MAX) return fail(KIE_E_ARG, "normed GEMV input of %zu bytes", xbytes);
   const int units = epi == EPI_SWIGLU ? a.cols : (a.rows + 1) / 2;
-  const int grid = std::max(1, std::min(e->gemv_grid_max, (units + GEMV_WARPS - 1) / GEMV_WARPS));
+  /* Segments: enough warps per unit that each streams about one batch of loads
+   * (a batch is 32 lanes x U 16-byte loads per row) */
+  a.u = a.T > 1 ? 2 : e->gemv_u;
+  const int batch = 32 * a.u, nvec = a.ld / 8;
+  a.segs = 1;
+  while (a.segs < GEMV_WARPS && (nvec + a.segs - 1) / a.segs > batch) a.segs *= 2;
+  const int upb = GEMV_WARPS / a.segs;
+  const int grid = std::max(1, std::min(e->gemv_grid_max, (units + upb - 1) / upb));
   a.prefetch = e->s.prefetch;
   a.ring = e->ring_d;
   CU(kie_launch_gemv(a, epi, xs, grid, xs ? xbytes : 0, e->stream, e->s.pdl));
@@ -319,14 +324,14 @@ int launch_attention(kie_engine *e, int l, int T) {
   a.hgroups = e->hgroups;
   a.gper = e->gper;
   a.nsplit = e->nsplit;
-  a.chunk_max = e->chunk_max;
+  a.min_chunk = e->att_chunk;
   a.pos = &e->st->pos;
   a.scale = (float)(1.0 / sqrt((double)e->s.head_dim));
   a.part = e->part;
   a.cnt = e->att_cnt;
   a.out = e->att;
   a.out_ld = e->qdim;
-  CU(kie_launch_attention(a, T, e->att_smem, e->stream, e->s.pdl));
+  CU(kie_launch_attention(a, T, e->stream, e->s.pdl));
   return KIE_OK;
 }
 
@@ -561,8 +566,7 @@ int kie_create(const kie_shape *s, const kie_comm *c, int device, kie_engine **o
       (ce = cudaHostAlloc((void **)&e->ring_h, sizeof(HostRing), cudaHostAllocMapped)) != cudaSuccess ||
       (ce = cudaHostGetDevicePointer((void **)&e->ring_d, e->ring_h, 0)) != cudaSuccess ||
       (ce = cudaStreamCreateWithFlags(&e->stream, cudaStreamNonBlocking)) != cudaSuccess ||
-      (ce = kie_gemv_attributes(XS_MAX)) != cudaSuccess ||
-      (ce = kie_attention_attributes(ATT_SMEM_MAX)) != cudaSuccess)
+      (ce = kie_gemv_attributes(XS_MAX)) != cudaSuccess)
     rc = fail(KIE_E_CUDA, "device %d setup: %s", device, cudaGetErrorString(ce));
   if (rc != KIE_OK) {
     kie_destroy(e);

@@ -171,22 +171,47 @@ __device__ __forceinline__ void epilogue_qkv(const GemvArgs &a, int u, int r0, c
   }
 }
 
-template <int NT, int XS, int EPI>
+/* Work: units (two rows) x segs segments of the input (a power of two <= 8
+ * warps per unit, chosen by the host so that a warp's share of a unit is about
+ * one batch of loads).  The block walks its units in lockstep, GEMV_WARPS / segs
+ * units per round; the segments' partial sums meet in shared memory in a fixed
+ * order, so results do not depend on timing. */
+template <int NT, int XS, int EPI, int U>
 __global__ void __launch_bounds__(GEMV_THREADS) k_gemv(const GemvArgs a) {
   extern __shared__ float4 smem4[];
+  __shared__ float part[GEMV_WARPS][2 * NT];
   float *xs = reinterpret_cast<float *>(smem4);
-  constexpr int U = NT == 1 ? 8 : 2; /* 16-byte vectors per row per lane in flight */
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int units = gemv_units<EPI>(a), wstride = gridDim.x * GEMV_WARPS;
-  int u = blockIdx.x * GEMV_WARPS + warp;
+  const int units = gemv_units<EPI>(a), segs = a.segs, upb = GEMV_WARPS / segs;
+  const int seg = warp & (segs - 1), slot = warp / segs;
+  const int nvec = a.ld >> 3, seg_vecs = (nvec + segs - 1) / segs;
+  const int vb = min(nvec, seg * seg_vecs), ve = min(nvec, vb + seg_vecs);
 
-  /* The weights do not depend on the previous kernel: ask for this warp's first
-   * rows while it still runs, so HBM stays busy across the kernel boundary. */
-  if (a.prefetch && u < units && lane < 2) {
+  /* The weights do not depend on the previous kernel: start on them while it
+   * still runs (an L2 prefetch of this warp's first segment, or its first batch
+   * of loads into registers), so HBM stays busy across the kernel boundary. */
+  uint4 wa[U], wb[U];
+  int ub = blockIdx.x * upb;
+  bool preloaded = false;
+  if (ub + slot < units && a.prefetch) {
     int r0, r1;
-    unit_rows<EPI>(a, u, r0, r1);
-    const int r = lane == 0 ? r0 : r1;
-    if (r >= 0) prefetch_l2(a.w + (size_t)r * a.ld, (uint32_t)a.ld * 2u);
+    unit_rows<EPI>(a, ub + slot, r0, r1);
+    if (a.prefetch == 1) {
+      if (lane < 2 && (lane == 0 || r1 >= 0) && ve > vb)
+        prefetch_l2(a.w + (size_t)(lane == 0 ? r0 : r1) * a.ld + (size_t)vb * 8, (uint32_t)(ve - vb) * 16u);
+    } else {
+      const uint4 *w0 = reinterpret_cast<const uint4 *>(a.w + (size_t)r0 * a.ld);
+      const uint4 *w1 = reinterpret_cast<const uint4 *>(a.w + (size_t)(r1 >= 0 ? r1 : r0) * a.ld);
+#pragma unroll
+      for (int k = 0; k < U; k++) {
+        const int v = vb + lane + k * 32;
+        if (v < ve) {
+          wa[k] = ld_stream(w0 + v);
+          wb[k] = ld_stream(w1 + v);
+        }
+      }
+      preloaded = true;
+    }
   }
   kie_pdl_wait();
   kie_pdl_trigger();
@@ -198,42 +223,48 @@ __global__ void __launch_bounds__(GEMV_THREADS) k_gemv(const GemvArgs a) {
   }
   const float *xsrc = XS ? xs : a.x;
   const int xld = XS ? a.ld : a.x_ld;
-  const int nvec = a.ld >> 3;
   unsigned long long best = 0; /* EPI_HEAD: this lane's best key */
 
-  for (; u < units; u += wstride) {
-    int r0, r1;
-    unit_rows<EPI>(a, u, r0, r1);
-    const uint4 *w0 = reinterpret_cast<const uint4 *>(a.w + (size_t)r0 * a.ld);
-    const uint4 *w1 = reinterpret_cast<const uint4 *>(a.w + (size_t)(r1 >= 0 ? r1 : r0) * a.ld);
+  for (; ub < units; ub += gridDim.x * upb) {
+    const int u = ub + slot;
+    const bool active = u < units;
+    int r0 = 0, r1 = -1;
     float acc0[NT], acc1[NT];
 #pragma unroll
     for (int t = 0; t < NT; t++) acc0[t] = acc1[t] = 0.f;
-    for (int v0 = lane; v0 < nvec; v0 += 32 * U) {
-      uint4 wa[U], wb[U];
+    if (active) {
+      unit_rows<EPI>(a, u, r0, r1);
+      const uint4 *w0 = reinterpret_cast<const uint4 *>(a.w + (size_t)r0 * a.ld);
+      const uint4 *w1 = reinterpret_cast<const uint4 *>(a.w + (size_t)(r1 >= 0 ? r1 : r0) * a.ld);
+      for (int v0 = vb + lane; v0 < ve; v0 += 32 * U) {
+        if (!preloaded) {
 #pragma unroll
-      for (int k = 0; k < U; k++) {
-        const int v = v0 + k * 32;
-        if (v < nvec) {
-          wa[k] = ld_stream(w0 + v);
-          wb[k] = ld_stream(w1 + v);
+          for (int k = 0; k < U; k++) {
+            const int v = v0 + k * 32;
+            if (v < ve) {
+              wa[k] = ld_stream(w0 + v);
+              wb[k] = ld_stream(w1 + v);
+            }
+          }
         }
-      }
+        preloaded = false;
 #pragma unroll
-      for (int k = 0; k < U; k++) {
-        const int v = v0 + k * 32;
-        if (v < nvec) {
+        for (int k = 0; k < U; k++) {
+          const int v = v0 + k * 32;
+          if (v < ve) {
 #pragma unroll
-          for (int t = 0; t < NT; t++) {
-            if (NT > 1 && t >= a.T) break;
-            const float4 *xp = reinterpret_cast<const float4 *>(xsrc + (size_t)t * xld + (size_t)v * 8);
-            const float4 xa = XS ? xp[0] : __ldg(xp), xb = XS ? xp[1] : __ldg(xp + 1);
-            acc0[t] = dot8(wa[k], xa, xb, acc0[t]);
-            acc1[t] = dot8(wb[k], xa, xb, acc1[t]);
+            for (int t = 0; t < NT; t++) {
+              if (NT > 1 && t >= a.T) break;
+              const float4 *xp = reinterpret_cast<const float4 *>(xsrc + (size_t)t * xld + (size_t)v * 8);
+              const float4 xa = XS ? xp[0] : __ldg(xp), xb = XS ? xp[1] : __ldg(xp + 1);
+              acc0[t] = dot8(wa[k], xa, xb, acc0[t]);
+              acc1[t] = dot8(wb[k], xa, xb, acc1[t]);
+            }
           }
         }
       }
     }
+    preloaded = false;
 #pragma unroll
     for (int t = 0; t < NT; t++) {
       for (int off = 16; off; off >>= 1) {
@@ -241,6 +272,29 @@ __global__ void __launch_bounds__(GEMV_THREADS) k_gemv(const GemvArgs a) {
         acc1[t] += __shfl_xor_sync(0xffffffffu, acc1[t], off);
       }
     }
+    if (segs > 1) { /* the unit's segments, summed in segment order by its first warp */
+      if (lane == 0)
+#pragma unroll
+        for (int t = 0; t < NT; t++) {
+          part[warp][2 * t] = acc0[t];
+          part[warp][2 * t + 1] = acc1[t];
+        }
+      __syncthreads();
+      if (seg == 0) {
+#pragma unroll
+        for (int t = 0; t < NT; t++) {
+          float s0 = part[warp][2 * t], s1 = part[warp][2 * t + 1];
+          for (int q = 1; q < segs; q++) {
+            s0 += part[warp + q][2 * t];
+            s1 += part[warp + q][2 * t + 1];
+          }
+          acc0[t] = s0;
+          acc1[t] = s1;
+        }
+      }
+      __syncthreads();
+    }
+    if (!active || seg != 0) continue;
     if (EPI == EPI_STORE) {
 #pragma unroll
       for (int t = 0; t < NT; t++) {
@@ -300,26 +354,27 @@ __global__ void __launch_bounds__(GEMV_THREADS) k_gemv(const GemvArgs a) {
   }
 }
 
-template <int NT, int XS>
+template <int NT, int XS, int U>
 cudaError_t launch_epi(const GemvArgs &a, int epi, int grid, size_t smem, cudaStream_t st, int pdl) {
   const dim3 g(grid), b(GEMV_THREADS);
   switch (epi) {
-    case EPI_STORE: return kie_launch(k_gemv<NT, XS, EPI_STORE>, g, b, smem, st, pdl, a);
-    case EPI_QKV: return kie_launch(k_gemv<NT, XS, EPI_QKV>, g, b, smem, st, pdl, a);
-    case EPI_SWIGLU: return kie_launch(k_gemv<NT, XS, EPI_SWIGLU>, g, b, smem, st, pdl, a);
-    case EPI_HEAD: return kie_launch(k_gemv<1, XS, EPI_HEAD>, g, b, smem, st, pdl, a);
+    case EPI_STORE: return kie_launch(k_gemv<NT, XS, EPI_STORE, U>, g, b, smem, st, pdl, a);
+    case EPI_QKV: return kie_launch(k_gemv<NT, XS, EPI_QKV, U>, g, b, smem, st, pdl, a);
+    case EPI_SWIGLU: return kie_launch(k_gemv<NT, XS, EPI_SWIGLU, U>, g, b, smem, st, pdl, a);
+    case EPI_HEAD: return kie_launch(k_gemv<1, XS, EPI_HEAD, U>, g, b, smem, st, pdl, a);
   }
   return cudaErrorInvalidValue;
 }
 
-template <int NT, int XS>
+template <int NT, int XS, int U>
 cudaError_t set_attr(size_t max_smem) {
   cudaError_t e = cudaSuccess;
   const int v = (int)max_smem;
-  if (e == cudaSuccess) e = cudaFuncSetAttribute(k_gemv<NT, XS, EPI_STORE>, cudaFuncAttributeMaxDynamicSharedMemorySize, v);
-  if (e == cudaSuccess) e = cudaFuncSetAttribute(k_gemv<NT, XS, EPI_QKV>, cudaFuncAttributeMaxDynamicSharedMemorySize, v);
-  if (e == cudaSuccess) e = cudaFuncSetAttribute(k_gemv<NT, XS, EPI_SWIGLU>, cudaFuncAttributeMaxDynamicSharedMemorySize, v);
-  if (e == cudaSuccess) e = cudaFuncSetAttribute(k_gemv<1, XS, EPI_HEAD>, cudaFuncAttributeMaxDynamicSharedMemorySize, v);
+  const cudaFuncAttribute at = cudaFuncAttributeMaxDynamicSharedMemorySize;
+  if (e == cudaSuccess) e = cudaFuncSetAttribute(k_gemv<NT, XS, EPI_STORE, U>, at, v);
+  if (e == cudaSuccess) e = cudaFuncSetAttribute(k_gemv<NT, XS, EPI_QKV, U>, at, v);
+  if (e == cudaSuccess) e = cudaFuncSetAttribute(k_gemv<NT, XS, EPI_SWIGLU, U>, at, v);
+  if (e == cudaSuccess) e = cudaFuncSetAttribute(k_gemv<1, XS, EPI_HEAD, U>, at, v);
   return e;
 }
 
@@ -338,14 +393,16 @@ __global__ void k_fill_random(bf16 *p, size_t n, uint32_t seed, float scale) {
 }  // namespace
 
 cudaError_t kie_launch_gemv(const GemvArgs &a, int epi, int xs, int grid, size_t smem, cudaStream_t st, int pdl) {
-  if (a.T > 1) return xs ? launch_epi<GEMV_MAX_T, 1>(a, epi, grid, smem, st, pdl)
-                         : launch_epi<GEMV_MAX_T, 0>(a, epi, grid, smem, st, pdl);
-  return xs ? launch_epi<1, 1>(a, epi, grid, smem, st, pdl) : launch_epi<1, 0>(a, epi, grid, smem, st, pdl);
+  if (a.T > 1) return xs ? launch_epi<GEMV_MAX_T, 1, 2>(a, epi, grid, smem, st, pdl)
+                         : launch_epi<GEMV_MAX_T, 0, 2>(a, epi, grid, smem, st, pdl);
+  if (a.u == 4) return xs ? launch_epi<1, 1, 4>(a, epi, grid, smem, st, pdl) : launch_epi<1, 0, 4>(a, epi, grid, smem, st, pdl);
+  return xs ? launch_epi<1, 1, 8>(a, epi, grid, smem, st, pdl) : launch_epi<1, 0, 8>(a, epi, grid, smem, st, pdl);
 }
 
 cudaError_t kie_gemv_attributes(size_t max_smem) {
-  cudaError_t e = set_attr<1, 1>(max_smem);
-  if (e == cudaSuccess) e = set_attr<GEMV_MAX_T, 1>(max_smem);
+  cudaError_t e = set_attr<1, 1, 8>(max_smem);
+  if (e == cudaSuccess) e = set_attr<1, 1, 4>(max_smem);
+  if (e == cudaSuccess) e = set_attr<GEMV_MAX_T, 1, 2>(max_smem);
   return e;
 }
 

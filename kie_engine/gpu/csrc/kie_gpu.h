@@ -71,8 +71,11 @@ typedef struct {
   int dtp_delay;               /* 0..7 */
   int tp_size, tp_rank;
   int pdl;                     /* 1: the engine's kernels use programmatic dependent launch */
-  int prefetch;                /* 1: a GEMV prefetches its first rows into L2 before waiting */
+  int prefetch;                /* what a GEMV does before waiting for the previous kernel: 0 nothing,
+                                  1 an L2 prefetch of its first rows, 2 its first loads into registers */
   int gemv_blocks_per_sm;      /* 0: auto */
+  int gemv_u;                  /* 16-byte loads per row per lane in one batch: 4 or 8 (0: auto) */
+  int att_chunk;               /* keys per attention block at least (0: auto) */
 } kie_shape;
 
 /* KCCL's entry points for the lanes' sums (all NULL when tp_size == 1); void *

@@ -54,7 +54,9 @@ struct GemvArgs {
   int rows, ld;        /* ld: row length in elements, a multiple of 8 (zero padded) */
   int in;              /* logical input length (<= ld) */
   int T;               /* tokens (rows of x) */
-  int prefetch;
+  int prefetch;        /* before waiting for the previous kernel: 0 nothing, 1 L2 prefetch, 2 first loads */
+  int segs;            /* warps sharing a unit, each a segment of the input: 1, 2, 4 or 8 */
+  int u;               /* decode: 16-byte loads per row per lane in a batch, 4 or 8 */
   /* Plain input: x [T][x_ld] (x_ld >= ld, zero past `in`). */
   const float *x;
   int x_ld;
@@ -96,7 +98,9 @@ struct AttnArgs {
   const float *q;
   int q_ld;
   const bf16 *kc, *vc; /* this layer's cache */
-  int max_seq, hd, nh, g, hgroups, gper, nsplit, chunk_max;
+  int max_seq, hd, nh, g, hgroups, gper;
+  int nsplit;    /* blocks per (group, token): the most splits */
+  int min_chunk; /* keys per split at least */
   const int *pos;
   float scale;
   float *part;   /* [T][nh][nsplit][hd + 2] */
@@ -123,9 +127,7 @@ struct SampleArgs {
  * with griddepcontrol.wait). */
 cudaError_t kie_launch_gemv(const GemvArgs &a, int epi, int xs, int grid, size_t smem, cudaStream_t st, int pdl);
 cudaError_t kie_gemv_attributes(size_t max_smem);
-size_t kie_attention_smem(int hd, int chunk_max);
-cudaError_t kie_launch_attention(const AttnArgs &a, int T, size_t smem, cudaStream_t st, int pdl);
-cudaError_t kie_attention_attributes(size_t max_smem);
+cudaError_t kie_launch_attention(const AttnArgs &a, int T, cudaStream_t st, int pdl);
 cudaError_t kie_launch_finalize(const FinalArgs &a, cudaStream_t st, int pdl);
 cudaError_t kie_launch_advance(const Commit &c, cudaStream_t st, int pdl);
 cudaError_t kie_launch_sample(const SampleArgs &a, cudaStream_t st, int pdl);
