@@ -214,11 +214,10 @@ def copy_bandwidth(dev, nbytes=2 << 30, reps=10):
 
 
 # Launch and kernel variants against the defaults (PDL on, prefetch 2: a GEMV's first
-# loads before its wait, 8 loads per row per lane, 2 GEMV blocks per SM, 64 keys per
-# attention split at least).
-VARIANTS = [dict(pdl=0, prefetch=0), dict(pdl=1, prefetch=1), dict(pdl=1, prefetch=0), dict(pdl=0, prefetch=2),
-            dict(gemv_u=4), dict(gemv_u=4, gemv_blocks_per_sm=3), dict(gemv_blocks_per_sm=1),
-            dict(gemv_blocks_per_sm=3), dict(att_chunk=32), dict(att_chunk=256)]
+# loads before its wait, 8 loads per row per lane, 2 GEMV blocks per SM, no GEMV
+# pipelining, 32 keys per attention split at least).
+VARIANTS = [dict(gemv_pipe=1), dict(gemv_pipe=1, gemv_blocks_per_sm=1), dict(gemv_pipe=1, pdl=0, prefetch=0),
+            dict(gemv_u=4, gemv_blocks_per_sm=3), dict(pdl=0, prefetch=0), dict(att_chunk=16), dict(att_chunk=64)]
 
 
 def kie_decode(m, ctx, tokens, rounds, vocab):
@@ -232,6 +231,20 @@ def kie_decode(m, ctx, tokens, rounds, vocab):
         pre.append(1e3 * res.prefill_s)
         first = first or res.tokens
     return statistics.median(us), statistics.median(pre), first
+
+
+def meta_of(a, name, gpus, bw, engine_bytes, micro):
+    return {"command": " ".join(sys.argv), "gpu": name, "gpus": gpus, "ranks": SIZE, "copy_GBps": bw,
+            "preset": a.preset, "tokens": a.tokens, "rounds": a.rounds,
+            "weight_bytes_per_token_per_lane": engine_bytes, "micro": micro,
+            "date": time.strftime("%Y-%m-%d %H:%M:%S")}
+
+
+def write_json(a, rows, meta):
+    """Rewritten after every row, so that a run cut short keeps what it measured."""
+    if a.json and RANK == 0:
+        with open(a.json, "w") as f:
+            json.dump({"meta": meta, "rows": rows}, f, indent=1)
 
 
 def main():
@@ -276,6 +289,7 @@ def main():
                "tokens_per_s": 1e6 / us, "us_per_token": us, "floor_share": (wb / (bw * 1e9)) / (us * 1e-6)}
         row.update(extra or {})
         rows.append(row)
+        write_json(a, rows, meta_of(a, name, gpus, bw, engine_bytes, micro))
         log(f"{engine:5s} {kernel:13s} tp={SIZE} d={delay} ctx={ctx:5d}  {1e6 / us:8.1f} tokens/s  {us:8.1f} us/token"
             f"  {100 * row['floor_share']:5.1f} % of floor" + "".join(f"  {k}={v}" for k, v in (extra or {}).items()))
 
@@ -325,6 +339,7 @@ def main():
             us, warm = torch_baseline(base, w, ctx, a.tokens, a.rounds, a.baseline == "compile", group)
             add("torch", "compile+graph" if a.baseline == "compile" else "graph", 0, ctx, us,
                 {"warmup_s": round(warm, 1)})
+    write_json(a, rows, meta_of(a, name, gpus, bw, engine_bytes, micro))
     if RANK == 0:
         for r in rows:
             if r["engine"] == "kie" and "variant" not in r:
@@ -337,13 +352,8 @@ def main():
             log(f" {r['engine']:6s} {r['kernel']:13s} {r['tp']:2d} {r['gpus']:4d} {r['dtp_delay']} {r['context']:5d} "
                 f"{r['tokens_per_s']:10.1f} {r['us_per_token']:10.1f} {100 * r['floor_share']:5.1f}%  {vs}"
                 + ("" if "variant" not in r else f"  {r['variant']} layer={r['layer_gemvs_us']} us"))
+        write_json(a, rows, meta_of(a, name, gpus, bw, engine_bytes, micro))
         if a.json:
-            meta = {"command": " ".join(sys.argv), "gpu": name, "gpus": gpus, "ranks": SIZE, "copy_GBps": bw,
-                    "preset": a.preset, "tokens": a.tokens, "rounds": a.rounds,
-                    "weight_bytes_per_token_per_lane": engine_bytes, "micro": micro,
-                    "date": time.strftime("%Y-%m-%d %H:%M:%S")}
-            with open(a.json, "w") as f:
-                json.dump({"meta": meta, "rows": rows}, f, indent=1)
             log(f"wrote {a.json}")
     if group is not None:
         torch.distributed.destroy_process_group()

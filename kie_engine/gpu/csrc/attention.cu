@@ -67,6 +67,25 @@ __global__ void __launch_bounds__(ATT_THREADS) k_attention(const AttnArgs a) {
   const int c0 = min(S, split * len), c1 = min(S, c0 + len);
   const bf16 *K = a.kc + (size_t)kvh * a.max_seq * HD, *V = a.vc + (size_t)kvh * a.max_seq * HD;
 
+  const int sub = lane / LPK, sl = lane - sub * LPK;
+  const int d8 = tid % LPK, pg = tid / LPK;
+  /* A tile's key and value loads, all issued before any is used; the first
+   * tile's go out before the queries are staged, so the two overlap. */
+  uint4 kv[PASSES], vv[VPT];
+  auto load_tile = [&](int tile, int tend) {
+#pragma unroll
+    for (int pp = 0; pp < PASSES; pp++) {
+      const int p = tile + pp * KPP + warp * KPW + sub;
+      kv[pp] = p < tend ? ld_nc(K + (size_t)p * HD + sl * 8) : make_uint4(0, 0, 0, 0);
+    }
+#pragma unroll
+    for (int k = 0; k < VPT; k++) {
+      const int p = tile + pg + k * NPG;
+      vv[k] = p < tend ? ld_nc(V + (size_t)p * HD + d8 * 8) : make_uint4(0, 0, 0, 0);
+    }
+  };
+  if (c0 < c1) load_tile(c0, min(c1, c0 + ATT_TILE));
+
   for (int i = tid; i < G * HD; i += ATT_THREADS) qs[i] = a.q[(size_t)t * a.q_ld + (size_t)h0 * HD + i];
   if (tid < ATT_MAXG) {
     m_run[tid] = -INFINITY;
@@ -74,8 +93,6 @@ __global__ void __launch_bounds__(ATT_THREADS) k_attention(const AttnArgs a) {
   }
   __syncthreads();
 
-  const int sub = lane / LPK, sl = lane - sub * LPK;
-  const int d8 = tid % LPK, pg = tid / LPK;
   float acc[ATT_MAXG][8];
 #pragma unroll
   for (int j = 0; j < ATT_MAXG; j++)
@@ -84,13 +101,8 @@ __global__ void __launch_bounds__(ATT_THREADS) k_attention(const AttnArgs a) {
 
   for (int tile = c0; tile < c1; tile += ATT_TILE) {
     const int tend = min(c1, tile + ATT_TILE);
-    /* Scores: every key load of the tile first, then the dot products. */
-    uint4 kv[PASSES];
-#pragma unroll
-    for (int pp = 0; pp < PASSES; pp++) {
-      const int p = tile + pp * KPP + warp * KPW + sub;
-      kv[pp] = p < tend ? ld_nc(K + (size_t)p * HD + sl * 8) : make_uint4(0, 0, 0, 0);
-    }
+    if (tile != c0) load_tile(tile, tend);
+    /* Scores. */
 #pragma unroll
     for (int pp = 0; pp < PASSES; pp++) {
       const int p = tile + pp * KPP + warp * KPW + sub;
@@ -115,13 +127,6 @@ __global__ void __launch_bounds__(ATT_THREADS) k_attention(const AttnArgs a) {
 #pragma unroll
         for (int j = 0; j < ATT_MAXG; j++)
           if (j < G) sc[j * ATT_TILE + (p - tile)] = d[j] * a.scale;
-    }
-    /* The value loads of the tile, issued before the softmax so they are in flight during it. */
-    uint4 vv[VPT];
-#pragma unroll
-    for (int k = 0; k < VPT; k++) {
-      const int p = tile + pg + k * NPG;
-      vv[k] = p < tend ? ld_nc(V + (size_t)p * HD + d8 * 8) : make_uint4(0, 0, 0, 0);
     }
     __syncthreads();
     /* Online softmax: a warp per head rescales its running max and sum. */

@@ -171,18 +171,121 @@ __device__ __forceinline__ void epilogue_qkv(const GemvArgs &a, int u, int r0, c
   }
 }
 
+/* A unit's sums are done: its segments meet (fixed order), then the epilogue.
+ * Called by every warp of the block the same number of times. */
+template <int NT, int EPI>
+__device__ __forceinline__ void finish_unit(const GemvArgs &a, int u, int r0, int r1, bool active, float *acc0,
+                                            float *acc1, unsigned long long &best, float (*part)[2 * GEMV_MAX_T]) {
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, segs = a.segs, seg = warp & (segs - 1);
+#pragma unroll
+  for (int t = 0; t < NT; t++) {
+    for (int off = 16; off; off >>= 1) {
+      acc0[t] += __shfl_xor_sync(0xffffffffu, acc0[t], off);
+      acc1[t] += __shfl_xor_sync(0xffffffffu, acc1[t], off);
+    }
+  }
+  if (segs > 1) {
+    if (lane == 0)
+#pragma unroll
+      for (int t = 0; t < NT; t++) {
+        part[warp][2 * t] = acc0[t];
+        part[warp][2 * t + 1] = acc1[t];
+      }
+    __syncthreads();
+    if (seg == 0) {
+#pragma unroll
+      for (int t = 0; t < NT; t++) {
+        float s0 = part[warp][2 * t], s1 = part[warp][2 * t + 1];
+        for (int q = 1; q < segs; q++) {
+          s0 += part[warp + q][2 * t];
+          s1 += part[warp + q][2 * t + 1];
+        }
+        acc0[t] = s0;
+        acc1[t] = s1;
+      }
+    }
+    __syncthreads();
+  }
+  if (!active || seg != 0) return;
+  if (EPI == EPI_STORE) {
+#pragma unroll
+    for (int t = 0; t < NT; t++) {
+      if (lane != t || t >= a.T) continue;
+      a.out[(size_t)t * a.out_ld + r0] = acc0[t];
+      if (r1 >= 0) a.out[(size_t)t * a.out_ld + r1] = acc1[t];
+    }
+  } else if (EPI == EPI_SWIGLU) {
+#pragma unroll
+    for (int t = 0; t < NT; t++) {
+      if (lane != t || t >= a.T) continue;
+      a.out[(size_t)t * a.out_ld + u] = silu(acc0[t]) * acc1[t];
+    }
+  } else if (EPI == EPI_QKV) {
+    epilogue_qkv<NT>(a, u, r0, acc0, acc1, lane);
+  } else { /* EPI_HEAD: one token */
+    if (lane == 0) {
+      a.out[r0] = acc0[0];
+      if (r1 >= 0) a.out[r1] = acc1[0];
+      if (r0 < a.valid_rows) {
+        const unsigned long long k0 = argmax_key(acc0[0], a.row_off + r0);
+        if (k0 > best) best = k0;
+      }
+      if (r1 >= 0 && r1 < a.valid_rows) {
+        const unsigned long long k1 = argmax_key(acc1[0], a.row_off + r1);
+        if (k1 > best) best = k1;
+      }
+    }
+  }
+}
+
+/* One batch: this lane's U vectors of rows r0, r1 from v0 (stride 32), if below ve. */
+template <int U>
+__device__ __forceinline__ void load_batch(const GemvArgs &a, int r0, int r1, int v0, int ve, uint4 *wa, uint4 *wb) {
+  const uint4 *w0 = reinterpret_cast<const uint4 *>(a.w + (size_t)r0 * a.ld);
+  const uint4 *w1 = reinterpret_cast<const uint4 *>(a.w + (size_t)(r1 >= 0 ? r1 : r0) * a.ld);
+#pragma unroll
+  for (int k = 0; k < U; k++) {
+    const int v = v0 + k * 32;
+    if (v < ve) {
+      wa[k] = ld_stream(w0 + v);
+      wb[k] = ld_stream(w1 + v);
+    }
+  }
+}
+
+template <int NT, int XS, int U>
+__device__ __forceinline__ void use_batch(const GemvArgs &a, const float *xsrc, int xld, int v0, int ve,
+                                          const uint4 *wa, const uint4 *wb, float *acc0, float *acc1) {
+#pragma unroll
+  for (int k = 0; k < U; k++) {
+    const int v = v0 + k * 32;
+    if (v < ve) {
+#pragma unroll
+      for (int t = 0; t < NT; t++) {
+        if (NT > 1 && t >= a.T) break;
+        const float4 *xp = reinterpret_cast<const float4 *>(xsrc + (size_t)t * xld + (size_t)v * 8);
+        const float4 xa = XS ? xp[0] : __ldg(xp), xb = XS ? xp[1] : __ldg(xp + 1);
+        acc0[t] = dot8(wa[k], xa, xb, acc0[t]);
+        acc1[t] = dot8(wb[k], xa, xb, acc1[t]);
+      }
+    }
+  }
+}
+
 /* Work: units (two rows) x segs segments of the input (a power of two <= 8
  * warps per unit, chosen by the host so that a warp's share of a unit is about
  * one batch of loads).  The block walks its units in lockstep, GEMV_WARPS / segs
  * units per round; the segments' partial sums meet in shared memory in a fixed
- * order, so results do not depend on timing. */
-template <int NT, int XS, int EPI, int U>
+ * order, so results do not depend on timing.  PIPE (when every share is one
+ * batch): the next round's batch is loaded before this round's is used, so a
+ * warp always has loads in flight. */
+template <int NT, int XS, int EPI, int U, int PIPE>
 __global__ void __launch_bounds__(GEMV_THREADS) k_gemv(const GemvArgs a) {
   extern __shared__ float4 smem4[];
-  __shared__ float part[GEMV_WARPS][2 * NT];
+  __shared__ float part[GEMV_WARPS][2 * GEMV_MAX_T];
   float *xs = reinterpret_cast<float *>(smem4);
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int units = gemv_units<EPI>(a), segs = a.segs, upb = GEMV_WARPS / segs;
+  const int units = gemv_units<EPI>(a), segs = a.segs, upb = GEMV_WARPS / segs, stride = gridDim.x * upb;
   const int seg = warp & (segs - 1), slot = warp / segs;
   const int nvec = a.ld >> 3, seg_vecs = (nvec + segs - 1) / segs;
   const int vb = min(nvec, seg * seg_vecs), ve = min(nvec, vb + seg_vecs);
@@ -190,26 +293,17 @@ __global__ void __launch_bounds__(GEMV_THREADS) k_gemv(const GemvArgs a) {
   /* The weights do not depend on the previous kernel: start on them while it
    * still runs (an L2 prefetch of this warp's first segment, or its first batch
    * of loads into registers), so HBM stays busy across the kernel boundary. */
-  uint4 wa[U], wb[U];
+  uint4 wa[U], wb[U], na[U], nb[U];
   int ub = blockIdx.x * upb;
   bool preloaded = false;
-  if (ub + slot < units && a.prefetch) {
+  if (ub + slot < units && (a.prefetch || PIPE)) {
     int r0, r1;
     unit_rows<EPI>(a, ub + slot, r0, r1);
-    if (a.prefetch == 1) {
+    if (a.prefetch == 1 && !PIPE) {
       if (lane < 2 && (lane == 0 || r1 >= 0) && ve > vb)
         prefetch_l2(a.w + (size_t)(lane == 0 ? r0 : r1) * a.ld + (size_t)vb * 8, (uint32_t)(ve - vb) * 16u);
     } else {
-      const uint4 *w0 = reinterpret_cast<const uint4 *>(a.w + (size_t)r0 * a.ld);
-      const uint4 *w1 = reinterpret_cast<const uint4 *>(a.w + (size_t)(r1 >= 0 ? r1 : r0) * a.ld);
-#pragma unroll
-      for (int k = 0; k < U; k++) {
-        const int v = vb + lane + k * 32;
-        if (v < ve) {
-          wa[k] = ld_stream(w0 + v);
-          wb[k] = ld_stream(w1 + v);
-        }
-      }
+      load_batch<U>(a, r0, r1, vb + lane, ve, wa, wb);
       preloaded = true;
     }
   }
@@ -225,104 +319,46 @@ __global__ void __launch_bounds__(GEMV_THREADS) k_gemv(const GemvArgs a) {
   const int xld = XS ? a.ld : a.x_ld;
   unsigned long long best = 0; /* EPI_HEAD: this lane's best key */
 
-  for (; ub < units; ub += gridDim.x * upb) {
-    const int u = ub + slot;
-    const bool active = u < units;
-    int r0 = 0, r1 = -1;
-    float acc0[NT], acc1[NT];
+  if (PIPE) {
+    for (; ub < units; ub += stride) {
+      const int u = ub + slot;
+      const bool active = u < units;
+      int r0 = 0, r1 = -1;
+      if (active) unit_rows<EPI>(a, u, r0, r1);
+      if (ub + stride + slot < units) { /* the next round's batch, in flight during this one */
+        int n0, n1;
+        unit_rows<EPI>(a, ub + stride + slot, n0, n1);
+        load_batch<U>(a, n0, n1, vb + lane, ve, na, nb);
+      }
+      float acc0[NT], acc1[NT];
 #pragma unroll
-    for (int t = 0; t < NT; t++) acc0[t] = acc1[t] = 0.f;
-    if (active) {
-      unit_rows<EPI>(a, u, r0, r1);
-      const uint4 *w0 = reinterpret_cast<const uint4 *>(a.w + (size_t)r0 * a.ld);
-      const uint4 *w1 = reinterpret_cast<const uint4 *>(a.w + (size_t)(r1 >= 0 ? r1 : r0) * a.ld);
-      for (int v0 = vb + lane; v0 < ve; v0 += 32 * U) {
-        if (!preloaded) {
+      for (int t = 0; t < NT; t++) acc0[t] = acc1[t] = 0.f;
+      if (active) use_batch<NT, XS, U>(a, xsrc, xld, vb + lane, ve, wa, wb, acc0, acc1);
+      finish_unit<NT, EPI>(a, u, r0, r1, active, acc0, acc1, best, part);
 #pragma unroll
-          for (int k = 0; k < U; k++) {
-            const int v = v0 + k * 32;
-            if (v < ve) {
-              wa[k] = ld_stream(w0 + v);
-              wb[k] = ld_stream(w1 + v);
-            }
-          }
-        }
-        preloaded = false;
-#pragma unroll
-        for (int k = 0; k < U; k++) {
-          const int v = v0 + k * 32;
-          if (v < ve) {
-#pragma unroll
-            for (int t = 0; t < NT; t++) {
-              if (NT > 1 && t >= a.T) break;
-              const float4 *xp = reinterpret_cast<const float4 *>(xsrc + (size_t)t * xld + (size_t)v * 8);
-              const float4 xa = XS ? xp[0] : __ldg(xp), xb = XS ? xp[1] : __ldg(xp + 1);
-              acc0[t] = dot8(wa[k], xa, xb, acc0[t]);
-              acc1[t] = dot8(wb[k], xa, xb, acc1[t]);
-            }
-          }
-        }
+      for (int k = 0; k < U; k++) {
+        wa[k] = na[k];
+        wb[k] = nb[k];
       }
     }
-    preloaded = false;
+  } else {
+    for (; ub < units; ub += stride) {
+      const int u = ub + slot;
+      const bool active = u < units;
+      int r0 = 0, r1 = -1;
+      float acc0[NT], acc1[NT];
 #pragma unroll
-    for (int t = 0; t < NT; t++) {
-      for (int off = 16; off; off >>= 1) {
-        acc0[t] += __shfl_xor_sync(0xffffffffu, acc0[t], off);
-        acc1[t] += __shfl_xor_sync(0xffffffffu, acc1[t], off);
-      }
-    }
-    if (segs > 1) { /* the unit's segments, summed in segment order by its first warp */
-      if (lane == 0)
-#pragma unroll
-        for (int t = 0; t < NT; t++) {
-          part[warp][2 * t] = acc0[t];
-          part[warp][2 * t + 1] = acc1[t];
-        }
-      __syncthreads();
-      if (seg == 0) {
-#pragma unroll
-        for (int t = 0; t < NT; t++) {
-          float s0 = part[warp][2 * t], s1 = part[warp][2 * t + 1];
-          for (int q = 1; q < segs; q++) {
-            s0 += part[warp + q][2 * t];
-            s1 += part[warp + q][2 * t + 1];
-          }
-          acc0[t] = s0;
-          acc1[t] = s1;
+      for (int t = 0; t < NT; t++) acc0[t] = acc1[t] = 0.f;
+      if (active) {
+        unit_rows<EPI>(a, u, r0, r1);
+        for (int v0 = vb + lane; v0 < ve; v0 += 32 * U) {
+          if (!preloaded) load_batch<U>(a, r0, r1, v0, ve, wa, wb);
+          preloaded = false;
+          use_batch<NT, XS, U>(a, xsrc, xld, v0, ve, wa, wb, acc0, acc1);
         }
       }
-      __syncthreads();
-    }
-    if (!active || seg != 0) continue;
-    if (EPI == EPI_STORE) {
-#pragma unroll
-      for (int t = 0; t < NT; t++) {
-        if (lane != t || t >= a.T) continue;
-        a.out[(size_t)t * a.out_ld + r0] = acc0[t];
-        if (r1 >= 0) a.out[(size_t)t * a.out_ld + r1] = acc1[t];
-      }
-    } else if (EPI == EPI_SWIGLU) {
-#pragma unroll
-      for (int t = 0; t < NT; t++) {
-        if (lane != t || t >= a.T) continue;
-        a.out[(size_t)t * a.out_ld + u] = silu(acc0[t]) * acc1[t];
-      }
-    } else if (EPI == EPI_QKV) {
-      epilogue_qkv<NT>(a, u, r0, acc0, acc1, lane);
-    } else { /* EPI_HEAD: one token */
-      if (lane == 0) {
-        a.out[r0] = acc0[0];
-        if (r1 >= 0) a.out[r1] = acc1[0];
-        if (r0 < a.valid_rows) {
-          const unsigned long long k0 = argmax_key(acc0[0], a.row_off + r0);
-          if (k0 > best) best = k0;
-        }
-        if (r1 >= 0 && r1 < a.valid_rows) {
-          const unsigned long long k1 = argmax_key(acc1[0], a.row_off + r1);
-          if (k1 > best) best = k1;
-        }
-      }
+      preloaded = false;
+      finish_unit<NT, EPI>(a, u, r0, r1, active, acc0, acc1, best, part);
     }
   }
 
@@ -354,27 +390,27 @@ __global__ void __launch_bounds__(GEMV_THREADS) k_gemv(const GemvArgs a) {
   }
 }
 
-template <int NT, int XS, int U>
+template <int NT, int XS, int U, int PIPE>
 cudaError_t launch_epi(const GemvArgs &a, int epi, int grid, size_t smem, cudaStream_t st, int pdl) {
   const dim3 g(grid), b(GEMV_THREADS);
   switch (epi) {
-    case EPI_STORE: return kie_launch(k_gemv<NT, XS, EPI_STORE, U>, g, b, smem, st, pdl, a);
-    case EPI_QKV: return kie_launch(k_gemv<NT, XS, EPI_QKV, U>, g, b, smem, st, pdl, a);
-    case EPI_SWIGLU: return kie_launch(k_gemv<NT, XS, EPI_SWIGLU, U>, g, b, smem, st, pdl, a);
-    case EPI_HEAD: return kie_launch(k_gemv<1, XS, EPI_HEAD, U>, g, b, smem, st, pdl, a);
+    case EPI_STORE: return kie_launch(k_gemv<NT, XS, EPI_STORE, U, PIPE>, g, b, smem, st, pdl, a);
+    case EPI_QKV: return kie_launch(k_gemv<NT, XS, EPI_QKV, U, PIPE>, g, b, smem, st, pdl, a);
+    case EPI_SWIGLU: return kie_launch(k_gemv<NT, XS, EPI_SWIGLU, U, PIPE>, g, b, smem, st, pdl, a);
+    case EPI_HEAD: return kie_launch(k_gemv<1, XS, EPI_HEAD, U, PIPE>, g, b, smem, st, pdl, a);
   }
   return cudaErrorInvalidValue;
 }
 
-template <int NT, int XS, int U>
+template <int NT, int XS, int U, int PIPE>
 cudaError_t set_attr(size_t max_smem) {
   cudaError_t e = cudaSuccess;
   const int v = (int)max_smem;
   const cudaFuncAttribute at = cudaFuncAttributeMaxDynamicSharedMemorySize;
-  if (e == cudaSuccess) e = cudaFuncSetAttribute(k_gemv<NT, XS, EPI_STORE, U>, at, v);
-  if (e == cudaSuccess) e = cudaFuncSetAttribute(k_gemv<NT, XS, EPI_QKV, U>, at, v);
-  if (e == cudaSuccess) e = cudaFuncSetAttribute(k_gemv<NT, XS, EPI_SWIGLU, U>, at, v);
-  if (e == cudaSuccess) e = cudaFuncSetAttribute(k_gemv<1, XS, EPI_HEAD, U>, at, v);
+  if (e == cudaSuccess) e = cudaFuncSetAttribute(k_gemv<NT, XS, EPI_STORE, U, PIPE>, at, v);
+  if (e == cudaSuccess) e = cudaFuncSetAttribute(k_gemv<NT, XS, EPI_QKV, U, PIPE>, at, v);
+  if (e == cudaSuccess) e = cudaFuncSetAttribute(k_gemv<NT, XS, EPI_SWIGLU, U, PIPE>, at, v);
+  if (e == cudaSuccess) e = cudaFuncSetAttribute(k_gemv<1, XS, EPI_HEAD, U, PIPE>, at, v);
   return e;
 }
 
@@ -393,16 +429,18 @@ __global__ void k_fill_random(bf16 *p, size_t n, uint32_t seed, float scale) {
 }  // namespace
 
 cudaError_t kie_launch_gemv(const GemvArgs &a, int epi, int xs, int grid, size_t smem, cudaStream_t st, int pdl) {
-  if (a.T > 1) return xs ? launch_epi<GEMV_MAX_T, 1, 2>(a, epi, grid, smem, st, pdl)
-                         : launch_epi<GEMV_MAX_T, 0, 2>(a, epi, grid, smem, st, pdl);
-  if (a.u == 4) return xs ? launch_epi<1, 1, 4>(a, epi, grid, smem, st, pdl) : launch_epi<1, 0, 4>(a, epi, grid, smem, st, pdl);
-  return xs ? launch_epi<1, 1, 8>(a, epi, grid, smem, st, pdl) : launch_epi<1, 0, 8>(a, epi, grid, smem, st, pdl);
+  if (a.T > 1) return xs ? launch_epi<GEMV_MAX_T, 1, 2, 0>(a, epi, grid, smem, st, pdl)
+                         : launch_epi<GEMV_MAX_T, 0, 2, 0>(a, epi, grid, smem, st, pdl);
+  if (a.pipe) return xs ? launch_epi<1, 1, 4, 1>(a, epi, grid, smem, st, pdl) : launch_epi<1, 0, 4, 1>(a, epi, grid, smem, st, pdl);
+  if (a.u == 4) return xs ? launch_epi<1, 1, 4, 0>(a, epi, grid, smem, st, pdl) : launch_epi<1, 0, 4, 0>(a, epi, grid, smem, st, pdl);
+  return xs ? launch_epi<1, 1, 8, 0>(a, epi, grid, smem, st, pdl) : launch_epi<1, 0, 8, 0>(a, epi, grid, smem, st, pdl);
 }
 
 cudaError_t kie_gemv_attributes(size_t max_smem) {
-  cudaError_t e = set_attr<1, 1, 8>(max_smem);
-  if (e == cudaSuccess) e = set_attr<1, 1, 4>(max_smem);
-  if (e == cudaSuccess) e = set_attr<GEMV_MAX_T, 1, 2>(max_smem);
+  cudaError_t e = set_attr<1, 1, 8, 0>(max_smem);
+  if (e == cudaSuccess) e = set_attr<1, 1, 4, 0>(max_smem);
+  if (e == cudaSuccess) e = set_attr<1, 1, 4, 1>(max_smem);
+  if (e == cudaSuccess) e = set_attr<GEMV_MAX_T, 1, 2, 0>(max_smem);
   return e;
 }
 

@@ -76,6 +76,7 @@ typedef struct {
   int gemv_blocks_per_sm;      /* 0: auto */
   int gemv_u;                  /* 16-byte loads per row per lane in one batch: 4 or 8 (0: auto) */
   int att_chunk;               /* keys per attention block at least (0: auto) */
+  int gemv_pipe;               /* 1: GEMVs load the next round's weights while using this round's */
 } kie_shape;
 
 /* KCCL's entry points for the lanes' sums (all NULL when tp_size == 1); void *

@@ -57,6 +57,7 @@ struct GemvArgs {
   int prefetch;        /* before waiting for the previous kernel: 0 nothing, 1 L2 prefetch, 2 first loads */
   int segs;            /* warps sharing a unit, each a segment of the input: 1, 2, 4 or 8 */
   int u;               /* decode: 16-byte loads per row per lane in a batch, 4 or 8 */
+  int pipe;            /* decode: the next round's batch loads while this one is used (u = 4) */
   /* Plain input: x [T][x_ld] (x_ld >= ld, zero past `in`). */
   const float *x;
   int x_ld;
