@@ -6,6 +6,7 @@
 #   check2      the same with 2 ranks: a GPU each, or both on GPU 0 under MPS
 #   bench       bench/decode_gpu.py, TP = 1 (PyTorch baseline compiled; BASELINE= to change)
 #   bench2      bench/decode_gpu.py with 2 ranks (needs two GPUs)
+#   cli         python -m kie_engine generate --device cuda, one rank and two
 #   sanitize    compute-sanitizer memcheck and racecheck on the tiny preset (TP = 1)
 # Logs and JSON go to $LOGS; after each step $OUT/kie_logs.tgz holds all of them.
 #   bash bench/gpu/kie_run.sh check1 bench check2
@@ -41,6 +42,12 @@ for s in "$@"; do
     check2) mps_on; timeout 400 $MPI -n 2 python3 tests/gpu/kie_check.py --no-hf --json "$LOGS/kie_check_tp2.json" 2>&1 | tee "$LOGS/check2.log" | tail -40; mps_off ;;
     bench) timeout 560 python3 bench/decode_gpu.py --baseline ${BASELINE:-compile} ${BENCH_ARGS:-} --json "$LOGS/decode_gpu_tp1.json" 2>&1 | tee "$LOGS/bench.log" | tail -40 ;;
     bench2) timeout 560 $MPI -n 2 python3 bench/decode_gpu.py --baseline ${BASELINE:-compile} ${BENCH_ARGS:-} --json "$LOGS/decode_gpu_tp2.json" 2>&1 | tee "$LOGS/bench2.log" | tail -40 ;;
+    cli) # the command line, end to end: one rank, then two (a GPU each, or one under MPS)
+      python3 -m kie_engine init --config small --dtp-delay 1 --out /tmp/kie_small > /dev/null &&
+        timeout 120 python3 -m kie_engine generate --model /tmp/kie_small --prompt "def fib(" --max-new-tokens 48 --ignore-eos --device cuda 2>&1 | tee "$LOGS/cli1.log" | tail -3
+      mps_on; timeout 120 $MPI -n 2 python3 -m kie_engine generate --model /tmp/kie_small --prompt "def fib(" --max-new-tokens 48 --ignore-eos --device cuda 2>&1 | tee "$LOGS/cli2.log" | tail -3
+      timeout 60 python3 -m kie_engine generate --model /tmp/kie_small --prompt "x" --max-new-tokens 100000 --device cuda 2>&1 | tail -2
+      mps_off ;;
     sanitize)
       for tool in memcheck racecheck; do
         timeout 300 compute-sanitizer --tool $tool --print-limit 20 python3 tests/gpu/kie_check.py --presets tiny --steps 8 --no-hf 2>&1 | tee "$LOGS/sanitize_$tool.log" | grep -E "ERROR SUMMARY|RACECHECK SUMMARY|KIE GPU CHECK|Invalid|Race" | head -12
