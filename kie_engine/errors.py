@@ -24,3 +24,8 @@ class ShardingError(KieError, ValueError):
 
 class PromptTooLongError(KieError, ValueError):
     """The prompt (plus the tokens to generate) does not fit the context."""
+
+
+class UnsupportedFormatError(KieError, ValueError):
+    """A well-formed checkpoint that uses something this engine does not implement: an
+    architecture, a tensor type, a tokenizer kind."""

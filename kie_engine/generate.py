@@ -64,8 +64,15 @@ class Result:
 def generate(model, prompt_ids, max_new_tokens, sampling=Sampling(), eos_id=None,
              on_token: Optional[Callable[[int], None]] = None, prefill_chunk=256):
     """Greedy or sampled generation from prompt_ids, at most max_new_tokens, stopping after
-    eos_id; on_token(id) is called as each token is produced."""
+    eos_id (one id, or a collection of ids: EOS and a chat template's end-of-turn);
+    on_token(id) is called as each token is produced."""
     prompt_ids = list(prompt_ids)
+    if eos_id is None:
+        stop = set()
+    elif isinstance(eos_id, (int, np.integer)):
+        stop = {int(eos_id)}
+    else:
+        stop = {int(i) for i in eos_id}
     if max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
     if len(prompt_ids) + max_new_tokens > model.max_seq:
@@ -83,7 +90,7 @@ def generate(model, prompt_ids, max_new_tokens, sampling=Sampling(), eos_id=None
         out.tokens.append(tok)
         if on_token:
             on_token(tok)
-        if tok == eos_id:
+        if tok in stop:
             out.stopped_on_eos = True
             break
         if len(out.tokens) >= max_new_tokens:
