@@ -98,7 +98,13 @@ class _PastEnd(Exception):
         self.offset, self.end = offset, end
 
 
+_READER = None
+
+
 def _reader_class():
+    global _READER
+    if _READER is not None:
+        return _READER
     try:
         import gguf
     except ImportError:
@@ -139,6 +145,7 @@ def _reader_class():
             _check_described(self.path, self.described, len(self.data))
             return super()._build_tensors(start_offs, fields)
 
+    _READER = Reader
     return Reader
 
 
@@ -178,7 +185,10 @@ def open_reader(path):
     size = os.path.getsize(path)
     if size < 24:
         raise CheckpointError(f"{path}: {size} bytes, too short to be a GGUF file (truncated?)")
-    reader = _reader_class().__new__(_reader_class())
+    cls = _reader_class()
+    # Made in two steps so that, when __init__ fails, what it had parsed (reader.stage,
+    # reader.fields) can say where the file went wrong.
+    reader = cls.__new__(cls)
     reader.path = path
     try:
         reader.__init__(path)

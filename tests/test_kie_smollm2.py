@@ -42,8 +42,9 @@ TEXTS = ["Hello world", "  leading spaces,   runs   of spaces and a trailing one
          "tabs\tand\nnewlines\n\n\r\n", "1234567890 3.14159 -42 1,000,000 x2y3 1 22 333 4444",
          "Punctuation!? (yes) [no] {maybe}; a:b, 'quoted' \"double\" — dash… ellipsis",
          "naïve café Zürich Ελληνικά 日本語 中文 한국어 😀🚀 👨‍👩‍👧 \u00a0nbsp\u200bzero-width",
-         "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n", "<|endoftext|><repo_name>x<file_sep>y<|im_start|",
-         "I'm sure they'll say we've done it, can't you?", "def fib(n):\n    return n if n < 2 else fib(n-1) + fib(n-2)\n",
+         "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n",
+         "<|endoftext|><repo_name>x<file_sep>y<|im_start|", "I'm sure they'll say we've done it, can't you?",
+         "def fib(n):\n    return n if n < 2 else fib(n-1) + fib(n-2)\n",
          "", " "]
 
 
@@ -52,13 +53,20 @@ def path():
     return short_name_path("smollm2")
 
 
-@pytest.fixture(scope="module")
-def torch_threads():
-    # One thread for torch: its idle OpenMP workers otherwise spin against numpy's BLAS
-    # threads on a small machine and slow the engine several-fold.
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """One BLAS / OpenMP thread in this process while these tests run: on 2 shared cores, numpy's
+    default of 2 OpenBLAS threads decoded this model at ~730 ms/token against ~29 ms with one
+    (576-wide matrices are too small to split; bench/RESULTS.md)."""
     n = torch.get_num_threads()
     torch.set_num_threads(1)
-    yield
+    try:
+        from threadpoolctl import threadpool_limits
+    except ImportError:  # the kie extra brings it; without it the tests are only slower
+        yield
+    else:
+        with threadpool_limits(limits=1):
+            yield
     torch.set_num_threads(n)
 
 
@@ -69,7 +77,7 @@ def kie(path):
 
 
 @pytest.fixture(scope="module")
-def hf(path, torch_threads):
+def hf(path):
     d, f = os.path.split(path)
     model = transformers.AutoModelForCausalLM.from_pretrained(d, gguf_file=f, dtype=torch.float32).eval()
     return model, transformers.AutoTokenizer.from_pretrained(d, gguf_file=f)
