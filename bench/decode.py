@@ -13,6 +13,7 @@ so TP = N uses N threads; one extra row runs TP = 1 with one BLAS thread per cor
 
     python bench/decode.py                       # makes /tmp/kie-bench-small (preset small) if missing
     python bench/decode.py --model DIR --tokens 32 --rounds 3 --out bench/results/decode.txt
+    python bench/decode.py --model smollm2 --lanes 1,3 --delays 0   # a GGUF file or short name works too
 """
 import argparse
 import multiprocessing as mp
@@ -84,9 +85,9 @@ class _Timed:
 def _decode_worker(model_dir, delay, uid, nranks, rank, tokens, q):
     import numpy as np
     import kccl
-    from kie_engine.checkpoint import Checkpoint
+    from kie_engine.sources import open_checkpoint
     from kie_engine.tp import comm_config, load_model
-    ckpt = Checkpoint(model_dir, dtp_delay=delay)
+    ckpt = open_checkpoint(model_dir, dtp_delay=delay)
     comm = kccl.Communicator(nranks, kccl.UniqueId(uid), rank, config=comm_config(ckpt.config)) if nranks > 1 else None
     try:
         model = load_model(ckpt, comm, max_seq=256)
@@ -115,9 +116,9 @@ def _paired_worker(model_dir, delays, uid, nranks, rank, tokens, rounds, q):
     weights, same memory placement, same communicator), rounds alternating the order."""
     import numpy as np
     import kccl
-    from kie_engine.checkpoint import Checkpoint
+    from kie_engine.sources import open_checkpoint
     from kie_engine.tp import comm_config, load_model
-    ckpt = Checkpoint(model_dir, dtp_delay=max(delays))
+    ckpt = open_checkpoint(model_dir, dtp_delay=max(delays))
     comm = kccl.Communicator(nranks, kccl.UniqueId(uid), rank, config=comm_config(ckpt.config)) if nranks > 1 else None
     try:
         model = load_model(ckpt, comm, max_seq=256)
@@ -200,7 +201,8 @@ def main():
     ap.add_argument("--paired", action="store_true",
                     help="only compare the delays, each TP size in one set of processes that switches the delay")
     a = ap.parse_args()
-    if not os.path.isdir(a.model):
+    from kie_engine.sources import SHORT_NAMES, open_checkpoint
+    if not os.path.exists(a.model) and a.model not in SHORT_NAMES:
         from kie_engine.config import preset
         from kie_engine.init import write_checkpoint
         write_checkpoint(preset("small"), a.model, seed=0)
@@ -240,8 +242,7 @@ def main():
             print(f"round {rnd}: TP={c[0]} delay={c[1]} blas={c[2]}: {1e3 * t:.2f} ms/token", file=sys.stderr, flush=True)
     bw_med = {n: statistics.median(v) for n, v in bw.items()}
     machine = max(bw_med.values())
-    from kie_engine.checkpoint import Checkpoint
-    cfg = Checkpoint(a.model).config
+    cfg = open_checkpoint(a.model).config
     lines = [f"# bench/decode.py: {a.model} ({cfg.n_params / 1e6:.1f} M parameters, float32 compute), batch 1, "
              f"{a.tokens} timed tokens x {a.rounds} rounds, medians; {ncores} cores",
              f"# memory bandwidth (BLAS matvec over {a.bw_bytes >> 20} MiB, best of 2 kernels x 7 per round): 1 process {bw_med[1] / 1e9:.1f} GB/s"

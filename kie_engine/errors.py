@@ -44,3 +44,8 @@ class GpuArgumentError(GpuError, ValueError):
 
 class GpuTimeoutError(GpuError, TimeoutError):
     """A decode step did not finish in time (a lane stopped answering)."""
+
+
+class UnsupportedFormatError(KieError, ValueError):
+    """A well-formed checkpoint that uses something this engine does not implement: an
+    architecture, a tensor type, a tokenizer kind."""

@@ -61,11 +61,23 @@ class Result:
                 f"({ms:.2f} ms/token, {self.decode_tokens} tokens)")
 
 
+def stop_set(eos_id):
+    """The ids that end a generation: none, one id, or a collection (EOS and a chat
+    template's end-of-turn)."""
+    if eos_id is None:
+        return set()
+    if isinstance(eos_id, (int, np.integer)):
+        return {int(eos_id)}
+    return {int(i) for i in eos_id}
+
+
 def generate(model, prompt_ids, max_new_tokens, sampling=Sampling(), eos_id=None,
              on_token: Optional[Callable[[int], None]] = None, prefill_chunk=256):
     """Greedy or sampled generation from prompt_ids, at most max_new_tokens, stopping after
-    eos_id; on_token(id) is called as each token is produced."""
+    eos_id (one id, or a collection of ids: EOS and a chat template's end-of-turn);
+    on_token(id) is called as each token is produced."""
     prompt_ids = list(prompt_ids)
+    stop = stop_set(eos_id)
     if max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
     if len(prompt_ids) + max_new_tokens > model.max_seq:
@@ -83,7 +95,7 @@ def generate(model, prompt_ids, max_new_tokens, sampling=Sampling(), eos_id=None
         out.tokens.append(tok)
         if on_token:
             on_token(tok)
-        if tok == eos_id:
+        if tok in stop:
             out.stopped_on_eos = True
             break
         if len(out.tokens) >= max_new_tokens:

@@ -15,7 +15,7 @@ import numpy as np
 from .. import tp as _tp
 from ..errors import (GpuArgumentError, GpuError, GpuMemoryError, GpuTimeoutError, GpuUnavailableError,
                       PromptTooLongError)
-from ..generate import Result, Sampling
+from ..generate import Result, Sampling, stop_set
 from ..model import rope_tables
 from ..safetensors_io import float32_to_bf16_bits
 
@@ -243,7 +243,8 @@ class GpuModel:
     # -- the fast path --------------------------------------------------------------------
     def generate(self, prompt_ids, max_new_tokens, sampling=Sampling(), eos_id=None, on_token=None,
                  use_graph=True, ahead=AHEAD):
-        """Greedy or sampled generation with every token picked on the device.  Every lane
+        """Greedy or sampled generation with every token picked on the device, stopping
+        after eos_id (one id or a collection, as generate.generate).  Every lane
         enqueues the same number of steps whatever the timing (the count depends only on
         the tokens), so their sums always pair up."""
         prompt = np.ascontiguousarray(prompt_ids, np.int32)
@@ -257,6 +258,7 @@ class GpuModel:
         if not 1 <= ahead < lib.KIE_RING // 2:
             raise GpuArgumentError(f"ahead={ahead}: 1..{lib.KIE_RING // 2 - 1}")
         e = self._handle()
+        stop = stop_set(eos_id)
         mode = MODE_GREEDY if sampling.temperature == 0 else MODE_SAMPLE
         if mode == MODE_SAMPLE:
             _check(lib.kie_set_sampling(e, sampling.temperature, sampling.top_k, sampling.top_p,
@@ -276,7 +278,7 @@ class GpuModel:
             out.tokens.append(t)
             if on_token:
                 on_token(t)
-            if t == eos_id:
+            if t in stop:
                 out.stopped_on_eos = True
                 break
             got = len(out.tokens)

@@ -1,0 +1,114 @@
+"""Small Llama GGUF files written with the gguf package's writer, for the GGUF tests:
+random weights in the Hugging Face layout, each tensor stored in a chosen ggml type,
+Q and K rows permuted the way llama.cpp's converter permutes them.
+
+write_llama(path, ...) returns {hf name: float32 array}: the values the file holds
+(what dequantizing it must give), in the Hugging Face layout."""
+import numpy as np
+
+import gguf
+from gguf import GGMLQuantizationType as T
+
+CFG = dict(vocab_size=288, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+           num_key_value_heads=2, head_dim=16, max_position_embeddings=64, rope_theta=5000.0, rms_norm_eps=1e-5)
+
+# One type per tensor kind, so that one file exercises every type the engine reads.
+TYPES = {"q_proj": T.Q4_1, "k_proj": T.Q8_0, "v_proj": T.F16, "o_proj": T.BF16, "gate_proj": T.F32,
+         "up_proj": T.Q4_1, "down_proj": T.Q8_0, "embed_tokens": T.Q8_0, "lm_head": T.Q4_1, "norm": T.F32}
+
+_LAYER = {"self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
+          "self_attn.o_proj": "attn_output", "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up",
+          "mlp.down_proj": "ffn_down", "input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm"}
+
+
+def llama_cpp_permute(w, n_heads):
+    """What llama.cpp's converter does to Q/K rows: each head's two halves interleaved."""
+    rows = w.shape[0]
+    return w.reshape(n_heads, 2, rows // n_heads // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def _shapes(c, tied):
+    h, hd, inter = c["hidden_size"], c["head_dim"], c["intermediate_size"]
+    q, kv = c["num_attention_heads"] * hd, c["num_key_value_heads"] * hd
+    out = {"model.embed_tokens.weight": (c["vocab_size"], h), "model.norm.weight": (h,)}
+    for i in range(c["num_hidden_layers"]):
+        p = f"model.layers.{i}."
+        out.update({p + "self_attn.q_proj.weight": (q, h), p + "self_attn.k_proj.weight": (kv, h),
+                    p + "self_attn.v_proj.weight": (kv, h), p + "self_attn.o_proj.weight": (h, q),
+                    p + "mlp.gate_proj.weight": (inter, h), p + "mlp.up_proj.weight": (inter, h),
+                    p + "mlp.down_proj.weight": (h, inter), p + "input_layernorm.weight": (h,),
+                    p + "post_attention_layernorm.weight": (h,)})
+    if not tied:
+        out["lm_head.weight"] = (c["vocab_size"], h)
+    return out
+
+
+def gguf_tensor_name(hf):
+    if hf == "model.embed_tokens.weight":
+        return "token_embd.weight"
+    if hf == "model.norm.weight":
+        return "output_norm.weight"
+    if hf == "lm_head.weight":
+        return "output.weight"
+    _, _, i, rest = hf.split(".", 3)
+    return f"blk.{i}.{_LAYER[rest[:-len('.weight')]]}.weight"
+
+
+def _kind(hf):
+    for k in TYPES:
+        if k in hf and k != "norm":
+            return k
+    return "norm"
+
+
+def write_llama(path, seed=0, tied=False, arch="llama", types=None, cfg=None, extra_kv=None, tokenizer=None):
+    c = dict(CFG, **(cfg or {}))
+    types = dict(TYPES, **(types or {}))
+    rng = np.random.default_rng(seed)
+    w = gguf.GGUFWriter(path, arch)
+    a = arch
+    w.add_uint32(f"{a}.block_count", c["num_hidden_layers"])
+    w.add_uint32(f"{a}.context_length", c["max_position_embeddings"])
+    w.add_uint32(f"{a}.embedding_length", c["hidden_size"])
+    w.add_uint32(f"{a}.feed_forward_length", c["intermediate_size"])
+    w.add_uint32(f"{a}.attention.head_count", c["num_attention_heads"])
+    w.add_uint32(f"{a}.attention.head_count_kv", c["num_key_value_heads"])
+    w.add_uint32(f"{a}.rope.dimension_count", c["head_dim"])
+    w.add_float32(f"{a}.rope.freq_base", c["rope_theta"])
+    w.add_float32(f"{a}.attention.layer_norm_rms_epsilon", c["rms_norm_eps"])
+    w.add_uint32(f"{a}.vocab_size", c["vocab_size"])
+    for key, (kind, val) in (extra_kv or {}).items():
+        getattr(w, f"add_{kind}")(key, val)
+    if tokenizer:
+        tokenizer(w)
+    values = {}
+    for name, shape in _shapes(c, tied).items():
+        kind = _kind(name)
+        if len(shape) == 1:
+            x = (1.0 + 0.1 * rng.standard_normal(shape)).astype(np.float32)
+        else:
+            x = (rng.standard_normal(shape) / np.sqrt(shape[1] if kind != "embed_tokens" else 1)).astype(np.float32)
+        stored = x
+        if "q_proj" in name:
+            stored = llama_cpp_permute(x, c["num_attention_heads"])
+        elif "k_proj" in name:
+            stored = llama_cpp_permute(x, c["num_key_value_heads"])
+        qtype = types[kind] if len(shape) == 2 else T.F32
+        if qtype == T.F32:
+            data = stored
+        elif qtype == T.F16:
+            data = stored.astype(np.float16)
+        else:
+            data = gguf.quants.quantize(stored, qtype)
+        w.add_tensor(gguf_tensor_name(name), data, raw_dtype=qtype)
+        held = gguf.quants.dequantize(data, qtype).astype(np.float32).reshape(shape) if qtype != T.F32 else stored
+        # undo the permutation on the held values: the engine must give the HF layout
+        if "q_proj" in name or "k_proj" in name:
+            n = c["num_attention_heads"] if "q_proj" in name else c["num_key_value_heads"]
+            held = held.reshape(n, shape[0] // n // 2, 2, shape[1]).swapaxes(1, 2).reshape(shape)
+        values[name] = np.ascontiguousarray(held, dtype=np.float32)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return values
