@@ -109,7 +109,7 @@ class GpuModel:
     pdl / prefetch: launch switches (default: PDL when this lane has its GPU to itself,
     prefetch 2: a GEMV's first loads before it waits for the previous kernel); tuning:
     {kie_shape field: value} for the kernel variants the benchmark compares
-    (gemv_blocks_per_sm, gemv_u, gemv_pipe, att_chunk)."""
+    (gemv_blocks_per_sm, gemv_u, gemv_pipe, gemv_x_l1, att_chunk)."""
 
     def __init__(self, cfg, comm=None, max_seq=None, device=None, pdl=None, prefetch=None, tuning=None):
         ndev = require_gpu()
@@ -136,6 +136,7 @@ class GpuModel:
         s.gemv_u = _env_int("KIE_GPU_GEMV_U", 0, 0, 8)
         s.att_chunk = _env_int("KIE_GPU_ATT_CHUNK", 0, 0, 1 << 20)
         s.gemv_pipe = _env_int("KIE_GPU_GEMV_PIPE", 0, 0, 1)
+        s.gemv_x_l1 = _env_int("KIE_GPU_GEMV_X_L1", 0, 0, 1)
         for k, v in (tuning or {}).items():
             setattr(s, k, int(v))
         self._shape = s

@@ -232,7 +232,9 @@ int sum_wait(kie_engine *e, uint64_t req) {
 
 int gemv(kie_engine *e, GemvArgs &a, int epi) {
   const size_t xbytes = (size_t)a.T * a.ld * 4;
-  const int xs = a.x == nullptr || xbytes <= XS_MAX;
+  /* x in shared memory (staged by every block), or read through L1 where each
+   * warp uses it (plain GEMVs only: the normed ones compute x in shared memory). */
+  const int xs = a.x == nullptr || (xbytes <= XS_MAX && !e->s.gemv_x_l1);
   if (a.x == nullptr && xbytes > XS_MAX) return fail(KIE_E_ARG, "normed GEMV input of %zu bytes", xbytes);
   const int units = epi == EPI_SWIGLU ? a.cols : (a.rows + 1) / 2;
   /* Segments: enough warps per unit that each streams about one batch of loads

@@ -77,6 +77,7 @@ typedef struct {
   int gemv_u;                  /* 16-byte loads per row per lane in one batch: 4 or 8 (0: auto) */
   int att_chunk;               /* keys per attention block at least (0: auto) */
   int gemv_pipe;               /* 1: GEMVs load the next round's weights while using this round's */
+  int gemv_x_l1;               /* 1: the o and down GEMVs read x through L1 instead of staging it */
 } kie_shape;
 
 /* KCCL's entry points for the lanes' sums (all NULL when tp_size == 1); void *
