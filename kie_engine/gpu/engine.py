@@ -107,7 +107,9 @@ class GpuModel:
     """cfg: the ModelConfig; comm: None (one lane) or a GPU kccl.Communicator whose
     ranks are the lanes; device: the CUDA device (default: the communicator's, else 0);
     pdl / prefetch: launch switches (default: PDL when this lane has its GPU to itself,
-    prefetch 2: a GEMV's first loads before it waits for the previous kernel); tuning:
+    prefetch 2: a GEMV's first loads before it waits for the previous kernel).  The
+    GEMVs pipeline their loads and the o and down ones read x through L1 by default
+    (2b on one H200, bench/RESULTS.md: 603 tokens/s against 559 without both); tuning:
     {kie_shape field: value} for the kernel variants the benchmark compares
     (gemv_blocks_per_sm, gemv_u, gemv_pipe, gemv_x_l1, att_chunk)."""
 
@@ -135,8 +137,8 @@ class GpuModel:
         s.gemv_blocks_per_sm = _env_int("KIE_GPU_GEMV_BLOCKS_PER_SM", 0, 0, 16)
         s.gemv_u = _env_int("KIE_GPU_GEMV_U", 0, 0, 8)
         s.att_chunk = _env_int("KIE_GPU_ATT_CHUNK", 0, 0, 1 << 20)
-        s.gemv_pipe = _env_int("KIE_GPU_GEMV_PIPE", 0, 0, 1)
-        s.gemv_x_l1 = _env_int("KIE_GPU_GEMV_X_L1", 0, 0, 1)
+        s.gemv_pipe = _env_int("KIE_GPU_GEMV_PIPE", 1, 0, 1)
+        s.gemv_x_l1 = _env_int("KIE_GPU_GEMV_X_L1", 1, 0, 1)
         for k, v in (tuning or {}).items():
             setattr(s, k, int(v))
         self._shape = s
