@@ -22,6 +22,33 @@ static void pop(struct kcclComm *c) {
   c->nb_count--;
 }
 
+/* What every start checks: buffers, overlap, room for one more. */
+static kcclResult_t start_checks(struct kcclComm *c, const void *sendbuff, void *recvbuff, size_t count,
+                                 size_t bytes) {
+  if (count && (!sendbuff || !recvbuff)) return kccl_err(kcclInvalidArgument, "NULL buffer with count=%zu", count);
+  const char *s8 = sendbuff, *r8 = recvbuff;
+  if (sendbuff != recvbuff && bytes && s8 < r8 + bytes && r8 < s8 + bytes)
+    return kccl_err(kcclInvalidArgument, "send and recv buffers partly overlap (in place needs send == recv)");
+  if (c->nb_count >= (uint32_t)c->cfg.max_outstanding)
+    return kccl_err(kcclInvalidUsage, "%u all_reduce_start operations are already outstanding, the most "
+                    "KCCL_MAX_OUTSTANDING=%d allows: wait for the oldest first", c->nb_count,
+                    c->cfg.max_outstanding);
+  return kcclSuccess;
+}
+
+/* The ring entry of the next start (counted once the start succeeds). */
+static kccl_nb_op *next_op(struct kcclComm *c, uint32_t sig, void *recvbuff, size_t count, int dt, int op) {
+  kccl_nb_op *o = &c->nb[(c->nb_head + c->nb_count) % KCCL_MAX_OUTSTANDING];
+  memset(o, 0, sizeof *o);
+  o->ticket = c->nb_issued + 1;
+  o->sig = sig;
+  o->recv = recvbuff;
+  o->count = count;
+  o->dtype = dt;
+  o->op = op;
+  return o;
+}
+
 kcclResult_t kcclAllReduceStart(const void *sendbuff, void *recvbuff, size_t count, kcclDataType_t dt,
                                 kcclRedOp_t op, kcclComm_t c, uint64_t *request) {
   if (!request) return kccl_err(kcclInvalidArgument, "request is NULL");
@@ -32,26 +59,12 @@ kcclResult_t kcclAllReduceStart(const void *sendbuff, void *recvbuff, size_t cou
   if (c->gpu)
     return kccl_err(kcclInvalidUsage, "a GPU communicator's split-phase all-reduce is stream-ordered: use "
                     "kcclAllReduceStartStream");
-  const size_t es = kccl_dtype_size(dt), bytes = count * es;
-  if (count && (!sendbuff || !recvbuff)) return kccl_err(kcclInvalidArgument, "NULL buffer with count=%zu", count);
-  const char *s8 = sendbuff, *r8 = recvbuff;
-  if (sendbuff != recvbuff && bytes && s8 < r8 + bytes && r8 < s8 + bytes)
-    return kccl_err(kcclInvalidArgument, "send and recv buffers partly overlap (in place needs send == recv)");
+  const size_t bytes = count * kccl_dtype_size(dt);
+  if ((r = start_checks(c, sendbuff, recvbuff, count, bytes)) != kcclSuccess) return r;
   if (bytes > c->slot_bytes)
     return kccl_err(kcclInvalidArgument, "all_reduce_start takes at most KCCL_BUFFER_BYTES = %zu bytes, got %zu "
                     "(use the blocking all_reduce for larger messages)", c->slot_bytes, bytes);
-  if (c->nb_count >= (uint32_t)c->cfg.max_outstanding)
-    return kccl_err(kcclInvalidUsage, "%u all_reduce_start operations are already outstanding, the most "
-                    "KCCL_MAX_OUTSTANDING=%d allows: wait for the oldest first", c->nb_count,
-                    c->cfg.max_outstanding);
-  kccl_nb_op *o = &c->nb[(c->nb_head + c->nb_count) % KCCL_MAX_OUTSTANDING];
-  o->ticket = ++c->nb_issued;
-  o->sig = sig;
-  o->recv = recvbuff;
-  o->count = count;
-  o->dtype = dt;
-  o->op = op;
-  o->step = 0;
+  kccl_nb_op *o = next_op(c, sig, recvbuff, count, dt, op);
   if (c->nranks == 1) { /* nothing to wait for: the result is ready now */
     const void *in[1] = {sendbuff};
     if (sendbuff != recvbuff || op == kcclAvg) kccl_reduce(recvbuff, in, 1, count, dt, op, 1);
@@ -63,6 +76,7 @@ kcclResult_t kcclAllReduceStart(const void *sendbuff, void *recvbuff, size_t cou
     kccl_publish_slot(c, s % c->nsets, 0, bytes, s, sig); /* and its replicas (topology placement) */
     o->step = s;
   }
+  c->nb_issued = o->ticket;
   c->nb_count++;
   *request = o->ticket;
   return kcclSuccess;
@@ -174,14 +188,7 @@ kcclResult_t kcclAllReduceStartStream(const void *sendbuff, void *recvbuff, size
   kcclResult_t r = kccl_enter(c, COLL_ALLREDUCE_NB, count, dt, op, 0, stream, &sig);
   if (r != kcclSuccess) return r;
   const size_t bytes = count * kccl_dtype_size(dt);
-  if (count && (!sendbuff || !recvbuff)) return kccl_err(kcclInvalidArgument, "NULL buffer with count=%zu", count);
-  const char *s8 = sendbuff, *r8 = recvbuff;
-  if (sendbuff != recvbuff && bytes && s8 < r8 + bytes && r8 < s8 + bytes)
-    return kccl_err(kcclInvalidArgument, "send and recv buffers partly overlap (in place needs send == recv)");
-  if (c->nb_count >= (uint32_t)c->cfg.max_outstanding)
-    return kccl_err(kcclInvalidUsage, "%u all_reduce_start operations are already outstanding, the most "
-                    "KCCL_MAX_OUTSTANDING=%d allows: wait for the oldest first", c->nb_count,
-                    c->cfg.max_outstanding);
+  if ((r = start_checks(c, sendbuff, recvbuff, count, bytes)) != kcclSuccess) return r;
   const uint64_t ticket = c->nb_issued + 1;
   const int slot = (int)(ticket % KCCL_MAX_OUTSTANDING);
   void *side = NULL;
@@ -197,14 +204,8 @@ kcclResult_t kcclAllReduceStartStream(const void *sendbuff, void *recvbuff, size
     kgpu_split_join(c->gpu->kg, slot, stream);
     return r;
   }
-  kccl_nb_op *o = &c->nb[(c->nb_head + c->nb_count) % KCCL_MAX_OUTSTANDING];
-  memset(o, 0, sizeof *o);
-  o->ticket = ++c->nb_issued;
-  o->sig = sig;
-  o->recv = recvbuff;
-  o->count = count;
-  o->dtype = dt;
-  o->op = op;
+  kccl_nb_op *o = next_op(c, sig, recvbuff, count, dt, op);
+  c->nb_issued = o->ticket;
   c->nb_count++;
   *request = o->ticket;
   return kcclSuccess;

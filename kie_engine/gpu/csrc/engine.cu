@@ -508,6 +508,30 @@ int time_graph(kie_engine *e, cudaGraphExec_t x, int reps, double *ms_median) {
   return KIE_OK;
 }
 
+/* Captures `iters` calls of enqueue(i) as one graph and times its replays
+ * (two to warm up, then the median of seven); *ms: one replay. */
+template <typename F>
+int bench_graph(kie_engine *e, int iters, F enqueue, double *ms) {
+  cudaGraph_t g;
+  CU(cudaStreamBeginCapture(e->stream, cudaStreamCaptureModeRelaxed));
+  int rc = KIE_OK;
+  for (int i = 0; i < iters && rc == KIE_OK; i++) rc = enqueue(i);
+  const cudaError_t ce = cudaStreamEndCapture(e->stream, &g);
+  if (rc != KIE_OK) {
+    if (ce == cudaSuccess) cudaGraphDestroy(g);
+    return rc;
+  }
+  CU(ce);
+  cudaGraphExec_t xg;
+  const cudaError_t ie = cudaGraphInstantiate(&xg, g, 0);
+  cudaGraphDestroy(g);
+  CU(ie);
+  rc = time_graph(e, xg, 2, ms);
+  if (rc == KIE_OK) rc = time_graph(e, xg, 7, ms);
+  cudaGraphExecDestroy(xg);
+  return rc;
+}
+
 }  // namespace
 
 extern "C" {
@@ -822,29 +846,19 @@ int kie_bench_gemv(kie_engine *e, int rows, int cols, int iters, double *us_per_
   CU(cudaMemset(x, 0, (size_t)cols * 4));
   CU(kie_launch_fill_random(w, mbytes / 2 * nmat, 1234u, 0.1f, e->stream));
   CU(kie_launch_fill_random((bf16 *)x, (size_t)cols, 99u, 1.0f, e->stream));
-  cudaGraph_t g;
-  cudaGraphExec_t xg;
-  CU(cudaStreamBeginCapture(e->stream, cudaStreamCaptureModeRelaxed));
-  int rc = KIE_OK;
-  for (int i = 0; i < iters && rc == KIE_OK; i++) {
+  double ms = 0;
+  const int rc = bench_graph(e, iters, [&](int i) {
     GemvArgs a = plain(e, 1, x, cols, cols);
     a.w = w + (size_t)(i % nmat) * rows * cols;
     a.rows = rows;
     a.out = y;
     a.out_ld = rows;
-    rc = gemv(e, a, EPI_STORE);
-  }
-  CU(cudaStreamEndCapture(e->stream, &g));
-  if (rc != KIE_OK) return rc;
-  CU(cudaGraphInstantiate(&xg, g, 0));
-  cudaGraphDestroy(g);
-  double ms = 0;
-  TRY(time_graph(e, xg, 2, &ms));
-  TRY(time_graph(e, xg, 7, &ms));
-  cudaGraphExecDestroy(xg);
+    return gemv(e, a, EPI_STORE);
+  }, &ms);
   cudaFree(w);
   cudaFree(x);
   cudaFree(y);
+  TRY(rc);
   *us_per_call = 1000.0 * ms / iters;
   return KIE_OK;
 }
@@ -855,14 +869,11 @@ int kie_bench_layer_gemvs(kie_engine *e, int iters, double *us_per_layer) {
   if (iters < 1) return fail(KIE_E_ARG, "iters >= 1");
   if (e->pos_h >= e->s.max_seq) return fail(KIE_E_STATE, "the context is full");
   CU(cudaSetDevice(e->device));
-  cudaGraph_t g;
-  cudaGraphExec_t xg;
-  CU(cudaStreamBeginCapture(e->stream, cudaStreamCaptureModeRelaxed));
-  int rc = KIE_OK;
   const Layer &y = e->L[0];
-  for (int i = 0; i < iters && rc == KIE_OK; i++) {
+  double ms = 0;
+  TRY(bench_graph(e, iters, [&](int) {
     GemvArgs a = normed(e, 1, e->R[0], e->R[1], y.n1);
-    rc = launch_qkv(e, 0, a);
+    int rc = launch_qkv(e, 0, a);
     GemvArgs o = plain(e, 1, e->att, e->qdim, e->qdim);
     o.w = y.wo;
     o.rows = e->s.hidden;
@@ -877,15 +888,8 @@ int kie_bench_layer_gemvs(kie_engine *e, int iters, double *us_per_layer) {
     dn.out = e->sums;
     dn.out_ld = e->hid_pad;
     if (rc == KIE_OK) rc = gemv(e, dn, EPI_STORE);
-  }
-  CU(cudaStreamEndCapture(e->stream, &g));
-  if (rc != KIE_OK) return rc;
-  CU(cudaGraphInstantiate(&xg, g, 0));
-  cudaGraphDestroy(g);
-  double ms = 0;
-  TRY(time_graph(e, xg, 2, &ms));
-  TRY(time_graph(e, xg, 7, &ms));
-  cudaGraphExecDestroy(xg);
+    return rc;
+  }, &ms));
   *us_per_layer = 1000.0 * ms / iters;
   return KIE_OK;
 }

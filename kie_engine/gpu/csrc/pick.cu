@@ -103,12 +103,52 @@ __device__ __forceinline__ unsigned long long mix64(unsigned long long x) {
   return x ^ (x >> 31);
 }
 
+struct Select {
+  unsigned long long hist[256];
+  unsigned prefix;
+  unsigned long long rem;
+};
+
+/* Radix selection from the largest key down, 8 bits a pass, among the keys >= lo:
+ * the key t at which the running weight (a count, or with MASS the elements' masses)
+ * first reaches `need`.  Returns t; *left: the weight the elements equal to t must
+ * still give.  Integer sums, so every lane selects the same key. */
+template <bool MASS>
+__device__ unsigned radix_select(const float *L, int i0, int i1, unsigned lo, unsigned long long need, float lmax,
+                                 float inv_t, Select &sel, unsigned long long *left) {
+  unsigned prefix = 0, mask = 0;
+  unsigned long long rem = need;
+  for (int shift = 24; shift >= 0; shift -= 8) {
+    for (int b = threadIdx.x; b < 256; b += SAMP_THREADS) sel.hist[b] = 0;
+    __syncthreads();
+    for (int i = i0; i < i1; i++) {
+      const unsigned k = okey(L[i]);
+      if (k >= lo && (k & mask) == prefix)
+        atomicAdd(&sel.hist[(k >> shift) & 255u], MASS ? mass_of(L[i], lmax, inv_t) : 1ull);
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      unsigned long long cum = 0;
+      int b = 255;
+      for (; b > 0; b--) {
+        if (cum + sel.hist[b] >= rem) break;
+        cum += sel.hist[b];
+      }
+      sel.prefix = prefix | ((unsigned)b << shift);
+      sel.rem = rem - cum;
+    }
+    __syncthreads();
+    prefix = sel.prefix;
+    rem = sel.rem;
+    mask |= 255u << shift;
+  }
+  *left = rem;
+  return prefix;
+}
+
 __global__ void __launch_bounds__(SAMP_THREADS) k_sample(const SampleArgs a) {
   __shared__ Reduce red;
-  __shared__ unsigned hist_c[256];
-  __shared__ unsigned long long hist_m[256];
-  __shared__ unsigned sel_prefix, sel_rem_u32;
-  __shared__ unsigned long long sel_rem;
+  __shared__ Select sel;
   __shared__ int picked;
   kie_pdl_wait();
   kie_pdl_trigger();
@@ -136,32 +176,9 @@ __global__ void __launch_bounds__(SAMP_THREADS) k_sample(const SampleArgs a) {
   const int top_k = a.p->top_k;
   unsigned tk = 0, tie_k = 0xffffffffu;
   if (top_k > 0 && top_k < V) {
-    unsigned prefix = 0, mask = 0, rem = (unsigned)top_k;
-    for (int shift = 24; shift >= 0; shift -= 8) {
-      for (int b = tid; b < 256; b += SAMP_THREADS) hist_c[b] = 0;
-      __syncthreads();
-      for (int i = i0; i < i1; i++) {
-        const unsigned k = okey(L[i]);
-        if ((k & mask) == prefix) atomicAdd(&hist_c[(k >> shift) & 255u], 1u);
-      }
-      __syncthreads();
-      if (tid == 0) {
-        unsigned cum = 0;
-        int b = 255;
-        for (; b > 0; b--) {
-          if (cum + hist_c[b] >= rem) break;
-          cum += hist_c[b];
-        }
-        sel_prefix = prefix | ((unsigned)b << shift);
-        sel_rem_u32 = rem - cum;
-      }
-      __syncthreads();
-      prefix = sel_prefix;
-      rem = sel_rem_u32;
-      mask |= 255u << shift;
-    }
-    tk = prefix;
-    tie_k = rem;
+    unsigned long long left = 0;
+    tk = radix_select<false>(L, i0, i1, 0u, (unsigned long long)top_k, lmax, inv_t, sel, &left);
+    tie_k = (unsigned)left;
   }
 
   /* Mass above tk, and the mass of one element at tk. */
@@ -187,32 +204,8 @@ __global__ void __launch_bounds__(SAMP_THREADS) k_sample(const SampleArgs a) {
     unsigned long long target = (unsigned long long)ceil((double)top_p * (double)z_k);
     if (target < 1) target = 1;
     if (mass_gt_k >= target) { /* the cut lies above tk: select by mass among keys > tk */
-      unsigned prefix = 0, mask = 0;
-      unsigned long long rem = target;
-      for (int shift = 24; shift >= 0; shift -= 8) {
-        for (int b = tid; b < 256; b += SAMP_THREADS) hist_m[b] = 0;
-        __syncthreads();
-        for (int i = i0; i < i1; i++) {
-          const unsigned k = okey(L[i]);
-          if (k > tk && (k & mask) == prefix) atomicAdd(&hist_m[(k >> shift) & 255u], mass_of(L[i], lmax, inv_t));
-        }
-        __syncthreads();
-        if (tid == 0) {
-          unsigned long long cum = 0;
-          int b = 255;
-          for (; b > 0; b--) {
-            if (cum + hist_m[b] >= rem) break;
-            cum += hist_m[b];
-          }
-          sel_prefix = prefix | ((unsigned)b << shift);
-          sel_rem = rem - cum;
-        }
-        __syncthreads();
-        prefix = sel_prefix;
-        rem = sel_rem;
-        mask |= 255u << shift;
-      }
-      t = prefix;
+      unsigned long long rem = 0;
+      t = radix_select<true>(L, i0, i1, tk + 1, target, lmax, inv_t, sel, &rem);
       const unsigned long long m_t = mass_of(okey_value(t), lmax, inv_t);
       ties = m_t ? (rem + m_t - 1) / m_t : 1;
     } else {                   /* the cut is among the elements equal to tk */
