@@ -200,14 +200,71 @@ def test_c_and_python_parse_env_alike(name, value):
     assert c_value == _py_parse(name, value), f"{name}={value!r}: C {c_value!r} ({err!r}), Python {_py_parse(name, value)!r}"
 
 
+# One rank of a communicator in its own process: waits until the wall-clock time argv[4],
+# so that every rank starts init together, then prints [error class, message, seconds].
+JOIN_AT = textwrap.dedent("""
+    import json, sys, time
+    sys.modules["ml_dtypes"] = None
+    import kccl
+    n, rank, uid, at = int(sys.argv[1]), int(sys.argv[2]), bytes.fromhex(sys.argv[3]), float(sys.argv[4])
+    time.sleep(max(0.0, at - time.time()))
+    t0 = time.monotonic()
+    try:
+        kccl.Communicator(n, kccl.UniqueId(uid), rank).close()
+        out = ["ok", ""]
+    except kccl.KcclError as e:
+        out = [type(e).__name__, str(e)]
+    print(json.dumps(out + [time.monotonic() - t0]))
+""")
+
+
+def join_apart(envs):
+    """Runs one rank per env (the default KCCL_TIMEOUT_MS of 30 s unless an env sets it),
+    all starting init at the same moment; [(class name, message, seconds)] per rank."""
+    uid = bytes(kccl.get_unique_id()).hex()
+    at = time.time() + 4.0  # past every process's start-up
+    procs = [subprocess.Popen([sys.executable, "-c", JOIN_AT, str(len(envs)), str(r), uid, str(at)],
+                              env=clean_env(**env), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for r, env in enumerate(envs)]
+    out = []
+    for p in procs:
+        stdout, stderr = p.communicate(timeout=60)
+        assert p.returncode == 0, stderr
+        out.append(tuple(json.loads(stdout)))
+    return out
+
+
+@pytest.mark.parametrize("envs,setting", [
+    ([{}, {"KCCL_BUFFER_BYTES": "64k"}], "KCCL_BUFFER_BYTES"),  # set on one rank only
+    ([{"KCCL_BUFFER_BYTES": "64k"}, {}], "KCCL_BUFFER_BYTES"),
+    ([{}, {"KCCL_MAX_OUTSTANDING": "2"}, {}], "KCCL_MAX_OUTSTANDING"),
+    ([{}, {}, {"KCCL_BUFFER_BYTES": "2M"}, {"KCCL_MAX_OUTSTANDING": "3"}], "KCCL_BUFFER_BYTES"),
+])
+def test_unequal_settings_fail_every_rank_at_once_alike(envs, setting):
+    """Ranks whose must-be-equal settings differ all refuse at init, within 2 s (not after
+    the 30 s timeout), with one and the same message naming the setting and both values."""
+    res = join_apart(envs)
+    for rank, (kind, msg, took) in enumerate(res):
+        assert kind == "KcclInvalidUsage", (rank, res)
+        assert took < 2.0, f"rank {rank} took {took:.2f} s: {msg}"
+    assert len({msg for _k, msg, _t in res}) == 1, res
+    assert setting in res[0][1] and "rank 0 has" in res[0][1], res[0][1]
+
+
+def test_equal_settings_from_env_and_default_join():
+    """The check compares values, not where they came from: 1M set on one rank equals the default."""
+    res = join_apart([{}, {"KCCL_BUFFER_BYTES": "1M", "KCCL_MAX_OUTSTANDING": "1"}])
+    assert [k for k, _m, _t in res] == ["ok", "ok"], res
+
+
 def test_buffer_bytes_must_match_across_ranks():
-    """Ranks with different KCCL_BUFFER_BYTES cannot form a communicator (documented)."""
+    """The same through Python overrides, two ranks in one process."""
     uid = kccl.get_unique_id()
     errs = {}
 
     def join(rank, bb):
         try:
-            kccl.Communicator(2, uid, rank, config={"buffer_bytes": bb, "timeout_ms": 1500}).close()
+            kccl.Communicator(2, uid, rank, config={"buffer_bytes": bb}).close()
             errs[rank] = None
         except kccl.KcclError as e:
             errs[rank] = e
@@ -216,9 +273,8 @@ def test_buffer_bytes_must_match_across_ranks():
     t.start()
     join(1, 64 << 10)
     t.join()
-    assert all(isinstance(e, kccl.KcclError) for e in errs.values()), errs
-    usage = [e for e in errs.values() if isinstance(e, kccl.KcclInvalidUsage)]
-    assert usage and "KCCL_BUFFER_BYTES" in str(usage[0]), errs
+    assert all(isinstance(e, kccl.KcclInvalidUsage) for e in errs.values()), errs
+    assert str(errs[0]) == str(errs[1]) and "KCCL_BUFFER_BYTES" in str(errs[0]), errs
 
 
 def test_ranks_with_different_algorithms_get_a_mismatch_not_a_timeout():
