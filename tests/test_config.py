@@ -312,3 +312,57 @@ def test_ranks_with_different_algorithms_get_a_mismatch_not_a_timeout():
         assert isinstance(e, kccl.KcclRemoteError), f"rank {rank}: {e!r}"
         assert "mismatch" in str(e) and "all_reduce_twoshot" in str(e), str(e)
         assert took < timeout_ms / 1000 / 4, f"rank {rank} took {took:.2f} s"
+
+
+# -- unknown KCCL_* variables: warned about once, with the closest known name ---------------------
+
+WARN_PROBE = textwrap.dedent("""
+    import json, sys, warnings
+    sys.modules["ml_dtypes"] = None
+    import kccl
+    from kccl._native import ffi, lib
+    cfg = ffi.new("kcclConfig_t *")
+    lib.kcclConfigInit(cfg)  # C programs: C warns (on stderr)
+    lib.kcclConfigInit(cfg)
+    with warnings.catch_warnings(record=True) as got:
+        warnings.simplefilter("always")  # so that only KCCL's own once-only rule is at work
+        for _ in range(2):
+            kccl.Communicator(1, kccl.get_unique_id(), 0).close()
+    print(json.dumps([[w.category.__name__, str(w.message)] for w in got]))
+""")
+
+
+def _warnings_of(**env):
+    p = run_py(WARN_PROBE, clean_env(**env))
+    assert p.returncode == 0, p.stderr
+    c_lines = [ln for ln in p.stderr.splitlines() if "WARN" in ln]
+    return json.loads(p.stdout), c_lines
+
+
+def test_misspelled_setting_is_warned_about_once_naming_the_right_one():
+    py, c = _warnings_of(KCCL_TIMOUT_MS="500", KCCL_BUFER_BYTES="64k", KCCL_ZZZ="1", KCCL_TIMEOUT_MS="20000")
+    assert [k for k, _m in py] == ["KcclSettingWarning"] * 3, py  # three unknown names, each once
+    text = "\n".join(m for _k, m in py)
+    assert "KCCL_TIMOUT_MS is not a KCCL setting" in text and "did you mean KCCL_TIMEOUT_MS?" in text
+    assert "did you mean KCCL_BUFFER_BYTES?" in text
+    assert "KCCL_ZZZ is not a KCCL setting and is ignored (" in text  # nothing close: no guess
+    assert "KCCL_TIMEOUT_MS is not" not in text
+    assert len(c) == 3, c  # C says the same, once per process, for C programs
+    assert any("KCCL_TIMOUT_MS" in ln and "did you mean KCCL_TIMEOUT_MS?" in ln for ln in c), c
+    assert any("KCCL_BUFER_BYTES" in ln and "did you mean KCCL_BUFFER_BYTES?" in ln for ln in c), c
+    assert any("KCCL_ZZZ" in ln and "did you mean" not in ln for ln in c), c
+
+
+def test_every_known_setting_is_known_to_c_and_python():
+    valid = {s.name: str(s.default) for s in kconfig.SETTINGS if s.name != "KCCL_TOPO_FILE"}
+    valid.update({b[0]: b[1] for b in kconfig.BUILD_SETTINGS})
+    py, c = _warnings_of(**valid)
+    assert py == [] and c == [], (py, c)
+    assert set(kconfig.KNOWN_NAMES) == set(valid) | {"KCCL_TOPO_FILE"}
+
+
+@pytest.mark.parametrize("name,near", [("KCCL_TIMOUT_MS", "KCCL_TIMEOUT_MS"), ("KCCL_TIMEOUT", "KCCL_TIMEOUT_MS"),
+                                       ("KCCL_ALG", "KCCL_ALGO"), ("KCCL_GPU_BLOCK", "KCCL_GPU_BLOCKS"),
+                                       ("KCCL_FOO", None), ("KCCL_X", None)])
+def test_closest_setting(name, near):
+    assert kconfig.closest_setting(name) == near
