@@ -200,3 +200,54 @@ def test_ratio_range_over_runs(tmp_path):
     p = subprocess.run([sys.executable, os.path.join(ROOT, "bench", "ratio_range.py"), paths[0], bad],
                        capture_output=True, text=True, timeout=60)
     assert p.returncode == 2 and p.stderr.startswith("error: runs differ"), p.stderr
+
+
+# -- a rank dies under mpiexec: the survivors get KCCL's error, if the launcher lets them live -----
+
+SURVIVOR = textwrap.dedent("""
+    import json, os, signal, sys, time
+    import numpy as np
+    from mpi4py import MPI
+    import kccl
+
+    world = MPI.COMM_WORLD
+    rank, n = world.Get_rank(), world.Get_size()
+    comm = kccl.Communicator.from_mpi(world, config={"timeout_ms": 20000})
+    x = np.ones(256, np.float32)
+    comm.all_reduce(x)
+    comm.barrier()
+    if rank == n - 1:
+        os.kill(os.getpid(), signal.SIGKILL)
+    t0 = time.monotonic()
+    try:
+        for _ in range(100000):
+            comm.all_reduce(x)
+        out = {"rank": rank, "error": None}
+    except kccl.KcclError as e:
+        out = {"rank": rank, "error": type(e).__name__, "msg": str(e), "seconds": time.monotonic() - t0}
+    with open(os.path.join(sys.argv[1], f"rank{rank}.json"), "w") as f:  # Hydra may drop stdout of ranks
+        json.dump(out, f)                                                  # that end without MPI_Finalize
+    os._exit(0)  # MPI_Finalize would wait for the dead rank
+""")
+
+
+def _launcher_has(flag):
+    h = subprocess.run([MPIEXEC, "-help"], capture_output=True, text=True, timeout=60)
+    return flag in h.stdout + h.stderr
+
+
+@needs_mpi
+def test_survivors_report_the_dead_rank_under_disable_auto_cleanup(tmp_path):
+    """MPICH's Hydra kills every rank as soon as one dies; with -disable-auto-cleanup (the
+    README's advice) the survivors live on, and KCCL tells each which rank died."""
+    if not _launcher_has("-disable-auto-cleanup"):
+        pytest.skip("this mpiexec has no -disable-auto-cleanup (not MPICH's Hydra)")
+    script = tmp_path / "survivor.py"
+    script.write_text(SURVIVOR)
+    p = mpirun(3, ["-disable-auto-cleanup", sys.executable, str(script), str(tmp_path)])
+    outs = [json.load(open(tmp_path / f)) for f in sorted(os.listdir(tmp_path)) if f.endswith(".json")]
+    assert sorted(o["rank"] for o in outs) == [0, 1], p.stdout + p.stderr
+    for o in outs:
+        assert o["error"] == "KcclRemoteError", o
+        assert "rank 2" in o["msg"] and "died" in o["msg"], o
+        assert o["seconds"] < 5, o
