@@ -267,15 +267,16 @@ static kcclResult_t map_peer(struct kcclComm *c, int p, int64_t deadline) {
   return kcclSuccess;
 }
 
-/* Before a failing rank takes its name away: every live peer has mapped it (so has read
- * why this rank refuses, and refuses alike) or the deadline passed. */
+/* Before a rank that refused the settings takes its name away: every peer still alive has
+ * mapped it (so has read the same headers and refuses alike), or the deadline passed. */
 static void wait_attached(struct kcclComm *c, int64_t deadline) {
   long backoff = 10;
-  while (atomic_load_explicit(&c->hdr[c->rank]->attached, memory_order_acquire) < (uint32_t)(c->nranks - 1)) {
-    int live = 0;
+  for (;;) {
+    int dead = 0;
     for (int p = 0; p < c->nranks; p++)
-      if (p != c->rank && (!c->hdr[p] || !peer_dead(c, p))) live++;
-    if (!live || kccl_now_ns() > deadline) return;
+      if (p != c->rank && peer_dead(c, p)) dead++;
+    uint32_t seen = atomic_load_explicit(&c->hdr[c->rank]->attached, memory_order_acquire);
+    if ((int)seen + dead >= c->nranks - 1 || kccl_now_ns() > deadline) return;
     sleep_us(backoff);
     if (backoff < 1000) backoff *= 2;
   }
@@ -293,8 +294,8 @@ kcclResult_t kccl_shm_connect(struct kcclComm *c) {
   int64_t deadline = c->cfg.timeout_ms > 0 ? kccl_now_ns() + (int64_t)c->cfg.timeout_ms * 1000000 : INT64_MAX;
   for (int p = 0; p < c->nranks && res == kcclSuccess; p++)
     if (p != c->rank) res = map_peer(c, p, deadline);
-  int have_all = res == kcclSuccess;
-  if (have_all) res = check_agreement(c);
+  int refused = 0;
+  if (res == kcclSuccess) refused = (res = check_agreement(c)) != kcclSuccess;
 
   if (res == kcclSuccess) {
     atomic_store_explicit(&c->hdr[c->rank]->mapped, 1, memory_order_seq_cst);
@@ -329,11 +330,11 @@ kcclResult_t kccl_shm_connect(struct kcclComm *c) {
     kccl_replicas_setup(c);
     return kcclSuccess;
   }
-  /* Failure: our name goes (once the peers have read our header, when they all could),
-   * and so do the names of peers that are dead. */
+  /* Failure: our name goes (after a refusal, once the peers have read our header), and so
+   * do the names of peers that are dead. */
   snprintf(c->hdr[c->rank]->error_text, sizeof c->hdr[c->rank]->error_text, "%.255s", kcclGetLastError(NULL));
   atomic_store(&c->hdr[c->rank]->state, SEG_FAILED);
-  if (have_all) wait_attached(c, deadline);
+  if (refused) wait_attached(c, deadline);
   shm_unlink(c->names[c->rank]);
   for (int p = 0; p < c->nranks; p++)
     if (p != c->rank && peer_dead(c, p)) shm_unlink(c->names[p]);
