@@ -9,7 +9,11 @@ each size and library a rank takes the median over rounds of the mean time per
 call; the table shows min/avg/max of those medians across ranks.  `c_us` is
 KCCL timed by a loop inside C (kcclBenchAllReduce): the difference to `kccl_us`
 is the cost of the Python call.  #wrong counts result elements that differ from
-the exactly known answer (KCCL / MPI)."""
+the exactly known answer, KCCL / MPI: 0/0 means both were right everywhere.
+
+--json writes every row and the run's settings; --plot draws latency against size
+(both libraries) above the MPI/KCCL ratio, with the one-shot/two-shot crossover marked.
+This machine is noisy: compare several runs with bench/ratio_range.py."""
 import argparse
 import json
 import os
@@ -137,6 +141,7 @@ def main(argv=None):
         print(f"# {nranks} ranks on {os.cpu_count()} CPUs, {args.dtype} {args.op}, warmup {args.warmup}, "
               f"iters <= {args.iters} x {args.rounds} alternating rounds (<= {args.round_ms:g} ms each)")
         print("# times in us per call: median over rounds, then min/avg/max over ranks; ratio = MPI avg / KCCL avg")
+        print("# #wrong K/M: result elements that differ from the exact answer, KCCL / MPI (0/0 = all correct)")
         hdr = (f"{'size':>8} {'count':>10} {'type':>8} | {'kccl_min':>8} {'kccl_avg':>8} {'kccl_max':>8} "
                f"{'c_us':>7} | {'mpi_min':>8} {'mpi_avg':>8} {'mpi_max':>8} | {'mpi/kccl':>8} "
                f"{'algbw':>7} {'busbw':>7} | {'#wrong':>9}")
@@ -210,29 +215,92 @@ def main(argv=None):
         if args.json:
             with open(args.json, "w") as f:
                 json.dump(dict(meta=meta, rows=rows), f, indent=1)
+            print(f"wrote {args.json}")
         if args.plot:
             plot(rows, meta, args.plot)
+            print(f"wrote {args.plot}")
         return 0 if bad == 0 else 1
     return 0
 
 
+def size_label(n):
+    """4 -> "4 B", 1024 -> "1 KB", 3 << 20 -> "3 MB" (binary units)."""
+    for unit, div in (("GB", 1 << 30), ("MB", 1 << 20), ("KB", 1 << 10)):
+        if n >= div:
+            v = n / div
+            return f"{v:g} {unit}" if v == int(v) else f"{v:.1f} {unit}"
+    return f"{n:g} B"
+
+
+def size_ticks(lo, hi):
+    """Powers of two from lo to hi: all of them over a narrow range; over a wide one 1, 4
+    and 64 of each unit (4 B, 64 B, 1 KB, 4 KB, 64 KB, 1 MB, ...) and the largest, so that
+    the labels stay readable and every unit boundary is marked."""
+    ticks, t = [], 1
+    while t < lo:
+        t *= 2
+    while t <= hi:
+        ticks.append(t)
+        t *= 2
+    if len(ticks) > 9:
+        last = ticks[-1]
+        ticks = [x for x in ticks if (x.bit_length() - 1) % 10 in (0, 2, 6)]
+        if last >= 4 * ticks[-1]:  # the largest size too, when it has room
+            ticks.append(last)
+    return ticks
+
+
+def crossover(meta):
+    """(bytes, text): the largest one-shot all-reduce under KCCL_ALGO=auto, else (None, why)."""
+    settings = meta.get("settings", {})
+    algo = settings.get("KCCL_ALGO", "auto")
+    if algo != "auto":
+        return None, f"KCCL_ALGO={algo}: every size {algo}"
+    n = settings.get("KCCL_ONESHOT_MAX_BYTES", 16384)
+    return n, f"one-shot up to {size_label(n)}, two-shot above"
+
+
 def plot(rows, meta, path):
+    """Two panels sharing the size axis: latency per call (log-log) and MPI/KCCL; the
+    one-shot/two-shot crossover as a dashed line.  Returns the figure."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import FixedLocator, FuncFormatter, NullLocator
     x = [r["bytes"] for r in rows]
-    fig, ax = plt.subplots(figsize=(7, 4.5))
+    has_mpi = bool(rows) and rows[0]["mpi_us_avg"] is not None
+    fig, (ax, rax) = plt.subplots(2, 1, figsize=(7.5, 6.5), sharex=True, gridspec_kw={"height_ratios": [2, 1]})
     ax.loglog(x, [r["kccl_us_avg"] for r in rows], "o-", label="KCCL (Python call)")
     ax.loglog(x, [r["c_us"] for r in rows], "s--", label="KCCL (loop in C)")
-    if rows and rows[0]["mpi_us_avg"] is not None:
+    if has_mpi:
         ax.loglog(x, [r["mpi_us_avg"] for r in rows], "^-", label="mpi4py MPI.Allreduce")
-    ax.set_xlabel("message size (bytes)")
+        rax.semilogx(x, [r["ratio"] for r in rows], "o-", color="tab:green", label="MPI / KCCL")
+        rax.axhline(1.0, color="grey", lw=0.8)
+    else:
+        rax.text(0.5, 0.5, "no MPI run (--no-mpi or an op/type MPI lacks)", transform=rax.transAxes,
+                 ha="center", va="center")
+    rax.set_xscale("log", base=2)
+    cross, cross_text = crossover(meta)
+    for a in (ax, rax):
+        if cross is not None and x and min(x) <= cross < max(x):
+            a.axvline(cross * 2 ** 0.5, color="tab:red", ls=":", lw=1.2,
+                      label=cross_text if a is ax else None)
+        a.grid(True, which="major", alpha=0.3)
+    if x:
+        rax.xaxis.set_major_locator(FixedLocator(size_ticks(min(x), max(x))))
+    rax.xaxis.set_major_formatter(FuncFormatter(lambda v, _pos: size_label(int(round(v)))))
+    rax.xaxis.set_minor_locator(NullLocator())
+    rax.set_xlabel("message size")
+    rax.set_ylabel("MPI / KCCL (x)")
     ax.set_ylabel("latency per call (us)")
-    ax.set_title(f"all_reduce, {meta['nranks']} ranks, {rows[0]['dtype']} {rows[0]['op']}" if rows else "all_reduce")
-    ax.grid(True, which="both", alpha=0.3)
-    ax.legend()
+    title = f"all_reduce, {meta['nranks']} ranks, {rows[0]['dtype']} {rows[0]['op']}" if rows else "all_reduce"
+    if cross is None:
+        title += f" ({cross_text})"
+    ax.set_title(title)
+    ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
+    return fig
 
 
 if __name__ == "__main__":

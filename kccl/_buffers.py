@@ -2,7 +2,8 @@
 
 Accepted: C-contiguous objects with the buffer protocol (numpy arrays first,
 bytes/bytearray/memoryview/array.array), and CPU tensors that speak DLPack
-(torch.Tensor and friends, through numpy.from_dlpack, zero-copy).  numpy has
+(torch.Tensor and friends, zero-copy: through numpy.from_dlpack, or, for types numpy
+lacks such as torch.bfloat16, through the DLPack description itself).  numpy has
 no bfloat16: pass an ml_dtypes.bfloat16 array, or uint16 storage with
 dtype="bfloat16"."""
 import numpy as np
@@ -80,7 +81,18 @@ def _as_array(obj, what):
         try:
             return np.from_dlpack(obj)
         except Exception as e:
-            raise KcclInvalidArgument(f"{what}: cannot view {type(obj).__name__} through DLPack: {e}") from None
+            numpy_says = e
+        # numpy has no bfloat16 (and refuses some layouts): read the DLPack description itself
+        from . import _dlpack
+        try:
+            view = _dlpack.read(obj)
+        except Exception:
+            raise KcclInvalidArgument(f"{what}: cannot view {type(obj).__name__} through DLPack: "
+                                      f"{numpy_says}") from None
+        if view.device_type not in (_dlpack.KDL_CPU, _dlpack.KDL_CUDA_HOST):
+            raise KcclInvalidArgument(f"{what} is not in host memory (DLPack device type {view.device_type}): "
+                                      "the host transport takes CPU buffers")
+        return view
     try:
         return memoryview(obj)
     except TypeError:
@@ -93,9 +105,24 @@ def _label(arr):
     return str(arr.dtype) if isinstance(arr, np.ndarray) else f"format {arr.format!r}"
 
 
+def _resolve_dlpack(view, dtype, what):
+    if view.lanes != 1:
+        raise KcclInvalidArgument(f"{what} has vector lanes ({view.lanes}), which KCCL does not take")
+    if not view.c_contiguous:
+        raise KcclInvalidArgument(f"{what} is not C-contiguous (shape {view.shape}, strides {view.strides}); "
+                                  "pass a contiguous copy")
+    code = apply_dtype(view.code, view.itemsize, view.nbytes, dtype, view.label, what,
+                       "bfloat16: torch.bfloat16, or uint16 storage with dtype='bfloat16'")
+    ptr = ffi.cast("void *", view.address) if view.nbytes else ffi.NULL
+    return ptr, view.nbytes // ITEMSIZE[code], code, view
+
+
 def resolve(obj, dtype, writable, what):
-    """(cdata, count, code, array) for obj; `array` keeps the buffer alive."""
+    """(cdata, count, code, keep) for obj; `keep` keeps the buffer (or its DLPack capsule)
+    alive while the pointer is in use."""
     arr = _as_array(obj, what)
+    if not isinstance(arr, (np.ndarray, memoryview)):
+        return _resolve_dlpack(arr, dtype, what)
     if isinstance(arr, np.ndarray):
         if not arr.flags.c_contiguous:
             raise KcclInvalidArgument(f"{what} is not C-contiguous (shape {arr.shape}, strides {arr.strides}); "

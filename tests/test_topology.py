@@ -13,6 +13,7 @@ import pytest
 import topology
 from topology import chips, cost
 from topology.fixtures import build as fixtures
+from topology.plan import cpu_count
 from topology.sysfs import parse_cpu_list
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -349,6 +350,33 @@ def test_cli_tree_plan_cost_and_json(trees, tmp_path):
     assert doc["plan"]["kind"] == "gpu" and len(doc["plan"]["domains"]) == 2
     t, _ = topology.load(str(out))
     assert len(t.of_kind("gpu")) == 8
+
+
+def test_cli_plans_more_ranks_than_cpus_and_prints_every_cost_row(trees):
+    """On a 2-CPU machine a 4-rank communicator works (its waits yield): the plan places it,
+    and --cost prints a row for every count asked for."""
+    p = _cli("--root", trees["this-machine"], "--plan", "4", "--cost", "1,2,4,8")
+    assert p.returncode == 0, p.stderr
+    assert "plan for 4 cpu ranks" in p.stdout and "oversubscribed: 4 ranks on 2 CPUs" in p.stdout, p.stdout
+    for n in (1, 2, 4, 8):
+        assert re.search(rf"^\s*{n}\s+1\s+0\s+0\s", p.stdout, re.M), (n, p.stdout)
+    assert "* more ranks than CPUs" in p.stdout
+
+
+@pytest.mark.parametrize("name", ["this-machine", "epyc9654-2s-nps4", "xeon8480-2s-snc4"])
+def test_oversubscribed_plan_takes_the_domains_of_shared_cpus(trees, name):
+    t = machine(trees, name)
+    ncpu = cpu_count(t)
+    n = 2 * ncpu + 3
+    p = topology.plan(n, t)
+    one = topology.plan(ncpu, t)
+    assert p.nranks == n and p.oversubscribed == n - ncpu
+    assert p.rank_domain == [one.rank_domain[r % ncpu] for r in range(n)]
+    assert one.oversubscribed == 0
+    for placement in ("compact", "scatter"):
+        rows = cost.table(t, [1, ncpu, n], 8, placement)
+        assert [r["ranks"] for r in rows] == [1, ncpu, n]
+        assert rows[-1]["shared"] > 0 and rows[0]["shared"] == 0
 
 
 @pytest.mark.parametrize("args", [["--root", "/nonexistent"], ["--plan", "0"], ["--plan", "many"],

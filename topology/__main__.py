@@ -3,7 +3,8 @@
     python -m topology                          # this machine
     python -m topology --root DIR [--nvml F]    # a captured sysfs/KFD tree (+ NVML JSON)
     python -m topology --file TOPO.json         # a topology file (KCCL_TOPO_FILE format)
-    python -m topology --plan N                 # + the placement plan for N ranks (one per core)
+    python -m topology --plan N                 # + the placement plan for N ranks (one per core;
+                                                #   beyond the CPUs, round-robin: oversubscribed)
     python -m topology --plan gpu:0,gpu:1       # + the plan for GPU ranks
     python -m topology --json [OUT]             # the graph (and plan) as JSON, to OUT or stdout
     python -m topology --cost 8,16,32           # + the cost-model table for those rank counts"""

@@ -21,7 +21,7 @@ writer's first line with the data anyway, so a flag replica would only add a
 transfer): there both plans cost the same.  Polling while the flag is unchanged costs nothing
 (the line stays shared in the readers' caches); invalidations and the writer's
 own copy are not counted."""
-from .plan import plan as make_plan, compact_cpus
+from .plan import MAX_RANKS, plan as make_plan, compact_cpus
 from .errors import TopologyError
 
 LINE = 64
@@ -58,31 +58,33 @@ def transfers(p, message_bytes=8):
 
 
 def scatter_cpus(topo, n):
-    """n ranks dealt round-robin over the domains (one core each): the worst case for one copy."""
+    """n ranks dealt round-robin over the domains (one core each): the worst case for one copy.
+    Beyond one rank per core the deal starts again from the first cores (oversubscribed)."""
     doms = [sorted({min(c.attrs["cpus"]) for c in topo.of_kind("core") if set(c.attrs["cpus"]) <= d.cpus})
             for d in topo.cpu_domains()]
-    out, i = [], 0
-    while len(out) < n:
-        if not any(doms):
-            raise TopologyError(f"{n} ranks: only {len(out)} cores")
+    order, i = [], 0
+    while any(doms):
         if doms[i % len(doms)]:
-            out.append(doms[i % len(doms)].pop(0))
+            order.append(doms[i % len(doms)].pop(0))
         i += 1
-    return out
+    if not order:
+        raise TopologyError("the topology has no cores")
+    if not 1 <= n <= MAX_RANKS:
+        raise TopologyError(f"{n} ranks: a KCCL communicator holds 1..{MAX_RANKS} ranks")
+    return [order[k % len(order)] for k in range(n)]
 
 
 def table(topo, counts, message_bytes=8, placement="compact"):
-    """Rows for each rank count that fits the machine's cores."""
-    ncores = len(topo.of_kind("core"))
+    """A row for every rank count asked for; counts above the machine's cores (compact:
+    its CPUs) share cores round-robin, as plan() places them, and say so ("shared")."""
     rows = []
     for n in counts:
-        if n > ncores:
-            continue
         cpus = compact_cpus(topo, n) if placement == "compact" else scatter_cpus(topo, n)
         p = make_plan(cpus, topo)
         t = transfers(p, message_bytes)
         rows.append({"ranks": n, "domains": len(p.domains), "copies": p.copies_per_flag, **t,
-                     "ratio": (t["single"] / t["replicated"]) if t["replicated"] else None})
+                     "ratio": (t["single"] / t["replicated"]) if t["replicated"] else None,
+                     "shared": len(cpus) - len(set(cpus))})
     return rows
 
 
@@ -93,6 +95,9 @@ def format_table(name, rows, message_bytes=8, placement="compact"):
            f"{'repl, plain stores':>18}"]
     for r in rows:
         ratio = "-" if r["ratio"] is None else f"{r['ratio']:.1f}x"
+        mark = " *" if r.get("shared") else ""
         out.append(f"{r['ranks']:>5} {r['domains']:>7} {r['single']:>12} {r['replicated']:>11} {ratio:>11} "
-                   f"{r['replicated_plain_stores']:>18}")
+                   f"{r['replicated_plain_stores']:>18}{mark}")
+    if any(r.get("shared") for r in rows):
+        out.append("* more ranks than CPUs: ranks share CPUs round-robin (oversubscribed)")
     return "\n".join(out)

@@ -44,6 +44,7 @@ class Plan:
     rank_domain: List[Optional[int]]
     replicas: List[List[Replica]]   # per writer
     machine_domains: int            # domains the machine has (spanned or not)
+    oversubscribed: int = 0         # ranks placed on a CPU an earlier rank already has
 
     @property
     def copies_per_flag(self):
@@ -55,7 +56,7 @@ class Plan:
 
     def to_dict(self):
         return {"nranks": self.nranks, "kind": self.kind, "machine_domains": self.machine_domains,
-                "single_copy": self.single_copy,
+                "single_copy": self.single_copy, "oversubscribed": self.oversubscribed,
                 "domains": [{"index": d.index, "key": d.key, "numa": d.numa, "ranks": d.ranks} for d in self.domains],
                 "rank_domain": self.rank_domain,
                 "replicas": [[{"domain": r.domain, "numa": r.numa, "readers": r.readers, "own": r.own, "sub": r.sub}
@@ -65,6 +66,9 @@ class Plan:
         lines = [f"plan for {self.nranks} {self.kind} ranks: {len(self.domains)} of {self.machine_domains} "
                  f"domains spanned, {self.copies_per_flag} cop{'y' if self.copies_per_flag == 1 else 'ies'} "
                  f"of each flag" + (" (one domain: one copy)" if self.single_copy else "")]
+        if self.oversubscribed:
+            lines.append(f"  oversubscribed: {self.nranks} ranks on {self.nranks - self.oversubscribed} CPUs, "
+                         f"dealt round-robin (a rank takes the domain of the CPU it shares)")
         for d in self.domains:
             lines.append(f"  domain {d.index:>3} {d.key:<22} numa {d.numa if d.numa is not None else '-':>3}  "
                          f"ranks {list_text(d.ranks)}")
@@ -92,14 +96,26 @@ def list_text(xs):
     return ",".join(out)
 
 
+MAX_RANKS = 1024  # KCCL_MAX_RANKS (kccl_native/src/internal.h): the largest communicator
+
+
 def compact_cpus(topo, n):
-    """n ranks one per core in CPU order (then on SMT siblings): what `--bind-to core` gives."""
+    """n ranks one per core in CPU order (then on SMT siblings): what `--bind-to core` gives.
+    More ranks than CPUs are dealt round-robin over the same order: KCCL runs such
+    communicators (its waits yield the CPU when ranks outnumber cores), and a rank's domain
+    is the domain of the CPU it shares."""
+    if not 1 <= n <= MAX_RANKS:
+        raise TopologyError(f"{n} ranks: a KCCL communicator holds 1..{MAX_RANKS} ranks")
     cores = sorted(topo.of_kind("core"), key=lambda c: min(c.attrs["cpus"]))
     order = [min(c.attrs["cpus"]) for c in cores]
     order += sorted(cpu for c in cores for cpu in c.attrs["cpus"] if cpu != min(c.attrs["cpus"]))
-    if not 1 <= n <= len(order):
-        raise TopologyError(f"{n} ranks: this topology has {len(order)} CPUs (expected 1..{len(order)} ranks)")
-    return order[:n]
+    if not order:
+        raise TopologyError("the topology has no CPUs")
+    return [order[i % len(order)] for i in range(n)]
+
+
+def cpu_count(topo):
+    return sum(len(c.attrs["cpus"]) for c in topo.of_kind("core"))
 
 
 def _check_count(n):
@@ -113,7 +129,7 @@ def plan(ranks, topo, rank_domains=None):
     domain of each rank, overriding where its CPUs are (topology files for tests)."""
     if isinstance(ranks, int) and not isinstance(ranks, bool):
         _check_count(ranks)
-        ranks = compact_cpus(topo, ranks)
+        ranks = compact_cpus(topo, ranks)  # round-robin beyond the CPUs: see Plan.oversubscribed
     if not isinstance(ranks, (list, tuple)) or not ranks:
         raise TopologyError(f"ranks must be a positive count or a non-empty list, got {ranks!r}")
     if all(isinstance(r, str) for r in ranks):
@@ -135,7 +151,10 @@ def plan(ranks, topo, rank_domains=None):
         rank_domain = [None if d is None or d < 0 else int(d) for d in rank_domains]
         if any(d is not None and d >= len(domains) for d in rank_domain):
             raise TopologyError(f"rank_domains names a domain beyond the {len(domains)} of this topology")
-    return _build(len(ranks), "cpu", rank_domain, {d.index: (d.key, d.numa) for d in domains}, len(domains), {})
+    p = _build(len(ranks), "cpu", rank_domain, {d.index: (d.key, d.numa) for d in domains}, len(domains), {})
+    singles = [r for r in ranks if isinstance(r, int)]
+    p.oversubscribed = len(singles) - len(set(singles))
+    return p
 
 
 def _gpu_plan(ranks, topo):

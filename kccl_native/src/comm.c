@@ -115,9 +115,10 @@ kcclResult_t kccl_comm_init(kcclComm_t *out, int nranks, kcclUniqueId id, int ra
   c->names = calloc((size_t)nranks, sizeof *c->names);
   c->base = calloc((size_t)nranks, sizeof *c->base);
   c->hdr = calloc((size_t)nranks, sizeof *c->hdr);
+  c->map_bytes = calloc((size_t)nranks, sizeof *c->map_bytes);
   c->pid = calloc((size_t)nranks, sizeof *c->pid);
   c->pidfd = malloc((size_t)nranks * sizeof *c->pidfd);
-  if (!c->names || !c->base || !c->hdr || !c->pid || !c->pidfd) {
+  if (!c->names || !c->base || !c->hdr || !c->map_bytes || !c->pid || !c->pidfd) {
     kccl_shm_release(c);
     free(c);
     return kccl_err(kcclSystemError, "out of memory");

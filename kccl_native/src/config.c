@@ -3,9 +3,12 @@
  * with `python -m kccl.config`); a test checks that both agree. */
 #include <ctype.h>
 #include <errno.h>
+#include <stdatomic.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <unistd.h>
 
 #include "internal.h"
 
@@ -56,8 +59,67 @@ static kcclResult_t env_choice(const char *name, const char *const *names, int n
   return kccl_err(kcclInvalidArgument, "%s=%s: expected one of %s", name, s, list);
 }
 
+/* Every KCCL_* variable KCCL reads: the ones above, the Python-only placement ones and
+ * the build-time one (kccl/config.py registers the same names; a test compares). */
+static const char *const known_env[] = {
+    "KCCL_TIMEOUT_MS", "KCCL_ALGO", "KCCL_ONESHOT_MAX_BYTES", "KCCL_BUFFER_BYTES", "KCCL_SPIN_US",
+    "KCCL_YIELD_US", "KCCL_GPU_ONESHOT_MAX_BYTES", "KCCL_GPU_BUFFER_BYTES", "KCCL_GPU_PDL",
+    "KCCL_GPU_FLAG_REPLICAS", "KCCL_GPU_BLOCKS", "KCCL_GPU_PULL", "KCCL_GPU_CARVEOUT", "KCCL_GPU_LL_THREADS",
+    "KCCL_GPU_LL_HOPS", "KCCL_GPU_CHUNK_THREADS", "KCCL_DEBUG", "KCCL_TOPO", "KCCL_TOPO_FILE",
+    "KCCL_MAX_OUTSTANDING", "KCCL_CUDA"};
+#define NKNOWN (sizeof known_env / sizeof known_env[0])
+
+/* Levenshtein distance of two short names (longer ones count as far apart). */
+static int edit_distance(const char *a, size_t la, const char *b) {
+  size_t lb = strlen(b);
+  int row[64];
+  if (la >= 64 || lb >= 64) return 1 << 20;
+  for (size_t j = 0; j <= lb; j++) row[j] = (int)j;
+  for (size_t i = 1; i <= la; i++) {
+    int diag = row[0];
+    row[0] = (int)i;
+    for (size_t j = 1; j <= lb; j++) {
+      int up = row[j], best = diag + (a[i - 1] != b[j - 1]);
+      if (up + 1 < best) best = up + 1;
+      if (row[j - 1] + 1 < best) best = row[j - 1] + 1;
+      diag = up;
+      row[j] = best;
+    }
+  }
+  return row[lb];
+}
+
+/* A misspelled setting would otherwise be ignored without a word: the first
+ * kcclConfigInit of a process names every unknown KCCL_* variable, and the known one
+ * closest to it (within 3 edits, and fewer than half the letters after KCCL_). */
+static void warn_unknown_env(void) {
+  static atomic_int done;
+  if (atomic_exchange(&done, 1)) return;
+  extern char **environ;
+  for (char **e = environ; e && *e; e++) {
+    if (strncmp(*e, "KCCL_", 5) != 0) continue;
+    const char *eq = strchr(*e, '=');
+    size_t len = eq ? (size_t)(eq - *e) : strlen(*e);
+    const char *best = NULL;
+    int best_d = 4, known = 0;
+    for (size_t k = 0; k < NKNOWN && !known; k++) {
+      if (strlen(known_env[k]) == len && !strncmp(*e, known_env[k], len)) known = 1;
+      int d = edit_distance(*e, len, known_env[k]);
+      if (d < best_d && 2 * d < (int)len - 5) { best_d = d; best = known_env[k]; }
+    }
+    if (known) continue;
+    if (best)
+      fprintf(stderr, "[kccl pid %d] WARN %.*s is not a KCCL setting and is ignored; did you mean %s? "
+              "(python -m kccl.config lists them)\n", (int)getpid(), (int)len, *e, best);
+    else
+      fprintf(stderr, "[kccl pid %d] WARN %.*s is not a KCCL setting and is ignored "
+              "(python -m kccl.config lists them)\n", (int)getpid(), (int)len, *e);
+  }
+}
+
 kcclResult_t kcclConfigInit(kcclConfig_t *cfg) {
   if (!cfg) return kccl_err(kcclInvalidArgument, "config is NULL");
+  warn_unknown_env();
   memset(cfg, 0, sizeof *cfg);
   cfg->size = sizeof *cfg;
   cfg->timeout_ms = 30000;

@@ -21,6 +21,7 @@
  * has started s-D and therefore completed s-2D: sets of steps <= s-2D are
  * free, and 2D sets suffice (nonblocking.c). */
 #define KCCL_MAX_OUTSTANDING 8
+#define KCCL_EQUAL_SETTINGS 10 /* entries of the table in shm.c */
 #define KCCL_MAX_RANKS 1024
 
 /* Segment states, in the header of each rank's segment. */
@@ -49,6 +50,11 @@ typedef struct {
   uint64_t seg_bytes, slot_bytes;
   _Atomic uint32_t state;   /* SEG_* */
   _Atomic uint32_t mapped;  /* 1 once this rank has mapped every peer */
+  _Atomic uint32_t attached; /* peers that have mapped this segment (init): a rank that fails
+                                init keeps its name until every peer has read its header */
+  /* The settings every rank must share (KCCL_EQUAL_SETTINGS, shm.c): each rank compares
+   * every rank's against rank 0's, so all reach the same verdict with the same words. */
+  int64_t equal[KCCL_EQUAL_SETTINGS];
   char pad0[KCCL_LINE];
   /* Written only by peers that go to sleep on one of this rank's flags;
    * read by this rank after each publish to decide whether to futex-wake. */
@@ -102,6 +108,7 @@ struct kcclComm {
   char **names;              /* shm name of each rank (kept to clean up after dead peers) */
   uint8_t **base;            /* each rank's mapped segment */
   kccl_seg_header **hdr;
+  size_t *map_bytes;         /* length of each rank's mapping (a peer's segment is mapped at its own size) */
   pid_t *pid;
   int *pidfd;                /* -1 where pidfd_open is unavailable */
   uint32_t nsets;            /* buffer sets (see KCCL_MAX_OUTSTANDING) */
@@ -181,7 +188,7 @@ kcclResult_t kccl_comm_init(kcclComm_t *out, int nranks, kcclUniqueId id, int ra
 kcclResult_t kccl_replicas_alloc(struct kcclComm *c, const kcclPlacement_t *pl); /* before sizing */
 size_t kccl_replicas_layout(struct kcclComm *c, size_t area_off); /* bytes the replicas add to a segment */
 void kccl_replicas_own(struct kcclComm *c);      /* own segment mapped: header fields, mbind, verify */
-kcclResult_t kccl_replicas_check_peer(struct kcclComm *c, int p);
+kcclResult_t kccl_replicas_check_rank(struct kcclComm *c, int r);
 void kccl_replicas_setup(struct kcclComm *c);    /* every peer mapped: who writes where */
 void kccl_replicas_wake_all(struct kcclComm *c);
 void kccl_replicas_free(struct kcclComm *c);

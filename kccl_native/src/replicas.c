@@ -134,16 +134,17 @@ void kccl_replicas_own(struct kcclComm *c) {
   kccl_log(x->bound < 0 ? 1 : 2, "rank %d replicas: %s", c->rank, x->note);
 }
 
-kcclResult_t kccl_replicas_check_peer(struct kcclComm *c, int p) {
-  const kccl_seg_header *h = c->hdr[p], *me = c->hdr[c->rank];
-  if (h->ndomains != me->ndomains || h->topo_hash != me->topo_hash)
+/* Rank r's placement against rank 0's: every rank runs this for every r, so all of
+ * them refuse a disagreement alike. */
+kcclResult_t kccl_replicas_check_rank(struct kcclComm *c, int r) {
+  const kccl_seg_header *h = c->hdr[r], *h0 = c->hdr[0];
+  if (h->ndomains != h0->ndomains || h->topo_hash != h0->topo_hash)
     return kccl_err(kcclInvalidUsage,
-                    "rank %d sees %d topology domains (hash %016llx), rank %d sees %d (hash %016llx): every "
-                    "rank must use the same topology (KCCL_TOPO, KCCL_TOPO_FILE)", p, (int)h->ndomains,
-                    (unsigned long long)h->topo_hash, c->rank, (int)me->ndomains,
-                    (unsigned long long)me->topo_hash);
+                    "rank 0 sees %d topology domains (hash %016llx), rank %d sees %d (hash %016llx): every "
+                    "rank must use the same topology (KCCL_TOPO, KCCL_TOPO_FILE)", (int)h0->ndomains,
+                    (unsigned long long)h0->topo_hash, r, (int)h->ndomains, (unsigned long long)h->topo_hash);
   if (h->domain < -1 || h->domain >= h->ndomains)
-    return kccl_err(kcclInvalidUsage, "rank %d claims domain %d of %d", p, (int)h->domain, (int)h->ndomains);
+    return kccl_err(kcclInvalidUsage, "rank %d claims domain %d of %d", r, (int)h->domain, (int)h->ndomains);
   return kcclSuccess;
 }
 

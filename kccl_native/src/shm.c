@@ -115,6 +115,33 @@ void kccl_shm_sweep_stale(void) {
   closedir(d);
 }
 
+/* Settings that shape what ranks share, so they must be equal on all ranks.  A GPU
+ * setting counts only between two GPU ranks (a host communicator ignores them). */
+static const struct {
+  const char *name;
+  int gpu;
+} equal_settings[KCCL_EQUAL_SETTINGS] = {
+    {"KCCL_BUFFER_BYTES", 0},    {"KCCL_MAX_OUTSTANDING", 0},   {"transport", 0},
+    {"KCCL_GPU_BUFFER_BYTES", 1}, {"KCCL_GPU_FLAG_REPLICAS", 1}, {"KCCL_GPU_BLOCKS", 1},
+    {"KCCL_GPU_PULL", 1},         {"KCCL_GPU_LL_THREADS", 1},    {"KCCL_GPU_LL_HOPS", 1},
+    {"KCCL_GPU_CHUNK_THREADS", 1},
+};
+
+static void own_equal_settings(const kcclConfig_t *cfg, int64_t *v) {
+  int64_t vals[KCCL_EQUAL_SETTINGS] = {(int64_t)cfg->buffer_bytes, cfg->max_outstanding, cfg->device >= 0,
+                                       (int64_t)cfg->gpu_buffer_bytes, cfg->gpu_flag_replicas, cfg->gpu_blocks,
+                                       cfg->gpu_pull, cfg->gpu_ll_threads, cfg->gpu_ll_hops,
+                                       cfg->gpu_chunk_threads};
+  memcpy(v, vals, sizeof vals);
+}
+
+static void setting_text(int i, int64_t v, char *out, size_t n) {
+  if (i == 2)
+    snprintf(out, n, "%s", v ? "a GPU (device=N)" : "the host transport");
+  else
+    snprintf(out, n, "%s=%lld", equal_settings[i].name, (long long)v);
+}
+
 static kcclResult_t create_own(struct kcclComm *c) {
   const char *name = c->names[c->rank];
   int fd = shm_open(name, O_CREAT | O_EXCL | O_RDWR | O_CLOEXEC, 0600);
@@ -140,6 +167,7 @@ static kcclResult_t create_own(struct kcclComm *c) {
     return kccl_err(kcclSystemError, "mmap of %zu bytes: %s", c->seg_bytes, strerror(e));
   }
   c->base[c->rank] = p;
+  c->map_bytes[c->rank] = c->seg_bytes;
   kccl_seg_header *h = c->hdr[c->rank] = p;
   h->version = KCCL_VERSION_CODE;
   h->nranks = (uint32_t)c->nranks;
@@ -149,6 +177,7 @@ static kcclResult_t create_own(struct kcclComm *c) {
   memcpy(h->token, c->token, 16);
   h->seg_bytes = c->seg_bytes;
   h->slot_bytes = c->slot_bytes;
+  own_equal_settings(&c->cfg, h->equal);
   kccl_replicas_own(c); /* placement fields; replica pages bound while only this rank maps them */
   atomic_store_explicit(&h->state, SEG_READY, memory_order_relaxed);
   __atomic_store_n(&h->magic, KCCL_SEG_MAGIC, __ATOMIC_RELEASE); /* header complete */
@@ -160,7 +189,37 @@ static int peer_dead(struct kcclComm *c, int p) {
   return c->hdr[p] && !kccl_pid_alive(c->pid[p], c->hdr[p]->starttime);
 }
 
-/* Maps peer p's segment, waiting for it to appear and be initialised. */
+/* With every rank's header at hand: the first setting (in table order) on which some
+ * rank differs from rank 0, at the lowest such rank.  Every rank sees the same headers,
+ * so every rank returns the same error text. */
+static kcclResult_t check_agreement(struct kcclComm *c) {
+  const kccl_seg_header *h0 = c->hdr[0];
+  for (int i = 0; i < KCCL_EQUAL_SETTINGS; i++)
+    for (int r = 1; r < c->nranks; r++) {
+      const kccl_seg_header *h = c->hdr[r];
+      if (equal_settings[i].gpu && !(h0->equal[2] && h->equal[2])) continue;
+      if (h->equal[i] == h0->equal[i]) continue;
+      char a[96], b[96];
+      setting_text(i, h0->equal[i], a, sizeof a);
+      setting_text(i, h->equal[i], b, sizeof b);
+      return kccl_err(kcclInvalidUsage, "unequal settings: rank 0 has %s, rank %d has %s; %s must be equal on "
+                      "all ranks (set it alike everywhere, or nowhere)", a, r, b,
+                      i == 2 ? "the transport" : equal_settings[i].name);
+    }
+  for (int r = 1; r < c->nranks; r++) {
+    kcclResult_t res = kccl_replicas_check_rank(c, r);
+    if (res != kcclSuccess) return res;
+  }
+  for (int r = 1; r < c->nranks; r++) /* the settings above decide the size; this is a last guard */
+    if (c->hdr[r]->seg_bytes != c->hdr[0]->seg_bytes)
+      return kccl_err(kcclInvalidUsage, "rank 0 uses %llu-byte segments, rank %d %llu: every rank must use the "
+                      "same KCCL_BUFFER_BYTES and KCCL_MAX_OUTSTANDING", (unsigned long long)c->hdr[0]->seg_bytes,
+                      r, (unsigned long long)c->hdr[r]->seg_bytes);
+  return kcclSuccess;
+}
+
+/* Maps peer p's segment at the size its creator gave it, waiting for it to appear and
+ * its header to be complete; then counts this rank in the peer's `attached`. */
 static kcclResult_t map_peer(struct kcclComm *c, int p, int64_t deadline) {
   long backoff = 20;
   int fd = -1;
@@ -182,19 +241,12 @@ static kcclResult_t map_peer(struct kcclComm *c, int p, int64_t deadline) {
     if (kccl_now_ns() > deadline) { close(fd); return kccl_err(kcclTimeout, "rank %d's segment was never sized", p); }
     sleep_us(50);
   }
-  if ((size_t)sb.st_size != c->seg_bytes) {
-    close(fd);
-    return kccl_err(kcclInvalidUsage,
-                    "rank %d uses %zu-byte segments, rank %d %zu: every rank must use the same "
-                    "KCCL_BUFFER_BYTES and KCCL_MAX_OUTSTANDING (and see the same topology: KCCL_TOPO, "
-                    "KCCL_TOPO_FILE)", p,
-                    (size_t)sb.st_size, c->rank, c->seg_bytes);
-  }
-  void *m = mmap(NULL, c->seg_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  void *m = mmap(NULL, (size_t)sb.st_size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   int e = errno;
   close(fd);
   if (m == MAP_FAILED) return kccl_err(kcclSystemError, "mmap peer %d: %s", p, strerror(e));
   c->base[p] = m;
+  c->map_bytes[p] = (size_t)sb.st_size;
   kccl_seg_header *h = m;
   while (__atomic_load_n(&h->magic, __ATOMIC_ACQUIRE) != KCCL_SEG_MAGIC) {
     if (kccl_now_ns() > deadline) return kccl_err(kcclTimeout, "rank %d's segment header never completed", p);
@@ -202,18 +254,32 @@ static kcclResult_t map_peer(struct kcclComm *c, int p, int64_t deadline) {
   }
   c->hdr[p] = h;
   c->pid[p] = (pid_t)h->pid;
-  if (h->nranks != (uint32_t)c->nranks || h->rank != (uint32_t)p)
-    return kccl_err(kcclInvalidUsage, "rank %d joined with nranks=%u, rank %d with nranks=%d", p,
-                    h->nranks, c->rank, c->nranks);
   if (h->version != KCCL_VERSION_CODE)
     return kccl_err(kcclInvalidUsage, "rank %d runs KCCL version %u, rank %d version %d", p,
                     h->version, c->rank, KCCL_VERSION_CODE);
-  kcclResult_t res = kccl_replicas_check_peer(c, p);
-  if (res != kcclSuccess) return res;
+  atomic_fetch_add_explicit(&h->attached, 1, memory_order_seq_cst);
+  if (h->nranks != (uint32_t)c->nranks || h->rank != (uint32_t)p)
+    return kccl_err(kcclInvalidUsage, "rank %d joined with nranks=%u, rank %d with nranks=%d", p,
+                    h->nranks, c->rank, c->nranks);
 #ifdef SYS_pidfd_open
   c->pidfd[p] = (int)syscall(SYS_pidfd_open, c->pid[p], 0);
 #endif
   return kcclSuccess;
+}
+
+/* Before a rank that refused the settings takes its name away: every peer still alive has
+ * mapped it (so has read the same headers and refuses alike), or the deadline passed. */
+static void wait_attached(struct kcclComm *c, int64_t deadline) {
+  long backoff = 10;
+  for (;;) {
+    int dead = 0;
+    for (int p = 0; p < c->nranks; p++)
+      if (p != c->rank && peer_dead(c, p)) dead++;
+    uint32_t seen = atomic_load_explicit(&c->hdr[c->rank]->attached, memory_order_acquire);
+    if ((int)seen + dead >= c->nranks - 1 || kccl_now_ns() > deadline) return;
+    sleep_us(backoff);
+    if (backoff < 1000) backoff *= 2;
+  }
 }
 
 kcclResult_t kccl_shm_connect(struct kcclComm *c) {
@@ -228,6 +294,8 @@ kcclResult_t kccl_shm_connect(struct kcclComm *c) {
   int64_t deadline = c->cfg.timeout_ms > 0 ? kccl_now_ns() + (int64_t)c->cfg.timeout_ms * 1000000 : INT64_MAX;
   for (int p = 0; p < c->nranks && res == kcclSuccess; p++)
     if (p != c->rank) res = map_peer(c, p, deadline);
+  int refused = 0;
+  if (res == kcclSuccess) refused = (res = check_agreement(c)) != kcclSuccess;
 
   if (res == kcclSuccess) {
     atomic_store_explicit(&c->hdr[c->rank]->mapped, 1, memory_order_seq_cst);
@@ -241,8 +309,10 @@ kcclResult_t kccl_shm_connect(struct kcclComm *c) {
         uint32_t st = atomic_load(&c->hdr[p]->state);
         if (dead || st != SEG_READY) {
           if (atomic_load_explicit(&c->hdr[p]->mapped, memory_order_seq_cst)) break;
-          res = kccl_err(kcclRemoteError, "rank %d (pid %d) %s during init", p, (int)c->pid[p],
-                         dead ? "died" : "failed");
+          res = st == SEG_FAILED && !dead && c->hdr[p]->error_text[0]
+                    ? kccl_err(kcclRemoteError, "rank %d failed during init: %.200s", p, c->hdr[p]->error_text)
+                    : kccl_err(kcclRemoteError, "rank %d (pid %d) %s during init", p, (int)c->pid[p],
+                               dead ? "died" : "failed");
           break;
         }
         if (kccl_now_ns() > deadline) {
@@ -260,8 +330,11 @@ kcclResult_t kccl_shm_connect(struct kcclComm *c) {
     kccl_replicas_setup(c);
     return kcclSuccess;
   }
-  /* Failure: our name goes, and so do the names of peers that are dead. */
+  /* Failure: our name goes (after a refusal, once the peers have read our header), and so
+   * do the names of peers that are dead. */
+  snprintf(c->hdr[c->rank]->error_text, sizeof c->hdr[c->rank]->error_text, "%.255s", kcclGetLastError(NULL));
   atomic_store(&c->hdr[c->rank]->state, SEG_FAILED);
+  if (refused) wait_attached(c, deadline);
   shm_unlink(c->names[c->rank]);
   for (int p = 0; p < c->nranks; p++)
     if (p != c->rank && peer_dead(c, p)) shm_unlink(c->names[p]);
@@ -270,13 +343,14 @@ kcclResult_t kccl_shm_connect(struct kcclComm *c) {
 
 void kccl_shm_release(struct kcclComm *c) {
   for (int r = 0; r < c->nranks; r++) {
-    if (c->base && c->base[r]) munmap(c->base[r], c->seg_bytes);
+    if (c->base && c->base[r]) munmap(c->base[r], c->map_bytes[r]);
     if (c->pidfd && c->pidfd[r] >= 0) close(c->pidfd[r]);
     if (c->names) free(c->names[r]);
   }
   free(c->names);
   free(c->base);
   free(c->hdr);
+  free(c->map_bytes);
   free(c->pid);
   free(c->pidfd);
   kccl_replicas_free(c);

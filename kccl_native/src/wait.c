@@ -77,21 +77,38 @@ static const char *state_word(uint32_t s) {
   }
 }
 
+/* A call in words, with the arguments its collective has: an op for reductions, a root
+ * for broadcast, neither for all-gather, nothing for barrier. */
+static void describe_call(const kccl_call_desc *d, char *buf, size_t n) {
+  const char *name = kccl_coll_name((int)d->coll);
+  unsigned long long count = (unsigned long long)d->count;
+  const char *type = kccl_dtype_name((int)d->dtype);
+  switch (d->coll) {
+    case COLL_ALLREDUCE: case COLL_ALLREDUCE_2SHOT: case COLL_ALLREDUCE_NB: case COLL_REDUCESCATTER:
+      snprintf(buf, n, "%s(count=%llu, %s, op=%s)", name, count, type, kccl_op_name((int)d->op));
+      break;
+    case COLL_BROADCAST:
+      snprintf(buf, n, "%s(count=%llu, %s, root=%u)", name, count, type, d->root);
+      break;
+    case COLL_ALLGATHER:
+      snprintf(buf, n, "%s(count=%llu, %s)", name, count, type);
+      break;
+    default:
+      snprintf(buf, n, "%s()", name);
+  }
+}
+
 /* Explains a flag of step `seq` whose signature is not ours. */
 static void describe_mismatch(struct kcclComm *c, int peer, uint32_t seq, uint32_t theirsig, char *buf,
                               size_t n) {
   const kccl_call_desc *me = &c->hdr[c->rank]->call, *them = &c->hdr[peer]->call;
-  char theirs[160];
+  char mine[160], theirs[160];
+  describe_call(me, mine, sizeof mine);
   if (them->seq == seq)
-    snprintf(theirs, sizeof theirs, "%s(count=%llu, %s, op=%s, root=%u)", kccl_coll_name((int)them->coll),
-             (unsigned long long)them->count, kccl_dtype_name((int)them->dtype),
-             kccl_op_name((int)them->op), them->root);
+    describe_call(them, theirs, sizeof theirs);
   else
     snprintf(theirs, sizeof theirs, "a call with signature %08x", theirsig);
-  snprintf(buf, n,
-           "collective mismatch: rank %d called %s(count=%llu, %s, op=%s, root=%u) but rank %d called %s",
-           c->rank, kccl_coll_name((int)me->coll), (unsigned long long)me->count,
-           kccl_dtype_name((int)me->dtype), kccl_op_name((int)me->op), me->root, peer, theirs);
+  snprintf(buf, n, "collective mismatch: rank %d called %s but rank %d called %s", c->rank, mine, peer, theirs);
 }
 
 static int first_dead_peer(struct kcclComm *c) {

@@ -15,7 +15,7 @@ import numpy as np
 from .. import tp as _tp
 from ..errors import (GpuArgumentError, GpuError, GpuMemoryError, GpuTimeoutError, GpuUnavailableError,
                       PromptTooLongError)
-from ..generate import Result, Sampling, stop_set
+from ..generate import Result, Sampling, check_request, stop_set
 from ..model import rope_tables
 from ..safetensors_io import float32_to_bf16_bits
 
@@ -251,13 +251,9 @@ class GpuModel:
         enqueues the same number of steps whatever the timing (the count depends only on
         the tokens), so their sums always pair up."""
         prompt = np.ascontiguousarray(prompt_ids, np.int32)
-        if max_new_tokens < 1:
-            raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
         if prompt.size == 0:
             raise ValueError("the prompt has no tokens")
-        if prompt.size + max_new_tokens > self.max_seq:
-            raise PromptTooLongError(f"the prompt has {prompt.size} tokens and {max_new_tokens} more were asked "
-                                     f"for; the context holds {self.max_seq}")
+        check_request(int(prompt.size), max_new_tokens, self.max_seq)
         if not 1 <= ahead < lib.KIE_RING // 2:
             raise GpuArgumentError(f"ahead={ahead}: 1..{lib.KIE_RING // 2 - 1}")
         e = self._handle()
