@@ -35,6 +35,8 @@ sys.path.insert(0, HERE)
 import _build_cuda  # noqa: E402  (sibling module; kccl itself is not importable before it is built)
 
 _cu_objects, _cu_libdirs, _cu_libs, _cu_macros = _build_cuda.build(ROOT)
+import _build_lib  # noqa: E402
+_build_lib.build(ROOT, _cu_objects, _cu_libdirs, _cu_libs, _cu_macros)
 
 ffibuilder = FFI()
 ffibuilder.cdef(_cdef_from_header(HEADER))

@@ -1,0 +1,66 @@
+"""Builds libkccl.so for C and C++ programs (the cffi extension is Python's copy):
+the C core plus the CUDA objects when they were built, exporting only the API of
+kccl.h (kccl* names), with a pkg-config file and a CMake package config beside it.
+
+    kccl/lib/libkccl.so
+    kccl/lib/pkgconfig/kccl.pc            pkg-config --cflags --libs kccl
+    kccl/lib/cmake/kccl/kcclConfig.cmake  find_package(kccl) -> target kccl::kccl
+    kccl/include/kccl.h, kccl_device.cuh, ...  (copies of kccl_native/include)
+
+`python -m kccl.paths` prints the directories to point PKG_CONFIG_PATH or
+CMAKE_PREFIX_PATH at.  Run by setup.py through kccl/_build_ffi.py."""
+import glob
+import os
+import shutil
+import subprocess
+import sys
+
+VERSION = "0.1.0"
+
+
+def _run(cmd):
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    if proc.returncode:
+        raise SystemExit(f"libkccl: {' '.join(cmd)}\n{proc.stdout}{proc.stderr}")
+
+
+def build(root, cuda_objects, cuda_libdirs, cuda_libs, defines):
+    native = os.path.join(root, "kccl_native")
+    pkg = os.path.join(root, "kccl")
+    libdir, incdir = os.path.join(pkg, "lib"), os.path.join(pkg, "include")
+    objdir = os.path.join(root, "build", "libkccl")
+    for d in (libdir, incdir, objdir, os.path.join(libdir, "pkgconfig"), os.path.join(libdir, "cmake", "kccl")):
+        os.makedirs(d, exist_ok=True)
+    for h in glob.glob(os.path.join(native, "include", "*")):
+        shutil.copy2(h, incdir)
+    cc = os.environ.get("CC", "gcc")
+    objs = []
+    for src in sorted(glob.glob(os.path.join(native, "src", "*.c"))):
+        obj = os.path.join(objdir, os.path.basename(src)[:-2] + ".o")
+        _run([cc, "-O3", "-std=gnu11", "-fPIC", "-Wall", *[f"-D{k}={v}" for k, v in defines],
+              "-I", os.path.join(native, "include"), "-c", src, "-o", obj])
+        objs.append(obj)
+    # Only the API leaves the library: kccl followed by a capital (kcclAllReduce...);
+    # the core's own kccl_* and kgpu_* helpers stay inside.
+    script = os.path.join(objdir, "exports.map")
+    with open(script, "w") as f:
+        f.write("{\n  global: kccl[A-Z]*;\n  local: *;\n};\n")
+    out = os.path.join(libdir, "libkccl.so")
+    _run([cc, "-shared", "-o", out, *objs, *[os.path.join(root, o) for o in cuda_objects],
+          *[f"-L{d}" for d in cuda_libdirs], *[f"-l{x}" for x in cuda_libs], "-lrt", "-lpthread",
+          f"-Wl,--version-script={script}", "-Wl,-soname,libkccl.so"])
+    with open(os.path.join(libdir, "pkgconfig", "kccl.pc"), "w") as f:
+        f.write(f"prefix={pkg}\nincludedir=${{prefix}}/include\nlibdir=${{prefix}}/lib\n\n"
+                f"Name: kccl\nDescription: low-latency collectives over peer-mapped memory\nVersion: {VERSION}\n"
+                f"Cflags: -I${{includedir}}\nLibs: -L${{libdir}} -Wl,-rpath,${{libdir}} -lkccl\n")
+    with open(os.path.join(libdir, "cmake", "kccl", "kcclConfig.cmake"), "w") as f:
+        f.write(f"# find_package(kccl): the imported target kccl::kccl (library and include directory).\n"
+                f"get_filename_component(_kccl_prefix \"${{CMAKE_CURRENT_LIST_DIR}}/../../..\" ABSOLUTE)\n"
+                f"add_library(kccl::kccl SHARED IMPORTED)\n"
+                f"set_target_properties(kccl::kccl PROPERTIES\n"
+                f"  IMPORTED_LOCATION \"${{_kccl_prefix}}/lib/libkccl.so\"\n"
+                f"  IMPORTED_SONAME libkccl.so\n"
+                f"  INTERFACE_INCLUDE_DIRECTORIES \"${{_kccl_prefix}}/include\")\n"
+                f"set(kccl_VERSION {VERSION})\nset(kccl_FOUND TRUE)\n")
+    print(f"libkccl: {out}", file=sys.stderr)
+    return out
