@@ -9,7 +9,10 @@ setup(
     version="0.1.0",
     description="Low-latency collectives over peer-mapped memory (host shared memory first)",
     packages=find_packages(include=["kccl", "kccl.*", "topology", "topology.*", "kie_engine", "kie_engine.*"]),
-    package_data={"topology": ["fixtures/*/*.md", "fixtures/*/*.json", "fixtures/*.md", "fixtures/this-machine/**/*"]},
+    # libkccl.so and its files are made while setup.py reads kccl/_build_ffi.py, so before the
+    # package files are collected.
+    package_data={"kccl": ["lib/libkccl.so", "lib/pkgconfig/kccl.pc", "lib/cmake/kccl/kcclConfig.cmake", "include/*"],
+                  "topology": ["fixtures/*/*.md", "fixtures/*/*.json", "fixtures/*.md", "fixtures/this-machine/**/*"]},
     python_requires=">=3.9",
     setup_requires=["cffi>=1.15"],
     install_requires=["cffi>=1.15", "numpy>=1.22"],

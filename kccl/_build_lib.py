@@ -50,7 +50,8 @@ def build(root, cuda_objects, cuda_libdirs, cuda_libs, defines):
           *[f"-L{d}" for d in cuda_libdirs], *[f"-l{x}" for x in cuda_libs], "-lrt", "-lpthread",
           f"-Wl,--version-script={script}", "-Wl,-soname,libkccl.so"])
     with open(os.path.join(libdir, "pkgconfig", "kccl.pc"), "w") as f:
-        f.write(f"prefix={pkg}\nincludedir=${{prefix}}/include\nlibdir=${{prefix}}/lib\n\n"
+        # ${pcfiledir}: the file's own folder, so the package can move (an installed wheel)
+        f.write(f"prefix=${{pcfiledir}}/../..\nincludedir=${{prefix}}/include\nlibdir=${{prefix}}/lib\n\n"
                 f"Name: kccl\nDescription: low-latency collectives over peer-mapped memory\nVersion: {VERSION}\n"
                 f"Cflags: -I${{includedir}}\nLibs: -L${{libdir}} -Wl,-rpath,${{libdir}} -lkccl\n")
     with open(os.path.join(libdir, "cmake", "kccl", "kcclConfig.cmake"), "w") as f:
