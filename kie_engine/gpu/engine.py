@@ -109,7 +109,7 @@ class GpuModel:
     pdl / prefetch: launch switches (default: PDL when this lane has its GPU to itself,
     prefetch 2: a GEMV's first loads before it waits for the previous kernel).  The
     GEMVs pipeline their loads and the o and down ones read x through L1 by default
-    (2b on one H200, bench/RESULTS.md: 603 tokens/s against 559 without both); tuning:
+    (the faster setting on the 2b shape: bench/RESULTS.md); tuning:
     {kie_shape field: value} for the kernel variants the benchmark compares
     (gemv_blocks_per_sm, gemv_u, gemv_pipe, gemv_x_l1, att_chunk)."""
 

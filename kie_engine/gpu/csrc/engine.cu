@@ -135,7 +135,7 @@ int derive(kie_engine *e, const kie_shape &s, int sms) {
   /* Enough blocks to cover the SMs twice at a long context; a short one uses fewer. */
   e->nsplit = std::max(1, std::min(std::min(s.max_seq, 1024), (2 * sms + groups - 1) / groups));
   if (s.att_chunk < 0) return fail(KIE_E_ARG, "att_chunk=%d", s.att_chunk);
-  e->att_chunk = s.att_chunk ? s.att_chunk : 32; /* 32: 551 tokens/s against 543 for 64 and 483 for 256 (2b, ctx 128) */
+  e->att_chunk = s.att_chunk ? s.att_chunk : 32; /* the fastest of 16..256 on the 2b shape (bench/RESULTS.md) */
   const int bps = s.gemv_blocks_per_sm > 0 ? s.gemv_blocks_per_sm : 2;
   e->gemv_grid_max = bps * sms;
   if (s.gemv_u != 0 && s.gemv_u != 4 && s.gemv_u != 8) return fail(KIE_E_ARG, "gemv_u=%d: 4 or 8 (0: auto)", s.gemv_u);
@@ -274,10 +274,9 @@ GemvArgs normed(kie_engine *e, int T, const float *r_in, float *r_out, const flo
   return a;
 }
 
-GemvArgs plain(kie_engine *e, int T, const float *x, int in, int x_ld) {
+GemvArgs plain(int T, const float *x, int in, int x_ld) {
   GemvArgs a;
   memset(&a, 0, sizeof a);
-  (void)e;
   a.T = T;
   a.x = x;
   a.in = in;
@@ -312,6 +311,16 @@ int launch_gate_up(kie_engine *e, int l, GemvArgs &a) {
   a.out = e->act;
   a.out_ld = e->inter_pad;
   return gemv(e, a, EPI_SWIGLU);
+}
+
+/* A row-parallel GEMV (o or down projection): this lane's partial sum of the sublayer to S. */
+int launch_partial_sum(kie_engine *e, int T, const float *x, int in, int x_ld, const bf16 *w, float *S) {
+  GemvArgs a = plain(T, x, in, x_ld);
+  a.w = w;
+  a.rows = e->s.hidden;
+  a.out = S;
+  a.out_ld = e->hid_pad;
+  return gemv(e, a, EPI_STORE);
 }
 
 int launch_attention(kie_engine *e, int l, int T) {
@@ -369,20 +378,10 @@ int enqueue_forward(kie_engine *e, int T, int mode) {
     if (sub == 0) {
       TRY(launch_qkv(e, l, a));
       TRY(launch_attention(e, l, T));
-      GemvArgs o = plain(e, T, e->att, e->qdim, e->qdim);
-      o.w = y.wo;
-      o.rows = s.hidden;
-      o.out = S;
-      o.out_ld = e->hid_pad;
-      TRY(gemv(e, o, EPI_STORE));
+      TRY(launch_partial_sum(e, T, e->att, e->qdim, e->qdim, y.wo, S));
     } else {
       TRY(launch_gate_up(e, l, a));
-      GemvArgs dn = plain(e, T, e->act, s.inter, e->inter_pad);
-      dn.w = y.wd;
-      dn.rows = s.hidden;
-      dn.out = S;
-      dn.out_ld = e->hid_pad;
-      TRY(gemv(e, dn, EPI_STORE));
+      TRY(launch_partial_sum(e, T, e->act, s.inter, e->inter_pad, y.wd, S));
     }
     if (tp > 1) {
       if (d == 0) TRY(all_reduce(e, S, sum_count));
@@ -441,11 +440,12 @@ int ready(kie_engine *e) {
   return KIE_OK;
 }
 
-int capture(kie_engine *e, int mode) {
-  if (e->graph[mode]) return KIE_OK;
+/* What enqueue() puts on the engine's stream, as an instantiated graph (*nodes: its size). */
+template <typename F>
+int capture_graph(kie_engine *e, F enqueue, cudaGraphExec_t *out, int *nodes) {
   cudaGraph_t g;
   CU(cudaStreamBeginCapture(e->stream, cudaStreamCaptureModeRelaxed));
-  const int rc = enqueue_forward(e, 1, mode);
+  const int rc = enqueue();
   const cudaError_t ce = cudaStreamEndCapture(e->stream, &g);
   if (rc != KIE_OK) {
     if (ce == cudaSuccess) cudaGraphDestroy(g);
@@ -454,13 +454,18 @@ int capture(kie_engine *e, int mode) {
   CU(ce);
   size_t n = 0;
   cudaGraphGetNodes(g, nullptr, &n);
-  e->graph_nodes = (int)n;
-  cudaGraphExec_t x;
+  if (nodes) *nodes = (int)n;
+  cudaGraphExec_t x = nullptr;
   const cudaError_t ie = cudaGraphInstantiate(&x, g, 0);
   cudaGraphDestroy(g);
   CU(ie);
-  e->graph[mode] = x;
+  *out = x;
   return KIE_OK;
+}
+
+int capture(kie_engine *e, int mode) {
+  if (e->graph[mode]) return KIE_OK;
+  return capture_graph(e, [&] { return enqueue_forward(e, 1, mode); }, &e->graph[mode], &e->graph_nodes);
 }
 
 int check_comm(kie_engine *e) {
@@ -512,21 +517,13 @@ int time_graph(kie_engine *e, cudaGraphExec_t x, int reps, double *ms_median) {
  * (two to warm up, then the median of seven); *ms: one replay. */
 template <typename F>
 int bench_graph(kie_engine *e, int iters, F enqueue, double *ms) {
-  cudaGraph_t g;
-  CU(cudaStreamBeginCapture(e->stream, cudaStreamCaptureModeRelaxed));
-  int rc = KIE_OK;
-  for (int i = 0; i < iters && rc == KIE_OK; i++) rc = enqueue(i);
-  const cudaError_t ce = cudaStreamEndCapture(e->stream, &g);
-  if (rc != KIE_OK) {
-    if (ce == cudaSuccess) cudaGraphDestroy(g);
-    return rc;
-  }
-  CU(ce);
   cudaGraphExec_t xg;
-  const cudaError_t ie = cudaGraphInstantiate(&xg, g, 0);
-  cudaGraphDestroy(g);
-  CU(ie);
-  rc = time_graph(e, xg, 2, ms);
+  TRY(capture_graph(e, [&] {
+    int rc = KIE_OK;
+    for (int i = 0; i < iters && rc == KIE_OK; i++) rc = enqueue(i);
+    return rc;
+  }, &xg, nullptr));
+  int rc = time_graph(e, xg, 2, ms);
   if (rc == KIE_OK) rc = time_graph(e, xg, 7, ms);
   cudaGraphExecDestroy(xg);
   return rc;
@@ -848,7 +845,7 @@ int kie_bench_gemv(kie_engine *e, int rows, int cols, int iters, double *us_per_
   CU(kie_launch_fill_random((bf16 *)x, (size_t)cols, 99u, 1.0f, e->stream));
   double ms = 0;
   const int rc = bench_graph(e, iters, [&](int i) {
-    GemvArgs a = plain(e, 1, x, cols, cols);
+    GemvArgs a = plain(1, x, cols, cols);
     a.w = w + (size_t)(i % nmat) * rows * cols;
     a.rows = rows;
     a.out = y;
@@ -874,20 +871,10 @@ int kie_bench_layer_gemvs(kie_engine *e, int iters, double *us_per_layer) {
   TRY(bench_graph(e, iters, [&](int) {
     GemvArgs a = normed(e, 1, e->R[0], e->R[1], y.n1);
     int rc = launch_qkv(e, 0, a);
-    GemvArgs o = plain(e, 1, e->att, e->qdim, e->qdim);
-    o.w = y.wo;
-    o.rows = e->s.hidden;
-    o.out = e->sums;
-    o.out_ld = e->hid_pad;
-    if (rc == KIE_OK) rc = gemv(e, o, EPI_STORE);
+    if (rc == KIE_OK) rc = launch_partial_sum(e, 1, e->att, e->qdim, e->qdim, y.wo, e->sums);
     GemvArgs b = normed(e, 1, e->R[1], e->R[0], y.n2);
     if (rc == KIE_OK) rc = launch_gate_up(e, 0, b);
-    GemvArgs dn = plain(e, 1, e->act, e->s.inter, e->inter_pad);
-    dn.w = y.wd;
-    dn.rows = e->s.hidden;
-    dn.out = e->sums;
-    dn.out_ld = e->hid_pad;
-    if (rc == KIE_OK) rc = gemv(e, dn, EPI_STORE);
+    if (rc == KIE_OK) rc = launch_partial_sum(e, 1, e->act, e->s.inter, e->inter_pad, y.wd, e->sums);
     return rc;
   }, &ms));
   *us_per_layer = 1000.0 * ms / iters;
