@@ -9,6 +9,9 @@ import numpy as np
 import gguf
 from gguf import GGMLQuantizationType as T
 
+from kie_engine.checkpoint import expected_shapes
+from kie_engine.config import ModelConfig
+
 CFG = dict(vocab_size=288, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
            num_key_value_heads=2, head_dim=16, max_position_embeddings=64, rope_theta=5000.0, rms_norm_eps=1e-5)
 
@@ -27,20 +30,13 @@ def llama_cpp_permute(w, n_heads):
     return w.reshape(n_heads, 2, rows // n_heads // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
-def _shapes(c, tied):
-    h, hd, inter = c["hidden_size"], c["head_dim"], c["intermediate_size"]
-    q, kv = c["num_attention_heads"] * hd, c["num_key_value_heads"] * hd
-    out = {"model.embed_tokens.weight": (c["vocab_size"], h), "model.norm.weight": (h,)}
-    for i in range(c["num_hidden_layers"]):
-        p = f"model.layers.{i}."
-        out.update({p + "self_attn.q_proj.weight": (q, h), p + "self_attn.k_proj.weight": (kv, h),
-                    p + "self_attn.v_proj.weight": (kv, h), p + "self_attn.o_proj.weight": (h, q),
-                    p + "mlp.gate_proj.weight": (inter, h), p + "mlp.up_proj.weight": (inter, h),
-                    p + "mlp.down_proj.weight": (h, inter), p + "input_layernorm.weight": (h,),
-                    p + "post_attention_layernorm.weight": (h,)})
-    if not tied:
-        out["lm_head.weight"] = (c["vocab_size"], h)
-    return out
+def encode(x, qtype):
+    """float32 x stored as a ggml type (what goes into the file)."""
+    if qtype == T.F32:
+        return x
+    if qtype == T.F16:
+        return x.astype(np.float16)
+    return gguf.quants.quantize(x, qtype)
 
 
 def gguf_tensor_name(hf):
@@ -82,7 +78,7 @@ def write_llama(path, seed=0, tied=False, arch="llama", types=None, cfg=None, ex
     if tokenizer:
         tokenizer(w)
     values = {}
-    for name, shape in _shapes(c, tied).items():
+    for name, shape in expected_shapes(ModelConfig(**c, tie_word_embeddings=tied)).items():
         kind = _kind(name)
         if len(shape) == 1:
             x = (1.0 + 0.1 * rng.standard_normal(shape)).astype(np.float32)
@@ -94,12 +90,7 @@ def write_llama(path, seed=0, tied=False, arch="llama", types=None, cfg=None, ex
         elif "k_proj" in name:
             stored = llama_cpp_permute(x, c["num_key_value_heads"])
         qtype = types[kind] if len(shape) == 2 else T.F32
-        if qtype == T.F32:
-            data = stored
-        elif qtype == T.F16:
-            data = stored.astype(np.float16)
-        else:
-            data = gguf.quants.quantize(stored, qtype)
+        data = encode(stored, qtype)
         w.add_tensor(gguf_tensor_name(name), data, raw_dtype=qtype)
         held = gguf.quants.dequantize(data, qtype).astype(np.float32).reshape(shape) if qtype != T.F32 else stored
         # undo the permutation on the held values: the engine must give the HF layout

@@ -15,7 +15,7 @@ pytest.importorskip("tokenizers")
 
 from gguf import GGMLQuantizationType as T  # noqa: E402
 
-from _gguf_files import CFG, write_llama  # noqa: E402
+from _gguf_files import CFG, encode, write_llama  # noqa: E402
 from kie_engine.checkpoint import Checkpoint  # noqa: E402
 from kie_engine.config import ModelConfig  # noqa: E402
 from kie_engine.errors import CheckpointError, KieError, UnsupportedFormatError  # noqa: E402
@@ -33,12 +33,7 @@ def test_dequantize_matches_the_gguf_package(qtype):
     x = (rng.standard_normal((7, 96)) * rng.uniform(0.01, 10, (7, 1))).astype(np.float32)
     x[2] = 0.0          # an all-zero block (scale 0)
     x[3, :32] = 5.0     # a constant block (Q4_1: d = 0, m = 5)
-    if qtype == T.F32:
-        data = x
-    elif qtype == T.F16:
-        data = x.astype(np.float16)
-    else:
-        data = gguf.quants.quantize(x, qtype)
+    data = encode(x, qtype)
     raw = np.ascontiguousarray(data).view(np.uint8).reshape(7, -1)
     want = gguf.quants.dequantize(data, qtype).astype(np.float32) if qtype != T.F32 else x
     got = dequantize(raw, int(qtype), 96)
