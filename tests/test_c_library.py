@@ -63,3 +63,9 @@ def test_paths_cli():
     assert res.returncode == 0 and res.stdout.strip() == paths.PKGCONFIG
     res = subprocess.run([sys.executable, "-m", "kccl.paths", "--bogus"], capture_output=True, text=True)
     assert res.returncode == 2 and "usage" in res.stderr
+
+
+def test_paths_says_when_the_library_is_missing(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(paths, "LIB", str(tmp_path))
+    assert paths.main([]) == 2
+    assert "libkccl.so is missing" in capsys.readouterr().err

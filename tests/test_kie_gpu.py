@@ -135,3 +135,18 @@ def test_every_wrapper_call_reaches_the_engine_with_the_right_types():
     m._e = None
     with pytest.raises(GpuError, match="closed"):
         m.prefill([1])
+
+
+def test_bad_tuning_variables_are_refused(monkeypatch):
+    from kie_engine.errors import GpuArgumentError
+    monkeypatch.setenv("KIE_GPU_GEMV_U", "eight")
+    with pytest.raises(GpuArgumentError, match="KIE_GPU_GEMV_U"):
+        gpu_engine._env_int("KIE_GPU_GEMV_U", 0, 0, 8)
+    monkeypatch.setenv("KIE_GPU_GEMV_U", "9")
+    with pytest.raises(GpuArgumentError, match=r"0\.\.8"):
+        gpu_engine._env_int("KIE_GPU_GEMV_U", 0, 0, 8)
+    monkeypatch.setenv("KIE_GPU_PDL", "yes")
+    with pytest.raises(GpuArgumentError, match="expected 0 or 1"):
+        gpu_engine._env_flag("KIE_GPU_PDL", 1)
+    monkeypatch.setenv("KIE_GPU_PDL", "0")
+    assert gpu_engine._env_flag("KIE_GPU_PDL", 1) == 0
