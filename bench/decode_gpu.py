@@ -1,4 +1,5 @@
-"""Batch-1 bf16 decode on the GPU: KIE's engine (one CUDA graph per token) against a
+"""Batch-1 bf16 decode on the GPU: KIE's engine (a CUDA graph per token, or the
+monokernel: one persistent kernel per token) against a
 PyTorch baseline on the same weights, in the same run, with this machine's copy
 bandwidth, so that every row says what share of the weight-streaming floor it reaches
 (weight bytes per token / copy bandwidth, over its time per token).
@@ -79,8 +80,8 @@ def lane_weights(cfg, dev, seed=0):
     return w
 
 
-def kie_engine(cfg, w, comm, max_seq, pdl=None, prefetch=None, tuning=None):
-    m = GpuModel(cfg, comm, max_seq=max_seq, pdl=pdl, prefetch=prefetch, tuning=tuning)
+def kie_engine(cfg, w, comm, max_seq, pdl=None, prefetch=None, tuning=None, kernel="graph"):
+    m = GpuModel(cfg, comm, max_seq=max_seq, pdl=pdl, prefetch=prefetch, tuning=tuning, kernel=kernel)
     L = kielib
     m.upload_matrix(L.KIE_W_EMBED, 0, w["embed"])
     m.upload_matrix(L.KIE_W_HEAD, 0, w["head"])
@@ -255,6 +256,8 @@ def main():
     ap.add_argument("--tokens", type=int, default=128)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--baseline", default="compile", choices=["compile", "graph", "none"])
+    ap.add_argument("--kernels", default=None,
+                    help="KIE's step kernels to time, of graph,mono (default: both at one rank, graph at more)")
     ap.add_argument("--variants", action="store_true",
                     help="also KIE with the launch and kernel variants of VARIANTS (delay 0, every context)")
     ap.add_argument("--json")
@@ -265,6 +268,7 @@ def main():
     dev = torch.device("cuda", dev_index)
     gpus = min(SIZE, ndev)
     contexts = [int(c) for c in a.contexts.split(",")]
+    kernels = (a.kernels or ("graph,mono" if SIZE == 1 else "graph")).split(",")
     delays = [int(d) for d in a.delays.split(",")]
     max_seq = max(contexts) + a.tokens + 8
     base = preset(a.preset)
@@ -313,14 +317,26 @@ def main():
             micro["layer_gemvs"] = {"us": us, "GBps": lb / us / 1e3, "share": lb / us / 1e3 / bw}
             log(f"# one layer's four GEMVs ({lb / 2**20:.0f} MiB): {us:.2f} us, {lb / us / 1e3:.0f} GB/s, "
                 f"{100 * lb / us / 1e3 / bw:.0f} % of copy")
-        for ctx in contexts:
-            us, pre, toks = kie_decode(m, ctx, a.tokens, a.rounds, cfg.vocab_size)
-            m.reset()
-            m.prefill(list(range(ctx)))
-            ev = m.bench_steps(a.tokens)
-            add("kie", "graph", d, ctx, us, {"prefill_ms": round(pre, 2), "events_us": round(ev, 1)})
-        nodes = m.info()["graph_nodes"]
-        log(f"# delay {d}: {nodes} graph nodes per step")
+        graph_tokens = {}
+        for kernel in kernels:
+            if kernel != "graph":
+                m.close()
+                m = kie_engine(cfg, w, comm, max_seq, kernel=kernel)
+            for ctx in contexts:
+                us, pre, toks = kie_decode(m, ctx, a.tokens, a.rounds, cfg.vocab_size)
+                m.reset()
+                m.prefill(list(range(ctx)))
+                ev = m.bench_steps(a.tokens)
+                extra = {"prefill_ms": round(pre, 2), "events_us": round(ev, 1)}
+                if kernel == "graph":
+                    graph_tokens[ctx] = toks
+                elif ctx in graph_tokens:  # the monokernel's arithmetic is the graph path's: same tokens
+                    extra["same_tokens_as_graph"] = toks == graph_tokens[ctx]
+                add("kie", kernel, d, ctx, us, extra)
+            info = m.info()
+            log(f"# delay {d}, {kernel}: {info['graph_nodes']} graph nodes per step"
+                + (f", weight ring {info['mono_slots']} x {info['mono_slot_bytes'] // 1024} KiB, "
+                   f"{info['mono_smem'] // 1024} KiB of shared memory per block" if kernel == "mono" else ""))
         m.close()
         if a.variants and d == delays[0]:
             for v in VARIANTS:

@@ -3,7 +3,7 @@
     python -m kie_engine init --config tiny|small|2b --dtp-delay D --out DIR [--seed S] [--force]
     [mpiexec -n N] python -m kie_engine generate --model DIR|FILE.gguf|smollm2 --prompt TEXT [--chat]
         [--max-new-tokens 64] [--temperature T --top-k K --top-p P --seed S] [--ignore-eos]
-        [--blas-threads N] [--device cpu|cuda]
+        [--blas-threads N] [--device cpu|cuda] [--kernel graph|mono]
     python -m kie_engine convert --model FILE.gguf|smollm2 --out DIR [--dtype bfloat16|float32]
 
 Under mpiexec every rank is a lane (tensor parallelism over KCCL); N = 1 needs no
@@ -74,6 +74,11 @@ def cmd_generate(a):
     check_request(len(ids), a.max_new_tokens, cfg.max_position_embeddings)
     choose(a.blas_threads)  # a bad override fails here
     gpu = a.device == "cuda"
+    if a.kernel != "graph" and not gpu:
+        raise KieError(f"--kernel {a.kernel} is a GPU kernel: add --device cuda")
+    if a.kernel == "mono" and size > 1:
+        raise KieError(f"--kernel mono runs one lane so far (its in-kernel all-reduce is not written): "
+                       f"run {size} ranks with --kernel graph")
     if gpu:
         from .gpu.engine import require_gpu
         require_gpu()  # before any rank connects: every rank fails alike
@@ -95,7 +100,8 @@ def cmd_generate(a):
     try:
         if gpu:
             from .gpu.engine import load_gpu_model
-            model = load_gpu_model(ckpt, comm, max_seq=min(cfg.max_position_embeddings, len(ids) + a.max_new_tokens))
+            model = load_gpu_model(ckpt, comm, max_seq=min(cfg.max_position_embeddings, len(ids) + a.max_new_tokens),
+                                   kernel=a.kernel)
         else:
             model = load_model(ckpt, comm)
         stream = StreamDecoder(tok)
@@ -118,7 +124,7 @@ def cmd_generate(a):
                 sys.stdout.flush()
         if show:
             lanes = f", {size} lanes" if size > 1 else ""
-            where = "cuda" if gpu else blas
+            where = f"cuda, {a.kernel} kernel" if gpu else blas
             print(f"[{res.summary()}; dtp_delay={cfg.dtp_delay}{lanes}, {where}]", flush=True)
     finally:
         if gpu and model is not None:
@@ -165,6 +171,9 @@ def main(argv=None):
     g.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
                    help="cpu: the numpy engine; cuda: the GPU engine (bf16, one CUDA graph per token; under "
                         "mpiexec each rank is a lane on GPU rank %% GPUs)")
+    g.add_argument("--kernel", choices=["graph", "mono"], default="graph",
+                   help="with --device cuda: graph, a kernel per GEMV and attention replayed as a CUDA graph; "
+                        "mono, the whole step in one persistent kernel (one rank only so far)")
     c = sub.add_parser("convert", help="write a model (GGUF file, short name) as a Hugging Face safetensors directory")
     c.add_argument("--model", required=True, help="a .gguf file, or smollm2")
     c.add_argument("--out", required=True)

@@ -150,3 +150,24 @@ def test_bad_tuning_variables_are_refused(monkeypatch):
         gpu_engine._env_flag("KIE_GPU_PDL", 1)
     monkeypatch.setenv("KIE_GPU_PDL", "0")
     assert gpu_engine._env_flag("KIE_GPU_PDL", 1) == 0
+
+
+def test_kernel_names_map_to_the_header_and_others_are_refused():
+    from kie_engine.errors import GpuArgumentError
+    if gpu_engine.lib is not None:
+        assert gpu_engine.kernel_code("graph") == gpu_engine.lib.KIE_KERNEL_GRAPH == 0
+        assert gpu_engine.kernel_code("mono") == gpu_engine.lib.KIE_KERNEL_MONO == 1
+    with pytest.raises(GpuArgumentError, match="graph, mono"):
+        gpu_engine.kernel_code("fused")
+
+
+def test_cli_kernel_mono_needs_the_gpu_device_and_one_rank(tmp_path):
+    model = str(tmp_path / "tiny")
+    subprocess.run([sys.executable, "-m", "kie_engine", "init", "--config", "tiny", "--out", model], check=True,
+                   capture_output=True, cwd=ROOT)
+    base = [sys.executable, "-m", "kie_engine", "generate", "--model", model, "--prompt", "hi", "--kernel", "mono"]
+    p = subprocess.run(base, capture_output=True, text=True, cwd=ROOT)
+    assert p.returncode == 2 and p.stdout == "" and "--device cuda" in p.stderr
+    env = dict(os.environ, PMI_SIZE="2", PMI_RANK="0")  # what mpiexec -n 2 tells a rank
+    p = subprocess.run(base + ["--device", "cuda"], capture_output=True, text=True, cwd=ROOT, env=env)
+    assert p.returncode == 2 and p.stdout == "" and "one lane" in p.stderr

@@ -4,10 +4,11 @@
 # kccl/_build_cuda.py), then run the steps given, in order:
 #   check1      tests/gpu/kie_check.py with one rank (TP = 1)
 #   check2      the same with 2 ranks: a GPU each, or both on GPU 0 under MPS
+#   mono        tests/gpu/mono_check.py: the monokernel against the graph path, bit for bit (TP = 1)
 #   bench       bench/decode_gpu.py, TP = 1 (PyTorch baseline compiled; BASELINE= to change)
 #   bench2      bench/decode_gpu.py with 2 ranks (needs two GPUs)
 #   cli         python -m kie_engine generate --device cuda, one rank and two
-#   sanitize    compute-sanitizer memcheck and racecheck on the tiny preset (TP = 1)
+#   sanitize    compute-sanitizer memcheck and racecheck on the tiny preset (TP = 1), graph then mono
 # Logs and JSON go to $LOGS; after each step $OUT/kie_logs.tgz holds all of them.
 #   bash bench/gpu/kie_run.sh check1 bench check2
 set -u
@@ -40,6 +41,7 @@ for s in "$@"; do
   case $s in
     check1) timeout 400 python3 tests/gpu/kie_check.py --json "$LOGS/kie_check_tp1.json" 2>&1 | tee "$LOGS/check1.log" | grep -v "^  (" | tail -60 ;;
     check2) mps_on; timeout 400 $MPI -n 2 python3 tests/gpu/kie_check.py --no-hf --json "$LOGS/kie_check_tp2.json" 2>&1 | tee "$LOGS/check2.log" | tail -40; mps_off ;;
+    mono) timeout 400 python3 tests/gpu/mono_check.py ${MONO_ARGS:-} --json "$LOGS/mono_check.json" 2>&1 | tee "$LOGS/mono.log" | tail -40 ;;
     bench) timeout 560 python3 bench/decode_gpu.py --baseline ${BASELINE:-compile} ${BENCH_ARGS:-} --json "$LOGS/decode_gpu_tp1.json" 2>&1 | tee "$LOGS/bench.log" | tail -40 ;;
     bench2) timeout 560 $MPI -n 2 python3 bench/decode_gpu.py --baseline ${BASELINE:-compile} ${BENCH_ARGS:-} --json "$LOGS/decode_gpu_tp2.json" 2>&1 | tee "$LOGS/bench2.log" | tail -40 ;;
     cli) # the command line, end to end: one rank, then two (a GPU each, or one under MPS)
@@ -51,6 +53,7 @@ for s in "$@"; do
     sanitize)
       for tool in memcheck racecheck; do
         timeout 300 compute-sanitizer --tool $tool --print-limit 20 python3 tests/gpu/kie_check.py --presets tiny --steps 8 --no-hf 2>&1 | tee "$LOGS/sanitize_$tool.log" | grep -E "ERROR SUMMARY|RACECHECK SUMMARY|KIE GPU CHECK|Invalid|Race" | head -12
+        timeout 300 compute-sanitizer --tool $tool --print-limit 20 python3 tests/gpu/mono_check.py --presets tiny --steps 8 2>&1 | tee "$LOGS/sanitize_mono_$tool.log" | grep -E "ERROR SUMMARY|RACECHECK SUMMARY|MONO CHECK|Invalid|Race" | head -12
       done ;;
     *) echo "unknown step $s" ;;
   esac

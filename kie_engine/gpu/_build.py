@@ -36,7 +36,7 @@ def _sources():
         print("kie_engine.gpu: building without CUDA", file=sys.stderr)
         return [os.path.relpath(os.path.join(CSRC, "none.c"), ROOT)], [], [], []
     cu = sorted(glob.glob(os.path.join(CSRC, "*.cu")))
-    deps = glob.glob(os.path.join(CSRC, "*.h"))
+    deps = glob.glob(os.path.join(CSRC, "*.h")) + glob.glob(os.path.join(CSRC, "*.cuh"))
     objects = _build_cuda.compile_cuda(ROOT, nvcc, cu, [CSRC], deps, os.path.join(ROOT, "build", "kie_cuda"),
                                        label="kie_engine.gpu")
     return [], objects, [_build_cuda.cuda_libdir(nvcc)], ["cudart_static", "dl", "stdc++", "rt", "pthread"]

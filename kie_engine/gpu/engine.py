@@ -103,6 +103,16 @@ def _env_flag(name, default):
     return int(v.strip())
 
 
+KERNELS = ("graph", "mono")
+
+
+def kernel_code(name):
+    """"graph" or "mono" -> KIE_KERNEL_*; anything else is a GpuArgumentError."""
+    if name not in KERNELS:
+        raise GpuArgumentError(f"kernel={name!r}: choose one of {', '.join(KERNELS)}")
+    return lib.KIE_KERNEL_GRAPH if name == "graph" else lib.KIE_KERNEL_MONO
+
+
 class GpuModel:
     """cfg: the ModelConfig; comm: None (one lane) or a GPU kccl.Communicator whose
     ranks are the lanes; device: the CUDA device (default: the communicator's, else 0);
@@ -111,9 +121,13 @@ class GpuModel:
     GEMVs pipeline their loads and the o and down ones read x through L1 by default
     (the faster setting on the 2b shape: bench/RESULTS.md); tuning:
     {kie_shape field: value} for the kernel variants the benchmark compares
-    (gemv_blocks_per_sm, gemv_u, gemv_pipe, gemv_x_l1, att_chunk)."""
+    (gemv_blocks_per_sm, gemv_u, gemv_pipe, gemv_x_l1, att_chunk).  kernel: how a
+    decode step runs, "graph" (a kernel per GEMV and attention, captured as a CUDA
+    graph) or "mono" (one persistent kernel per step; one lane only so far); default
+    $KIE_GPU_KERNEL, else "graph"."""
 
-    def __init__(self, cfg, comm=None, max_seq=None, device=None, pdl=None, prefetch=None, tuning=None):
+    def __init__(self, cfg, comm=None, max_seq=None, device=None, pdl=None, prefetch=None, tuning=None,
+                 kernel=None):
         ndev = require_gpu()
         size, rank = (comm.size, comm.rank) if comm is not None else (1, 0)
         if comm is not None and size > 1 and comm.device is None:
@@ -139,6 +153,10 @@ class GpuModel:
         s.att_chunk = _env_int("KIE_GPU_ATT_CHUNK", 0, 0, 1 << 20)
         s.gemv_pipe = _env_int("KIE_GPU_GEMV_PIPE", 1, 0, 1)
         s.gemv_x_l1 = _env_int("KIE_GPU_GEMV_X_L1", 1, 0, 1)
+        s.kernel = kernel_code(kernel if kernel is not None else os.environ.get("KIE_GPU_KERNEL") or "graph")
+        if s.kernel == lib.KIE_KERNEL_MONO and size > 1:
+            raise GpuArgumentError(f"kernel='mono' runs one lane so far (its in-kernel all-reduce is not "
+                                   f"written); {size} lanes need kernel='graph'")
         for k, v in (tuning or {}).items():
             setattr(s, k, int(v))
         self._shape = s
@@ -298,7 +316,8 @@ class GpuModel:
         i = ffi.new("kie_info *")
         _check(lib.kie_get_info(self._handle(), i))
         return {k: int(getattr(i, k)) for k in ("sms", "nsplit", "prefill_tokens", "gemv_blocks", "pos", "step",
-                                                 "device_bytes", "graph_nodes")}
+                                                 "device_bytes", "graph_nodes", "kernel", "mono_slots",
+                                                 "mono_slot_bytes", "mono_smem")}
 
     def bench_gemv(self, rows, cols, iters=50):
         us = ffi.new("double *")

@@ -90,6 +90,12 @@ struct kie_engine {
   cudaStream_t stream;
   cudaGraphExec_t graph[3];
   int graph_nodes;
+  /* The monokernel: its stage table and counters (in the arena), its launch shape. */
+  MonoStage *mono_stages;
+  MonoSync *mono_sync;
+  unsigned *mono_cnt;
+  int mono_n, mono_ready, mono_slot, mono_nslots, mono_xbytes;
+  size_t mono_smem;
   std::vector<char> have; /* which uploads have arrived */
   std::vector<uint64_t> req;
   int pos_h, step_h;      /* the host's count of what it enqueued */
@@ -141,6 +147,12 @@ int derive(kie_engine *e, const kie_shape &s, int sms) {
   if (s.gemv_u != 0 && s.gemv_u != 4 && s.gemv_u != 8) return fail(KIE_E_ARG, "gemv_u=%d: 4 or 8 (0: auto)", s.gemv_u);
   e->gemv_u = s.gemv_u ? s.gemv_u : 8;
   if (s.prefetch < 0 || s.prefetch > 2) return fail(KIE_E_ARG, "prefetch=%d: 0, 1 or 2", s.prefetch);
+  if (s.kernel != KIE_KERNEL_GRAPH && s.kernel != KIE_KERNEL_MONO)
+    return fail(KIE_E_ARG, "kernel=%d: KIE_KERNEL_GRAPH (0) or KIE_KERNEL_MONO (1)", s.kernel);
+  if (s.kernel == KIE_KERNEL_MONO && s.tp_size > 1)
+    return fail(KIE_E_ARG, "the monokernel runs one lane per engine (tp_size 1) so far: its in-kernel "
+                "all-reduce is not written; use the graph kernel for tp_size=%d", s.tp_size);
+  e->mono_n = 5 * s.layers + 1; /* per layer QKV, attention, o, gate/up, down; the head */
   return KIE_OK;
 }
 
@@ -188,6 +200,9 @@ size_t layout(kie_engine *e, char *base) {
   e->tokbuf = (int *)take(T * 4);
   e->st = (DevState *)take(sizeof(DevState));
   e->samp = (SampParams *)take(sizeof(SampParams));
+  e->mono_stages = (MonoStage *)take((size_t)e->mono_n * sizeof(MonoStage));
+  e->mono_sync = (MonoSync *)take(sizeof(MonoSync));
+  e->mono_cnt = (unsigned *)take((size_t)e->mono_n * 4);
   return round_up(at, 256);
 }
 
@@ -230,6 +245,17 @@ int sum_wait(kie_engine *e, uint64_t req) {
   return rc ? comm_fail(e, rc, "split-phase all-reduce wait") : KIE_OK;
 }
 
+/* Segments per unit: enough warps that each streams about one batch of loads
+ * (a batch is 32 lanes x U 16-byte loads per row).  The monokernel takes the
+ * same count, so that both sum in the same order. */
+int gemv_segs(kie_engine *e, GemvArgs &a) {
+  a.u = a.T > 1 ? 2 : e->s.gemv_pipe ? 4 : e->gemv_u;
+  const int batch = 32 * a.u, nvec = a.ld / 8;
+  int segs = 1;
+  while (segs < GEMV_WARPS && (nvec + segs - 1) / segs > batch) segs *= 2;
+  return segs;
+}
+
 int gemv(kie_engine *e, GemvArgs &a, int epi) {
   const size_t xbytes = (size_t)a.T * a.ld * 4;
   /* x in shared memory (staged by every block), or read through L1 where each
@@ -237,18 +263,11 @@ int gemv(kie_engine *e, GemvArgs &a, int epi) {
   const int xs = a.x == nullptr || (xbytes <= XS_MAX && !e->s.gemv_x_l1);
   if (a.x == nullptr && xbytes > XS_MAX) return fail(KIE_E_ARG, "normed GEMV input of %zu bytes", xbytes);
   const int units = epi == EPI_SWIGLU ? a.cols : (a.rows + 1) / 2;
-  /* Segments: enough warps per unit that each streams about one batch of loads
-   * (a batch is 32 lanes x U 16-byte loads per row) */
-  a.u = a.T > 1 ? 2 : e->s.gemv_pipe ? 4 : e->gemv_u;
-  const int batch = 32 * a.u, nvec = a.ld / 8;
-  a.segs = 1;
-  while (a.segs < GEMV_WARPS && (nvec + a.segs - 1) / a.segs > batch) a.segs *= 2;
+  a.segs = gemv_segs(e, a);
   /* The pipelined loop takes one batch per segment. */
-  a.pipe = a.T == 1 && e->s.gemv_pipe && (nvec + a.segs - 1) / a.segs <= batch;
+  a.pipe = a.T == 1 && e->s.gemv_pipe && (a.ld / 8 + a.segs - 1) / a.segs <= 32 * a.u;
   const int upb = GEMV_WARPS / a.segs;
   const int grid = std::max(1, std::min(e->gemv_grid_max, (units + upb - 1) / upb));
-  a.prefetch = e->s.prefetch;
-  a.ring = e->ring_d;
   CU(kie_launch_gemv(a, epi, xs, grid, xs ? xbytes : 0, e->stream, e->s.pdl));
   return KIE_OK;
 }
@@ -271,12 +290,16 @@ GemvArgs normed(kie_engine *e, int T, const float *r_in, float *r_out, const flo
   a.tokens = e->tokbuf;
   a.gamma = gamma;
   a.eps = e->s.eps;
+  a.prefetch = e->s.prefetch;
+  a.ring = e->ring_d;
   return a;
 }
 
-GemvArgs plain(int T, const float *x, int in, int x_ld) {
+GemvArgs plain(kie_engine *e, int T, const float *x, int in, int x_ld) {
   GemvArgs a;
   memset(&a, 0, sizeof a);
+  a.prefetch = e->s.prefetch;
+  a.ring = e->ring_d;
   a.T = T;
   a.x = x;
   a.in = in;
@@ -285,8 +308,9 @@ GemvArgs plain(int T, const float *x, int in, int x_ld) {
   return a;
 }
 
-/* The attention sublayer's QKV launch (shared by the step and the layer benchmark). */
-int launch_qkv(kie_engine *e, int l, GemvArgs &a) {
+/* The arguments of each op of a step (shared by the per-sublayer launches,
+ * the layer benchmark and the monokernel's stage table). */
+void qkv_args(kie_engine *e, int l, GemvArgs &a) {
   const Layer &y = e->L[(size_t)l];
   a.w = y.wqkv;
   a.rows = e->qkv_rows;
@@ -301,29 +325,27 @@ int launch_qkv(kie_engine *e, int l, GemvArgs &a) {
   a.vc = y.vc;
   a.q_out = e->qbuf;
   a.q_ld = e->qdim;
-  return gemv(e, a, EPI_QKV);
 }
 
-int launch_gate_up(kie_engine *e, int l, GemvArgs &a) {
+void gate_up_args(kie_engine *e, int l, GemvArgs &a) {
   a.w = e->L[(size_t)l].wgu;
   a.rows = 2 * e->s.inter;
   a.cols = e->s.inter;
   a.out = e->act;
   a.out_ld = e->inter_pad;
-  return gemv(e, a, EPI_SWIGLU);
 }
 
 /* A row-parallel GEMV (o or down projection): this lane's partial sum of the sublayer to S. */
-int launch_partial_sum(kie_engine *e, int T, const float *x, int in, int x_ld, const bf16 *w, float *S) {
-  GemvArgs a = plain(T, x, in, x_ld);
+GemvArgs partial_sum_args(kie_engine *e, int T, const float *x, int in, int x_ld, const bf16 *w, float *S) {
+  GemvArgs a = plain(e, T, x, in, x_ld);
   a.w = w;
   a.rows = e->s.hidden;
   a.out = S;
   a.out_ld = e->hid_pad;
-  return gemv(e, a, EPI_STORE);
+  return a;
 }
 
-int launch_attention(kie_engine *e, int l, int T) {
+AttnArgs attention_args(kie_engine *e, int l) {
   AttnArgs a;
   memset(&a, 0, sizeof a);
   a.q = e->qbuf;
@@ -344,25 +366,19 @@ int launch_attention(kie_engine *e, int l, int T) {
   a.cnt = e->att_cnt;
   a.out = e->att;
   a.out_ld = e->qdim;
-  CU(kie_launch_attention(a, T, e->stream, e->s.pdl));
-  return KIE_OK;
+  return a;
 }
 
-Commit commit_of(kie_engine *e, int T) {
-  Commit c;
-  c.st = e->st;
-  c.ring = e->ring_d;
-  c.tokbuf = e->tokbuf;
-  c.T = T;
-  return c;
-}
-
-/* One forward pass of T tokens (tokbuf, from the device position) ending with `mode`. */
-int enqueue_forward(kie_engine *e, int T, int mode) {
+/* The ops of one forward pass of T tokens, in order, handed to the visitor v:
+ *   v.gemv(GemvArgs &, epi)    a GEMV and its epilogue
+ *   v.attention(AttnArgs &)    attention of one layer
+ *   v.sum(S, i)                the lanes' sum of sublayer i (tp > 1)
+ *   v.wait(i)                  the split-phase sum of sublayer i joined (tp > 1, delay > 0)
+ * and, with `head`, the final norm and the LM head (its argmax candidate). */
+template <typename V>
+int walk_forward(kie_engine *e, int T, bool head, V &v) {
   const kie_shape &s = e->s;
   const int nsub = 2 * s.layers, d = s.dtp_delay, tp = s.tp_size;
-  const size_t sum_count = (size_t)T * e->hid_pad;
-  e->req.assign((size_t)nsub, 0);
   int cur = 0;
   for (int i = 0; i < nsub; i++) {
     const int l = i / 2, sub = i % 2;
@@ -370,32 +386,31 @@ int enqueue_forward(kie_engine *e, int T, int mode) {
     GemvArgs a = normed(e, T, i == 0 ? nullptr : e->R[cur], e->R[cur ^ 1], sub ? y.n2 : y.n1);
     const int j = i - 1 - d;
     if (j >= 0) {
-      if (tp > 1 && d > 0) TRY(sum_wait(e, e->req[(size_t)j]));
+      if (tp > 1 && d > 0) TRY(v.wait(j));
       a.adds[a.nadd++] = sum_buf(e, j);
     }
     cur ^= 1;
     float *S = sum_buf(e, i);
     if (sub == 0) {
-      TRY(launch_qkv(e, l, a));
-      TRY(launch_attention(e, l, T));
-      TRY(launch_partial_sum(e, T, e->att, e->qdim, e->qdim, y.wo, S));
+      qkv_args(e, l, a);
+      TRY(v.gemv(a, EPI_QKV));
+      AttnArgs at = attention_args(e, l);
+      TRY(v.attention(at));
+      GemvArgs o = partial_sum_args(e, T, e->att, e->qdim, e->qdim, y.wo, S);
+      TRY(v.gemv(o, EPI_STORE));
     } else {
-      TRY(launch_gate_up(e, l, a));
-      TRY(launch_partial_sum(e, T, e->act, s.inter, e->inter_pad, y.wd, S));
+      gate_up_args(e, l, a);
+      TRY(v.gemv(a, EPI_SWIGLU));
+      GemvArgs dn = partial_sum_args(e, T, e->act, s.inter, e->inter_pad, y.wd, S);
+      TRY(v.gemv(dn, EPI_STORE));
     }
-    if (tp > 1) {
-      if (d == 0) TRY(all_reduce(e, S, sum_count));
-      else TRY(sum_start(e, S, sum_count, &e->req[(size_t)i]));
-    }
+    if (tp > 1) TRY(v.sum(S, i));
   }
-  /* The sums still in flight: the final norm adds them (or, without a pick, they
-   * are only joined, so that nothing is outstanding when the pass ends). */
+  /* The sums still in flight: the final norm adds them (or, without a head,
+   * they are only joined, so that nothing is outstanding when the pass ends). */
+  if (tp > 1 && d > 0) TRY(v.wait(nsub - 1));
+  if (!head) return KIE_OK;
   const size_t last_row = (size_t)(T - 1) * e->hid_pad;
-  if (tp > 1 && d > 0) TRY(sum_wait(e, e->req[(size_t)nsub - 1]));
-  if (mode == KIE_MODE_ADVANCE) {
-    CU(kie_launch_advance(commit_of(e, T), e->stream, e->s.pdl));
-    return KIE_OK;
-  }
   GemvArgs h = normed(e, 1, e->R[cur] + last_row, nullptr, e->normf);
   for (int j = std::max(0, nsub - 1 - d); j < nsub; j++) h.adds[h.nadd++] = sum_buf(e, j) + last_row;
   h.w = e->head;
@@ -408,7 +423,55 @@ int enqueue_forward(kie_engine *e, int T, int mode) {
   h.amax = e->amax;
   h.cnt = e->head_cnt;
   h.cand = e->cand;
-  TRY(gemv(e, h, EPI_HEAD));
+  return v.gemv(h, EPI_HEAD);
+}
+
+/* The per-sublayer path: each op a kernel (or KCCL call) on the engine's stream. */
+struct Launcher {
+  kie_engine *e;
+  size_t sum_count;
+  int T;
+  int gemv(GemvArgs &a, int epi) { return ::gemv(e, a, epi); }
+  int attention(AttnArgs &a) {
+    CU(kie_launch_attention(a, T, e->stream, e->s.pdl));
+    return KIE_OK;
+  }
+  int sum(float *S, int i) {
+    if (e->s.dtp_delay == 0) return all_reduce(e, S, sum_count);
+    return sum_start(e, S, sum_count, &e->req[(size_t)i]);
+  }
+  int wait(int j) { return sum_wait(e, e->req[(size_t)j]); }
+};
+
+Commit commit_of(kie_engine *e, int T) {
+  Commit c;
+  c.st = e->st;
+  c.ring = e->ring_d;
+  c.tokbuf = e->tokbuf;
+  c.T = T;
+  return c;
+}
+
+int enqueue_pick(kie_engine *e, int T, int mode);
+
+/* One forward pass of T tokens (tokbuf, from the device position) ending with `mode`. */
+int enqueue_forward(kie_engine *e, int T, int mode) {
+  const kie_shape &s = e->s;
+  e->req.assign((size_t)(2 * s.layers), 0);
+  Launcher v{e, (size_t)T * e->hid_pad, T};
+  TRY(walk_forward(e, T, mode != KIE_MODE_ADVANCE, v));
+  return enqueue_pick(e, T, mode);
+}
+
+/* What follows the LM head: the pick that commits the token, or for a chunk
+ * without a pick the position's advance. */
+int enqueue_pick(kie_engine *e, int T, int mode) {
+  const kie_shape &s = e->s;
+  const int tp = s.tp_size;
+  if (mode == KIE_MODE_ADVANCE) {
+    CU(kie_launch_advance(commit_of(e, T), e->stream, e->s.pdl));
+    return KIE_OK;
+  }
   if (mode == KIE_MODE_GREEDY) {
     if (tp > 1) TRY(all_reduce(e, e->cand, 2 * (size_t)tp));
     FinalArgs f;
@@ -432,6 +495,95 @@ int enqueue_forward(kie_engine *e, int T, int mode) {
     CU(kie_launch_sample(sa, e->stream, e->s.pdl));
   }
   return KIE_OK;
+}
+
+/* The monokernel's stage table: the same ops with the same arguments. */
+struct MonoBuilder {
+  kie_engine *e;
+  std::vector<MonoStage> st;
+  int slot = 0, xbytes = 0;
+  int gemv(GemvArgs &a, int epi) {
+    MonoStage m;
+    memset(&m, 0, sizeof m);
+    m.kind = MONO_GEMV;
+    m.epi = epi;
+    m.segs = a.segs = gemv_segs(e, a);
+    m.upt = GEMV_WARPS / m.segs;
+    m.g = a;
+    slot = std::max(slot, m.upt * 4 * a.ld); /* upt units of two bf16 rows */
+    xbytes = std::max(xbytes, 4 * a.ld);
+    st.push_back(m);
+    return KIE_OK;
+  }
+  int attention(AttnArgs &a) {
+    MonoStage m;
+    memset(&m, 0, sizeof m);
+    m.kind = MONO_ATTN;
+    m.at = a;
+    st.push_back(m);
+    return KIE_OK;
+  }
+  int sum(float *, int) { return fail(KIE_E_ARG, "the monokernel has no all-reduce (tp_size 1 only)"); }
+  int wait(int) { return sum(nullptr, 0); }
+};
+
+/* Builds and uploads the stage table and sizes the weight ring (once). */
+int mono_prepare(kie_engine *e) {
+  if (e->mono_ready) return KIE_OK;
+  MonoBuilder b{e, {}};
+  TRY(walk_forward(e, 1, true, b));
+  if ((int)b.st.size() != e->mono_n) return fail(KIE_E_STATE, "monokernel: %zu stages, %d planned", b.st.size(), e->mono_n);
+  int optin = 0;
+  CU(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, e->device));
+  const size_t att = kie_mono_attention_smem(e->s.head_dim);
+  const size_t xu = round_up(std::max((size_t)b.xbytes, att), 128), slot = round_up((size_t)b.slot, 128);
+  const size_t reserve = 4096 + 256; /* the kernel's static shared memory and the mbarriers */
+  const long room = (long)optin - (long)xu - (long)reserve;
+  const int nslots = room > 0 ? (int)std::min<long>(8, room / (long)slot) : 0;
+  if (nslots < 2)
+    return fail(KIE_E_ARG, "the monokernel's weight ring needs two slots of %zu bytes beside %zu bytes of "
+                "activations, and a block has %d bytes of shared memory: use the graph kernel for this shape",
+                slot, xu, optin);
+  e->mono_slot = (int)slot;
+  e->mono_nslots = nslots;
+  e->mono_xbytes = (int)xu;
+  e->mono_smem = 256 + (size_t)nslots * slot + xu;
+  int per_sm = 0;
+  CU(kie_mono_prepare(e->s.head_dim, e->mono_smem, &per_sm));
+  if (per_sm < 1) return fail(KIE_E_CUDA, "the monokernel (%zu bytes of shared memory) does not fit an SM", e->mono_smem);
+  CU(cudaMemcpyAsync(e->mono_stages, b.st.data(), b.st.size() * sizeof(MonoStage), cudaMemcpyHostToDevice, e->stream));
+  CU(cudaStreamSynchronize(e->stream));
+  e->mono_ready = 1;
+  return KIE_OK;
+}
+
+/* One decode step as the monokernel (the greedy pick inside it), then the
+ * sampler or the advance when the mode asks for them. */
+int enqueue_mono(kie_engine *e, int mode) {
+  TRY(mono_prepare(e));
+  MonoArgs m;
+  memset(&m, 0, sizeof m);
+  m.stages = e->mono_stages;
+  m.nstages = mode == KIE_MODE_ADVANCE ? e->mono_n - 1 : e->mono_n;
+  m.sync = e->mono_sync;
+  m.cnt = e->mono_cnt;
+  m.pick = mode == KIE_MODE_GREEDY;
+  m.cand = e->cand;
+  m.c = commit_of(e, 1);
+  m.ring = e->ring_d;
+  m.slot_bytes = e->mono_slot;
+  m.nslots = e->mono_nslots;
+  m.subs = MONO_SUBS_MAX;
+  m.ring_off = 256;
+  m.x_off = 256 + e->mono_nslots * e->mono_slot;
+  m.timeout_ns = 2000000000LL;
+  CU(kie_launch_mono(m, e->s.head_dim, e->sms, e->mono_smem, e->stream));
+  return mode == KIE_MODE_GREEDY ? KIE_OK : enqueue_pick(e, 1, mode);
+}
+
+/* One decode step, by the engine's kernel. */
+int enqueue_step(kie_engine *e, int mode) {
+  return e->s.kernel == KIE_KERNEL_MONO ? enqueue_mono(e, mode) : enqueue_forward(e, 1, mode);
 }
 
 int ready(kie_engine *e) {
@@ -465,7 +617,8 @@ int capture_graph(kie_engine *e, F enqueue, cudaGraphExec_t *out, int *nodes) {
 
 int capture(kie_engine *e, int mode) {
   if (e->graph[mode]) return KIE_OK;
-  return capture_graph(e, [&] { return enqueue_forward(e, 1, mode); }, &e->graph[mode], &e->graph_nodes);
+  if (e->s.kernel == KIE_KERNEL_MONO) TRY(mono_prepare(e)); /* uploads: not inside a capture */
+  return capture_graph(e, [&] { return enqueue_step(e, mode); }, &e->graph[mode], &e->graph_nodes);
 }
 
 int check_comm(kie_engine *e) {
@@ -482,6 +635,8 @@ int device_error(kie_engine *e) {
   switch (code) {
     case KIE_DERR_POS: return fail(KIE_E_DEVICE, "a kernel was asked for position %d, past the KV cache", arg);
     case KIE_DERR_NAN: return fail(KIE_E_DEVICE, "the logits of step %d are not finite", arg);
+    case KIE_DERR_STALL:
+      return fail(KIE_E_DEVICE, "a monokernel wait at stage %d ran past its bound; the engine must be closed", arg);
     default: return fail(KIE_E_DEVICE, "a kernel reported error %d (argument %d)", code, arg);
   }
 }
@@ -661,6 +816,8 @@ int kie_reset(kie_engine *e) {
   CU(cudaStreamSynchronize(e->stream));
   TRY(device_error(e));
   CU(cudaMemset(e->st, 0, sizeof(DevState)));
+  CU(cudaMemset(e->mono_sync, 0, sizeof(MonoSync)));
+  CU(cudaMemset(e->mono_cnt, 0, (size_t)e->mono_n * 4));
   memset(e->ring_h, 0, sizeof(HostRing));
   e->pos_h = e->step_h = 0;
   return KIE_OK;
@@ -732,7 +889,7 @@ int kie_decode(kie_engine *e, int n, int mode, int use_graph) {
   if (use_graph) TRY(capture(e, mode));
   for (int i = 0; i < n; i++) {
     if (use_graph) CU(cudaGraphLaunch(e->graph[mode], e->stream));
-    else TRY(enqueue_forward(e, 1, mode));
+    else TRY(enqueue_step(e, mode));
     e->pos_h++;
     if (mode != KIE_MODE_ADVANCE) e->step_h++;
   }
@@ -817,6 +974,10 @@ int kie_get_info(kie_engine *e, kie_info *info) {
   info->gemv_blocks = e->gemv_grid_max;
   info->device_bytes = e->bytes;
   info->graph_nodes = e->graph_nodes;
+  info->kernel = e->s.kernel;
+  info->mono_slots = e->mono_ready ? e->mono_nslots : 0;
+  info->mono_slot_bytes = e->mono_ready ? e->mono_slot : 0;
+  info->mono_smem = e->mono_ready ? (int)e->mono_smem : 0;
   CU(cudaSetDevice(e->device));
   CU(cudaStreamSynchronize(e->stream));
   DevState st;
@@ -845,7 +1006,7 @@ int kie_bench_gemv(kie_engine *e, int rows, int cols, int iters, double *us_per_
   CU(kie_launch_fill_random((bf16 *)x, (size_t)cols, 99u, 1.0f, e->stream));
   double ms = 0;
   const int rc = bench_graph(e, iters, [&](int i) {
-    GemvArgs a = plain(1, x, cols, cols);
+    GemvArgs a = plain(e, 1, x, cols, cols);
     a.w = w + (size_t)(i % nmat) * rows * cols;
     a.rows = rows;
     a.out = y;
@@ -870,11 +1031,15 @@ int kie_bench_layer_gemvs(kie_engine *e, int iters, double *us_per_layer) {
   double ms = 0;
   TRY(bench_graph(e, iters, [&](int) {
     GemvArgs a = normed(e, 1, e->R[0], e->R[1], y.n1);
-    int rc = launch_qkv(e, 0, a);
-    if (rc == KIE_OK) rc = launch_partial_sum(e, 1, e->att, e->qdim, e->qdim, y.wo, e->sums);
+    qkv_args(e, 0, a);
+    GemvArgs o = partial_sum_args(e, 1, e->att, e->qdim, e->qdim, y.wo, e->sums);
     GemvArgs b = normed(e, 1, e->R[1], e->R[0], y.n2);
-    if (rc == KIE_OK) rc = launch_gate_up(e, 0, b);
-    if (rc == KIE_OK) rc = launch_partial_sum(e, 1, e->act, e->s.inter, e->inter_pad, y.wd, e->sums);
+    gate_up_args(e, 0, b);
+    GemvArgs dn = partial_sum_args(e, 1, e->act, e->s.inter, e->inter_pad, y.wd, e->sums);
+    int rc = gemv(e, a, EPI_QKV);
+    if (rc == KIE_OK) rc = gemv(e, o, EPI_STORE);
+    if (rc == KIE_OK) rc = gemv(e, b, EPI_SWIGLU);
+    if (rc == KIE_OK) rc = gemv(e, dn, EPI_STORE);
     return rc;
   }, &ms));
   *us_per_layer = 1000.0 * ms / iters;

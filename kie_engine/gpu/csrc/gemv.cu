@@ -18,7 +18,9 @@
  * applies the RMSNorm before the product, so the norm costs no kernel of its own. */
 #include <math.h>
 
-#include "kie_kernels.h"
+#include "gemv_common.cuh"
+
+using namespace kie;
 
 namespace {
 
@@ -33,209 +35,6 @@ __device__ __forceinline__ uint4 ld_stream(const uint4 *p) {
 /* Asks L2 to fetch [p, p + bytes) (16-byte aligned, a multiple of 16). */
 __device__ __forceinline__ void prefetch_l2(const void *p, uint32_t bytes) {
   asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p), "r"(bytes) : "memory");
-}
-
-__device__ __forceinline__ float bf_lo(uint32_t w) { return __uint_as_float(w << 16); }
-__device__ __forceinline__ float bf_hi(uint32_t w) { return __uint_as_float(w & 0xffff0000u); }
-
-__device__ __forceinline__ float dot8(const uint4 w, const float4 xa, const float4 xb, float acc) {
-  acc = fmaf(bf_lo(w.x), xa.x, acc);
-  acc = fmaf(bf_hi(w.x), xa.y, acc);
-  acc = fmaf(bf_lo(w.y), xa.z, acc);
-  acc = fmaf(bf_hi(w.y), xa.w, acc);
-  acc = fmaf(bf_lo(w.z), xb.x, acc);
-  acc = fmaf(bf_hi(w.z), xb.y, acc);
-  acc = fmaf(bf_lo(w.w), xb.z, acc);
-  acc = fmaf(bf_hi(w.w), xb.w, acc);
-  return acc;
-}
-
-__device__ __forceinline__ float silu(float a) { return a * (0.5f + 0.5f * tanhf(0.5f * a)); }
-
-/* Orders floats as unsigned ints; with the id in the low word (inverted), the
- * largest key is the largest value at the lowest id. */
-__device__ __forceinline__ unsigned long long argmax_key(float v, int id) {
-  unsigned u = __float_as_uint(v);
-  u = (u & 0x80000000u) ? ~u : (u | 0x80000000u);
-  return ((unsigned long long)u << 32) | (unsigned long long)(0xffffffffu - (unsigned)id);
-}
-__device__ __forceinline__ float argmax_value(unsigned long long key) {
-  const unsigned u = (unsigned)(key >> 32);
-  return __uint_as_float((u & 0x80000000u) ? (u & 0x7fffffffu) : ~u);
-}
-
-template <int EPI>
-__device__ __forceinline__ int gemv_units(const GemvArgs &a) {
-  if (EPI == EPI_SWIGLU) return a.cols;
-  return (a.rows + 1) / 2; /* QKV: (nh + 2 nkv) * hd / 2, hd even */
-}
-
-/* The rows of unit u (r1 = -1: none). */
-template <int EPI>
-__device__ __forceinline__ void unit_rows(const GemvArgs &a, int u, int &r0, int &r1) {
-  if (EPI == EPI_SWIGLU) {
-    r0 = u;
-    r1 = a.cols + u;
-  } else if (EPI == EPI_QKV) {
-    const int half = a.hd >> 1, nq = a.nh * half, nk = a.nkv * half;
-    if (u < nq + nk) { /* q heads, then k heads: the pair (j, j + hd/2) of one head */
-      const int h = u / half, j = u - h * half;
-      r0 = h * a.hd + j;
-      r1 = r0 + half;
-    } else {           /* v: two neighbouring rows */
-      r0 = (a.nh + a.nkv) * a.hd + 2 * (u - nq - nk);
-      r1 = r0 + 1;
-    }
-  } else {
-    r0 = 2 * u;
-    r1 = 2 * u + 1 < a.rows ? 2 * u + 1 : -1;
-  }
-}
-
-/* x for this block in shared memory: [T][ld], zero past `in`. */
-__device__ void stage_plain(const GemvArgs &a, float *xs) {
-  const int n = a.T * a.ld;
-  for (int i = threadIdx.x; i < n; i += GEMV_THREADS) {
-    const int t = i / a.ld, k = i - t * a.ld;
-    xs[i] = k < a.in ? a.x[(size_t)t * a.x_ld + k] : 0.f;
-  }
-}
-
-__device__ float block_sum(float v, float *red) {
-  for (int off = 16; off; off >>= 1) v += __shfl_xor_sync(0xffffffffu, v, off);
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  __syncthreads(); /* red may still be read by the previous call */
-  if (lane == 0) red[warp] = v;
-  __syncthreads();
-  float s = 0.f;
-  for (int w = 0; w < GEMV_WARPS; w++) s += red[w];
-  return s;
-}
-
-/* The residual update and the RMSNorm, token by token. */
-__device__ void stage_norm(const GemvArgs &a, float *xs) {
-  __shared__ float red[GEMV_WARPS];
-  const int hidden = a.in;
-  for (int t = 0; t < a.T; t++) {
-    float ss = 0.f;
-    const bf16 *erow = a.r_in ? nullptr : a.embed + (size_t)a.tokens[t] * a.ld;
-    for (int k = threadIdx.x; k < a.ld; k += GEMV_THREADS) {
-      float v = 0.f;
-      if (k < hidden) {
-        v = a.r_in ? a.r_in[(size_t)t * a.r_ld + k] : __bfloat162float(erow[k]);
-        for (int j = 0; j < a.nadd; j++) v += a.adds[j][(size_t)t * a.r_ld + k];
-        if (a.r_out && blockIdx.x == 0) a.r_out[(size_t)t * a.r_ld + k] = v;
-      }
-      xs[t * a.ld + k] = v;
-      ss = fmaf(v, v, ss);
-    }
-    const float ms = block_sum(ss, red) / (float)hidden;
-    const float root = sqrtf(ms + a.eps);
-    for (int k = threadIdx.x; k < hidden; k += GEMV_THREADS) xs[t * a.ld + k] = xs[t * a.ld + k] / root * a.gamma[k];
-  }
-}
-
-template <int NT>
-__device__ __forceinline__ void epilogue_qkv(const GemvArgs &a, int u, int r0, const float *acc0,
-                                             const float *acc1, int lane) {
-  const int half = a.hd >> 1, nq = a.nh * half, nk = a.nkv * half;
-  const int pos = *a.pos;
-#pragma unroll
-  for (int t = 0; t < NT; t++) {
-    if (lane != t || t >= a.T) continue;
-    const int p = pos + t;
-    if (p >= a.max_seq) {
-      kie_set_error(a.ring, KIE_DERR_POS, p);
-      continue;
-    }
-    const float v0 = acc0[t], v1 = acc1[t];
-    if (u < nq + nk) {
-      const int h = u / half, j = u - h * half;
-      const float c = a.cosv[(size_t)p * half + j], s = a.sinv[(size_t)p * half + j];
-      const float o0 = v0 * c - v1 * s, o1 = v1 * c + v0 * s;
-      if (u < nq) {
-        float *q = a.q_out + (size_t)t * a.q_ld + (size_t)h * a.hd;
-        q[j] = o0;
-        q[j + half] = o1;
-      } else {
-        bf16 *k = a.kc + ((size_t)(h - a.nh) * a.max_seq + p) * a.hd;
-        k[j] = __float2bfloat16_rn(o0);
-        k[j + half] = __float2bfloat16_rn(o1);
-      }
-    } else {
-      const int vr = r0 - (a.nh + a.nkv) * a.hd, h = vr / a.hd, j = vr - h * a.hd;
-      bf16 *v = a.vc + ((size_t)h * a.max_seq + p) * a.hd;
-      v[j] = __float2bfloat16_rn(v0);
-      v[j + 1] = __float2bfloat16_rn(v1);
-    }
-  }
-}
-
-/* A unit's sums are done: its segments meet (fixed order), then the epilogue.
- * Called by every warp of the block the same number of times. */
-template <int NT, int EPI>
-__device__ __forceinline__ void finish_unit(const GemvArgs &a, int u, int r0, int r1, bool active, float *acc0,
-                                            float *acc1, unsigned long long &best, float (*part)[2 * GEMV_MAX_T]) {
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, segs = a.segs, seg = warp & (segs - 1);
-#pragma unroll
-  for (int t = 0; t < NT; t++) {
-    for (int off = 16; off; off >>= 1) {
-      acc0[t] += __shfl_xor_sync(0xffffffffu, acc0[t], off);
-      acc1[t] += __shfl_xor_sync(0xffffffffu, acc1[t], off);
-    }
-  }
-  if (segs > 1) {
-    if (lane == 0)
-#pragma unroll
-      for (int t = 0; t < NT; t++) {
-        part[warp][2 * t] = acc0[t];
-        part[warp][2 * t + 1] = acc1[t];
-      }
-    __syncthreads();
-    if (seg == 0) {
-#pragma unroll
-      for (int t = 0; t < NT; t++) {
-        float s0 = part[warp][2 * t], s1 = part[warp][2 * t + 1];
-        for (int q = 1; q < segs; q++) {
-          s0 += part[warp + q][2 * t];
-          s1 += part[warp + q][2 * t + 1];
-        }
-        acc0[t] = s0;
-        acc1[t] = s1;
-      }
-    }
-    __syncthreads();
-  }
-  if (!active || seg != 0) return;
-  if (EPI == EPI_STORE) {
-#pragma unroll
-    for (int t = 0; t < NT; t++) {
-      if (lane != t || t >= a.T) continue;
-      a.out[(size_t)t * a.out_ld + r0] = acc0[t];
-      if (r1 >= 0) a.out[(size_t)t * a.out_ld + r1] = acc1[t];
-    }
-  } else if (EPI == EPI_SWIGLU) {
-#pragma unroll
-    for (int t = 0; t < NT; t++) {
-      if (lane != t || t >= a.T) continue;
-      a.out[(size_t)t * a.out_ld + u] = silu(acc0[t]) * acc1[t];
-    }
-  } else if (EPI == EPI_QKV) {
-    epilogue_qkv<NT>(a, u, r0, acc0, acc1, lane);
-  } else { /* EPI_HEAD: one token */
-    if (lane == 0) {
-      a.out[r0] = acc0[0];
-      if (r1 >= 0) a.out[r1] = acc1[0];
-      if (r0 < a.valid_rows) {
-        const unsigned long long k0 = argmax_key(acc0[0], a.row_off + r0);
-        if (k0 > best) best = k0;
-      }
-      if (r1 >= 0 && r1 < a.valid_rows) {
-        const unsigned long long k1 = argmax_key(acc1[0], a.row_off + r1);
-        if (k1 > best) best = k1;
-      }
-    }
-  }
 }
 
 /* One batch: this lane's U vectors of rows r0, r1 from v0 (stride 32), if below ve. */
@@ -311,8 +110,9 @@ __global__ void __launch_bounds__(GEMV_THREADS) k_gemv(const GemvArgs a) {
   kie_pdl_trigger();
 
   if (XS) {
-    if (a.x) stage_plain(a, xs);
-    else stage_norm(a, xs);
+    __shared__ float red[GEMV_WARPS];
+    if (a.x) stage_plain(a, xs, threadIdx.x);
+    else stage_norm(a, xs, threadIdx.x, blockIdx.x == 0, SyncBlock(), red);
     __syncthreads();
   }
   const float *xsrc = XS ? xs : a.x;
@@ -334,7 +134,7 @@ __global__ void __launch_bounds__(GEMV_THREADS) k_gemv(const GemvArgs a) {
 #pragma unroll
       for (int t = 0; t < NT; t++) acc0[t] = acc1[t] = 0.f;
       if (active) use_batch<NT, XS, U>(a, xsrc, xld, vb + lane, ve, wa, wb, acc0, acc1);
-      finish_unit<NT, EPI>(a, u, r0, r1, active, acc0, acc1, best, part);
+      finish_unit<NT, EPI>(a, u, r0, r1, active, acc0, acc1, best, part, threadIdx.x, SyncBlock());
 #pragma unroll
       for (int k = 0; k < U; k++) {
         wa[k] = na[k];
@@ -358,7 +158,7 @@ __global__ void __launch_bounds__(GEMV_THREADS) k_gemv(const GemvArgs a) {
         }
       }
       preloaded = false;
-      finish_unit<NT, EPI>(a, u, r0, r1, active, acc0, acc1, best, part);
+      finish_unit<NT, EPI>(a, u, r0, r1, active, acc0, acc1, best, part, threadIdx.x, SyncBlock());
     }
   }
 
@@ -381,10 +181,7 @@ __global__ void __launch_bounds__(GEMV_THREADS) k_gemv(const GemvArgs a) {
     __syncthreads();
     if (last && threadIdx.x == 0) {
       __threadfence();
-      const unsigned long long b = atomicExch(a.amax, 0ull);
-      for (int i = 0; i < 2 * a.tp; i++) a.cand[i] = 0.f;
-      a.cand[a.rank] = b ? argmax_value(b) : -INFINITY;
-      a.cand[a.tp + a.rank] = b ? (float)(0xffffffffu - (unsigned)(b & 0xffffffffu)) : 0.f;
+      head_candidate(a, atomicExch(a.amax, 0ull));
       *a.cnt = 0;
     }
   }

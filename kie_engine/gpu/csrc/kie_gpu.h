@@ -43,6 +43,10 @@ extern "C" {
 #define KIE_MODE_GREEDY 1  /* argmax, ties to the lowest id */
 #define KIE_MODE_SAMPLE 2  /* temperature, top-k, top-p, seeded (kie_set_sampling) */
 
+/* How a decode step (one token) runs; prefill always takes the per-sublayer kernels. */
+#define KIE_KERNEL_GRAPH 0 /* a kernel per GEMV and attention, captured as a CUDA graph */
+#define KIE_KERNEL_MONO 1  /* one persistent kernel, a block per SM (tp_size 1 so far) */
+
 /* Weight kinds for kie_upload.  Matrices are bf16 bits, (out, in) row-major as
  * stored by Hugging Face; the f32 kinds are vectors or tables. */
 #define KIE_W_EMBED 0      /* (vocab, hidden) */
@@ -78,6 +82,7 @@ typedef struct {
   int att_chunk;               /* keys per attention block at least (0: auto) */
   int gemv_pipe;               /* 1: GEMVs load the next round's weights while using this round's */
   int gemv_x_l1;               /* 1: the o and down GEMVs read x through L1 instead of staging it */
+  int kernel;                  /* KIE_KERNEL_GRAPH or KIE_KERNEL_MONO: how a decode step runs */
 } kie_shape;
 
 /* KCCL's entry points for the lanes' sums (all NULL when tp_size == 1); void *
@@ -94,6 +99,8 @@ typedef struct {
   int pos, step;               /* after a kie_sync */
   size_t device_bytes;         /* what the engine allocated */
   int graph_nodes;             /* of the last graph captured */
+  int kernel;                  /* KIE_KERNEL_* */
+  int mono_slots, mono_slot_bytes, mono_smem; /* the monokernel's weight ring (0 before its first step) */
 } kie_info;
 
 int kie_built(void);

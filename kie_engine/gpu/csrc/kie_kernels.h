@@ -14,6 +14,7 @@ typedef __nv_bfloat16 bf16;
 #define KIE_DERR_POS 1     /* a position past the KV cache */
 #define KIE_DERR_NAN 2     /* non-finite logits */
 #define KIE_DERR_TOKEN 3   /* a token id outside the vocabulary */
+#define KIE_DERR_STALL 4   /* a monokernel wait ran past its bound (argument: the stage) */
 
 /* Written by the device, read by the host without synchronizing (host-mapped). */
 struct HostRing {
@@ -123,6 +124,44 @@ struct SampleArgs {
   Commit c;
 };
 
+/* The monokernel (mono.cu): one decode step (T = 1) as one persistent kernel,
+ * its work the same GEMVs and attention items as the per-sublayer kernels, in
+ * the order of this table (built by the host once, from the same arguments). */
+enum { MONO_GEMV = 0, MONO_ATTN = 1 };
+
+struct MonoStage {
+  int kind;
+  int epi, segs, upt; /* GEMV: epilogue, warps per unit, units per ring tile */
+  GemvArgs g;
+  AttnArgs at;
+};
+
+/* Counters that order the stages across the grid.  They only grow: stage k of
+ * step n is complete when cnt[k] reaches (n + 1) times its share count, n
+ * being `epoch` (compared modulo 2^32).  Zeroed when the engine is reset. */
+struct MonoSync {
+  unsigned epoch, done, abort, pad;
+  unsigned long long amax; /* the LM head's best key (argmax_key) */
+};
+
+struct MonoArgs {
+  const MonoStage *stages;
+  int nstages;
+  MonoSync *sync;
+  unsigned *cnt;      /* [nstages] */
+  int pick;           /* 1: the last stage is the LM head and its argmax is the token (greedy) */
+  const float *cand;  /* the head's candidate pair (tp = 1) */
+  Commit c;
+  HostRing *ring;
+  int slot_bytes, nslots, subs; /* ring of weight tiles; attention items per block at once */
+  int ring_off, x_off;          /* dynamic shared memory: mbarriers at 0, then these */
+  long long timeout_ns;         /* a wait longer than this ends the step with KIE_DERR_STALL */
+};
+
+#define MONO_CONSUMERS GEMV_THREADS /* the GEMV's threads: the same reduction order */
+#define MONO_THREADS (MONO_CONSUMERS + 32) /* and a producer warp streaming the weights */
+#define MONO_SUBS_MAX (MONO_CONSUMERS / ATT_THREADS)
+
 /* Launchers: grid and dynamic shared memory chosen by the caller; pdl launches
  * with programmatic stream serialization (the kernel waits for its predecessor
  * with griddepcontrol.wait). */
@@ -132,6 +171,12 @@ cudaError_t kie_launch_attention(const AttnArgs &a, int T, cudaStream_t st, int 
 cudaError_t kie_launch_finalize(const FinalArgs &a, cudaStream_t st, int pdl);
 cudaError_t kie_launch_advance(const Commit &c, cudaStream_t st, int pdl);
 cudaError_t kie_launch_sample(const SampleArgs &a, cudaStream_t st, int pdl);
+/* mono.cu: the dynamic shared memory a block of head size hd needs for
+ * attention (MONO_SUBS_MAX items at once); the kernel set up for `smem` bytes
+ * of it (*per_sm: blocks that fit an SM); the launch, cooperative. */
+size_t kie_mono_attention_smem(int hd);
+cudaError_t kie_mono_prepare(int hd, size_t smem, int *per_sm);
+cudaError_t kie_launch_mono(const MonoArgs &m, int hd, int grid, size_t smem, cudaStream_t st);
 cudaError_t kie_launch_fill_random(bf16 *p, size_t n, uint32_t seed, float scale, cudaStream_t st);
 
 /* A launch with or without the programmatic-serialization attribute. */
@@ -183,6 +228,21 @@ __device__ __forceinline__ void kie_commit(const Commit &c, int token) {
   __threadfence_system();
   c.st->step = step + 1;
   c.st->pos += c.T;
+}
+
+/* Greedy: the best of the lanes' (value, id) candidates, the first lane on ties;
+ * non-finite logits are an error (the token then is 0). */
+__device__ __forceinline__ void kie_finalize_pick(const float *cand, int tp, const Commit &c) {
+  int best = 0;
+  bool bad = false;
+  for (int r = 0; r < tp; r++) {
+    const float v = cand[r];
+    if (isnan(v)) bad = true;
+    if (v > cand[best]) best = r;
+  }
+  const float v = cand[best];
+  if (bad || isinf(v)) kie_set_error(c.ring, KIE_DERR_NAN, c.st->step);
+  kie_commit(c, bad || isinf(v) ? 0 : (int)cand[tp + best]);
 }
 #endif
 #endif

@@ -18,17 +18,7 @@ namespace {
 __global__ void k_finalize(const FinalArgs a) {
   kie_pdl_wait();
   kie_pdl_trigger();
-  if (threadIdx.x != 0) return;
-  int best = 0;
-  bool bad = false;
-  for (int r = 0; r < a.tp; r++) {
-    const float v = a.cand[r];
-    if (isnan(v)) bad = true;
-    if (v > a.cand[best]) best = r;
-  }
-  const float v = a.cand[best];
-  if (bad || isinf(v)) kie_set_error(a.c.ring, KIE_DERR_NAN, a.c.st->step);
-  kie_commit(a.c, bad || isinf(v) ? 0 : (int)a.cand[a.tp + best]);
+  if (threadIdx.x == 0) kie_finalize_pick(a.cand, a.tp, a.c);
 }
 
 __global__ void k_advance(const Commit c) {

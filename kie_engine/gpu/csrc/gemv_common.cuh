@@ -1,0 +1,241 @@
+/* gemv_common.cuh - the GEMV's arithmetic and row mapping, shared by the
+ * per-sublayer kernels (gemv.cu) and the monokernel (mono.cu) so that both
+ * compute every output with the same operations in the same order. */
+#ifndef KIE_GEMV_COMMON_CUH_
+#define KIE_GEMV_COMMON_CUH_
+#include <math.h>
+
+#include "kie_kernels.h"
+
+namespace kie {
+
+__device__ __forceinline__ float bf_lo(uint32_t w) { return __uint_as_float(w << 16); }
+__device__ __forceinline__ float bf_hi(uint32_t w) { return __uint_as_float(w & 0xffff0000u); }
+
+__device__ __forceinline__ float dot8(const uint4 w, const float4 xa, const float4 xb, float acc) {
+  acc = fmaf(bf_lo(w.x), xa.x, acc);
+  acc = fmaf(bf_hi(w.x), xa.y, acc);
+  acc = fmaf(bf_lo(w.y), xa.z, acc);
+  acc = fmaf(bf_hi(w.y), xa.w, acc);
+  acc = fmaf(bf_lo(w.z), xb.x, acc);
+  acc = fmaf(bf_hi(w.z), xb.y, acc);
+  acc = fmaf(bf_lo(w.w), xb.z, acc);
+  acc = fmaf(bf_hi(w.w), xb.w, acc);
+  return acc;
+}
+
+__device__ __forceinline__ float silu(float a) { return a * (0.5f + 0.5f * tanhf(0.5f * a)); }
+
+/* Orders floats as unsigned ints; with the id in the low word (inverted), the
+ * largest key is the largest value at the lowest id. */
+__device__ __forceinline__ unsigned long long argmax_key(float v, int id) {
+  unsigned u = __float_as_uint(v);
+  u = (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+  return ((unsigned long long)u << 32) | (unsigned long long)(0xffffffffu - (unsigned)id);
+}
+__device__ __forceinline__ float argmax_value(unsigned long long key) {
+  const unsigned u = (unsigned)(key >> 32);
+  return __uint_as_float((u & 0x80000000u) ? (u & 0x7fffffffu) : ~u);
+}
+
+template <int EPI>
+__device__ __forceinline__ int gemv_units(const GemvArgs &a) {
+  if (EPI == EPI_SWIGLU) return a.cols;
+  return (a.rows + 1) / 2; /* QKV: (nh + 2 nkv) * hd / 2, hd even */
+}
+
+/* The rows of unit u (r1 = -1: none). */
+template <int EPI>
+__device__ __forceinline__ void unit_rows(const GemvArgs &a, int u, int &r0, int &r1) {
+  if (EPI == EPI_SWIGLU) {
+    r0 = u;
+    r1 = a.cols + u;
+  } else if (EPI == EPI_QKV) {
+    const int half = a.hd >> 1, nq = a.nh * half, nk = a.nkv * half;
+    if (u < nq + nk) { /* q heads, then k heads: the pair (j, j + hd/2) of one head */
+      const int h = u / half, j = u - h * half;
+      r0 = h * a.hd + j;
+      r1 = r0 + half;
+    } else {           /* v: two neighbouring rows */
+      r0 = (a.nh + a.nkv) * a.hd + 2 * (u - nq - nk);
+      r1 = r0 + 1;
+    }
+  } else {
+    r0 = 2 * u;
+    r1 = 2 * u + 1 < a.rows ? 2 * u + 1 : -1;
+  }
+}
+
+template <int NT>
+__device__ __forceinline__ void epilogue_qkv(const GemvArgs &a, int u, int r0, const float *acc0,
+                                             const float *acc1, int lane) {
+  const int half = a.hd >> 1, nq = a.nh * half, nk = a.nkv * half;
+  const int pos = *a.pos;
+#pragma unroll
+  for (int t = 0; t < NT; t++) {
+    if (lane != t || t >= a.T) continue;
+    const int p = pos + t;
+    if (p >= a.max_seq) {
+      kie_set_error(a.ring, KIE_DERR_POS, p);
+      continue;
+    }
+    const float v0 = acc0[t], v1 = acc1[t];
+    if (u < nq + nk) {
+      const int h = u / half, j = u - h * half;
+      const float c = a.cosv[(size_t)p * half + j], s = a.sinv[(size_t)p * half + j];
+      const float o0 = v0 * c - v1 * s, o1 = v1 * c + v0 * s;
+      if (u < nq) {
+        float *q = a.q_out + (size_t)t * a.q_ld + (size_t)h * a.hd;
+        q[j] = o0;
+        q[j + half] = o1;
+      } else {
+        bf16 *k = a.kc + ((size_t)(h - a.nh) * a.max_seq + p) * a.hd;
+        k[j] = __float2bfloat16_rn(o0);
+        k[j + half] = __float2bfloat16_rn(o1);
+      }
+    } else {
+      const int vr = r0 - (a.nh + a.nkv) * a.hd, h = vr / a.hd, j = vr - h * a.hd;
+      bf16 *v = a.vc + ((size_t)h * a.max_seq + p) * a.hd;
+      v[j] = __float2bfloat16_rn(v0);
+      v[j + 1] = __float2bfloat16_rn(v1);
+    }
+  }
+}
+
+/* Barriers for the staging below: the whole block, or the named barrier of the
+ * threads that take part (the monokernel's consumer warps). */
+struct SyncBlock {
+  __device__ void operator()() const { __syncthreads(); }
+};
+struct SyncNamed {
+  int id, threads;
+  __device__ void operator()() const { asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(threads) : "memory"); }
+};
+
+/* x in shared memory: [T][ld], zero past `in`, staged by GEMV_THREADS threads.
+ * Loads go through L2 (ld.cg): in the monokernel the producer of x is another
+ * block of the same grid, whose writes this SM's L1 may not have seen. */
+__device__ __forceinline__ void stage_plain(const GemvArgs &a, float *xs, int tid) {
+  const int n = a.T * a.ld;
+  for (int i = tid; i < n; i += GEMV_THREADS) {
+    const int t = i / a.ld, k = i - t * a.ld;
+    xs[i] = k < a.in ? __ldcg(a.x + (size_t)t * a.x_ld + k) : 0.f;
+  }
+}
+
+template <typename Sync>
+__device__ __forceinline__ float block_sum(float v, float *red, int tid, Sync sync) {
+  for (int off = 16; off; off >>= 1) v += __shfl_xor_sync(0xffffffffu, v, off);
+  const int warp = tid >> 5, lane = tid & 31;
+  sync(); /* red may still be read by the previous call */
+  if (lane == 0) red[warp] = v;
+  sync();
+  float s = 0.f;
+  for (int w = 0; w < GEMV_WARPS; w++) s += red[w];
+  return s;
+}
+
+/* The residual update and the RMSNorm, token by token; `writer`: this block
+ * stores the updated residual (one block of the grid does). */
+template <typename Sync>
+__device__ void stage_norm(const GemvArgs &a, float *xs, int tid, bool writer, Sync sync, float *red) {
+  const int hidden = a.in;
+  for (int t = 0; t < a.T; t++) {
+    float ss = 0.f;
+    const bf16 *erow = a.r_in ? nullptr : a.embed + (size_t)__ldcg(a.tokens + t) * a.ld;
+    for (int k = tid; k < a.ld; k += GEMV_THREADS) {
+      float v = 0.f;
+      if (k < hidden) {
+        v = a.r_in ? __ldcg(a.r_in + (size_t)t * a.r_ld + k) : __bfloat162float(erow[k]);
+        for (int j = 0; j < a.nadd; j++) v += __ldcg(a.adds[j] + (size_t)t * a.r_ld + k);
+        if (a.r_out && writer) a.r_out[(size_t)t * a.r_ld + k] = v;
+      }
+      xs[t * a.ld + k] = v;
+      ss = fmaf(v, v, ss);
+    }
+    const float ms = block_sum(ss, red, tid, sync) / (float)hidden;
+    const float root = sqrtf(ms + a.eps);
+    for (int k = tid; k < hidden; k += GEMV_THREADS) xs[t * a.ld + k] = xs[t * a.ld + k] / root * a.gamma[k];
+  }
+}
+
+/* A unit's sums are done: its segments meet (fixed order), then the epilogue.
+ * Called by every warp of the block (every consumer warp) the same number of
+ * times; `part` is free for it (no warp still reads a previous call's). */
+template <int NT, int EPI, typename Sync>
+__device__ __forceinline__ void finish_unit(const GemvArgs &a, int u, int r0, int r1, bool active, float *acc0,
+                                            float *acc1, unsigned long long &best, float (*part)[2 * GEMV_MAX_T],
+                                            int tid, Sync sync) {
+  const int warp = tid >> 5, lane = tid & 31, segs = a.segs, seg = warp & (segs - 1);
+#pragma unroll
+  for (int t = 0; t < NT; t++) {
+    for (int off = 16; off; off >>= 1) {
+      acc0[t] += __shfl_xor_sync(0xffffffffu, acc0[t], off);
+      acc1[t] += __shfl_xor_sync(0xffffffffu, acc1[t], off);
+    }
+  }
+  if (segs > 1) {
+    if (lane == 0)
+#pragma unroll
+      for (int t = 0; t < NT; t++) {
+        part[warp][2 * t] = acc0[t];
+        part[warp][2 * t + 1] = acc1[t];
+      }
+    sync();
+    if (seg == 0) {
+#pragma unroll
+      for (int t = 0; t < NT; t++) {
+        float s0 = part[warp][2 * t], s1 = part[warp][2 * t + 1];
+        for (int q = 1; q < segs; q++) {
+          s0 += part[warp + q][2 * t];
+          s1 += part[warp + q][2 * t + 1];
+        }
+        acc0[t] = s0;
+        acc1[t] = s1;
+      }
+    }
+    sync();
+  }
+  if (!active || seg != 0) return;
+  if (EPI == EPI_STORE) {
+#pragma unroll
+    for (int t = 0; t < NT; t++) {
+      if (lane != t || t >= a.T) continue;
+      a.out[(size_t)t * a.out_ld + r0] = acc0[t];
+      if (r1 >= 0) a.out[(size_t)t * a.out_ld + r1] = acc1[t];
+    }
+  } else if (EPI == EPI_SWIGLU) {
+#pragma unroll
+    for (int t = 0; t < NT; t++) {
+      if (lane != t || t >= a.T) continue;
+      a.out[(size_t)t * a.out_ld + u] = silu(acc0[t]) * acc1[t];
+    }
+  } else if (EPI == EPI_QKV) {
+    epilogue_qkv<NT>(a, u, r0, acc0, acc1, lane);
+  } else { /* EPI_HEAD: one token */
+    if (lane == 0) {
+      a.out[r0] = acc0[0];
+      if (r1 >= 0) a.out[r1] = acc1[0];
+      if (r0 < a.valid_rows) {
+        const unsigned long long k0 = argmax_key(acc0[0], a.row_off + r0);
+        if (k0 > best) best = k0;
+      }
+      if (r1 >= 0 && r1 < a.valid_rows) {
+        const unsigned long long k1 = argmax_key(acc1[0], a.row_off + r1);
+        if (k1 > best) best = k1;
+      }
+    }
+  }
+}
+
+/* The LM head's candidate once `best` holds the grid's largest key: this lane's
+ * (value, id) pair in cand, zero elsewhere, so that a sum over the lanes hands
+ * every lane all of them. */
+__device__ __forceinline__ void head_candidate(const GemvArgs &a, unsigned long long b) {
+  for (int i = 0; i < 2 * a.tp; i++) a.cand[i] = 0.f;
+  a.cand[a.rank] = b ? argmax_value(b) : -INFINITY;
+  a.cand[a.tp + a.rank] = b ? (float)(0xffffffffu - (unsigned)(b & 0xffffffffu)) : 0.f;
+}
+
+}  // namespace kie
+#endif

@@ -1,0 +1,374 @@
+/* mono.cu - the monokernel: one decode step (T = 1) as one persistent kernel,
+ * a block per SM, instead of a graph of five kernels per layer.
+ *
+ * Each block runs the stages of the host's table in order: for a GEMV, the
+ * units [b U / B, (b + 1) U / B) of its U units; for attention, items
+ * (head group, split) round-robin over its ATT_THREADS-thread halves.  The
+ * arithmetic is gemv_common.cuh's and attention.cuh's, so the results are the
+ * per-sublayer kernels' to the bit.
+ *
+ * Two things make it faster than those kernels:
+ *  - no kernel boundaries: a stage waits for the one before through a counter
+ *    in global memory (every block adds one when its share is written; the
+ *    attention stage counts head groups), not for a grid to drain and the
+ *    next to launch;
+ *  - the weights never stop streaming: a producer warp copies the block's
+ *    weight tiles, in the order the block will use them, into a ring of
+ *    shared-memory slots with bulk copies (cp.async.bulk, completion on an
+ *    mbarrier per slot).  It depends on nothing but free slots, so while the
+ *    consumers wait for a stage (or run attention) the ring fills with the
+ *    next GEMVs' rows.
+ *
+ * Every wait is bounded (timeout_ns, measured on %globaltimer): a stuck step
+ * sets KIE_DERR_STALL in the host ring and the abort flag, and every block
+ * leaves. */
+#include "attention.cuh"
+
+using namespace kie;
+
+namespace {
+
+#define BAR_CONSUMERS 1 /* named barrier of the consumer warps; 2 + i: attention item i */
+
+__device__ __forceinline__ void bar_consumers() {
+  asm volatile("bar.sync %0, %1;" ::"n"(BAR_CONSUMERS), "n"(MONO_CONSUMERS) : "memory");
+}
+
+__device__ __forceinline__ unsigned long long gtime() {
+  unsigned long long t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+
+__device__ __forceinline__ uint32_t smem_u32(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }
+
+__device__ __forceinline__ void mbar_init(uint64_t *bar, unsigned count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_u32(bar)), "r"(count) : "memory");
+}
+__device__ __forceinline__ void mbar_expect_tx(uint64_t *bar, unsigned bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_u32(bar)), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void mbar_arrive(uint64_t *bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(smem_u32(bar)) : "memory");
+}
+__device__ __forceinline__ bool mbar_done(uint64_t *bar, unsigned parity) {
+  unsigned ok;
+  asm volatile(
+      "{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}"
+      : "=r"(ok)
+      : "r"(smem_u32(bar)), "r"(parity)
+      : "memory");
+  return ok != 0;
+}
+/* Global -> this block's shared memory, counted on `bar` (16-byte aligned, a multiple of 16 bytes). */
+__device__ __forceinline__ void bulk_copy(void *dst, const void *src, unsigned bytes, uint64_t *bar) {
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
+                   smem_u32(dst)),
+               "l"(src), "r"(bytes), "r"(smem_u32(bar))
+               : "memory");
+}
+
+__device__ __forceinline__ unsigned ld_acquire(const unsigned *p) {
+  unsigned v;
+  asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+
+/* Shared state of one block. */
+struct Block {
+  const MonoArgs *m;
+  uint64_t *full, *empty; /* per slot: filled (producer's tx), freed (one arrive per consumer warp) */
+  char *ring;
+  volatile int *stop;     /* set when this block gives up; the producer watches it too */
+};
+
+/* Gives up the step: the first to fail says why, everyone leaves. */
+__device__ void give_up(const Block &b, int stage) {
+  kie_set_error(b.m->ring, KIE_DERR_STALL, stage);
+  atomicExch(&b.m->sync->abort, 1u);
+  *b.stop = 1;
+}
+
+/* A bounded spin: true while `done()` is false and neither the bound, this
+ * block's stop flag nor the grid's abort flag has ended it. */
+template <typename Done>
+__device__ bool spin(const Block &b, int stage, Done done) {
+  if (done()) return true;
+  const unsigned long long t0 = gtime();
+  for (unsigned n = 1;; n++) {
+    if (done()) return true;
+    if (n > 32) __nanosleep(n > 1024 ? 256 : 32);
+    if ((n & 63) == 0) {
+      if (*b.stop || *(volatile unsigned *)&b.m->sync->abort) {
+        *b.stop = 1;
+        return false;
+      }
+      if ((long long)(gtime() - t0) > b.m->timeout_ns) {
+        give_up(b, stage);
+        return false;
+      }
+    }
+  }
+}
+
+/* This block's units of a GEMV stage. */
+__device__ __forceinline__ void unit_range(const MonoStage &s, int &u0, int &u1) {
+  int units;
+  switch (s.epi) {
+    case EPI_SWIGLU: units = gemv_units<EPI_SWIGLU>(s.g); break;
+    default: units = gemv_units<EPI_STORE>(s.g);
+  }
+  u0 = (int)((long long)blockIdx.x * units / gridDim.x);
+  u1 = (int)((long long)(blockIdx.x + 1) * units / gridDim.x);
+}
+
+__device__ __forceinline__ void rows_of(const MonoStage &s, int u, int &r0, int &r1) {
+  switch (s.epi) {
+    case EPI_QKV: unit_rows<EPI_QKV>(s.g, u, r0, r1); break;
+    case EPI_SWIGLU: unit_rows<EPI_SWIGLU>(s.g, u, r0, r1); break;
+    default: unit_rows<EPI_STORE>(s.g, u, r0, r1);
+  }
+}
+
+/* The producer warp: every weight tile of the step, in the consumers' order. */
+__device__ void produce(const Block &b) {
+  const MonoArgs &m = *b.m;
+  const int lane = threadIdx.x & 31;
+  int tile = 0;
+  for (int k = 0; k < m.nstages; k++) {
+    const MonoStage &s = m.stages[k];
+    if (s.kind != MONO_GEMV) continue;
+    int u0, u1;
+    unit_range(s, u0, u1);
+    const unsigned row_bytes = (unsigned)s.g.ld * 2u;
+    for (int tu = u0; tu < u1; tu += s.upt, tile++) {
+      const int slot = tile % m.nslots, use = tile / m.nslots, n = min(s.upt, u1 - tu);
+      if (use > 0 && !spin(b, k, [&] { return mbar_done(&b.empty[slot], (unsigned)(use - 1) & 1u); })) return;
+      unsigned bytes = 0;
+      for (int j = 0; j < n; j++) {
+        int r0, r1;
+        rows_of(s, tu + j, r0, r1);
+        bytes += row_bytes * (r1 >= 0 ? 2u : 1u);
+      }
+      if (lane == 0) mbar_expect_tx(&b.full[slot], bytes);
+      __syncwarp();
+      char *dst = b.ring + (size_t)slot * m.slot_bytes;
+      for (int i = lane; i < 2 * n; i += 32) {
+        int r0, r1;
+        rows_of(s, tu + i / 2, r0, r1);
+        const int r = (i & 1) ? r1 : r0;
+        if (r >= 0) bulk_copy(dst + (size_t)i * row_bytes, s.g.w + (size_t)r * s.g.ld, row_bytes, &b.full[slot]);
+      }
+    }
+  }
+}
+
+/* Consumers: wait until stage k is complete for this step. */
+__device__ bool wait_stage(const Block &b, int k, unsigned epoch) {
+  const MonoArgs &m = *b.m;
+  if (threadIdx.x == 0) {
+    const unsigned share = m.stages[k].kind == MONO_ATTN ? (unsigned)(m.stages[k].at.nh / m.stages[k].at.g *
+                                                                      m.stages[k].at.hgroups)
+                                                         : gridDim.x;
+    const unsigned target = (epoch + 1u) * share;
+    spin(b, k, [&] { return (int)(ld_acquire(m.cnt + k) - target) >= 0; });
+  }
+  bar_consumers();
+  return !*b.stop;
+}
+
+__device__ void signal_stage(const MonoArgs &m, int k) {
+  bar_consumers();
+  if (threadIdx.x == 0) {
+    __threadfence();
+    atomicAdd(m.cnt + k, 1u);
+  }
+}
+
+/* One ring tile: warp w takes unit w / segs of it, segment w % segs of the row. */
+template <int EPI>
+__device__ void gemv_tile(const Block &b, const MonoStage &s, int tu, int n, int slot, const float *xs,
+                          float (*part)[2 * GEMV_MAX_T], unsigned long long &best) {
+  const GemvArgs &a = s.g;
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+  const int segs = s.segs, j = warp / segs, seg = warp & (segs - 1);
+  const int nvec = a.ld >> 3, seg_vecs = (nvec + segs - 1) / segs;
+  const int vb = min(nvec, seg * seg_vecs), ve = min(nvec, vb + seg_vecs);
+  const bool active = j < n;
+  const int u = tu + j;
+  int r0 = 0, r1 = -1;
+  float acc0[1] = {0.f}, acc1[1] = {0.f};
+  if (active) {
+    unit_rows<EPI>(a, u, r0, r1);
+    const char *tile = b.ring + (size_t)slot * b.m->slot_bytes;
+    const uint4 *w0 = reinterpret_cast<const uint4 *>(tile + (size_t)(2 * j) * a.ld * 2);
+    const uint4 *w1 = reinterpret_cast<const uint4 *>(tile + (size_t)(2 * j + 1) * a.ld * 2);
+    for (int v = vb + lane; v < ve; v += 32) {
+      const float4 *xp = reinterpret_cast<const float4 *>(xs + (size_t)v * 8);
+      const float4 xa = xp[0], xb = xp[1];
+      acc0[0] = dot8(w0[v], xa, xb, acc0[0]);
+      if (r1 >= 0) acc1[0] = dot8(w1[v], xa, xb, acc1[0]);
+    }
+  }
+  __syncwarp();
+  if (lane == 0) mbar_arrive(&b.empty[slot]); /* this warp is done with the slot */
+  finish_unit<1, EPI>(a, u, r0, r1, active, acc0, acc1, best, part, tid, SyncNamed{BAR_CONSUMERS, MONO_CONSUMERS});
+}
+
+template <int HD>
+__device__ void consume(const Block &b, char *xunion) {
+  const MonoArgs &m = *b.m;
+  __shared__ float red[GEMV_WARPS];
+  __shared__ float part[2][GEMV_WARPS][2 * GEMV_MAX_T];
+  __shared__ unsigned long long sbest[GEMV_WARPS];
+  __shared__ unsigned s_epoch;
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+  if (tid == 0) s_epoch = *(volatile unsigned *)&m.sync->epoch;
+  bar_consumers();
+  const unsigned epoch = s_epoch;
+  float *xs = reinterpret_cast<float *>(xunion);
+  int tile = 0;
+  unsigned long long best = 0;
+  for (int k = 0; k < m.nstages; k++) {
+    const MonoStage &s = m.stages[k];
+    if (s.kind == MONO_ATTN) {
+      if (!wait_stage(b, k - 1, epoch)) return;
+      const int groups = s.at.nh / s.at.g * s.at.hgroups, items = groups * s.at.nsplit;
+      const int sub = tid / ATT_THREADS, subs = m.subs;
+      if (sub < subs) {
+        AttSmem<HD> *sm = reinterpret_cast<AttSmem<HD> *>(xunion) + sub;
+        for (int it = blockIdx.x * subs + sub; it < items; it += gridDim.x * subs)
+          attend<HD, true>(s.at, it % groups, it / groups, 0, tid % ATT_THREADS, *sm,
+                           SyncNamed{BAR_CONSUMERS + 1 + sub, ATT_THREADS}, m.cnt + k);
+      }
+      continue; /* the groups' last splits count the stage */
+    }
+    int u0, u1;
+    unit_range(s, u0, u1);
+    if (u0 < u1) {
+      if (k > 0 && !wait_stage(b, k - 1, epoch)) return;
+      if (s.g.x) stage_plain(s.g, xs, tid);
+      else stage_norm(s.g, xs, tid, u0 == 0, SyncNamed{BAR_CONSUMERS, MONO_CONSUMERS}, red);
+      bar_consumers();
+      for (int tu = u0; tu < u1; tu += s.upt, tile++) {
+        const int slot = tile % m.nslots, use = tile / m.nslots;
+        if (!spin(b, k, [&] { return mbar_done(&b.full[slot], (unsigned)use & 1u); })) return;
+        const int n = min(s.upt, u1 - tu);
+        switch (s.epi) {
+          case EPI_QKV: gemv_tile<EPI_QKV>(b, s, tu, n, slot, xs, part[tile & 1], best); break;
+          case EPI_SWIGLU: gemv_tile<EPI_SWIGLU>(b, s, tu, n, slot, xs, part[tile & 1], best); break;
+          case EPI_HEAD: gemv_tile<EPI_HEAD>(b, s, tu, n, slot, xs, part[tile & 1], best); break;
+          default: gemv_tile<EPI_STORE>(b, s, tu, n, slot, xs, part[tile & 1], best);
+        }
+      }
+      if (s.epi == EPI_HEAD) { /* the block's best key, then the grid's */
+        if (lane == 0) sbest[warp] = best;
+        bar_consumers();
+        if (tid == 0) {
+          unsigned long long x = 0;
+          for (int w = 0; w < GEMV_WARPS; w++) x = sbest[w] > x ? sbest[w] : x;
+          if (x) atomicMax(&m.sync->amax, x);
+        }
+      }
+    }
+    signal_stage(m, k);
+  }
+
+  /* The last block out picks the token (greedy) and opens the next epoch. */
+  bar_consumers();
+  if (tid == 0) {
+    __threadfence();
+    if (atomicAdd(&m.sync->done, 1u) == gridDim.x - 1) {
+      __threadfence();
+      const MonoStage &h = m.stages[m.nstages - 1];
+      if (h.kind == MONO_GEMV && h.epi == EPI_HEAD) {
+        head_candidate(h.g, atomicExch(&m.sync->amax, 0ull));
+        if (m.pick) kie_finalize_pick(m.cand, 1, m.c);
+      }
+      m.sync->done = 0;
+      __threadfence();
+      *(volatile unsigned *)&m.sync->epoch = epoch + 1u;
+    }
+  }
+}
+
+template <int HD>
+__global__ void __launch_bounds__(MONO_THREADS, 1) k_mono(const __grid_constant__ MonoArgs m) {
+  extern __shared__ __align__(128) char smem[];
+  __shared__ int stop;
+  Block b;
+  b.m = &m;
+  b.full = reinterpret_cast<uint64_t *>(smem);
+  b.empty = b.full + m.nslots;
+  b.ring = smem + m.ring_off;
+  b.stop = &stop;
+  if (threadIdx.x == 0) {
+    stop = 0;
+    for (int i = 0; i < m.nslots; i++) {
+      mbar_init(&b.full[i], 1);
+      mbar_init(&b.empty[i], GEMV_WARPS);
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  }
+  __syncthreads();
+  if (threadIdx.x >= MONO_CONSUMERS) produce(b);
+  else consume<HD>(b, smem + m.x_off);
+}
+
+template <int HD>
+cudaError_t launch_hd(const MonoArgs &m, int grid, size_t smem, cudaStream_t st) {
+  cudaLaunchConfig_t cfg = {};
+  cudaLaunchAttribute attr[1];
+  cfg.gridDim = dim3((unsigned)grid);
+  cfg.blockDim = dim3(MONO_THREADS);
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = st;
+  attr[0].id = cudaLaunchAttributeCooperative; /* every block resident at once, or no launch */
+  attr[0].val.cooperative = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  return cudaLaunchKernelEx(&cfg, k_mono<HD>, m);
+}
+
+template <int HD>
+cudaError_t prepare_hd(size_t smem, int *per_sm) {
+  cudaError_t e = cudaFuncSetAttribute(k_mono<HD>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+  if (e == cudaSuccess) e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(per_sm, k_mono<HD>, MONO_THREADS, smem);
+  return e;
+}
+
+}  // namespace
+
+size_t kie_mono_attention_smem(int hd) {
+  switch (hd) {
+    case 16: return MONO_SUBS_MAX * sizeof(AttSmem<16>);
+    case 32: return MONO_SUBS_MAX * sizeof(AttSmem<32>);
+    case 64: return MONO_SUBS_MAX * sizeof(AttSmem<64>);
+    case 128: return MONO_SUBS_MAX * sizeof(AttSmem<128>);
+    case 256: return MONO_SUBS_MAX * sizeof(AttSmem<256>);
+  }
+  return 0;
+}
+
+cudaError_t kie_mono_prepare(int hd, size_t smem, int *per_sm) {
+  *per_sm = 0;
+  switch (hd) {
+    case 16: return prepare_hd<16>(smem, per_sm);
+    case 32: return prepare_hd<32>(smem, per_sm);
+    case 64: return prepare_hd<64>(smem, per_sm);
+    case 128: return prepare_hd<128>(smem, per_sm);
+    case 256: return prepare_hd<256>(smem, per_sm);
+  }
+  return cudaErrorInvalidValue;
+}
+
+cudaError_t kie_launch_mono(const MonoArgs &m, int hd, int grid, size_t smem, cudaStream_t st) {
+  switch (hd) {
+    case 16: return launch_hd<16>(m, grid, smem, st);
+    case 32: return launch_hd<32>(m, grid, smem, st);
+    case 64: return launch_hd<64>(m, grid, smem, st);
+    case 128: return launch_hd<128>(m, grid, smem, st);
+    case 256: return launch_hd<256>(m, grid, smem, st);
+  }
+  return cudaErrorInvalidValue;
+}
