@@ -41,7 +41,7 @@ for s in "$@"; do
   case $s in
     check1) timeout 400 python3 tests/gpu/kie_check.py --json "$LOGS/kie_check_tp1.json" 2>&1 | tee "$LOGS/check1.log" | grep -v "^  (" | tail -60 ;;
     check2) mps_on; timeout 400 $MPI -n 2 python3 tests/gpu/kie_check.py --no-hf --json "$LOGS/kie_check_tp2.json" 2>&1 | tee "$LOGS/check2.log" | tail -40; mps_off ;;
-    mono) timeout 400 python3 tests/gpu/mono_check.py ${MONO_ARGS:-} --json "$LOGS/mono_check.json" 2>&1 | tee "$LOGS/mono.log" | tail -40 ;;
+    mono) timeout 240 python3 tests/gpu/mono_check.py ${MONO_ARGS:-} --json "$LOGS/mono_check.json" 2>&1 | tee "$LOGS/mono.log" | tail -40 ;;
     bench) timeout 560 python3 bench/decode_gpu.py --baseline ${BASELINE:-compile} ${BENCH_ARGS:-} --json "$LOGS/decode_gpu_tp1.json" 2>&1 | tee "$LOGS/bench.log" | tail -40 ;;
     bench2) timeout 560 $MPI -n 2 python3 bench/decode_gpu.py --baseline ${BASELINE:-compile} ${BENCH_ARGS:-} --json "$LOGS/decode_gpu_tp2.json" 2>&1 | tee "$LOGS/bench2.log" | tail -40 ;;
     cli) # the command line, end to end: one rank, then two (a GPU each, or one under MPS)
