@@ -24,7 +24,7 @@ namespace kie {
 
 /* One (head group, split) item's shared memory. */
 template <int HD>
-struct AttSmem {
+struct __align__(16) AttSmem { /* 16: the queries are read as float4, and items sit side by side */
   float qs[ATT_MAXG * HD];
   float sc[ATT_MAXG * ATT_TILE];
   float red[ATT_THREADS * ATT_MAXG * 8 > ATT_MAXG * 1024 ? ATT_THREADS * ATT_MAXG * 8 : ATT_MAXG * 1024];
