@@ -221,6 +221,11 @@ VARIANTS = [dict(gemv_x_l1=0, gemv_pipe=0), dict(gemv_x_l1=0), dict(gemv_pipe=0)
             dict(att_chunk=64), dict(att_chunk=128)]
 
 
+# The monokernel's variants: how far past its shared-memory ring the producer asks L2
+# for weights (default: as many tiles as the ring holds).
+MONO_VARIANTS = [dict(mono_prefetch=0), dict(mono_prefetch=8), dict(mono_prefetch=16)]
+
+
 def kie_decode(m, ctx, tokens, rounds, vocab):
     rng = np.random.default_rng(ctx)
     prompt = rng.integers(0, vocab, ctx).tolist()
@@ -260,6 +265,8 @@ def main():
                     help="KIE's step kernels to time, of graph,mono (default: both at one rank, graph at more)")
     ap.add_argument("--variants", action="store_true",
                     help="also KIE with the launch and kernel variants of VARIANTS (delay 0, every context)")
+    ap.add_argument("--mono-variants", action="store_true",
+                    help="also the monokernel with the variants of MONO_VARIANTS (delay 0, every context)")
     ap.add_argument("--json")
     a = ap.parse_args()
     ndev = torch.cuda.device_count()
@@ -338,6 +345,14 @@ def main():
                 + (f", weight ring {info['mono_slots']} x {info['mono_slot_bytes'] // 1024} KiB, "
                    f"{info['mono_smem'] // 1024} KiB of shared memory per block" if kernel == "mono" else ""))
         m.close()
+        if a.mono_variants and "mono" in kernels and d == delays[0]:
+            for v in MONO_VARIANTS:
+                mv = kie_engine(cfg, w, comm, max_seq, tuning=v, kernel="mono")
+                for ctx in contexts:
+                    us, pre, toks = kie_decode(mv, ctx, a.tokens, a.rounds, cfg.vocab_size)
+                    add("kie", "mono", d, ctx, us, {"variant": ",".join(f"{k}={x}" for k, x in v.items()),
+                                                    "same_tokens_as_graph": toks == graph_tokens.get(ctx)})
+                mv.close()
         if a.variants and d == delays[0]:
             for v in VARIANTS:
                 kw = dict(v)
@@ -368,7 +383,8 @@ def main():
             vs = f"{r['vs_torch']:6.2f}x" if "vs_torch" in r else "      "
             log(f" {r['engine']:6s} {r['kernel']:13s} {r['tp']:2d} {r['gpus']:4d} {r['dtp_delay']} {r['context']:5d} "
                 f"{r['tokens_per_s']:10.1f} {r['us_per_token']:10.1f} {100 * r['floor_share']:5.1f}%  {vs}"
-                + ("" if "variant" not in r else f"  {r['variant']} layer={r['layer_gemvs_us']} us"))
+                + ("" if "variant" not in r else f"  {r['variant']}")
+                + ("" if "layer_gemvs_us" not in r else f" layer={r['layer_gemvs_us']} us"))
         write_json(a, rows, meta_of(a, name, gpus, bw, engine_bytes, micro))
         if a.json:
             log(f"wrote {a.json}")

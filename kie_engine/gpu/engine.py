@@ -153,6 +153,7 @@ class GpuModel:
         s.att_chunk = _env_int("KIE_GPU_ATT_CHUNK", 0, 0, 1 << 20)
         s.gemv_pipe = _env_int("KIE_GPU_GEMV_PIPE", 1, 0, 1)
         s.gemv_x_l1 = _env_int("KIE_GPU_GEMV_X_L1", 1, 0, 1)
+        s.mono_prefetch = _env_int("KIE_GPU_MONO_PREFETCH", -1, -1, 64)
         s.kernel = kernel_code(kernel if kernel is not None else os.environ.get("KIE_GPU_KERNEL") or "graph")
         if s.kernel == lib.KIE_KERNEL_MONO and size > 1:
             raise GpuArgumentError(f"kernel='mono' runs one lane so far (its in-kernel all-reduce is not "
@@ -190,6 +191,8 @@ class GpuModel:
         if hasattr(m, "data_ptr") and getattr(m, "is_cuda", False):
             if str(m.dtype) != "torch.bfloat16" or m.dim() != 2 or not m.is_contiguous():
                 raise GpuArgumentError(f"weight kind {kind}: a CUDA tensor must be contiguous 2-D bfloat16")
+            # the engine copies on its own stream: what torch's stream still has to write must land first
+            __import__("torch").cuda.current_stream(m.device).synchronize()
             _check(lib.kie_upload(self._handle(), kind, layer, ffi.cast("void *", m.data_ptr()), m.shape[0],
                                   m.shape[1], 1))
             return

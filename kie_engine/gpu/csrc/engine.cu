@@ -152,6 +152,7 @@ int derive(kie_engine *e, const kie_shape &s, int sms) {
   if (s.kernel == KIE_KERNEL_MONO && s.tp_size > 1)
     return fail(KIE_E_ARG, "the monokernel runs one lane per engine (tp_size 1) so far: its in-kernel "
                 "all-reduce is not written; use the graph kernel for tp_size=%d", s.tp_size);
+  if (s.mono_prefetch < -1 || s.mono_prefetch > 64) return fail(KIE_E_ARG, "mono_prefetch=%d: -1..64", s.mono_prefetch);
   e->mono_n = 5 * s.layers + 1; /* per layer QKV, attention, o, gate/up, down; the head */
   return KIE_OK;
 }
@@ -574,6 +575,7 @@ int enqueue_mono(kie_engine *e, int mode) {
   m.slot_bytes = e->mono_slot;
   m.nslots = e->mono_nslots;
   m.subs = MONO_SUBS_MAX;
+  m.prefetch = e->s.mono_prefetch >= 0 ? e->s.mono_prefetch : e->mono_nslots;
   m.ring_off = 256;
   m.x_off = 256 + e->mono_nslots * e->mono_slot;
   m.timeout_ns = 2000000000LL;

@@ -112,14 +112,48 @@ struct SyncNamed {
   __device__ void operator()() const { asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(threads) : "memory"); }
 };
 
+/* Staging loads float4s, STAGE_BATCH of them per thread in flight before any is
+ * used: x comes from L2 and one load after another would cost a round trip each. */
+#define STAGE_BATCH 8
+
+__device__ __forceinline__ float4 f4_zero() { return make_float4(0.f, 0.f, 0.f, 0.f); }
+__device__ __forceinline__ void f4_add(float4 &v, const float4 w) {
+  v.x += w.x;
+  v.y += w.y;
+  v.z += w.z;
+  v.w += w.w;
+}
+/* Elements 4 i .. 4 i + 3 at or past n become zero. */
+__device__ __forceinline__ float4 f4_clip(float4 v, int i, int n) {
+  if (4 * i + 0 >= n) v.x = 0.f;
+  if (4 * i + 1 >= n) v.y = 0.f;
+  if (4 * i + 2 >= n) v.z = 0.f;
+  if (4 * i + 3 >= n) v.w = 0.f;
+  return v;
+}
+
 /* x in shared memory: [T][ld], zero past `in`, staged by GEMV_THREADS threads.
  * Loads go through L2 (ld.cg): in the monokernel the producer of x is another
- * block of the same grid, whose writes this SM's L1 may not have seen. */
+ * block of the same grid, whose writes this SM's L1 may not have seen.  x rows
+ * (x_ld) and ld are multiples of 4 floats. */
 __device__ __forceinline__ void stage_plain(const GemvArgs &a, float *xs, int tid) {
-  const int n = a.T * a.ld;
-  for (int i = tid; i < n; i += GEMV_THREADS) {
-    const int t = i / a.ld, k = i - t * a.ld;
-    xs[i] = k < a.in ? __ldcg(a.x + (size_t)t * a.x_ld + k) : 0.f;
+  const int n4 = a.ld >> 2;
+  for (int t = 0; t < a.T; t++) {
+    const float4 *src = reinterpret_cast<const float4 *>(a.x + (size_t)t * a.x_ld);
+    float4 *dst = reinterpret_cast<float4 *>(xs + (size_t)t * a.ld);
+    for (int i0 = tid; i0 < n4; i0 += GEMV_THREADS * STAGE_BATCH) {
+      float4 v[STAGE_BATCH];
+#pragma unroll
+      for (int k = 0; k < STAGE_BATCH; k++) {
+        const int i = i0 + k * GEMV_THREADS;
+        v[k] = i < n4 && 4 * i < a.in ? __ldcg(src + i) : f4_zero();
+      }
+#pragma unroll
+      for (int k = 0; k < STAGE_BATCH; k++) {
+        const int i = i0 + k * GEMV_THREADS;
+        if (i < n4) dst[i] = f4_clip(v[k], i, a.in);
+      }
+    }
   }
 }
 
@@ -136,22 +170,53 @@ __device__ __forceinline__ float block_sum(float v, float *red, int tid, Sync sy
 }
 
 /* The residual update and the RMSNorm, token by token; `writer`: this block
- * stores the updated residual (one block of the grid does). */
+ * stores the updated residual (one block of the grid does).  Each thread sums
+ * the squares of its float4s in order, then the block's sums meet in warp order. */
 template <typename Sync>
 __device__ void stage_norm(const GemvArgs &a, float *xs, int tid, bool writer, Sync sync, float *red) {
-  const int hidden = a.in;
+  const int hidden = a.in, n4 = a.ld >> 2;
   for (int t = 0; t < a.T; t++) {
     float ss = 0.f;
     const bf16 *erow = a.r_in ? nullptr : a.embed + (size_t)__ldcg(a.tokens + t) * a.ld;
-    for (int k = tid; k < a.ld; k += GEMV_THREADS) {
-      float v = 0.f;
-      if (k < hidden) {
-        v = a.r_in ? __ldcg(a.r_in + (size_t)t * a.r_ld + k) : __bfloat162float(erow[k]);
-        for (int j = 0; j < a.nadd; j++) v += __ldcg(a.adds[j] + (size_t)t * a.r_ld + k);
-        if (a.r_out && writer) a.r_out[(size_t)t * a.r_ld + k] = v;
+    const size_t row = (size_t)t * a.r_ld;
+    float4 *x4 = reinterpret_cast<float4 *>(xs + (size_t)t * a.ld);
+    for (int i0 = tid; i0 < n4; i0 += GEMV_THREADS * STAGE_BATCH) {
+      float4 v[STAGE_BATCH];
+#pragma unroll
+      for (int k = 0; k < STAGE_BATCH; k++) {
+        const int i = i0 + k * GEMV_THREADS;
+        v[k] = f4_zero();
+        if (i < n4 && 4 * i < hidden) {
+          if (a.r_in) {
+            v[k] = __ldcg(reinterpret_cast<const float4 *>(a.r_in + row) + i);
+          } else {
+            const uint2 e = *reinterpret_cast<const uint2 *>(erow + 4 * (size_t)i);
+            v[k] = make_float4(bf_lo(e.x), bf_hi(e.x), bf_lo(e.y), bf_hi(e.y));
+          }
+        }
       }
-      xs[t * a.ld + k] = v;
-      ss = fmaf(v, v, ss);
+      for (int j = 0; j < a.nadd; j++) {
+        float4 w[STAGE_BATCH];
+#pragma unroll
+        for (int k = 0; k < STAGE_BATCH; k++) {
+          const int i = i0 + k * GEMV_THREADS;
+          w[k] = i < n4 && 4 * i < hidden ? __ldcg(reinterpret_cast<const float4 *>(a.adds[j] + row) + i) : f4_zero();
+        }
+#pragma unroll
+        for (int k = 0; k < STAGE_BATCH; k++) f4_add(v[k], w[k]);
+      }
+#pragma unroll
+      for (int k = 0; k < STAGE_BATCH; k++) {
+        const int i = i0 + k * GEMV_THREADS;
+        if (i >= n4) continue;
+        const float4 c = f4_clip(v[k], i, hidden);
+        if (a.r_out && writer && 4 * i < hidden) reinterpret_cast<float4 *>(a.r_out + row)[i] = c;
+        x4[i] = c;
+        ss = fmaf(c.x, c.x, ss);
+        ss = fmaf(c.y, c.y, ss);
+        ss = fmaf(c.z, c.z, ss);
+        ss = fmaf(c.w, c.w, ss);
+      }
     }
     const float ms = block_sum(ss, red, tid, sync) / (float)hidden;
     const float root = sqrtf(ms + a.eps);

@@ -83,6 +83,7 @@ typedef struct {
   int gemv_pipe;               /* 1: GEMVs load the next round's weights while using this round's */
   int gemv_x_l1;               /* 1: the o and down GEMVs read x through L1 instead of staging it */
   int kernel;                  /* KIE_KERNEL_GRAPH or KIE_KERNEL_MONO: how a decode step runs */
+  int mono_prefetch;           /* monokernel: weight tiles past its shared-memory ring asked of L2 (-1: auto) */
 } kie_shape;
 
 /* KCCL's entry points for the lanes' sums (all NULL when tp_size == 1); void *

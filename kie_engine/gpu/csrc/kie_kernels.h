@@ -154,6 +154,7 @@ struct MonoArgs {
   Commit c;
   HostRing *ring;
   int slot_bytes, nslots, subs; /* ring of weight tiles; attention items per block at once */
+  int prefetch;                 /* tiles past the ring's the producer asks L2 for */
   int ring_off, x_off;          /* dynamic shared memory: mbarriers at 0, then these */
   long long timeout_ns;         /* a wait longer than this ends the step with KIE_DERR_STALL */
 };

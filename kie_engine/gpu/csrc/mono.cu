@@ -130,35 +130,79 @@ __device__ __forceinline__ void rows_of(const MonoStage &s, int u, int &r0, int 
   }
 }
 
-/* The producer warp: every weight tile of the step, in the consumers' order. */
+/* A position in the block's sequence of weight tiles: stage k, units [tu, tu + upt). */
+struct Cursor {
+  int k, tu, u1;
+};
+
+/* The first tile at or after stage k's (tu = -1: its first); false past the last. */
+__device__ bool cursor_seek(const MonoArgs &m, Cursor &c) {
+  for (; c.k < m.nstages; c.k++, c.tu = -1) {
+    const MonoStage &s = m.stages[c.k];
+    if (s.kind != MONO_GEMV) continue;
+    int u0;
+    unit_range(s, u0, c.u1);
+    if (c.tu < 0) c.tu = u0;
+    if (c.tu < c.u1) return true;
+  }
+  return false;
+}
+
+__device__ __forceinline__ bool cursor_next(const MonoArgs &m, Cursor &c) {
+  c.tu += m.stages[c.k].upt;
+  return cursor_seek(m, c);
+}
+
+/* Asks L2 to fetch [p, p + bytes) (16-byte aligned, a multiple of 16). */
+__device__ __forceinline__ void prefetch_l2(const void *p, unsigned bytes) {
+  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p), "r"(bytes) : "memory");
+}
+
+/* Lane i < 2 n copies (or prefetches) row i of the tile at c: unit tu + i / 2, its
+ * first or second row; returns the tile's bytes. */
+__device__ unsigned tile_rows(const MonoStage &s, const Cursor &c, char *dst, uint64_t *bar, bool copy) {
+  const int lane = threadIdx.x & 31, n = min(s.upt, c.u1 - c.tu);
+  const unsigned row_bytes = (unsigned)s.g.ld * 2u;
+  unsigned bytes = 0;
+  for (int j = 0; j < n; j++) {
+    int r0, r1;
+    rows_of(s, c.tu + j, r0, r1);
+    bytes += row_bytes * (r1 >= 0 ? 2u : 1u);
+  }
+  if (copy) {
+    if (lane == 0) mbar_expect_tx(bar, bytes);
+    __syncwarp();
+  }
+  for (int i = lane; i < 2 * n; i += 32) {
+    int r0, r1;
+    rows_of(s, c.tu + i / 2, r0, r1);
+    const int r = (i & 1) ? r1 : r0;
+    if (r < 0) continue;
+    const bf16 *src = s.g.w + (size_t)r * s.g.ld;
+    if (copy) bulk_copy(dst + (size_t)i * row_bytes, src, row_bytes, bar);
+    else prefetch_l2(src, row_bytes);
+  }
+  return bytes;
+}
+
+/* The producer warp: every weight tile of the step, in the consumers' order,
+ * into the ring; the tile `prefetch` places further on asked of L2 meanwhile, so
+ * that more of HBM's latency is covered than the ring alone holds. */
 __device__ void produce(const Block &b) {
   const MonoArgs &m = *b.m;
-  const int lane = threadIdx.x & 31;
-  int tile = 0;
-  for (int k = 0; k < m.nstages; k++) {
-    const MonoStage &s = m.stages[k];
-    if (s.kind != MONO_GEMV) continue;
-    int u0, u1;
-    unit_range(s, u0, u1);
-    const unsigned row_bytes = (unsigned)s.g.ld * 2u;
-    for (int tu = u0; tu < u1; tu += s.upt, tile++) {
-      const int slot = tile % m.nslots, use = tile / m.nslots, n = min(s.upt, u1 - tu);
-      if (use > 0 && !spin(b, k, [&] { return mbar_done(&b.empty[slot], (unsigned)(use - 1) & 1u); })) return;
-      unsigned bytes = 0;
-      for (int j = 0; j < n; j++) {
-        int r0, r1;
-        rows_of(s, tu + j, r0, r1);
-        bytes += row_bytes * (r1 >= 0 ? 2u : 1u);
-      }
-      if (lane == 0) mbar_expect_tx(&b.full[slot], bytes);
-      __syncwarp();
-      char *dst = b.ring + (size_t)slot * m.slot_bytes;
-      for (int i = lane; i < 2 * n; i += 32) {
-        int r0, r1;
-        rows_of(s, tu + i / 2, r0, r1);
-        const int r = (i & 1) ? r1 : r0;
-        if (r >= 0) bulk_copy(dst + (size_t)i * row_bytes, s.g.w + (size_t)r * s.g.ld, row_bytes, &b.full[slot]);
-      }
+  Cursor c{0, -1, 0}, p{0, -1, 0};
+  bool more = cursor_seek(m, c), ahead = cursor_seek(m, p);
+  for (int i = 0; ahead && i < m.prefetch; i++) {
+    tile_rows(m.stages[p.k], p, nullptr, nullptr, false);
+    ahead = cursor_next(m, p);
+  }
+  for (int tile = 0; more; tile++, more = cursor_next(m, c)) {
+    const int slot = tile % m.nslots, use = tile / m.nslots;
+    if (use > 0 && !spin(b, c.k, [&] { return mbar_done(&b.empty[slot], (unsigned)(use - 1) & 1u); })) return;
+    tile_rows(m.stages[c.k], c, b.ring + (size_t)slot * m.slot_bytes, &b.full[slot], true);
+    if (ahead) {
+      tile_rows(m.stages[p.k], p, nullptr, nullptr, false);
+      ahead = cursor_next(m, p);
     }
   }
 }
