@@ -335,6 +335,9 @@ def main():
                 m.prefill(list(range(ctx)))
                 ev = m.bench_steps(a.tokens)
                 extra = {"prefill_ms": round(pre, 2), "events_us": round(ev, 1)}
+                if kernel == "mono":  # where the last step's time went, as block 0 saw it
+                    extra["stage_us"] = m.mono_profile()
+                    log(f"# mono ctx {ctx} (block 0, us over the step): {extra['stage_us']}")
                 if kernel == "graph":
                     graph_tokens[ctx] = toks
                 elif ctx in graph_tokens:  # the monokernel's arithmetic is the graph path's: same tokens

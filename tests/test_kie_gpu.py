@@ -128,7 +128,8 @@ def test_every_wrapper_call_reaches_the_engine_with_the_right_types():
              lambda: m.generate([1, 2], 3), lambda: m.generate([1, 2], 3, Sampling(temperature=0.5, top_k=3)),
              lambda: m.upload_matrix(lib.KIE_W_EMBED, 0, np.zeros((cfg.vocab_size, cfg.hidden_size), np.float32)),
              lambda: m.upload_vector(lib.KIE_F_FINAL_NORM, 0, np.ones(cfg.hidden_size)), lambda: m._read_logits(),
-             lambda: m.bench_gemv(64, 64), lambda: m.bench_layer_gemvs(), lambda: m.bench_steps(2)]
+             lambda: m.bench_gemv(64, 64), lambda: m.bench_layer_gemvs(), lambda: m.bench_steps(2),
+             lambda: m.mono_profile()]
     for call in calls:
         with pytest.raises(GpuError):
             call()

@@ -320,7 +320,26 @@ class GpuModel:
         _check(lib.kie_get_info(self._handle(), i))
         return {k: int(getattr(i, k)) for k in ("sms", "nsplit", "prefill_tokens", "gemv_blocks", "pos", "step",
                                                  "device_bytes", "graph_nodes", "kernel", "mono_slots",
-                                                 "mono_slot_bytes", "mono_smem")}
+                                                 "mono_slot_bytes", "mono_smem", "mono_stages")}
+
+    def mono_profile(self):
+        """Where the monokernel's last step went, as block 0 saw it: for each kind of
+        stage (qkv, attention, o, gate_up, down, head) the microseconds summed over the
+        layers from its wait's end to its share written ("run") and from the previous
+        stage's end to its wait's end ("wait"); "total": the step from the first stage's
+        start to the head's end."""
+        n = self.info()["mono_stages"]
+        marks = np.zeros(2 * n, np.uint64)
+        _check(lib.kie_mono_marks(self._handle(), ffi.cast("uint64_t *", ffi.from_buffer(marks)), marks.size))
+        t = marks.astype(np.int64).reshape(n, 2)
+        kinds = ["qkv", "attention", "o", "gate_up", "down"] * self.cfg.num_hidden_layers + ["head"]
+        out = {k: {"run": 0.0, "wait": 0.0} for k in dict.fromkeys(kinds)}
+        for i, k in enumerate(kinds):
+            out[k]["run"] += (t[i, 1] - t[i, 0]) / 1e3
+            out[k]["wait"] += (t[i, 0] - t[i - 1, 1]) / 1e3 if i else 0.0
+        out = {k: {a: round(b, 1) for a, b in v.items()} for k, v in out.items()}
+        out["total"] = round((t[-1, 1] - t[0, 0]) / 1e3, 1)
+        return out
 
     def bench_gemv(self, rows, cols, iters=50):
         us = ffi.new("double *")

@@ -94,6 +94,7 @@ struct kie_engine {
   MonoStage *mono_stages;
   MonoSync *mono_sync;
   unsigned *mono_cnt;
+  unsigned long long *mono_marks;
   int mono_n, mono_ready, mono_slot, mono_nslots, mono_xbytes;
   size_t mono_smem;
   std::vector<char> have; /* which uploads have arrived */
@@ -204,6 +205,7 @@ size_t layout(kie_engine *e, char *base) {
   e->mono_stages = (MonoStage *)take((size_t)e->mono_n * sizeof(MonoStage));
   e->mono_sync = (MonoSync *)take(sizeof(MonoSync));
   e->mono_cnt = (unsigned *)take((size_t)e->mono_n * 4);
+  e->mono_marks = (unsigned long long *)take((size_t)e->mono_n * 16);
   return round_up(at, 256);
 }
 
@@ -579,6 +581,7 @@ int enqueue_mono(kie_engine *e, int mode) {
   m.ring_off = 256;
   m.x_off = 256 + e->mono_nslots * e->mono_slot;
   m.timeout_ns = 2000000000LL;
+  m.marks = e->mono_marks;
   CU(kie_launch_mono(m, e->s.head_dim, e->sms, e->mono_smem, e->stream));
   return mode == KIE_MODE_GREEDY ? KIE_OK : enqueue_pick(e, 1, mode);
 }
@@ -744,10 +747,12 @@ int kie_create(const kie_shape *s, const kie_comm *c, int device, kie_engine **o
   }
   layout(e, e->arena);
   int rc = KIE_OK;
-  if ((ce = cudaMemset(e->arena, 0, e->bytes)) != cudaSuccess ||
+  /* Every write goes on the engine's stream: it does not wait for the legacy default stream. */
+  if ((ce = cudaStreamCreateWithFlags(&e->stream, cudaStreamNonBlocking)) != cudaSuccess ||
+      (ce = cudaMemsetAsync(e->arena, 0, e->bytes, e->stream)) != cudaSuccess ||
+      (ce = cudaStreamSynchronize(e->stream)) != cudaSuccess ||
       (ce = cudaHostAlloc((void **)&e->ring_h, sizeof(HostRing), cudaHostAllocMapped)) != cudaSuccess ||
       (ce = cudaHostGetDevicePointer((void **)&e->ring_d, e->ring_h, 0)) != cudaSuccess ||
-      (ce = cudaStreamCreateWithFlags(&e->stream, cudaStreamNonBlocking)) != cudaSuccess ||
       (ce = kie_gemv_attributes(XS_MAX)) != cudaSuccess)
     rc = fail(KIE_E_CUDA, "device %d setup: %s", device, cudaGetErrorString(ce));
   if (rc != KIE_OK) {
@@ -817,9 +822,13 @@ int kie_reset(kie_engine *e) {
   CU(cudaSetDevice(e->device));
   CU(cudaStreamSynchronize(e->stream));
   TRY(device_error(e));
-  CU(cudaMemset(e->st, 0, sizeof(DevState)));
-  CU(cudaMemset(e->mono_sync, 0, sizeof(MonoSync)));
-  CU(cudaMemset(e->mono_cnt, 0, (size_t)e->mono_n * 4));
+  /* On the engine's stream (a plain cudaMemset goes on the legacy stream, which
+   * this non-blocking stream does not wait for: the next prefill could start
+   * from the old position). */
+  CU(cudaMemsetAsync(e->st, 0, sizeof(DevState), e->stream));
+  CU(cudaMemsetAsync(e->mono_sync, 0, sizeof(MonoSync), e->stream));
+  CU(cudaMemsetAsync(e->mono_cnt, 0, (size_t)e->mono_n * 4, e->stream));
+  CU(cudaStreamSynchronize(e->stream));
   memset(e->ring_h, 0, sizeof(HostRing));
   e->pos_h = e->step_h = 0;
   return KIE_OK;
@@ -980,6 +989,7 @@ int kie_get_info(kie_engine *e, kie_info *info) {
   info->mono_slots = e->mono_ready ? e->mono_nslots : 0;
   info->mono_slot_bytes = e->mono_ready ? e->mono_slot : 0;
   info->mono_smem = e->mono_ready ? (int)e->mono_smem : 0;
+  info->mono_stages = e->mono_n;
   CU(cudaSetDevice(e->device));
   CU(cudaStreamSynchronize(e->stream));
   DevState st;
@@ -1003,7 +1013,7 @@ int kie_bench_gemv(kie_engine *e, int rows, int cols, int iters, double *us_per_
   CU(cudaMalloc((void **)&w, mbytes * nmat));
   CU(cudaMalloc((void **)&x, (size_t)cols * 4));
   CU(cudaMalloc((void **)&y, (size_t)rows * 4));
-  CU(cudaMemset(x, 0, (size_t)cols * 4));
+  CU(cudaMemsetAsync(x, 0, (size_t)cols * 4, e->stream));
   CU(kie_launch_fill_random(w, mbytes / 2 * nmat, 1234u, 0.1f, e->stream));
   CU(kie_launch_fill_random((bf16 *)x, (size_t)cols, 99u, 1.0f, e->stream));
   double ms = 0;
@@ -1073,6 +1083,15 @@ int kie_bench_steps(kie_engine *e, int iters, int mode, double *us_per_step) {
   *us_per_step = 1000.0 * ms / iters;
   TRY(device_error(e));
   return check_comm(e);
+}
+
+int kie_mono_marks(kie_engine *e, uint64_t *out, size_t n) {
+  if (!e) return fail(KIE_E_ARG, "%s: no engine (closed?)", __func__);
+  if (n < 2 * (size_t)e->mono_n) return fail(KIE_E_ARG, "mono_marks: %zu slots, the step has %d", n, 2 * e->mono_n);
+  CU(cudaSetDevice(e->device));
+  CU(cudaStreamSynchronize(e->stream));
+  CU(cudaMemcpy(out, e->mono_marks, 2 * (size_t)e->mono_n * 8, cudaMemcpyDeviceToHost));
+  return KIE_OK;
 }
 
 }  // extern "C"

@@ -102,6 +102,7 @@ typedef struct {
   int graph_nodes;             /* of the last graph captured */
   int kernel;                  /* KIE_KERNEL_* */
   int mono_slots, mono_slot_bytes, mono_smem; /* the monokernel's weight ring (0 before its first step) */
+  int mono_stages;             /* per layer QKV, attention, o, gate/up, down; then the head */
 } kie_info;
 
 int kie_built(void);
@@ -139,6 +140,10 @@ int kie_bench_gemv(kie_engine *e, int rows, int cols, int iters, double *us_per_
 int kie_bench_layer_gemvs(kie_engine *e, int iters, double *us_per_layer);
 /* `iters` decode steps of the captured graph (the position advances). */
 int kie_bench_steps(kie_engine *e, int iters, int mode, double *us_per_step);
+/* The monokernel's last step as block 0 saw it: for each stage, two %globaltimer
+ * readings in ns (its wait over, its share written); n >= 2 * stages, which
+ * kie_info's mono_stages gives. */
+int kie_mono_marks(kie_engine *e, uint64_t *out, size_t n);
 
 #ifdef __cplusplus
 }

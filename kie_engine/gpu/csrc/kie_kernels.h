@@ -157,6 +157,7 @@ struct MonoArgs {
   int prefetch;                 /* tiles past the ring's the producer asks L2 for */
   int ring_off, x_off;          /* dynamic shared memory: mbarriers at 0, then these */
   long long timeout_ns;         /* a wait longer than this ends the step with KIE_DERR_STALL */
+  unsigned long long *marks;    /* [2 nstages]: block 0's clock at each stage's start and end */
 };
 
 #define MONO_CONSUMERS GEMV_THREADS /* the GEMV's threads: the same reduction order */

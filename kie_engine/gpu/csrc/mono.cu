@@ -122,34 +122,43 @@ __device__ __forceinline__ void unit_range(const MonoStage &s, int &u0, int &u1)
   u1 = (int)((long long)(blockIdx.x + 1) * units / gridDim.x);
 }
 
-__device__ __forceinline__ void rows_of(const MonoStage &s, int u, int &r0, int &r1) {
-  switch (s.epi) {
-    case EPI_QKV: unit_rows<EPI_QKV>(s.g, u, r0, r1); break;
-    case EPI_SWIGLU: unit_rows<EPI_SWIGLU>(s.g, u, r0, r1); break;
-    default: unit_rows<EPI_STORE>(s.g, u, r0, r1);
-  }
-}
 
-/* A position in the block's sequence of weight tiles: stage k, units [tu, tu + upt). */
+/* A position in the block's sequence of weight tiles: stage k, units [tu, tu + upt)
+ * of its [., u1), and what the producer needs of the stage, held in registers
+ * (the table is in global memory, and one warp issuing a ring's worth of copies
+ * must not wait on a load per row). */
 struct Cursor {
-  int k, tu, u1;
+  int k, tu, u1, upt;
+  const bf16 *w;
+  int epi, ld;
+  GemvArgs g; /* the fields unit_rows reads */
 };
 
-/* The first tile at or after stage k's (tu = -1: its first); false past the last. */
+/* The first tile of stage k or after it; false past the last. */
 __device__ bool cursor_seek(const MonoArgs &m, Cursor &c) {
-  for (; c.k < m.nstages; c.k++, c.tu = -1) {
+  for (; c.k < m.nstages; c.k++) {
     const MonoStage &s = m.stages[c.k];
     if (s.kind != MONO_GEMV) continue;
-    int u0;
-    unit_range(s, u0, c.u1);
-    if (c.tu < 0) c.tu = u0;
-    if (c.tu < c.u1) return true;
+    unit_range(s, c.tu, c.u1);
+    if (c.tu >= c.u1) continue;
+    c.upt = s.upt;
+    c.w = s.g.w;
+    c.epi = s.epi;
+    c.ld = s.g.ld;
+    c.g.rows = s.g.rows;
+    c.g.cols = s.g.cols;
+    c.g.hd = s.g.hd;
+    c.g.nh = s.g.nh;
+    c.g.nkv = s.g.nkv;
+    return true;
   }
   return false;
 }
 
 __device__ __forceinline__ bool cursor_next(const MonoArgs &m, Cursor &c) {
-  c.tu += m.stages[c.k].upt;
+  c.tu += c.upt;
+  if (c.tu < c.u1) return true;
+  c.k++;
   return cursor_seek(m, c);
 }
 
@@ -158,31 +167,33 @@ __device__ __forceinline__ void prefetch_l2(const void *p, unsigned bytes) {
   asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p), "r"(bytes) : "memory");
 }
 
-/* Lane i < 2 n copies (or prefetches) row i of the tile at c: unit tu + i / 2, its
- * first or second row; returns the tile's bytes. */
-__device__ unsigned tile_rows(const MonoStage &s, const Cursor &c, char *dst, uint64_t *bar, bool copy) {
-  const int lane = threadIdx.x & 31, n = min(s.upt, c.u1 - c.tu);
-  const unsigned row_bytes = (unsigned)s.g.ld * 2u;
-  unsigned bytes = 0;
-  for (int j = 0; j < n; j++) {
-    int r0, r1;
-    rows_of(s, c.tu + j, r0, r1);
-    bytes += row_bytes * (r1 >= 0 ? 2u : 1u);
+/* Row i of the tile at c (unit tu + i / 2, its first or second row), -1: none. */
+__device__ __forceinline__ int cursor_row(const Cursor &c, int i) {
+  if (i >= 2 * min(c.upt, c.u1 - c.tu)) return -1;
+  int r0, r1;
+  switch (c.epi) {
+    case EPI_QKV: unit_rows<EPI_QKV>(c.g, c.tu + i / 2, r0, r1); break;
+    case EPI_SWIGLU: unit_rows<EPI_SWIGLU>(c.g, c.tu + i / 2, r0, r1); break;
+    default: unit_rows<EPI_STORE>(c.g, c.tu + i / 2, r0, r1);
   }
-  if (copy) {
+  return (i & 1) ? r1 : r0;
+}
+
+/* The tile at c into the ring slot (its bytes counted on `bar`), or asked of L2
+ * (dst == NULL).  Lane i takes rows i, i + 32, ... */
+__device__ void tile_rows(const Cursor &c, char *dst, uint64_t *bar) {
+  const int lane = threadIdx.x & 31;
+  const unsigned row_bytes = (unsigned)c.ld * 2u;
+  const int row = cursor_row(c, lane); /* a tile has 2 upt <= 2 GEMV_WARPS rows: one per lane at most */
+  if (dst) {
+    const unsigned bytes = __reduce_add_sync(0xffffffffu, row >= 0 ? row_bytes : 0u);
     if (lane == 0) mbar_expect_tx(bar, bytes);
     __syncwarp();
   }
-  for (int i = lane; i < 2 * n; i += 32) {
-    int r0, r1;
-    rows_of(s, c.tu + i / 2, r0, r1);
-    const int r = (i & 1) ? r1 : r0;
-    if (r < 0) continue;
-    const bf16 *src = s.g.w + (size_t)r * s.g.ld;
-    if (copy) bulk_copy(dst + (size_t)i * row_bytes, src, row_bytes, bar);
-    else prefetch_l2(src, row_bytes);
-  }
-  return bytes;
+  if (row < 0) return;
+  const bf16 *src = c.w + (size_t)row * c.ld;
+  if (dst) bulk_copy(dst + (size_t)lane * row_bytes, src, row_bytes, bar);
+  else prefetch_l2(src, row_bytes);
 }
 
 /* The producer warp: every weight tile of the step, in the consumers' order,
@@ -190,18 +201,19 @@ __device__ unsigned tile_rows(const MonoStage &s, const Cursor &c, char *dst, ui
  * that more of HBM's latency is covered than the ring alone holds. */
 __device__ void produce(const Block &b) {
   const MonoArgs &m = *b.m;
-  Cursor c{0, -1, 0}, p{0, -1, 0};
+  Cursor c, p;
+  c.k = p.k = 0;
   bool more = cursor_seek(m, c), ahead = cursor_seek(m, p);
   for (int i = 0; ahead && i < m.prefetch; i++) {
-    tile_rows(m.stages[p.k], p, nullptr, nullptr, false);
+    tile_rows(p, nullptr, nullptr);
     ahead = cursor_next(m, p);
   }
   for (int tile = 0; more; tile++, more = cursor_next(m, c)) {
     const int slot = tile % m.nslots, use = tile / m.nslots;
     if (use > 0 && !spin(b, c.k, [&] { return mbar_done(&b.empty[slot], (unsigned)(use - 1) & 1u); })) return;
-    tile_rows(m.stages[c.k], c, b.ring + (size_t)slot * m.slot_bytes, &b.full[slot], true);
+    tile_rows(c, b.ring + (size_t)slot * m.slot_bytes, &b.full[slot]);
     if (ahead) {
-      tile_rows(m.stages[p.k], p, nullptr, nullptr, false);
+      tile_rows(p, nullptr, nullptr);
       ahead = cursor_next(m, p);
     }
   }
@@ -221,8 +233,14 @@ __device__ bool wait_stage(const Block &b, int k, unsigned epoch) {
   return !*b.stop;
 }
 
+/* Block 0's clock (where a step's time goes, read by kie_mono_marks). */
+__device__ __forceinline__ void mark(const MonoArgs &m, int i) {
+  if (blockIdx.x == 0 && threadIdx.x == 0) m.marks[i] = gtime();
+}
+
 __device__ void signal_stage(const MonoArgs &m, int k) {
   bar_consumers();
+  mark(m, 2 * k + 1);
   if (threadIdx.x == 0) {
     __threadfence();
     atomicAdd(m.cnt + k, 1u);
@@ -273,10 +291,16 @@ __device__ void consume(const Block &b, char *xunion) {
   float *xs = reinterpret_cast<float *>(xunion);
   int tile = 0;
   unsigned long long best = 0;
+  __shared__ MonoStage cur; /* the stage being run, copied: its fields are read on every tile */
   for (int k = 0; k < m.nstages; k++) {
-    const MonoStage &s = m.stages[k];
+    bar_consumers(); /* nobody still reads the previous stage's copy */
+    for (int i = tid; i < (int)(sizeof(MonoStage) / 4); i += MONO_CONSUMERS)
+      reinterpret_cast<int *>(&cur)[i] = reinterpret_cast<const int *>(m.stages + k)[i];
+    bar_consumers();
+    const MonoStage &s = cur;
     if (s.kind == MONO_ATTN) {
       if (!wait_stage(b, k - 1, epoch)) return;
+      mark(m, 2 * k);
       const int groups = s.at.nh / s.at.g * s.at.hgroups, items = groups * s.at.nsplit;
       const int sub = tid / ATT_THREADS, subs = m.subs;
       if (sub < subs) {
@@ -285,12 +309,15 @@ __device__ void consume(const Block &b, char *xunion) {
           attend<HD, true>(s.at, it % groups, it / groups, 0, tid % ATT_THREADS, *sm,
                            SyncNamed{BAR_CONSUMERS + 1 + sub, ATT_THREADS}, m.cnt + k);
       }
-      continue; /* the groups' last splits count the stage */
+      bar_consumers();
+      mark(m, 2 * k + 1); /* this block's items done (the groups' last splits count the stage) */
+      continue;
     }
     int u0, u1;
     unit_range(s, u0, u1);
     if (u0 < u1) {
       if (k > 0 && !wait_stage(b, k - 1, epoch)) return;
+      mark(m, 2 * k);
       if (s.g.x) stage_plain(s.g, xs, tid);
       else stage_norm(s.g, xs, tid, u0 == 0, SyncNamed{BAR_CONSUMERS, MONO_CONSUMERS}, red);
       bar_consumers();
@@ -324,7 +351,7 @@ __device__ void consume(const Block &b, char *xunion) {
     __threadfence();
     if (atomicAdd(&m.sync->done, 1u) == gridDim.x - 1) {
       __threadfence();
-      const MonoStage &h = m.stages[m.nstages - 1];
+      const MonoStage &h = cur; /* the last stage */
       if (h.kind == MONO_GEMV && h.epi == EPI_HEAD) {
         head_candidate(h.g, atomicExch(&m.sync->amax, 0ull));
         if (m.pick) kie_finalize_pick(m.cand, 1, m.c);

@@ -43,3 +43,4 @@ int kie_bench_gemv(kie_engine *e, int rows, int cols, int iters, double *us) {
 }
 int kie_bench_layer_gemvs(kie_engine *e, int iters, double *us) { (void)e; (void)iters; (void)us; return KIE_E_NOCUDA; }
 int kie_bench_steps(kie_engine *e, int iters, int mode, double *us) { (void)e; (void)iters; (void)mode; (void)us; return KIE_E_NOCUDA; }
+int kie_mono_marks(kie_engine *e, uint64_t *out, size_t n) { (void)e; (void)out; (void)n; return KIE_E_NOCUDA; }
