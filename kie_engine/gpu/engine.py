@@ -337,8 +337,8 @@ class GpuModel:
         for i, k in enumerate(kinds):
             out[k]["run"] += (t[i, 1] - t[i, 0]) / 1e3
             out[k]["wait"] += (t[i, 0] - t[i - 1, 1]) / 1e3 if i else 0.0
-        out = {k: {a: round(b, 1) for a, b in v.items()} for k, v in out.items()}
-        out["total"] = round((t[-1, 1] - t[0, 0]) / 1e3, 1)
+        out = {k: {a: round(float(b), 1) for a, b in v.items()} for k, v in out.items()}
+        out["total"] = round(float(t[-1, 1] - t[0, 0]) / 1e3, 1)
         return out
 
     def bench_gemv(self, rows, cols, iters=50):
