@@ -223,7 +223,7 @@ VARIANTS = [dict(gemv_x_l1=0, gemv_pipe=0), dict(gemv_x_l1=0), dict(gemv_pipe=0)
 
 # The monokernel's variants: how far past its shared-memory ring the producer asks L2
 # for weights (default: as many tiles as the ring holds).
-MONO_VARIANTS = [dict(mono_prefetch=0), dict(mono_prefetch=8), dict(mono_prefetch=16)]
+MONO_VARIANTS = [dict(mono_prefetch=0), dict(mono_prefetch=8), dict(mono_prefetch=16), dict(mono_prefetch=32)]
 
 
 def kie_decode(m, ctx, tokens, rounds, vocab):

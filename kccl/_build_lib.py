@@ -64,4 +64,26 @@ def build(root, cuda_objects, cuda_libdirs, cuda_libs, defines):
                 f"  INTERFACE_INCLUDE_DIRECTORIES \"${{_kccl_prefix}}/include\")\n"
                 f"set(kccl_VERSION {VERSION})\nset(kccl_FOUND TRUE)\n")
     print(f"libkccl: {out}", file=sys.stderr)
+    build_nccl_shim(root, cc, libdir, objdir)
+    return out
+
+
+def nccl_shim_functions(root):
+    """The NCCL functions the shim exports (kccl_native/nccl/nccl_functions.def and the
+    two that return strings)."""
+    import re
+    text = open(os.path.join(root, "kccl_native", "nccl", "nccl_functions.def")).read()
+    return sorted(re.findall(r"^NCCL_FN\((nccl\w+),", text, flags=re.M) + ["ncclGetErrorString", "ncclGetLastError"])
+
+
+def build_nccl_shim(root, cc, libdir, objdir):
+    """libkccl_nccl.so: NCCL's C interface forwarded to the real NCCL (kccl_native/nccl/)."""
+    src = os.path.join(root, "kccl_native", "nccl", "shim.c")
+    script = os.path.join(objdir, "nccl_exports.map")
+    with open(script, "w") as f:
+        f.write("{\n  global: nccl[A-Z]*;\n  local: *;\n};\n")
+    out = os.path.join(libdir, "libkccl_nccl.so")
+    _run([cc, "-O2", "-std=gnu11", "-fPIC", "-Wall", "-fvisibility=hidden", "-shared", "-o", out, src, "-ldl",
+          "-lpthread", f"-Wl,--version-script={script}", "-Wl,-soname,libkccl_nccl.so"])
+    print(f"libkccl_nccl: {out}", file=sys.stderr)
     return out
