@@ -5,6 +5,7 @@
 #   check1      tests/gpu/kie_check.py with one rank (TP = 1)
 #   check2      the same with 2 ranks: a GPU each, or both on GPU 0 under MPS
 #   mono        tests/gpu/mono_check.py: the monokernel against the graph path, bit for bit (TP = 1)
+#   failures    tests/gpu/kie_failures.py: a lane killed or aborted mid-generation, non-finite logits (MPS on 1 GPU)
 #   bench       bench/decode_gpu.py, TP = 1 (PyTorch baseline compiled; BASELINE= to change)
 #   bench2      bench/decode_gpu.py with 2 ranks (needs two GPUs)
 #   cli         python -m kie_engine generate --device cuda, one rank and two
@@ -41,6 +42,7 @@ for s in "$@"; do
   case $s in
     check1) timeout 400 python3 tests/gpu/kie_check.py --json "$LOGS/kie_check_tp1.json" 2>&1 | tee "$LOGS/check1.log" | grep -v "^  (" | tail -60 ;;
     check2) mps_on; timeout 400 $MPI -n 2 python3 tests/gpu/kie_check.py --no-hf --json "$LOGS/kie_check_tp2.json" 2>&1 | tee "$LOGS/check2.log" | tail -40; mps_off ;;
+    failures) mps_on; timeout 300 python3 tests/gpu/kie_failures.py 2>&1 | tee "$LOGS/failures.log" | tail -12; mps_off ;;
     mono) timeout 240 python3 tests/gpu/mono_check.py ${MONO_ARGS:-} --json "$LOGS/mono_check.json" 2>&1 | tee "$LOGS/mono.log" | tail -40 ;;
     bench) timeout 560 python3 bench/decode_gpu.py --baseline ${BASELINE:-compile} ${BENCH_ARGS:-} --json "$LOGS/decode_gpu_tp1.json" 2>&1 | tee "$LOGS/bench.log" | tail -40 ;;
     bench2) timeout 560 $MPI -n 2 python3 bench/decode_gpu.py --baseline ${BASELINE:-compile} ${BENCH_ARGS:-} --json "$LOGS/decode_gpu_tp2.json" 2>&1 | tee "$LOGS/bench2.log" | tail -40 ;;

@@ -1,0 +1,160 @@
+"""KIE's GPU engine when something goes wrong at run time (run on a GPU machine; the
+two-lane scenarios under MPS when there is one GPU):
+
+    python tests/gpu/kie_failures.py [scenario ...]
+
+Scenarios (lanes spawned with multiprocessing, bootstrapped by a KCCL unique id, so
+that a lane can be SIGKILLed without an MPI launcher tearing the job down):
+  kill        two lanes generate (tiny preset, DTP delay 1); lane 1 is SIGKILLed after
+              10 tokens: lane 0's generate raises a GpuError within DETECT_S
+  abort       the same, lane 1 calls comm.abort() instead
+  kill_d0     kill with DTP delay 0 (the in-line all-reduce instead of the split phase)
+  nan         one lane, a final norm of NaN: generate raises a GpuError naming
+              non-finite logits (graph kernel)
+  nan_mono    the same with the monokernel
+After each: no KCCL segment is left in /dev/shm.  Prints PASS/FAIL per scenario and
+`KIE GPU FAILURES: n passed, m failed`; exit 1 on any failure."""
+import multiprocessing as mp
+import os
+import signal
+import sys
+import tempfile
+import time
+
+ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")
+sys.path.insert(0, ROOT)
+
+DETECT_S = 3.0     # KCCL_TIMEOUT_MS below, and the engine's 1 ms polling of the communicator
+TIMEOUT_MS = 1500
+LANES = {"kill": 1, "abort": 1, "kill_d0": 0}  # scenario -> DTP delay
+
+
+def lane(scenario, path, uid, rank, q):
+    import torch
+    import kccl
+    from kie_engine.checkpoint import Checkpoint
+    from kie_engine.errors import KieError
+    from kie_engine.generate import Sampling
+    from kie_engine.gpu.engine import GpuModel
+    from kie_engine.tp import comm_config
+    torch.cuda.set_device(0)
+    ckpt = Checkpoint(path)
+    cfg = dict(comm_config(ckpt.config), KCCL_TIMEOUT_MS=TIMEOUT_MS)
+    comm = kccl.Communicator(2, kccl.UniqueId(uid), rank, device=0, config=cfg)
+    out = {"rank": rank}
+    m = None
+    try:
+        m = GpuModel(ckpt.config, comm, max_seq=ckpt.config.max_position_embeddings).load(ckpt)
+        m.generate([1, 2, 3], 8, Sampling())  # a good run first
+        seen = [0]
+
+        def on_token(t):
+            seen[0] += 1
+            if rank == 1 and seen[0] == 10:
+                q.put({"rank": 1, "t_event": time.monotonic()})
+                if scenario.startswith("kill"):
+                    os.kill(os.getpid(), signal.SIGKILL)
+                comm.abort()
+                time.sleep(2.0)
+                raise SystemExit(0)
+        try:
+            m.generate([1, 2, 3], ckpt.config.max_position_embeddings - 8, Sampling(), on_token=on_token)
+            out["err"] = "none"
+        except KieError as e:
+            out["err"] = type(e).__name__
+            out["msg"] = str(e)
+        out["t_err"] = time.monotonic()
+    except Exception as e:  # anything else is a failure of the check
+        out["err"] = "unexpected " + type(e).__name__
+        out["msg"] = str(e)
+    finally:
+        if m is not None:
+            m.close()
+        comm.abort() if out.get("err", "none") != "none" else comm.close()
+    q.put(out)
+
+
+def two_lanes(scenario, root):
+    import kccl
+    from kie_engine.config import preset
+    from kie_engine.init import write_checkpoint
+    path = os.path.join(root, f"tiny_{scenario}")
+    write_checkpoint(preset("tiny", dtp_delay=LANES[scenario]), path, seed=3)
+    ctx = mp.get_context("spawn")
+    q = ctx.Queue()
+    uid = bytes(kccl.get_unique_id())
+    procs = [ctx.Process(target=lane, args=(scenario, path, uid, r, q)) for r in range(2)]
+    for p in procs:
+        p.start()
+    got = {}
+    deadline = time.monotonic() + 90
+    while time.monotonic() < deadline and "err" not in got.get(0, {}):
+        try:
+            m = q.get(timeout=1)
+        except Exception:
+            if all(not p.is_alive() for p in procs):
+                break
+            continue
+        got.setdefault(m["rank"], {}).update(m)
+    for p in procs:
+        p.join(timeout=20)
+        if p.is_alive():
+            p.kill()
+    r0, r1 = got.get(0, {}), got.get(1, {})
+    ok = r0.get("err") in ("GpuError", "GpuTimeoutError")
+    why = f"lane 0 got {r0.get('err')}: {r0.get('msg', '')[:160]}"
+    if ok and "t_event" in r1:
+        delay = r0["t_err"] - r1["t_event"]
+        why += f" ({delay:.2f} s after the event)"
+        ok = delay < DETECT_S
+    elif ok:
+        ok, why = False, why + "; lane 1 never reached its event"
+    return ok, why
+
+
+def nan_logits(kernel, root):
+    import numpy as np
+    from kie_engine.checkpoint import Checkpoint
+    from kie_engine.config import preset
+    from kie_engine.errors import GpuError
+    from kie_engine.generate import Sampling
+    from kie_engine.gpu.engine import GpuModel, lib
+    from kie_engine.init import write_checkpoint
+    path = os.path.join(root, f"tiny_nan_{kernel}")
+    cfg = preset("tiny")
+    write_checkpoint(cfg, path, seed=3)
+    with GpuModel(cfg, max_seq=64, kernel=kernel) as m:
+        m.load(Checkpoint(path))
+        m.upload_vector(lib.KIE_F_FINAL_NORM, 0, np.full(cfg.hidden_size, np.nan, np.float32))
+        try:
+            m.generate([1, 2, 3], 8, Sampling())
+            return False, "no error"
+        except GpuError as e:
+            return "not finite" in str(e), f"{type(e).__name__}: {e}"
+
+
+def run(scenario, root):
+    try:
+        if scenario in LANES:
+            ok, why = two_lanes(scenario, root)
+        else:
+            ok, why = nan_logits("mono" if scenario.endswith("mono") else "graph", root)
+    except Exception as e:
+        ok, why = False, f"crashed: {type(e).__name__}: {e}"
+    leftover = [n for n in os.listdir("/dev/shm") if n.startswith("kccl-")]
+    if leftover:
+        ok, why = False, why + f"; /dev/shm leftovers {leftover}"
+    print(("PASS " if ok else "FAIL ") + scenario + ": " + why, flush=True)
+    return ok
+
+
+def main(argv):
+    scenarios = argv or [*LANES, "nan", "nan_mono"]
+    with tempfile.TemporaryDirectory() as root:
+        results = [run(s, root) for s in scenarios]
+    print(f"KIE GPU FAILURES: {sum(results)} passed, {len(results) - sum(results)} failed", flush=True)
+    return 0 if all(results) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
