@@ -133,12 +133,12 @@ kcclResult_t kcclConfigInit(kcclConfig_t *cfg) {
   cfg->device = -1;
   cfg->gpu_oneshot_max_bytes = 256 * 1024; /* the LL path's capacity; bench/allreduce.py --device cuda */
   cfg->gpu_buffer_bytes = 16 * 1024 * 1024;
-  cfg->gpu_pdl = 1; /* the configuration that passed every 8-rank check on the H200 (bench/RESULTS.md) */
+  cfg->gpu_pdl = 1; /* lets the next call's one-shot kernel start while this one ends */
   cfg->gpu_flag_replicas = 0; /* opt-in: not yet measured (bench/gpu/replica_ab.py) */
   cfg->gpu_blocks = 0;        /* auto: from the ranks per GPU and the occupancy (gpu_runtime.cu) */
   cfg->gpu_pull = -1;         /* auto: pull on one GPU (bench/gpu/ll_ladder.cu), push across GPUs */
   cfg->gpu_carveout = 100;    /* a late rank's kernels can start beside waiting blocks (gpu_kernels.cu) */
-  cfg->gpu_ll_threads = 256;  /* 128 was not faster at 8 KB and slower from 64 KB (bench/RESULTS.md, session 8) */
+  cfg->gpu_ll_threads = 256;  /* 128 was not faster at 8 KB and slower from 64 KB (gpu_kernels.cu) */
   cfg->gpu_ll_hops = 0;       /* auto: the rule in gpu_runtime.cu (ll_hops_auto) */
   cfg->gpu_chunk_threads = 0; /* auto: the rule in gpu_runtime.cu (kgpu_connect) */
 
