@@ -143,11 +143,6 @@ extern "C" kcclResult_t kgpu_create(int device, const kgpu_shape *shape, struct 
                     kgpuGetErrorString(e));
   }
   exp->flag_replicas = KGPU_REP_OFF;
-  exp->blocks = shape->blocks;
-  exp->pull = shape->pull;
-  exp->ll_threads = shape->ll_threads;
-  exp->ll_hops = shape->ll_hops;
-  exp->chunk_threads = shape->chunk_threads;
   if (shape->flag_replicas) {
     /* Before the export is published: a peer reads the tables once it has mapped this buffer. */
     kcclResult_t r = kgpu_l2_calibrate(g);
@@ -187,29 +182,8 @@ static int chunk_threads_auto(int max_local) { return max_local > 1 ? 768 : 256;
 extern "C" kcclResult_t kgpu_connect(struct kgpu *g, const kgpu_export *peers) {
   const kgpu_shape *s = &g->shape;
   KGPU_CHECK(kgpuSetDevice(g->device));
-  /* Checked first: the replicas' regions change the buffer's size. */
-  for (int p = 0; p < s->nranks; p++)
-    if ((peers[p].flag_replicas != KGPU_REP_OFF) != (s->flag_replicas != 0))
-      return kccl_err(kcclInvalidUsage, "rank %d has KCCL_GPU_FLAG_REPLICAS=%d, this rank (%d) %d: the setting must "
-                      "be equal on all ranks", p, peers[p].flag_replicas != KGPU_REP_OFF, s->rank,
-                      s->flag_replicas != 0);
-  for (int p = 0; p < s->nranks; p++) {
-    if (peers[p].blocks != s->blocks)
-      return kccl_err(kcclInvalidUsage, "rank %d has KCCL_GPU_BLOCKS=%d, this rank (%d) %d: the setting must be "
-                      "equal on all ranks", p, peers[p].blocks, s->rank, s->blocks);
-    if (peers[p].ll_threads != s->ll_threads)
-      return kccl_err(kcclInvalidUsage, "rank %d has KCCL_GPU_LL_THREADS=%d, this rank (%d) %d: the setting must "
-                      "be equal on all ranks", p, peers[p].ll_threads, s->rank, s->ll_threads);
-    if (peers[p].ll_hops != s->ll_hops)
-      return kccl_err(kcclInvalidUsage, "rank %d has KCCL_GPU_LL_HOPS=%d, this rank (%d) %d: the setting must "
-                      "be equal on all ranks", p, peers[p].ll_hops, s->rank, s->ll_hops);
-    if (peers[p].pull != s->pull)
-      return kccl_err(kcclInvalidUsage, "rank %d has KCCL_GPU_PULL=%d, this rank (%d) %d: the setting must be "
-                      "equal on all ranks", p, peers[p].pull, s->rank, s->pull);
-    if (peers[p].chunk_threads != s->chunk_threads)
-      return kccl_err(kcclInvalidUsage, "rank %d has KCCL_GPU_CHUNK_THREADS=%d, this rank (%d) %d: the setting "
-                      "must be equal on all ranks", p, peers[p].chunk_threads, s->rank, s->chunk_threads);
-  }
+  /* The settings every rank must share (KCCL_GPU_* with KCCL_EQUAL_GPU in
+   * kccl_settings.def) were compared before any GPU work (shm.c, check_agreement). */
   for (int p = 0; p < s->nranks; p++) {
     if (p == s->rank) {
       g->peer[p] = g->buf;
@@ -284,7 +258,7 @@ extern "C" kcclResult_t kgpu_connect(struct kgpu *g, const kgpu_export *peers) {
     const int usable = min_sms - KGPU_FREE_SMS, per_sm = blocks * max_local / usable;
     if (per_sm >= 1 && 4 * (blocks * max_local - per_sm * usable) <= usable) blocks = per_sm * usable / max_local;
   }
-  if (s->blocks > 0) blocks = s->blocks; /* the user's choice, equal on all ranks (checked above) */
+  if (s->blocks > 0) blocks = s->blocks; /* the user's choice, equal on all ranks (check_agreement) */
   g->shape.ts_blocks = blocks < 1 ? 1 : blocks > KGPU_TS_MAX_BLOCKS ? KGPU_TS_MAX_BLOCKS : blocks;
   g->one_gpu = max_local == s->nranks;
   kgpu_l2_agree(g, peers);
