@@ -1,12 +1,15 @@
-"""The one registry of KCCL_* settings.
+"""The registry of KCCL_* settings, read from the one table of them.
 
-Every setting KCCL reads is listed here with its type, default and meaning.
-The Python package resolves them from the environment (or from overrides
-given to `Communicator(..., config={...})`) and hands them to the C core in a
+Every setting KCCL reads is an entry of kccl_settings.def (the C core's
+X-macro table, installed as kccl/include/kccl_settings.def) with its type,
+default, range and meaning; this module parses that table.  The Python
+package resolves the settings from the environment (or from overrides given
+to `Communicator(..., config={...})`) and hands them to the C core in a
 kcclConfig_t; C programs get the same names and defaults from kcclConfigInit.
 
     python -m kccl.config     # prints every setting, its value and where it came from
 """
+import ast
 import os
 import re
 import sys
@@ -14,11 +17,6 @@ from dataclasses import dataclass
 from typing import Callable, Optional, Tuple
 
 from .errors import KcclInvalidArgument
-
-ALGOS = {"auto": 0, "oneshot": 1, "twoshot": 2}
-DEBUG_LEVELS = {"NONE": 0, "WARN": 1, "INFO": 2, "TRACE": 3}
-TOPO_MODES = {"off": 0, "on": 1}
-
 
 def _int_range(lo, hi, sizes=False, multiple=1):
     def parse(text):
@@ -63,101 +61,96 @@ class Setting:
     parse: Callable
     doc: str
     native: bool = True  # False: Python resolves it (topology placement); C never reads it
+    equal: str = "KCCL_EQUAL_NO"  # must be equal on all ranks: KCCL_EQUAL_ALL, or only on GPU ranks: KCCL_EQUAL_GPU
 
 
-SETTINGS: Tuple[Setting, ...] = (
-    Setting("KCCL_TIMEOUT_MS", "timeout_ms", 30000, _int_range(0, 86_400_000),
-            "Bound on any wait (init and collectives), in ms; 0 waits forever. A dead peer is "
-            "reported within about 1 ms whatever this is."),
-    Setting("KCCL_ALGO", "algo", "auto", _choice(ALGOS),
-            "All-reduce algorithm: auto (by size, see KCCL_ONESHOT_MAX_BYTES), oneshot or twoshot."),
-    Setting("KCCL_ONESHOT_MAX_BYTES", "oneshot_max_bytes", 16 * 1024, _int_range(0, 1 << 40, sizes=True),
-            "Largest all-reduce (bytes) that auto sends one-shot; larger ones go two-shot."),
-    Setting("KCCL_BUFFER_BYTES", "buffer_bytes", 1024 * 1024, _int_range(4096, 1 << 30, sizes=True),
-            "Bytes per shared-memory slot, the chunk size of large messages (each rank maps "
-            "4 slots per rank). Must be equal on all ranks."),
-    Setting("KCCL_SPIN_US", "spin_us", -1, _int_range(-1, 10_000_000),
-            "Busy-poll time before yielding the CPU; -1 = auto (100 us with a core per rank, "
-            "0 when ranks outnumber cores: a spinning rank would hold the core its peer needs)."),
-    Setting("KCCL_YIELD_US", "yield_us", -1, _int_range(-1, 10_000_000),
-            "sched_yield phase after spinning, before sleeping on a futex; -1 = auto (2000 us, "
-            "or 1000 us when ranks outnumber cores)."),
-    Setting("KCCL_GPU_ONESHOT_MAX_BYTES", "gpu_oneshot_max_bytes", 256 * 1024, _int_range(0, 1 << 40, sizes=True),
-            "GPU communicators: largest all-reduce (bytes) that auto sends one-shot (LL push; "
-            "capped by the kernel's capacity: 8 KB per block times the blocks that fit beside the peers' "
-            "with SMs to spare; 144 KB at 8 ranks on one H200); larger ones go two-shot."),
-    Setting("KCCL_GPU_BUFFER_BYTES", "gpu_buffer_bytes", 16 * 1024 * 1024, _int_range(65536, 1 << 32, sizes=True),
-            "GPU communicators: chunk size of two-shot all-reduce, reduce-scatter, all-gather and "
-            "broadcast (each rank allocates 4 such areas on its GPU). Must be equal on all ranks."),
-    Setting("KCCL_GPU_PDL", "gpu_pdl", 1, _int_range(0, 1),
-            "GPU communicators: 1 launches the one-shot all-reduce with programmatic dependent launch "
-            "(Hopper): the next call's kernel starts launching while this one runs (0: plain launches). "
-            "A call whose grid and the previous one-shot call's together exceed the one-shot block "
-            "budget launches plainly; the chunked kernels (two-shot, all-gather, broadcast) always do."),
-    Setting("KCCL_GPU_FLAG_REPLICAS", "gpu_flag_replicas", 0, _int_range(0, 1),
-            "GPU communicators, opt-in: 1 keeps each two-shot / gather flag twice, once near each L2 "
-            "partition (found by timing loads at init); writers write both, a reader polls the copy "
-            "near its SM. Disabled (one copy) when the calibration finds no two partitions. "
-            "Measured on the H200: no effect. Must be equal on all ranks."),
-    Setting("KCCL_GPU_BLOCKS", "gpu_blocks", 0, _int_range(0, 132),
-            "GPU communicators: blocks per rank of the chunked kernels (two-shot all-reduce, "
-            "reduce-scatter, all-gather, broadcast); 0 = auto: every rank's blocks resident at once, and "
-            "the blocks of all ranks of a GPU but one leaving 4 SMs free, so that a late rank's own kernel "
-            "can still start (on one H200, one block of KCCL_GPU_CHUNK_THREADS=768 per usable SM: 16 at 8 ranks, "
-            "32 at 4, 64 at 2). More can time out (KcclTimeout after "
-            "KCCL_TIMEOUT_MS) when a rank launches a kernel of its own before the collective: 8 ranks x 22 "
-            "did, behind a torch kernel, with KCCL_GPU_CARVEOUT=-1 (with 100, 26 and 33 passed). Must be "
-            "equal on all ranks."),
-    Setting("KCCL_GPU_PULL", "gpu_pull", -1, _int_range(-1, 1),
-            "GPU communicators: how the one-shot all-reduce (and the device API) moves lines: 1 pull "
-            "(each sender writes its lines once, into its own buffer, and peers read them there), 0 push "
-            "(into every peer's buffer); -1 = auto: pull when every rank shares one GPU, push across "
-            "GPUs (where a remote poll is a round trip over the link). Must be equal on all ranks."),
-    Setting("KCCL_GPU_CARVEOUT", "gpu_carveout", 100, _int_range(-1, 100),
-            "GPU communicators: the shared-memory carveout (percent of the L1 / shared split) the "
-            "collective kernels ask for; -1 = the driver's choice. With the driver's choice, a rank's own "
-            "kernel that uses shared memory could not start on SMs holding its peers' waiting blocks, and "
-            "with enough blocks per rank every SM held some (bench/gpu/residency.py --foreign 2); with 100 "
-            "it could. Per process (a kernel attribute): the last communicator created sets it."),
-    Setting("KCCL_GPU_LL_THREADS", "gpu_ll_threads", 256, _int_range(32, 256, multiple=32),
-            "GPU communicators: threads per block of the one-shot all-reduce, a multiple of 32. A call is "
-            "split into blocks of one 8-byte line per thread (256: 2 KB per block) until the blocks run out, "
-            "then more lines per thread. 128 was not faster at 8 KB on one H200 and slower from 64 KB. Must "
-            "be equal on all ranks."),
-    Setting("KCCL_GPU_LL_HOPS", "gpu_ll_hops", 0, _int_range(0, 2),
-            "GPU communicators: how a one-shot all-reduce block of one line per thread (up to 2 KB with "
-            "256 threads; the device API too) reaches every rank: 1 hop (every rank reads every rank's "
-            "lines), 2 hops (each rank reduces 1/N of the block's lines, then every rank reads the N "
-            "reduced parts: N times fewer lines read per rank, one more wait); 0 = auto: 1. Two hops were "
-            "faster in one process but not across 8 MPS processes on one H200 (8 KB in a graph 3.44 us "
-            "against 3.37). Must be equal on all ranks."),
-    Setting("KCCL_GPU_CHUNK_THREADS", "gpu_chunk_threads", 0, _int_range(0, 768, multiple=32),
-            "GPU communicators: threads per block of the chunked kernels (two-shot all-reduce, "
-            "reduce-scatter, all-gather, broadcast), a multiple of 32 up to 768; 0 = auto: 768 when ranks "
-            "share a GPU (one block per SM; 64 MB on one H200 took 0.57x the time of 256 at 8 ranks), "
-            "256 with one rank per GPU (not measured). Must be equal on all ranks."),
-    Setting("KCCL_DEBUG", "debug", "NONE", _choice(DEBUG_LEVELS),
-            "Log to stderr: NONE, WARN (every error), INFO (init details), TRACE."),
-    # Placement: Python's topology/ computes it and hands it to kcclCommInitRankPlacement;
-    # C programs that call kcclCommInitRankConfig get one copy of everything.
-    Setting("KCCL_TOPO", "topo", "on", _choice(TOPO_MODES),
-            "Topology-aware replicas: on (one replica of each flag and small slot per L3/NUMA domain "
-            "the ranks span; one domain = one copy) or off (one copy). Python only.", native=False),
-    Setting("KCCL_TOPO_FILE", "topo_file", "", _path,
-            "A topology JSON (python -m topology --json) used instead of this machine's sysfs; may pin "
-            "ranks to domains (rank_domains). Python only.", native=False),
-    Setting("KCCL_MAX_OUTSTANDING", "max_outstanding", 1, _int_range(1, 8),
-            "How many all_reduce_start operations may be in flight (started, not yet waited). "
-            "Each rank maps 4 * this (rounded up to a power of two) slots, 4 at 1. "
-            "Must be equal on all ranks."),
-)
+def _table_path():
+    """kccl_settings.def: the copy installed beside the built library, else the source tree's."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    for path in (os.path.join(here, "include", "kccl_settings.def"),
+                 os.path.join(os.path.dirname(here), "kccl_native", "include", "kccl_settings.def")):
+        if os.path.exists(path):
+            return path
+    raise ImportError("kccl_settings.def not found beside the kccl package nor in kccl_native/include")
+
+
+_TOKEN = re.compile(r'\s+|/\*.*?\*/|//[^\n]*|"(?:[^"\\\n]|\\.)*"|[(),]|[^\s(),"/]+|/', re.S)
+
+
+def _number(text):
+    """An integer literal expression of the table (digits, L suffixes, * and <<)."""
+    tree = ast.parse(re.sub(r"(?<=\d)[uUlL]+\b", "", text), mode="eval")
+
+    def ev(node):
+        if isinstance(node, ast.Expression):
+            return ev(node.body)
+        if isinstance(node, ast.Constant) and isinstance(node.value, int):
+            return node.value
+        if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
+            return -ev(node.operand)
+        if isinstance(node, ast.BinOp) and isinstance(node.op, (ast.Mult, ast.LShift)):
+            a, b = ev(node.left), ev(node.right)
+            return a * b if isinstance(node.op, ast.Mult) else a << b
+        raise ValueError(f"not an integer literal expression: {text!r}")
+    return ev(tree)
+
+
+def parse_table(text):
+    """[(macro, [argument, ...])] of the table's entries, in order: string arguments
+    (adjacent literals joined) as str, the rest as their source text."""
+    lines = [ln for ln in text.splitlines() if not ln.lstrip().startswith("#")]  # no preprocessor lines
+    tokens = [t for t in _TOKEN.findall("\n".join(lines)) if t.strip() and not t.startswith(("/*", "//"))]
+    entries, i = [], 0
+    while i < len(tokens):
+        if tokens[i] in ("KCCL_SETTING", "KCCL_PY_SETTING", "KCCL_BUILD_SETTING") and tokens[i + 1] == "(":
+            macro, args, cur, depth, i = tokens[i], [], [], 0, i + 2
+            while depth or tokens[i] != ")":
+                t = tokens[i]
+                depth += (t == "(") - (t == ")")
+                if t == "," and not depth:
+                    args.append(cur)
+                    cur = []
+                else:
+                    cur.append(t)
+                i += 1
+            args.append(cur)
+            entries.append((macro, [ast.literal_eval(" ".join(a)) if a and a[0].startswith('"') else " ".join(a)
+                                    for a in args]))
+        i += 1
+    return entries
+
+
+def _load():
+    with open(_table_path()) as f:
+        entries = parse_table(f.read())
+    settings, build, choices = [], [], {}
+    for macro, args in entries:
+        if macro == "KCCL_BUILD_SETTING":
+            build.append(tuple(args))
+            continue
+        if macro == "KCCL_SETTING":
+            field, name, kind, default, lo, hi, multiple, equal, names, doc = args
+        else:
+            (field, name, kind, default, names, doc), lo, hi, multiple, equal = args, None, None, "1", "KCCL_EQUAL_NO"
+        if kind == "KCCL_KIND_CHOICE":
+            table = {n: v for v, n in enumerate(names.split())}
+            choices[field] = table
+            parse, default = _choice(table), names.split()[_number(default)]
+        elif kind == "KCCL_KIND_PATH":
+            parse = _path
+        else:
+            parse = _int_range(_number(lo), _number(hi), sizes=kind == "KCCL_KIND_SIZE", multiple=_number(multiple))
+            default = _number(default)
+        settings.append(Setting(name, field, default, parse, doc, native=macro == "KCCL_SETTING", equal=equal))
+    return tuple(settings), tuple(build), choices
+
+
+SETTINGS: Tuple[Setting, ...]
+SETTINGS, BUILD_SETTINGS, _CHOICES = _load()  # BUILD_SETTINGS: read by setup.py (kccl/_build_cuda.py)
+ALGOS = _CHOICES["algo"]
+DEBUG_LEVELS = _CHOICES["debug"]
+TOPO_MODES = _CHOICES["topo"]
 BY_NAME = {s.name: s for s in SETTINGS}
-
-# Read at build time by setup.py (kccl/_build_cuda.py), not by a communicator.
-BUILD_SETTINGS = (
-    ("KCCL_CUDA", "auto", "Build time: auto compiles the GPU transport when nvcc is found, 1 requires "
-     "it (a missing nvcc fails the install), 0 leaves it out."),
-)
 KNOWN_NAMES = tuple(s.name for s in SETTINGS) + tuple(b[0] for b in BUILD_SETTINGS)
 
 
@@ -248,10 +241,8 @@ def native_from(ffi, resolved):
         s = BY_NAME[name]
         if not s.native:
             continue
-        if s.field == "algo":
-            value = ALGOS[value]
-        elif s.field == "debug":
-            value = DEBUG_LEVELS[value]
+        if s.field in _CHOICES:  # a choice travels as its index
+            value = _CHOICES[s.field][value]
         setattr(cfg, s.field, value)
     cfg.device = -1  # host transport unless the caller picks a GPU (Communicator(device=...))
     return cfg

@@ -1,5 +1,6 @@
-"""The KCCL_* settings: one registry (kccl/config.py), the same defaults and parsing in C
-(kcclConfigInit), printable with `python -m kccl.config`, invalid values refused."""
+"""The KCCL_* settings: one table (kccl_settings.def) read by kccl/config.py and by C
+(kcclConfigInit), the same defaults and parsing in both, printable with `python -m
+kccl.config`, invalid values refused."""
 import json
 import os
 import subprocess
@@ -366,3 +367,76 @@ def test_every_known_setting_is_known_to_c_and_python():
                                        ("KCCL_FOO", None), ("KCCL_X", None)])
 def test_closest_setting(name, near):
     assert kconfig.closest_setting(name) == near
+
+
+# -- the one table: kccl_native/include/kccl_settings.def --------------------------------------------
+
+def test_registry_comes_from_the_table():
+    with open(kconfig._table_path()) as f:
+        entries = kconfig.parse_table(f.read())
+    names = [args[1] if macro != "KCCL_BUILD_SETTING" else args[0] for macro, args in entries]
+    assert names == list(kconfig.KNOWN_NAMES)
+    # the copy installed beside the library is the source tree's table, where both exist
+    here = os.path.dirname(os.path.abspath(kconfig.__file__))
+    copies = [os.path.join(here, "include", "kccl_settings.def"),
+              os.path.join(os.path.dirname(here), "kccl_native", "include", "kccl_settings.def")]
+    texts = {open(p).read() for p in copies if os.path.exists(p)}
+    assert len(texts) == 1
+
+
+def test_table_equal_rule_matches_the_docs():
+    for s in kconfig.SETTINGS:
+        assert s.equal in ("KCCL_EQUAL_NO", "KCCL_EQUAL_ALL", "KCCL_EQUAL_GPU"), s
+        assert ("Must be equal on all ranks" in " ".join(s.doc.split())) == (s.equal != "KCCL_EQUAL_NO"), s.name
+    assert {s.name for s in kconfig.SETTINGS if s.equal == "KCCL_EQUAL_ALL"} == \
+        {"KCCL_BUFFER_BYTES", "KCCL_MAX_OUTSTANDING"}
+
+
+def test_table_parser_reads_c_literals():
+    text = '''/* a comment, with "quotes" and KCCL_SETTING( */
+    #define KCCL_SETTING(a, ...)
+    KCCL_SETTING(x, "KCCL_X", KCCL_KIND_SIZE, 16 * 1024, 0, 1L << 40, 32, KCCL_EQUAL_GPU, "", "one, " "two (three)")
+    // KCCL_SETTING(y, ...) in a line comment
+    KCCL_BUILD_SETTING("KCCL_B", "auto", "b")'''
+    (m1, a1), (m2, a2) = kconfig.parse_table(text)
+    assert m1 == "KCCL_SETTING" and a1 == ["x", "KCCL_X", "KCCL_KIND_SIZE", "16 * 1024", "0", "1L << 40", "32",
+                                           "KCCL_EQUAL_GPU", "", "one, two (three)"]
+    assert [kconfig._number(v) for v in a1[3:7]] == [16384, 0, 1 << 40, 32]
+    assert (m2, a2) == ("KCCL_BUILD_SETTING", ["KCCL_B", "auto", "b"])
+
+
+def _c_init_with(field, value):
+    """kcclCommInitRankConfig of one rank with config.field = value (rc, error text)."""
+    from kccl._native import ffi, lib
+    cfg = ffi.new("kcclConfig_t *")
+    assert lib.kcclConfigInit(cfg) == 0
+    setattr(cfg, field, value)
+    uid = ffi.new("kcclUniqueId *")
+    assert lib.kcclGetUniqueId(uid) == 0
+    comm = ffi.new("kcclComm_t *")
+    rc = lib.kcclCommInitRankConfig(comm, 1, uid[0], 0, cfg)
+    if rc == 0:
+        lib.kcclCommDestroy(comm[0])
+    return rc, ffi.string(lib.kcclGetLastError(ffi.NULL)).decode()
+
+
+@pytest.mark.parametrize("setting", [s for s in kconfig.SETTINGS if s.native and s.field not in NAME_MAPS],
+                         ids=lambda s: s.name)
+def test_c_refuses_a_config_outside_the_table_range(setting):
+    """kcclCommInitRankConfig checks a caller's kcclConfig_t against the table's ranges,
+    naming the field and its variable."""
+    from kccl._native import ffi
+    size_field = dict(ffi.typeof("kcclConfig_t").fields)[setting.field].type.cname == "size_t"
+    # a value just past the range: below it where the type can hold one, else far above it
+    bad = None
+    for v in (-2, -1, 0, 1, 31):
+        try:
+            setting.parse(str(v))
+        except ValueError:
+            if not (size_field and v < 0):
+                bad = v
+                break
+    if bad is None:
+        bad = 1 << 41
+    rc, err = _c_init_with(setting.field, bad)
+    assert rc == 4 and setting.field in err and setting.name in err, (bad, rc, err)

@@ -89,8 +89,10 @@ typedef enum { kcclAlgoAuto = 0, kcclAlgoOneShot = 1, kcclAlgoTwoShot = 2 } kccl
 
 /*
  * Per-communicator settings.  kcclConfigInit() fills the built-in defaults and
- * then applies the KCCL_* environment variables (the registry of names lives in
- * the Python package, kccl/config.py; `python -m kccl.config` prints it).
+ * then applies the KCCL_* environment variables.  Every setting's variable,
+ * default, range and meaning is listed in kccl_settings.def, next to this
+ * header (`python -m kccl.config` prints them); kcclCommInitRankConfig refuses
+ * a config with a value outside its range.
  */
 typedef struct {
   size_t size;             /* sizeof(kcclConfig_t), checked for ABI safety */

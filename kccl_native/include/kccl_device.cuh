@@ -52,10 +52,8 @@
  * remote poll costs what a local one does, and a call stores each line once
  * instead of once per peer.  A waiting thread polls every pending peer each
  * round.  (With KCCL_LL_SENTINEL 1 it polls only its lowest pending peer
- * between full rounds, to cut poll traffic: that gained with the old header
- * line, session 6; without it, across 8 MPS processes, it measured 3.39 us
- * per 8 KB call in a graph against 3.34 without, and 1.77 against 1.76 at 2
- * ranks: a wash, so the simpler wait stays; bench/RESULTS.md, session 9.)
+ * between full rounds, to cut poll traffic; with the signature in the flag
+ * word that is no faster, so the simpler wait is the default.)
  * Across GPUs a remote poll is a round trip over the link, so they push.
  *
  * Two hops (dc.ll_hops == 2, for a block of one line per thread, L lines, N
@@ -180,8 +178,8 @@ __device__ static inline Waiter waiter(const kcclDevComm &dc) {
  * the first call), with the verdict (KCCL_GPU_*) in the top two bits.  The
  * host-mapped words are read every 1024th poll only: a read crosses PCIe, and
  * when thousands of threads wait at once (a 256 KB one-shot call: 8192) their
- * reads queue there.  With every 64th poll, 256 KB at 2 ranks took 16.6-29.8 us;
- * with every 1024th, 4.7-5.7 (bench/RESULTS.md, session 6). */
+ * reads queue there (256 KB at 2 ranks: about 5 us per call with every
+ * 1024th poll, 17-30 us with every 64th). */
 __device__ __noinline__ static uint64_t wait_check(const kcclGpuStatus *st, uint64_t timeout_ns, uint64_t deadline,
                                                    uint32_t polls) {
   if ((polls & 1023) == 0 && (st->stop || st->code)) return deadline | ((uint64_t)KCCL_GPU_STOPPED << 62);
@@ -596,16 +594,13 @@ __device__ static __forceinline__ void ll_trace_mark(long long *trace, int slot,
  *
  * The shape follows what bench/gpu/ll_ladder.cu measured on the H200:
  * - small code.  DT and OP are compile-time and the receive is one loop over
- *   a thread's lines, not an unrolled copy per line: the first version, with
- *   the type and operation switched per element and four unrolled copies,
- *   was ~80 KB of machine code per kernel, and the 8-rank call in a CUDA
- *   graph went from 6.8 to 4.8 us when it shrank to ~28 KB;
+ *   a thread's lines, not an unrolled copy per line: ~28 KB of machine code
+ *   per kernel instead of ~80 KB, which alone takes ~2 us off the 8-rank call
+ *   in a CUDA graph;
  * - no header line.  The call signature rides in every line's second flag
  *   word (epoch ^ sig), so checking it costs no extra load and no extra wait;
- *   a separate header line per (sender, block) cost 0.3-0.6 us per call in
- *   the ladder (session 6), whichever warp polled it, and removing it took the
- *   8 KB call in a graph from 2.36 to 2.08 us at 2 ranks and from 4.49 to 3.80
- *   at 8 (session 8, side by side);
+ *   a separate header line per (sender, block) is one more wait per call
+ *   (several tenths of a microsecond), whichever warp polls it;
  * - one line per thread (the common case: 8 KB in 4 blocks of 256 threads, a
  *   device-API call of up to 2 KB per block) takes a straight path: one load,
  *   one send, one wait, one store;
@@ -614,9 +609,9 @@ __device__ static __forceinline__ void ll_trace_mark(long long *trace, int slot,
  * - round trips few and overlapped: a thread loads its input lines once into
  *   registers, pushes them back to back (stores do not wait), and reduces from
  *   the same registers; thread 0's epoch read overlaps the input loads;
- * - (measured, and dropped: letting only lane 0 of a warp poll until its line
- *   had come from every peer, to cut poll traffic, cost ~1 us per call more at
- *   8 ranks than every lane polling its own lines);
+ * - every lane polls its own lines: letting only lane 0 of a warp poll until
+ *   its line has come from every peer cuts poll traffic but costs ~1 us per
+ *   call more at 8 ranks;
  * - each thread waits on its own: no warp votes or shared-memory reads per
  *   poll round.  A failure in one thread reaches the block's others through
  *   s_fail within 64 of their rounds, and every thread meets at the end

@@ -72,18 +72,7 @@ kcclResult_t kccl_comm_init(kcclComm_t *out, int nranks, kcclUniqueId id, int ra
   }
   if (cfg.device < -1)
     return kccl_err(kcclInvalidArgument, "config.device=%d: -1 (host transport) or a CUDA device ordinal", cfg.device);
-  if (cfg.buffer_bytes < 4096 || cfg.timeout_ms < 0 || cfg.algo < 0 || cfg.algo > kcclAlgoTwoShot ||
-      cfg.debug < 0 || cfg.debug > 3 || cfg.max_outstanding < 1 || cfg.max_outstanding > KCCL_MAX_OUTSTANDING ||
-      cfg.gpu_flag_replicas < 0 || cfg.gpu_flag_replicas > 1 || cfg.gpu_blocks < 0 ||
-      cfg.gpu_blocks > KCCL_GPU_MAX_BLOCKS || cfg.gpu_pull < -1 || cfg.gpu_pull > 1 || cfg.gpu_carveout < -1 ||
-      cfg.gpu_carveout > 100 || cfg.gpu_ll_threads < 32 || cfg.gpu_ll_threads > 256 || cfg.gpu_ll_threads % 32 ||
-      cfg.gpu_ll_hops < 0 || cfg.gpu_ll_hops > 2 || cfg.gpu_chunk_threads < 0 ||
-      cfg.gpu_chunk_threads > KCCL_GPU_MAX_CHUNK_THREADS || cfg.gpu_chunk_threads % 32)
-    return kccl_err(kcclInvalidArgument, "invalid config (buffer_bytes >= 4096, timeout_ms >= 0, algo 0..2, "
-                    "debug 0..3, max_outstanding 1..%d, gpu_flag_replicas 0..1, gpu_blocks 0..%d, gpu_pull -1..1, "
-                    "gpu_carveout -1..100, gpu_ll_threads 32..256 in whole warps, gpu_ll_hops 0..2, "
-                    "gpu_chunk_threads 0..%d in whole warps)",
-                    KCCL_MAX_OUTSTANDING, KCCL_GPU_MAX_BLOCKS, KCCL_GPU_MAX_CHUNK_THREADS);
+  if ((r = kccl_config_check(&cfg)) != kcclSuccess) return r;
   kccl_debug_level = cfg.debug;
 
   struct kcclComm *c = calloc(1, sizeof *c);

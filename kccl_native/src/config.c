@@ -1,8 +1,10 @@
-/* config.c - built-in defaults and the KCCL_* environment variables.
- * Names, meanings and defaults are registered in kccl/config.py (printable
- * with `python -m kccl.config`); a test checks that both agree. */
+/* config.c - the KCCL_* settings of kccl_settings.def in C: their defaults,
+ * their parsing from the environment, the check of a caller's kcclConfig_t,
+ * and the warning about unknown KCCL_* variables.  kccl/config.py reads the
+ * same table (`python -m kccl.config` prints it). */
 #include <ctype.h>
 #include <errno.h>
+#include <stddef.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -27,8 +29,9 @@ static const char *env_value(const char *name, char *buf, size_t n) {
   return buf;
 }
 
-/* An integer in [lo, hi]; byte sizes may end in k/K or m/M (binary multiples). */
-static kcclResult_t env_long(const char *name, long lo, long hi, int sizes, long *out) {
+/* An integer in [lo, hi] and a multiple of `multiple`; byte sizes may end in k/K or
+ * m/M (binary multiples). */
+static kcclResult_t env_long(const char *name, long lo, long hi, int sizes, int multiple, long *out) {
   char buf[64];
   const char *s = env_value(name, buf, sizeof buf);
   if (!s) return kcclSuccess;
@@ -40,12 +43,14 @@ static kcclResult_t env_long(const char *name, long lo, long hi, int sizes, long
   if (errno || end == s || *end || v < lo || v > hi)
     return kccl_err(kcclInvalidArgument, "%s=%s: expected an integer in [%ld, %ld]%s", name, s, lo, hi,
                     sizes ? " (k/M suffix allowed)" : "");
+  if (v % multiple)
+    return kccl_err(kcclInvalidArgument, "%s=%s: expected a multiple of %d in [%ld, %ld]", name, s, multiple, lo, hi);
   *out = v;
   return kcclSuccess;
 }
 
 /* One of names[0..n) (any case) or its index as a digit. */
-static kcclResult_t env_choice(const char *name, const char *const *names, int n, int *out) {
+static kcclResult_t env_choice(const char *name, char names[][16], int n, int *out) {
   char buf[64];
   const char *s = env_value(name, buf, sizeof buf);
   if (!s) return kcclSuccess;
@@ -59,14 +64,13 @@ static kcclResult_t env_choice(const char *name, const char *const *names, int n
   return kccl_err(kcclInvalidArgument, "%s=%s: expected one of %s", name, s, list);
 }
 
-/* Every KCCL_* variable KCCL reads: the ones above, the Python-only placement ones and
- * the build-time one (kccl/config.py registers the same names; a test compares). */
+/* Every KCCL_* variable KCCL reads: the table's C, Python-only and build-time entries. */
 static const char *const known_env[] = {
-    "KCCL_TIMEOUT_MS", "KCCL_ALGO", "KCCL_ONESHOT_MAX_BYTES", "KCCL_BUFFER_BYTES", "KCCL_SPIN_US",
-    "KCCL_YIELD_US", "KCCL_GPU_ONESHOT_MAX_BYTES", "KCCL_GPU_BUFFER_BYTES", "KCCL_GPU_PDL",
-    "KCCL_GPU_FLAG_REPLICAS", "KCCL_GPU_BLOCKS", "KCCL_GPU_PULL", "KCCL_GPU_CARVEOUT", "KCCL_GPU_LL_THREADS",
-    "KCCL_GPU_LL_HOPS", "KCCL_GPU_CHUNK_THREADS", "KCCL_DEBUG", "KCCL_TOPO", "KCCL_TOPO_FILE",
-    "KCCL_MAX_OUTSTANDING", "KCCL_CUDA"};
+#define KCCL_SETTING(field, var, ...) var,
+#define KCCL_PY_SETTING(field, var, ...) var,
+#define KCCL_BUILD_SETTING(var, ...) var,
+#include "kccl_settings.def"
+};
 #define NKNOWN (sizeof known_env / sizeof known_env[0])
 
 /* Levenshtein distance of two short names (longer ones count as far apart). */
@@ -117,89 +121,88 @@ static void warn_unknown_env(void) {
   }
 }
 
+const kccl_setting kccl_settings[KCCL_NSETTINGS] = {
+#define KCCL_SETTING(field, var, kind, def, lo, hi, multiple, equal, choices, doc) \
+  {#field, var, kind, def, lo, hi, multiple, equal, choices, offsetof(kcclConfig_t, field)},
+#include "kccl_settings.def"
+};
+
+/* Every entry names a kcclConfig_t field of its kind's type. */
+#define KCCL_SETTING(field, var, kind, ...)                                                         \
+  _Static_assert(sizeof(((kcclConfig_t *)0)->field) == ((kind) == KCCL_KIND_SIZE ? sizeof(size_t) : sizeof(int)), \
+                 var ": the kcclConfig_t field's type does not match the table's kind");
+#include "kccl_settings.def"
+
+/* The limits the code names are the ones the table spells as numbers. */
+#define KCCL_SETTING(field, var, kind, def, lo, hi, ...) enum { max_of_##field = (int)((hi) > 1000000000 ? -1 : (hi)) };
+#include "kccl_settings.def"
+_Static_assert(max_of_max_outstanding == KCCL_MAX_OUTSTANDING, "KCCL_MAX_OUTSTANDING's maximum");
+_Static_assert(max_of_gpu_blocks == KCCL_GPU_MAX_BLOCKS, "KCCL_GPU_BLOCKS's maximum");
+_Static_assert(max_of_gpu_chunk_threads == KCCL_GPU_MAX_CHUNK_THREADS, "KCCL_GPU_CHUNK_THREADS's maximum");
+
+long long kccl_setting_get(const kcclConfig_t *cfg, int i) {
+  const kccl_setting *s = &kccl_settings[i];
+  const char *p = (const char *)cfg + s->offset;
+  if (s->kind == KCCL_KIND_SIZE) return (long long)*(const size_t *)p;
+  return *(const int *)p;
+}
+
+static void setting_set(kcclConfig_t *cfg, int i, long long v) {
+  const kccl_setting *s = &kccl_settings[i];
+  char *p = (char *)cfg + s->offset;
+  if (s->kind == KCCL_KIND_SIZE) *(size_t *)p = (size_t)v;
+  else *(int *)p = (int)v;
+}
+
+/* The names of a space-separated list of choices (at most 8), and their count. */
+static int split_choices(const char *choices, char names[][16]) {
+  int n = 0;
+  for (const char *s = choices; *s && n < 8;) {
+    while (*s == ' ') s++;
+    size_t len = strcspn(s, " ");
+    if (!len) break;
+    snprintf(names[n++], 16, "%.*s", (int)len, s);
+    s += len;
+  }
+  return n;
+}
+
+kcclResult_t kccl_config_check(const kcclConfig_t *cfg) {
+  for (int i = 0; i < KCCL_NSETTINGS; i++) {
+    const kccl_setting *s = &kccl_settings[i];
+    long long v = kccl_setting_get(cfg, i);
+    if (s->kind == KCCL_KIND_SIZE && (size_t)v > (size_t)s->hi)
+      return kccl_err(kcclInvalidArgument, "invalid config: config.%s=%zu, expected %lld..%lld (%s)", s->field,
+                      *(const size_t *)((const char *)cfg + s->offset), s->lo, s->hi, s->var);
+    if (v < s->lo || v > s->hi)
+      return kccl_err(kcclInvalidArgument, "invalid config: config.%s=%lld, expected %lld..%lld (%s)", s->field, v,
+                      s->lo, s->hi, s->var);
+    if (v % s->multiple)
+      return kccl_err(kcclInvalidArgument, "invalid config: config.%s=%lld, expected a multiple of %d (%s)", s->field,
+                      v, s->multiple, s->var);
+  }
+  return kcclSuccess;
+}
+
 kcclResult_t kcclConfigInit(kcclConfig_t *cfg) {
   if (!cfg) return kccl_err(kcclInvalidArgument, "config is NULL");
   warn_unknown_env();
   memset(cfg, 0, sizeof *cfg);
   cfg->size = sizeof *cfg;
-  cfg->timeout_ms = 30000;
-  cfg->algo = kcclAlgoAuto;
-  cfg->oneshot_max_bytes = 16 * 1024; /* bench/crossover.py: 2 and 4 ranks */
-  cfg->buffer_bytes = 1024 * 1024;
-  cfg->spin_us = -1;
-  cfg->yield_us = -1;
-  cfg->debug = 0;
-  cfg->max_outstanding = 1;
   cfg->device = -1;
-  cfg->gpu_oneshot_max_bytes = 256 * 1024; /* the LL path's capacity; bench/allreduce.py --device cuda */
-  cfg->gpu_buffer_bytes = 16 * 1024 * 1024;
-  cfg->gpu_pdl = 1; /* the configuration that passed every 8-rank check on the H200 (bench/RESULTS.md) */
-  cfg->gpu_flag_replicas = 0; /* opt-in: not yet measured (bench/gpu/replica_ab.py) */
-  cfg->gpu_blocks = 0;        /* auto: from the ranks per GPU and the occupancy (gpu_runtime.cu) */
-  cfg->gpu_pull = -1;         /* auto: pull on one GPU (bench/gpu/ll_ladder.cu), push across GPUs */
-  cfg->gpu_carveout = 100;    /* a late rank's kernels can start beside waiting blocks (gpu_kernels.cu) */
-  cfg->gpu_ll_threads = 256;  /* 128 was not faster at 8 KB and slower from 64 KB (bench/RESULTS.md, session 8) */
-  cfg->gpu_ll_hops = 0;       /* auto: the rule in gpu_runtime.cu (ll_hops_auto) */
-  cfg->gpu_chunk_threads = 0; /* auto: the rule in gpu_runtime.cu (kgpu_connect) */
-
-  long v;
-  kcclResult_t r;
-  v = cfg->timeout_ms;
-  if ((r = env_long("KCCL_TIMEOUT_MS", 0, 86400000L, 0, &v))) return r;
-  cfg->timeout_ms = (int)v;
-  v = (long)cfg->oneshot_max_bytes;
-  if ((r = env_long("KCCL_ONESHOT_MAX_BYTES", 0, 1L << 40, 1, &v))) return r;
-  cfg->oneshot_max_bytes = (size_t)v;
-  v = (long)cfg->buffer_bytes;
-  if ((r = env_long("KCCL_BUFFER_BYTES", 4096, 1L << 30, 1, &v))) return r;
-  cfg->buffer_bytes = (size_t)v;
-  v = cfg->spin_us;
-  if ((r = env_long("KCCL_SPIN_US", -1, 10000000L, 0, &v))) return r;
-  cfg->spin_us = (int)v;
-  v = cfg->yield_us;
-  if ((r = env_long("KCCL_YIELD_US", -1, 10000000L, 0, &v))) return r;
-  cfg->yield_us = (int)v;
-  v = cfg->max_outstanding;
-  if ((r = env_long("KCCL_MAX_OUTSTANDING", 1, KCCL_MAX_OUTSTANDING, 0, &v))) return r;
-  cfg->max_outstanding = (int)v;
-  v = (long)cfg->gpu_oneshot_max_bytes;
-  if ((r = env_long("KCCL_GPU_ONESHOT_MAX_BYTES", 0, 1L << 40, 1, &v))) return r;
-  cfg->gpu_oneshot_max_bytes = (size_t)v;
-  v = (long)cfg->gpu_buffer_bytes;
-  if ((r = env_long("KCCL_GPU_BUFFER_BYTES", 65536, 1L << 32, 1, &v))) return r;
-  cfg->gpu_buffer_bytes = (size_t)v;
-  v = cfg->gpu_pdl;
-  if ((r = env_long("KCCL_GPU_PDL", 0, 1, 0, &v))) return r;
-  cfg->gpu_pdl = (int)v;
-  v = cfg->gpu_flag_replicas;
-  if ((r = env_long("KCCL_GPU_FLAG_REPLICAS", 0, 1, 0, &v))) return r;
-  cfg->gpu_flag_replicas = (int)v;
-  v = cfg->gpu_blocks;
-  if ((r = env_long("KCCL_GPU_BLOCKS", 0, KCCL_GPU_MAX_BLOCKS, 0, &v))) return r;
-  cfg->gpu_blocks = (int)v;
-  v = cfg->gpu_pull;
-  if ((r = env_long("KCCL_GPU_PULL", -1, 1, 0, &v))) return r;
-  cfg->gpu_pull = (int)v;
-  v = cfg->gpu_carveout;
-  if ((r = env_long("KCCL_GPU_CARVEOUT", -1, 100, 0, &v))) return r;
-  cfg->gpu_carveout = (int)v;
-  v = cfg->gpu_ll_threads;
-  if ((r = env_long("KCCL_GPU_LL_THREADS", 32, 256, 0, &v))) return r;
-  if (v % 32)
-    return kccl_err(kcclInvalidArgument, "KCCL_GPU_LL_THREADS=%ld: a multiple of 32 (whole warps), 32..256", v);
-  cfg->gpu_ll_threads = (int)v;
-  v = cfg->gpu_ll_hops;
-  if ((r = env_long("KCCL_GPU_LL_HOPS", 0, 2, 0, &v))) return r;
-  cfg->gpu_ll_hops = (int)v;
-  v = cfg->gpu_chunk_threads;
-  if ((r = env_long("KCCL_GPU_CHUNK_THREADS", 0, KCCL_GPU_MAX_CHUNK_THREADS, 0, &v))) return r;
-  if (v % 32)
-    return kccl_err(kcclInvalidArgument, "KCCL_GPU_CHUNK_THREADS=%ld: 0 (auto) or a multiple of 32 (whole warps) "
-                    "up to %d", v, KCCL_GPU_MAX_CHUNK_THREADS);
-  cfg->gpu_chunk_threads = (int)v;
-  static const char *const algos[] = {"auto", "oneshot", "twoshot"};
-  static const char *const levels[] = {"NONE", "WARN", "INFO", "TRACE"};
-  if ((r = env_choice("KCCL_ALGO", algos, 3, &cfg->algo))) return r;
-  if ((r = env_choice("KCCL_DEBUG", levels, 4, &cfg->debug))) return r;
+  for (int i = 0; i < KCCL_NSETTINGS; i++) {
+    const kccl_setting *s = &kccl_settings[i];
+    long v = (long)s->def;
+    kcclResult_t r;
+    if (s->kind == KCCL_KIND_CHOICE) {
+      char names[8][16];
+      int idx = (int)v;
+      if ((r = env_choice(s->var, names, split_choices(s->choices, names), &idx))) return r;
+      v = idx;
+    } else if ((r = env_long(s->var, (long)s->lo, (long)s->hi, s->kind == KCCL_KIND_SIZE, s->multiple, &v))) {
+      return r;
+    }
+    setting_set(cfg, i, v);
+  }
   return kcclSuccess;
 }

@@ -31,12 +31,6 @@ typedef struct {
   int32_t ll_per_sm;            /* blocks of the one-shot kernel that fit on one multiprocessor */
   int32_t flag_replicas;        /* KGPU_REP_*: asked for per-L2-partition flag replicas, and how its
                                    calibration went (its tables are in its buffer when OK) */
-  int32_t blocks;               /* its KCCL_GPU_BLOCKS (0: auto): must be equal on all ranks */
-  int32_t pull;                 /* its KCCL_GPU_PULL (-1: auto): must be equal on all ranks */
-  int32_t ll_threads;           /* its KCCL_GPU_LL_THREADS: must be equal on all ranks (it splits a
-                                   one-shot call into blocks, and block b pairs with block b) */
-  int32_t ll_hops;              /* its KCCL_GPU_LL_HOPS (0: auto): must be equal on all ranks */
-  int32_t chunk_threads;        /* its KCCL_GPU_CHUNK_THREADS (0: auto): must be equal on all ranks */
   uint64_t bytes;               /* size of its exported buffer */
   char pci[KGPU_PCI_BYTES];     /* PCI bus id: ranks with equal ids share a GPU */
   uint8_t ipc[KGPU_IPC_BYTES];  /* cudaIpcMemHandle_t of the buffer */

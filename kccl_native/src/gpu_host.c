@@ -101,8 +101,6 @@ kcclResult_t kccl_gpu_init(struct kcclComm *c) {
   if (!kgpu_built())
     return kccl_err(kcclInvalidUsage, "device=%d asked for, but this KCCL was built without CUDA (install with "
                     "nvcc on PATH, or KCCL_CUDA=1 to make that an error)", c->cfg.device);
-  if (c->cfg.gpu_buffer_bytes < 65536)
-    return kccl_err(kcclInvalidArgument, "gpu_buffer_bytes=%zu: at least 65536", c->cfg.gpu_buffer_bytes);
   struct kccl_gpu_host *gh = calloc(1, sizeof *gh);
   if (!gh) return kccl_err(kcclSystemError, "out of memory");
   gh->efd = -1;

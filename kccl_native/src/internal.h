@@ -21,8 +21,29 @@
  * has started s-D and therefore completed s-2D: sets of steps <= s-2D are
  * free, and 2D sets suffice (nonblocking.c). */
 #define KCCL_MAX_OUTSTANDING 8
-#define KCCL_EQUAL_SETTINGS 10 /* entries of the table in shm.c */
 #define KCCL_MAX_RANKS 1024
+
+/* The C settings of kccl_settings.def (config.c), in table order. */
+enum { KCCL_KIND_INT, KCCL_KIND_SIZE, KCCL_KIND_CHOICE, KCCL_KIND_PATH };
+enum { KCCL_EQUAL_NO, KCCL_EQUAL_ALL, KCCL_EQUAL_GPU };
+enum {
+#define KCCL_SETTING(field, ...) KCCL_SETTING_##field,
+#include "kccl_settings.def"
+  KCCL_NSETTINGS
+};
+typedef struct {
+  const char *field, *var;
+  int kind;
+  long long def, lo, hi;
+  int multiple, equal;
+  const char *choices; /* KCCL_KIND_CHOICE: the names, space-separated */
+  size_t offset;       /* of the field in kcclConfig_t */
+} kccl_setting;
+extern const kccl_setting kccl_settings[KCCL_NSETTINGS];
+/* Setting i of cfg, whatever its field's type. */
+long long kccl_setting_get(const kcclConfig_t *cfg, int i);
+/* Every setting of a caller's config within its range (kcclInvalidArgument naming it if not). */
+kcclResult_t kccl_config_check(const kcclConfig_t *cfg);
 
 /* Segment states, in the header of each rank's segment. */
 enum { SEG_CREATING = 0, SEG_READY = 1, SEG_CLOSED = 2, SEG_ABORTED = 3, SEG_FAILED = 4 };
@@ -52,9 +73,11 @@ typedef struct {
   _Atomic uint32_t mapped;  /* 1 once this rank has mapped every peer */
   _Atomic uint32_t attached; /* peers that have mapped this segment (init): a rank that fails
                                 init keeps its name until every peer has read its header */
-  /* The settings every rank must share (KCCL_EQUAL_SETTINGS, shm.c): each rank compares
-   * every rank's against rank 0's, so all reach the same verdict with the same words. */
-  int64_t equal[KCCL_EQUAL_SETTINGS];
+  /* The rank's transport (1: GPU) and settings, for the ones every rank must share
+   * (shm.c): each rank compares every rank's against rank 0's, so all reach the same
+   * verdict with the same words. */
+  int64_t gpu_transport;
+  int64_t settings[KCCL_NSETTINGS];
   char pad0[KCCL_LINE];
   /* Written only by peers that go to sleep on one of this rank's flags;
    * read by this rank after each publish to decide whether to futex-wake. */

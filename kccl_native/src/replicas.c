@@ -179,7 +179,7 @@ static void *seq_half(_Atomic uint64_t *flag) {
 
 /* Copies n bytes (8-aligned dst and src, n rounded up to 8: slots have room) so
  * that the lines go to memory, not into this core's cache. */
-/* -DKCCL_REPLICA_PLAIN_STORES (an experiment, see bench/RESULTS.md): ordinary stores instead. */
+/* -DKCCL_REPLICA_PLAIN_STORES: ordinary stores instead, to compare against. */
 #if defined(__x86_64__) && !defined(KCCL_REPLICA_PLAIN_STORES)
 #define KCCL_NT_PUSH 1
 #endif

@@ -115,32 +115,14 @@ void kccl_shm_sweep_stale(void) {
   closedir(d);
 }
 
-/* Settings that shape what ranks share, so they must be equal on all ranks.  A GPU
- * setting counts only between two GPU ranks (a host communicator ignores them). */
-static const struct {
-  const char *name;
-  int gpu;
-} equal_settings[KCCL_EQUAL_SETTINGS] = {
-    {"KCCL_BUFFER_BYTES", 0},    {"KCCL_MAX_OUTSTANDING", 0},   {"transport", 0},
-    {"KCCL_GPU_BUFFER_BYTES", 1}, {"KCCL_GPU_FLAG_REPLICAS", 1}, {"KCCL_GPU_BLOCKS", 1},
-    {"KCCL_GPU_PULL", 1},         {"KCCL_GPU_LL_THREADS", 1},    {"KCCL_GPU_LL_HOPS", 1},
-    {"KCCL_GPU_CHUNK_THREADS", 1},
-};
-
-static void own_equal_settings(const kcclConfig_t *cfg, int64_t *v) {
-  int64_t vals[KCCL_EQUAL_SETTINGS] = {(int64_t)cfg->buffer_bytes, cfg->max_outstanding, cfg->device >= 0,
-                                       (int64_t)cfg->gpu_buffer_bytes, cfg->gpu_flag_replicas, cfg->gpu_blocks,
-                                       cfg->gpu_pull, cfg->gpu_ll_threads, cfg->gpu_ll_hops,
-                                       cfg->gpu_chunk_threads};
-  memcpy(v, vals, sizeof vals);
+/* What this rank's peers compare: its transport and every setting (the table's
+ * `equal` rule says which ones must match). */
+static void own_settings(const kcclConfig_t *cfg, kccl_seg_header *h) {
+  h->gpu_transport = cfg->device >= 0;
+  for (int i = 0; i < KCCL_NSETTINGS; i++) h->settings[i] = kccl_setting_get(cfg, i);
 }
 
-static void setting_text(int i, int64_t v, char *out, size_t n) {
-  if (i == 2)
-    snprintf(out, n, "%s", v ? "a GPU (device=N)" : "the host transport");
-  else
-    snprintf(out, n, "%s=%lld", equal_settings[i].name, (long long)v);
-}
+static const char *transport_text(int64_t gpu) { return gpu ? "a GPU (device=N)" : "the host transport"; }
 
 static kcclResult_t create_own(struct kcclComm *c) {
   const char *name = c->names[c->rank];
@@ -177,7 +159,7 @@ static kcclResult_t create_own(struct kcclComm *c) {
   memcpy(h->token, c->token, 16);
   h->seg_bytes = c->seg_bytes;
   h->slot_bytes = c->slot_bytes;
-  own_equal_settings(&c->cfg, h->equal);
+  own_settings(&c->cfg, h);
   kccl_replicas_own(c); /* placement fields; replica pages bound while only this rank maps them */
   atomic_store_explicit(&h->state, SEG_READY, memory_order_relaxed);
   __atomic_store_n(&h->magic, KCCL_SEG_MAGIC, __ATOMIC_RELEASE); /* header complete */
@@ -189,23 +171,27 @@ static int peer_dead(struct kcclComm *c, int p) {
   return c->hdr[p] && !kccl_pid_alive(c->pid[p], c->hdr[p]->starttime);
 }
 
-/* With every rank's header at hand: the first setting (in table order) on which some
- * rank differs from rank 0, at the lowest such rank.  Every rank sees the same headers,
- * so every rank returns the same error text. */
+/* With every rank's header at hand: the transport, then the first setting (in table
+ * order) that must be equal and on which some rank differs from rank 0, at the lowest
+ * such rank.  A KCCL_EQUAL_GPU setting counts only between two GPU ranks.  Every rank
+ * sees the same headers, so every rank returns the same error text. */
 static kcclResult_t check_agreement(struct kcclComm *c) {
   const kccl_seg_header *h0 = c->hdr[0];
-  for (int i = 0; i < KCCL_EQUAL_SETTINGS; i++)
+  for (int r = 1; r < c->nranks; r++)
+    if (c->hdr[r]->gpu_transport != h0->gpu_transport)
+      return kccl_err(kcclInvalidUsage, "unequal settings: rank 0 has %s, rank %d has %s; the transport must be "
+                      "equal on all ranks (set it alike everywhere, or nowhere)", transport_text(h0->gpu_transport),
+                      r, transport_text(c->hdr[r]->gpu_transport));
+  for (int i = 0; i < KCCL_NSETTINGS; i++) {
+    const kccl_setting *s = &kccl_settings[i];
+    if (s->equal == KCCL_EQUAL_NO || (s->equal == KCCL_EQUAL_GPU && !h0->gpu_transport)) continue;
     for (int r = 1; r < c->nranks; r++) {
-      const kccl_seg_header *h = c->hdr[r];
-      if (equal_settings[i].gpu && !(h0->equal[2] && h->equal[2])) continue;
-      if (h->equal[i] == h0->equal[i]) continue;
-      char a[96], b[96];
-      setting_text(i, h0->equal[i], a, sizeof a);
-      setting_text(i, h->equal[i], b, sizeof b);
-      return kccl_err(kcclInvalidUsage, "unequal settings: rank 0 has %s, rank %d has %s; %s must be equal on "
-                      "all ranks (set it alike everywhere, or nowhere)", a, r, b,
-                      i == 2 ? "the transport" : equal_settings[i].name);
+      if (c->hdr[r]->settings[i] == h0->settings[i]) continue;
+      return kccl_err(kcclInvalidUsage, "unequal settings: rank 0 has %s=%lld, rank %d has %s=%lld; %s must be "
+                      "equal on all ranks (set it alike everywhere, or nowhere)", s->var,
+                      (long long)h0->settings[i], r, s->var, (long long)c->hdr[r]->settings[i], s->var);
     }
+  }
   for (int r = 1; r < c->nranks; r++) {
     kcclResult_t res = kccl_replicas_check_rank(c, r);
     if (res != kcclSuccess) return res;

@@ -78,9 +78,8 @@ __device__ static inline uint64_t *flag_slot(char *base, size_t off, int stage, 
  * offsets in every rank's buffer) and whether to use them (on); the flags
  * region above is used as without replicas.  gpu_scope: every rank runs on
  * this GPU, so signals and waits order at GPU scope, not system scope (a
- * system-scope fence also waits for the writes to be visible beyond the GPU).
- * Measured side by side on one H200 (bench/RESULTS.md, session 10): 64 MB
- * 1-5 % faster at 2 and 8 ranks. */
+ * system-scope fence also waits for the writes to be visible beyond the GPU,
+ * which costs the 64 MB call a few percent). */
 struct Replicas {
   size_t off_pool, off_tab, off_map;
   int on;
@@ -329,9 +328,7 @@ __global__ void __launch_bounds__(KCCL_GPU_MAX_CHUNK_THREADS, 1) k_twoshot(TwoSh
 
     /* Stage 1: my portion b of every peer's segment into my in-area.  My own
      * segment stays where it is: only I reduce it, and stage 2 reads it from
-     * the send buffer (2 / n of the traffic saved).  64 MB bf16 at 768 threads
-     * on one H200 (bench/RESULTS.md, session 13, side by side, two rounds):
-     * 8 ranks 758 / 758 us skipping it against 808 / 808 copying it. */
+     * the send buffer (2 / n of the traffic saved). */
     for (int s = 0; s < n; s++) {
       if (s == me) continue;
       size_t slen = a.scatter ? S : (CE > s * S ? (CE - s * S < S ? CE - s * S : S) : 0);
@@ -477,11 +474,9 @@ __global__ void __launch_bounds__(KCCL_GPU_MAX_CHUNK_THREADS, 1) k_gather(Gather
 
 static unsigned ts_grid(const kgpu *g) { return (unsigned)g->shape.ts_blocks; }
 
-/* The chunked kernels launch without PDL: with it, the 8-rank two-shot benchmark
- * (bench/allreduce.py --device cuda -b 512K, 8 ranks under MPS) timed out at the
- * same call (step 562: the first eager call after a graph capture) in two of two
- * runs, and without it the same run completed; the cause is not known
- * (bench/RESULTS.md).  Their calls are long enough that PDL gains little. */
+/* The chunked kernels launch without PDL: with it, the 8-rank two-shot
+ * benchmark under MPS timed out at the first eager call after a graph capture
+ * (cause unknown), and their calls are long enough that PDL gains little. */
 #define KGPU_CHUNKED_PDL 0
 
 static Replicas replicas(const kgpu *g) {
@@ -499,20 +494,17 @@ static Replicas replicas(const kgpu *g) {
  * An SM's L1 / shared-memory split is set for the blocks it holds; a kernel
  * that wants a larger shared part than an SM is set to cannot start there
  * while those blocks run.  A late rank's own kernel before a collective
- * (torch's, say) then found no SM while its peers' blocks waited on all of
- * them, and everyone timed out (bench/gpu/residency.py --foreign 2, session 7).
- * With the largest shared part asked for, a kernel with 40 KB of shared
- * memory started beside the probe's blocks in every row (8 ranks x 33,
- * 2 x 132); these kernels read remote data past L1 and need little of it. */
+ * (torch's, say) would then find no SM while its peers' blocks wait on all of
+ * them, and everyone times out (bench/gpu/residency.py --foreign 2).  With the
+ * largest shared part asked for, other kernels' shared memory fits beside
+ * these blocks; these kernels read remote data past L1 and need little of it. */
 
 /* Loads every kernel of this file now.  With lazy loading (CUDA's default
  * since 12.2) a kernel's code is loaded at its first launch, and the CUDA
  * programming guide warns that a load may need a context synchronization, so
  * kernels that wait for each other can deadlock.  Here a rank's first launch
  * would wait while its peers' kernels spin waiting for it (until
- * KCCL_TIMEOUT_MS).  Getting a kernel's attributes loads it.  (This did not
- * remove the timeouts seen with twice the default chunked blocks, session 6:
- * their cause was the carveout, above.) */
+ * KCCL_TIMEOUT_MS).  Getting a kernel's attributes loads it. */
 kgpuError_t kgpu_preload_kernels(int carveout) {
   kgpuError_t e;
   for (int m = 0; m < 3; m++)
@@ -581,12 +573,9 @@ extern "C" kcclResult_t kgpu_allreduce(struct kgpu *g, const void *send, void *r
   kgpuStream_t st = (kgpuStream_t)stream;
   if (!twoshot && nbytes <= kgpu_oneshot_max_bytes(g)) {
     /* One line per thread (KCCL_GPU_LL_THREADS x 8 bytes per block) until the
-     * blocks run out, then more lines per thread.  256 by default: in the
-     * one-process ladder (bench/gpu/ll_ladder.cu) 8 ranks took 0.15-0.25 us
-     * less per 8 KB call with 8 x 128 than with 4 x 256, but across 8 MPS
-     * processes in a graph 128 threads measured 3.39-3.45 us against 3.19 at
-     * 8 KB, and 64 KB and up got slower (more lines per thread once the blocks
-     * run out): bench/RESULTS.md, session 8. */
+     * blocks run out, then more lines per thread.  256 by default: 128 was
+     * slower across processes at 8 KB, and slower from 64 KB on, where the
+     * blocks run out and each thread carries more lines. */
     const unsigned threads = (unsigned)g->shape.ll_threads;
     size_t blocks = (nbytes + threads * 8 - 1) / (threads * 8);
     if (blocks > (size_t)g->shape.ll_blocks) blocks = (size_t)g->shape.ll_blocks;

@@ -1,8 +1,8 @@
 /* gpu_l2map.cu - per-L2-partition flag replicas (KCCL_GPU_FLAG_REPLICAS=1).
  *
  * An H100/H200's L2 has two partitions; every address lives in one, and an SM
- * of the other group reaches it a little later (bench/RESULTS.md: 132 SMs in two
- * groups of 66, an acquire load ~16 ns slower from the far group).  With replicas
+ * of the other group reaches it a little later (H200: 132 SMs in two groups of
+ * 66, an acquire load ~16 ns slower from the far group).  With replicas
  * every flag line of the chunked kernels exists twice in the reader's buffer,
  * one copy near each SM group: a writer writes both, a reader polls the one near
  * the SM its block landed on.

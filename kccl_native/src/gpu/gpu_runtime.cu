@@ -143,11 +143,6 @@ extern "C" kcclResult_t kgpu_create(int device, const kgpu_shape *shape, struct 
                     kgpuGetErrorString(e));
   }
   exp->flag_replicas = KGPU_REP_OFF;
-  exp->blocks = shape->blocks;
-  exp->pull = shape->pull;
-  exp->ll_threads = shape->ll_threads;
-  exp->ll_hops = shape->ll_hops;
-  exp->chunk_threads = shape->chunk_threads;
   if (shape->flag_replicas) {
     /* Before the export is published: a peer reads the tables once it has mapped this buffer. */
     kcclResult_t r = kgpu_l2_calibrate(g);
@@ -178,41 +173,17 @@ extern "C" kcclResult_t kgpu_create(int device, const kgpu_shape *shape, struct 
 }
 
 /* Threads per block of the chunked kernels when KCCL_GPU_CHUNK_THREADS is 0.
- * Ranks sharing a GPU: 768 (one block per SM at 80 registers).  64 MB bf16 on
- * one H200 (bench/RESULTS.md, session 11), graph us with one block per usable
- * SM: 8 ranks x 16 blocks 1319 (256 threads), 857 (512), 756 (768); 4 x 32:
- * 414 (512), 384 (768); 2 x 64: 202 (512), 185 (768), against 202 for
- * 2 x 128 x 256 (218 with session 10's code, which copied its own segment).
- * The ranks' blocks together are then one per SM, each with 24 warps: enough
- * loads in flight for HBM.  One rank per GPU: not measured, 256 as before. */
+ * Ranks sharing a GPU: 768, one block per SM at 80 registers.  The ranks'
+ * blocks together are then one per usable SM, each with 24 warps: enough loads
+ * in flight for HBM (64 MB bf16 on an H200 at 8 ranks x 16 blocks: 756 us
+ * against 1319 with 256 threads).  One rank per GPU: 256 (not measured). */
 static int chunk_threads_auto(int max_local) { return max_local > 1 ? 768 : 256; }
 
 extern "C" kcclResult_t kgpu_connect(struct kgpu *g, const kgpu_export *peers) {
   const kgpu_shape *s = &g->shape;
   KGPU_CHECK(kgpuSetDevice(g->device));
-  /* Checked first: the replicas' regions change the buffer's size. */
-  for (int p = 0; p < s->nranks; p++)
-    if ((peers[p].flag_replicas != KGPU_REP_OFF) != (s->flag_replicas != 0))
-      return kccl_err(kcclInvalidUsage, "rank %d has KCCL_GPU_FLAG_REPLICAS=%d, this rank (%d) %d: the setting must "
-                      "be equal on all ranks", p, peers[p].flag_replicas != KGPU_REP_OFF, s->rank,
-                      s->flag_replicas != 0);
-  for (int p = 0; p < s->nranks; p++) {
-    if (peers[p].blocks != s->blocks)
-      return kccl_err(kcclInvalidUsage, "rank %d has KCCL_GPU_BLOCKS=%d, this rank (%d) %d: the setting must be "
-                      "equal on all ranks", p, peers[p].blocks, s->rank, s->blocks);
-    if (peers[p].ll_threads != s->ll_threads)
-      return kccl_err(kcclInvalidUsage, "rank %d has KCCL_GPU_LL_THREADS=%d, this rank (%d) %d: the setting must "
-                      "be equal on all ranks", p, peers[p].ll_threads, s->rank, s->ll_threads);
-    if (peers[p].ll_hops != s->ll_hops)
-      return kccl_err(kcclInvalidUsage, "rank %d has KCCL_GPU_LL_HOPS=%d, this rank (%d) %d: the setting must "
-                      "be equal on all ranks", p, peers[p].ll_hops, s->rank, s->ll_hops);
-    if (peers[p].pull != s->pull)
-      return kccl_err(kcclInvalidUsage, "rank %d has KCCL_GPU_PULL=%d, this rank (%d) %d: the setting must be "
-                      "equal on all ranks", p, peers[p].pull, s->rank, s->pull);
-    if (peers[p].chunk_threads != s->chunk_threads)
-      return kccl_err(kcclInvalidUsage, "rank %d has KCCL_GPU_CHUNK_THREADS=%d, this rank (%d) %d: the setting "
-                      "must be equal on all ranks", p, peers[p].chunk_threads, s->rank, s->chunk_threads);
-  }
+  /* The settings every rank must share (KCCL_GPU_* with KCCL_EQUAL_GPU in
+   * kccl_settings.def) were compared before any GPU work (shm.c, check_agreement). */
   for (int p = 0; p < s->nranks; p++) {
     if (p == s->rank) {
       g->peer[p] = g->buf;
@@ -242,26 +213,20 @@ extern "C" kcclResult_t kgpu_connect(struct kgpu *g, const kgpu_export *peers) {
    *   blocks its peers already have waiting sit on every SM, a kernel that
    *   needs a larger shared-memory carveout than those SMs are set to cannot
    *   start anywhere, the late rank never reaches the collective, and the
-   *   peers wait until KCCL_TIMEOUT_MS.  bench/gpu/residency.py --late-ms 50
-   *   --foreign 2 (H200, 132 SMs, session 7): with 7 ranks' blocks waiting,
-   *   7 x 18 fit and 7 x 19 did not; with 1 rank's, 131 fit and 132 did not;
-   *   a kernel without shared memory always started.  The library's kernels
-   *   now ask for the largest carveout (kgpu_preload_kernels), with which
-   *   every probe row fitted (8 x 33, 2 x 132), but a kernel that needs more
-   *   registers or threads than an SM has left beside them would still wait.
-   *   So the blocks of all ranks of a GPU but one leave KGPU_FREE_SMS SMs
-   *   free (the block scheduler spreads a grid over empty SMs first).
+   *   peers wait until KCCL_TIMEOUT_MS (bench/gpu/residency.py shows it).
+   *   The library's kernels ask for the largest carveout
+   *   (kgpu_preload_kernels), which removes the shared-memory case, but a
+   *   kernel that needs more registers or threads than an SM has left beside
+   *   them would still wait.  So the blocks of all ranks of a GPU but one
+   *   leave KGPU_FREE_SMS SMs free (the block scheduler spreads a grid over
+   *   empty SMs first).
    * The one-shot kernel launches with PDL: the next call's kernel may be
    * resident beside it.  The launcher uses PDL only when both grids together
    * stay within this budget (kgpu_allreduce), so one call alone may use all
    * of it.  The chunked kernels launch without PDL and never trigger their
    * successor early, so at most one of them per rank is resident.
-   * KCCL_GPU_BLOCKS overrides the chunked count.  With the driver's carveout
-   * and 8 ranks x 22-33 blocks, mpi_check.py and tests/gpu/block_counts.py
-   * timed out at a rank's first two-shot call, behind one of torch's kernels
-   * (the peer's blocks had not begun); with the largest carveout 26 and 33
-   * passed block_counts.py (session 7).  Every rank computes the same numbers
-   * from the same exports. */
+   * KCCL_GPU_BLOCKS overrides the chunked count.  Every rank computes the
+   * same numbers from the same exports. */
   int max_local = 1, min_sms = 1 << 30, ts_per_sm = 1 << 30, ll_per_sm = 1 << 30;
   for (int p = 0; p < s->nranks; p++) {
     int local = 0;
@@ -278,9 +243,7 @@ extern "C" kcclResult_t kgpu_connect(struct kgpu *g, const kgpu_export *peers) {
                     "multiprocessor of every rank's GPU (KCCL_GPU_CHUNK_THREADS)", threads);
   g->shape.ts_threads = threads;
   const int free_sm_room = max_local > 1 ? (min_sms - KGPU_FREE_SMS) / (max_local - 1) : 1 << 30;
-  /* Every rank's blocks resident at once on all but KGPU_FREE_SMS SMs' room
-   * (for 256 threads this is the same count as the 3/4 of all the room used
-   * before, wherever the free-SM rule did not already set it). */
+  /* Every rank's blocks resident at once on all but KGPU_FREE_SMS SMs' room. */
   int blocks = 2 * min_sms / max_local, cap = (min_sms - KGPU_FREE_SMS) * ts_per_sm / max_local;
   if (cap > free_sm_room) cap = free_sm_room;
   if (blocks > cap) blocks = cap;
@@ -288,16 +251,14 @@ extern "C" kcclResult_t kgpu_connect(struct kgpu *g, const kgpu_export *peers) {
    * together run k blocks on each of the SMs they leave free, not k on most
    * and k + 1 on a few.  A block on a shared SM moves its portion more slowly,
    * and at every flag exchange block b of each rank waits for block b of all
-   * the others.  64 MB on one H200 (bench/RESULTS.md, session 10): 8 ranks x 16
-   * blocks (128 in all, one per usable SM) 59-62 % of the copy bandwidth in
-   * every run, x 18 (144: twelve SMs with two) 56-58 %; but 4 ranks x 32 (one
-   * per SM) 58 % against 63 % for x 42 (168, a third of the SMs with two), so
-   * only an excess of at most a quarter of the SMs is dropped. */
+   * the others.  A larger excess still pays for itself (on an H200, 4 ranks x
+   * 42 blocks beat 4 x 32), so only an excess of at most a quarter of the
+   * usable SMs is dropped. */
   if (max_local > 1 && min_sms > KGPU_FREE_SMS) { /* never more blocks than above */
     const int usable = min_sms - KGPU_FREE_SMS, per_sm = blocks * max_local / usable;
     if (per_sm >= 1 && 4 * (blocks * max_local - per_sm * usable) <= usable) blocks = per_sm * usable / max_local;
   }
-  if (s->blocks > 0) blocks = s->blocks; /* the user's choice, equal on all ranks (checked above) */
+  if (s->blocks > 0) blocks = s->blocks; /* the user's choice, equal on all ranks (check_agreement) */
   g->shape.ts_blocks = blocks < 1 ? 1 : blocks > KGPU_TS_MAX_BLOCKS ? KGPU_TS_MAX_BLOCKS : blocks;
   g->one_gpu = max_local == s->nranks;
   kgpu_l2_agree(g, peers);
@@ -312,11 +273,10 @@ extern "C" kcclResult_t kgpu_connect(struct kgpu *g, const kgpu_export *peers) {
     dc->nranks = s->nranks;
     dc->channel = c;
     dc->pull = s->pull >= 0 ? s->pull : max_local == s->nranks; /* auto: pull when all share this GPU */
-    /* KCCL_GPU_LL_HOPS=0: one hop.  Two hops won in one process (bench/gpu/ll_ladder.cu,
-     * 8 ranks of 4 x 256 threads: 2.42 us per 8 KB call against 2.82) but not
-     * across 8 MPS processes, where each hop costs a cross-process round trip:
-     * 8 KB in a graph 3.44 us against 3.37, the device API with 8 blocks 2.63
-     * against 2.27 (bench/RESULTS.md, session 9).  Across GPUs: not measured. */
+    /* KCCL_GPU_LL_HOPS=0: one hop.  Two hops save polls within one process,
+     * but across processes each hop costs a cross-process round trip, and on
+     * an H200 under MPS the second hop cost more than it saved (8 KB, 8 ranks).
+     * Across GPUs: not measured. */
     dc->ll_hops = s->ll_hops ? s->ll_hops : 1;
     dc->timeout_ns = s->timeout_ns;
     for (int p = 0; p < s->nranks; p++) dc->peer_base[p] = g->peer[p];
