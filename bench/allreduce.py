@@ -30,6 +30,7 @@ except ImportError:  # pragma: no cover
     sys.exit("bench/allreduce.py needs mpi4py: python -m pip install -e '.[dev]'")
 
 import kccl
+from kccl import _bench as kbench
 from kccl._buffers import NAMES
 
 OPS = {"sum": kccl.SUM, "prod": kccl.PROD, "max": kccl.MAX, "min": kccl.MIN, "avg": kccl.AVG}
@@ -176,7 +177,7 @@ def main(argv=None):
                 world.Barrier()
                 mt.append(time_calls(mfn, iters))
         world.Barrier()
-        c_us = comm.bench_all_reduce(send, recv, op, iters=iters)
+        c_us = kbench.bench_all_reduce(comm, send, recv, op, iters=iters)
         wrong_k += int(np.count_nonzero(recv != expect))
         k_med = statistics.median(kt)
         m_med = statistics.median(mt) if mt else float("nan")

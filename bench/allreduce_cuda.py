@@ -78,6 +78,7 @@ def main(args, sizes):
     torch, dev, ndev = got
 
     import kccl
+    from kccl import _bench as kbench
 
     rank, nranks = world.Get_rank(), world.Get_size()
     local = world.Split_type(MPI.COMM_TYPE_SHARED)
@@ -196,23 +197,23 @@ def main(args, sizes):
             print(f"{fmt_size(nbytes):>8} {count:>10} | {e:8.2f} {g:8.2f} {c:7.2f} {g / c if c > 0 else 0:10.2f} | "
                   f"{a:10.2f} {b:10.2f} {ratio:9.2f} | {algbw:7.1f} {busbw:7.1f} {hbm:8.0f} | {w:>6}", flush=True)
     # Floors and the device-side API, measured after the table.
-    hops = [comm.bench_flag_hop(20000, mode) if nranks >= 2 else 0.0 for mode in range(4)]
+    hops = [kbench.bench_flag_hop(comm, 20000, mode) if nranks >= 2 else 0.0 for mode in range(4)]
     dev_rows = []
     for nb in (4096, 8192, 16384):
         cnt = nb // es
         buf = chain_input(cnt) * 0 + 1
         world.Barrier()
-        comm.bench_device_all_reduce(buf, iters=200, blocks=max(1, nb // 8192))
+        kbench.bench_device_all_reduce(comm, buf, iters=200, blocks=max(1, nb // 8192))
         for blocks in (1, 2, 4, 8):
             if nb // blocks > 8192 or nb // blocks < 512:  # the device API's per-block limit; tiny slices
                 continue
             world.Barrier()
-            us = comm.bench_device_all_reduce(buf, iters=4000, blocks=blocks)
+            us = kbench.bench_device_all_reduce(comm, buf, iters=4000, blocks=blocks)
             dev_rows.append((nb, blocks, world.allreduce(us, op=MPI.SUM) / nranks))
     # Where the 8 KB device-API call's time goes (block 0 of every rank, averaged).
     buf = chain_input(8192 // es) * 0 + 1
     world.Barrier()
-    ph = comm.bench_device_all_reduce_phases(buf, iters=4000, blocks=4)
+    ph = kbench.bench_device_all_reduce_phases(comm, buf, iters=4000, blocks=4)
     phases = {k: world.allreduce(v, op=MPI.SUM) / nranks for k, v in ph.items()}
     # Copy bandwidth of this GPU: 1 GB device-to-device, bytes read + written; rank 0
     # alone (the number hbm_GBps compares to), then every rank at once.

@@ -14,6 +14,7 @@ import numpy as np
 from mpi4py import MPI
 
 import kccl
+from kccl import _bench as kbench
 from allreduce import fmt_size, parse_size
 
 
@@ -34,13 +35,13 @@ def main(argv=None):
     while n <= parse_size(args.maxbytes):
         x = np.ones(n // 4, np.float32)
         y = np.empty_like(x)
-        one = comms["oneshot"].bench_all_reduce(x, y, iters=3)
+        one = kbench.bench_all_reduce(comms["oneshot"], x, y, iters=3)
         iters = world.allreduce(int(max(3, min(20000, args.round_ms * 1e3 / max(one, 1e-3)))), op=MPI.MIN)
         t = {a: [] for a in comms}
         for _ in range(args.rounds):
             for a, c in comms.items():
                 world.Barrier()
-                t[a].append(world.allreduce(c.bench_all_reduce(x, y, iters=iters), op=MPI.MAX))
+                t[a].append(world.allreduce(kbench.bench_all_reduce(c, x, y, iters=iters), op=MPI.MAX))
         med = {a: statistics.median(v) for a, v in t.items()}
         rows.append((n, med["oneshot"], med["twoshot"]))
         if world.rank == 0:

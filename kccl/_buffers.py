@@ -1,4 +1,5 @@
-"""Turning Python buffers into (pointer, element count, KCCL dtype code).
+"""Turning Python buffers into (pointer, element count, KCCL dtype code), and the
+buffer adapter of host communicators (HostBuffers).
 
 Accepted: C-contiguous objects with the buffer protocol (numpy arrays first,
 bytes/bytearray/memoryview/array.array), and CPU tensors that speak DLPack
@@ -8,10 +9,13 @@ no bfloat16: pass an ml_dtypes.bfloat16 array, or uint16 storage with
 dtype="bfloat16"."""
 import numpy as np
 
-from ._native import ffi
+from ._native import ffi, lib
 from .errors import KcclInvalidArgument
 
-INT8, UINT8, INT32, UINT32, INT64, UINT64, FLOAT16, FLOAT32, FLOAT64, BFLOAT16 = range(10)
+# kccl.h's kcclDataType_t
+INT8, UINT8, INT32, UINT32, INT64, UINT64 = (lib.kcclInt8, lib.kcclUint8, lib.kcclInt32, lib.kcclUint32,
+                                             lib.kcclInt64, lib.kcclUint64)
+FLOAT16, FLOAT32, FLOAT64, BFLOAT16 = lib.kcclFloat16, lib.kcclFloat32, lib.kcclFloat64, lib.kcclBfloat16
 ITEMSIZE = {INT8: 1, UINT8: 1, INT32: 4, UINT32: 4, INT64: 8, UINT64: 8,
             FLOAT16: 2, FLOAT32: 4, FLOAT64: 8, BFLOAT16: 2}
 NAMES = {INT8: "int8", UINT8: "uint8", INT32: "int32", UINT32: "uint32", INT64: "int64", UINT64: "uint64",
@@ -34,7 +38,7 @@ _ALIASES = {"half": FLOAT16, "fp16": FLOAT16, "bf16": BFLOAT16, "float": FLOAT32
             "double": FLOAT64, "fp64": FLOAT64}
 
 
-def dtype_code(dtype):
+def resolve_dtype(dtype):
     """A KCCL dtype code from a name, a numpy dtype/type or an int code."""
     if isinstance(dtype, int) and not isinstance(dtype, bool) and dtype in ITEMSIZE:
         return dtype
@@ -62,7 +66,7 @@ def apply_dtype(native, itemsize, nbytes, dtype, label, what, bf16_hint):
             raise KcclInvalidArgument(f"{what} holds {label}, which KCCL does not handle; supported: "
                                       f"{', '.join(NAMES.values())} ({bf16_hint})")
         return native
-    code = dtype_code(dtype)
+    code = resolve_dtype(dtype)
     if native is not None and native != code and ITEMSIZE[code] != itemsize:
         raise KcclInvalidArgument(f"{what} holds {label} ({itemsize}-byte items) but dtype={dtype!r} has "
                                   f"{ITEMSIZE[code]}-byte items")
@@ -117,7 +121,7 @@ def _resolve_dlpack(view, dtype, what):
     return ptr, view.nbytes // ITEMSIZE[code], code, view
 
 
-def resolve(obj, dtype, writable, what):
+def resolve_host_buffer(obj, dtype, writable, what):
     """(cdata, count, code, keep) for obj; `keep` keeps the buffer (or its DLPack capsule)
     alive while the pointer is in use."""
     arr = _as_array(obj, what)
@@ -142,3 +146,81 @@ def resolve(obj, dtype, writable, what):
                        "bfloat16 via ml_dtypes or dtype='bfloat16'")
     ptr = ffi.from_buffer(arr) if nbytes else ffi.NULL  # writability was checked above
     return ptr, nbytes // ITEMSIZE[code], code, arr
+
+
+NO_PAIR = (None,) * 7
+# bound once: all_reduce_start and a cold all_reduce call prepare_numpy_pair on every call
+_ndarray = np.ndarray
+_from_buffer = ffi.from_buffer
+
+
+def prepare_numpy_pair(send, recv):
+    """(send, recv, dtype, send ptr, recv ptr, count, code) for a numpy send and recv that
+    need no further check, else NO_PAIR (the general path then says what is wrong)."""
+    code = NUMPY_CODES.get(send.dtype)
+    if code is None or type(recv) is not _ndarray or not recv.flags.writeable:
+        return NO_PAIR
+    try:
+        if recv is send:
+            sp = rp = _from_buffer(send)
+        elif recv.dtype == send.dtype and recv.nbytes == send.nbytes:
+            sp = _from_buffer(send)
+            rp = _from_buffer(recv)
+        else:
+            return NO_PAIR
+    except ValueError:  # not C-contiguous
+        return NO_PAIR
+    return (send, recv, send.dtype, sp, rp, send.size, code)
+
+
+def check_same_dtype(send_code, recv_code):
+    if send_code != recv_code:
+        raise KcclInvalidArgument(f"send is {NAMES[send_code]} but recv is {NAMES[recv_code]}")
+
+
+class BufferAdapter:
+    """What a communicator asks of its buffers: resolve_buffer(obj, dtype, writable, what)
+    -> (void* cdata, count, dtype code, library), resolve_stream(stream, library) -> the
+    stream argument of the C call, alloc_like(send, shape, dtype) -> a recv for send.
+    `what` names the argument in error messages."""
+    __slots__ = ()
+
+    def resolve_pair(self, send, recv, dtype):
+        """(send ptr, recv ptr, count, code, library) for a reduction of send into recv
+        (recv is send: in place)."""
+        inplace = recv is send
+        sp, n, code, library = self.resolve_buffer(send, dtype, inplace, "send (in place)" if inplace else "send")
+        if inplace:
+            return sp, sp, n, code, library
+        rp, rn, rcode, _ = self.resolve_buffer(recv, dtype, True, "recv")
+        check_same_dtype(code, rcode)
+        if rn != n:
+            raise KcclInvalidArgument(f"recv has {rn} elements, send {n}: all_reduce needs equal sizes")
+        return sp, rp, n, code, library
+
+
+class HostBuffers(BufferAdapter):
+    """Host communicators: CPU buffers (see resolve_host_buffer), blocking calls without a stream."""
+    __slots__ = ()
+
+    def resolve_buffer(self, obj, dtype, writable, what):
+        # The view may be dropped: the memory behind ptr belongs to obj, which the caller holds.
+        ptr, n, code, _view = resolve_host_buffer(obj, dtype, writable, what)
+        return ptr, n, code, None
+
+    def resolve_pair(self, send, recv, dtype):
+        if type(send) is _ndarray and dtype is None:  # numpy needs fewer checks
+            pair = prepare_numpy_pair(send, recv)
+            if pair[3] is not None:
+                return pair[3], pair[4], pair[5], pair[6], None
+        return BufferAdapter.resolve_pair(self, send, recv, dtype)
+
+    def resolve_stream(self, stream, library=None):
+        if stream is not None:
+            raise KcclInvalidArgument("stream= is for GPU communicators (device=N); host collectives block")
+        return ffi.NULL
+
+    def alloc_like(self, send, shape, dtype):
+        if isinstance(send, np.ndarray) and dtype is None:
+            return np.empty(shape, dtype=send.dtype)
+        raise KcclInvalidArgument("pass recv explicitly unless send is a numpy array and dtype is None")

@@ -1,12 +1,16 @@
 """GPU buffers for GPU communicators: torch CUDA tensors, CuPy arrays and
 anything else with `__cuda_array_interface__` (or CUDA DLPack), as (device
-pointer, element count, KCCL dtype code); and the CUDA stream a call runs on.
+pointer, element count, KCCL dtype code); the CUDA stream a call runs on; and
+the buffer adapter of GPU communicators (CudaBuffers).
 
 Nothing here imports torch or CuPy unless the caller passed one of theirs.
 bfloat16: torch.bfloat16 tensors directly; CuPy has no bfloat16, so pass
 uint16 storage with dtype="bfloat16"."""
+import numpy as np
+
 from ._buffers import (BFLOAT16, FLOAT16, FLOAT32, FLOAT64, INT8, INT32, INT64, ITEMSIZE, UINT8, UINT32, UINT64,
-                       apply_dtype)
+                       BufferAdapter, apply_dtype)
+from ._native import ffi
 from .errors import KcclInvalidArgument
 
 _TYPESTR = {"|i1": INT8, "|u1": UINT8, "<i4": INT32, "<u4": UINT32, "<i8": INT64, "<u8": UINT64,
@@ -59,7 +63,7 @@ def _c_strides(shape, itemsize):
     return tuple(reversed(out))
 
 
-def resolve(obj, dtype, writable, what):
+def resolve_cuda_buffer(obj, dtype, writable, what):
     """(pointer int, count, code, device or None, library name) of a GPU buffer."""
     t = type(obj)
     if t.__module__.startswith("torch") and hasattr(obj, "data_ptr"):
@@ -141,3 +145,34 @@ def stream_handle(stream, lib, device):
     if hasattr(stream, "ptr"):  # cupy.cuda.Stream
         return int(stream.ptr)
     raise KcclInvalidArgument(f"stream must be an int, a torch or CuPy stream, not {type(stream).__name__}")
+
+
+class CudaBuffers(BufferAdapter):
+    """GPU communicators on CUDA device `device`: GPU arrays on that device; a call runs on
+    the stream given, else on the current stream of the array's library."""
+    __slots__ = ("device",)
+
+    def __init__(self, device):
+        self.device = device
+
+    def resolve_buffer(self, obj, dtype, writable, what):
+        if type(obj) is np.ndarray or not is_cuda_array(obj):
+            raise KcclInvalidArgument(f"{what} is {type(obj).__name__} in host memory: this communicator is on "
+                                      f"GPU {self.device} and takes torch CUDA tensors or CuPy arrays")
+        ptr, n, code, dev, library = resolve_cuda_buffer(obj, dtype, writable, what)
+        if dev is not None and dev != self.device:
+            raise KcclInvalidArgument(f"{what} is on GPU {dev}, this communicator on GPU {self.device}")
+        return ffi.cast("void *", ptr), n, code, library
+
+    def resolve_stream(self, stream, library=None):
+        return ffi.cast("void *", stream_handle(stream, library, self.device))
+
+    def alloc_like(self, send, shape, dtype):
+        mod = type(send).__module__
+        if mod.startswith("torch"):
+            return send.new_empty(shape)
+        if mod.startswith("cupy"):
+            import cupy
+            with cupy.cuda.Device(self.device):
+                return cupy.empty(shape, dtype=send.dtype)
+        raise KcclInvalidArgument("pass recv explicitly unless send is a torch tensor or CuPy array")

@@ -1,9 +1,18 @@
 """Exceptions: one class per KCCL result code, each also a matching builtin,
 so `except ValueError` catches a bad argument and `except TimeoutError` a
-timeout, as callers of the standard library would expect."""
+timeout, as callers of the standard library would expect.  The codes are
+kccl.h's kcclResult_t, read from the native module."""
+from ._native import lib
 
-SUCCESS, UNHANDLED_CUDA_ERROR, SYSTEM_ERROR, INTERNAL_ERROR = 0, 1, 2, 3
-INVALID_ARGUMENT, INVALID_USAGE, REMOTE_ERROR, IN_PROGRESS, TIMEOUT = 4, 5, 6, 7, 8
+SUCCESS = lib.kcclSuccess
+UNHANDLED_CUDA_ERROR = lib.kcclUnhandledCudaError
+SYSTEM_ERROR = lib.kcclSystemError
+INTERNAL_ERROR = lib.kcclInternalError
+INVALID_ARGUMENT = lib.kcclInvalidArgument
+INVALID_USAGE = lib.kcclInvalidUsage
+REMOTE_ERROR = lib.kcclRemoteError
+IN_PROGRESS = lib.kcclInProgress
+TIMEOUT = lib.kcclTimeout
 
 
 class KcclError(Exception):

@@ -11,6 +11,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 import kccl
+from kccl import _bench
 from kccl._native import ffi, lib
 from _harness import shm_names_of, shm_entries
 from conftest import make_pair
@@ -110,7 +111,7 @@ def test_non_contiguous(comm1, which):
                  lambda: comm1.all_reduce(good, x), lambda: comm1.all_gather(x),
                  lambda: comm1.all_gather(good, x), lambda: comm1.reduce_scatter(x),
                  lambda: comm1.reduce_scatter(good, x), lambda: comm1.broadcast(x),
-                 lambda: comm1.bench_all_reduce(x, iters=1)):
+                 lambda: _bench.bench_all_reduce(comm1, x, iters=1)):
         with pytest.raises(kccl.KcclInvalidArgument, match="contiguous"):
             call()
     ok_after(comm1)
@@ -144,7 +145,7 @@ def test_in_place_errors_name_the_one_buffer_passed(comm1):
     ro = np.arange(10, dtype=np.int64)
     ro.flags.writeable = False
     for call in (lambda: comm1.all_reduce(ro), lambda: comm1.all_reduce_start(ro),
-                 lambda: comm1.bench_all_reduce(ro, iters=1)):
+                 lambda: _bench.bench_all_reduce(comm1, ro, iters=1)):
         with pytest.raises(kccl.KcclInvalidArgument) as e:
             call()
         assert str(e.value).startswith("send (in place) is read-only") and "recv" not in str(e.value), str(e.value)
@@ -411,7 +412,7 @@ def _every_call(c):
     x = np.ones(4, np.float32)
     return [lambda: c.all_reduce(x), lambda: c.all_reduce(x, np.zeros(4, np.float32)),
             lambda: c.all_gather(x), lambda: c.reduce_scatter(x), lambda: c.broadcast(x),
-            lambda: c.barrier(), lambda: c.async_error(), lambda: c.bench_all_reduce(x, iters=2),
+            lambda: c.barrier(), lambda: c.async_error(), lambda: _bench.bench_all_reduce(c, x, iters=2),
             lambda: c.__enter__()]
 
 
@@ -565,14 +566,14 @@ def test_bench_all_reduce_checks_recv_like_all_reduce():
     with kccl.Communicator(1, kccl.get_unique_id(), 0) as c:
         x = np.ones(64, np.float32)
         with pytest.raises(kccl.KcclInvalidArgument, match="elements"):
-            c.bench_all_reduce(x, np.empty(8, np.float32), iters=2)
+            _bench.bench_all_reduce(c, x, np.empty(8, np.float32), iters=2)
         with pytest.raises(kccl.KcclInvalidArgument, match="float64"):
-            c.bench_all_reduce(x, np.empty(64, np.float64), iters=2)
+            _bench.bench_all_reduce(c, x, np.empty(64, np.float64), iters=2)
         ro = np.empty(64, np.float32)
         ro.flags.writeable = False
         with pytest.raises(kccl.KcclInvalidArgument, match="read-only"):
-            c.bench_all_reduce(x, ro, iters=2)
-        assert c.bench_all_reduce(x, np.empty(64, np.float32), iters=2) > 0
+            _bench.bench_all_reduce(c, x, ro, iters=2)
+        assert _bench.bench_all_reduce(c, x, np.empty(64, np.float32), iters=2) > 0
 
 
 class _DLPackOnly:

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 import kccl
-from kccl import _cuda_buffers as cu
+from kccl import _bench, _cuda_buffers as cu
 from kccl._build_cuda import find_nvcc
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -86,9 +86,9 @@ def test_host_communicator_reports_no_device_and_refuses_device_calls():
             comm.barrier(stream=0)
         # The GPU benchmarks and probes refuse a host communicator the same way.
         with pytest.raises(kccl.KcclInvalidUsage, match="host communicator"):
-            comm.bench_residency(8)
+            _bench.bench_residency(comm, 8)
         with pytest.raises(kccl.KcclInvalidUsage, match="host communicator"):
-            comm.bench_device_all_reduce_phases(FakeCudaArray((4,)))
+            _bench.bench_device_all_reduce_phases(comm, FakeCudaArray((4,)))
         # Argument errors come first, on any communicator.
         assert lib.kcclBenchResidency(comm._comm, 8, 100, 0, -1, ffi.NULL, ffi.NULL) == kccl.errors.INVALID_ARGUMENT
         for blocks, timeout_ms, foreign, carveout, what in (
@@ -96,7 +96,7 @@ def test_host_communicator_reports_no_device_and_refuses_device_calls():
                 (8, 60001, 0, -1, "timeout"), (8, 100, -1, -1, "foreign=-1"), (8, 100, 3, -1, "foreign=3"),
                 (8, 100, 0, -2, "carveout=-2"), (8, 100, 0, 101, "carveout=101")):
             with pytest.raises(kccl.KcclInvalidArgument, match=what):
-                comm.bench_residency(blocks, timeout_ms, foreign, carveout)
+                _bench.bench_residency(comm, blocks, timeout_ms, foreign, carveout)
         assert lib.kcclBenchDevAllReducePhases(ffi.NULL, 4, lib.kcclFloat32, 10, 1, comm._comm,
                                                ffi.NULL) == kccl.errors.INVALID_ARGUMENT
         assert lib.kcclBenchDevAllReducePhases(ffi.NULL, 4, lib.kcclFloat32, 0, 1, comm._comm,
@@ -120,28 +120,28 @@ def test_gpu_array_on_a_host_communicator_is_refused():
 @pytest.mark.parametrize("typestr,code,count", [("<f4", 7, 12), ("<f2", 6, 12), ("<f8", 8, 12), ("|i1", 0, 12),
                                                 ("<i8", 4, 12), ("<u4", 3, 12)])
 def test_cuda_array_interface_types(typestr, code, count):
-    ptr, n, c, dev, lib = cu.resolve(FakeCudaArray((3, 4), typestr), None, True, "send")
+    ptr, n, c, dev, lib = cu.resolve_cuda_buffer(FakeCudaArray((3, 4), typestr), None, True, "send")
     assert (ptr, n, c, dev) == (0x7f0000001000, count, code, None)
 
 
 def test_cuda_array_interface_refusals():
     with pytest.raises(kccl.KcclInvalidArgument, match="C-contiguous"):
-        cu.resolve(FakeCudaArray((3, 4), "<f4", strides=(4, 12)), None, True, "send")
+        cu.resolve_cuda_buffer(FakeCudaArray((3, 4), "<f4", strides=(4, 12)), None, True, "send")
     with pytest.raises(kccl.KcclInvalidArgument, match="read-only"):
-        cu.resolve(FakeCudaArray((4,), readonly=True), None, True, "recv")
-    cu.resolve(FakeCudaArray((4,), readonly=True), None, False, "send")  # a read-only send is fine
+        cu.resolve_cuda_buffer(FakeCudaArray((4,), readonly=True), None, True, "recv")
+    cu.resolve_cuda_buffer(FakeCudaArray((4,), readonly=True), None, False, "send")  # a read-only send is fine
     with pytest.raises(kccl.KcclInvalidArgument, match="does not handle"):
-        cu.resolve(FakeCudaArray((4,), "<c8"), None, True, "send")
+        cu.resolve_cuda_buffer(FakeCudaArray((4,), "<c8"), None, True, "send")
     # explicit C strides, and strides of a 1-element array, are contiguous
-    cu.resolve(FakeCudaArray((3, 4), "<f4", strides=(16, 4)), None, True, "send")
-    cu.resolve(FakeCudaArray((1, 1), "<f4", strides=(400, 8)), None, True, "send")
+    cu.resolve_cuda_buffer(FakeCudaArray((3, 4), "<f4", strides=(16, 4)), None, True, "send")
+    cu.resolve_cuda_buffer(FakeCudaArray((1, 1), "<f4", strides=(400, 8)), None, True, "send")
 
 
 def test_bfloat16_through_uint16_storage():
-    ptr, n, code, _dev, _lib = cu.resolve(FakeCudaArray((10,), "<u2"), "bfloat16", True, "send")
+    ptr, n, code, _dev, _lib = cu.resolve_cuda_buffer(FakeCudaArray((10,), "<u2"), "bfloat16", True, "send")
     assert (n, code) == (10, 9)
     with pytest.raises(kccl.KcclInvalidArgument, match="2-byte items"):
-        cu.resolve(FakeCudaArray((10,), "<f4"), "bfloat16", True, "send")
+        cu.resolve_cuda_buffer(FakeCudaArray((10,), "<f4"), "bfloat16", True, "send")
 
 
 class FakeTorchStream:

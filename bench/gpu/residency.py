@@ -29,6 +29,7 @@ from collections import defaultdict
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
 
 import kccl  # noqa: E402
+from kccl import _bench as kbench  # noqa: E402
 from mpi4py import MPI  # noqa: E402
 
 
@@ -62,7 +63,7 @@ def main():
         world.Barrier()
         if last and a.late_ms:
             time.sleep(a.late_ms / 1000.0)
-        r = comm.bench_residency(b, a.timeout_ms, a.foreign if last else 0, a.carveout)
+        r = kbench.bench_residency(comm, b, a.timeout_ms, a.foreign if last else 0, a.carveout)
         seen = world.allreduce(r["seen"], op=MPI.MIN)
         placed = world.gather(r["sms"], root=0)
         row = dict(blocks_per_rank=b, launched=r["launched"], seen_min=seen, fits=seen == r["launched"],

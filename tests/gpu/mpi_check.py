@@ -22,6 +22,7 @@ import torch
 from mpi4py import MPI
 
 import kccl
+from kccl import _bench
 
 world = MPI.COMM_WORLD
 RANK, N = world.Get_rank(), world.Get_size()
@@ -194,7 +195,7 @@ def device_api_cases(comm, tiny=False):
         seed = 7000 + count
         inputs = [rng_input(seed, r, count, dtype) for r in range(N)]
         outs = torch.full((iters, count), float("nan"), dtype=TDT[dtype], device="cuda")
-        comm.device_all_reduce_selftest(inputs[RANK].cuda(), outs, kccl.SUM, iters=iters, blocks=blocks)
+        _bench.device_all_reduce_selftest(comm, inputs[RANK].cuda(), outs, kccl.SUM, iters=iters, blocks=blocks)
         for k in range(iters):
             contrib = [(x.float() + k).to(TDT[dtype]) for x in inputs]
             check(f"device API {dtype} {count} blocks {blocks} iter {k}", outs[k], reference(contrib, "sum"))
