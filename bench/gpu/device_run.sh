@@ -63,6 +63,21 @@ run_step() {
             --json "$LOGS/multigpu_${n}gpus_${dt}.json" 2>&1 | tee "$LOGS/multigpu_${n}_${dt}.log" | grep -v Traceback | tail -40
         done
       done ;;
+    nccltests) # NVIDIA's nccl-tests in the same call, plain and symmetric (-R 2), in graphs; carry
+      # [".nccl-tests"] (a copy of ../shared/nccl-tests: see ../shared/NCCL-TESTS.md)
+      D=$(python3 -c "import nvidia.nccl as n; print(list(n.__path__)[0])")
+      mkdir -p /tmp/ncclhome/lib && ln -sfn $D/include /tmp/ncclhome/include && ln -sf $D/lib/libnccl.so.2 /tmp/ncclhome/lib/libnccl.so &&
+        ln -sf $D/lib/libnccl.so.2 /tmp/ncclhome/lib/
+      export LD_LIBRARY_PATH=/tmp/ncclhome/lib:${LD_LIBRARY_PATH:-}
+      make -j16 -C .nccl-tests/src BUILDDIR=/tmp/nt NCCL_HOME=/tmp/ncclhome CUDA_HOME=/usr/local/cuda \
+        NVCC_GENCODE="-gencode=arch=compute_90,code=sm_90" > "$LOGS/nccltests_build.log" 2>&1 || { tail -20 "$LOGS/nccltests_build.log"; return; }
+      ng=$(nvidia-smi -L | wc -l)
+      for dt in bfloat16 float; do
+        for R in 0 2; do
+          timeout 200 /tmp/nt/all_reduce_perf -b 4 -e 256M -f 2 -g $ng -d $dt -w 20 -n 200 -G 100 -R $R 2>&1 |
+            tee "$LOGS/nccltests_${ng}gpus_${dt}_R$R.log" | tail -34
+        done
+      done ;;
     replica[0-9]*) n=${s#replica}; timeout 200 $MPI -n $n python3 bench/gpu/replica_ab.py --json "$LOGS/replica_${n}ranks.json" 2>&1 | tee "$LOGS/$s.log" | grep -v Traceback | tail -24 ;;
     foreign[0-9]*) # residency with the last rank 50 ms late and an own kernel of its before the probe
       n=${s#foreign}; [ "$n" -gt 4 ] && list="${FBLOCKS8:-12,16,17,18,19,20,22,26,33}" || list="${FBLOCKS2:-64,99,116,128,131,132}"
