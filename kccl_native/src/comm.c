@@ -32,8 +32,6 @@ static void remember_join(const uint8_t token[16], int rank) {
   pthread_mutex_unlock(&joined_lock);
 }
 
-static size_t round_up(size_t x, size_t a) { return (x + a - 1) / a * a; }
-
 static int allowed_cpus(void) {
   cpu_set_t set;
   if (sched_getaffinity(0, sizeof set, &set) == 0) return CPU_COUNT(&set);
@@ -90,15 +88,15 @@ kcclResult_t kccl_comm_init(kcclComm_t *out, int nranks, kcclUniqueId id, int ra
   c->ncpus = allowed_cpus();
   resolve_waits(c);
   /* Reduce-scatter puts nranks blocks of at least one 8-byte element in a slot. */
-  size_t slot = round_up(cfg.buffer_bytes, KCCL_LINE);
+  size_t slot = kccl_round_up(cfg.buffer_bytes, KCCL_LINE);
   if (slot < (size_t)nranks * KCCL_LINE) slot = (size_t)nranks * KCCL_LINE;
   c->slot_bytes = slot;
   /* Slots are not page multiples apart: a kernel that loads from one slot and
    * stores to another (two-shot: A slots -> B slot) would otherwise hit 4K
    * aliasing between its load and store streams on x86. */
-  c->slot_stride = round_up(SLOT_DATA_OFF + slot, KCCL_LINE) + 17 * KCCL_LINE;
+  c->slot_stride = kccl_round_up(SLOT_DATA_OFF + slot, KCCL_LINE) + 17 * KCCL_LINE;
   for (c->nsets = 2; c->nsets < 2u * (uint32_t)cfg.max_outstanding; c->nsets *= 2) {}
-  c->seg_bytes = round_up(KCCL_PAGE + (size_t)c->nsets * 2 * c->slot_stride, KCCL_PAGE);
+  c->seg_bytes = kccl_round_up(KCCL_PAGE + (size_t)c->nsets * 2 * c->slot_stride, KCCL_PAGE);
   if ((r = kccl_replicas_alloc(c, placement)) != kcclSuccess) { free(c); return r; }
   c->seg_bytes += kccl_replicas_layout(c, c->seg_bytes);
   c->names = calloc((size_t)nranks, sizeof *c->names);

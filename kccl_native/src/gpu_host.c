@@ -25,11 +25,6 @@
 
 #define WATCH_MS 2 /* the watcher's look at the peers' states; pidfds wake it at once */
 
-static void sleep_us(long us) {
-  struct timespec ts = {us / 1000000, (us % 1000000) * 1000};
-  nanosleep(&ts, NULL);
-}
-
 /* Waits until every peer's gpu_state >= want, or a peer is gone, or time runs out. */
 static kcclResult_t wait_gpu_state(struct kcclComm *c, uint32_t want) {
   int64_t deadline = c->cfg.timeout_ms > 0 ? kccl_now_ns() + (int64_t)c->cfg.timeout_ms * 1000000 : INT64_MAX;
@@ -48,7 +43,7 @@ static kcclResult_t wait_gpu_state(struct kcclComm *c, uint32_t want) {
     if (kccl_now_ns() > deadline)
       return kccl_err(kcclTimeout, "GPU setup: rank %d waited %d ms for rank %d to %s its GPU buffer", c->rank,
                       c->cfg.timeout_ms, missing, want == 1 ? "export" : "map every peer's");
-    sleep_us(backoff);
+    kccl_sleep_us(backoff);
     if (backoff < 1000) backoff *= 2;
   }
 }
@@ -191,7 +186,7 @@ void kccl_gpu_release(struct kcclComm *c, int aborting) {
           free_own = 0;
           break;
         }
-        sleep_us(backoff);
+        kccl_sleep_us(backoff);
         if (backoff < 2000) backoff *= 2;
       }
     }

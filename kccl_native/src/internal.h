@@ -6,6 +6,7 @@
 #include <stdatomic.h>
 #include <stdint.h>
 #include <sys/types.h>
+#include <time.h>
 
 #include "kccl.h"
 #include "gpu_api.h"
@@ -158,6 +159,28 @@ static inline uint8_t *kccl_data(uint8_t *slot) { return slot + SLOT_DATA_OFF; }
 kcclResult_t kccl_enter(struct kcclComm *c, int coll, size_t count, int dtype, int op, int root,
                         void *stream, uint32_t *sig);
 
+/* util.c, and the helpers small enough to inline */
+static inline int64_t kccl_now_ns(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+static inline size_t kccl_round_up(size_t x, size_t a) { return (x + a - 1) / a * a; }
+/* The sequence number is the high half of the 64-bit flag: on little-endian
+ * machines that is the second 32-bit word, and sleepers wait on it. */
+static inline uint32_t *kccl_seq_word(_Atomic uint64_t *flag) {
+#if __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+  return (uint32_t *)flag + 1;
+#else
+  return (uint32_t *)flag;
+#endif
+}
+void kccl_sleep_us(long us);
+long kccl_futex_wait(uint32_t *addr, uint32_t val, const struct timespec *ts);
+long kccl_futex_wake(uint32_t *addr); /* wakes every waiter */
+uint64_t kccl_proc_starttime(pid_t pid);
+int kccl_pid_alive(pid_t pid, uint64_t starttime);
+
 /* error.c */
 kcclResult_t kccl_err(kcclResult_t code, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 kcclResult_t kccl_comm_fail(struct kcclComm *c, kcclResult_t code, const char *fmt, ...)
@@ -176,7 +199,6 @@ void kccl_reduce(void *out, const void *const *in, int nin, size_t count, kcclDa
                  kcclRedOp_t op, int nranks_for_avg);
 
 /* wait.c */
-int64_t kccl_now_ns(void);
 void kccl_publish(struct kcclComm *c, _Atomic uint64_t *flag, uint32_t seq, uint32_t sig);
 kcclResult_t kccl_wait_flag(struct kcclComm *c, int peer, _Atomic uint64_t *flag, uint32_t seq,
                             uint32_t sig);
@@ -190,8 +212,6 @@ kcclResult_t kccl_peers_gone(struct kcclComm *c, char *why, size_t whylen, int *
 kcclResult_t kccl_shm_connect(struct kcclComm *c);
 void kccl_shm_release(struct kcclComm *c);
 void kccl_shm_sweep_stale(void);
-uint64_t kccl_proc_starttime(pid_t pid);
-int kccl_pid_alive(pid_t pid, uint64_t starttime);
 
 /* collectives.c */
 uint32_t kccl_signature(int coll, size_t count, int dtype, int op, int root);
