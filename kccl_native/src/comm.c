@@ -42,6 +42,12 @@ static int allowed_cpus(void) {
 /* Waiting phases.  With a core per rank, spinning is cheapest; with more ranks
  * than cores a spinning rank steals the core its peer needs, so spin briefly
  * and let the scheduler (yield, then futex sleep) hand the core over. */
+kcclResult_t kcclGetUniqueId(kcclUniqueId *id) {
+  kcclResult_t r = kccl_uid_make(id);
+  if (r == kcclSuccess) kccl_shm_sweep_stale(); /* a good moment to clean up after earlier crashes */
+  return r;
+}
+
 static void resolve_waits(struct kcclComm *c) {
   int over = c->nranks > c->ncpus;
   int spin = c->cfg.spin_us >= 0 ? c->cfg.spin_us : (over ? 0 : 100);
@@ -50,8 +56,9 @@ static void resolve_waits(struct kcclComm *c) {
   c->yield_ns = (int64_t)yield * 1000;
 }
 
-kcclResult_t kccl_comm_init(kcclComm_t *out, int nranks, kcclUniqueId id, int rank, const kcclConfig_t *config,
-                            const kcclPlacement_t *placement) {
+/* Init with an optional placement (NULL: one copy of everything). */
+static kcclResult_t comm_init(kcclComm_t *out, int nranks, kcclUniqueId id, int rank, const kcclConfig_t *config,
+                             const kcclPlacement_t *placement) {
   if (!out) return kccl_err(kcclInvalidArgument, "comm is NULL");
   *out = NULL;
   if (nranks < 1 || nranks > KCCL_MAX_RANKS)
@@ -127,7 +134,13 @@ kcclResult_t kccl_comm_init(kcclComm_t *out, int nranks, kcclUniqueId id, int ra
 
 kcclResult_t kcclCommInitRankConfig(kcclComm_t *out, int nranks, kcclUniqueId id, int rank,
                                     const kcclConfig_t *config) {
-  return kccl_comm_init(out, nranks, id, rank, config, NULL);
+  return comm_init(out, nranks, id, rank, config, NULL);
+}
+
+kcclResult_t kcclCommInitRankPlacement(kcclComm_t *comm, int nranks, kcclUniqueId id, int rank,
+                                       const kcclConfig_t *config, const kcclPlacement_t *placement) {
+  if (!placement) return kccl_err(kcclInvalidArgument, "placement is NULL (use kcclCommInitRankConfig)");
+  return comm_init(comm, nranks, id, rank, config, placement);
 }
 
 kcclResult_t kcclCommInitRank(kcclComm_t *comm, int nranks, kcclUniqueId id, int rank) {

@@ -144,8 +144,7 @@ kcclResult_t kccl_gpu_init(struct kcclComm *c) {
   }
   if (r != kcclSuccess) {
     /* Tell the peers (they may be waiting in wait_gpu_state) before cleaning up. */
-    snprintf(me->error_text, sizeof me->error_text, "%.255s", kcclGetLastError(NULL));
-    atomic_store_explicit(&me->state, SEG_FAILED, memory_order_seq_cst);
+    kccl_seg_mark_failed(c);
     kccl_gpu_release(c, 1);
   }
   return r;

@@ -3,6 +3,7 @@
 #define KCCL_INTERNAL_H_
 
 #include <pthread.h>
+#include <stdarg.h>
 #include <stdatomic.h>
 #include <stdint.h>
 #include <sys/types.h>
@@ -183,8 +184,7 @@ int kccl_pid_alive(pid_t pid, uint64_t starttime);
 
 /* error.c */
 kcclResult_t kccl_err(kcclResult_t code, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-kcclResult_t kccl_comm_fail(struct kcclComm *c, kcclResult_t code, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
+kcclResult_t kccl_verr(kcclResult_t code, const char *fmt, va_list ap);
 void kccl_log(int level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 extern int kccl_debug_level;
 
@@ -203,6 +203,10 @@ void kccl_publish(struct kcclComm *c, _Atomic uint64_t *flag, uint32_t seq, uint
 kcclResult_t kccl_wait_flag(struct kcclComm *c, int peer, _Atomic uint64_t *flag, uint32_t seq,
                             uint32_t sig);
 void kccl_wake_all(struct kcclComm *c);
+/* Records a sticky error on the communicator, marks this rank's segment failed and wakes
+ * its sleepers, so that peers waiting on this rank stop waiting. */
+kcclResult_t kccl_comm_fail(struct kcclComm *c, kcclResult_t code, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
 /* Why step seq cannot complete (dead, aborted, closed or mismatching peer), without waiting;
  * kcclSuccess when nothing is wrong (yet).  The text goes to why. */
 kcclResult_t kccl_peer_problem(struct kcclComm *c, uint32_t seq, uint32_t sig, char *why, size_t n);
@@ -212,6 +216,8 @@ kcclResult_t kccl_peers_gone(struct kcclComm *c, char *why, size_t whylen, int *
 kcclResult_t kccl_shm_connect(struct kcclComm *c);
 void kccl_shm_release(struct kcclComm *c);
 void kccl_shm_sweep_stale(void);
+/* This rank's segment: state SEG_FAILED, the thread's last error text as the reason. */
+void kccl_seg_mark_failed(struct kcclComm *c);
 
 /* collectives.c */
 uint32_t kccl_signature(int coll, size_t count, int dtype, int op, int root);
@@ -223,10 +229,6 @@ void kccl_gpu_release(struct kcclComm *c, int aborting);
 kcclResult_t kccl_gpu_enter(struct kcclComm *c);
 kcclResult_t kccl_gpu_collective(struct kcclComm *c, int coll, const void *send, void *recv, size_t count,
                                  int dtype, int op, int root, void *stream, uint32_t sig);
-/* comm.c: init with an optional placement (NULL: one copy) */
-kcclResult_t kccl_comm_init(kcclComm_t *out, int nranks, kcclUniqueId id, int rank, const kcclConfig_t *config,
-                            const kcclPlacement_t *placement);
-
 /* replicas.c (see replicas.h for the hot-path helpers) */
 kcclResult_t kccl_replicas_alloc(struct kcclComm *c, const kcclPlacement_t *pl); /* before sizing */
 size_t kccl_replicas_layout(struct kcclComm *c, size_t area_off); /* bytes the replicas add to a segment */
@@ -237,6 +239,7 @@ void kccl_replicas_wake_all(struct kcclComm *c);
 void kccl_replicas_free(struct kcclComm *c);
 
 /* uniqueid.c */
+kcclResult_t kccl_uid_make(kcclUniqueId *id);
 kcclResult_t kccl_uid_parse(const kcclUniqueId *id, uint8_t token[16]);
 
 #endif

@@ -225,12 +225,6 @@ void kccl_replicas_free(struct kcclComm *c) {
   c->rep = NULL;
 }
 
-kcclResult_t kcclCommInitRankPlacement(kcclComm_t *comm, int nranks, kcclUniqueId id, int rank,
-                                       const kcclConfig_t *config, const kcclPlacement_t *placement) {
-  if (!placement) return kccl_err(kcclInvalidArgument, "placement is NULL (use kcclCommInitRankConfig)");
-  return kccl_comm_init(comm, nranks, id, rank, config, placement);
-}
-
 kcclResult_t kcclCommTopoInfo(kcclComm_t c, kcclTopoInfo_t *info) {
   if (!c || c->magic != KCCL_COMM_MAGIC || !info)
     return kccl_err(kcclInvalidArgument, "invalid communicator or NULL info");

@@ -269,13 +269,18 @@ kcclResult_t kccl_shm_connect(struct kcclComm *c) {
   }
   /* Failure: our name goes (after a refusal, once the peers have read our header), and so
    * do the names of peers that are dead. */
-  snprintf(c->hdr[c->rank]->error_text, sizeof c->hdr[c->rank]->error_text, "%.255s", kcclGetLastError(NULL));
-  atomic_store(&c->hdr[c->rank]->state, SEG_FAILED);
+  kccl_seg_mark_failed(c);
   if (refused) wait_attached(c, deadline);
   shm_unlink(c->names[c->rank]);
   for (int p = 0; p < c->nranks; p++)
     if (p != c->rank && peer_dead(c, p)) shm_unlink(c->names[p]);
   return res;
+}
+
+void kccl_seg_mark_failed(struct kcclComm *c) {
+  kccl_seg_header *h = c->hdr[c->rank];
+  snprintf(h->error_text, sizeof h->error_text, "%.255s", kcclGetLastError(NULL));
+  atomic_store_explicit(&h->state, SEG_FAILED, memory_order_seq_cst);
 }
 
 void kccl_shm_release(struct kcclComm *c) {

@@ -13,6 +13,7 @@
  * that KCCL_TIMEOUT_MS has not passed. */
 #define _GNU_SOURCE
 #include <errno.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <poll.h>
 #include <sched.h>
@@ -43,6 +44,21 @@ void kccl_wake_all(struct kcclComm *c) {
     for (int which = 0; which < 2; which++)
       kccl_futex_wake(kccl_seq_word(kccl_flag(kccl_slot(c, c->rank, set, which))));
   kccl_replicas_wake_all(c);
+}
+
+/* Records the error on the communicator (sticky) and tells the peers this rank
+ * has failed, so that any of them waiting on it stops waiting. */
+kcclResult_t kccl_comm_fail(struct kcclComm *c, kcclResult_t code, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  kccl_verr(code, fmt, ap);
+  va_end(ap);
+  if (c->error == kcclSuccess) {
+    c->error = code;
+    kccl_seg_mark_failed(c);
+    kccl_wake_all(c);
+  }
+  return code;
 }
 
 static const char *state_word(uint32_t s) {
