@@ -1,4 +1,4 @@
-/* comm.c - communicator life cycle: init, destroy, abort, queries. */
+/* comm.c - communicator life cycle: unique id, init (with or without a placement), destroy, abort, queries. */
 #define _GNU_SOURCE
 #include <pthread.h>
 #include <sched.h>
@@ -92,6 +92,7 @@ static kcclResult_t comm_init(kcclComm_t *out, int nranks, kcclUniqueId id, int 
   c->nranks = nranks;
   c->rank = rank;
   c->cfg = cfg;
+  c->tp = cfg.device >= 0 ? &kccl_gpu_transport : &kccl_host_transport;
   c->ncpus = allowed_cpus();
   resolve_waits(c);
   /* Reduce-scatter puts nranks blocks of at least one 8-byte element in a slot. */

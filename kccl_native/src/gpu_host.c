@@ -268,7 +268,7 @@ kcclResult_t kccl_gpu_collective(struct kcclComm *c, int coll, const void *send,
        * two-shot even in auto (every rank computes the same cap). */
       const size_t ll_cap = kgpu_oneshot_max_bytes(g);
       size_t cross = c->cfg.gpu_oneshot_max_bytes < ll_cap ? c->cfg.gpu_oneshot_max_bytes : ll_cap;
-      int twoshot = c->cfg.algo == kcclAlgoTwoShot || (c->cfg.algo == kcclAlgoAuto && bytes > cross);
+      int twoshot = kccl_allreduce_algo(&c->cfg, bytes, cross) == kcclAlgoTwoShot;
       if (!twoshot && bytes > ll_cap)
         return kccl_err(kcclInvalidArgument, "KCCL_ALGO=oneshot on this GPU communicator takes at most %zu bytes, "
                         "got %zu", ll_cap, bytes);
@@ -294,6 +294,17 @@ kcclResult_t kccl_gpu_collective(struct kcclComm *c, int coll, const void *send,
       return kccl_err(kcclInternalError, "unknown collective %d", coll);
   }
 }
+
+static kcclResult_t gpu_enter(struct kcclComm *c, void *stream) {
+  (void)stream; /* any stream of the communicator's device */
+  return kccl_gpu_enter(c);
+}
+
+static kcclResult_t gpu_run(struct kcclComm *c, const kccl_call *a) {
+  return kccl_gpu_collective(c, a->coll, a->send, a->recv, a->count, a->dtype, a->op, a->root, a->stream, a->sig);
+}
+
+const struct kccl_transport kccl_gpu_transport = {gpu_enter, gpu_run};
 
 /* ------------------------------------------------------------ public API -- */
 

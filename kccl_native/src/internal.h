@@ -1,4 +1,25 @@
-/* internal.h - shared definitions of the host transport (not installed). */
+/* internal.h - shared definitions of the C core (not installed).
+ *
+ * The files in layers, lowest first: each calls only files listed before it, so
+ * the core has no dependency circle.
+ *   1. util.c      clock, sleep, futex, process liveness
+ *      error.c     error codes' text, the thread's last error, logging
+ *      dtype.c     sizes and names of types, ops, collectives; a call's signature
+ *      reduce.c    the reduction kernels of the host transport
+ *      config.c    the settings (kccl_settings.def); the all-reduce algorithm
+ *      uniqueid.c  the unique id's bytes
+ *      src/gpu/ or gpu_none.c  the CUDA side behind gpu_api.h (calls only error.c)
+ *   2. replicas.c  per-domain replicas: layout, NUMA binding, replicated publish
+ *   3. shm.c       the segments: create, map, agree on settings, sweep stale names,
+ *                  mark this rank failed
+ *   4. wait.c      publish and wait for flags, peer checks, kccl_comm_fail
+ *   5. host.c      the host transport: collectives as steps over the segments
+ *      gpu_host.c  the GPU transport's host side: bootstrap, watcher, kernel dispatch
+ *   6. comm.c      communicator life cycle: unique id, init (with a placement or
+ *                  not), destroy, abort, queries
+ *   7. collectives.c  the public collectives: the shared checks, then the
+ *                  communicator's transport (struct kccl_transport)
+ *   8. nonblocking.c  the split-phase all-reduce, on collectives.c's checks */
 #ifndef KCCL_INTERNAL_H_
 #define KCCL_INTERNAL_H_
 
@@ -46,6 +67,9 @@ extern const kccl_setting kccl_settings[KCCL_NSETTINGS];
 long long kccl_setting_get(const kcclConfig_t *cfg, int i);
 /* Every setting of a caller's config within its range (kcclInvalidArgument naming it if not). */
 kcclResult_t kccl_config_check(const kcclConfig_t *cfg);
+/* The all-reduce algorithm (kcclAlgoOneShot or kcclAlgoTwoShot) for `bytes`: KCCL_ALGO, and in
+ * auto one-shot up to `oneshot_max` bytes (each transport passes its own crossover). */
+int kccl_allreduce_algo(const kcclConfig_t *cfg, size_t bytes, size_t oneshot_max);
 
 /* Segment states, in the header of each rank's segment. */
 enum { SEG_CREATING = 0, SEG_READY = 1, SEG_CLOSED = 2, SEG_ABORTED = 3, SEG_FAILED = 4 };
@@ -111,6 +135,29 @@ typedef struct {
   size_t count;
   int dtype, op;
 } kccl_nb_op;
+/* One collective call, as the transports take it. */
+typedef struct {
+  int coll;          /* COLL_* */
+  const void *send;
+  void *recv;
+  size_t count;      /* elements per rank: all-gather's send count, reduce-scatter's receive count */
+  int dtype, op, root;
+  void *stream;
+  uint32_t sig;      /* kccl_signature of the call */
+} kccl_call;
+
+/* What moves a communicator's data: the host transport (host.c) through the segments,
+ * the GPU transport (gpu_host.c) through kernels.  Every collective goes through
+ * collectives.c, which runs the checks common to both around these two. */
+struct kccl_transport {
+  /* First of a call's checks after the communicator's own: may this transport take a
+   * call now (the host one: no stream; the GPU one: no failure recorded since)? */
+  kcclResult_t (*enter)(struct kcclComm *c, void *stream);
+  /* A call that passed every shared check (kccl_enter, kccl_check_buffers). */
+  kcclResult_t (*run)(struct kcclComm *c, const kccl_call *call);
+};
+extern const struct kccl_transport kccl_host_transport, kccl_gpu_transport;
+
 /* The host side of a GPU communicator (gpu_host.c). */
 struct kccl_gpu_host {
   struct kgpu *kg;
@@ -142,6 +189,7 @@ struct kcclComm {
   uint64_t nb_issued;        /* last ticket handed out */
   int64_t nb_next_check;     /* kcclAllReduceTest: next peer-liveness check (ns) */
   kccl_nb_op nb[KCCL_MAX_OUTSTANDING];
+  const struct kccl_transport *tp; /* host or GPU, by config.device */
   struct kccl_gpu_host *gpu; /* GPU communicators only (gpu_host.c) */
   struct kccl_replicas *rep; /* per-domain replicas (replicas.h); NULL: one copy of everything */
 };
@@ -156,9 +204,6 @@ static inline uint8_t *kccl_slot(struct kcclComm *c, int r, uint32_t set, int wh
 static inline _Atomic uint64_t *kccl_flag(uint8_t *slot) { return (_Atomic uint64_t *)slot; }
 static inline uint8_t *kccl_data(uint8_t *slot) { return slot + SLOT_DATA_OFF; }
 
-/* collectives.c: the checks every collective starts with (*sig: its signature). */
-kcclResult_t kccl_enter(struct kcclComm *c, int coll, size_t count, int dtype, int op, int root,
-                        void *stream, uint32_t *sig);
 
 /* util.c, and the helpers small enough to inline */
 static inline int64_t kccl_now_ns(void) {
@@ -193,6 +238,9 @@ size_t kccl_dtype_size(kcclDataType_t t); /* 0 when unknown */
 const char *kccl_dtype_name(int t);
 const char *kccl_op_name(int op);
 const char *kccl_coll_name(int coll);
+/* A hash of the call's arguments, carried in every flag: a peer's call that differs is seen
+ * at the first step. */
+uint32_t kccl_signature(int coll, size_t count, int dtype, int op, int root);
 
 /* reduce.c: out[i] = in[0][i] op in[1][i] op ... in rank order (f16/bf16 in f32). */
 void kccl_reduce(void *out, const void *const *in, int nin, size_t count, kcclDataType_t t,
@@ -219,8 +267,12 @@ void kccl_shm_sweep_stale(void);
 /* This rank's segment: state SEG_FAILED, the thread's last error text as the reason. */
 void kccl_seg_mark_failed(struct kcclComm *c);
 
-/* collectives.c */
-uint32_t kccl_signature(int coll, size_t count, int dtype, int op, int root);
+
+/* collectives.c: the checks every collective starts with (*sig: its signature), then those
+ * of its buffers (NULL, overlap outside the in-place layout). */
+kcclResult_t kccl_enter(struct kcclComm *c, int coll, size_t count, int dtype, int op, int root,
+                        void *stream, uint32_t *sig);
+kcclResult_t kccl_check_buffers(const struct kcclComm *c, const kccl_call *call);
 
 /* gpu_host.c: the GPU transport's host side */
 kcclResult_t kccl_gpu_init(struct kcclComm *c);

@@ -1,4 +1,4 @@
-/* wait.c - publishing flags and waiting for them.
+/* wait.c - publishing flags, waiting for them, and failing the communicator when a wait cannot end.
  *
  * A wait spins (with the pause instruction) for spin_ns, then calls
  * sched_yield for yield_ns, then sleeps on a futex in 1 ms slices.  A sleeper
