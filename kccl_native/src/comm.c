@@ -1,4 +1,4 @@
-/* comm.c - communicator life cycle: init, destroy, abort, queries. */
+/* comm.c - communicator life cycle: unique id, init (with or without a placement), destroy, abort, queries. */
 #define _GNU_SOURCE
 #include <pthread.h>
 #include <sched.h>
@@ -32,8 +32,6 @@ static void remember_join(const uint8_t token[16], int rank) {
   pthread_mutex_unlock(&joined_lock);
 }
 
-static size_t round_up(size_t x, size_t a) { return (x + a - 1) / a * a; }
-
 static int allowed_cpus(void) {
   cpu_set_t set;
   if (sched_getaffinity(0, sizeof set, &set) == 0) return CPU_COUNT(&set);
@@ -44,6 +42,12 @@ static int allowed_cpus(void) {
 /* Waiting phases.  With a core per rank, spinning is cheapest; with more ranks
  * than cores a spinning rank steals the core its peer needs, so spin briefly
  * and let the scheduler (yield, then futex sleep) hand the core over. */
+kcclResult_t kcclGetUniqueId(kcclUniqueId *id) {
+  kcclResult_t r = kccl_uid_make(id);
+  if (r == kcclSuccess) kccl_shm_sweep_stale(); /* a good moment to clean up after earlier crashes */
+  return r;
+}
+
 static void resolve_waits(struct kcclComm *c) {
   int over = c->nranks > c->ncpus;
   int spin = c->cfg.spin_us >= 0 ? c->cfg.spin_us : (over ? 0 : 100);
@@ -52,8 +56,9 @@ static void resolve_waits(struct kcclComm *c) {
   c->yield_ns = (int64_t)yield * 1000;
 }
 
-kcclResult_t kccl_comm_init(kcclComm_t *out, int nranks, kcclUniqueId id, int rank, const kcclConfig_t *config,
-                            const kcclPlacement_t *placement) {
+/* Init with an optional placement (NULL: one copy of everything). */
+static kcclResult_t comm_init(kcclComm_t *out, int nranks, kcclUniqueId id, int rank, const kcclConfig_t *config,
+                             const kcclPlacement_t *placement) {
   if (!out) return kccl_err(kcclInvalidArgument, "comm is NULL");
   *out = NULL;
   if (nranks < 1 || nranks > KCCL_MAX_RANKS)
@@ -87,18 +92,19 @@ kcclResult_t kccl_comm_init(kcclComm_t *out, int nranks, kcclUniqueId id, int ra
   c->nranks = nranks;
   c->rank = rank;
   c->cfg = cfg;
+  c->tp = cfg.device >= 0 ? &kccl_gpu_transport : &kccl_host_transport;
   c->ncpus = allowed_cpus();
   resolve_waits(c);
   /* Reduce-scatter puts nranks blocks of at least one 8-byte element in a slot. */
-  size_t slot = round_up(cfg.buffer_bytes, KCCL_LINE);
+  size_t slot = kccl_round_up(cfg.buffer_bytes, KCCL_LINE);
   if (slot < (size_t)nranks * KCCL_LINE) slot = (size_t)nranks * KCCL_LINE;
   c->slot_bytes = slot;
   /* Slots are not page multiples apart: a kernel that loads from one slot and
    * stores to another (two-shot: A slots -> B slot) would otherwise hit 4K
    * aliasing between its load and store streams on x86. */
-  c->slot_stride = round_up(SLOT_DATA_OFF + slot, KCCL_LINE) + 17 * KCCL_LINE;
+  c->slot_stride = kccl_round_up(SLOT_DATA_OFF + slot, KCCL_LINE) + 17 * KCCL_LINE;
   for (c->nsets = 2; c->nsets < 2u * (uint32_t)cfg.max_outstanding; c->nsets *= 2) {}
-  c->seg_bytes = round_up(KCCL_PAGE + (size_t)c->nsets * 2 * c->slot_stride, KCCL_PAGE);
+  c->seg_bytes = kccl_round_up(KCCL_PAGE + (size_t)c->nsets * 2 * c->slot_stride, KCCL_PAGE);
   if ((r = kccl_replicas_alloc(c, placement)) != kcclSuccess) { free(c); return r; }
   c->seg_bytes += kccl_replicas_layout(c, c->seg_bytes);
   c->names = calloc((size_t)nranks, sizeof *c->names);
@@ -129,7 +135,13 @@ kcclResult_t kccl_comm_init(kcclComm_t *out, int nranks, kcclUniqueId id, int ra
 
 kcclResult_t kcclCommInitRankConfig(kcclComm_t *out, int nranks, kcclUniqueId id, int rank,
                                     const kcclConfig_t *config) {
-  return kccl_comm_init(out, nranks, id, rank, config, NULL);
+  return comm_init(out, nranks, id, rank, config, NULL);
+}
+
+kcclResult_t kcclCommInitRankPlacement(kcclComm_t *comm, int nranks, kcclUniqueId id, int rank,
+                                       const kcclConfig_t *config, const kcclPlacement_t *placement) {
+  if (!placement) return kccl_err(kcclInvalidArgument, "placement is NULL (use kcclCommInitRankConfig)");
+  return comm_init(comm, nranks, id, rank, config, placement);
 }
 
 kcclResult_t kcclCommInitRank(kcclComm_t *comm, int nranks, kcclUniqueId id, int rank) {

@@ -206,3 +206,8 @@ kcclResult_t kcclConfigInit(kcclConfig_t *cfg) {
   }
   return kcclSuccess;
 }
+
+int kccl_allreduce_algo(const kcclConfig_t *cfg, size_t bytes, size_t oneshot_max) {
+  if (cfg->algo != kcclAlgoAuto) return cfg->algo;
+  return bytes <= oneshot_max ? kcclAlgoOneShot : kcclAlgoTwoShot;
+}

@@ -1,4 +1,4 @@
-/* dtype.c - sizes and names of data types, ops and collectives. */
+/* dtype.c - sizes and names of data types, ops and collectives, and the signature of a call. */
 #include "internal.h"
 
 size_t kccl_dtype_size(kcclDataType_t t) {
@@ -33,4 +33,14 @@ const char *kccl_coll_name(int coll) {
     case COLL_ALLREDUCE_2SHOT: return "all_reduce_twoshot";
     default: return "nothing";
   }
+}
+
+uint32_t kccl_signature(int coll, size_t count, int dtype, int op, int root) {
+  uint64_t h = (uint64_t)count * 0x9e3779b97f4a7c15ull;
+  h ^= ((uint64_t)coll << 48) ^ ((uint64_t)(uint32_t)dtype << 40) ^ ((uint64_t)(uint32_t)op << 32) ^
+       (uint64_t)(uint32_t)root;
+  h ^= h >> 31;
+  h *= 0xbf58476d1ce4e5b9ull;
+  h ^= h >> 29;
+  return (uint32_t)h ^ (uint32_t)(h >> 32);
 }

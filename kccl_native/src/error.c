@@ -43,20 +43,8 @@ kcclResult_t kccl_err(kcclResult_t code, const char *fmt, ...) {
   return code;
 }
 
-/* Records the error on the communicator (sticky) and tells the peers this rank
- * has failed, so that any of them waiting on it stops waiting. */
-kcclResult_t kccl_comm_fail(struct kcclComm *c, kcclResult_t code, const char *fmt, ...) {
-  va_list ap;
-  va_start(ap, fmt);
+kcclResult_t kccl_verr(kcclResult_t code, const char *fmt, va_list ap) {
   vset(code, fmt, ap);
-  va_end(ap);
-  if (c->error == kcclSuccess) {
-    c->error = code;
-    kccl_seg_header *h = c->hdr[c->rank];
-    snprintf(h->error_text, sizeof h->error_text, "%.255s", last_error);
-    atomic_store_explicit(&c->hdr[c->rank]->state, SEG_FAILED, memory_order_seq_cst);
-    kccl_wake_all(c);
-  }
   return code;
 }
 

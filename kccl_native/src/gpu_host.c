@@ -25,11 +25,6 @@
 
 #define WATCH_MS 2 /* the watcher's look at the peers' states; pidfds wake it at once */
 
-static void sleep_us(long us) {
-  struct timespec ts = {us / 1000000, (us % 1000000) * 1000};
-  nanosleep(&ts, NULL);
-}
-
 /* Waits until every peer's gpu_state >= want, or a peer is gone, or time runs out. */
 static kcclResult_t wait_gpu_state(struct kcclComm *c, uint32_t want) {
   int64_t deadline = c->cfg.timeout_ms > 0 ? kccl_now_ns() + (int64_t)c->cfg.timeout_ms * 1000000 : INT64_MAX;
@@ -48,7 +43,7 @@ static kcclResult_t wait_gpu_state(struct kcclComm *c, uint32_t want) {
     if (kccl_now_ns() > deadline)
       return kccl_err(kcclTimeout, "GPU setup: rank %d waited %d ms for rank %d to %s its GPU buffer", c->rank,
                       c->cfg.timeout_ms, missing, want == 1 ? "export" : "map every peer's");
-    sleep_us(backoff);
+    kccl_sleep_us(backoff);
     if (backoff < 1000) backoff *= 2;
   }
 }
@@ -149,8 +144,7 @@ kcclResult_t kccl_gpu_init(struct kcclComm *c) {
   }
   if (r != kcclSuccess) {
     /* Tell the peers (they may be waiting in wait_gpu_state) before cleaning up. */
-    snprintf(me->error_text, sizeof me->error_text, "%.255s", kcclGetLastError(NULL));
-    atomic_store_explicit(&me->state, SEG_FAILED, memory_order_seq_cst);
+    kccl_seg_mark_failed(c);
     kccl_gpu_release(c, 1);
   }
   return r;
@@ -191,7 +185,7 @@ void kccl_gpu_release(struct kcclComm *c, int aborting) {
           free_own = 0;
           break;
         }
-        sleep_us(backoff);
+        kccl_sleep_us(backoff);
         if (backoff < 2000) backoff *= 2;
       }
     }
@@ -274,7 +268,7 @@ kcclResult_t kccl_gpu_collective(struct kcclComm *c, int coll, const void *send,
        * two-shot even in auto (every rank computes the same cap). */
       const size_t ll_cap = kgpu_oneshot_max_bytes(g);
       size_t cross = c->cfg.gpu_oneshot_max_bytes < ll_cap ? c->cfg.gpu_oneshot_max_bytes : ll_cap;
-      int twoshot = c->cfg.algo == kcclAlgoTwoShot || (c->cfg.algo == kcclAlgoAuto && bytes > cross);
+      int twoshot = kccl_allreduce_algo(&c->cfg, bytes, cross) == kcclAlgoTwoShot;
       if (!twoshot && bytes > ll_cap)
         return kccl_err(kcclInvalidArgument, "KCCL_ALGO=oneshot on this GPU communicator takes at most %zu bytes, "
                         "got %zu", ll_cap, bytes);
@@ -300,6 +294,17 @@ kcclResult_t kccl_gpu_collective(struct kcclComm *c, int coll, const void *send,
       return kccl_err(kcclInternalError, "unknown collective %d", coll);
   }
 }
+
+static kcclResult_t gpu_enter(struct kcclComm *c, void *stream) {
+  (void)stream; /* any stream of the communicator's device */
+  return kccl_gpu_enter(c);
+}
+
+static kcclResult_t gpu_run(struct kcclComm *c, const kccl_call *a) {
+  return kccl_gpu_collective(c, a->coll, a->send, a->recv, a->count, a->dtype, a->op, a->root, a->stream, a->sig);
+}
+
+const struct kccl_transport kccl_gpu_transport = {gpu_enter, gpu_run};
 
 /* ------------------------------------------------------------ public API -- */
 

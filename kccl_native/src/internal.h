@@ -1,11 +1,34 @@
-/* internal.h - shared definitions of the host transport (not installed). */
+/* internal.h - shared definitions of the C core (not installed).
+ *
+ * The files in layers, lowest first: each calls only files listed before it, so
+ * the core has no dependency circle.
+ *   1. util.c      clock, sleep, futex, process liveness
+ *      error.c     error codes' text, the thread's last error, logging
+ *      dtype.c     sizes and names of types, ops, collectives; a call's signature
+ *      reduce.c    the reduction kernels of the host transport
+ *      config.c    the settings (kccl_settings.def); the all-reduce algorithm
+ *      uniqueid.c  the unique id's bytes
+ *      src/gpu/ or gpu_none.c  the CUDA side behind gpu_api.h (calls only error.c)
+ *   2. replicas.c  per-domain replicas: layout, NUMA binding, replicated publish
+ *   3. shm.c       the segments: create, map, agree on settings, sweep stale names,
+ *                  mark this rank failed
+ *   4. wait.c      publish and wait for flags, peer checks, kccl_comm_fail
+ *   5. host.c      the host transport: collectives as steps over the segments
+ *      gpu_host.c  the GPU transport's host side: bootstrap, watcher, kernel dispatch
+ *   6. comm.c      communicator life cycle: unique id, init (with a placement or
+ *                  not), destroy, abort, queries
+ *   7. collectives.c  the public collectives: the shared checks, then the
+ *                  communicator's transport (struct kccl_transport)
+ *   8. nonblocking.c  the split-phase all-reduce, on collectives.c's checks */
 #ifndef KCCL_INTERNAL_H_
 #define KCCL_INTERNAL_H_
 
 #include <pthread.h>
+#include <stdarg.h>
 #include <stdatomic.h>
 #include <stdint.h>
 #include <sys/types.h>
+#include <time.h>
 
 #include "kccl.h"
 #include "gpu_api.h"
@@ -44,6 +67,9 @@ extern const kccl_setting kccl_settings[KCCL_NSETTINGS];
 long long kccl_setting_get(const kcclConfig_t *cfg, int i);
 /* Every setting of a caller's config within its range (kcclInvalidArgument naming it if not). */
 kcclResult_t kccl_config_check(const kcclConfig_t *cfg);
+/* The all-reduce algorithm (kcclAlgoOneShot or kcclAlgoTwoShot) for `bytes`: KCCL_ALGO, and in
+ * auto one-shot up to `oneshot_max` bytes (each transport passes its own crossover). */
+int kccl_allreduce_algo(const kcclConfig_t *cfg, size_t bytes, size_t oneshot_max);
 
 /* Segment states, in the header of each rank's segment. */
 enum { SEG_CREATING = 0, SEG_READY = 1, SEG_CLOSED = 2, SEG_ABORTED = 3, SEG_FAILED = 4 };
@@ -109,6 +135,29 @@ typedef struct {
   size_t count;
   int dtype, op;
 } kccl_nb_op;
+/* One collective call, as the transports take it. */
+typedef struct {
+  int coll;          /* COLL_* */
+  const void *send;
+  void *recv;
+  size_t count;      /* elements per rank: all-gather's send count, reduce-scatter's receive count */
+  int dtype, op, root;
+  void *stream;
+  uint32_t sig;      /* kccl_signature of the call */
+} kccl_call;
+
+/* What moves a communicator's data: the host transport (host.c) through the segments,
+ * the GPU transport (gpu_host.c) through kernels.  Every collective goes through
+ * collectives.c, which runs the checks common to both around these two. */
+struct kccl_transport {
+  /* First of a call's checks after the communicator's own: may this transport take a
+   * call now (the host one: no stream; the GPU one: no failure recorded since)? */
+  kcclResult_t (*enter)(struct kcclComm *c, void *stream);
+  /* A call that passed every shared check (kccl_enter, kccl_check_buffers). */
+  kcclResult_t (*run)(struct kcclComm *c, const kccl_call *call);
+};
+extern const struct kccl_transport kccl_host_transport, kccl_gpu_transport;
+
 /* The host side of a GPU communicator (gpu_host.c). */
 struct kccl_gpu_host {
   struct kgpu *kg;
@@ -140,6 +189,7 @@ struct kcclComm {
   uint64_t nb_issued;        /* last ticket handed out */
   int64_t nb_next_check;     /* kcclAllReduceTest: next peer-liveness check (ns) */
   kccl_nb_op nb[KCCL_MAX_OUTSTANDING];
+  const struct kccl_transport *tp; /* host or GPU, by config.device */
   struct kccl_gpu_host *gpu; /* GPU communicators only (gpu_host.c) */
   struct kccl_replicas *rep; /* per-domain replicas (replicas.h); NULL: one copy of everything */
 };
@@ -154,14 +204,32 @@ static inline uint8_t *kccl_slot(struct kcclComm *c, int r, uint32_t set, int wh
 static inline _Atomic uint64_t *kccl_flag(uint8_t *slot) { return (_Atomic uint64_t *)slot; }
 static inline uint8_t *kccl_data(uint8_t *slot) { return slot + SLOT_DATA_OFF; }
 
-/* collectives.c: the checks every collective starts with (*sig: its signature). */
-kcclResult_t kccl_enter(struct kcclComm *c, int coll, size_t count, int dtype, int op, int root,
-                        void *stream, uint32_t *sig);
+
+/* util.c, and the helpers small enough to inline */
+static inline int64_t kccl_now_ns(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+static inline size_t kccl_round_up(size_t x, size_t a) { return (x + a - 1) / a * a; }
+/* The sequence number is the high half of the 64-bit flag: on little-endian
+ * machines that is the second 32-bit word, and sleepers wait on it. */
+static inline uint32_t *kccl_seq_word(_Atomic uint64_t *flag) {
+#if __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+  return (uint32_t *)flag + 1;
+#else
+  return (uint32_t *)flag;
+#endif
+}
+void kccl_sleep_us(long us);
+long kccl_futex_wait(uint32_t *addr, uint32_t val, const struct timespec *ts);
+long kccl_futex_wake(uint32_t *addr); /* wakes every waiter */
+uint64_t kccl_proc_starttime(pid_t pid);
+int kccl_pid_alive(pid_t pid, uint64_t starttime);
 
 /* error.c */
 kcclResult_t kccl_err(kcclResult_t code, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-kcclResult_t kccl_comm_fail(struct kcclComm *c, kcclResult_t code, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
+kcclResult_t kccl_verr(kcclResult_t code, const char *fmt, va_list ap);
 void kccl_log(int level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 extern int kccl_debug_level;
 
@@ -170,17 +238,23 @@ size_t kccl_dtype_size(kcclDataType_t t); /* 0 when unknown */
 const char *kccl_dtype_name(int t);
 const char *kccl_op_name(int op);
 const char *kccl_coll_name(int coll);
+/* A hash of the call's arguments, carried in every flag: a peer's call that differs is seen
+ * at the first step. */
+uint32_t kccl_signature(int coll, size_t count, int dtype, int op, int root);
 
 /* reduce.c: out[i] = in[0][i] op in[1][i] op ... in rank order (f16/bf16 in f32). */
 void kccl_reduce(void *out, const void *const *in, int nin, size_t count, kcclDataType_t t,
                  kcclRedOp_t op, int nranks_for_avg);
 
 /* wait.c */
-int64_t kccl_now_ns(void);
 void kccl_publish(struct kcclComm *c, _Atomic uint64_t *flag, uint32_t seq, uint32_t sig);
 kcclResult_t kccl_wait_flag(struct kcclComm *c, int peer, _Atomic uint64_t *flag, uint32_t seq,
                             uint32_t sig);
 void kccl_wake_all(struct kcclComm *c);
+/* Records a sticky error on the communicator, marks this rank's segment failed and wakes
+ * its sleepers, so that peers waiting on this rank stop waiting. */
+kcclResult_t kccl_comm_fail(struct kcclComm *c, kcclResult_t code, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
 /* Why step seq cannot complete (dead, aborted, closed or mismatching peer), without waiting;
  * kcclSuccess when nothing is wrong (yet).  The text goes to why. */
 kcclResult_t kccl_peer_problem(struct kcclComm *c, uint32_t seq, uint32_t sig, char *why, size_t n);
@@ -190,11 +264,15 @@ kcclResult_t kccl_peers_gone(struct kcclComm *c, char *why, size_t whylen, int *
 kcclResult_t kccl_shm_connect(struct kcclComm *c);
 void kccl_shm_release(struct kcclComm *c);
 void kccl_shm_sweep_stale(void);
-uint64_t kccl_proc_starttime(pid_t pid);
-int kccl_pid_alive(pid_t pid, uint64_t starttime);
+/* This rank's segment: state SEG_FAILED, the thread's last error text as the reason. */
+void kccl_seg_mark_failed(struct kcclComm *c);
 
-/* collectives.c */
-uint32_t kccl_signature(int coll, size_t count, int dtype, int op, int root);
+
+/* collectives.c: the checks every collective starts with (*sig: its signature), then those
+ * of its buffers (NULL, overlap outside the in-place layout). */
+kcclResult_t kccl_enter(struct kcclComm *c, int coll, size_t count, int dtype, int op, int root,
+                        void *stream, uint32_t *sig);
+kcclResult_t kccl_check_buffers(const struct kcclComm *c, const kccl_call *call);
 
 /* gpu_host.c: the GPU transport's host side */
 kcclResult_t kccl_gpu_init(struct kcclComm *c);
@@ -203,10 +281,6 @@ void kccl_gpu_release(struct kcclComm *c, int aborting);
 kcclResult_t kccl_gpu_enter(struct kcclComm *c);
 kcclResult_t kccl_gpu_collective(struct kcclComm *c, int coll, const void *send, void *recv, size_t count,
                                  int dtype, int op, int root, void *stream, uint32_t sig);
-/* comm.c: init with an optional placement (NULL: one copy) */
-kcclResult_t kccl_comm_init(kcclComm_t *out, int nranks, kcclUniqueId id, int rank, const kcclConfig_t *config,
-                            const kcclPlacement_t *placement);
-
 /* replicas.c (see replicas.h for the hot-path helpers) */
 kcclResult_t kccl_replicas_alloc(struct kcclComm *c, const kcclPlacement_t *pl); /* before sizing */
 size_t kccl_replicas_layout(struct kcclComm *c, size_t area_off); /* bytes the replicas add to a segment */
@@ -217,6 +291,7 @@ void kccl_replicas_wake_all(struct kcclComm *c);
 void kccl_replicas_free(struct kcclComm *c);
 
 /* uniqueid.c */
+kcclResult_t kccl_uid_make(kcclUniqueId *id);
 kcclResult_t kccl_uid_parse(const kcclUniqueId *id, uint8_t token[16]);
 
 #endif

@@ -22,13 +22,11 @@ static void pop(struct kcclComm *c) {
   c->nb_count--;
 }
 
-/* What every start checks: buffers, overlap, room for one more. */
-static kcclResult_t start_checks(struct kcclComm *c, const void *sendbuff, void *recvbuff, size_t count,
-                                 size_t bytes) {
-  if (count && (!sendbuff || !recvbuff)) return kccl_err(kcclInvalidArgument, "NULL buffer with count=%zu", count);
-  const char *s8 = sendbuff, *r8 = recvbuff;
-  if (sendbuff != recvbuff && bytes && s8 < r8 + bytes && r8 < s8 + bytes)
-    return kccl_err(kcclInvalidArgument, "send and recv buffers partly overlap (in place needs send == recv)");
+/* What every start checks: buffers, overlap (as the blocking all-reduce), room for one more. */
+static kcclResult_t start_checks(struct kcclComm *c, const void *sendbuff, void *recvbuff, size_t count, int dt) {
+  kccl_call a = {COLL_ALLREDUCE_NB, sendbuff, recvbuff, count, dt, 0, 0, NULL, 0};
+  kcclResult_t r = kccl_check_buffers(c, &a);
+  if (r != kcclSuccess) return r;
   if (c->nb_count >= (uint32_t)c->cfg.max_outstanding)
     return kccl_err(kcclInvalidUsage, "%u all_reduce_start operations are already outstanding, the most "
                     "KCCL_MAX_OUTSTANDING=%d allows: wait for the oldest first", c->nb_count,
@@ -60,7 +58,7 @@ kcclResult_t kcclAllReduceStart(const void *sendbuff, void *recvbuff, size_t cou
     return kccl_err(kcclInvalidUsage, "a GPU communicator's split-phase all-reduce is stream-ordered: use "
                     "kcclAllReduceStartStream");
   const size_t bytes = count * kccl_dtype_size(dt);
-  if ((r = start_checks(c, sendbuff, recvbuff, count, bytes)) != kcclSuccess) return r;
+  if ((r = start_checks(c, sendbuff, recvbuff, count, dt)) != kcclSuccess) return r;
   if (bytes > c->slot_bytes)
     return kccl_err(kcclInvalidArgument, "all_reduce_start takes at most KCCL_BUFFER_BYTES = %zu bytes, got %zu "
                     "(use the blocking all_reduce for larger messages)", c->slot_bytes, bytes);
@@ -187,8 +185,7 @@ kcclResult_t kcclAllReduceStartStream(const void *sendbuff, void *recvbuff, size
   uint32_t sig = 0;
   kcclResult_t r = kccl_enter(c, COLL_ALLREDUCE_NB, count, dt, op, 0, stream, &sig);
   if (r != kcclSuccess) return r;
-  const size_t bytes = count * kccl_dtype_size(dt);
-  if ((r = start_checks(c, sendbuff, recvbuff, count, bytes)) != kcclSuccess) return r;
+  if ((r = start_checks(c, sendbuff, recvbuff, count, dt)) != kcclSuccess) return r;
   const uint64_t ticket = c->nb_issued + 1;
   const int slot = (int)(ticket % KCCL_MAX_OUTSTANDING);
   void *side = NULL;

@@ -10,8 +10,6 @@
  * from their own node. */
 #define _GNU_SOURCE
 #include <errno.h>
-#include <linux/futex.h>
-#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -29,8 +27,6 @@
 #define MPOL_BIND_ 2       /* <linux/mempolicy.h> values, spelled out: the header is not always installed */
 #define MPOL_MF_STRICT_ (1 << 0)
 #define MPOL_MF_MOVE_ (1 << 1)
-
-static size_t round_up(size_t x, size_t a) { return (x + a - 1) / a * a; }
 
 kcclResult_t kccl_replicas_alloc(struct kcclComm *c, const kcclPlacement_t *pl) {
   c->rep = NULL;
@@ -65,8 +61,8 @@ size_t kccl_replicas_layout(struct kcclComm *c, size_t area_off) {
   struct kccl_replicas *x = c->rep;
   if (!x) return 0;
   /* skewed like the main slots (4K aliasing); a block per domain, page aligned for mbind */
-  x->stride = round_up(SLOT_DATA_OFF + x->data_bytes, KCCL_LINE) + 17 * KCCL_LINE;
-  x->block_bytes = round_up((size_t)c->nsets * 2 * x->stride, KCCL_PAGE);
+  x->stride = kccl_round_up(SLOT_DATA_OFF + x->data_bytes, KCCL_LINE) + 17 * KCCL_LINE;
+  x->block_bytes = kccl_round_up((size_t)c->nsets * 2 * x->stride, KCCL_PAGE);
   x->area_off = area_off;
   return (size_t)x->ndomains * x->block_bytes;
 }
@@ -164,19 +160,6 @@ void kccl_replicas_setup(struct kcclComm *c) {
   kccl_log(2, "rank %d: domain %d of %d, writes %d remote replicas", c->rank, x->mydom, x->ndomains, x->ntargets);
 }
 
-static long futex_wake(void *addr) {
-  return syscall(SYS_futex, addr, FUTEX_WAKE, INT_MAX, NULL, NULL, 0);
-}
-
-/* The sequence half of a flag (wait.c sleeps on it). */
-static void *seq_half(_Atomic uint64_t *flag) {
-#if __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
-  return (uint32_t *)flag + 1;
-#else
-  return (uint32_t *)flag;
-#endif
-}
-
 /* Copies n bytes (8-aligned dst and src, n rounded up to 8: slots have room) so
  * that the lines go to memory, not into this core's cache. */
 /* -DKCCL_REPLICA_PLAIN_STORES: ordinary stores instead, to compare against. */
@@ -221,9 +204,9 @@ void kccl_publish_replicated(struct kcclComm *c, uint32_t set, int which, size_t
   _mm_mfence();
 #endif
   if (atomic_load_explicit(&c->hdr[c->rank]->sleepers, memory_order_seq_cst)) {
-    futex_wake(seq_half(kccl_flag(main)));
+    kccl_futex_wake(kccl_seq_word(kccl_flag(main)));
     for (int i = 0; i < x->ntargets; i++)
-      futex_wake(seq_half(kccl_flag(kccl_rep_slot(c, c->rank, x->targets[i], set, which))));
+      kccl_futex_wake(kccl_seq_word(kccl_flag(kccl_rep_slot(c, c->rank, x->targets[i], set, which))));
   }
 }
 
@@ -232,7 +215,7 @@ void kccl_replicas_wake_all(struct kcclComm *c) {
   if (!x || !c->base || !c->base[c->rank]) return;
   for (int d = 0; d < x->ndomains; d++)
     for (uint32_t set = 0; set < c->nsets; set++)
-      for (int which = 0; which < 2; which++) futex_wake(seq_half(kccl_flag(kccl_rep_slot(c, c->rank, d, set, which))));
+      for (int which = 0; which < 2; which++) kccl_futex_wake(kccl_seq_word(kccl_flag(kccl_rep_slot(c, c->rank, d, set, which))));
 }
 
 void kccl_replicas_free(struct kcclComm *c) {
@@ -240,12 +223,6 @@ void kccl_replicas_free(struct kcclComm *c) {
   free(c->rep->dom);
   free(c->rep);
   c->rep = NULL;
-}
-
-kcclResult_t kcclCommInitRankPlacement(kcclComm_t *comm, int nranks, kcclUniqueId id, int rank,
-                                       const kcclConfig_t *config, const kcclPlacement_t *placement) {
-  if (!placement) return kccl_err(kcclInvalidArgument, "placement is NULL (use kcclCommInitRankConfig)");
-  return kccl_comm_init(comm, nranks, id, rank, config, placement);
 }
 
 kcclResult_t kcclCommTopoInfo(kcclComm_t c, kcclTopoInfo_t *info) {

@@ -11,7 +11,6 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
-#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -25,58 +24,10 @@
 
 #define SHM_PREFIX "kccl-"
 
-/* /proc/<pid>/stat read into buf; returns the text after the command name's
- * closing parenthesis (the name may contain spaces), or NULL. */
-static const char *proc_stat_fields(pid_t pid, char *buf, size_t n) {
-  char path[64];
-  snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
-  int fd = open(path, O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return NULL;
-  ssize_t got = read(fd, buf, n - 1);
-  close(fd);
-  if (got <= 0) return NULL;
-  buf[got] = 0;
-  const char *p = strrchr(buf, ')');
-  return (p && p[1] == ' ') ? p + 2 : NULL; /* at field 3, the state */
-}
-
-/* Start time of a process in clock ticks since boot (0 if unknown): with the
- * pid it names one process, even after the pid is reused. */
-uint64_t kccl_proc_starttime(pid_t pid) {
-  char buf[1024];
-  const char *p = proc_stat_fields(pid, buf, sizeof buf);
-  if (!p) return 0;
-  for (int field = 3; *p && field < 22; p++) /* starttime is field 22 */
-    if (*p == ' ') field++;
-  return strtoull(p, NULL, 10);
-}
-
-static char proc_state(pid_t pid) {
-  char buf[1024];
-  const char *p = proc_stat_fields(pid, buf, sizeof buf);
-  return p ? p[0] : 0;
-}
-
-/* Alive = exists, is not a zombie, and is the same process (start time). */
-int kccl_pid_alive(pid_t pid, uint64_t starttime) {
-  if (pid <= 0) return 0;
-  if (kill(pid, 0) != 0 && errno == ESRCH) return 0;
-  char st = proc_state(pid);
-  if (st == 0) return kill(pid, 0) == 0 || errno == EPERM; /* no /proc: trust kill() */
-  if (st == 'Z' || st == 'X') return 0;
-  if (starttime && kccl_proc_starttime(pid) != starttime) return 0;
-  return 1;
-}
-
 static void seg_name(char *out, size_t n, const uint8_t token[16], int rank) {
   char hex[33];
   for (int i = 0; i < 16; i++) snprintf(hex + 2 * i, 3, "%02x", token[i]);
   snprintf(out, n, "/" SHM_PREFIX "%s-%d", hex, rank);
-}
-
-static void sleep_us(long us) {
-  struct timespec ts = {us / 1000000, (us % 1000000) * 1000};
-  nanosleep(&ts, NULL);
 }
 
 /* Unlinks /dev/shm/kccl-* names of this user whose creator is gone. */
@@ -217,7 +168,7 @@ static kcclResult_t map_peer(struct kcclComm *c, int p, int64_t deadline) {
       return kccl_err(kcclTimeout,
                       "rank %d: rank %d did not join within KCCL_TIMEOUT_MS=%d (all ranks must run on "
                       "one host and use the same unique id)", c->rank, p, c->cfg.timeout_ms);
-    sleep_us(backoff);
+    kccl_sleep_us(backoff);
     if (backoff < 2000) backoff *= 2;
   }
   struct stat sb;
@@ -225,7 +176,7 @@ static kcclResult_t map_peer(struct kcclComm *c, int p, int64_t deadline) {
     if (fstat(fd, &sb) != 0) { close(fd); return kccl_err(kcclSystemError, "fstat: %s", strerror(errno)); }
     if ((size_t)sb.st_size >= sizeof(kccl_seg_header)) break;
     if (kccl_now_ns() > deadline) { close(fd); return kccl_err(kcclTimeout, "rank %d's segment was never sized", p); }
-    sleep_us(50);
+    kccl_sleep_us(50);
   }
   void *m = mmap(NULL, (size_t)sb.st_size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   int e = errno;
@@ -236,7 +187,7 @@ static kcclResult_t map_peer(struct kcclComm *c, int p, int64_t deadline) {
   kccl_seg_header *h = m;
   while (__atomic_load_n(&h->magic, __ATOMIC_ACQUIRE) != KCCL_SEG_MAGIC) {
     if (kccl_now_ns() > deadline) return kccl_err(kcclTimeout, "rank %d's segment header never completed", p);
-    sleep_us(50);
+    kccl_sleep_us(50);
   }
   c->hdr[p] = h;
   c->pid[p] = (pid_t)h->pid;
@@ -263,7 +214,7 @@ static void wait_attached(struct kcclComm *c, int64_t deadline) {
       if (p != c->rank && peer_dead(c, p)) dead++;
     uint32_t seen = atomic_load_explicit(&c->hdr[c->rank]->attached, memory_order_acquire);
     if ((int)seen + dead >= c->nranks - 1 || kccl_now_ns() > deadline) return;
-    sleep_us(backoff);
+    kccl_sleep_us(backoff);
     if (backoff < 1000) backoff *= 2;
   }
 }
@@ -306,7 +257,7 @@ kcclResult_t kccl_shm_connect(struct kcclComm *c) {
                          c->cfg.timeout_ms);
           break;
         }
-        sleep_us(backoff);
+        kccl_sleep_us(backoff);
         if (backoff < 1000) backoff *= 2;
       }
     }
@@ -318,13 +269,18 @@ kcclResult_t kccl_shm_connect(struct kcclComm *c) {
   }
   /* Failure: our name goes (after a refusal, once the peers have read our header), and so
    * do the names of peers that are dead. */
-  snprintf(c->hdr[c->rank]->error_text, sizeof c->hdr[c->rank]->error_text, "%.255s", kcclGetLastError(NULL));
-  atomic_store(&c->hdr[c->rank]->state, SEG_FAILED);
+  kccl_seg_mark_failed(c);
   if (refused) wait_attached(c, deadline);
   shm_unlink(c->names[c->rank]);
   for (int p = 0; p < c->nranks; p++)
     if (p != c->rank && peer_dead(c, p)) shm_unlink(c->names[p]);
   return res;
+}
+
+void kccl_seg_mark_failed(struct kcclComm *c) {
+  kccl_seg_header *h = c->hdr[c->rank];
+  snprintf(h->error_text, sizeof h->error_text, "%.255s", kcclGetLastError(NULL));
+  atomic_store_explicit(&h->state, SEG_FAILED, memory_order_seq_cst);
 }
 
 void kccl_shm_release(struct kcclComm *c) {

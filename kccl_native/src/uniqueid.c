@@ -26,7 +26,7 @@ kcclResult_t kcclGetVersion(int *version) {
   return kcclSuccess;
 }
 
-kcclResult_t kcclGetUniqueId(kcclUniqueId *id) {
+kcclResult_t kccl_uid_make(kcclUniqueId *id) {
   if (!id) return kccl_err(kcclInvalidArgument, "uniqueId is NULL");
   uint8_t *b = (uint8_t *)id->internal;
   memset(b, 0, KCCL_UNIQUE_ID_BYTES);
@@ -49,7 +49,6 @@ kcclResult_t kcclGetUniqueId(kcclUniqueId *id) {
   memcpy(b + OFF_TIME, &t, 8);
   uint64_t sum = fnv1a(b, OFF_SUM);
   memcpy(b + OFF_SUM, &sum, 8);
-  kccl_shm_sweep_stale(); /* a good moment to clean up after earlier crashes */
   return kcclSuccess;
 }
 

@@ -1,4 +1,4 @@
-/* wait.c - publishing flags and waiting for them.
+/* wait.c - publishing flags, waiting for them, and failing the communicator when a wait cannot end.
  *
  * A wait spins (with the pause instruction) for spin_ns, then calls
  * sched_yield for yield_ns, then sleeps on a futex in 1 ms slices.  A sleeper
@@ -13,12 +13,10 @@
  * that KCCL_TIMEOUT_MS has not passed. */
 #define _GNU_SOURCE
 #include <errno.h>
+#include <stdarg.h>
 #include <stdio.h>
-#include <linux/futex.h>
-#include <limits.h>
 #include <poll.h>
 #include <sched.h>
-#include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -32,40 +30,35 @@
 #define cpu_relax() __asm__ __volatile__("" ::: "memory")
 #endif
 
-int64_t kccl_now_ns(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
-}
-
-/* The sequence number is the high half of the 64-bit flag: on little-endian
- * machines that is the second 32-bit word, and the futex waits on it. */
-static inline uint32_t *seq_word(_Atomic uint64_t *flag) {
-#if __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
-  return (uint32_t *)flag + 1;
-#else
-  return (uint32_t *)flag;
-#endif
-}
-
-static long futex(uint32_t *addr, int op, uint32_t val, const struct timespec *ts) {
-  return syscall(SYS_futex, addr, op, val, ts, NULL, 0);
-}
-
 void kccl_publish(struct kcclComm *c, _Atomic uint64_t *flag, uint32_t seq, uint32_t sig) {
   /* seq_cst store: orders the data before it (release) and the sleepers load
    * after it (store-load, against the sleeper's register-then-recheck). */
   atomic_store_explicit(flag, ((uint64_t)seq << 32) | sig, memory_order_seq_cst);
   if (atomic_load_explicit(&c->hdr[c->rank]->sleepers, memory_order_seq_cst))
-    futex(seq_word(flag), FUTEX_WAKE, INT_MAX, NULL);
+    kccl_futex_wake(kccl_seq_word(flag));
 }
 
 /* Wakes every sleeper on any of this rank's flags (used on abort and failure). */
 void kccl_wake_all(struct kcclComm *c) {
   for (uint32_t set = 0; set < c->nsets; set++)
     for (int which = 0; which < 2; which++)
-      futex(seq_word(kccl_flag(kccl_slot(c, c->rank, set, which))), FUTEX_WAKE, INT_MAX, NULL);
+      kccl_futex_wake(kccl_seq_word(kccl_flag(kccl_slot(c, c->rank, set, which))));
   kccl_replicas_wake_all(c);
+}
+
+/* Records the error on the communicator (sticky) and tells the peers this rank
+ * has failed, so that any of them waiting on it stops waiting. */
+kcclResult_t kccl_comm_fail(struct kcclComm *c, kcclResult_t code, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  kccl_verr(code, fmt, ap);
+  va_end(ap);
+  if (c->error == kcclSuccess) {
+    c->error = code;
+    kccl_seg_mark_failed(c);
+    kccl_wake_all(c);
+  }
+  return code;
 }
 
 static const char *state_word(uint32_t s) {
@@ -224,7 +217,7 @@ kcclResult_t kccl_wait_flag(struct kcclComm *c, int peer, _Atomic uint64_t *flag
       atomic_fetch_add_explicit(sleepers, 1, memory_order_seq_cst);
       if (!ready(flag, seq, &v)) {
         struct timespec ts = {0, 1000000};
-        futex(seq_word(flag), FUTEX_WAIT, (uint32_t)(v >> 32), &ts);
+        kccl_futex_wait(kccl_seq_word(flag), (uint32_t)(v >> 32), &ts);
       }
       atomic_fetch_sub_explicit(sleepers, 1, memory_order_seq_cst);
     }
