@@ -30,8 +30,8 @@ except ImportError:  # pragma: no cover
     sys.exit("bench/allreduce.py needs mpi4py: python -m pip install -e '.[dev]'")
 
 import kccl
-from kccl import _bench as kbench
-from kccl._buffers import NAMES
+import kccl_bench as kbench
+from kccl.capi import DTYPE_NAMES as NAMES
 
 OPS = {"sum": kccl.SUM, "prod": kccl.PROD, "max": kccl.MAX, "min": kccl.MIN, "avg": kccl.AVG}
 MPI_OPS = {"sum": MPI.SUM, "prod": MPI.PROD, "max": MPI.MAX, "min": MPI.MIN}
