@@ -59,9 +59,10 @@ def bench_all_reduce(comm, send, recv=None, op=kccl.SUM, iters=1000, *, dtype=No
     """Mean microseconds of `iters` back-to-back all-reduces timed inside C."""
     handle, opc = _handle(comm), _op(op)
     iters = _as_int(iters, "iters")
-    sp, n, code, _ = capi.buffer(comm, send, dtype=dtype, writable=recv is None, what="send")
+    inplace = recv is None or recv is send
+    sp, n, code, _ = capi.buffer(comm, send, dtype=dtype, writable=inplace, what="send (in place)" if inplace else "send")
     rp = sp
-    if recv is not None and recv is not send:
+    if not inplace:
         rp, rn, rcode, _ = capi.buffer(comm, recv, dtype=dtype, writable=True, what="recv")
         if rn != n:
             raise KcclInvalidArgument(f"recv has {rn} elements, send has {n}")
@@ -78,13 +79,13 @@ def device_all_reduce_selftest(comm, inputs, outputs, op=kccl.SUM, iters=4, bloc
     Blocks until done."""
     handle = _handle(comm)
     iters, blocks = _as_int(iters, "iters"), _as_int(blocks, "blocks")
-    ip, n, code, library = capi.buffer(comm, inputs, dtype=dtype, what="inputs")
-    op_, on, ocode, _ = capi.buffer(comm, outputs, dtype=dtype, writable=True, what="outputs")
+    ip, n, code, library = capi.device_buffer(comm, inputs, dtype=dtype, what="inputs")
+    op_, on, ocode, _ = capi.device_buffer(comm, outputs, dtype=dtype, writable=True, what="outputs")
     if ocode != code:
         raise KcclInvalidArgument(f"inputs is {capi.DTYPE_NAMES[code]} but outputs is {capi.DTYPE_NAMES[ocode]}")
     if on != n * iters:
         raise KcclInvalidArgument(f"outputs has {on} elements, needs iters*inputs = {n * iters}")
-    st = capi.stream(comm, stream, library)
+    st = capi.stream(comm, stream, library, device=True)
     _check(_lib.kb_dev_selftest(_ptr(ip), _ptr(op_), n, code, _op(op), iters, blocks, handle, _ptr(st)))
     return outputs
 
@@ -93,7 +94,7 @@ def bench_device_all_reduce(comm, buf, iters=2000, blocks=1, *, dtype=None):
     """Microseconds per call of a dependent chain of device-side all-reduces (in-place
     average of buf) inside one persistent kernel."""
     handle = _handle(comm)
-    p, n, code, _ = capi.buffer(comm, buf, dtype=dtype, writable=True, what="buf")
+    p, n, code, _ = capi.device_buffer(comm, buf, dtype=dtype, writable=True, what="buf")
     out = _ffi.new("double *")
     _check(_lib.kb_bench_dev_all_reduce(_ptr(p), n, code, _as_int(iters, "iters"), _as_int(blocks, "blocks"),
                                         handle, out))
@@ -106,7 +107,7 @@ def bench_device_all_reduce_phases(comm, buf, iters=2000, blocks=1, *, dtype=Non
     us for 'pushed' (entry to pushes issued: epoch and input loads), 'received' (to
     every peer's line), 'end' (combine, store, barrier), and 'poll_rounds' per call."""
     handle = _handle(comm)
-    p, n, code, _ = capi.buffer(comm, buf, dtype=dtype, writable=True, what="buf")
+    p, n, code, _ = capi.device_buffer(comm, buf, dtype=dtype, writable=True, what="buf")
     out = _ffi.new("double[4]")
     _check(_lib.kb_bench_dev_all_reduce_phases(_ptr(p), n, code, _as_int(iters, "iters"), _as_int(blocks, "blocks"),
                                                handle, out))

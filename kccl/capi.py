@@ -12,11 +12,12 @@ live in the copy that made it, so a second copy (libkccl.so) cannot serve it.
 
 Cast the ints to the C types on the other side (cffi: ffi.cast("void *", h))."""
 from ._buffers import NAMES as _NAMES
+from ._cuda_buffers import CudaBuffers as _CudaBuffers
 from ._native import ffi as _ffi, lib as _lib
 from .communicator import _check
 from .errors import KcclInvalidArgument
 
-__all__ = ["function", "handle", "buffer", "stream", "check", "last_error", "DTYPE_NAMES"]
+__all__ = ["function", "handle", "buffer", "device_buffer", "stream", "check", "last_error", "DTYPE_NAMES"]
 
 # kcclDataType_t code -> the name the Python API takes for it ("float32", "bfloat16", ...)
 DTYPE_NAMES = dict(_NAMES)
@@ -43,10 +44,20 @@ def buffer(comm, obj, *, dtype=None, writable=False, what="buf"):
     return int(_ffi.cast("uintptr_t", ptr)), n, code, library
 
 
-def stream(comm, stream=None, library=None):
+def device_buffer(comm, obj, *, dtype=None, writable=False, what="buf"):
+    """buffer() for the device API (kccl_device.cuh), whose kernels take GPU arrays
+    whatever the communicator: a GPU array, on comm's device for a GPU communicator
+    (a host one is left for the library to refuse)."""
+    ptr, n, code, library = _CudaBuffers(comm._device).resolve_buffer(obj, dtype, writable, what)
+    return int(_ffi.cast("uintptr_t", ptr)), n, code, library
+
+
+def stream(comm, stream=None, library=None, *, device=False):
     """The stream argument of a kccl.h call on comm, as an int (0: the legacy default
-    stream; a host communicator refuses any stream but None)."""
-    return int(_ffi.cast("uintptr_t", comm._buffers.resolve_stream(stream, library)))
+    stream; a host communicator refuses any stream but None).  device=True: a stream
+    for a device-API kernel, whatever the communicator."""
+    bufs = _CudaBuffers(comm._device) if device else comm._buffers
+    return int(_ffi.cast("uintptr_t", bufs.resolve_stream(stream, library)))
 
 
 def check(rc):

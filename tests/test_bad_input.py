@@ -677,3 +677,16 @@ def test_torch_cpu_tensors_refused_clearly(comm1):
         comm1.all_reduce(torch.zeros(4, requires_grad=True))
     g = comm1.all_gather(b, torch.ones(8, dtype=torch.bfloat16))
     assert torch.equal(g, b)
+
+
+def test_capi_gives_only_kccl_h_functions_and_open_handles():
+    from kccl import capi
+    assert capi.function("kcclAllReduce") != 0
+    for name in ("kcclNoSuchCall", "malloc", "KCCL_VERSION_CODE", 7):
+        with pytest.raises(kccl.KcclInvalidArgument, match="not a function of kccl.h"):
+            capi.function(name)
+    c = kccl.Communicator(1, kccl.get_unique_id(), 0)
+    assert capi.handle(c) != 0
+    c.close()
+    with pytest.raises(kccl.KcclInvalidUsage, match="closed"):
+        capi.handle(c)

@@ -288,7 +288,9 @@ extern "C" kcclResult_t kbg_phases(const struct kb_gpu *g, void *buf, size_t cou
 /* Words every rank reaches: each rank allocates `bytes` (zeroed) and shares it
  * over CUDA IPC, the handles gathered with kcclAllGather.  The gather is also
  * the start line: no rank goes on before every rank zeroed its words. */
-#define KB_SCRATCH_BYTES 256
+/* A whole 2 MiB (the driver's allocation granularity), so that the IPC handle
+ * names an allocation of its own rather than a piece of a shared one. */
+#define KB_SCRATCH_BYTES (2u << 20)
 struct scratch {
   char *own;
   char *peer[KCCL_GPU_MAX_RANKS]; /* own included */
