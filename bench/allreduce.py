@@ -30,8 +30,7 @@ except ImportError:  # pragma: no cover
     sys.exit("bench/allreduce.py needs mpi4py: python -m pip install -e '.[dev]'")
 
 import kccl
-from kccl import _bench as kbench
-from kccl._buffers import NAMES
+from kccl.capi import DTYPE_NAMES as NAMES
 
 OPS = {"sum": kccl.SUM, "prod": kccl.PROD, "max": kccl.MAX, "min": kccl.MIN, "avg": kccl.AVG}
 MPI_OPS = {"sum": MPI.SUM, "prod": MPI.PROD, "max": MPI.MAX, "min": MPI.MIN}
@@ -131,6 +130,8 @@ def main(argv=None):
         from allreduce_cuda import main as cuda_main
         return cuda_main(args, sizes_between(lo, hi, es, args.stepfactor))
     use_mpi = not args.no_mpi and args.op in MPI_OPS and args.dtype not in ("float16", "bfloat16")
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # bench/: kccl_bench (also when loaded by path)
+    import kccl_bench as kbench
     comm = kccl.Communicator.from_mpi(world)
     op = OPS[args.op]
     mop = MPI_OPS.get(args.op)

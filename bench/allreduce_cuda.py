@@ -78,7 +78,7 @@ def main(args, sizes):
     torch, dev, ndev = got
 
     import kccl
-    from kccl import _bench as kbench
+    import kccl_bench as kbench
 
     rank, nranks = world.Get_rank(), world.Get_size()
     local = world.Split_type(MPI.COMM_TYPE_SHARED)

@@ -14,7 +14,7 @@ import numpy as np
 from mpi4py import MPI
 
 import kccl
-from kccl import _bench as kbench
+import kccl_bench as kbench
 from allreduce import fmt_size, parse_size
 
 

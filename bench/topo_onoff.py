@@ -26,7 +26,7 @@ import numpy as np
 from mpi4py import MPI
 
 import kccl
-from kccl import _bench as kbench
+import kccl_bench as kbench
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
 from _topo_files import fake_l3s  # noqa: E402

@@ -2,6 +2,8 @@
 what is wrong, and must not touch the buffers or break the communicator.  Most run on
 communicators inside the test process (1 rank, or 2 ranks whose init used two threads:
 these argument errors are detected before any peer is involved)."""
+import os
+import sys
 import threading
 import time
 
@@ -11,10 +13,11 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 import kccl
-from kccl import _bench
 from kccl._native import ffi, lib
 from _harness import shm_names_of, shm_entries
 from conftest import make_pair
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "bench"))
+import kccl_bench  # noqa: E402  (bench/kccl_bench.py)
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
 UNSUPPORTED = [np.int16, np.uint16, np.complex64, np.complex128, np.bool_, object, np.longdouble, "U3",
@@ -111,7 +114,7 @@ def test_non_contiguous(comm1, which):
                  lambda: comm1.all_reduce(good, x), lambda: comm1.all_gather(x),
                  lambda: comm1.all_gather(good, x), lambda: comm1.reduce_scatter(x),
                  lambda: comm1.reduce_scatter(good, x), lambda: comm1.broadcast(x),
-                 lambda: _bench.bench_all_reduce(comm1, x, iters=1)):
+                 lambda: kccl_bench.bench_all_reduce(comm1, x, iters=1)):
         with pytest.raises(kccl.KcclInvalidArgument, match="contiguous"):
             call()
     ok_after(comm1)
@@ -145,7 +148,7 @@ def test_in_place_errors_name_the_one_buffer_passed(comm1):
     ro = np.arange(10, dtype=np.int64)
     ro.flags.writeable = False
     for call in (lambda: comm1.all_reduce(ro), lambda: comm1.all_reduce_start(ro),
-                 lambda: _bench.bench_all_reduce(comm1, ro, iters=1)):
+                 lambda: kccl_bench.bench_all_reduce(comm1, ro, iters=1)):
         with pytest.raises(kccl.KcclInvalidArgument) as e:
             call()
         assert str(e.value).startswith("send (in place) is read-only") and "recv" not in str(e.value), str(e.value)
@@ -412,7 +415,7 @@ def _every_call(c):
     x = np.ones(4, np.float32)
     return [lambda: c.all_reduce(x), lambda: c.all_reduce(x, np.zeros(4, np.float32)),
             lambda: c.all_gather(x), lambda: c.reduce_scatter(x), lambda: c.broadcast(x),
-            lambda: c.barrier(), lambda: c.async_error(), lambda: _bench.bench_all_reduce(c, x, iters=2),
+            lambda: c.barrier(), lambda: c.async_error(), lambda: kccl_bench.bench_all_reduce(c, x, iters=2),
             lambda: c.__enter__()]
 
 
@@ -485,11 +488,14 @@ def test_c_api_argument_checks(comm1):
         (lambda: lib.kcclReduceScatter(p, q, 8, 7, 9, h, ffi.NULL), "op"),
         (lambda: lib.kcclBarrier(h, stream), "stream"),
         (lambda: lib.kcclAllReduce(p, p, 1 << 62, 7, 0, h, ffi.NULL), "too large"),
-        (lambda: lib.kcclBenchAllReduce(p, p, 8, 7, 0, h, 0, ffi.new("double *")), "iters"),
     ]
     for call, word in cases:
         assert call() == lib.kcclInvalidArgument
         assert word.lower() in _last_error().lower(), (word, _last_error())
+    # The benchmark extension's C loop checks its own arguments the same way.
+    bl = kccl_bench._lib
+    assert bl.kb_bench_all_reduce(p, p, 8, 7, 0, h, 0, kccl_bench._ffi.new("double *")) == lib.kcclInvalidArgument
+    assert b"iters" in kccl_bench._ffi.string(bl.kb_last_error())
     assert buf.tolist() == [1.0] * 8 and other.tolist() == [1.0] * 8
     ok_after(comm1)
 
@@ -566,14 +572,14 @@ def test_bench_all_reduce_checks_recv_like_all_reduce():
     with kccl.Communicator(1, kccl.get_unique_id(), 0) as c:
         x = np.ones(64, np.float32)
         with pytest.raises(kccl.KcclInvalidArgument, match="elements"):
-            _bench.bench_all_reduce(c, x, np.empty(8, np.float32), iters=2)
+            kccl_bench.bench_all_reduce(c, x, np.empty(8, np.float32), iters=2)
         with pytest.raises(kccl.KcclInvalidArgument, match="float64"):
-            _bench.bench_all_reduce(c, x, np.empty(64, np.float64), iters=2)
+            kccl_bench.bench_all_reduce(c, x, np.empty(64, np.float64), iters=2)
         ro = np.empty(64, np.float32)
         ro.flags.writeable = False
         with pytest.raises(kccl.KcclInvalidArgument, match="read-only"):
-            _bench.bench_all_reduce(c, x, ro, iters=2)
-        assert _bench.bench_all_reduce(c, x, np.empty(64, np.float32), iters=2) > 0
+            kccl_bench.bench_all_reduce(c, x, ro, iters=2)
+        assert kccl_bench.bench_all_reduce(c, x, np.empty(64, np.float32), iters=2) > 0
 
 
 class _DLPackOnly:
@@ -671,3 +677,16 @@ def test_torch_cpu_tensors_refused_clearly(comm1):
         comm1.all_reduce(torch.zeros(4, requires_grad=True))
     g = comm1.all_gather(b, torch.ones(8, dtype=torch.bfloat16))
     assert torch.equal(g, b)
+
+
+def test_capi_gives_only_kccl_h_functions_and_open_handles():
+    from kccl import capi
+    assert capi.function("kcclAllReduce") != 0
+    for name in ("kcclNoSuchCall", "malloc", "KCCL_VERSION_CODE", 7):
+        with pytest.raises(kccl.KcclInvalidArgument, match="not a function of kccl.h"):
+            capi.function(name)
+    c = kccl.Communicator(1, kccl.get_unique_id(), 0)
+    assert capi.handle(c) != 0
+    c.close()
+    with pytest.raises(kccl.KcclInvalidUsage, match="closed"):
+        capi.handle(c)

@@ -34,6 +34,11 @@ def test_library_exports_only_the_api():
     assert "kcclAllReduce" in names and "kcclCommInitRank" in names and "kcclGetErrorString" in names
     stray = [n for n in names if not (n.startswith("kccl") and n[4:5].isupper())]
     assert not stray, stray
+    # Benchmarks and self-tests live in bench/native, not in the library or its Python copy.
+    from kccl._native import lib
+    header = open(os.path.join(paths.INCLUDE, "kccl.h")).read()
+    for text in (" ".join(names), " ".join(dir(lib)), header):
+        assert "kcclBench" not in text and "SelfTest" not in text
 
 
 def test_example_builds_with_pkg_config(tmp_path):

@@ -14,8 +14,10 @@ import numpy as np
 import pytest
 
 import kccl
-from kccl import _bench, _cuda_buffers as cu
+from kccl import _cuda_buffers as cu
 from kccl._build_cuda import find_nvcc
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "bench"))
+import kccl_bench  # noqa: E402  (bench/kccl_bench.py)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 BUILT, NDEV = kccl.gpu_support()
@@ -86,21 +88,22 @@ def test_host_communicator_reports_no_device_and_refuses_device_calls():
             comm.barrier(stream=0)
         # The GPU benchmarks and probes refuse a host communicator the same way.
         with pytest.raises(kccl.KcclInvalidUsage, match="host communicator"):
-            _bench.bench_residency(comm, 8)
+            kccl_bench.bench_residency(comm, 8)
         with pytest.raises(kccl.KcclInvalidUsage, match="host communicator"):
-            _bench.bench_device_all_reduce_phases(comm, FakeCudaArray((4,)))
+            kccl_bench.bench_device_all_reduce_phases(comm, FakeCudaArray((4,)))
         # Argument errors come first, on any communicator.
-        assert lib.kcclBenchResidency(comm._comm, 8, 100, 0, -1, ffi.NULL, ffi.NULL) == kccl.errors.INVALID_ARGUMENT
+        bl, bffi = kccl_bench._lib, kccl_bench._ffi
+        assert bl.kb_bench_residency(comm._comm, 8, 100, 0, -1, bffi.NULL, bffi.NULL) == kccl.errors.INVALID_ARGUMENT
         for blocks, timeout_ms, foreign, carveout, what in (
                 (0, 100, 0, -1, "blocks=0"), (4097, 100, 0, -1, "blocks=4097"), (8, 0, 0, -1, "timeout"),
                 (8, 60001, 0, -1, "timeout"), (8, 100, -1, -1, "foreign=-1"), (8, 100, 3, -1, "foreign=3"),
                 (8, 100, 0, -2, "carveout=-2"), (8, 100, 0, 101, "carveout=101")):
             with pytest.raises(kccl.KcclInvalidArgument, match=what):
-                _bench.bench_residency(comm, blocks, timeout_ms, foreign, carveout)
-        assert lib.kcclBenchDevAllReducePhases(ffi.NULL, 4, lib.kcclFloat32, 10, 1, comm._comm,
-                                               ffi.NULL) == kccl.errors.INVALID_ARGUMENT
-        assert lib.kcclBenchDevAllReducePhases(ffi.NULL, 4, lib.kcclFloat32, 0, 1, comm._comm,
-                                               ffi.new("double[4]")) == kccl.errors.INVALID_ARGUMENT
+                kccl_bench.bench_residency(comm, blocks, timeout_ms, foreign, carveout)
+        assert bl.kb_bench_dev_all_reduce_phases(bffi.NULL, 4, lib.kcclFloat32, 10, 1, comm._comm,
+                                                 bffi.NULL) == kccl.errors.INVALID_ARGUMENT
+        assert bl.kb_bench_dev_all_reduce_phases(bffi.NULL, 4, lib.kcclFloat32, 0, 1, comm._comm,
+                                                 bffi.new("double[4]")) == kccl.errors.INVALID_ARGUMENT
 
 
 class FakeCudaArray:

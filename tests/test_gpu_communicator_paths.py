@@ -1,17 +1,22 @@
-"""Every GPU branch of kccl.Communicator (and of kccl._bench), run where there is no GPU.
+"""Every GPU branch of kccl.Communicator (and of bench/kccl_bench.py), run where there is no GPU.
 
 A Communicator bound through _open to a NULL C handle on device 0 takes the CUDA buffer
 adapter, as a GPU communicator does: each call checks its arguments, resolves fake GPU
 arrays (__cuda_array_interface__ descriptions, never dereferenced) and its stream, and
 reaches C, which refuses the NULL communicator with KcclInvalidArgument ("invalid
 communicator").  A TypeError or AttributeError here is a wrong conversion on the GPU path."""
+import os
+import sys
+
 import numpy as np
 import pytest
 
 import kccl
-from kccl import _bench, _cuda_buffers
+from kccl import _cuda_buffers
 from kccl._native import ffi
 from kccl.communicator import GpuAllReduceHandle
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "bench"))
+import kccl_bench  # noqa: E402  (bench/kccl_bench.py)
 
 REACHED_C = "invalid communicator"
 
@@ -119,12 +124,12 @@ def test_gpu_handle_waits_through_c_and_refuses_a_closed_communicator(gpu):
 
 def test_bench_functions_reach_c(gpu):
     a, b = FakeCudaArray((4,)), FakeCudaArray((4,), ptr=0x7f0000002000)
-    calls = [lambda: _bench.bench_all_reduce(gpu, a, iters=2), lambda: _bench.bench_all_reduce(gpu, a, b, "max"),
-             lambda: _bench.device_all_reduce_selftest(gpu, a, FakeCudaArray((16,)), iters=4, stream=7),
-             lambda: _bench.device_all_reduce_selftest(gpu, a, FakeCudaArray((8,)), iters=2, blocks=1),
-             lambda: _bench.bench_device_all_reduce(gpu, a, iters=10),
-             lambda: _bench.bench_device_all_reduce_phases(gpu, a),
-             lambda: _bench.bench_residency(gpu, 8), lambda: _bench.bench_flag_hop(gpu, 10, 1)]
+    calls = [lambda: kccl_bench.bench_all_reduce(gpu, a, iters=2), lambda: kccl_bench.bench_all_reduce(gpu, a, b, "max"),
+             lambda: kccl_bench.device_all_reduce_selftest(gpu, a, FakeCudaArray((16,)), iters=4, stream=7),
+             lambda: kccl_bench.device_all_reduce_selftest(gpu, a, FakeCudaArray((8,)), iters=2, blocks=1),
+             lambda: kccl_bench.bench_device_all_reduce(gpu, a, iters=10),
+             lambda: kccl_bench.bench_device_all_reduce_phases(gpu, a),
+             lambda: kccl_bench.bench_residency(gpu, 8), lambda: kccl_bench.bench_flag_hop(gpu, 10, 1)]
     for call in calls:
         with pytest.raises(kccl.KcclInvalidArgument, match=REACHED_C):
             call()
@@ -132,16 +137,16 @@ def test_bench_functions_reach_c(gpu):
 
 def test_bench_argument_checks(gpu):
     a = FakeCudaArray((4,))
-    cases = [(lambda: _bench.bench_all_reduce(gpu, a, FakeCudaArray((5,))), "elements"),
-             (lambda: _bench.bench_all_reduce(gpu, a, iters=1.5), "iters must be an int"),
-             (lambda: _bench.device_all_reduce_selftest(gpu, a, FakeCudaArray((8,)), iters=4),
+    cases = [(lambda: kccl_bench.bench_all_reduce(gpu, a, FakeCudaArray((5,))), "elements"),
+             (lambda: kccl_bench.bench_all_reduce(gpu, a, iters=1.5), "iters must be an int"),
+             (lambda: kccl_bench.device_all_reduce_selftest(gpu, a, FakeCudaArray((8,)), iters=4),
               "needs iters\\*inputs = 16"),
-             (lambda: _bench.device_all_reduce_selftest(gpu, a, FakeCudaArray((16,), "<f8")),
-              "float32 but recv is float64"),
-             (lambda: _bench.device_all_reduce_selftest(gpu, a, FakeCudaArray((16,)), blocks="4"), "blocks must be"),
-             (lambda: _bench.bench_device_all_reduce(gpu, np.ones(4, np.float32)), "in host memory"),
-             (lambda: _bench.bench_residency(gpu, None), "blocks must be"),
-             (lambda: _bench.bench_flag_hop(gpu, mode=True), "mode must be")]
+             (lambda: kccl_bench.device_all_reduce_selftest(gpu, a, FakeCudaArray((16,), "<f8")),
+              "float32 but outputs is float64"),
+             (lambda: kccl_bench.device_all_reduce_selftest(gpu, a, FakeCudaArray((16,)), blocks="4"), "blocks must be"),
+             (lambda: kccl_bench.bench_device_all_reduce(gpu, np.ones(4, np.float32)), "in host memory"),
+             (lambda: kccl_bench.bench_residency(gpu, None), "blocks must be"),
+             (lambda: kccl_bench.bench_flag_hop(gpu, mode=True), "mode must be")]
     for call, message in cases:
         with pytest.raises(kccl.KcclInvalidArgument, match=message):
             call()
@@ -153,8 +158,8 @@ def test_closed_gpu_communicator_refuses_every_call(gpu):
     assert gpu.closed and "closed" in repr(gpu)
     calls = [lambda: gpu.all_reduce(a), lambda: gpu.all_reduce_start(a), lambda: gpu.all_gather(a, a),
              lambda: gpu.reduce_scatter(a, a), lambda: gpu.broadcast(a), lambda: gpu.barrier(),
-             lambda: gpu.dev_comm(), lambda: gpu.gpu_flag_replicas(), lambda: _bench.bench_all_reduce(gpu, a),
-             lambda: _bench.bench_device_all_reduce(gpu, a), lambda: _bench.bench_flag_hop(gpu)]
+             lambda: gpu.dev_comm(), lambda: gpu.gpu_flag_replicas(), lambda: kccl_bench.bench_all_reduce(gpu, a),
+             lambda: kccl_bench.bench_device_all_reduce(gpu, a), lambda: kccl_bench.bench_flag_hop(gpu)]
     for call in calls:
         with pytest.raises(kccl.KcclInvalidUsage, match="closed"):
             call()

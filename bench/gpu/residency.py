@@ -27,9 +27,10 @@ import time
 from collections import defaultdict
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))  # bench/: kccl_bench
 
 import kccl  # noqa: E402
-from kccl import _bench as kbench  # noqa: E402
+import kccl_bench as kbench  # noqa: E402
 from mpi4py import MPI  # noqa: E402
 
 

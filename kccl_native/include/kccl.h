@@ -163,12 +163,6 @@ const char *kcclGetErrorString(kcclResult_t result);
 /* The calling thread's last error detail (comm may be NULL). */
 const char *kcclGetLastError(kcclComm_t comm);
 
-/* Benchmark helper: `iters` back-to-back all-reduces timed inside C, so the
- * cost of the calling language is left out.  *usPerCall gets the mean. */
-kcclResult_t kcclBenchAllReduce(const void *sendbuff, void *recvbuff, size_t count,
-                                kcclDataType_t datatype, kcclRedOp_t op, kcclComm_t comm,
-                                int iters, double *usPerCall);
-
 /* GPU transport. *built = 1 when this library was compiled with CUDA;
  * *devices = CUDA devices this process sees (0 without a driver or GPU). */
 kcclResult_t kcclGetGpuSupport(int *built, int *devices);
@@ -183,39 +177,6 @@ kcclResult_t kcclCommGetDevComm(kcclComm_t comm, void *devComm, size_t bytes);
  * for, -1 asked for but disabled; note (noteBytes, may be NULL/0) says why, or
  * what this rank's calibration found.  kcclInvalidUsage for a host communicator. */
 kcclResult_t kcclCommGpuFlagReplicas(const kcclComm_t comm, int *state, char *note, size_t noteBytes);
-/* Test and benchmark helpers of the device API, each one kernel launch:
- * kcclDevAllReduceSelfTest: `iters` device-side all-reduces in one persistent
- * kernel of `blocks` blocks; iteration k reduces inputs[i] + k into row k of
- * outputs (iters x count elements).  kcclBenchDevAllReduce: a dependent chain
- * of `iters` in-place device-side averages of buf, timed with CUDA events
- * (the launch cancels out).  kcclBenchFlagHop: ranks 0 and 1 bounce a flag
- * through device memory; *usPerHop is one way; mode 0: release/acquire at system
- * scope, pushed; 1: volatile, pushed; 2: relaxed GPU scope, pushed; 3: volatile, pulled.  All three block until done. */
-kcclResult_t kcclDevAllReduceSelfTest(const void *inputs, void *outputs, size_t count, kcclDataType_t datatype,
-                                      kcclRedOp_t op, int iters, int blocks, kcclComm_t comm, void *stream);
-kcclResult_t kcclBenchDevAllReduce(void *buf, size_t count, kcclDataType_t datatype, int iters, int blocks,
-                                   kcclComm_t comm, double *usPerCall);
-kcclResult_t kcclBenchFlagHop(kcclComm_t comm, int iters, int mode, double *usPerHop);
-/* The kcclBenchDevAllReduce chain with block 0's time split by phase (us per call,
- * from clock64 at the nominal SM clock): phases[0] entry to pushes issued (epoch
- * and input loads), [1] to every peer's line received, [2] to the end (combine,
- * store, barrier); phases[3] poll rounds per call of thread 0's first line. */
-/* Residency probe (collective: every rank at once): each rank launches `blocks`
- * blocks of a kernel with about the collective kernels' footprint; every block
- * announces itself on rank 0's counter and waits up to timeoutMs for all
- * ranks' blocks.  out[0]: how many arrivals the best-placed block saw (all of
- * them when every rank's blocks fit on the GPU at once), out[1]: how many were
- * launched (blocks x nranks), out[2]: registers per thread of the probe kernel,
- * out[3]: its blocks per SM by the occupancy calculator.  foreign: a kernel
- * launched on the same stream just before the probe, as an application's own
- * kernel would come before a collective: 0 none, 1 one block without shared
- * memory, 2 one block with 40 KB of shared memory.  carveout: the probe
- * kernel's preferred shared-memory carveout in percent (-1: the driver's
- * choice).  smOut (blocks ints, or NULL): the SM each probe block ran on. */
-kcclResult_t kcclBenchResidency(kcclComm_t comm, int blocks, int timeoutMs, int foreign, int carveout, int out[4],
-                                int *smOut);
-kcclResult_t kcclBenchDevAllReducePhases(void *buf, size_t count, kcclDataType_t datatype, int iters, int blocks,
-                                         kcclComm_t comm, double phases[4]);
 
 /*
  * Topology-aware placement (the host transport).  The caller (Python's

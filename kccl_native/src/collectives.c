@@ -106,20 +106,3 @@ kcclResult_t kcclBarrier(kcclComm_t c, void *stream) {
   kccl_call a = {COLL_BARRIER, NULL, NULL, 0, 0, 0, 0, stream, 0};
   return collective(c, &a);
 }
-
-kcclResult_t kcclBenchAllReduce(const void *sendbuff, void *recvbuff, size_t count, kcclDataType_t dt,
-                                kcclRedOp_t op, kcclComm_t comm, int iters, double *usPerCall) {
-  if (iters < 1 || !usPerCall) return kccl_err(kcclInvalidArgument, "iters must be >= 1 and usPerCall non-NULL");
-  int64_t t0 = kccl_now_ns();
-  for (int i = 0; i < iters; i++) {
-    kcclResult_t r = kcclAllReduce(sendbuff, recvbuff, count, dt, op, comm, NULL);
-    if (r != kcclSuccess) return r;
-  }
-  if (comm->gpu) { /* GPU calls only enqueue: wait for the kernels */
-    kcclResult_t r = kgpu_sync(comm->gpu->kg);
-    if (r == kcclSuccess) r = kccl_gpu_enter(comm);
-    if (r != kcclSuccess) return r;
-  }
-  *usPerCall = (double)(kccl_now_ns() - t0) / 1e3 / iters;
-  return kcclSuccess;
-}

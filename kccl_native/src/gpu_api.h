@@ -98,18 +98,6 @@ kcclResult_t kgpu_get_devcomm(struct kgpu *g, void *out, size_t bytes);
 /* Flag replicas of this communicator: *state 1 in use, 0 not asked for, -1 asked for but
  * disabled; note says why (gpu_l2map.cu). */
 void kgpu_flag_replicas(struct kgpu *g, int *state, char *note, size_t bytes);
-kcclResult_t kgpu_dev_selftest(struct kgpu *g, const void *inputs, void *outputs, size_t count, int dtype, int op,
-                               int iters, int blocks, void *stream);
-kcclResult_t kgpu_bench_dev(struct kgpu *g, void *buf, size_t count, int dtype, int iters, int blocks,
-                            double *us_per_call);
-/* phases: us per call of block 0's entry->pushed, pushed->received, received->end; poll rounds. */
-kcclResult_t kgpu_bench_dev_phases(struct kgpu *g, void *buf, size_t count, int dtype, int iters, int blocks,
-                                   double phases[4]);
-/* out: arrivals seen by the best-placed block, arrivals expected (blocks x ranks),
- * registers per thread of the probe kernel, its blocks per SM by the calculator. */
-kcclResult_t kgpu_bench_residency(struct kgpu *g, int blocks, int timeout_ms, int foreign, int carveout, int out[4],
-                                  int *sm_out);
-kcclResult_t kgpu_bench_flag_hop(struct kgpu *g, int iters, int mode, double *us_per_hop);
 
 /* error.c */
 kcclResult_t kccl_err(kcclResult_t code, const char *fmt, ...);

@@ -43,30 +43,6 @@ void kgpu_flag_replicas(struct kgpu *g, int *state, char *note, size_t bytes) {
   *state = 0;
   if (note && bytes) note[0] = 0;
 }
-kcclResult_t kgpu_dev_selftest(struct kgpu *g, const void *inputs, void *outputs, size_t count, int dtype, int op,
-                               int iters, int blocks, void *stream) {
-  (void)g; (void)inputs; (void)outputs; (void)count; (void)dtype; (void)op; (void)iters; (void)blocks; (void)stream;
-  return NO_CUDA;
-}
-kcclResult_t kgpu_bench_dev(struct kgpu *g, void *buf, size_t count, int dtype, int iters, int blocks,
-                            double *us_per_call) {
-  (void)g; (void)buf; (void)count; (void)dtype; (void)iters; (void)blocks; (void)us_per_call;
-  return NO_CUDA;
-}
-kcclResult_t kgpu_bench_dev_phases(struct kgpu *g, void *buf, size_t count, int dtype, int iters, int blocks,
-                                   double phases[4]) {
-  (void)g; (void)buf; (void)count; (void)dtype; (void)iters; (void)blocks; (void)phases;
-  return NO_CUDA;
-}
-kcclResult_t kgpu_bench_residency(struct kgpu *g, int blocks, int timeout_ms, int foreign, int carveout, int out[4],
-                                  int *sm_out) {
-  (void)g; (void)blocks; (void)timeout_ms; (void)foreign; (void)carveout; (void)out; (void)sm_out;
-  return NO_CUDA;
-}
-kcclResult_t kgpu_bench_flag_hop(struct kgpu *g, int iters, int mode, double *us_per_hop) {
-  (void)g; (void)iters; (void)mode; (void)us_per_hop;
-  return NO_CUDA;
-}
 kcclResult_t kgpu_split_fork(struct kgpu *g, int slot, void *stream, void **side) {
   (void)g; (void)slot; (void)stream; *side = 0;
   return NO_CUDA;

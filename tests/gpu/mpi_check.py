@@ -14,6 +14,7 @@ all-reduce cases, a replayed graph, all-gather, broadcast and reduce-scatter too
 (whether its calibration enabled them is printed).  Prints one line per
 failure and a final `GPU CHECK: n passed, m failed` on rank 0; exit 1 on any failure."""
 import argparse
+import os
 import sys
 import time
 
@@ -22,7 +23,8 @@ import torch
 from mpi4py import MPI
 
 import kccl
-from kccl import _bench
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "bench"))
+import kccl_bench  # noqa: E402  (bench/kccl_bench.py; builds its extension on first use)
 
 world = MPI.COMM_WORLD
 RANK, N = world.Get_rank(), world.Get_size()
@@ -195,7 +197,7 @@ def device_api_cases(comm, tiny=False):
         seed = 7000 + count
         inputs = [rng_input(seed, r, count, dtype) for r in range(N)]
         outs = torch.full((iters, count), float("nan"), dtype=TDT[dtype], device="cuda")
-        _bench.device_all_reduce_selftest(comm, inputs[RANK].cuda(), outs, kccl.SUM, iters=iters, blocks=blocks)
+        kccl_bench.device_all_reduce_selftest(comm, inputs[RANK].cuda(), outs, kccl.SUM, iters=iters, blocks=blocks)
         for k in range(iters):
             contrib = [(x.float() + k).to(TDT[dtype]) for x in inputs]
             check(f"device API {dtype} {count} blocks {blocks} iter {k}", outs[k], reference(contrib, "sum"))

@@ -23,10 +23,6 @@ static kgpu_layout make_layout(const kgpu_shape *s) {
   at = align_up(at + sizeof(uint32_t) * KGPU_TS_MAX_BLOCKS);
   l.fail = at;
   at = align_up(at + sizeof(int));
-  l.hop = at;
-  at = align_up(at + 2 * sizeof(uint64_t));
-  l.probe = at;
-  at = align_up(at + sizeof(int));
   l.flags = at;
   at = align_up(at + sizeof(uint64_t) * 2 * KGPU_TS_MAX_BLOCKS * KCCL_GPU_MAX_RANKS);
   const int rep = s->flag_replicas != 0;
@@ -159,8 +155,7 @@ extern "C" kcclResult_t kgpu_create(int device, const kgpu_shape *shape, struct 
       (e = kgpuDeviceGetPCIBusId(exp->pci, KGPU_PCI_BYTES, device)) != kgpuSuccess ||
       (e = kgpuDeviceGetAttribute(&exp->sms, kgpuDevAttrMultiProcessorCount, device)) != kgpuSuccess ||
       (e = kgpu_kernel_occupancy(shape->nranks, exp->ts_per_sm, &exp->ll_per_sm)) != kgpuSuccess ||
-      (e = kgpu_preload_kernels(shape->carveout)) != kgpuSuccess ||
-      (e = kgpu_preload_bench_kernels(shape->carveout)) != kgpuSuccess) {
+      (e = kgpu_preload_kernels(shape->carveout)) != kgpuSuccess) {
     kgpuFreeHost((void *)g->status_h);
     kgpuFree(g->buf);
     free(g);

@@ -29,8 +29,6 @@ struct kgpu_layout {
   size_t epochs;            /* uint32 [KCCL_CHANNELS][KCCL_DEV_MAX_BLOCKS] */
   size_t steps;             /* uint32 [KGPU_TS_MAX_BLOCKS]: step counter per two-shot / gather block */
   size_t fail;              /* int: claimed by the first failing block */
-  size_t hop;               /* uint64 [2]: flag-hop benchmark words */
-  size_t probe;             /* int: the residency probe's arrival counter (rank 0's is used) */
   size_t flags;             /* uint64 [2 stages][KGPU_TS_MAX_BLOCKS][KCCL_GPU_MAX_RANKS], pushed by senders */
   /* Flag replicas (sizes 0 unless asked for): */
   size_t l2pool;            /* KGPU_L2_POOL_LINES lines: the replicas' flag lines are chosen from these */
@@ -51,8 +49,6 @@ struct kgpu {
   char *peer[KCCL_GPU_MAX_RANKS];
   kcclGpuStatus *status_h, *status_d;
   kcclDevComm dc[KCCL_CHANNELS];
-  uint64_t hop_base;
-  long long probe_base;     /* arrivals every residency probe so far should have added */
   const void *ok_ptr[8];
   size_t ok_len[8];
   int ok_next;
@@ -80,7 +76,7 @@ kcclResult_t kgpu_launch_error(const char *what);
  * and gather's) for blocks of 1 .. KCCL_GPU_MAX_CHUNK_THREADS / 32 warps
  * (ts_per_sm[w - 1]), and of the one-shot kernel used for nranks (gpu_kernels.cu). */
 kgpuError_t kgpu_kernel_occupancy(int nranks, int8_t *ts_per_sm, int *ll_per_sm);
-/* Loads the library's kernels at init (lazy loading: see gpu_kernels.cu, gpu_bench.cu). */
+/* Loads the library's kernels at init (lazy loading: see gpu_kernels.cu). */
 /* carveout: the shared-memory carveout in percent for the kernels that wait
  * for peers (KCCL_GPU_CARVEOUT; -1: the driver's choice; why: gpu_kernels.cu).
  * A function attribute, so per process: the last communicator's setting holds. */
@@ -95,7 +91,6 @@ static inline kgpuError_t kgpu_load_waiting_kernel(const void *fn, int carveout)
   kgpuError_t e = kgpu_load_kernel(fn);
   return e != kgpuSuccess ? e : kgpuFuncSetCarveout(fn, carveout);
 }
-kgpuError_t kgpu_preload_bench_kernels(int carveout);
 
 /* gpu_l2map.cu.  Times every candidate line from every SM and fills this rank's
  * l2tab / l2map (g->rep_self, g->rep_cal say how it went); an error only when

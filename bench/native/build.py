@@ -1,0 +1,144 @@
+"""Builds KCCL's benchmark extension, kccl_bench_native, into bench/native/_build/:
+
+    python bench/native/build.py
+
+bench/kccl_bench.py runs the same build the first time it is imported, and again
+when a source here or a header of the installed kccl changed.  It compiles only
+this folder's sources, against the headers the kccl build installed (kccl.paths);
+the CUDA half (kccl_bench_gpu.cu, nvcc) when kccl itself was built with CUDA,
+else kccl_bench_nogpu.c.  The extension does not link the library: it calls the
+copy inside Python's kccl package through the addresses kccl.capi gives."""
+import fcntl
+import glob
+import hashlib
+import importlib
+import os
+import shutil
+import subprocess
+import sys
+import sysconfig
+
+from cffi import FFI
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+OUT = os.path.join(HERE, "_build")
+MODULE = "kccl_bench_native"
+GENCODE = ["-gencode=arch=compute_90,code=sm_90", "-gencode=arch=compute_90,code=compute_90"]
+
+# What Python calls; the rest of kccl_bench.h is shared by the two C halves only.
+CDEF = """
+int kb_bind(const char *name, uintptr_t fn);
+const char *kb_last_error(void);
+int kb_bench_all_reduce(const void *send, void *recv, size_t count, int dtype, int op, void *comm, int iters,
+                        double *us_per_call);
+int kb_dev_selftest(const void *inputs, void *outputs, size_t count, int dtype, int op, int iters, int blocks,
+                    void *comm, void *stream);
+int kb_bench_dev_all_reduce(void *buf, size_t count, int dtype, int iters, int blocks, void *comm,
+                            double *us_per_call);
+int kb_bench_dev_all_reduce_phases(void *buf, size_t count, int dtype, int iters, int blocks, void *comm,
+                                   double phases[4]);
+int kb_bench_residency(void *comm, int blocks, int timeout_ms, int foreign, int carveout, int out[4], int *sm_out);
+int kb_bench_flag_hop(void *comm, int iters, int mode, double *us_per_hop);
+"""
+# The kccl.h functions kb_bind takes (kccl_bench.c's table).
+FUNCTIONS = ["kcclAllReduce", "kcclAllGather", "kcclBarrier", "kcclCommCount", "kcclCommUserRank", "kcclCommCuDevice",
+             "kcclCommGetDevComm", "kcclCommGetAsyncError", "kcclGetLastError"]
+
+
+def _find_nvcc():
+    cands = [shutil.which("nvcc")]
+    cands += [os.path.join(h, "bin", "nvcc") for h in (os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH"),
+                                                        "/usr/local/cuda") if h]
+    for c in cands:
+        if c and os.access(c, os.X_OK):
+            return os.path.realpath(c)
+    raise SystemExit("kccl_bench: kccl was built with CUDA but nvcc is not on PATH, $CUDA_HOME/bin or "
+                     "/usr/local/cuda/bin")
+
+
+def _cuda_libdir(nvcc):
+    homes = [os.path.dirname(os.path.dirname(nvcc))]
+    homes += [h for h in (os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH"), "/usr/local/cuda") if h]
+    for home in homes:
+        for sub in ("lib64", os.path.join("targets", "x86_64-linux", "lib"), "lib"):
+            if os.path.exists(os.path.join(home, sub, "libcudart_static.a")):
+                return os.path.join(home, sub)
+    raise SystemExit(f"kccl_bench: no libcudart_static.a under {', '.join(homes)}")
+
+
+def _inputs():
+    """(with CUDA, include directory, files the build depends on)."""
+    import kccl
+    import kccl.paths
+    cuda = kccl.gpu_support()[0]
+    files = sorted(glob.glob(os.path.join(HERE, "*.[ch]")) + glob.glob(os.path.join(HERE, "*.cu"))
+                   + glob.glob(os.path.join(kccl.paths.INCLUDE, "*")) + [os.path.abspath(__file__)])
+    return cuda, kccl.paths.INCLUDE, files
+
+
+def _stamp(cuda, files):
+    h = hashlib.sha256(f"{cuda} {sys.version} {sysconfig.get_config_var('EXT_SUFFIX')}".encode())
+    for f in files:
+        h.update(os.path.basename(f).encode() + b"\0")
+        with open(f, "rb") as fh:
+            h.update(fh.read())
+    return h.hexdigest()
+
+
+def build(verbose=False):
+    """Compiles the extension into OUT (nvcc first when kccl has CUDA); returns the stamp written."""
+    cuda, include, files = _inputs()
+    os.makedirs(OUT, exist_ok=True)
+    objects, libdirs, libs, c_sources = [], [], [], [os.path.join(HERE, "kccl_bench.c")]
+    if cuda:
+        nvcc = _find_nvcc()
+        obj = os.path.join(OUT, "kccl_bench_gpu.o")
+        cmd = [nvcc, "-O3", "-std=c++17", "-Xcompiler", "-fPIC,-fvisibility=hidden", *GENCODE, "--threads", "2",
+               "-I", include, "-I", HERE, "-c", os.path.join(HERE, "kccl_bench_gpu.cu"), "-o", obj]
+        # nvcc takes minutes, the C half seconds: the object has its own stamp, so
+        # that a change elsewhere does not recompile it.
+        cu_inputs = [f for f in files if f.endswith((".cu", ".h", ".cuh")) or os.path.dirname(f) == include]
+        obj_stamp = _stamp(" ".join(cmd[1:]), cu_inputs)
+        obj_stamp_path = obj + ".stamp"
+        if not (os.path.exists(obj) and os.path.exists(obj_stamp_path)
+                and open(obj_stamp_path).read().strip() == obj_stamp):
+            print("kccl_bench: " + " ".join(cmd), file=sys.stderr)
+            proc = subprocess.run(cmd, capture_output=True, text=True)
+            if proc.returncode:
+                raise SystemExit(f"kccl_bench: nvcc failed\n{proc.stdout}{proc.stderr}")
+            with open(obj_stamp_path, "w") as f:
+                f.write(obj_stamp + "\n")
+        objects, libdirs, libs = [obj], [_cuda_libdir(nvcc)], ["cudart_static", "dl", "stdc++", "rt", "pthread"]
+    else:
+        c_sources.append(os.path.join(HERE, "kccl_bench_nogpu.c"))
+    ffi = FFI()
+    ffi.cdef(CDEF)
+    ffi.set_source(MODULE, '#include "kccl_bench.h"', sources=c_sources, include_dirs=[include, HERE],
+                   extra_compile_args=["-O2", "-std=gnu11", "-Wall", "-fvisibility=hidden"],
+                   extra_objects=objects, library_dirs=libdirs, libraries=libs)
+    ffi.compile(tmpdir=OUT, verbose=verbose)
+    stamp = _stamp(cuda, files)
+    with open(os.path.join(OUT, "stamp"), "w") as f:
+        f.write(stamp + "\n")
+    return stamp
+
+
+def load():
+    """The extension module, built first when missing or out of date.  A file lock
+    lets the ranks of one job start together: one builds, the others wait for it."""
+    cuda, _, files = _inputs()
+    want = _stamp(cuda, files)
+    os.makedirs(OUT, exist_ok=True)
+    stamp_path = os.path.join(OUT, "stamp")
+    with open(os.path.join(OUT, ".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        have = open(stamp_path).read().strip() if os.path.exists(stamp_path) else None
+        if have != want:
+            build()
+    if OUT not in sys.path:
+        sys.path.insert(0, OUT)
+    return importlib.import_module(MODULE)
+
+
+if __name__ == "__main__":
+    print(f"kccl_bench: built {MODULE} in {OUT} (stamp {build(verbose='-v' in sys.argv)[:12]})")

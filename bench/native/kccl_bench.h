@@ -1,0 +1,82 @@
+/* kccl_bench.h - KCCL's benchmarks and device self-test, outside the library.
+ *
+ * Everything here calls the library through kccl.h only, and through the copy of
+ * it that made the communicator (Python's kccl package): kb_bind fills `kb` with
+ * that copy's functions (kccl.capi.function), since a communicator's state,
+ * kernels and error text belong to the copy that made it.  The GPU half
+ * (kccl_bench_gpu.cu; kccl_bench_nogpu.c without nvcc) uses the device API of
+ * kccl_device.cuh on the kcclDevComm that kcclCommGetDevComm gives. */
+#ifndef KCCL_BENCH_H_
+#define KCCL_BENCH_H_
+#include <stddef.h>
+#include <stdint.h>
+#include "kccl.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+struct kb_api {
+  kcclResult_t (*AllReduce)(const void *, void *, size_t, kcclDataType_t, kcclRedOp_t, kcclComm_t, void *);
+  kcclResult_t (*AllGather)(const void *, void *, size_t, kcclDataType_t, kcclComm_t, void *);
+  kcclResult_t (*Barrier)(kcclComm_t, void *);
+  kcclResult_t (*CommCount)(const kcclComm_t, int *);
+  kcclResult_t (*CommUserRank)(const kcclComm_t, int *);
+  kcclResult_t (*CommCuDevice)(const kcclComm_t, int *);
+  kcclResult_t (*CommGetDevComm)(kcclComm_t, void *, size_t);
+  kcclResult_t (*CommGetAsyncError)(kcclComm_t, kcclResult_t *);
+  const char *(*GetLastError)(kcclComm_t);
+};
+extern struct kb_api kb;
+
+/* This extension's error text: kb_fail sets it; kb_lib copies the library's. */
+kcclResult_t kb_fail(kcclResult_t code, const char *fmt, ...);
+kcclResult_t kb_lib(kcclResult_t code);
+#define KB_LIB(call)                              \
+  do {                                            \
+    kcclResult_t r_ = (call);                     \
+    if (r_ != kcclSuccess) return kb_lib(r_);     \
+  } while (0)
+
+/* The entry points (Python's, through cffi: bench/native/build.py's CDEF).  Each
+ * returns a kcclResult_t; kb_last_error() says why when it is not kcclSuccess. */
+int kb_bind(const char *name, uintptr_t fn);
+const char *kb_last_error(void);
+kcclResult_t kb_bench_all_reduce(const void *send, void *recv, size_t count, int dtype, int op, kcclComm_t comm,
+                                 int iters, double *us_per_call);
+kcclResult_t kb_dev_selftest(const void *inputs, void *outputs, size_t count, int dtype, int op, int iters,
+                             int blocks, kcclComm_t comm, void *stream);
+kcclResult_t kb_bench_dev_all_reduce(void *buf, size_t count, int dtype, int iters, int blocks, kcclComm_t comm,
+                                     double *us_per_call);
+kcclResult_t kb_bench_dev_all_reduce_phases(void *buf, size_t count, int dtype, int iters, int blocks,
+                                            kcclComm_t comm, double phases[4]);
+kcclResult_t kb_bench_residency(kcclComm_t comm, int blocks, int timeout_ms, int foreign, int carveout, int out[4],
+                                int *sm_out);
+kcclResult_t kb_bench_flag_hop(kcclComm_t comm, int iters, int mode, double *us_per_hop);
+
+/* A GPU communicator as the device API sees it. */
+struct kb_gpu {
+  kcclComm_t comm;
+  int device, rank, nranks;
+  char dc[KCCL_DEV_COMM_BYTES]; /* the kcclDevComm */
+};
+
+/* GPU half.  Each launches on the legacy default stream unless a stream is given,
+ * and returns once its kernel finished (kernel failures: see kb_after). */
+kcclResult_t kbg_load(int device);
+kcclResult_t kbg_sync(int device);
+kcclResult_t kbg_check_ptr(int device, const void *p, size_t bytes, const char *what);
+kcclResult_t kbg_selftest(const struct kb_gpu *g, const void *in, void *out, size_t count, int dtype, int op,
+                          int iters, int blocks, void *stream);
+kcclResult_t kbg_chain(const struct kb_gpu *g, void *buf, size_t count, int dtype, int iters, int blocks,
+                       double *us_per_call);
+kcclResult_t kbg_phases(const struct kb_gpu *g, void *buf, size_t count, int dtype, int iters, int blocks,
+                        double phases[4]);
+kcclResult_t kbg_flag_hop(const struct kb_gpu *g, int iters, int mode, double *us_per_hop);
+kcclResult_t kbg_residency(const struct kb_gpu *g, int blocks, int timeout_ms, int foreign, int carveout,
+                           int out[4], int *sm_out);
+
+#ifdef __cplusplus
+}
+#endif
+#endif
