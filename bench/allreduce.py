@@ -7,7 +7,7 @@ Both libraries run on the same buffers in the same process, in alternating
 rounds (KCCL, MPI, KCCL, MPI, ...), so a noisy machine slows both alike.  For
 each size and library a rank takes the median over rounds of the mean time per
 call; the table shows min/avg/max of those medians across ranks.  `c_us` is
-KCCL timed by a loop inside C (kcclBenchAllReduce): the difference to `kccl_us`
+KCCL timed by a loop inside C (kb_bench_all_reduce in bench/native): the difference to `kccl_us`
 is the cost of the Python call.  #wrong counts result elements that differ from
 the exactly known answer, KCCL / MPI: 0/0 means both were right everywhere.
 

@@ -3,7 +3,7 @@
     mpiexec -n 2 python bench/topo_onoff.py [--sizes 4,64,1K,8K] [--iters 20000] [--rounds 9] [--json F]
 
 Three communicators over the same ranks, timed in alternating rounds (off, on, fake,
-off, on, fake, ...) with kcclBenchAllReduce (a loop inside C), so a noisy machine slows
+off, on, fake, ...) with bench/native's kb_bench_all_reduce (a loop inside C), so a noisy machine slows
 all three alike:
   off   KCCL_TOPO=off: one copy of every flag;
   on    KCCL_TOPO=on (the default): on a machine with one L3 the plan degenerates to one
@@ -80,7 +80,7 @@ def main():
         c.close()
     if rank != 0:
         return
-    print(f"# {n} ranks, float32 sum, kcclBenchAllReduce x {a.iters} per round, {a.rounds} rounds, "
+    print(f"# {n} ranks, float32 sum, kb_bench_all_reduce x {a.iters} per round, {a.rounds} rounds, "
           f"{platform.node()} ({os.cpu_count()} CPUs)")
     print("# topo_info rank 0: " + "; ".join(f"{k}: ndomains={v['ndomains']} replicas={v['replicas']} "
                                              f"bound={v['bound']}" for k, v in allinfo[0].items()))
