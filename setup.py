@@ -11,7 +11,7 @@ setup(
     packages=find_packages(include=["kccl", "kccl.*", "topology", "topology.*", "kie_engine", "kie_engine.*"]),
     # libkccl.so and its files are made while setup.py reads kccl/_build_ffi.py, so before the
     # package files are collected.
-    package_data={"kccl": ["lib/libkccl.so", "lib/libkccl_nccl.so", "lib/pkgconfig/kccl.pc", "lib/cmake/kccl/kcclConfig.cmake", "include/*"],
+    package_data={"kccl": ["lib/libkccl.so", "lib/libkccl_nccl.so", "lib/pkgconfig/kccl.pc", "lib/cmake/kccl/kcclConfig.cmake", "include/*", "include/kccl_device/*"],
                   "topology": ["fixtures/*/*.md", "fixtures/*/*.json", "fixtures/*.md", "fixtures/this-machine/**/*"]},
     python_requires=">=3.9",
     setup_requires=["cffi>=1.15"],

@@ -31,8 +31,8 @@ def build(root, cuda_objects, cuda_libdirs, cuda_libs, defines):
     objdir = os.path.join(root, "build", "libkccl")
     for d in (libdir, incdir, objdir, os.path.join(libdir, "pkgconfig"), os.path.join(libdir, "cmake", "kccl")):
         os.makedirs(d, exist_ok=True)
-    for h in glob.glob(os.path.join(native, "include", "*")):
-        shutil.copy2(h, incdir)
+    # The headers, subdirectories too (kccl_device/ holds kccl_device.cuh's parts).
+    shutil.copytree(os.path.join(native, "include"), incdir, dirs_exist_ok=True)
     cc = os.environ.get("CC", "gcc")
     objs = []
     for src in sorted(glob.glob(os.path.join(native, "src", "*.c"))):

@@ -72,7 +72,7 @@ def _inputs():
     import kccl.paths
     cuda = kccl.gpu_support()[0]
     files = sorted(glob.glob(os.path.join(HERE, "*.[ch]")) + glob.glob(os.path.join(HERE, "*.cu"))
-                   + glob.glob(os.path.join(kccl.paths.INCLUDE, "*")) + [os.path.abspath(__file__)])
+                   + [f for f in glob.glob(os.path.join(kccl.paths.INCLUDE, "**", "*"), recursive=True) if os.path.isfile(f)] + [os.path.abspath(__file__)])
     return cuda, kccl.paths.INCLUDE, files
 
 
@@ -97,7 +97,7 @@ def build(verbose=False):
                "-I", include, "-I", HERE, "-c", os.path.join(HERE, "kccl_bench_gpu.cu"), "-o", obj]
         # nvcc takes minutes, the C half seconds: the object has its own stamp, so
         # that a change elsewhere does not recompile it.
-        cu_inputs = [f for f in files if f.endswith((".cu", ".h", ".cuh")) or os.path.dirname(f) == include]
+        cu_inputs = [f for f in files if f.endswith((".cu", ".h", ".cuh")) or f.startswith(include + os.sep)]
         obj_stamp = _stamp(" ".join(cmd[1:]), cu_inputs)
         obj_stamp_path = obj + ".stamp"
         if not (os.path.exists(obj) and os.path.exists(obj_stamp_path)
