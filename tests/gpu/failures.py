@@ -132,21 +132,20 @@ EXPECT = {"kill": "KcclRemoteError", "abort": "KcclRemoteError", "mismatch": "Kc
           "mismatchop+4ranks": "KcclRemoteError", "timeout+4ranks": "KcclTimeout"}
 
 
-def run(scenario):
+def spawn_ranks(target, head, nranks, done, timeout_s):
+    """Runs target(*head, uid, rank, q) in nranks spawned processes sharing a fresh KCCL
+    unique id, and gathers their messages ({"rank": r, ...}, merged per rank) until
+    done(got), every process is gone, or timeout_s; stragglers are killed."""
     import kccl
     ctx = mp.get_context("spawn")
     q = ctx.Queue()
     uid = bytes(kccl.get_unique_id())
-    nranks = ranks_of(scenario)
-    last = nranks - 1
-    procs = [ctx.Process(target=worker, args=(scenario, uid, r, q)) for r in range(nranks)]
+    procs = [ctx.Process(target=target, args=(*head, uid, r, q)) for r in range(nranks)]
     for p in procs:
         p.start()
     got = {}
-    deadline = time.monotonic() + 60
-    base = scenario.partition("+")[0]
-    need = 1 if base in ("kill", "abort", "timeout") else 2
-    while time.monotonic() < deadline:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline and not done(got):
         try:
             m = q.get(timeout=1)
         except Exception:
@@ -154,12 +153,19 @@ def run(scenario):
                 break
             continue
         got.setdefault(m["rank"], {}).update(m)
-        if all("err" in got.get(r, {}) for r in (range(1) if need == 1 else range(nranks))):
-            break
     for p in procs:
         p.join(timeout=20)
         if p.is_alive():
             p.kill()
+    return got
+
+
+def run(scenario):
+    nranks = ranks_of(scenario)
+    last = nranks - 1
+    base = scenario.partition("+")[0]
+    waited = range(1) if base in ("kill", "abort", "timeout") else range(nranks)
+    got = spawn_ranks(worker, (scenario,), nranks, lambda got: all("err" in got.get(r, {}) for r in waited), 60)
     r0 = got.get(0, {})
     ok = r0.get("err") == EXPECT[scenario]
     why = f"rank 0 got {r0.get('err')}: {r0.get('msg', '')[:200]}"

@@ -14,7 +14,6 @@ that a lane can be SIGKILLed without an MPI launcher tearing the job down):
   nan_mono    the same with the monokernel
 After each: no KCCL segment is left in /dev/shm.  Prints PASS/FAIL per scenario and
 `KIE GPU FAILURES: n passed, m failed`; exit 1 on any failure."""
-import multiprocessing as mp
 import os
 import signal
 import sys
@@ -23,6 +22,8 @@ import time
 
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")
 sys.path.insert(0, ROOT)
+
+from failures import spawn_ranks  # noqa: E402  (tests/gpu/failures.py: the same spawn and gather)
 
 DETECT_S = 3.0     # KCCL_TIMEOUT_MS below, and the engine's 1 ms polling of the communicator
 TIMEOUT_MS = 1500
@@ -75,31 +76,11 @@ def lane(scenario, path, uid, rank, q):
 
 
 def two_lanes(scenario, root):
-    import kccl
     from kie_engine.config import preset
     from kie_engine.init import write_checkpoint
     path = os.path.join(root, f"tiny_{scenario}")
     write_checkpoint(preset("tiny", dtp_delay=LANES[scenario]), path, seed=3)
-    ctx = mp.get_context("spawn")
-    q = ctx.Queue()
-    uid = bytes(kccl.get_unique_id())
-    procs = [ctx.Process(target=lane, args=(scenario, path, uid, r, q)) for r in range(2)]
-    for p in procs:
-        p.start()
-    got = {}
-    deadline = time.monotonic() + 90
-    while time.monotonic() < deadline and "err" not in got.get(0, {}):
-        try:
-            m = q.get(timeout=1)
-        except Exception:
-            if all(not p.is_alive() for p in procs):
-                break
-            continue
-        got.setdefault(m["rank"], {}).update(m)
-    for p in procs:
-        p.join(timeout=20)
-        if p.is_alive():
-            p.kill()
+    got = spawn_ranks(lane, (scenario, path), 2, lambda got: "err" in got.get(0, {}), 90)
     r0, r1 = got.get(0, {}), got.get(1, {})
     ok = r0.get("err") in ("GpuError", "GpuTimeoutError")
     why = f"lane 0 got {r0.get('err')}: {r0.get('msg', '')[:160]}"
