@@ -23,12 +23,5 @@ cudaError_t launch_hd(const AttnArgs &a, int T, cudaStream_t st, int pdl) {
 }  // namespace
 
 cudaError_t kie_launch_attention(const AttnArgs &a, int T, cudaStream_t st, int pdl) {
-  switch (a.hd) {
-    case 16: return launch_hd<16>(a, T, st, pdl);
-    case 32: return launch_hd<32>(a, T, st, pdl);
-    case 64: return launch_hd<64>(a, T, st, pdl);
-    case 128: return launch_hd<128>(a, T, st, pdl);
-    case 256: return launch_hd<256>(a, T, st, pdl);
-  }
-  return cudaErrorInvalidValue;
+  return kie_with_hd(a.hd, cudaErrorInvalidValue, [&](auto h) { return launch_hd<decltype(h)::value>(a, T, st, pdl); });
 }

@@ -6,6 +6,8 @@
 #include <cuda_runtime.h>
 #include <stdint.h>
 
+#include <type_traits>
+
 #include "kie_gpu.h"
 
 typedef __nv_bfloat16 bf16;
@@ -180,6 +182,20 @@ size_t kie_mono_attention_smem(int hd);
 cudaError_t kie_mono_prepare(int hd, size_t smem, int *per_sm);
 cudaError_t kie_launch_mono(const MonoArgs &m, int hd, int grid, size_t smem, cudaStream_t st);
 cudaError_t kie_launch_fill_random(bf16 *p, size_t n, uint32_t seed, float scale, cudaStream_t st);
+
+/* The head sizes the attention is compiled for (derive() admits exactly these):
+ * f(std::integral_constant<int, HD>{}) for hd, `other` for any other size. */
+template <typename R, typename F>
+static inline R kie_with_hd(int hd, R other, F f) {
+  switch (hd) {
+    case 16: return f(std::integral_constant<int, 16>{});
+    case 32: return f(std::integral_constant<int, 32>{});
+    case 64: return f(std::integral_constant<int, 64>{});
+    case 128: return f(std::integral_constant<int, 128>{});
+    case 256: return f(std::integral_constant<int, 256>{});
+  }
+  return other;
+}
 
 /* A launch with or without the programmatic-serialization attribute. */
 template <typename... Params, typename... Args>

@@ -411,35 +411,14 @@ cudaError_t prepare_hd(size_t smem, int *per_sm) {
 }  // namespace
 
 size_t kie_mono_attention_smem(int hd) {
-  switch (hd) {
-    case 16: return MONO_SUBS_MAX * sizeof(AttSmem<16>);
-    case 32: return MONO_SUBS_MAX * sizeof(AttSmem<32>);
-    case 64: return MONO_SUBS_MAX * sizeof(AttSmem<64>);
-    case 128: return MONO_SUBS_MAX * sizeof(AttSmem<128>);
-    case 256: return MONO_SUBS_MAX * sizeof(AttSmem<256>);
-  }
-  return 0;
+  return kie_with_hd(hd, (size_t)0, [](auto h) { return MONO_SUBS_MAX * sizeof(AttSmem<decltype(h)::value>); });
 }
 
 cudaError_t kie_mono_prepare(int hd, size_t smem, int *per_sm) {
   *per_sm = 0;
-  switch (hd) {
-    case 16: return prepare_hd<16>(smem, per_sm);
-    case 32: return prepare_hd<32>(smem, per_sm);
-    case 64: return prepare_hd<64>(smem, per_sm);
-    case 128: return prepare_hd<128>(smem, per_sm);
-    case 256: return prepare_hd<256>(smem, per_sm);
-  }
-  return cudaErrorInvalidValue;
+  return kie_with_hd(hd, cudaErrorInvalidValue, [&](auto h) { return prepare_hd<decltype(h)::value>(smem, per_sm); });
 }
 
 cudaError_t kie_launch_mono(const MonoArgs &m, int hd, int grid, size_t smem, cudaStream_t st) {
-  switch (hd) {
-    case 16: return launch_hd<16>(m, grid, smem, st);
-    case 32: return launch_hd<32>(m, grid, smem, st);
-    case 64: return launch_hd<64>(m, grid, smem, st);
-    case 128: return launch_hd<128>(m, grid, smem, st);
-    case 256: return launch_hd<256>(m, grid, smem, st);
-  }
-  return cudaErrorInvalidValue;
+  return kie_with_hd(hd, cudaErrorInvalidValue, [&](auto h) { return launch_hd<decltype(h)::value>(m, grid, smem, st); });
 }
