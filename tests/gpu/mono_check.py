@@ -78,7 +78,6 @@ def check(tag, cfg, path, steps):
     prompt = rng.integers(0, cfg.vocab_size, 11).tolist()
     max_seq = len(prompt) + steps + 8
     g, m = models(cfg, path, max_seq)
-    info = m.info()
     ref = g.generate(prompt, steps, Sampling())
     got = m.generate(prompt, steps, Sampling())
     info = m.info()
