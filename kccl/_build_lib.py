@@ -64,7 +64,8 @@ def build(root, cuda_objects, cuda_libdirs, cuda_libs, defines):
                 f"  INTERFACE_INCLUDE_DIRECTORIES \"${{_kccl_prefix}}/include\")\n"
                 f"set(kccl_VERSION {VERSION})\nset(kccl_FOUND TRUE)\n")
     print(f"libkccl: {out}", file=sys.stderr)
-    build_nccl_shim(root, cc, libdir, objdir)
+    build_nccl_shim(root, cc, libdir, objdir, objs, [os.path.join(root, o) for o in cuda_objects], cuda_libdirs,
+                    cuda_libs, defines)
     return out
 
 
@@ -73,17 +74,30 @@ def nccl_shim_functions(root):
     two that return strings)."""
     import re
     text = open(os.path.join(root, "kccl_native", "nccl", "nccl_functions.def")).read()
-    return sorted(re.findall(r"^NCCL_FN\((nccl\w+),", text, flags=re.M) + ["ncclGetErrorString", "ncclGetLastError"])
+    return sorted(re.findall(r"^NCCL_(?:FN|ROUTED)\((nccl\w+),", text, flags=re.M)
+                  + ["ncclGetErrorString", "ncclGetLastError"])
 
 
-def build_nccl_shim(root, cc, libdir, objdir):
-    """libkccl_nccl.so: NCCL's C interface forwarded to the real NCCL (kccl_native/nccl/)."""
-    src = os.path.join(root, "kccl_native", "nccl", "shim.c")
+def build_nccl_shim(root, cc, libdir, objdir, core_objs, cuda_objects, cuda_libdirs, cuda_libs, defines):
+    """libkccl_nccl.so: NCCL's C interface (kccl_native/nccl/) with its own copy of the
+    KCCL core inside, so that it needs neither libkccl.so nor the Python package, and
+    exports only nccl* names."""
+    nccl = os.path.join(root, "kccl_native", "nccl")
     script = os.path.join(objdir, "nccl_exports.map")
     with open(script, "w") as f:
         f.write("{\n  global: nccl[A-Z]*;\n  local: *;\n};\n")
+    # route.c calls the CUDA runtime itself (bootstrap memory, the caller's device).
+    cuda_inc = [f"-I{os.path.join(os.path.dirname(d), 'include')}" for d in cuda_libdirs]
+    objs = []
+    for name in ("shim.c", "route.c"):
+        obj = os.path.join(objdir, "nccl_" + name[:-2] + ".o")
+        _run([cc, "-O2", "-std=gnu11", "-fPIC", "-Wall", "-fvisibility=hidden",
+              *[f"-D{k}={v}" for k, v in defines], "-I", nccl, "-I", os.path.join(root, "kccl_native", "include"),
+              "-I", os.path.join(root, "kccl_native", "src"), *cuda_inc, "-c", os.path.join(nccl, name), "-o", obj])
+        objs.append(obj)
     out = os.path.join(libdir, "libkccl_nccl.so")
-    _run([cc, "-O2", "-std=gnu11", "-fPIC", "-Wall", "-fvisibility=hidden", "-shared", "-o", out, src, "-ldl",
-          "-lpthread", f"-Wl,--version-script={script}", "-Wl,-soname,libkccl_nccl.so"])
+    _run([cc, "-shared", "-o", out, *objs, *core_objs, *cuda_objects, *[f"-L{d}" for d in cuda_libdirs],
+          *[f"-l{x}" for x in cuda_libs], "-ldl", "-lrt", "-lpthread", f"-Wl,--version-script={script}",
+          "-Wl,-soname,libkccl_nccl.so", "-Wl,--no-undefined"])
     print(f"libkccl_nccl: {out}", file=sys.stderr)
     return out

@@ -102,7 +102,8 @@ def parse_table(text):
     tokens = [t for t in _TOKEN.findall("\n".join(lines)) if t.strip() and not t.startswith(("/*", "//"))]
     entries, i = [], 0
     while i < len(tokens):
-        if tokens[i] in ("KCCL_SETTING", "KCCL_PY_SETTING", "KCCL_BUILD_SETTING") and tokens[i + 1] == "(":
+        if tokens[i] in ("KCCL_SETTING", "KCCL_PY_SETTING", "KCCL_BUILD_SETTING", "KCCL_NCCL_SETTING") \
+                and tokens[i + 1] == "(":
             macro, args, cur, depth, i = tokens[i], [], [], 0, i + 2
             while depth or tokens[i] != ")":
                 t = tokens[i]
@@ -123,13 +124,20 @@ def parse_table(text):
 def _load():
     with open(_table_path()) as f:
         entries = parse_table(f.read())
-    settings, build, choices = [], [], {}
+    settings, build, shim, choices = [], [], [], {}
     for macro, args in entries:
         if macro == "KCCL_BUILD_SETTING":
             build.append(tuple(args))
             continue
         if macro == "KCCL_SETTING":
             field, name, kind, default, lo, hi, multiple, equal, names, doc = args
+        elif macro == "KCCL_NCCL_SETTING":
+            field, name, kind, default, lo, hi, doc = args
+            shim.append(Setting(name, field, _number(default) if kind != "KCCL_KIND_PATH" else default,
+                                _path if kind == "KCCL_KIND_PATH" else _int_range(_number(lo), _number(hi),
+                                                                                  sizes=kind == "KCCL_KIND_SIZE"),
+                                doc, native=False))
+            continue
         else:
             (field, name, kind, default, names, doc), lo, hi, multiple, equal = args, None, None, "1", "KCCL_EQUAL_NO"
         if kind == "KCCL_KIND_CHOICE":
@@ -142,16 +150,19 @@ def _load():
             parse = _int_range(_number(lo), _number(hi), sizes=kind == "KCCL_KIND_SIZE", multiple=_number(multiple))
             default = _number(default)
         settings.append(Setting(name, field, default, parse, doc, native=macro == "KCCL_SETTING", equal=equal))
-    return tuple(settings), tuple(build), choices
+    return tuple(settings), tuple(build), tuple(shim), choices
 
 
 SETTINGS: Tuple[Setting, ...]
-SETTINGS, BUILD_SETTINGS, _CHOICES = _load()  # BUILD_SETTINGS: read by setup.py (kccl/_build_cuda.py)
+# BUILD_SETTINGS: read by setup.py (kccl/_build_cuda.py); NCCL_SETTINGS: by libkccl_nccl.so only,
+# so a communicator of this package neither takes nor checks them.
+SETTINGS, BUILD_SETTINGS, NCCL_SETTINGS, _CHOICES = _load()
 ALGOS = _CHOICES["algo"]
 DEBUG_LEVELS = _CHOICES["debug"]
 TOPO_MODES = _CHOICES["topo"]
 BY_NAME = {s.name: s for s in SETTINGS}
-KNOWN_NAMES = tuple(s.name for s in SETTINGS) + tuple(b[0] for b in BUILD_SETTINGS)
+KNOWN_NAMES = (tuple(s.name for s in SETTINGS) + tuple(b[0] for b in BUILD_SETTINGS)
+               + tuple(s.name for s in NCCL_SETTINGS))
 
 
 class KcclSettingWarning(UserWarning):
@@ -253,7 +264,7 @@ def native_from(ffi, resolved):
 def describe(environ=None) -> str:
     environ = os.environ if environ is None else environ
     rows = resolve(environ=environ)
-    w = max(len(s.name) for s in SETTINGS)
+    w = max(len(s.name) for s in SETTINGS + NCCL_SETTINGS)
     lines = [f"{'setting':<{w}}  {'value':>10}  {'source':<8}  meaning"]
     for s in SETTINGS:
         value, src = rows[s.name]
@@ -261,6 +272,9 @@ def describe(environ=None) -> str:
     for name, default, doc in BUILD_SETTINGS:
         val = environ.get(name, "").strip()
         lines.append(f"{name:<{w}}  {val or default:>10}  {'env' if val else 'default':<8}  {doc}")
+    for s in NCCL_SETTINGS:
+        val = environ.get(s.name, "").strip()
+        lines.append(f"{s.name:<{w}}  {val or s.default:>10}  {'env' if val else 'default':<8}  {s.doc}")
     return "\n".join(lines)
 
 

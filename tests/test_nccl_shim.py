@@ -1,8 +1,11 @@
-"""libkccl_nccl.so, NCCL's C interface in front of the real NCCL (issue 27), on a
-machine without a GPU: its exported names are exactly the functions it claims, and
-against a stand-in NCCL (tests/nccl_fake/fake_nccl.c, which logs what it receives)
-every argument and result passes through, and a missing library or function is a
-clear NCCL error.  Each case runs in a subprocess: the shim reads KCCL_NCCL_LIB once."""
+"""libkccl_nccl.so, NCCL's C interface over KCCL (issue 27), on a machine without a
+GPU: its exported names are exactly the functions it claims; against a stand-in NCCL
+(tests/nccl_fake/fake_nccl.c, which logs what it receives) every argument and result
+passes through, and a missing library or function is a clear NCCL error; and with
+the stand-in's communicators spanning processes, the shim makes a KCCL communicator
+beside each one (KCCL's host transport: the stand-in has no GPU), sends it the small
+floating-point all-reduces and forwards the rest, and a dead or aborting rank is a
+clear error.  Each case runs in subprocesses: the shim reads its settings once."""
 import json
 import os
 import subprocess
@@ -36,11 +39,12 @@ def fake(tmp_path_factory):
     return lib
 
 
-def run(body, real):
-    env = dict(os.environ, SHIM=SHIM)
+def run(body, real, env_extra=None):
+    env = dict(os.environ, SHIM=SHIM, KCCL_NCCL_ROUTE="0")  # forwarding alone, unless env_extra says otherwise
     env.pop("KCCL_NCCL_LIB", None)
     if real is not None:
         env["KCCL_NCCL_LIB"] = real
+    env.update(env_extra or {})
     p = subprocess.run([sys.executable, "-c", PRELUDE + body + "\nprint(json.dumps(out))"], env=env,
                        capture_output=True, text=True, timeout=60)
     assert p.returncode == 0, p.stderr
@@ -130,3 +134,196 @@ def test_kccl_paths_names_the_shim():
     p = subprocess.run([sys.executable, "-m", "kccl.paths", "--nccl-shim"], capture_output=True, text=True, cwd=ROOT)
     assert p.returncode == 0 and os.path.samefile(p.stdout.strip(), SHIM)
     assert json.dumps(_build_lib.nccl_shim_functions(ROOT))  # the list parses
+
+
+# ------------------------------------------------------------------------------ routing to KCCL
+
+RANK_PRELUDE = r"""
+import ctypes, json, os, signal, struct, sys, time
+shim = ctypes.CDLL(os.environ["SHIM"])
+fake = ctypes.CDLL(os.environ["KCCL_NCCL_LIB"])
+fake.fake_log.restype = ctypes.c_char_p
+shim.ncclGetLastError.restype = ctypes.c_char_p
+rank, nranks = int(os.environ["RANK"]), int(os.environ["NRANKS"])
+uid = ctypes.create_string_buffer(128)
+idfile = os.environ["IDFILE"]
+if rank == 0:
+    assert shim.ncclGetUniqueId(uid) == 0
+    with open(idfile + ".tmp", "wb") as f:
+        f.write(uid.raw)
+    os.rename(idfile + ".tmp", idfile)
+else:
+    while not os.path.exists(idfile):
+        time.sleep(0.01)
+    uid.raw = open(idfile, "rb").read()
+class Id(ctypes.Structure):
+    _fields_ = [("internal", ctypes.c_char * 128)]
+comm = ctypes.c_void_p()
+out = {"init": shim.ncclCommInitRank(ctypes.byref(comm), nranks, Id.from_buffer_copy(uid.raw), rank)}
+out["init_log"] = fake.fake_log().decode()
+fake.fake_clear()
+def allreduce(values, ctype, dtype, op=0, inplace=False):
+    send = (ctype * len(values))(*values)
+    recv = send if inplace else (ctype * len(values))()
+    rc = shim.ncclAllReduce(send, recv, ctypes.c_size_t(len(values)), dtype, op, comm, None)
+    return rc, list(recv)
+def logged():
+    text = fake.fake_log().decode()
+    fake.fake_clear()
+    return text
+"""
+
+
+def run_ranks(body, fake, tmp_path, nranks=3, env=None, per_rank_env=None, timeout=60):
+    """Runs RANK_PRELUDE + body in nranks processes; their `out` dicts, by rank."""
+    procs = []
+    for r in range(nranks):
+        e = dict(os.environ, SHIM=SHIM, KCCL_NCCL_LIB=fake, FAKE_NCCL_DIR=str(tmp_path), RANK=str(r),
+                 NRANKS=str(nranks), IDFILE=str(tmp_path / "uid"))
+        e.update(env or {})
+        e.update((per_rank_env or {}).get(r, {}))
+        procs.append(subprocess.Popen([sys.executable, "-c", RANK_PRELUDE + body + "\nprint(json.dumps(out))"],
+                                      env=e, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    outs = []
+    for p in procs:
+        try:
+            so, se = p.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            for q in procs:
+                q.kill()
+            raise
+        outs.append((p.returncode, so, se))
+    return outs
+
+
+def kccl_segments():
+    return sorted(n for n in os.listdir("/dev/shm") if n.startswith("kccl-")) if os.path.isdir("/dev/shm") else []
+
+
+def parsed(outs):
+    res = []
+    for rc, so, se in outs:
+        assert rc == 0, se
+        res.append(dict(json.loads(so.strip().splitlines()[-1]), stderr=se))
+    return res
+
+
+def test_small_float_all_reduces_go_to_kccl_and_the_rest_to_nccl(fake, tmp_path):
+    before = kccl_segments()
+    outs = parsed(run_ranks(r"""
+n = 300
+out["f32"] = allreduce([float(rank * 1000 + i) for i in range(n)], ctypes.c_float, 7)
+out["f32_log"] = logged()
+out["max_inplace"] = allreduce([float((rank * 7 + i) % 5) for i in range(n)], ctypes.c_float, 7, op=2, inplace=True)
+out["avg"] = allreduce([float(rank + 1)] * 8, ctypes.c_float, 7, op=4)
+out["bf16"] = allreduce([0x3F80 + 0x80 * rank] * 4, ctypes.c_uint16, 9)   # 1.0, 2.0, 4.0 (bfloat16 bits)
+out["small_log"] = logged()
+out["big"] = allreduce([1.0] * 1100, ctypes.c_float, 7)                     # 4400 bytes > KCCL_NCCL_ROUTE_MAX_BYTES
+out["big_log"] = logged()
+out["i64"] = allreduce([rank, 5], ctypes.c_int64, 4)                         # an integer type: NCCL
+out["i64_log"] = logged()
+shim.ncclGroupStart()
+out["grouped"] = allreduce([1.0, 2.0], ctypes.c_float, 7)                    # inside a group: NCCL
+shim.ncclGroupEnd()
+out["grouped_log"] = logged()
+e = ctypes.c_int(-1)
+out["async"] = [shim.ncclCommGetAsyncError(comm, ctypes.byref(e)), e.value]
+out["destroy"] = shim.ncclCommDestroy(comm)
+""", fake, tmp_path, env={"KCCL_NCCL_ROUTE_MAX_BYTES": "4096"}))
+    n = 300
+    for r, o in enumerate(outs):
+        assert o["init"] == 0, o["stderr"]
+        # the KCCL side was made through the stand-in: agreement (int64 min), rank 0's id, agreement again
+        assert o["init_log"].count("dtype=4 op=3") == 2 and "Broadcast count=128 root=0;" in o["init_log"]
+        assert o["f32"] == [0, [float(3000 + 3 * i) for i in range(n)]]
+        assert o["max_inplace"] == [0, [float(max((q * 7 + i) % 5 for q in range(3))) for i in range(n)]]
+        assert o["avg"] == [0, [2.0] * 8]
+        assert o["bf16"] == [0, [0x40E0] * 4]                                  # 7.0
+        assert "AllReduce" not in o["f32_log"] + o["small_log"]                # KCCL took them
+        assert o["big"] == [0, [3.0] * 1100] and "count=1100 dtype=7" in o["big_log"]
+        assert o["i64"] == [0, [3, 15]] and "count=2 dtype=4 op=0" in o["i64_log"]
+        assert o["grouped"] == [0, [3.0, 6.0]] and "count=2 dtype=7" in o["grouped_log"]
+        assert o["async"] == [0, 0] and o["destroy"] == 0
+        assert "stays with the real NCCL" not in o["stderr"]
+    assert kccl_segments() == before
+
+
+def test_ranks_that_differ_in_the_route_limit_all_stay_with_nccl(fake, tmp_path):
+    outs = parsed(run_ranks(r"""
+out["f32"] = allreduce([1.0, 2.0], ctypes.c_float, 7)
+out["log"] = logged()
+shim.ncclCommDestroy(comm)
+""", fake, tmp_path, nranks=2, per_rank_env={1: {"KCCL_NCCL_ROUTE_MAX_BYTES": "1k"}}))
+    for o in outs:
+        assert o["init"] == 0 and o["f32"] == [0, [2.0, 4.0]]
+        assert "count=2 dtype=7" in o["log"]                                   # every rank forwarded it
+        assert "stays with the real NCCL only" in o["stderr"] and "KCCL_NCCL_ROUTE_MAX_BYTES" in o["stderr"]
+
+
+def test_route_off_makes_no_kccl_side(fake, tmp_path):
+    outs = parsed(run_ranks(r"""
+out["f32"] = allreduce([1.0], ctypes.c_float, 7)
+out["log"] = logged()
+shim.ncclCommDestroy(comm)
+""", fake, tmp_path, nranks=2, env={"KCCL_NCCL_ROUTE": "0"}))
+    for o in outs:
+        assert o["init"] == 0 and "Broadcast" not in o["init_log"] and "AllReduce" not in o["init_log"]
+        assert o["f32"] == [0, [2.0]] and "count=1 dtype=7" in o["log"]
+
+
+def test_a_bad_route_setting_is_an_invalid_argument_before_any_communicator(fake, tmp_path):
+    out = run(r"""
+comm = ctypes.c_void_p()
+uid = UniqueId()
+shim.ncclGetUniqueId(ctypes.byref(uid))
+out["rc"] = shim.ncclCommInitRank(ctypes.byref(comm), 2, uid, 0)
+out["why"] = shim.ncclGetLastError(None).decode()
+fake = ctypes.CDLL(os.environ["KCCL_NCCL_LIB"]); fake.fake_log.restype = ctypes.c_char_p
+out["log"] = fake.fake_log().decode()
+""", fake, env_extra={"KCCL_NCCL_ROUTE": "1", "KCCL_NCCL_ROUTE_MAX_BYTES": "lots"})
+    assert out["rc"] == 4 and "KCCL_NCCL_ROUTE_MAX_BYTES=lots" in out["why"]
+    assert "CommInitRank" not in out["log"]                                    # refused before the real init
+
+
+@pytest.mark.parametrize("how", ["kill", "abort"])
+def test_a_dead_or_aborting_rank_is_a_remote_error_within_two_seconds(fake, tmp_path, how):
+    before = kccl_segments()
+    outs = run_ranks(r"""
+how = os.environ["HOW"]
+t_fail, rc, i = None, 0, 0
+while i < 100000:
+    if rank == 2 and i == 200:
+        if how == "kill":
+            os.kill(os.getpid(), signal.SIGKILL)
+        out["abort"] = shim.ncclCommAbort(comm)
+        break
+    t0 = time.monotonic()
+    rc, got = allreduce([1.0] * 16, ctypes.c_float, 7)
+    if rc != 0:
+        t_fail = time.monotonic() - t0
+        break
+    assert got == [3.0] * 16, got
+    i += 1
+out.update(rc=rc, calls=i, seconds=t_fail, why=shim.ncclGetLastError(comm).decode())
+e = ctypes.c_int(0)
+out["async"] = [shim.ncclCommGetAsyncError(comm, ctypes.byref(e)), e.value]
+if rank != 2:
+    out["abort"] = shim.ncclCommAbort(comm)
+""", fake, tmp_path, env={"HOW": how})
+    whys = []
+    for r, (rc, so, se) in enumerate(outs):
+        if r == 2 and how == "kill":
+            assert rc == -9
+            continue
+        assert rc == 0, se
+        o = json.loads(so.strip().splitlines()[-1])
+        assert o["init"] == 0 and o["abort"] == 0
+        if r == 2:
+            continue
+        assert o["calls"] >= 200 and o["rc"] == 6, o                            # ncclRemoteError
+        assert o["seconds"] < 2.0 and "kccl_nccl" in o["why"], o
+        assert o["async"] == [0, 6]
+        whys.append(o["why"])
+    # the survivor that noticed first names rank 2; the other may name that survivor, which left on the error
+    assert any("rank 2" in w for w in whys), whys
+    assert kccl_segments() == before

@@ -8,7 +8,8 @@
  * or lacks a function, the call returns ncclSystemError / ncclInvalidUsage and
  * ncclGetLastError says why.
  *
- * This layer only forwards; calls are not yet routed to KCCL (see README). */
+ * Most functions are forwarded here unchanged; route.c writes those that keep a
+ * KCCL communicator beside the real one and the calls KCCL takes. */
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <pthread.h>
@@ -16,14 +17,23 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "nccl_api.h"
+#include <stdarg.h>
 
-#define EXPORT __attribute__((visibility("default")))
+#include "shim.h"
 
 static pthread_once_t g_once = PTHREAD_ONCE_INIT;
 static void *g_real;          /* dlopen handle of the real NCCL */
 static char g_load_error[768];
 static __thread char t_error[1024]; /* the shim's own last error, per thread */
+
+void shim_error(const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(t_error, sizeof t_error, fmt, ap);
+  va_end(ap);
+}
+
+void shim_clear_error(void) { t_error[0] = 0; }
 
 /* The shim's address range, so that a "real" library that is the shim itself
  * (KCCL_NCCL_LIB pointing here) is refused instead of calling itself forever. */
@@ -80,10 +90,12 @@ static void *real_fn(const char *name, ncclResult_t *rc, int record) {
 }
 
 /* Each function resolves its real counterpart once (a pointer-sized store:
- * threads that race store the same value). */
-#define NCCL_FN(name, params, args)                                                  \
+ * threads that race store the same value).  A call that reaches the real
+ * library clears the shim's own error, so ncclGetLastError then asks the real
+ * library. */
+#define FORWARD(exported, name, params, args)                                        \
   typedef ncclResult_t(*name##_fn) params;                                           \
-  EXPORT ncclResult_t name params {                                                  \
+  exported ncclResult_t FORWARD_NAME_##exported(name) params {                       \
     static name##_fn real;                                                           \
     name##_fn f = __atomic_load_n(&real, __ATOMIC_ACQUIRE);                          \
     if (!f) {                                                                        \
@@ -95,10 +107,15 @@ static void *real_fn(const char *name, ncclResult_t *rc, int record) {
     t_error[0] = 0;                                                                  \
     return f args;                                                                   \
   }
+#define FORWARD_NAME_SHIM_EXPORT(name) name
+#define FORWARD_NAME_SHIM_HIDDEN(name) real_##name
+#define NCCL_FN(name, params, args) FORWARD(SHIM_EXPORT, name, params, args)
+#define NCCL_ROUTED(name, params, args) FORWARD(SHIM_HIDDEN, name, params, args)
 #include "nccl_functions.def"
 #undef NCCL_FN
+#undef NCCL_ROUTED
 
-EXPORT const char *ncclGetErrorString(ncclResult_t result) {
+SHIM_EXPORT const char *ncclGetErrorString(ncclResult_t result) {
   typedef const char *(*fn)(ncclResult_t);
   ncclResult_t rc;
   fn f = (fn)real_fn("ncclGetErrorString", &rc, 0);
@@ -111,7 +128,7 @@ EXPORT const char *ncclGetErrorString(ncclResult_t result) {
   }
 }
 
-EXPORT const char *ncclGetLastError(ncclComm_t comm) {
+SHIM_EXPORT const char *ncclGetLastError(ncclComm_t comm) {
   if (t_error[0]) return t_error; /* the shim's own failure comes first: the real library never saw the call */
   typedef const char *(*fn)(ncclComm_t);
   ncclResult_t rc;

@@ -31,7 +31,7 @@ static const char *env_value(const char *name, char *buf, size_t n) {
 
 /* An integer in [lo, hi] and a multiple of `multiple`; byte sizes may end in k/K or
  * m/M (binary multiples). */
-static kcclResult_t env_long(const char *name, long lo, long hi, int sizes, int multiple, long *out) {
+kcclResult_t kccl_env_long(const char *name, long lo, long hi, int sizes, int multiple, long *out) {
   char buf[64];
   const char *s = env_value(name, buf, sizeof buf);
   if (!s) return kcclSuccess;
@@ -199,7 +199,7 @@ kcclResult_t kcclConfigInit(kcclConfig_t *cfg) {
       int idx = (int)v;
       if ((r = env_choice(s->var, names, split_choices(s->choices, names), &idx))) return r;
       v = idx;
-    } else if ((r = env_long(s->var, (long)s->lo, (long)s->hi, s->kind == KCCL_KIND_SIZE, s->multiple, &v))) {
+    } else if ((r = kccl_env_long(s->var, (long)s->lo, (long)s->hi, s->kind == KCCL_KIND_SIZE, s->multiple, &v))) {
       return r;
     }
     setting_set(cfg, i, v);
