@@ -357,9 +357,10 @@ def test_misspelled_setting_is_warned_about_once_naming_the_right_one():
 def test_every_known_setting_is_known_to_c_and_python():
     valid = {s.name: str(s.default) for s in kconfig.SETTINGS if s.name != "KCCL_TOPO_FILE"}
     valid.update({b[0]: b[1] for b in kconfig.BUILD_SETTINGS})
+    valid.update({s.name: str(s.default) for s in kconfig.NCCL_SETTINGS if s.name != "KCCL_NCCL_LIB"})
     py, c = _warnings_of(**valid)
     assert py == [] and c == [], (py, c)
-    assert set(kconfig.KNOWN_NAMES) == set(valid) | {"KCCL_TOPO_FILE"}
+    assert set(kconfig.KNOWN_NAMES) == set(valid) | {"KCCL_TOPO_FILE", "KCCL_NCCL_LIB"}
 
 
 @pytest.mark.parametrize("name,near", [("KCCL_TIMOUT_MS", "KCCL_TIMEOUT_MS"), ("KCCL_TIMEOUT", "KCCL_TIMEOUT_MS"),

@@ -229,7 +229,7 @@ out["grouped_log"] = logged()
 e = ctypes.c_int(-1)
 out["async"] = [shim.ncclCommGetAsyncError(comm, ctypes.byref(e)), e.value]
 out["destroy"] = shim.ncclCommDestroy(comm)
-""", fake, tmp_path, env={"KCCL_NCCL_ROUTE_MAX_BYTES": "4096"}))
+""", fake, tmp_path, env={"KCCL_NCCL_ROUTE_MAX_BYTES": "4096", "KCCL_DEBUG": "INFO"}))
     n = 300
     for r, o in enumerate(outs):
         assert o["init"] == 0, o["stderr"]
@@ -245,6 +245,7 @@ out["destroy"] = shim.ncclCommDestroy(comm)
         assert o["grouped"] == [0, [3.0, 6.0]] and "count=2 dtype=7" in o["grouped_log"]
         assert o["async"] == [0, 0] and o["destroy"] == 0
         assert "stays with the real NCCL" not in o["stderr"]
+        assert f"kccl_nccl: rank {r} of 3: 4 all-reduces went to KCCL, 3 to the real NCCL (destroy)" in o["stderr"]
     assert kccl_segments() == before
 
 

@@ -83,6 +83,8 @@ struct side {
   ncclComm_t real;
   kcclComm_t k;
   int device;      /* -1: KCCL's host transport (a real library without a device) */
+  int rank, nranks, debug;
+  unsigned long routed, forwarded; /* all-reduces, for KCCL_DEBUG=INFO's line at close */
   struct side *next;
 };
 
@@ -329,6 +331,9 @@ static ncclResult_t attach(ncclComm_t real) {
   side->real = real;
   side->k = k;
   side->device = device;
+  side->rank = rank;
+  side->nranks = nranks;
+  side->debug = cfg.debug;
   add(side);
   k = NULL;
 out:
@@ -383,6 +388,9 @@ SHIM_EXPORT ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int key, nccl
 }
 
 static void side_close(struct side *s, int abort) {
+  if (s->debug >= 2)
+    fprintf(stderr, "kccl_nccl: rank %d of %d: %lu all-reduces went to KCCL, %lu to the real NCCL (%s)\n", s->rank,
+            s->nranks, s->routed, s->forwarded, abort ? "abort" : "destroy");
   struct on_device dev;
   device_enter(&dev, s->device);
   if (abort) kcclCommAbort(s->k);
@@ -428,10 +436,13 @@ SHIM_EXPORT ncclResult_t ncclGroupEnd(void) {
 
 SHIM_EXPORT ncclResult_t ncclAllReduce(const void *sendbuff, void *recvbuff, size_t count, ncclDataType_t datatype,
                                        ncclRedOp_t op, ncclComm_t comm, cudaStream_t stream) {
-  struct side *s = t_group_depth ? NULL : find(comm);
+  struct side *s = find(comm);
   const size_t es = datatype == ncclFloat32 ? 4 : datatype == ncclFloat16 || datatype == ncclBfloat16 ? 2 : 0;
-  if (!s || !es || (unsigned)op > (unsigned)ncclAvg || count == 0 || count > g_set.route_max_bytes / es)
+  if (!s || t_group_depth || !es || (unsigned)op > (unsigned)ncclAvg || count == 0 || count > g_set.route_max_bytes / es) {
+    if (s) s->forwarded++;
     return real_ncclAllReduce(sendbuff, recvbuff, count, datatype, op, comm, stream);
+  }
+  s->routed++;
   shim_clear_error();
   struct on_device dev;
   device_enter(&dev, s->device);

@@ -64,11 +64,12 @@ static kcclResult_t env_choice(const char *name, char names[][16], int n, int *o
   return kccl_err(kcclInvalidArgument, "%s=%s: expected one of %s", name, s, list);
 }
 
-/* Every KCCL_* variable KCCL reads: the table's C, Python-only and build-time entries. */
+/* Every KCCL_* variable KCCL reads: the table's C, Python-only, build-time and NCCL-shim entries. */
 static const char *const known_env[] = {
 #define KCCL_SETTING(field, var, ...) var,
 #define KCCL_PY_SETTING(field, var, ...) var,
 #define KCCL_BUILD_SETTING(var, ...) var,
+#define KCCL_NCCL_SETTING(field, var, ...) var,
 #include "kccl_settings.def"
 };
 #define NKNOWN (sizeof known_env / sizeof known_env[0])
