@@ -48,7 +48,7 @@
 #include "kccl.h"
 #include "kccl_gpu_compat.h"
 #include "kccl_gpu_status.h"
-#if defined(__HIP_PLATFORM_AMD__) || defined(KCCL_USE_HIP)
+#ifdef KGPU_HIP
 #include <hip/hip_fp16.h>
 #else
 #include <cuda_fp16.h>

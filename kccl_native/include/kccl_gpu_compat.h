@@ -7,15 +7,23 @@
  * atomic builtins on HIP).  The .cu files use only these names plus the
  * kernel-language subset CUDA and HIP share (__global__, threadIdx, ...).
  *
- * The HIP branch compiles in principle for gfx942 (MI300X) but has never been
- * built or run by this project: treat it as a starting point.
+ * The HIP branch is compiled, never run: tests/test_hip_build.py builds the GPU
+ * sources with it through hipcc (Debian's ROCm 5.2 / clang 15 in CI) for gfx90a
+ * and gfx940; that clang does not know gfx942 (MI300X), and no AMD GPU has run it.
  */
 #ifndef KCCL_GPU_COMPAT_H_
 #define KCCL_GPU_COMPAT_H_
 
 #include <stdint.h>
 
-#if defined(__HIP_PLATFORM_AMD__) || defined(KCCL_USE_HIP)
+/* clang defines __HIP__ whenever it compiles HIP (hipcc, -x hip); ROCm's own
+ * __HIP_PLATFORM_AMD__ is defined by hip_runtime.h itself (hipcc 5.x does not
+ * pass it), so it cannot choose the branch alone. */
+#if defined(__HIP__) || defined(__HIP_PLATFORM_AMD__) || defined(KCCL_USE_HIP)
+#define KGPU_HIP 1
+#endif
+
+#ifdef KGPU_HIP
 /* ------------------------------------------------------------------ HIP ----- */
 #include <hip/hip_runtime.h>
 typedef hipError_t kgpuError_t;
@@ -67,24 +75,37 @@ typedef hipIpcMemHandle_t kgpuIpcMemHandle_t;
 #define kgpuStreamDestroy hipStreamDestroy
 #define kgpuPointerGetAttributes hipPointerGetAttributes
 typedef hipPointerAttribute_t kgpuPointerAttributes;
+/* ROCm 6 names the memory type `type`, as CUDA does; ROCm 5.0-5.4 name it
+ * memoryType (5.5-5.7 have both). */
+#if HIP_VERSION_MAJOR >= 6
 #define KGPU_PTR_IS_DEVICE(a) ((a).type == hipMemoryTypeDevice)
+#else
+#define KGPU_PTR_IS_DEVICE(a) ((a).memoryType == hipMemoryTypeDevice)
+#endif
 #define KGPU_PTR_DEVICE(a) ((a).device)
 #define KGPU_WARP 64
 
+#ifdef __HIPCC__
+/* clang's vector of four u32: one 16-byte access (uint4 is a struct, which
+ * the nontemporal builtins do not take). */
+typedef uint32_t kgpu_v4u32 __attribute__((ext_vector_type(4)));
+/* One 16-byte volatile store/load: volatile, as PTX's .volatile, so that a
+ * poll is never merged or hoisted out of its loop; each 8-byte half is
+ * single-copy atomic, as in the PTX version. */
 __device__ static inline void kgpu_st_volatile_v4(uint32_t *p, uint32_t a, uint32_t b, uint32_t c, uint32_t d) {
-  /* One 16-byte store; each 8-byte half is single-copy atomic, as in the PTX version. */
-  typedef uint32_t v4 __attribute__((ext_vector_type(4)));
-  v4 v = {a, b, c, d};
-  __builtin_nontemporal_store(v, (v4 *)p);
+  kgpu_v4u32 v = {a, b, c, d};
+  *(volatile kgpu_v4u32 *)p = v;
 }
 __device__ static inline void kgpu_ld_volatile_v4(const uint32_t *p, uint32_t *a, uint32_t *b, uint32_t *c,
                                                   uint32_t *d) {
-  typedef uint32_t v4 __attribute__((ext_vector_type(4)));
-  v4 v = __builtin_nontemporal_load((const v4 *)p);
+  kgpu_v4u32 v = *(const volatile kgpu_v4u32 *)p;
   *a = v.x; *b = v.y; *c = v.z; *d = v.w;
 }
 /* 16-byte load that bypasses the (non-coherent) L1: data another process wrote. */
-__device__ static inline uint4 kgpu_ld_cg_v4(const void *p) { return __builtin_nontemporal_load((const uint4 *)p); }
+__device__ static inline uint4 kgpu_ld_cg_v4(const void *p) {
+  kgpu_v4u32 v = __builtin_nontemporal_load((const kgpu_v4u32 *)p);
+  return make_uint4(v.x, v.y, v.z, v.w);
+}
 #define kgpu_st_weak_v4 kgpu_st_volatile_v4
 #define kgpu_ld_weak_v4 kgpu_ld_volatile_v4
 __device__ static inline void kgpu_st_release_sys_u64(uint64_t *p, uint64_t v) {
@@ -125,7 +146,15 @@ __device__ static inline void kgpu_st_release_gpu_u64(uint64_t *p, uint64_t v) {
 __device__ static inline uint64_t kgpu_ld_acquire_gpu_u64(const uint64_t *p) {
   return __hip_atomic_load((uint64_t *)p, __ATOMIC_ACQUIRE, __HIP_MEMORY_SCOPE_AGENT);
 }
-__device__ static inline uint64_t kgpu_time_ns(void) { return wall_clock64() * 10; /* 100 MHz on gfx942 */ }
+/* wall_clock64 taken to count at 100 MHz, MI300X's rate (the device reports its own as
+ * hipDeviceAttributeWallClockRate); ROCm 5.x declares it in the device pass only. */
+__device__ static inline uint64_t kgpu_time_ns(void) {
+#ifdef __HIP_DEVICE_COMPILE__
+  return (uint64_t)wall_clock64() * 10;
+#else
+  return 0;
+#endif
+}
 __device__ static inline void kgpu_pause(void) { __builtin_amdgcn_s_sleep(1); }
 __device__ static inline void kgpu_pdl_wait(void) {}
 __device__ static inline void kgpu_pdl_trigger(void) {}
@@ -136,6 +165,7 @@ static inline kgpuError_t kgpu_launch(void (*kernel)(Params...), unsigned grid, 
   hipLaunchKernelGGL(kernel, dim3(grid), dim3(block), 0, st, args...);
   return hipGetLastError();
 }
+#endif /* __HIPCC__ */
 
 #else
 /* ----------------------------------------------------------------- CUDA ----- */
