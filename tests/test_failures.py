@@ -96,6 +96,24 @@ def test_every_survivor_names_the_dead_rank(spawn_farm):
         assert names_rank(out["msg"], victim, victim_pid), f"rank {r}: {out['msg']!r}"
 
 
+def test_a_survivor_that_failed_and_then_died_is_not_named_as_the_dead_rank(spawn_farm):
+    """Rank 2 dies; rank 0 calls, fails, and dies too (as a survivor does that leaves with
+    os._exit after reporting); then rank 1 calls.  Both peers are dead by then, but rank 0
+    only failed because of rank 2, and its segment says so: rank 1 must name rank 2."""
+    n = 3
+    farm = spawn_farm(n)
+    g = Group(farm, n, algos=("oneshot",))
+    pid0, pid2 = farm.pids[0], farm.pids[2]
+    farm.kill(2)
+    (out,) = farm.run("once", [0], rank=0, key=g.key, nranks=n, count=10, algo="oneshot")
+    assert out["type"] == "KcclRemoteError" and names_rank(out["msg"], 2, pid2), out
+    farm.kill(0)
+    (out,) = farm.run("once", [1], rank=1, key=g.key, nranks=n, count=10, algo="oneshot")
+    assert out["type"] == "KcclRemoteError", out
+    assert names_rank(out["msg"], 2, pid2), f"rank 1: {out['msg']!r}"
+    assert not re.match(rf"rank 0 \(pid {pid0}\) died", out["msg"]), f"rank 1: {out['msg']!r}"
+
+
 def test_kill_every_rank_during_collectives_leaves_no_shm(spawn_farm):
     n = 4
     before = shm_entries()

@@ -104,11 +104,14 @@ static void describe_mismatch(struct kcclComm *c, int peer, uint32_t seq, uint32
   snprintf(buf, n, "collective mismatch: rank %d called %s but rank %d called %s", c->rank, mine, peer, theirs);
 }
 
-static int first_dead_peer(struct kcclComm *c) {
+/* Sets dead[p] for every peer whose process is gone (its pidfd is readable, or
+ * /proc says so where pidfd_open is unavailable). */
+static void find_dead_peers(struct kcclComm *c, unsigned char *dead) {
   struct pollfd pfd[64];
   for (int p0 = 0; p0 < c->nranks; p0 += 64) {
     int n = 0, who[64];
     for (int p = p0; p < c->nranks && p < p0 + 64; p++) {
+      dead[p] = 0;
       if (p == c->rank) continue;
       if (c->pidfd[p] >= 0) {
         pfd[n].fd = c->pidfd[p];
@@ -116,27 +119,30 @@ static int first_dead_peer(struct kcclComm *c) {
         pfd[n].revents = 0;
         who[n++] = p;
       } else if (!kccl_pid_alive(c->pid[p], c->hdr[p]->starttime)) {
-        return p;
+        dead[p] = 1;
       }
     }
     if (n > 0 && poll(pfd, (nfds_t)n, 0) > 0)
       for (int i = 0; i < n; i++)
-        if (pfd[i].revents) return who[i];
+        if (pfd[i].revents) dead[who[i]] = 1;
   }
-  return -1;
 }
 
-/* Why step `seq` cannot complete, if it cannot.  Only reports (into why): a
- * peer that finished the step may close or exit right after, so the caller
- * re-reads its flag before it declares the communicator broken.  The most
- * telling cause comes first: a peer that aborted or closed, one that died, a
- * mismatching call, and last a peer that failed for reasons of its own (which
- * its segment spells out). */
-/* A peer that aborted, closed or died (in that order of preference) makes
- * every wait on it futile; *failed gets the first peer that failed for
- * reasons of its own (or -1). */
+/* Whether a wait on the peers is futile.  A peer that aborted or closed makes
+ * it so, and is reported first; then a peer that died.  *failed gets the
+ * first peer that failed (or -1): the caller reports it, with the reason its
+ * segment spells out, if nothing more telling turns up.
+ *
+ * A dead peer counts as having died only if its state is still SEG_READY.  One
+ * that failed and then exited (a survivor that reported another rank's death
+ * and left) is reported as failed, with its reason, which names the rank that
+ * really died.  The states are read after the deaths were seen: a peer stores
+ * its state before it can exit, so a dead peer's state is its last. */
 kcclResult_t kccl_peers_gone(struct kcclComm *c, char *why, size_t whylen, int *failed) {
+  unsigned char dead[KCCL_MAX_RANKS];
+  find_dead_peers(c, dead);
   *failed = -1;
+  int died = -1;
   for (int p = 0; p < c->nranks; p++) {
     if (p == c->rank) continue;
     uint32_t s = atomic_load_explicit(&c->hdr[p]->state, memory_order_acquire);
@@ -145,16 +151,24 @@ kcclResult_t kccl_peers_gone(struct kcclComm *c, char *why, size_t whylen, int *
                state_word(s), c->rank);
       return kcclRemoteError;
     }
-    if (s != SEG_READY && *failed < 0) *failed = p;
+    if (s != SEG_READY) {
+      if (*failed < 0) *failed = p;
+    } else if (dead[p] && died < 0) {
+      died = p;
+    }
   }
-  int dead = first_dead_peer(c);
-  if (dead >= 0) {
-    snprintf(why, whylen, "rank %d (pid %d) died while rank %d waited for it", dead, (int)c->pid[dead], c->rank);
+  if (died >= 0) {
+    snprintf(why, whylen, "rank %d (pid %d) died while rank %d waited for it", died, (int)c->pid[died], c->rank);
     return kcclRemoteError;
   }
   return kcclSuccess;
 }
 
+/* Why step `seq` cannot complete, if it cannot.  Only reports (into why): a
+ * peer that finished the step may close or exit right after, so the caller
+ * re-reads its flag before it declares the communicator broken.  The most
+ * telling cause comes first: a peer that aborted or closed, one that died, a
+ * mismatching call, and last a peer that failed (which its segment spells out). */
 static kcclResult_t check_peers(struct kcclComm *c, uint32_t seq, uint32_t sig, char *why, size_t whylen) {
   int failed;
   kcclResult_t r = kccl_peers_gone(c, why, whylen, &failed);
