@@ -74,11 +74,11 @@ struct kgpu {
 kcclResult_t kgpu_launch_error(const char *what);
 /* Blocks per multiprocessor of the chunked kernels (the smaller of two-shot's
  * and gather's) for blocks of 1 .. KCCL_GPU_MAX_CHUNK_THREADS / 32 warps
- * (ts_per_sm[w - 1]), and of the one-shot kernel used for nranks (gpu_kernels.cu). */
+ * (ts_per_sm[w - 1]), and of the one-shot kernel used for nranks (gpu_launch.cu). */
 kgpuError_t kgpu_kernel_occupancy(int nranks, int8_t *ts_per_sm, int *ll_per_sm);
-/* Loads the library's kernels at init (lazy loading: see gpu_kernels.cu). */
+/* Loads the library's kernels at init (lazy loading: see gpu_launch.cu). */
 /* carveout: the shared-memory carveout in percent for the kernels that wait
- * for peers (KCCL_GPU_CARVEOUT; -1: the driver's choice; why: gpu_kernels.cu).
+ * for peers (KCCL_GPU_CARVEOUT; -1: the driver's choice; why: gpu_launch.cu).
  * A function attribute, so per process: the last communicator's setting holds. */
 kgpuError_t kgpu_preload_kernels(int carveout);
 /* One kernel of those lists: getting its attributes loads it; one that waits
