@@ -309,12 +309,10 @@ const struct kccl_transport kccl_gpu_transport = {gpu_enter, gpu_run};
 /* ------------------------------------------------------------ public API -- */
 
 static kcclResult_t gpu_comm(kcclComm_t comm, struct kgpu **g) {
-  if (!comm || comm->magic != KCCL_COMM_MAGIC) return kccl_err(kcclInvalidArgument, "invalid communicator");
-  if (!comm->gpu) return kccl_err(kcclInvalidUsage, "this is a host communicator (created with device=-1)");
-  if (comm->error != kcclSuccess)
-    return kccl_err(kcclInvalidUsage, "communicator is unusable after an earlier error (%s); create a new one",
-                    comm->hdr[comm->rank]->error_text);
-  kcclResult_t r = kccl_gpu_enter(comm);
+  if (kccl_comm_valid(comm) && !comm->gpu)
+    return kccl_err(kcclInvalidUsage, "this is a host communicator (created with device=-1)");
+  kcclResult_t r = kccl_comm_check(comm);
+  if (r == kcclSuccess) r = kccl_gpu_enter(comm);
   if (r != kcclSuccess) return r;
   *g = comm->gpu->kg;
   return kcclSuccess;
@@ -329,14 +327,14 @@ kcclResult_t kcclGetGpuSupport(int *built, int *devices) {
 }
 
 kcclResult_t kcclCommCuDevice(const kcclComm_t comm, int *device) {
-  if (!comm || comm->magic != KCCL_COMM_MAGIC || !device)
+  if (!kccl_comm_valid(comm) || !device)
     return kccl_err(kcclInvalidArgument, "invalid communicator or NULL device");
   *device = comm->gpu ? comm->cfg.device : -1;
   return kcclSuccess;
 }
 
 kcclResult_t kcclCommGpuFlagReplicas(const kcclComm_t comm, int *state, char *note, size_t noteBytes) {
-  if (!comm || comm->magic != KCCL_COMM_MAGIC || !state)
+  if (!kccl_comm_valid(comm) || !state)
     return kccl_err(kcclInvalidArgument, "invalid communicator or NULL state");
   if (!comm->gpu)
     return kccl_err(kcclInvalidUsage, "this is a host communicator (created with device=-1): flag replicas are a "
