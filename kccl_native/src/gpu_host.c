@@ -100,21 +100,8 @@ kcclResult_t kccl_gpu_init(struct kcclComm *c) {
   if (!gh) return kccl_err(kcclSystemError, "out of memory");
   gh->efd = -1;
   c->gpu = gh;
-  kgpu_shape shape = {.nranks = c->nranks,
-                      .rank = c->rank,
-                      .ts_blocks = 0,
-                      .ll_blocks = 0,
-                      .ll_room = 0,
-                      .chunk_bytes = c->cfg.gpu_buffer_bytes,
-                      .timeout_ns = (uint64_t)c->cfg.timeout_ms * 1000000ull,
-                      .pdl = c->cfg.gpu_pdl,
-                      .flag_replicas = c->cfg.gpu_flag_replicas,
-                      .blocks = c->cfg.gpu_blocks,
-                      .pull = c->cfg.gpu_pull,
-                      .carveout = c->cfg.gpu_carveout,
-                      .ll_threads = c->cfg.gpu_ll_threads,
-                      .ll_hops = c->cfg.gpu_ll_hops,
-                      .chunk_threads = c->cfg.gpu_chunk_threads};
+  /* The launch sizes are kgpu_connect's, once it has every rank's export. */
+  kgpu_shape shape = {.nranks = c->nranks, .rank = c->rank, .cfg = c->cfg};
   kccl_seg_header *me = c->hdr[c->rank];
   kcclResult_t r = kgpu_create(c->cfg.device, &shape, &gh->kg, &me->gpu, &gh->status);
   if (r == kcclSuccess) {

@@ -272,7 +272,7 @@ done:
 void kgpu_l2_agree(struct kgpu *g, const kgpu_export *peers) {
   const kgpu_shape *s = &g->shape;
   g->rep_on = 0;
-  if (!s->flag_replicas) {
+  if (!s->cfg.gpu_flag_replicas) {
     snprintf(g->rep_note, sizeof g->rep_note, "not requested (KCCL_GPU_FLAG_REPLICAS=0)");
     return;
   }
@@ -291,6 +291,6 @@ void kgpu_l2_agree(struct kgpu *g, const kgpu_export *peers) {
 }
 
 extern "C" void kgpu_flag_replicas(struct kgpu *g, int *state, char *note, size_t bytes) {
-  *state = g->rep_on ? 1 : g->shape.flag_replicas ? -1 : 0;
+  *state = g->rep_on ? 1 : g->shape.cfg.gpu_flag_replicas ? -1 : 0;
   if (note && bytes) snprintf(note, bytes, "%s", g->rep_note);
 }

@@ -107,7 +107,7 @@ extern "C" kcclResult_t kgpu_allreduce(struct kgpu *g, const void *send, void *r
      * blocks run out, then more lines per thread.  256 by default: 128 was
      * slower across processes at 8 KB, and slower from 64 KB on, where the
      * blocks run out and each thread carries more lines. */
-    const unsigned threads = (unsigned)g->shape.ll_threads;
+    const unsigned threads = (unsigned)g->shape.cfg.gpu_ll_threads;
     size_t blocks = (nbytes + threads * 8 - 1) / (threads * 8);
     if (blocks > (size_t)g->shape.ll_blocks) blocks = (size_t)g->shape.ll_blocks;
     size_t per = (nbytes + blocks - 1) / blocks;
@@ -116,7 +116,7 @@ extern "C" kcclResult_t kgpu_allreduce(struct kgpu *g, const void *send, void *r
     /* With PDL this kernel may be resident while the previous one-shot call
      * still runs (it triggers at once): both grids must fit the budget
      * (gpu_runtime.cu), else this one launches plainly, after it. */
-    const int pdl = g->shape.pdl && (int)blocks + g->ll_prev_grid <= g->shape.ll_room;
+    const int pdl = g->shape.cfg.gpu_pdl && (int)blocks + g->ll_prev_grid <= g->shape.ll_room;
     kgpuError_t e = kgpu_launch(kgpu_oneshot_kernel(g->shape.nranks, dtype, op), (unsigned)blocks, threads, st,
                                 pdl, g->dc[0], (const char *)send, (char *)recv, nbytes, (uint32_t)per,
                                 op == kcclAvg ? 1 : 0, sig);
@@ -125,7 +125,7 @@ extern "C" kcclResult_t kgpu_allreduce(struct kgpu *g, const void *send, void *r
   }
   /* Whole 16-element units per rank segment. */
   const size_t unit = 16 * (size_t)g->shape.nranks;
-  return launch_twoshot(g, send, recv, count, g->shape.chunk_bytes / es / unit * unit, dtype, op, 0, sig, st,
+  return launch_twoshot(g, send, recv, count, g->shape.cfg.gpu_buffer_bytes / es / unit * unit, dtype, op, 0, sig, st,
                         "two-shot all-reduce");
 }
 
@@ -136,7 +136,7 @@ extern "C" kcclResult_t kgpu_reduce_scatter(struct kgpu *g, const void *send, vo
                     dtype);
   if (recvcount == 0) return kcclSuccess;
   const size_t es = dtype == kcclFloat32 ? 4 : 2;
-  return launch_twoshot(g, send, recv, recvcount, g->shape.chunk_bytes / es, dtype, op, 1, sig,
+  return launch_twoshot(g, send, recv, recvcount, g->shape.cfg.gpu_buffer_bytes / es, dtype, op, 1, sig,
                         (kgpuStream_t)stream, "reduce-scatter");
 }
 
@@ -151,7 +151,7 @@ extern "C" kcclResult_t kgpu_gather(struct kgpu *g, const void *send, void *recv
   a.send = (const char *)send;
   a.recv = (char *)recv;
   a.bytes = bytes;
-  a.chunk_bytes = g->shape.chunk_bytes / 16 * 16;
+  a.chunk_bytes = g->shape.cfg.gpu_buffer_bytes / 16 * 16;
   a.root = root;
   a.sig = sig;
   a.rep = replicas(g);

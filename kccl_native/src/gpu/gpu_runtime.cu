@@ -25,7 +25,7 @@ static kgpu_layout make_layout(const kgpu_shape *s) {
   at = align_up(at + sizeof(int));
   l.flags = at;
   at = align_up(at + sizeof(uint64_t) * 2 * KGPU_TS_MAX_BLOCKS * KCCL_GPU_MAX_RANKS);
-  const int rep = s->flag_replicas != 0;
+  const int rep = s->cfg.gpu_flag_replicas != 0;
   l.l2pool = at;
   at = align_up(at + (rep ? (size_t)KGPU_L2_POOL_LINES * KGPU_LINE : 0));
   l.l2tab = at;
@@ -34,7 +34,7 @@ static kgpu_layout make_layout(const kgpu_shape *s) {
   at = align_up(at + (rep ? KGPU_SM_MAP + sizeof(uint32_t) : 0));
   /* Scratch areas get one spare alignment unit: kernels read whole 16-byte
    * units past the end of a partial tail. */
-  size_t area = align_up(s->chunk_bytes) + KGPU_ALIGN;
+  size_t area = align_up(s->cfg.gpu_buffer_bytes) + KGPU_ALIGN;
   l.in = at;
   at += area;
   l.out = at;
@@ -139,7 +139,7 @@ extern "C" kcclResult_t kgpu_create(int device, const kgpu_shape *shape, struct 
                     kgpuGetErrorString(e));
   }
   exp->flag_replicas = KGPU_REP_OFF;
-  if (shape->flag_replicas) {
+  if (shape->cfg.gpu_flag_replicas) {
     /* Before the export is published: a peer reads the tables once it has mapped this buffer. */
     kcclResult_t r = kgpu_l2_calibrate(g);
     if (r != kcclSuccess) {
@@ -155,7 +155,7 @@ extern "C" kcclResult_t kgpu_create(int device, const kgpu_shape *shape, struct 
       (e = kgpuDeviceGetPCIBusId(exp->pci, KGPU_PCI_BYTES, device)) != kgpuSuccess ||
       (e = kgpuDeviceGetAttribute(&exp->sms, kgpuDevAttrMultiProcessorCount, device)) != kgpuSuccess ||
       (e = kgpu_kernel_occupancy(shape->nranks, exp->ts_per_sm, &exp->ll_per_sm)) != kgpuSuccess ||
-      (e = kgpu_preload_kernels(shape->carveout)) != kgpuSuccess) {
+      (e = kgpu_preload_kernels(shape->cfg.gpu_carveout)) != kgpuSuccess) {
     kgpuFreeHost((void *)g->status_h);
     kgpuFree(g->buf);
     free(g);
@@ -252,7 +252,7 @@ static kcclResult_t chunked_grid(kgpu *g, const kgpu_export *peers, const gpu_ro
   const kgpu_shape *s = &g->shape;
   const int max_local = r.max_local, min_sms = r.min_sms;
   int ts_per_sm = 1 << 30;
-  const int threads = s->chunk_threads > 0 ? s->chunk_threads : chunk_threads_auto(max_local);
+  const int threads = s->cfg.gpu_chunk_threads > 0 ? s->cfg.gpu_chunk_threads : chunk_threads_auto(max_local);
   for (int p = 0; p < s->nranks; p++)
     if (peers[p].ts_per_sm[threads / 32 - 1] < ts_per_sm) ts_per_sm = peers[p].ts_per_sm[threads / 32 - 1];
   if (ts_per_sm < 1)
@@ -274,7 +274,7 @@ static kcclResult_t chunked_grid(kgpu *g, const kgpu_export *peers, const gpu_ro
     const int usable = min_sms - KGPU_FREE_SMS, per_sm = blocks * max_local / usable;
     if (per_sm >= 1 && 4 * (blocks * max_local - per_sm * usable) <= usable) blocks = per_sm * usable / max_local;
   }
-  if (s->blocks > 0) blocks = s->blocks; /* the user's choice, equal on all ranks (check_agreement) */
+  if (s->cfg.gpu_blocks > 0) blocks = s->cfg.gpu_blocks; /* the user's choice, equal on all ranks (check_agreement) */
   g->shape.ts_blocks = blocks < 1 ? 1 : blocks > KGPU_TS_MAX_BLOCKS ? KGPU_TS_MAX_BLOCKS : blocks;
   return kcclSuccess;
 }
@@ -298,13 +298,13 @@ static void fill_devcomms(kgpu *g, int max_local) {
     dc->rank = s->rank;
     dc->nranks = s->nranks;
     dc->channel = c;
-    dc->pull = s->pull >= 0 ? s->pull : max_local == s->nranks; /* auto: pull when all share this GPU */
+    dc->pull = s->cfg.gpu_pull >= 0 ? s->cfg.gpu_pull : max_local == s->nranks; /* auto: pull when all share this GPU */
     /* KCCL_GPU_LL_HOPS=0: one hop.  Two hops save polls within one process,
      * but across processes each hop costs a cross-process round trip, and on
      * an H200 under MPS the second hop cost more than it saved (8 KB, 8 ranks).
      * Across GPUs: not measured. */
-    dc->ll_hops = s->ll_hops ? s->ll_hops : 1;
-    dc->timeout_ns = s->timeout_ns;
+    dc->ll_hops = s->cfg.gpu_ll_hops ? s->cfg.gpu_ll_hops : 1;
+    dc->timeout_ns = (uint64_t)s->cfg.timeout_ms * 1000000ull;
     for (int p = 0; p < s->nranks; p++) dc->peer_base[p] = g->peer[p];
     for (int k = 0; k < KCCL_CHANNELS; k++) dc->ll_off[k] = g->lay.ll[k];
     dc->epochs = (uint32_t *)(g->buf + g->lay.epochs);
