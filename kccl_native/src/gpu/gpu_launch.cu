@@ -10,14 +10,19 @@ static unsigned ts_grid(const kgpu *g) { return (unsigned)g->shape.ts_blocks; }
  * (cause unknown), and their calls are long enough that PDL gains little. */
 #define KGPU_CHUNKED_PDL 0
 
-static Replicas replicas(const kgpu *g) {
-  Replicas r;
-  r.off_pool = g->lay.l2pool;
-  r.off_tab = g->lay.l2tab;
-  r.off_map = g->lay.l2map;
-  r.on = g->rep_on;
-  r.gpu_scope = g->one_gpu;
-  return r;
+/* The arguments both chunked kernels take. */
+static void chunked_args(const kgpu *g, Chunked *a, const void *send, void *recv, uint32_t sig) {
+  a->dc = g->dc[0];
+  a->off_flags = g->lay.flags;
+  a->off_steps = g->lay.steps;
+  a->send = (const char *)send;
+  a->recv = (char *)recv;
+  a->sig = sig;
+  a->rep.off_pool = g->lay.l2pool;
+  a->rep.off_tab = g->lay.l2tab;
+  a->rep.off_map = g->lay.l2map;
+  a->rep.on = g->rep_on;
+  a->rep.gpu_scope = g->one_gpu;
 }
 
 /* Why the kernels that wait for their peers ask for the largest
@@ -72,27 +77,29 @@ static kcclResult_t launched(kgpuError_t e, const char *what) {
   return kgpu_launch_error(what);
 }
 
+/* A chunked kernel, on the grid kgpu_connect sized.  It never triggers its
+ * successor early, so no one-shot grid can overlap it (ll_prev_grid 0). */
+template <typename Args>
+static kcclResult_t launch_chunked(kgpu *g, void (*kernel)(Args), const Args &a, kgpuStream_t st,
+                                   const char *what) {
+  g->ll_prev_grid = 0;
+  return launched(kgpu_launch(kernel, ts_grid(g), (unsigned)g->shape.ts_threads, st, KGPU_CHUNKED_PDL, a), what);
+}
+
 /* count: elements (per rank for reduce-scatter); chunk_elems: scratch capacity in elements. */
 static kcclResult_t launch_twoshot(kgpu *g, const void *send, void *recv, size_t count, size_t chunk_elems,
                                    int dtype, int op, int scatter, uint32_t sig, kgpuStream_t st, const char *what) {
   TwoShot a;
-  a.dc = g->dc[0];
+  chunked_args(g, &a, send, recv, sig);
   a.off_in = g->lay.in;
   a.off_out = g->lay.out;
-  a.off_flags = g->lay.flags;
-  a.off_steps = g->lay.steps;
-  a.send = (const char *)send;
-  a.recv = (char *)recv;
   a.count = count;
   a.chunk_elems = chunk_elems;
   a.dt = dtype;
   a.op = op;
   a.es = dtype == kcclFloat32 ? 4 : 2;
   a.scatter = scatter;
-  a.sig = sig;
-  a.rep = replicas(g);
-  g->ll_prev_grid = 0;
-  return launched(kgpu_launch(k_twoshot, ts_grid(g), (unsigned)g->shape.ts_threads, st, KGPU_CHUNKED_PDL, a), what);
+  return launch_chunked(g, k_twoshot, a, st, what);
 }
 
 extern "C" kcclResult_t kgpu_allreduce(struct kgpu *g, const void *send, void *recv, size_t count, int dtype,
@@ -143,19 +150,11 @@ extern "C" kcclResult_t kgpu_reduce_scatter(struct kgpu *g, const void *send, vo
 extern "C" kcclResult_t kgpu_gather(struct kgpu *g, const void *send, void *recv, size_t bytes, int root,
                                     uint32_t sig, void *stream) {
   Gather a;
-  a.dc = g->dc[0];
+  chunked_args(g, &a, send, recv, sig);
   a.off_g0 = g->lay.g[0];
   a.off_g1 = g->lay.g[1];
-  a.off_flags = g->lay.flags;
-  a.off_steps = g->lay.steps;
-  a.send = (const char *)send;
-  a.recv = (char *)recv;
   a.bytes = bytes;
   a.chunk_bytes = g->shape.cfg.gpu_buffer_bytes / 16 * 16;
   a.root = root;
-  a.sig = sig;
-  a.rep = replicas(g);
-  g->ll_prev_grid = 0;
-  return launched(kgpu_launch(k_gather, ts_grid(g), (unsigned)g->shape.ts_threads, (kgpuStream_t)stream, KGPU_CHUNKED_PDL, a),
-                  root < 0 ? "all-gather" : "broadcast");
+  return launch_chunked(g, k_gather, a, (kgpuStream_t)stream, root < 0 ? "all-gather" : "broadcast");
 }

@@ -35,28 +35,29 @@ struct Replicas {
   int gpu_scope;
 };
 
-struct TwoShot {
+/* What both chunked kernels take: the handle, where the flags and the step
+ * counters are, the user's buffers, the call's signature, the flag replicas. */
+struct Chunked {
   kcclDevComm dc;
-  size_t off_in, off_out, off_flags, off_steps;
+  size_t off_flags, off_steps;
   const char *send;
   char *recv;
-  size_t count;       /* all-reduce: elements; reduce-scatter: elements per rank */
-  size_t chunk_elems; /* scratch capacity in elements */
-  int dt, op, es, scatter;
   uint32_t sig;
   Replicas rep;
 };
 
-struct Gather {
-  kcclDevComm dc;
-  size_t off_g0, off_g1, off_flags, off_steps;
-  const char *send;
-  char *recv;
+struct TwoShot : Chunked {
+  size_t off_in, off_out;
+  size_t count;       /* all-reduce: elements; reduce-scatter: elements per rank */
+  size_t chunk_elems; /* scratch capacity in elements */
+  int dt, op, es, scatter;
+};
+
+struct Gather : Chunked {
+  size_t off_g0, off_g1;
   size_t bytes;       /* per rank */
   size_t chunk_bytes;
   int root;           /* < 0: all-gather */
-  uint32_t sig;
-  Replicas rep;
 };
 
 /* Launched with shape.ts_threads threads and shape.ts_blocks blocks. */
