@@ -32,21 +32,11 @@ except ImportError:  # pragma: no cover
 import kccl
 from kccl.capi import DTYPE_NAMES as NAMES
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # bench/, also when this file is loaded by path
+from benchlib import fmt_size, parse_size  # noqa: E402
+
 OPS = {"sum": kccl.SUM, "prod": kccl.PROD, "max": kccl.MAX, "min": kccl.MIN, "avg": kccl.AVG}
 MPI_OPS = {"sum": MPI.SUM, "prod": MPI.PROD, "max": MPI.MAX, "min": MPI.MIN}
-
-
-def parse_size(text):
-    s = text.strip().upper().rstrip("B")
-    mult = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(s[-1:], 1)
-    return int(float(s[:-1] if mult > 1 else s) * mult)
-
-
-def fmt_size(n):
-    for unit, div in (("G", 1 << 30), ("M", 1 << 20), ("K", 1 << 10)):
-        if n >= div and n % div == 0:
-            return f"{n // div}{unit}"
-    return str(n)
 
 
 def numpy_dtype(name):
@@ -126,11 +116,9 @@ def main(argv=None):
             if rank == 0:
                 print("error: --device cuda times float32/float16/bfloat16 sums", file=sys.stderr)
             return 2
-        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
         from allreduce_cuda import main as cuda_main
         return cuda_main(args, sizes_between(lo, hi, es, args.stepfactor))
     use_mpi = not args.no_mpi and args.op in MPI_OPS and args.dtype not in ("float16", "bfloat16")
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # bench/: kccl_bench (also when loaded by path)
     import kccl_bench as kbench
     comm = kccl.Communicator.from_mpi(world)
     op = OPS[args.op]

@@ -29,44 +29,7 @@ import statistics
 import sys
 import time
 
-from allreduce import fmt_size  # bench/ is on sys.path: allreduce.py imports this module from main()
-
-
-def cuda_rank_device(world, what):
-    """(torch, this rank's device, devices visible), the device selected (rank % devices),
-    or None after rank 0 says what is missing."""
-    try:
-        import torch
-    except ImportError:
-        if world.Get_rank() == 0:
-            print(f"error: {what} needs PyTorch with CUDA (its tensors, streams and graphs)", file=sys.stderr)
-        return None
-    ndev = torch.cuda.device_count()
-    if ndev == 0:
-        if world.Get_rank() == 0:
-            print(f"error: {what}: no CUDA device visible", file=sys.stderr)
-        return None
-    dev = world.Get_rank() % ndev
-    torch.cuda.set_device(dev)
-    return torch, dev, ndev
-
-
-def capture_graph(fn, warmup=None):
-    """fn captured in a CUDA graph, after running warmup() and fn once eagerly on a side
-    stream (as torch recommends)."""
-    import torch
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        if warmup is not None:
-            warmup()
-        fn()
-    torch.cuda.current_stream().wait_stream(s)
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        fn()
-    return g
+from benchlib import capture_graph, cuda_rank_device, fmt_size  # bench/ is on sys.path: allreduce.py imports this module from main()
 
 
 def main(args, sizes):

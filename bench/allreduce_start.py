@@ -15,14 +15,9 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from benchlib import parse_size  # noqa: E402  (bench/ is this script's directory)
 
 MODES = ("blocking", "start+wait", "depth 2")
-
-
-def _size(text):
-    t = text.strip().upper()
-    mult = {"K": 1024, "M": 1 << 20}.get(t[-1:], 1)
-    return int(t[:-1] if mult > 1 else t) * mult
 
 
 def _worker(uid, nranks, rank, sizes, iters, rounds, q):
@@ -66,7 +61,7 @@ def main():
     ap.add_argument("--rounds", type=int, default=3)
     a = ap.parse_args()
     import kccl
-    sizes = [_size(s) for s in a.sizes.split(",")]
+    sizes = [parse_size(s) for s in a.sizes.split(",")]
     uid = bytes(kccl.get_unique_id())
     ctx = mp.get_context("spawn")
     q = ctx.Queue()

@@ -15,7 +15,7 @@ from mpi4py import MPI
 
 import kccl
 import kccl_bench as kbench
-from allreduce import fmt_size, parse_size
+from benchlib import fmt_size, parse_size
 
 
 def main(argv=None):

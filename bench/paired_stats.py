@@ -5,23 +5,10 @@ median with a bootstrap 95 % interval, and a one-sided sign test.
     python bench/paired_stats.py bench/results/decode_paired_dtp_tp2_60rounds.txt"""
 import re
 import sys
-from math import comb
 
 import numpy as np
 
-
-def median_ci(ratios, n_boot=10000, seed=0):
-    """Median of paired per-round ratios and its bootstrap 95 % interval (resampling rounds)."""
-    r = np.asarray(ratios, dtype=float)
-    rng = np.random.default_rng(seed)
-    boot = [np.median(rng.choice(r, len(r))) for _ in range(n_boot)]
-    lo, hi = np.percentile(boot, [2.5, 97.5])
-    return float(np.median(r)), float(lo), float(hi)
-
-
-def sign_test_p(k, n):
-    """One-sided sign test: P(at least k of n rounds favour one side) when neither is better."""
-    return sum(comb(n, i) for i in range(k, n + 1)) / 2 ** n
+from benchlib import median_ci, sign_test_p
 
 
 def main(path):

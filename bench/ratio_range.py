@@ -12,6 +12,8 @@ import json
 import statistics
 import sys
 
+from benchlib import fmt_size
+
 
 def load(paths):
     runs = []
@@ -41,13 +43,6 @@ def summarize(runs):
                     "mpi_us": statistics.median(r["mpi_us_avg"] for r in rs), "ratio_min": min(ratios),
                     "ratio_median": statistics.median(ratios), "ratio_max": max(ratios)})
     return out
-
-
-def fmt_size(n):
-    for unit, div in (("M", 1 << 20), ("K", 1 << 10)):
-        if n >= div and n % div == 0:
-            return f"{n // div}{unit}"
-    return str(n)
 
 
 def main(argv=None):

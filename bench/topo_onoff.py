@@ -19,7 +19,6 @@ import json
 import os
 import platform
 import statistics
-import sys
 import tempfile
 
 import numpy as np
@@ -27,10 +26,8 @@ from mpi4py import MPI
 
 import kccl
 import kccl_bench as kbench
-
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
-from _topo_files import fake_l3s  # noqa: E402
-from allreduce import parse_size  # noqa: E402  (bench/ is this script's directory)
+from benchlib import parse_size
+from topology.fixtures.fake import fake_l3s
 
 
 def main():

@@ -127,7 +127,9 @@ def build(root):
     native = os.path.join(root, "kccl_native")
     include = os.path.join(native, "include")
     sources = sorted(glob.glob(os.path.join(native, "src", "gpu", "*.cu")))
-    deps = ([f for f in glob.glob(os.path.join(include, "**", "*"), recursive=True) if os.path.isfile(f)] + glob.glob(os.path.join(native, "src", "gpu", "*.h"))
+    # Every header a .cu file may include: the installed ones, and src/gpu's own (.h, .cuh).
+    deps = ([f for f in glob.glob(os.path.join(include, "**", "*"), recursive=True) if os.path.isfile(f)]
+            + glob.glob(os.path.join(native, "src", "gpu", "*.h")) + glob.glob(os.path.join(native, "src", "gpu", "*.cuh"))
             + [os.path.join(native, "src", "gpu_api.h")])
     objects = compile_cuda(root, nvcc, sources, [include], deps, os.path.join(root, "build", "kccl_cuda"),
                            defines=["KCCL_HAVE_CUDA=1"])

@@ -219,14 +219,16 @@ def test_flag_replicas_without_a_gpu_is_the_device_error():
 
 @pytest.fixture(scope="module")
 def l2map_selftest(tmp_path_factory):
-    """The host half of gpu_l2map.cu (the calibration's analysis) built as a program."""
+    """The host half of gpu_l2map.cu (the calibration's analysis) in a program: tests/c/l2map_selftest.cu
+    linked with the library's gpu_l2map.cu."""
     nvcc = find_nvcc()
     if nvcc is None:
         pytest.skip("no nvcc")
     root = os.path.dirname(HERE)
     exe = str(tmp_path_factory.mktemp("l2map") / "l2map_selftest")
-    p = subprocess.run([nvcc, "-DKGPU_L2MAP_SELFTEST", "-O2", "-std=c++17", "-I",
+    p = subprocess.run([nvcc, "-O2", "-std=c++17", "-I",
                         os.path.join(root, "kccl_native", "include"), "-I", os.path.join(root, "kccl_native", "src"),
+                        os.path.join(HERE, "c", "l2map_selftest.cu"),
                         os.path.join(root, "kccl_native", "src", "gpu", "gpu_l2map.cu"), "-o", exe],
                        capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stderr

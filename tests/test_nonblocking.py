@@ -233,7 +233,7 @@ def test_c_api_rejects_bad_requests(comm1):
 def test_split_phase_uses_the_topology_replicas(spawn_farm, tmp_path):
     """Ranks 0,1 and 2,3 in two (fake) L3 domains: a start writes its remote replica, a wait
     polls the replicas of the other domain's peers, and the sums stay exact."""
-    from _topo_files import fake_l3s
+    from topology.fixtures.fake import fake_l3s
     path = fake_l3s(tmp_path / "two.json", rank_domains=[0, 0, 1, 1])
     iters = 40
     res = _call(spawn_farm(4), 4, "nb_replicas", topo_file=path, iters=iters)

@@ -9,7 +9,7 @@ import pytest
 
 import kccl
 from _harness import WorkerTaskError
-from _topo_files import fake_l3s
+from topology.fixtures.fake import fake_l3s
 
 TIMEOUT = {"timeout_ms": 10000}
 

@@ -15,7 +15,7 @@ captured chain can be replayed forever) captured in CUDA graphs: per call =
 order alternating, so a drifting machine slows both alike; a round's value is the
 median of --reps replays, averaged over the ranks.  on/off is the median over
 rounds of the per-round ratio, with a bootstrap 95 % interval over rounds
-(bench/paired_stats.py); "on faster" counts rounds with ratio < 1.  #wrong counts
+(benchlib.median_ci); "on faster" counts rounds with ratio < 1.  #wrong counts
 elements of a separate, un-timed sum of small integers that differ from the
 exact answer (both communicators, every size)."""
 import argparse
@@ -27,10 +27,8 @@ import sys
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.dirname(HERE))  # bench/: paired_stats, allreduce_cuda
-from allreduce import fmt_size, parse_size  # noqa: E402
-from allreduce_cuda import capture_graph, cuda_rank_device  # noqa: E402
-from paired_stats import median_ci, sign_test_p  # noqa: E402
+sys.path.insert(0, os.path.dirname(HERE))  # bench/: benchlib
+from benchlib import capture_graph, cuda_rank_device, fmt_size, median_ci, parse_size, sign_test_p  # noqa: E402
 
 
 def main():

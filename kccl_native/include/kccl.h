@@ -115,7 +115,7 @@ typedef struct {
   int gpu_pull;            /* KCCL_GPU_PULL: one-shot lines pulled from the sender (1) or pushed to
                               every peer (0); -1 = auto: pull when every rank shares one GPU */
   int gpu_carveout;        /* KCCL_GPU_CARVEOUT: shared-memory carveout (percent) the collective kernels
-                              ask for; -1 = the driver's choice; default 100 (see gpu_kernels.cu) */
+                              ask for; -1 = the driver's choice; default 100 (see gpu_launch.cu) */
   int gpu_ll_threads;      /* KCCL_GPU_LL_THREADS: threads per block of the one-shot all-reduce (one
                               8-byte line each per round), 32..256, a multiple of 32; default 256 */
   int gpu_ll_hops;         /* KCCL_GPU_LL_HOPS: a one-shot call of one line per thread in one hop (1: every

@@ -11,11 +11,8 @@ static int overlap(const void *a, size_t an, const void *b, size_t bn) {
 
 kcclResult_t kccl_enter(struct kcclComm *c, int coll, size_t count, int dtype, int op, int root,
                         void *stream, uint32_t *sig) {
-  if (!c || c->magic != KCCL_COMM_MAGIC) return kccl_err(kcclInvalidArgument, "invalid communicator");
-  if (c->error != kcclSuccess)
-    return kccl_err(kcclInvalidUsage, "communicator is unusable after an earlier error (%s); create a new one",
-                    c->hdr[c->rank]->error_text);
-  kcclResult_t r = c->tp->enter(c, stream);
+  kcclResult_t r = kccl_comm_check(c);
+  if (r == kcclSuccess) r = c->tp->enter(c, stream);
   if (r != kcclSuccess) return r;
   /* A blocking step would wait for peers that are still inside older split-phase steps
    * and reuse sets those may still read (nonblocking.c). */

@@ -148,10 +148,8 @@ kcclResult_t kcclCommInitRank(kcclComm_t *comm, int nranks, kcclUniqueId id, int
   return kcclCommInitRankConfig(comm, nranks, id, rank, NULL);
 }
 
-static int valid(const struct kcclComm *c) { return c && c->magic == KCCL_COMM_MAGIC; }
-
 static kcclResult_t finish(kcclComm_t c, uint32_t state) {
-  if (!valid(c)) return kccl_err(kcclInvalidArgument, "invalid communicator");
+  if (!kccl_comm_valid(c)) return kccl_err(kcclInvalidArgument, "invalid communicator");
   kccl_gpu_quiesce(c, state == SEG_ABORTED);
   uint32_t cur = atomic_load(&c->hdr[c->rank]->state);
   if (cur == SEG_READY || state == SEG_ABORTED) atomic_store(&c->hdr[c->rank]->state, state);
@@ -167,19 +165,19 @@ kcclResult_t kcclCommDestroy(kcclComm_t comm) { return finish(comm, SEG_CLOSED);
 kcclResult_t kcclCommAbort(kcclComm_t comm) { return finish(comm, SEG_ABORTED); }
 
 kcclResult_t kcclCommCount(const kcclComm_t comm, int *count) {
-  if (!valid(comm) || !count) return kccl_err(kcclInvalidArgument, "invalid communicator or NULL count");
+  if (!kccl_comm_valid(comm) || !count) return kccl_err(kcclInvalidArgument, "invalid communicator or NULL count");
   *count = comm->nranks;
   return kcclSuccess;
 }
 
 kcclResult_t kcclCommUserRank(const kcclComm_t comm, int *rank) {
-  if (!valid(comm) || !rank) return kccl_err(kcclInvalidArgument, "invalid communicator or NULL rank");
+  if (!kccl_comm_valid(comm) || !rank) return kccl_err(kcclInvalidArgument, "invalid communicator or NULL rank");
   *rank = comm->rank;
   return kcclSuccess;
 }
 
 kcclResult_t kcclCommGetAsyncError(kcclComm_t comm, kcclResult_t *asyncError) {
-  if (!valid(comm) || !asyncError) return kccl_err(kcclInvalidArgument, "invalid communicator or NULL asyncError");
+  if (!kccl_comm_valid(comm) || !asyncError) return kccl_err(kcclInvalidArgument, "invalid communicator or NULL asyncError");
   /* GPU: a failure a kernel recorded (or a peer the watcher saw go) counts now, as the next call would say. */
   if (comm->gpu && comm->error == kcclSuccess) kccl_gpu_enter(comm);
   *asyncError = comm->error;

@@ -43,23 +43,16 @@ typedef struct {
 #define KGPU_REP_ONE_GROUP 3    /* the SMs do not split into two groups */
 #define KGPU_REP_FEW_LINES 4    /* too few lines clearly near one group */
 
-/* Sizes every rank must agree on (derived from the config and all exports). */
+/* This rank's config and the sizes every rank must agree on (derived from the
+ * config and all exports).  The CUDA side reads the GPU settings (KCCL_GPU_* of
+ * kccl_settings.def) from cfg itself, so a new one needs no field here. */
 typedef struct {
   int nranks, rank;
+  kcclConfig_t cfg;
   int ts_blocks;                /* blocks of the two-shot / gather kernels */
+  int ts_threads;               /* threads per block of the two-shot / gather kernels */
   int ll_blocks;                /* blocks of the one-shot kernel, at most */
   int ll_room;                  /* one-shot blocks that fit at once: a call's and its PDL successor's */
-  size_t chunk_bytes;           /* two-shot and gather chunk */
-  uint64_t timeout_ns;
-  int pdl;                      /* launch with programmatic dependent launch */
-  int flag_replicas;            /* config: calibrate and use per-L2-partition flag replicas */
-  int blocks;                   /* config: chunked-kernel blocks per rank, 0 = auto */
-  int carveout;                 /* config: shared-memory carveout of the collective kernels, -1 = driver's */
-  int pull;                     /* config: one-shot pull 1, push 0, auto -1 */
-  int ll_threads;               /* config: threads per one-shot block */
-  int ll_hops;                  /* config: one-shot hops, 1 or 2; 0 = auto */
-  int chunk_threads;            /* config: threads per chunked block, 0 = auto */
-  int ts_threads;               /* threads per block of the two-shot / gather kernels (kgpu_connect) */
 } kgpu_shape;
 
 int kgpu_built(void);

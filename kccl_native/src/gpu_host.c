@@ -100,21 +100,8 @@ kcclResult_t kccl_gpu_init(struct kcclComm *c) {
   if (!gh) return kccl_err(kcclSystemError, "out of memory");
   gh->efd = -1;
   c->gpu = gh;
-  kgpu_shape shape = {.nranks = c->nranks,
-                      .rank = c->rank,
-                      .ts_blocks = 0,
-                      .ll_blocks = 0,
-                      .ll_room = 0,
-                      .chunk_bytes = c->cfg.gpu_buffer_bytes,
-                      .timeout_ns = (uint64_t)c->cfg.timeout_ms * 1000000ull,
-                      .pdl = c->cfg.gpu_pdl,
-                      .flag_replicas = c->cfg.gpu_flag_replicas,
-                      .blocks = c->cfg.gpu_blocks,
-                      .pull = c->cfg.gpu_pull,
-                      .carveout = c->cfg.gpu_carveout,
-                      .ll_threads = c->cfg.gpu_ll_threads,
-                      .ll_hops = c->cfg.gpu_ll_hops,
-                      .chunk_threads = c->cfg.gpu_chunk_threads};
+  /* The launch sizes are kgpu_connect's, once it has every rank's export. */
+  kgpu_shape shape = {.nranks = c->nranks, .rank = c->rank, .cfg = c->cfg};
   kccl_seg_header *me = c->hdr[c->rank];
   kcclResult_t r = kgpu_create(c->cfg.device, &shape, &gh->kg, &me->gpu, &gh->status);
   if (r == kcclSuccess) {
@@ -309,12 +296,10 @@ const struct kccl_transport kccl_gpu_transport = {gpu_enter, gpu_run};
 /* ------------------------------------------------------------ public API -- */
 
 static kcclResult_t gpu_comm(kcclComm_t comm, struct kgpu **g) {
-  if (!comm || comm->magic != KCCL_COMM_MAGIC) return kccl_err(kcclInvalidArgument, "invalid communicator");
-  if (!comm->gpu) return kccl_err(kcclInvalidUsage, "this is a host communicator (created with device=-1)");
-  if (comm->error != kcclSuccess)
-    return kccl_err(kcclInvalidUsage, "communicator is unusable after an earlier error (%s); create a new one",
-                    comm->hdr[comm->rank]->error_text);
-  kcclResult_t r = kccl_gpu_enter(comm);
+  if (kccl_comm_valid(comm) && !comm->gpu)
+    return kccl_err(kcclInvalidUsage, "this is a host communicator (created with device=-1)");
+  kcclResult_t r = kccl_comm_check(comm);
+  if (r == kcclSuccess) r = kccl_gpu_enter(comm);
   if (r != kcclSuccess) return r;
   *g = comm->gpu->kg;
   return kcclSuccess;
@@ -329,14 +314,14 @@ kcclResult_t kcclGetGpuSupport(int *built, int *devices) {
 }
 
 kcclResult_t kcclCommCuDevice(const kcclComm_t comm, int *device) {
-  if (!comm || comm->magic != KCCL_COMM_MAGIC || !device)
+  if (!kccl_comm_valid(comm) || !device)
     return kccl_err(kcclInvalidArgument, "invalid communicator or NULL device");
   *device = comm->gpu ? comm->cfg.device : -1;
   return kcclSuccess;
 }
 
 kcclResult_t kcclCommGpuFlagReplicas(const kcclComm_t comm, int *state, char *note, size_t noteBytes) {
-  if (!comm || comm->magic != KCCL_COMM_MAGIC || !state)
+  if (!kccl_comm_valid(comm) || !state)
     return kccl_err(kcclInvalidArgument, "invalid communicator or NULL state");
   if (!comm->gpu)
     return kccl_err(kcclInvalidUsage, "this is a host communicator (created with device=-1): flag replicas are a "

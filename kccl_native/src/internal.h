@@ -201,6 +201,20 @@ struct kcclComm {
 #define KCCL_COMM_MAGIC 0x4b43434c434f4d4dull /* "KCCLCOMM" */
 #define KCCL_SEG_MAGIC 0x4b43434c5345474dull  /* "KCCLSEGM" */
 
+/* A handle the API may use: not NULL and not destroyed (finish() in comm.c
+ * clears the magic before it frees the communicator). */
+static inline int kccl_comm_valid(const struct kcclComm *c) { return c && c->magic == KCCL_COMM_MAGIC; }
+
+/* kcclSuccess for a valid communicator that no error has broken; else the
+ * error every call on it reports. */
+static inline kcclResult_t kccl_comm_check(const struct kcclComm *c) {
+  if (!kccl_comm_valid(c)) return kccl_err(kcclInvalidArgument, "invalid communicator");
+  if (c->error != kcclSuccess)
+    return kccl_err(kcclInvalidUsage, "communicator is unusable after an earlier error (%s); create a new one",
+                    c->hdr[c->rank]->error_text);
+  return kcclSuccess;
+}
+
 /* Slot `which` (0 = A, 1 = B) of buffer set `set` in rank r's segment. */
 static inline uint8_t *kccl_slot(struct kcclComm *c, int r, uint32_t set, int which) {
   return c->base[r] + KCCL_PAGE + ((size_t)set * 2 + (size_t)which) * c->slot_stride;

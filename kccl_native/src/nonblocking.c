@@ -106,10 +106,8 @@ static kcclResult_t complete_oldest(struct kcclComm *c, int block) {
 
 /* Request checks shared by Wait and Test; *pending: whether it is still outstanding. */
 static kcclResult_t check_request(struct kcclComm *c, uint64_t request, int *pending) {
-  if (!c || c->magic != KCCL_COMM_MAGIC) return kccl_err(kcclInvalidArgument, "invalid communicator");
-  if (c->error != kcclSuccess)
-    return kccl_err(kcclInvalidUsage, "communicator is unusable after an earlier error (%s); create a new one",
-                    c->hdr[c->rank]->error_text);
+  kcclResult_t r = kccl_comm_check(c);
+  if (r != kcclSuccess) return r;
   if (request == 0 || request > c->nb_issued)
     return kccl_err(kcclInvalidArgument, "request %llu was not returned by kcclAllReduceStart on this communicator",
                     (unsigned long long)request);
@@ -118,7 +116,7 @@ static kcclResult_t check_request(struct kcclComm *c, uint64_t request, int *pen
 }
 
 static kcclResult_t host_only(struct kcclComm *c, const char *what) {
-  if (c && c->magic == KCCL_COMM_MAGIC && c->gpu)
+  if (kccl_comm_valid(c) && c->gpu)
     return kccl_err(kcclInvalidUsage, "%s is the host transport's; a GPU communicator waits on a stream "
                     "(kcclAllReduceWaitStream)", what);
   return kcclSuccess;
@@ -178,7 +176,7 @@ kcclResult_t kcclAllReduceStartStream(const void *sendbuff, void *recvbuff, size
                                       kcclRedOp_t op, kcclComm_t c, void *stream, uint64_t *request) {
   if (!request) return kccl_err(kcclInvalidArgument, "request is NULL");
   *request = 0;
-  if (c && c->magic == KCCL_COMM_MAGIC && !c->gpu) {
+  if (kccl_comm_valid(c) && !c->gpu) {
     if (stream) return kccl_err(kcclInvalidArgument, "the host transport takes stream=NULL");
     return kcclAllReduceStart(sendbuff, recvbuff, count, dt, op, c, request);
   }
@@ -209,7 +207,7 @@ kcclResult_t kcclAllReduceStartStream(const void *sendbuff, void *recvbuff, size
 }
 
 kcclResult_t kcclAllReduceWaitStream(kcclComm_t c, uint64_t request, void *stream) {
-  if (c && c->magic == KCCL_COMM_MAGIC && !c->gpu) {
+  if (kccl_comm_valid(c) && !c->gpu) {
     if (stream) return kccl_err(kcclInvalidArgument, "the host transport takes stream=NULL");
     return kcclAllReduceWait(c, request);
   }

@@ -226,7 +226,7 @@ void kccl_replicas_free(struct kcclComm *c) {
 }
 
 kcclResult_t kcclCommTopoInfo(kcclComm_t c, kcclTopoInfo_t *info) {
-  if (!c || c->magic != KCCL_COMM_MAGIC || !info)
+  if (!kccl_comm_valid(c) || !info)
     return kccl_err(kcclInvalidArgument, "invalid communicator or NULL info");
   memset(info, 0, sizeof *info);
   const struct kccl_replicas *x = c->rep;

@@ -25,7 +25,7 @@ static kgpu_layout make_layout(const kgpu_shape *s) {
   at = align_up(at + sizeof(int));
   l.flags = at;
   at = align_up(at + sizeof(uint64_t) * 2 * KGPU_TS_MAX_BLOCKS * KCCL_GPU_MAX_RANKS);
-  const int rep = s->flag_replicas != 0;
+  const int rep = s->cfg.gpu_flag_replicas != 0;
   l.l2pool = at;
   at = align_up(at + (rep ? (size_t)KGPU_L2_POOL_LINES * KGPU_LINE : 0));
   l.l2tab = at;
@@ -34,7 +34,7 @@ static kgpu_layout make_layout(const kgpu_shape *s) {
   at = align_up(at + (rep ? KGPU_SM_MAP + sizeof(uint32_t) : 0));
   /* Scratch areas get one spare alignment unit: kernels read whole 16-byte
    * units past the end of a partial tail. */
-  size_t area = align_up(s->chunk_bytes) + KGPU_ALIGN;
+  size_t area = align_up(s->cfg.gpu_buffer_bytes) + KGPU_ALIGN;
   l.in = at;
   at += area;
   l.out = at;
@@ -139,7 +139,7 @@ extern "C" kcclResult_t kgpu_create(int device, const kgpu_shape *shape, struct 
                     kgpuGetErrorString(e));
   }
   exp->flag_replicas = KGPU_REP_OFF;
-  if (shape->flag_replicas) {
+  if (shape->cfg.gpu_flag_replicas) {
     /* Before the export is published: a peer reads the tables once it has mapped this buffer. */
     kcclResult_t r = kgpu_l2_calibrate(g);
     if (r != kcclSuccess) {
@@ -155,7 +155,7 @@ extern "C" kcclResult_t kgpu_create(int device, const kgpu_shape *shape, struct 
       (e = kgpuDeviceGetPCIBusId(exp->pci, KGPU_PCI_BYTES, device)) != kgpuSuccess ||
       (e = kgpuDeviceGetAttribute(&exp->sms, kgpuDevAttrMultiProcessorCount, device)) != kgpuSuccess ||
       (e = kgpu_kernel_occupancy(shape->nranks, exp->ts_per_sm, &exp->ll_per_sm)) != kgpuSuccess ||
-      (e = kgpu_preload_kernels(shape->carveout)) != kgpuSuccess) {
+      (e = kgpu_preload_kernels(shape->cfg.gpu_carveout)) != kgpuSuccess) {
     kgpuFreeHost((void *)g->status_h);
     kgpuFree(g->buf);
     free(g);
@@ -174,11 +174,9 @@ extern "C" kcclResult_t kgpu_create(int device, const kgpu_shape *shape, struct 
  * against 1319 with 256 threads).  One rank per GPU: 256 (not measured). */
 static int chunk_threads_auto(int max_local) { return max_local > 1 ? 768 : 256; }
 
-extern "C" kcclResult_t kgpu_connect(struct kgpu *g, const kgpu_export *peers) {
+/* Maps every peer's buffer (this rank's own is g->buf). */
+static kcclResult_t map_peers(kgpu *g, const kgpu_export *peers) {
   const kgpu_shape *s = &g->shape;
-  KGPU_CHECK(kgpuSetDevice(g->device));
-  /* The settings every rank must share (KCCL_GPU_* with KCCL_EQUAL_GPU in
-   * kccl_settings.def) were compared before any GPU work (shm.c, check_agreement). */
   for (int p = 0; p < s->nranks; p++) {
     if (p == s->rank) {
       g->peer[p] = g->buf;
@@ -198,49 +196,72 @@ extern "C" kcclResult_t kgpu_connect(struct kgpu *g, const kgpu_export *peers) {
                       kgpuGetErrorString(e));
     }
   }
-  /* Every rank's kernels must be resident at once: a block waits for the same
-   * block of every peer.  Two limits, both per GPU:
-   * - Room: all ranks' blocks fit, each kernel counted with its own
-   *   blocks-per-SM and kept to 3/4 of it (kernels of different register
-   *   counts share SMs, where the per-kernel counts do not quite add up).
-   * - A free SM: a rank that is late may have a kernel of its own (the
-   *   application's, torch's) before the collective on its stream.  If the
-   *   blocks its peers already have waiting sit on every SM, a kernel that
-   *   needs a larger shared-memory carveout than those SMs are set to cannot
-   *   start anywhere, the late rank never reaches the collective, and the
-   *   peers wait until KCCL_TIMEOUT_MS (bench/gpu/residency.py shows it).
-   *   The library's kernels ask for the largest carveout
-   *   (kgpu_preload_kernels), which removes the shared-memory case, but a
-   *   kernel that needs more registers or threads than an SM has left beside
-   *   them would still wait.  So the blocks of all ranks of a GPU but one
-   *   leave KGPU_FREE_SMS SMs free (the block scheduler spreads a grid over
-   *   empty SMs first).
-   * The one-shot kernel launches with PDL: the next call's kernel may be
-   * resident beside it.  The launcher uses PDL only when both grids together
-   * stay within this budget (kgpu_allreduce), so one call alone may use all
-   * of it.  The chunked kernels launch without PDL and never trigger their
-   * successor early, so at most one of them per rank is resident.
-   * KCCL_GPU_BLOCKS overrides the chunked count.  Every rank computes the
-   * same numbers from the same exports. */
-  int max_local = 1, min_sms = 1 << 30, ts_per_sm = 1 << 30, ll_per_sm = 1 << 30;
+  return kcclSuccess;
+}
+
+/* What the launch budget is computed from, the same on every rank (it comes
+ * from the exports). */
+struct gpu_room {
+  int max_local; /* ranks on the most shared GPU */
+  int min_sms;   /* multiprocessors of the smallest GPU */
+  int ll_per_sm; /* one-shot blocks per multiprocessor, the least of any rank */
+};
+
+static gpu_room measure_room(const kgpu_shape *s, const kgpu_export *peers) {
+  gpu_room r = {1, 1 << 30, 1 << 30};
   for (int p = 0; p < s->nranks; p++) {
     int local = 0;
     for (int q = 0; q < s->nranks; q++) local += !strncmp(peers[p].pci, peers[q].pci, KGPU_PCI_BYTES);
-    if (local > max_local) max_local = local;
-    if (peers[p].sms < min_sms) min_sms = peers[p].sms;
-    if (peers[p].ll_per_sm < ll_per_sm) ll_per_sm = peers[p].ll_per_sm;
+    if (local > r.max_local) r.max_local = local;
+    if (peers[p].sms < r.min_sms) r.min_sms = peers[p].sms;
+    if (peers[p].ll_per_sm < r.ll_per_sm) r.ll_per_sm = peers[p].ll_per_sm;
   }
-  const int threads = s->chunk_threads > 0 ? s->chunk_threads : chunk_threads_auto(max_local);
+  return r;
+}
+
+/* Every rank's kernels must be resident at once: a block waits for the same
+ * block of every peer.  Two limits, both per GPU:
+ * - Room: all ranks' blocks fit, each kernel counted with its own
+ *   blocks-per-SM and kept to 3/4 of it (kernels of different register
+ *   counts share SMs, where the per-kernel counts do not quite add up).
+ * - A free SM: a rank that is late may have a kernel of its own (the
+ *   application's, torch's) before the collective on its stream.  If the
+ *   blocks its peers already have waiting sit on every SM, a kernel that
+ *   needs a larger shared-memory carveout than those SMs are set to cannot
+ *   start anywhere, the late rank never reaches the collective, and the
+ *   peers wait until KCCL_TIMEOUT_MS (bench/gpu/residency.py shows it).
+ *   The library's kernels ask for the largest carveout
+ *   (kgpu_preload_kernels), which removes the shared-memory case, but a
+ *   kernel that needs more registers or threads than an SM has left beside
+ *   them would still wait.  So the blocks of all ranks of a GPU but one
+ *   leave KGPU_FREE_SMS SMs free (the block scheduler spreads a grid over
+ *   empty SMs first).
+ * The one-shot kernel launches with PDL: the next call's kernel may be
+ * resident beside it.  The launcher uses PDL only when both grids together
+ * stay within this budget (kgpu_allreduce), so one call alone may use all
+ * of it.  The chunked kernels launch without PDL and never trigger their
+ * successor early, so at most one of them per rank is resident.
+ * KCCL_GPU_BLOCKS overrides the chunked count.  Every rank computes the
+ * same numbers from the same exports. */
+static int free_sm_room(const gpu_room &r) {
+  return r.max_local > 1 ? (r.min_sms - KGPU_FREE_SMS) / (r.max_local - 1) : 1 << 30;
+}
+
+/* The chunked kernels' shape: shape.ts_threads and shape.ts_blocks. */
+static kcclResult_t chunked_grid(kgpu *g, const kgpu_export *peers, const gpu_room &r) {
+  const kgpu_shape *s = &g->shape;
+  const int max_local = r.max_local, min_sms = r.min_sms;
+  int ts_per_sm = 1 << 30;
+  const int threads = s->cfg.gpu_chunk_threads > 0 ? s->cfg.gpu_chunk_threads : chunk_threads_auto(max_local);
   for (int p = 0; p < s->nranks; p++)
     if (peers[p].ts_per_sm[threads / 32 - 1] < ts_per_sm) ts_per_sm = peers[p].ts_per_sm[threads / 32 - 1];
   if (ts_per_sm < 1)
     return kccl_err(kcclInvalidArgument, "a chunked kernel of %d threads per block does not fit on a "
                     "multiprocessor of every rank's GPU (KCCL_GPU_CHUNK_THREADS)", threads);
   g->shape.ts_threads = threads;
-  const int free_sm_room = max_local > 1 ? (min_sms - KGPU_FREE_SMS) / (max_local - 1) : 1 << 30;
   /* Every rank's blocks resident at once on all but KGPU_FREE_SMS SMs' room. */
   int blocks = 2 * min_sms / max_local, cap = (min_sms - KGPU_FREE_SMS) * ts_per_sm / max_local;
-  if (cap > free_sm_room) cap = free_sm_room;
+  if (cap > free_sm_room(r)) cap = free_sm_room(r);
   if (blocks > cap) blocks = cap;
   /* Whole blocks per SM where the count is just past them: the ranks of a GPU
    * together run k blocks on each of the SMs they leave free, not k on most
@@ -253,33 +274,57 @@ extern "C" kcclResult_t kgpu_connect(struct kgpu *g, const kgpu_export *peers) {
     const int usable = min_sms - KGPU_FREE_SMS, per_sm = blocks * max_local / usable;
     if (per_sm >= 1 && 4 * (blocks * max_local - per_sm * usable) <= usable) blocks = per_sm * usable / max_local;
   }
-  if (s->blocks > 0) blocks = s->blocks; /* the user's choice, equal on all ranks (check_agreement) */
+  if (s->cfg.gpu_blocks > 0) blocks = s->cfg.gpu_blocks; /* the user's choice, equal on all ranks (check_agreement) */
   g->shape.ts_blocks = blocks < 1 ? 1 : blocks > KGPU_TS_MAX_BLOCKS ? KGPU_TS_MAX_BLOCKS : blocks;
-  g->one_gpu = max_local == s->nranks;
-  kgpu_l2_agree(g, peers);
-  cap = min_sms * ll_per_sm * 3 / (4 * max_local);
-  if (cap > free_sm_room) cap = free_sm_room;
+  return kcclSuccess;
+}
+
+/* The one-shot kernel's budget: shape.ll_room (blocks of two successive calls
+ * together, with PDL) and shape.ll_blocks (one call). */
+static void oneshot_grid(kgpu *g, const gpu_room &r) {
+  int cap = r.min_sms * r.ll_per_sm * 3 / (4 * r.max_local);
+  if (cap > free_sm_room(r)) cap = free_sm_room(r);
   g->shape.ll_room = cap < 1 ? 1 : cap;
   g->shape.ll_blocks = g->shape.ll_room < KCCL_DEV_MAX_BLOCKS ? g->shape.ll_room : KCCL_DEV_MAX_BLOCKS;
+}
+
+/* The device handles of both channels (0: the library's kernels, 1: user
+ * kernels through kcclCommGetDevComm). */
+static void fill_devcomms(kgpu *g, int max_local) {
+  const kgpu_shape *s = &g->shape;
   for (int c = 0; c < KCCL_CHANNELS; c++) {
     kcclDevComm *dc = &g->dc[c];
     memset(dc, 0, sizeof *dc);
     dc->rank = s->rank;
     dc->nranks = s->nranks;
     dc->channel = c;
-    dc->pull = s->pull >= 0 ? s->pull : max_local == s->nranks; /* auto: pull when all share this GPU */
+    dc->pull = s->cfg.gpu_pull >= 0 ? s->cfg.gpu_pull : max_local == s->nranks; /* auto: pull when all share this GPU */
     /* KCCL_GPU_LL_HOPS=0: one hop.  Two hops save polls within one process,
      * but across processes each hop costs a cross-process round trip, and on
      * an H200 under MPS the second hop cost more than it saved (8 KB, 8 ranks).
      * Across GPUs: not measured. */
-    dc->ll_hops = s->ll_hops ? s->ll_hops : 1;
-    dc->timeout_ns = s->timeout_ns;
+    dc->ll_hops = s->cfg.gpu_ll_hops ? s->cfg.gpu_ll_hops : 1;
+    dc->timeout_ns = (uint64_t)s->cfg.timeout_ms * 1000000ull;
     for (int p = 0; p < s->nranks; p++) dc->peer_base[p] = g->peer[p];
     for (int k = 0; k < KCCL_CHANNELS; k++) dc->ll_off[k] = g->lay.ll[k];
     dc->epochs = (uint32_t *)(g->buf + g->lay.epochs);
     dc->fail_owner = (int *)(g->buf + g->lay.fail);
     dc->status = g->status_d;
   }
+}
+
+extern "C" kcclResult_t kgpu_connect(struct kgpu *g, const kgpu_export *peers) {
+  KGPU_CHECK(kgpuSetDevice(g->device));
+  /* The settings every rank must share (KCCL_GPU_* with KCCL_EQUAL_GPU in
+   * kccl_settings.def) were compared before any GPU work (shm.c, check_agreement). */
+  kcclResult_t r = map_peers(g, peers);
+  if (r != kcclSuccess) return r;
+  const gpu_room room = measure_room(&g->shape, peers);
+  if ((r = chunked_grid(g, peers, room)) != kcclSuccess) return r;
+  g->one_gpu = room.max_local == g->shape.nranks;
+  kgpu_l2_agree(g, peers);
+  oneshot_grid(g, room);
+  fill_devcomms(g, room.max_local);
   return kcclSuccess;
 }
 

@@ -74,11 +74,11 @@ struct kgpu {
 kcclResult_t kgpu_launch_error(const char *what);
 /* Blocks per multiprocessor of the chunked kernels (the smaller of two-shot's
  * and gather's) for blocks of 1 .. KCCL_GPU_MAX_CHUNK_THREADS / 32 warps
- * (ts_per_sm[w - 1]), and of the one-shot kernel used for nranks (gpu_kernels.cu). */
+ * (ts_per_sm[w - 1]), and of the one-shot kernel used for nranks (gpu_launch.cu). */
 kgpuError_t kgpu_kernel_occupancy(int nranks, int8_t *ts_per_sm, int *ll_per_sm);
-/* Loads the library's kernels at init (lazy loading: see gpu_kernels.cu). */
+/* Loads the library's kernels at init (lazy loading: see gpu_launch.cu). */
 /* carveout: the shared-memory carveout in percent for the kernels that wait
- * for peers (KCCL_GPU_CARVEOUT; -1: the driver's choice; why: gpu_kernels.cu).
+ * for peers (KCCL_GPU_CARVEOUT; -1: the driver's choice; why: gpu_launch.cu).
  * A function attribute, so per process: the last communicator's setting holds. */
 kgpuError_t kgpu_preload_kernels(int carveout);
 /* One kernel of those lists: getting its attributes loads it; one that waits
@@ -98,8 +98,17 @@ static inline kgpuError_t kgpu_load_waiting_kernel(const void *fn, int carveout)
 kcclResult_t kgpu_l2_calibrate(struct kgpu *g);
 /* At connect: replicas are used only when every rank's calibration succeeded (sets g->rep_on). */
 void kgpu_l2_agree(struct kgpu *g, const kgpu_export *peers);
-/* The analysis, host only (a test runs it on made-up latencies).  cyc: cycles of
- * `chain` dependent loads, [KGPU_SM_MAP][KGPU_L2_CANDIDATES], 0xffff = not measured. */
+#define KGPU_L2_CHAIN 16     /* dependent loads timed per candidate and pass */
+/* A line is near a group when the groups' mean acquire-load latencies differ by
+ * more than this.  The H200 (bench/results/gpu/l2_poll.json, ld.acquire.sys):
+ * the gap is 14.4-18.6 ns on every one of 64 addresses (near ~139 ns, far
+ * ~154-159 ns) with a per-SM spread of 3-6 ns, so the mean of 66 SMs is good to
+ * ~1 ns: half the smallest gap seen is many noise widths above zero (no line of
+ * a GPU without partitions passes) and far below every real gap. */
+#define KGPU_L2_GAP_NS 7.0
+/* The analysis, host only (tests/c/l2map_selftest.cu runs it on made-up
+ * latencies).  cyc: cycles of `chain` dependent loads, [KGPU_SM_MAP][KGPU_L2_CANDIDATES],
+ * 0xffff = not measured. */
 struct kgpu_l2_split {
   int code;                 /* KGPU_REP_* */
   int measured;             /* SMs with a full row */
