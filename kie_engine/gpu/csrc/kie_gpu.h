@@ -8,10 +8,11 @@
  * follows it, with RoPE and the KV-cache write or SwiGLU in its epilogue;
  * attention split over the context; the row-parallel GEMV writing the
  * sublayer's partial sum) and, between lanes, KCCL's GPU all-reduce on the same
- * stream, or its stream-ordered split phase for DTP.  The step is captured
- * once as a CUDA graph per sampling mode and replayed from C; the picked token
- * goes to the next step on the device and to a host-mapped ring that the
- * caller reads.
+ * stream, or its stream-ordered split phase for DTP; or one persistent kernel
+ * (KIE_KERNEL_MONO) that sums the lanes itself through KCCL's device API.  The
+ * step is captured once as a CUDA graph per sampling mode and replayed from C;
+ * the picked token goes to the next step on the device and to a host-mapped
+ * ring that the caller reads.
  *
  * Every call returns KIE_OK or an error code; kie_last_error() gives the text
  * of the calling thread's last error.

@@ -102,6 +102,12 @@ struct Block {
   uint64_t *full, *empty; /* per slot: filled (producer's tx), freed (one arrive per consumer warp) */
   char *ring;
   volatile int *stop;     /* set when this block gives up; the producer watches it too */
+  /* The consumers' verdict at a wait: written by consumer thread 0 alone, before
+   * the barrier after which all of them read it.  They leave only on it, all at
+   * once: a consumer that left alone would never reach the named barriers the
+   * others wait at, and `stop` itself may change between their reads (the
+   * producer sets it when it sees the abort flag). */
+  volatile int *quit;
 };
 
 /* Gives up the step: the first to fail says why (KIE_DERR_*, its argument),
@@ -225,6 +231,20 @@ __device__ void tile_rows(const Cursor &c, char *dst, uint64_t *bar) {
   else prefetch_l2(src, row_bytes);
 }
 
+/* The producer leaving a step given up: the bulk copies of the first `tiles`
+ * tiles (the last one into each slot may still be in flight) land before the
+ * block can exit, so that none writes into shared memory (or completes an
+ * mbarrier) that a later kernel's block holds.  Copies from global memory
+ * always complete; the wait is bounded all the same. */
+__device__ void drain(const Block &b, int tiles) {
+  const MonoArgs &m = *b.m;
+  for (int slot = 0; slot < m.nslots && slot < tiles; slot++) {
+    const unsigned last = (unsigned)((tiles - 1 - slot) / m.nslots) & 1u;
+    const unsigned long long t0 = gtime();
+    while (!mbar_done(&b.full[slot], last) && (long long)(gtime() - t0) < b.m->timeout_ns) __nanosleep(64);
+  }
+}
+
 /* The producer warp: every weight tile of the step, in the consumers' order,
  * into the ring; the tile `prefetch` places further on asked of L2 meanwhile, so
  * that more of HBM's latency is covered than the ring alone holds. */
@@ -239,7 +259,10 @@ __device__ void produce(const Block &b) {
   }
   for (int tile = 0; more; tile++, more = cursor_next(m, c)) {
     const int slot = tile % m.nslots, use = tile / m.nslots;
-    if (use > 0 && !spin(b, c.k, [&] { return mbar_done(&b.empty[slot], (unsigned)(use - 1) & 1u); })) return;
+    if (use > 0 && !spin(b, c.k, [&] { return mbar_done(&b.empty[slot], (unsigned)(use - 1) & 1u); })) {
+      drain(b, tile);
+      return;
+    }
     tile_rows(c, b.ring + (size_t)slot * m.slot_bytes, &b.full[slot]);
     if (ahead) {
       tile_rows(p, nullptr, nullptr);
@@ -258,11 +281,14 @@ __device__ __forceinline__ void spin_stage(const Block &b, int k, unsigned epoch
   spin(b, k, [&] { return (int)(ld_acquire(m.cnt + k) - target) >= 0; });
 }
 
-/* Consumers: wait until stage k is complete for this step. */
+/* Consumers: wait until stage k is complete for this step; false: leave (all of them). */
 __device__ bool wait_stage(const Block &b, int k, unsigned epoch) {
-  if (threadIdx.x == 0) spin_stage(b, k, epoch);
+  if (threadIdx.x == 0) {
+    spin_stage(b, k, epoch);
+    *b.quit = *b.stop;
+  }
   bar_consumers();
-  return !*b.stop;
+  return !*b.quit;
 }
 
 /* Block 0's clock (where a step's time goes, read by kie_mono_marks). */
@@ -291,15 +317,20 @@ __device__ bool wait_inputs(const Block &b, int k, unsigned epoch) {
       const unsigned *c = m.rcnt + l.need[i];
       spin_as(b, KIE_DERR_PEER, l.need[i], [&] { return (int)(ld_acquire(c) - target) >= 0; });
     }
+    *b.quit = *b.stop;
   }
   bar_consumers();
-  return !*b.stop;
+  return !*b.quit;
 }
 
 /* TP: the lanes' sum of n floats at xs (this block's shared memory), in
  * place, on KCCL slot `slot`; every consumer thread calls it.  False (the
- * step given up) when the call failed. */
-__device__ bool lanes_sum(const Block &b, int slot, float *xs, int n) {
+ * step given up) when the call failed.  This and the two below are out of
+ * line: the kernel is at its register cap (168 a thread with 9 warps), and
+ * inlined, KCCL's registers made ptxas spill across the whole TP copy; out of
+ * line, the saves sit at the calls (measured with -Xptxas -v: the TP copy
+ * without the calls spills as the tp = 1 copy does). */
+__device__ __noinline__ bool lanes_sum(const Block &b, int slot, float *xs, int n) {
   const MonoArgs &m = *b.m;
   const kcclDevGroup g = {slot, BAR_CONSUMERS, MONO_CONSUMERS, &m.sync->abort};
   const kcclResult_t rc = kcclDevAllReduceGroup<KIE_MONO_MAX_LANES>(m.dc, g, xs, n, kcclFloat32, kcclSum);
@@ -314,7 +345,7 @@ __device__ bool lanes_sum(const Block &b, int slot, float *xs, int n) {
  * memory: KCCL loads its data with plain loads, which may hit lines of this
  * SM's L1 older than what other blocks wrote since (the reads here and the
  * stage_norm that adds the sum load it through L2). */
-__device__ bool reduce_stage(const Block &b, int k, unsigned epoch, float *xs) {
+__device__ __noinline__ bool reduce_stage(const Block &b, int k, unsigned epoch, float *xs) {
   const MonoArgs &m = *b.m;
   const int slot = (int)blockIdx.x - ((int)gridDim.x - m.nred), tid = threadIdx.x;
   if (slot < 0) return true;
@@ -338,7 +369,7 @@ __device__ bool reduce_stage(const Block &b, int k, unsigned epoch, float *xs) {
  * candidates (each lane's pair in its own places, zero elsewhere: the sum
  * hands every lane all of them, as the graph path's all-reduce of cand does)
  * and commits the pick.  h: the head stage. */
-__device__ bool lanes_pick(const Block &b, const MonoStage &h, int k, unsigned epoch, float *xs) {
+__device__ __noinline__ bool lanes_pick(const Block &b, const MonoStage &h, int k, unsigned epoch, float *xs) {
   const MonoArgs &m = *b.m;
   if (!wait_stage(b, k, epoch)) return false; /* every block's best key is in amax */
   const int n = 2 * h.g.tp;
@@ -435,7 +466,10 @@ __device__ void consume(const Block &b, char *xunion) {
       bar_consumers();
       for (int tu = u0; tu < u1; tu += s.upt, tile++) {
         const int slot = tile % m.nslots, use = tile / m.nslots;
-        if (!spin(b, k, [&] { return mbar_done(&b.full[slot], (unsigned)use & 1u); })) return;
+        /* Each consumer waits for the tile itself, so they can give up at different
+         * times: one that has goes on through the stage (its results no longer
+         * matter) and all leave together at the next wait. */
+        spin(b, k, [&] { return mbar_done(&b.full[slot], (unsigned)use & 1u); });
         const int n = min(s.upt, u1 - tu);
         switch (s.epi) {
           case EPI_QKV: gemv_tile<EPI_QKV>(b, s, tu, n, slot, xs, part[tile & 1], best); break;
@@ -481,15 +515,16 @@ __device__ void consume(const Block &b, char *xunion) {
 template <int HD, bool TP>
 __global__ void __launch_bounds__(MONO_THREADS, 1) k_mono(const __grid_constant__ MonoArgs m) {
   extern __shared__ __align__(128) char smem[];
-  __shared__ int stop;
+  __shared__ int stop, quit;
   Block b;
   b.m = &m;
   b.full = reinterpret_cast<uint64_t *>(smem);
   b.empty = b.full + m.nslots;
   b.ring = smem + m.ring_off;
   b.stop = &stop;
+  b.quit = &quit;
   if (threadIdx.x == 0) {
-    stop = 0;
+    stop = quit = 0;
     for (int i = 0; i < m.nslots; i++) {
       mbar_init(&b.full[i], 1);
       mbar_init(&b.empty[i], GEMV_WARPS);
