@@ -596,8 +596,8 @@ int mono_prepare(kie_engine *e) {
   const size_t xu = round_up(std::max((size_t)b.xbytes, att), 128), slot = round_up((size_t)b.slot, 128);
   size_t static_smem = 0;
   CU(kie_mono_static_smem(e->s.head_dim, tp, &static_smem));
-  /* The kernel's static shared memory (4 KB at least, what the ring was sized
-   * beside before the count was asked for) and the mbarriers. */
+  /* The kernel's static shared memory, counted as 4 KB at least (the tp = 1
+   * kernel's ring keeps the size it was measured with), and the mbarriers. */
   const size_t reserve = std::max<size_t>(4096, static_smem) + 256;
   const long room = (long)optin - (long)xu - (long)reserve;
   const int nslots = room > 0 ? (int)std::min<long>(8, room / (long)slot) : 0;
@@ -667,6 +667,11 @@ int enqueue_mono(kie_engine *e, int mode) {
   m.marks = e->mono_marks;
   m.tp = e->s.tp_size;
   if (m.tp > 1) {
+    /* Any wait of the step may be waiting on a peer (through the reducers'
+     * KCCL calls, which the stage after theirs needs): it gives the peer
+     * KCCL's own bound first, so that a slow peer is what KCCL says it is
+     * (its timeout, its dead or aborted peer), as on the graph path. */
+    m.timeout_ns += (long long)e->dc.timeout_ns;
     m.links = e->mono_links;
     m.rcnt = e->mono_cnt + e->mono_n;
     m.nred = e->mono_nred;

@@ -43,7 +43,10 @@
  * (its cancel word), so a step that gives up anywhere takes its reducers out
  * of calls whose peers will not come; a failed call (a peer died, aborted,
  * timed out, or the call was cancelled) sets KIE_DERR_COMM and the abort flag,
- * and KCCL marks the communicator broken. */
+ * and KCCL marks the communicator broken.  A dead or aborted peer ends the
+ * reducers' calls at once (KCCL's watcher sets its stop word); a peer that is
+ * only slow gets KCCL's timeout, which the host adds to every wait's bound
+ * here, since any wait may depend on a reducer's call. */
 #include "attention.cuh"
 
 using namespace kie;
@@ -231,11 +234,12 @@ __device__ void tile_rows(const Cursor &c, char *dst, uint64_t *bar) {
   else prefetch_l2(src, row_bytes);
 }
 
-/* The producer leaving a step given up: the bulk copies of the first `tiles`
- * tiles (the last one into each slot may still be in flight) land before the
- * block can exit, so that none writes into shared memory (or completes an
- * mbarrier) that a later kernel's block holds.  Copies from global memory
- * always complete; the wait is bounded all the same. */
+/* The producer leaving: the bulk copies of the first `tiles` tiles (the last
+ * one into each slot may still be in flight) land before the block can exit,
+ * so that none writes into shared memory (or completes an mbarrier) that a
+ * later kernel's block holds, also when the consumers leave a step given up
+ * before they used them.  Copies from global memory always complete; the wait
+ * is bounded all the same. */
 __device__ void drain(const Block &b, int tiles) {
   const MonoArgs &m = *b.m;
   for (int slot = 0; slot < m.nslots && slot < tiles; slot++) {
@@ -257,18 +261,17 @@ __device__ void produce(const Block &b) {
     tile_rows(p, nullptr, nullptr);
     ahead = cursor_next(m, p);
   }
-  for (int tile = 0; more; tile++, more = cursor_next(m, c)) {
+  int tile = 0;
+  for (; more; tile++, more = cursor_next(m, c)) {
     const int slot = tile % m.nslots, use = tile / m.nslots;
-    if (use > 0 && !spin(b, c.k, [&] { return mbar_done(&b.empty[slot], (unsigned)(use - 1) & 1u); })) {
-      drain(b, tile);
-      return;
-    }
+    if (use > 0 && !spin(b, c.k, [&] { return mbar_done(&b.empty[slot], (unsigned)(use - 1) & 1u); })) break;
     tile_rows(c, b.ring + (size_t)slot * m.slot_bytes, &b.full[slot]);
     if (ahead) {
       tile_rows(p, nullptr, nullptr);
       ahead = cursor_next(m, p);
     }
   }
+  drain(b, tile);
 }
 
 /* Thread 0: spins until stage k is complete for this step. */
@@ -368,10 +371,21 @@ __device__ __noinline__ bool reduce_stage(const Block &b, int k, unsigned epoch,
 /* TP, greedy: after the LM head, reducer 0 (KCCL slot 0) adds up the lanes'
  * candidates (each lane's pair in its own places, zero elsewhere: the sum
  * hands every lane all of them, as the graph path's all-reduce of cand does)
- * and commits the pick.  h: the head stage. */
-__device__ __noinline__ bool lanes_pick(const Block &b, const MonoStage &h, int k, unsigned epoch, float *xs) {
+ * and commits the pick.  h: the head stage, k its index; head0: its count
+ * when this block started.  The head's count is not a multiple of the epoch
+ * (a step in KIE_MODE_ADVANCE skips the head), but no block counts this
+ * step's head before this block has started (every block waits at the last
+ * attention stage for the last QKV stage, which this block counts), so the
+ * step's head is done at head0 + the grid. */
+__device__ __noinline__ bool lanes_pick(const Block &b, const MonoStage &h, int k, unsigned head0, float *xs) {
   const MonoArgs &m = *b.m;
-  if (!wait_stage(b, k, epoch)) return false; /* every block's best key is in amax */
+  if (threadIdx.x == 0) { /* every block's best key is in amax */
+    const unsigned target = head0 + gridDim.x;
+    spin(b, k, [&] { return (int)(ld_acquire(m.cnt + k) - target) >= 0; });
+    *b.quit = *b.stop;
+  }
+  bar_consumers();
+  if (*b.quit) return false;
   const int n = 2 * h.g.tp;
   if (threadIdx.x == 0) {
     head_candidate(h.g, atomicExch(&m.sync->amax, 0ull));
@@ -422,9 +436,13 @@ __device__ void consume(const Block &b, char *xunion) {
   __shared__ float red[GEMV_WARPS];
   __shared__ float part[2][GEMV_WARPS][2 * GEMV_MAX_T];
   __shared__ unsigned long long sbest[GEMV_WARPS];
-  __shared__ unsigned s_epoch;
+  __shared__ unsigned s_epoch, s_head0;
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
-  if (tid == 0) s_epoch = *(volatile unsigned *)&m.sync->epoch;
+  const bool picker = TP && m.pick && (int)blockIdx.x == (int)gridDim.x - m.nred; /* lanes_pick's block */
+  if (tid == 0) {
+    s_epoch = *(volatile unsigned *)&m.sync->epoch;
+    if (picker) s_head0 = ld_acquire(m.cnt + m.nstages - 1);
+  }
   bar_consumers();
   const unsigned epoch = s_epoch;
   float *xs = reinterpret_cast<float *>(xunion);
@@ -491,8 +509,7 @@ __device__ void consume(const Block &b, char *xunion) {
     signal_stage(m, k);
     if (TP && m.links[k].sum && !reduce_stage(b, k, epoch, xs)) return;
   }
-  if (TP && m.pick && (int)blockIdx.x == (int)gridDim.x - m.nred && !lanes_pick(b, cur, m.nstages - 1, epoch, xs))
-    return;
+  if (picker && !lanes_pick(b, cur, m.nstages - 1, s_head0, xs)) return;
 
   /* The last block out picks the token (greedy, one lane) and opens the next epoch. */
   bar_consumers();
