@@ -261,8 +261,9 @@ def main():
     ap.add_argument("--tokens", type=int, default=128)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--baseline", default="compile", choices=["compile", "graph", "none"])
-    ap.add_argument("--kernels", default=None,
-                    help="KIE's step kernels to time, of graph,mono (default: both at one rank, graph at more)")
+    ap.add_argument("--kernels", default="graph,mono",
+                    help="KIE's step kernels to time, of graph,mono (default: both; at TP > 1 the monokernel sums "
+                         "the lanes inside its kernel)")
     ap.add_argument("--variants", action="store_true",
                     help="also KIE with the launch and kernel variants of VARIANTS (delay 0, every context)")
     ap.add_argument("--mono-variants", action="store_true",
@@ -275,7 +276,7 @@ def main():
     dev = torch.device("cuda", dev_index)
     gpus = min(SIZE, ndev)
     contexts = [int(c) for c in a.contexts.split(",")]
-    kernels = (a.kernels or ("graph,mono" if SIZE == 1 else "graph")).split(",")
+    kernels = a.kernels.split(",")
     delays = [int(d) for d in a.delays.split(",")]
     max_seq = max(contexts) + a.tokens + 8
     base = preset(a.preset)

@@ -172,7 +172,8 @@ def test_stream_handles():
 
 
 def test_device_header_and_compat_header_compile_as_cuda(tmp_path):
-    """A user kernel that calls the device API compiles (and so does the compat header)."""
+    """A user kernel that calls the device API compiles, whole blocks and a group of a
+    block's threads (and so does the compat header)."""
     nvcc = find_nvcc()
     if nvcc is None:
         pytest.skip("no nvcc")
@@ -180,6 +181,13 @@ def test_device_header_and_compat_header_compile_as_cuda(tmp_path):
     src.write_text('#include "kccl_device.cuh"\n'
                    "__global__ void k(kcclDevComm dc, float *x, int n) {\n"
                    "  kcclResult_t r = kcclDevAllReduce(dc, x + blockIdx.x * n, n, kcclFloat32, kcclSum);\n"
+                   "  if (r != kcclSuccess && threadIdx.x == 0) x[0] = -1;\n}\n"
+                   "__global__ void g(kcclDevComm dc, float *x, int n, const unsigned *stop) {\n"
+                   "  __shared__ float s[512];\n"
+                   "  if (threadIdx.x >= 128) return;  // the other warps stay out\n"
+                   "  for (int i = threadIdx.x; i < n; i += 128) s[i] = x[i];\n"
+                   "  kcclDevGroup grp = {(int)blockIdx.x % KCCL_DEV_MAX_BLOCKS, 1, 128, stop};\n"
+                   "  kcclResult_t r = kcclDevAllReduceGroup<8>(dc, grp, s, n, kcclBfloat16, kcclMax);\n"
                    "  if (r != kcclSuccess && threadIdx.x == 0) x[0] = -1;\n}\n")
     inc = os.path.join(os.path.dirname(HERE), "kccl_native", "include")
     p = subprocess.run([nvcc, "-std=c++17", "-gencode=arch=compute_90,code=sm_90", "-I", inc, "-c", str(src),

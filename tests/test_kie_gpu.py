@@ -112,6 +112,24 @@ def test_kccl_stream_split_phase_on_a_host_communicator(comm1):
         comm1.all_reduce_start(x.copy(), stream=1)
 
 
+def test_kccl_functions_hand_the_engine_every_entry_it_calls(comm1):
+    """The addresses the engine calls KCCL through, the monokernel's device-API handle
+    (kcclCommGetDevComm) among them, and the shape fields that size its grid."""
+    from kccl._native import ffi as kffi, lib as klib
+    c = gpu_engine._kccl_functions(comm1)
+    ffi = gpu_engine.ffi
+    want = {"all_reduce": "kcclAllReduce", "start": "kcclAllReduceStartStream", "wait": "kcclAllReduceWaitStream",
+            "all_gather": "kcclAllGather", "async_error": "kcclCommGetAsyncError",
+            "last_error": "kcclGetLastError", "dev_comm": "kcclCommGetDevComm"}
+    for field, name in want.items():
+        got = int(ffi.cast("uintptr_t", getattr(c, field)))
+        assert got == int(kffi.cast("uintptr_t", kffi.addressof(klib, name))), field
+    s = ffi.new("kie_shape *")
+    assert s.lanes_per_device == 0 and s.mono_blocks == 0  # 0: a lane alone on its GPU, every SM
+    i = ffi.new("kie_info *")
+    assert i.mono_blocks == 0 and i.mono_reducers == 0
+
+
 def test_every_wrapper_call_reaches_the_engine_with_the_right_types():
     """Each GpuModel method's cffi call, against a NULL engine: the C side must answer
     with a typed error (so the argument conversions are right), never a TypeError."""
@@ -162,13 +180,24 @@ def test_kernel_names_map_to_the_header_and_others_are_refused():
         gpu_engine.kernel_code("fused")
 
 
-def test_cli_kernel_mono_needs_the_gpu_device_and_one_rank(tmp_path):
+def test_cli_kernel_mono_needs_the_gpu_device(tmp_path):
     model = str(tmp_path / "tiny")
     subprocess.run([sys.executable, "-m", "kie_engine", "init", "--config", "tiny", "--out", model], check=True,
                    capture_output=True, cwd=ROOT)
     base = [sys.executable, "-m", "kie_engine", "generate", "--model", model, "--prompt", "hi", "--kernel", "mono"]
     p = subprocess.run(base, capture_output=True, text=True, cwd=ROOT)
     assert p.returncode == 2 and p.stdout == "" and "--device cuda" in p.stderr
+
+
+@pytest.mark.skipif(not NO_GPU, reason="a GPU is visible")
+def test_cli_kernel_mono_takes_several_ranks(tmp_path):
+    """The monokernel sums the lanes itself: two ranks are not refused; here they stop at the
+    missing GPU, before any rank connects."""
+    model = str(tmp_path / "tiny")
+    subprocess.run([sys.executable, "-m", "kie_engine", "init", "--config", "tiny", "--out", model], check=True,
+                   capture_output=True, cwd=ROOT)
     env = dict(os.environ, PMI_SIZE="2", PMI_RANK="0")  # what mpiexec -n 2 tells a rank
-    p = subprocess.run(base + ["--device", "cuda"], capture_output=True, text=True, cwd=ROOT, env=env)
-    assert p.returncode == 2 and p.stdout == "" and "one lane" in p.stderr
+    p = subprocess.run([sys.executable, "-m", "kie_engine", "generate", "--model", model, "--prompt", "hi",
+                        "--kernel", "mono", "--device", "cuda"], capture_output=True, text=True, cwd=ROOT, env=env)
+    assert p.returncode == 2 and p.stdout == ""
+    assert ("no CUDA device" in p.stderr or "without CUDA" in p.stderr) and "one lane" not in p.stderr

@@ -5,7 +5,12 @@
 #   check1      tests/gpu/kie_check.py with one rank (TP = 1)
 #   check2      the same with 2 ranks: a GPU each, or both on GPU 0 under MPS
 #   mono        tests/gpu/mono_check.py: the monokernel against the graph path, bit for bit (TP = 1)
-#   failures    tests/gpu/kie_failures.py: a lane killed or aborted mid-generation, non-finite logits (MPS on 1 GPU)
+#   mono2       the same with 2 ranks (TP = 2, the lanes' sums inside the kernel): a GPU each, or both
+#               on GPU 0 under MPS
+#   failures    tests/gpu/kie_failures.py: a lane killed, aborted or stalled mid-generation (graph and
+#               monokernel), non-finite logits (a GPU per lane, or MPS on 1 GPU)
+#   monofail    the same, the monokernel's scenarios only
+#   monotp      mono2 then monofail, with one PASS/FAIL line per step at the end
 #   bench       bench/decode_gpu.py, TP = 1 (PyTorch baseline compiled; BASELINE= to change)
 #   bench2      bench/decode_gpu.py with 2 ranks (needs two GPUs)
 #   cli         python -m kie_engine generate --device cuda, one rank and two
@@ -42,8 +47,19 @@ for s in "$@"; do
   case $s in
     check1) timeout 400 python3 tests/gpu/kie_check.py --json "$LOGS/kie_check_tp1.json" 2>&1 | tee "$LOGS/check1.log" | grep -v "^  (" | tail -60 ;;
     check2) mps_on; timeout 400 $MPI -n 2 python3 tests/gpu/kie_check.py --no-hf --json "$LOGS/kie_check_tp2.json" 2>&1 | tee "$LOGS/check2.log" | tail -40; mps_off ;;
-    failures) mps_on; timeout 300 python3 tests/gpu/kie_failures.py 2>&1 | tee "$LOGS/failures.log" | tail -12; mps_off ;;
+    failures) mps_on; timeout 400 python3 tests/gpu/kie_failures.py 2>&1 | tee "$LOGS/failures.log" | tail -16; mps_off ;;
+    monofail) mps_on; timeout 300 python3 tests/gpu/kie_failures.py kill_mono abort_mono kill_mono_d0 stall_mono nan_mono 2>&1 | tee "$LOGS/monofail.log" | tail -8; mps_off ;;
     mono) timeout 240 python3 tests/gpu/mono_check.py ${MONO_ARGS:-} --json "$LOGS/mono_check.json" 2>&1 | tee "$LOGS/mono.log" | tail -40 ;;
+    mono2) mps_on; timeout 400 $MPI -n 2 python3 tests/gpu/mono_check.py ${MONO_ARGS:-} --json "$LOGS/mono_check_tp2.json" 2>&1 | tee "$LOGS/mono2.log" | tail -50; mps_off ;;
+    monotp)
+      mps_on
+      timeout 400 $MPI -n 2 python3 tests/gpu/mono_check.py ${MONO_ARGS:-} --json "$LOGS/mono_check_tp2.json" > "$LOGS/mono2.log" 2>&1
+      grep -E "^(ok  |FAIL)|MONO CHECK" "$LOGS/mono2.log" | tail -60
+      timeout 300 python3 tests/gpu/kie_failures.py kill_mono abort_mono kill_mono_d0 stall_mono nan_mono > "$LOGS/monofail.log" 2>&1
+      grep -E "^(PASS|FAIL)|KIE GPU FAILURES" "$LOGS/monofail.log"
+      mps_off
+      grep -q "MONO CHECK (tp=2): [0-9]* passed, 0 failed" "$LOGS/mono2.log" && echo "PASS mono2 (TP = 2 monokernel vs graph)" || echo "FAIL mono2 (TP = 2 monokernel vs graph): see mono2.log"
+      grep -q "KIE GPU FAILURES: [0-9]* passed, 0 failed" "$LOGS/monofail.log" && echo "PASS monofail (monokernel failures)" || echo "FAIL monofail (monokernel failures): see monofail.log" ;;
     bench) timeout 560 python3 bench/decode_gpu.py --baseline ${BASELINE:-compile} ${BENCH_ARGS:-} --json "$LOGS/decode_gpu_tp1.json" 2>&1 | tee "$LOGS/bench.log" | tail -40 ;;
     bench2) timeout 560 $MPI -n 2 python3 bench/decode_gpu.py --baseline ${BASELINE:-compile} ${BENCH_ARGS:-} --json "$LOGS/decode_gpu_tp2.json" 2>&1 | tee "$LOGS/bench2.log" | tail -40 ;;
     cli) # the command line, end to end: one rank, then two (a GPU each, or one under MPS)

@@ -14,11 +14,31 @@
  * Block b of every rank must make the same sequence of calls with the same
  * count; blocks are independent (each has its own epoch and inbox region), so
  * blocks never wait for each other.  At most KCCL_DEV_MAX_BLOCKS blocks, each
- * call at most KCCL_LL_MAX_BYTES bytes.  All ranks' kernels must be resident
- * at once (one GPU per rank, or several ranks of one GPU under MPS with few
- * enough blocks): a block waits for the same block of every peer.  With
- * several ranks on one GPU, two more rules keep a late rank's own kernels
- * (those before yours on its stream) able to start, measured on the H200
+ * call at most KCCL_LL_MAX_BYTES bytes.
+ *
+ * A kernel whose blocks hold threads that must not take part (a warp that
+ * does other work and never reaches __syncthreads), or whose grid is larger
+ * than KCCL_DEV_MAX_BLOCKS, calls the same all-reduce through a group:
+ *
+ *   kcclDevGroup g = {slot, barrier, threads, cancel};
+ *   kcclDevAllReduceGroup(dc, g, data, count, kcclFloat32, kcclSum);  // threads [0, threads) call it
+ *
+ * The call then uses per-block state `slot` (0..KCCL_DEV_MAX_BLOCKS-1) in
+ * place of blockIdx.x (slot s of every rank must make the same sequence of
+ * calls; one block at a time per slot), meets at named barrier `barrier`
+ * (1..15, with `threads` threads: a multiple of 32, at most KCCL_LL_THREADS;
+ * the caller must not use that barrier meanwhile), and its waits also end
+ * when *cancel (device memory the caller writes; NULL: never) is nonzero,
+ * read every 64 polls: a kernel that gives up for its own reasons can take
+ * its blocks out of a call whose peers will not come.  A cancelled call
+ * returns an error and breaks the communicator (the ranks' calls on the slot
+ * no longer pair up).
+ *
+ * All ranks' kernels must be resident at once (one GPU per rank, or several
+ * ranks of one GPU under MPS with few enough blocks): a block waits for the
+ * same block of every peer.  With several ranks on one GPU, two more rules
+ * keep a late rank's own kernels (those before yours on its stream) able to
+ * start, measured on the H200
  * (bench/gpu/residency.py): ask for the largest shared-memory carveout
  * (cudaFuncSetAttribute(my_kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
  * 100)), or a kernel with more shared memory than your blocks' SMs are set
@@ -27,6 +47,7 @@
  * more registers or threads than an SM has left beside your blocks.
  *
  * How it works, by concept, in kccl_device/ (internal; included below):
+ *   groups.cuh    the threads that make a call: the whole block, or a group
  *   ll_lines.cuh  the LL protocol and line format ("Protocol", "Pull"),
  *                 encode/decode, loads and stores
  *   waits.cuh     bounded waits, polling, failure recording
@@ -79,7 +100,16 @@ typedef struct {
   kcclGpuStatus *status;                    /* device pointer of the host-mapped record */
 } kcclDevComm;
 
+/* The threads of a block that make a kcclDevAllReduceGroup call together. */
+typedef struct {
+  int slot;                        /* per-block state of the channel the call uses, 0..KCCL_DEV_MAX_BLOCKS-1 */
+  int barrier;                     /* named barrier the group meets at, 1..15 */
+  int threads;                     /* threads [0, threads) of the block call: a multiple of 32, <= KCCL_LL_THREADS */
+  const volatile unsigned *cancel; /* nonzero: the call's waits give up (NULL: never) */
+} kcclDevGroup;
+
 /* ---------------------------------------------------------------- internals -- */
+#include "kccl_device/groups.cuh"
 #include "kccl_device/ll_lines.cuh"
 #include "kccl_device/waits.cuh"
 #include "kccl_device/oneshot.cuh"
@@ -97,6 +127,19 @@ template <int MaxRanks = KCCL_GPU_MAX_RANKS>
 __device__ static __forceinline__ kcclResult_t kcclDevAllReduce(const kcclDevComm &dc, void *data, int count,
                                                        kcclDataType_t dt, kcclRedOp_t op) {
   return kccl_detail::dev_allreduce<MaxRanks, false>(dc, data, count, dt, op, nullptr);
+}
+
+/* kcclDevAllReduce made by the group g of the block's threads (see above):
+ * threads [0, g.threads) call it, the others must not.  kcclInvalidArgument
+ * for a group out of range (slot, barrier, threads); an error when cancelled.
+ * data may be in global memory or in the block's shared memory (both calls
+ * load it with plain loads, which may hit L1: data that other blocks of the
+ * grid wrote during the kernel is best staged into shared memory first). */
+template <int MaxRanks = KCCL_GPU_MAX_RANKS>
+__device__ static __forceinline__ kcclResult_t kcclDevAllReduceGroup(const kcclDevComm &dc, const kcclDevGroup &g,
+                                                                    void *data, int count, kcclDataType_t dt,
+                                                                    kcclRedOp_t op) {
+  return kccl_detail::dev_allreduce<MaxRanks, false>(dc, data, count, dt, op, nullptr, kccl_detail::NamedGroup{g});
 }
 
 #endif /* KCCL_DEVICE_CUH_ */

@@ -4,8 +4,9 @@
 #define KCCL_GPU_STATUS_H_
 #include <stdint.h>
 
-/* Why a GPU wait gave up (kcclGpuStatus.what). */
-enum { KCCL_GPU_OK = 0, KCCL_GPU_TIMEOUT = 1, KCCL_GPU_MISMATCH = 2, KCCL_GPU_STOPPED = 3 };
+/* Why a GPU wait gave up (kcclGpuStatus.what); CANCELLED: the kernel that
+ * called the device API ended the call (kcclDevGroup.cancel). */
+enum { KCCL_GPU_OK = 0, KCCL_GPU_TIMEOUT = 1, KCCL_GPU_MISMATCH = 2, KCCL_GPU_STOPPED = 3, KCCL_GPU_CANCELLED = 4 };
 
 #define KCCL_GPU_BYTES_UNKNOWN 0xffffffffu
 

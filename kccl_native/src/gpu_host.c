@@ -224,6 +224,11 @@ kcclResult_t kccl_gpu_enter(struct kcclComm *c) {
                               c->rank, c->cfg.timeout_ms, s->peer, s->peer >= 0 ? (int)c->pid[s->peer] : -1,
                               s->epoch, where);
       }
+      case KCCL_GPU_CANCELLED:
+        return kccl_comm_fail(c, kcclRemoteError,
+                              "a kernel of rank %d (block %d) cancelled its device-API call while waiting for rank "
+                              "%d at step %u (its own wait gave up); the ranks' calls no longer pair up",
+                              c->rank, s->block, s->peer, s->epoch);
       default:
         break;
     }

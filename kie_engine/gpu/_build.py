@@ -36,8 +36,12 @@ def _sources():
         print("kie_engine.gpu: building without CUDA", file=sys.stderr)
         return [os.path.relpath(os.path.join(CSRC, "none.c"), ROOT)], [], [], []
     cu = sorted(glob.glob(os.path.join(CSRC, "*.cu")))
-    deps = glob.glob(os.path.join(CSRC, "*.h")) + glob.glob(os.path.join(CSRC, "*.cuh"))
-    objects = _build_cuda.compile_cuda(ROOT, nvcc, cu, [CSRC], deps, os.path.join(ROOT, "build", "kie_cuda"),
+    # The monokernel sums the lanes through KCCL's device API (kccl_device.cuh and what it
+    # includes): those headers are dependencies too, so that a change there rebuilds it.
+    kccl_inc = os.path.join(ROOT, "kccl_native", "include")
+    deps = (glob.glob(os.path.join(CSRC, "*.h")) + glob.glob(os.path.join(CSRC, "*.cuh"))
+            + [f for f in glob.glob(os.path.join(kccl_inc, "**", "*"), recursive=True) if os.path.isfile(f)])
+    objects = _build_cuda.compile_cuda(ROOT, nvcc, cu, [CSRC, kccl_inc], deps, os.path.join(ROOT, "build", "kie_cuda"),
                                        label="kie_engine.gpu")
     return [], objects, [_build_cuda.cuda_libdir(nvcc)], ["cudart_static", "dl", "stdc++", "rt", "pthread"]
 

@@ -6,7 +6,8 @@ the host only reads them from a ring, launching a few steps ahead.
 
 Lanes (tensor parallelism) follow tp.py's plan exactly; their sums go through
 a GPU kccl.Communicator, whose C functions the engine calls from its own
-stream (also inside the captured graph)."""
+stream (also inside the captured graph), or, with the monokernel, through
+KCCL's device API from inside the kernel."""
 import os
 import time
 
@@ -76,7 +77,8 @@ def _kccl_functions(comm):
     c.comm = ffi.cast("void *", int(kffi.cast("uintptr_t", comm._handle())))
     for field, name in (("all_reduce", "kcclAllReduce"), ("start", "kcclAllReduceStartStream"),
                         ("wait", "kcclAllReduceWaitStream"), ("all_gather", "kcclAllGather"),
-                        ("async_error", "kcclCommGetAsyncError"), ("last_error", "kcclGetLastError")):
+                        ("async_error", "kcclCommGetAsyncError"), ("last_error", "kcclGetLastError"),
+                        ("dev_comm", "kcclCommGetDevComm")):
         setattr(c, field, ffi.cast("void *", addr(name)))
     return c
 
@@ -123,8 +125,9 @@ class GpuModel:
     {kie_shape field: value} for the kernel variants the benchmark compares
     (gemv_blocks_per_sm, gemv_u, gemv_pipe, gemv_x_l1, att_chunk).  kernel: how a
     decode step runs, "graph" (a kernel per GEMV and attention, captured as a CUDA
-    graph) or "mono" (one persistent kernel per step; one lane only so far); default
-    $KIE_GPU_KERNEL, else "graph"."""
+    graph) or "mono" (one persistent kernel per step, the lanes' sums inside it);
+    default $KIE_GPU_KERNEL, else "graph".  Lanes that share a GPU (more ranks than
+    visible GPUs: MPS) split its SMs between their monokernels."""
 
     def __init__(self, cfg, comm=None, max_seq=None, device=None, pdl=None, prefetch=None, tuning=None,
                  kernel=None):
@@ -154,10 +157,9 @@ class GpuModel:
         s.gemv_pipe = _env_int("KIE_GPU_GEMV_PIPE", 1, 0, 1)
         s.gemv_x_l1 = _env_int("KIE_GPU_GEMV_X_L1", 1, 0, 1)
         s.mono_prefetch = _env_int("KIE_GPU_MONO_PREFETCH", -1, -1, 64)
+        s.mono_blocks = _env_int("KIE_GPU_MONO_BLOCKS", 0, 0, 1 << 16)
+        s.lanes_per_device = -(-size // ndev) if shared else 1
         s.kernel = kernel_code(kernel if kernel is not None else os.environ.get("KIE_GPU_KERNEL") or "graph")
-        if s.kernel == lib.KIE_KERNEL_MONO and size > 1:
-            raise GpuArgumentError(f"kernel='mono' runs one lane so far (its in-kernel all-reduce is not "
-                                   f"written); {size} lanes need kernel='graph'")
         for k, v in (tuning or {}).items():
             setattr(s, k, int(v))
         self._shape = s
@@ -320,7 +322,8 @@ class GpuModel:
         _check(lib.kie_get_info(self._handle(), i))
         return {k: int(getattr(i, k)) for k in ("sms", "nsplit", "prefill_tokens", "gemv_blocks", "pos", "step",
                                                  "device_bytes", "graph_nodes", "kernel", "mono_slots",
-                                                 "mono_slot_bytes", "mono_smem", "mono_stages")}
+                                                 "mono_slot_bytes", "mono_smem", "mono_stages", "mono_blocks",
+                                                 "mono_reducers")}
 
     def mono_profile(self):
         """Where the monokernel's last step went, as block 0 saw it: for each kind of

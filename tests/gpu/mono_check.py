@@ -1,18 +1,22 @@
-"""The monokernel against the graph path (run on a GPU machine, one rank):
+"""The monokernel against the graph path (run on a GPU machine):
 
-    python tests/gpu/mono_check.py [--presets tiny,small,2b] [--steps 128] [--json FILE]
+    python tests/gpu/mono_check.py [--presets tiny,small,2b] [--steps 128] [--json FILE]       # TP = 1
+    mpiexec -n 2 python tests/gpu/mono_check.py ...     # TP = 2: a GPU per lane, or both on one GPU under MPS
 
 The monokernel computes every op with the graph path's arithmetic in the same order,
-so the two must agree to the bit, not within a bound.  For each preset and DTP delay
-0 and 1 (tiny and small: random checkpoints on disk; 2b: random bf16 weights drawn on
-the GPU, as bench/decode_gpu.py does):
-  logits    the prompt's logits and --steps teacher-forced steps: identical arrays
+and at TP = 2 sums the lanes with the same KCCL one-shot (in its kernel instead of on
+the stream), so the two must agree to the bit, not within a bound.  For each preset
+and DTP delay 0 and 1 (tiny and small: random checkpoints on disk; 2b: random bf16
+weights drawn on the GPU, as bench/decode_gpu.py does):
+  logits    the prompt's logits and --steps teacher-forced steps (min 48): identical arrays
   greedy    --steps greedy tokens through the captured step and through direct
-            launches: identical to the graph path's
+            launches: identical to the graph path's (and, at TP = 2, on both lanes)
   sampling  a seeded top-k / top-p draw: identical tokens
   repeat    a second generation after a reset (the counters carried over): identical
-Also: a bad kernel name and kernel='mono' with two lanes are typed errors.  Prints one
-line per check and `MONO CHECK: n passed, m failed`; exit 1 on any failure."""
+  shape     (TP = 2) the grid: every SM alone on a GPU, (SMs - 4) / 2 with two lanes on
+            one; the reducer blocks: one per 512 floats of the hidden size
+Also: a bad kernel name is a typed error.  Rank 0 prints one line per check (and every
+rank its failures) and `MONO CHECK (tp=N): n passed, m failed`; exit 1 on any failure."""
 import argparse
 import json
 import os
@@ -32,14 +36,23 @@ from kie_engine.config import preset  # noqa: E402
 from kie_engine.generate import Sampling  # noqa: E402
 from kie_engine.gpu.engine import GpuArgumentError, GpuModel  # noqa: E402
 from kie_engine.init import write_checkpoint  # noqa: E402
+from kie_engine.tp import comm_config  # noqa: E402
+
+try:
+    from mpi4py import MPI
+    WORLD = MPI.COMM_WORLD
+    RANK, SIZE = WORLD.Get_rank(), WORLD.Get_size()
+except ImportError:
+    WORLD, RANK, SIZE = None, 0, 1
 
 RESULTS = []
 
 
 def record(name, ok, **info):
-    RESULTS.append(dict(name=name, ok=bool(ok), **info))
-    extra = " ".join(f"{k}={v:.3g}" if isinstance(v, float) else f"{k}={v}" for k, v in info.items())
-    print(f"{'ok  ' if ok else 'FAIL'} {name} {extra}", flush=True)
+    RESULTS.append(dict(name=name, ok=bool(ok), rank=RANK, **info))
+    if RANK == 0 or not ok:
+        extra = " ".join(f"{k}={v:.3g}" if isinstance(v, float) else f"{k}={v}" for k, v in info.items())
+        print(f"{'ok  ' if ok else 'FAIL'} {name}{f' [rank {RANK}]' if SIZE > 1 else ''} {extra}", flush=True)
 
 
 def first_diff(a, b):
@@ -49,15 +62,15 @@ def first_diff(a, b):
     return -1 if len(a) == len(b) else min(len(a), len(b))
 
 
-def models(cfg, path, max_seq):
-    """(graph, mono) engines with the same weights."""
+def models(cfg, path, max_seq, comm):
+    """(graph, mono) engines of this lane with the same weights, on the same communicator."""
     if path is not None:
         ckpt = Checkpoint(path)
-        return [GpuModel(cfg, max_seq=max_seq, kernel=k).load(ckpt) for k in ("graph", "mono")]
+        return [GpuModel(cfg, comm, max_seq=max_seq, kernel=k).load(ckpt) for k in ("graph", "mono")]
     import torch
-    from decode_gpu import kie_engine, lane_weights
-    w = lane_weights(cfg, torch.device("cuda", 0))
-    out = [kie_engine(cfg, w, None, max_seq, kernel=k) for k in ("graph", "mono")]
+    from decode_gpu import kie_engine, lane_weights  # this lane's share (decode_gpu reads the MPI rank too)
+    w = lane_weights(cfg, torch.device("cuda", comm.device if comm is not None else 0))
+    out = [kie_engine(cfg, w, comm, max_seq, kernel=k) for k in ("graph", "mono")]
     del w
     torch.cuda.empty_cache()
     return out
@@ -72,19 +85,24 @@ def trace(m, prompt, toks):
     return np.stack(out)
 
 
-def check(tag, cfg, path, steps):
+def check(tag, cfg, path, steps, comm):
     t0 = time.time()
     rng = np.random.default_rng(5)
     prompt = rng.integers(0, cfg.vocab_size, 11).tolist()
     max_seq = len(prompt) + steps + 8
-    g, m = models(cfg, path, max_seq)
+    g, m = models(cfg, path, max_seq, comm)
     ref = g.generate(prompt, steps, Sampling())
     got = m.generate(prompt, steps, Sampling())
     info = m.info()
     d = first_diff(got.tokens, ref.tokens)
     record(f"{tag} greedy tokens (captured)", d < 0, steps=len(got.tokens), first_diff=d,
            graph_tps=ref.tokens_per_s, mono_tps=got.tokens_per_s, slots=info["mono_slots"],
-           slot_kb=info["mono_slot_bytes"] // 1024, smem_kb=info["mono_smem"] // 1024)
+           slot_kb=info["mono_slot_bytes"] // 1024, smem_kb=info["mono_smem"] // 1024,
+           blocks=info["mono_blocks"], reducers=info["mono_reducers"])
+    if SIZE > 1:
+        lanes = WORLD.allgather(got.tokens)
+        record(f"{tag} greedy tokens equal on every lane", all(t == lanes[0] for t in lanes))
+        check_shape(tag, cfg, info)
     eager = m.generate(prompt, min(steps, 32), Sampling(), use_graph=False)
     d = first_diff(eager.tokens, ref.tokens[:len(eager.tokens)])
     record(f"{tag} greedy tokens (direct launches)", d < 0, first_diff=d)
@@ -103,6 +121,19 @@ def check(tag, cfg, path, steps):
     return time.time() - t0
 
 
+def check_shape(tag, cfg, info):
+    """The grid and the reducers the lanes' sums take (TP > 1): a block per SM, or with
+    the lanes on one GPU (more ranks than GPUs, as GpuModel decides) its SMs less 4 split
+    between them; a reducer per 512 floats of the hidden size (padded to 8)."""
+    from kie_engine.gpu.engine import device_count
+    shared = SIZE > device_count()
+    want_blocks = (info["sms"] - 4) // SIZE if shared else info["sms"]
+    want_red = (-(-cfg.hidden_size // 8) * 8 + 511) // 512
+    record(f"{tag} grid and reducers", info["mono_blocks"] == want_blocks and info["mono_reducers"] == want_red,
+           blocks=info["mono_blocks"], want_blocks=want_blocks, reducers=info["mono_reducers"],
+           want_reducers=want_red, shared_gpu=shared)
+
+
 def check_errors():
     cfg = preset("tiny")
     try:
@@ -118,30 +149,49 @@ def main():
     ap.add_argument("--steps", type=int, default=128)
     ap.add_argument("--json")
     a = ap.parse_args()
+    comm = None
+    if SIZE > 1:
+        import kccl
+        comm = kccl.Communicator.from_mpi(WORLD, device="local", config=comm_config(preset("tiny", dtp_delay=1)))
     with tempfile.TemporaryDirectory() as root:
-        for name in a.presets.split(","):
-            for d in (0, 1):
-                cfg = preset(name, dtp_delay=d)
-                tag = f"{name} d={d}"
-                try:
-                    path = None
-                    if name != "2b":
-                        path = os.path.join(root, f"{name}_d{d}")
+        root = WORLD.bcast(root if RANK == 0 else None) if WORLD is not None else root
+        cases = [(name, d) for name in a.presets.split(",") for d in (0, 1)]
+        for name, d in cases:
+            cfg = preset(name, dtp_delay=d)
+            tag = f"{name} d={d} tp={SIZE}"
+            try:
+                path = None
+                if name != "2b":
+                    path = os.path.join(root, f"{name}_d{d}")
+                    if RANK == 0:
                         write_checkpoint(cfg, path, seed=7)
-                    secs = check(tag, cfg, path, a.steps)
+                    if WORLD is not None:
+                        WORLD.Barrier()
+                secs = check(tag, cfg, path, a.steps, comm)
+                if RANK == 0:
                     print(f"  ({tag}: {secs:.1f} s)", flush=True)
-                except Exception as e:  # a crash is a failed check, and the others still run
-                    record(f"{tag} crashed", False, error=f"{type(e).__name__}: {e}")
-                    traceback.print_exc()
+            except Exception as e:  # a crash is a failed check; one lane alone the others still run
+                record(f"{tag} crashed", False, error=f"{type(e).__name__}: {e}")
+                traceback.print_exc()
+                if SIZE > 1:  # the lanes' calls no longer pair up (and the communicator is broken)
+                    break
         try:
             check_errors()
         except Exception as e:
             record("errors crashed", False, error=f"{type(e).__name__}: {e}")
-    bad = [r for r in RESULTS if not r["ok"]]
-    print(f"MONO CHECK: {len(RESULTS) - len(bad)} passed, {len(bad)} failed", flush=True)
+        if WORLD is not None:
+            WORLD.Barrier()
+    allres = WORLD.gather(RESULTS, root=0) if WORLD is not None else [RESULTS]
+    if comm is not None:
+        comm.abort() if any(not r["ok"] for r in RESULTS) else comm.close()
+    if RANK != 0:
+        return 0
+    flat = [r for rs in allres for r in rs]
+    bad = [r for r in flat if not r["ok"]]
+    print(f"MONO CHECK (tp={SIZE}): {len(flat) - len(bad)} passed, {len(bad)} failed", flush=True)
     if a.json:
         with open(a.json, "w") as f:
-            json.dump(RESULTS, f, indent=1, default=str)
+            json.dump(flat, f, indent=1, default=str)
     return 1 if bad else 0
 
 

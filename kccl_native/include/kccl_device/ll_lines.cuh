@@ -129,12 +129,13 @@ __device__ static inline void store8(char *buf, size_t off, size_t n, uint32_t w
 }
 
 /* This thread's input lines of the round starting at line `base` (line
- * base + threadIdx.x + k * blockDim.x into mine[k]), zero past the last. */
+ * base + tid + k * nt into mine[k]; tid, nt: the thread in its group and the
+ * group's size), zero past the last. */
 __device__ static inline void ll_load_round(uint32_t (&mine)[KCCL_LL_MAX_LPT][2], const char *in, uint32_t base,
-                                            uint32_t lines, uint32_t nbytes) {
+                                            uint32_t lines, uint32_t nbytes, int tid, int nt) {
 #pragma unroll
   for (int k = 0; k < KCCL_LL_MAX_LPT; k++) {
-    const uint32_t l = base + threadIdx.x + k * blockDim.x;
+    const uint32_t l = base + (uint32_t)tid + (uint32_t)(k * nt);
     mine[k][0] = mine[k][1] = 0;
     if (l < lines) load8(in, (size_t)l * 8, nbytes, &mine[k][0], &mine[k][1]);
   }

@@ -4,7 +4,7 @@
  * the block's epoch, trace marks (TRACE copies), and ll_block.
  *
  * Two hops (dc.ll_hops == 2, for a block of one line per thread, L lines, N
- * ranks, S = ceil(L / N), when N * S <= blockDim): rank r owns lines [r*S,
+ * ranks, S = ceil(L / N), when N * S <= the threads calling): rank r owns lines [r*S,
  * r*S + S) of the block.  Thread t = p*S + j of rank r sends its input line t
  * (pull: into its own slot; push: to the line's owner only), then takes line
  * r*S + j of rank p; after a block barrier thread r*S + j reduces its N values
@@ -76,13 +76,15 @@ __device__ static inline uint32_t ll_shard_len(uint32_t lines, uint32_t S, int q
 
 /* The two hops of a block of one line per thread (see "Two hops"), after this
  * thread (with its input line m0, m1 if it has one) has its epoch.  Returns
- * with s_fail set when the block failed; the caller's end barrier follows. */
-template <int MAXR, int DT, int OP>
+ * with s_fail set when the block failed; the caller's end barrier follows.
+ * grp: the calling threads (groups.cuh). */
+template <int MAXR, int DT, int OP, typename G>
 __device__ static __forceinline__ void ll_two_hops(const kcclDevComm &dc, int block, char *out, uint32_t nbytes,
                                                    uint32_t lines, uint32_t S, bool avg, uint32_t sig, uint32_t e,
-                                                   uint32_t set, uint32_t m0, uint32_t m1, volatile int *s_fail) {
+                                                   uint32_t set, uint32_t m0, uint32_t m1, volatile int *s_fail,
+                                                   const G &grp) {
   __shared__ uint2 s_part[KCCL_LL_THREADS]; /* hop 1: [p*S + j] = rank p's line me*S + j */
-  const int tid = threadIdx.x, me = dc.rank, n = dc.nranks;
+  const int tid = grp.tid(), me = dc.rank, n = dc.nranks;
   const uint32_t ew = e ^ sig;
   const int p = tid / (int)S;
   const uint32_t j = (uint32_t)tid - (uint32_t)p * S;
@@ -99,11 +101,11 @@ __device__ static __forceinline__ void ll_two_hops(const kcclDevComm &dc, int bl
     } else {
       uint4 g;
       if (ll_wait_one(dc, ll_line(ll_from(dc, set, p, block), (uint32_t)me * S + j), p, e, ew, sig, nbytes, &g,
-                      s_fail))
+                      s_fail, grp))
         s_part[tid] = make_uint2(g.x, g.z);
     }
   }
-  __syncthreads();
+  grp.sync();
   if (*s_fail || p >= n) return;
   if (p == me) {
     if (j >= my_len) return;
@@ -128,7 +130,7 @@ __device__ static __forceinline__ void ll_two_hops(const kcclDevComm &dc, int bl
   } else if (j < ll_shard_len(lines, S, p)) {
     uint4 g;
     if (ll_wait_one(dc, ll_line(ll_from(dc, set, p, block), KCCL_LL_SHARD_LINE + j), p, e, ew, sig, nbytes, &g,
-                    s_fail))
+                    s_fail, grp))
       store8(out, (size_t)tid * 8, nbytes, g.x, g.z);
   }
 }
@@ -137,17 +139,18 @@ __device__ static __forceinline__ void ll_two_hops(const kcclDevComm &dc, int bl
  * write back) and the others take it from shared memory after the barrier:
  * when every thread read it from memory, nothing kept a read still in flight
  * at the barrier from seeing thread 0's new value.  Also clears the block's
- * failure flag.  Every thread calls it (a barrier). */
+ * failure flag.  Every thread of the group calls it (a barrier). */
+template <typename G>
 __device__ static __forceinline__ uint32_t ll_next_epoch(const kcclDevComm &dc, int block, uint32_t *s_epoch,
-                                                        volatile int *s_fail) {
-  if (threadIdx.x == 0) {
+                                                        volatile int *s_fail, const G &grp) {
+  if (grp.tid() == 0) {
     uint32_t *ep = dc.epochs + dc.channel * KCCL_DEV_MAX_BLOCKS + block;
     const uint32_t next = kgpu_ld_volatile_u32(ep) + 1;
     *ep = next;
     *s_epoch = next;
     *s_fail = 0;
   }
-  __syncthreads();
+  grp.sync();
   return *s_epoch;
 }
 
@@ -167,7 +170,9 @@ __device__ static __forceinline__ void ll_trace_mark(long long *trace, int slot,
 
 /* One block's LL all-reduce of nbytes (<= KCCL_LL_MAX_BYTES) from `in` to `out`
  * (may alias), for one data type DT and operation OP (kcclAvg: OP kcclSum and
- * avg).  Every thread of the block calls it; blockDim.x <= KCCL_LL_THREADS.
+ * avg).  Every thread of the group grp calls it (default: every thread of the
+ * block; groups.cuh), at most KCCL_LL_THREADS of them; `block` is the slot of
+ * the channel's per-block state (inbox regions, epoch) the call uses.
  *
  * The shape follows what bench/gpu/ll_ladder.cu measured on the H200:
  * - small code.  DT and OP are compile-time and the receive is one loop over
@@ -193,14 +198,15 @@ __device__ static __forceinline__ void ll_trace_mark(long long *trace, int slot,
  *   poll round.  A failure in one thread reaches the block's others through
  *   s_fail within 64 of their rounds, and every thread meets at the end
  *   barrier. */
-template <int MAXR, int DT, int OP, bool TRACE>
+template <int MAXR, int DT, int OP, bool TRACE, typename G = WholeBlock>
 __device__ static __forceinline__ kcclResult_t ll_block(const kcclDevComm &dc, int block, const char *in, char *out,
-                                               uint32_t nbytes, bool avg, uint32_t sig, long long *trace) {
-  const bool tr = TRACE && threadIdx.x == 0 && block == 0;
+                                               uint32_t nbytes, bool avg, uint32_t sig, long long *trace,
+                                               const G &grp = G()) {
+  const bool tr = TRACE && grp.tid() == 0 && block == 0;
   long long t_mark = tr ? kgpu_clock64() : 0;
   __shared__ volatile int s_fail;
   __shared__ uint32_t s_epoch;
-  const int tid = threadIdx.x, nt = blockDim.x, me = dc.rank, n = dc.nranks;
+  const int tid = grp.tid(), nt = grp.size(), me = dc.rank, n = dc.nranks;
   const uint32_t lines = (nbytes + 7) / 8;
   const uint32_t all_peers = (n >= 32 ? 0xffffffffu : ((1u << n) - 1)) & ~(1u << me);
   uint32_t rounds = 0;
@@ -209,15 +215,15 @@ __device__ static __forceinline__ kcclResult_t ll_block(const kcclDevComm &dc, i
     const bool have = (uint32_t)tid < lines;
     uint32_t m0 = 0, m1 = 0;
     if (have) load8(in, (size_t)tid * 8, nbytes, &m0, &m1);
-    const uint32_t e = ll_next_epoch(dc, block, &s_epoch, &s_fail), ew = e ^ sig, set = e % KCCL_LL_SETS;
+    const uint32_t e = ll_next_epoch(dc, block, &s_epoch, &s_fail, grp), ew = e ^ sig, set = e % KCCL_LL_SETS;
     const uint32_t S = (lines + n - 1) / n; /* two hops: lines per owner */
     if (MAXR > 2 && dc.ll_hops == 2 && lines && S * n <= (uint32_t)nt) { /* 2 ranks: 1 hop reads as few lines */
-      ll_two_hops<MAXR, DT, OP>(dc, block, out, nbytes, lines, S, avg, sig, e, set, m0, m1, &s_fail);
+      ll_two_hops<MAXR, DT, OP>(dc, block, out, nbytes, lines, S, avg, sig, e, set, m0, m1, &s_fail, grp);
     } else if (have) {
       ll_send_line<MAXR>(dc, set, block, tid, m0, m1, e, ew);
       if (tr) ll_trace_mark(trace, 0, &t_mark);
       uint4 got[MAXR];
-      if (ll_wait_line<MAXR>(dc, set, block, tid, e, ew, all_peers, sig, nbytes, got, &s_fail, &rounds)) {
+      if (ll_wait_line<MAXR>(dc, set, block, tid, e, ew, all_peers, sig, nbytes, got, &s_fail, &rounds, grp)) {
         if (tr) {
           ll_trace_mark(trace, 1, &t_mark);
           trace[3] += rounds;
@@ -225,21 +231,21 @@ __device__ static __forceinline__ kcclResult_t ll_block(const kcclDevComm &dc, i
         ll_reduce_line<MAXR, DT, OP>(dc, got, m0, m1, avg, out, tid, nbytes);
       }
     }
-    __syncthreads();
+    grp.sync();
     if (tr) trace[2] += kgpu_clock64() - t_mark;
     return s_fail ? (kcclResult_t)(dc.status->code ? dc.status->code : kcclRemoteError) : kcclSuccess;
   }
 
   /* Several lines per thread: rounds of up to KCCL_LL_MAX_LPT per thread (one
-   * round when blockDim.x == KCCL_LL_THREADS); each round is a whole push +
+   * round when KCCL_LL_THREADS threads call); each round is a whole push +
    * receive. */
   uint32_t mine[KCCL_LL_MAX_LPT][2];
-  ll_load_round(mine, in, 0, lines, nbytes);
-  const uint32_t e = ll_next_epoch(dc, block, &s_epoch, &s_fail), ew = e ^ sig, set = e % KCCL_LL_SETS;
+  ll_load_round(mine, in, 0, lines, nbytes, tid, nt);
+  const uint32_t e = ll_next_epoch(dc, block, &s_epoch, &s_fail, grp), ew = e ^ sig, set = e % KCCL_LL_SETS;
   for (uint32_t base = 0; base < lines; base += (uint32_t)nt * KCCL_LL_MAX_LPT) {
     /* A later round (small blocks): its input lines.  Each line is read and
      * written by one thread only, so in place needs no barrier. */
-    if (base) ll_load_round(mine, in, base, lines, nbytes);
+    if (base) ll_load_round(mine, in, base, lines, nbytes, tid, nt);
 #pragma unroll 1
     for (int k = 0; k < KCCL_LL_MAX_LPT; k++) {
       const uint32_t l = base + tid + k * nt;
@@ -253,7 +259,7 @@ __device__ static __forceinline__ kcclResult_t ll_block(const kcclDevComm &dc, i
       const uint32_t l = base + tid + k * nt;
       if (l >= lines) break;
       uint4 got[MAXR]; /* a peer's line stays here once it has arrived */
-      if (!(ok = ll_wait_line<MAXR>(dc, set, block, l, e, ew, all_peers, sig, nbytes, got, &s_fail, &rounds)))
+      if (!(ok = ll_wait_line<MAXR>(dc, set, block, l, e, ew, all_peers, sig, nbytes, got, &s_fail, &rounds, grp)))
         break;
       if (tr && base == 0 && k == 0) {
         ll_trace_mark(trace, 1, &t_mark);
@@ -263,7 +269,7 @@ __device__ static __forceinline__ kcclResult_t ll_block(const kcclDevComm &dc, i
     }
     if (!ok || s_fail) break;
   }
-  __syncthreads();
+  grp.sync();
   if (tr) trace[2] += kgpu_clock64() - t_mark;
   return s_fail ? (kcclResult_t)(dc.status->code ? dc.status->code : kcclRemoteError) : kcclSuccess;
 }

@@ -2,7 +2,7 @@
  * kccl_device/waits.cuh - bounded waits and failure recording: the per-thread
  * Waiter, the clock / stop-word / block-flag checks, polling a peer's
  * line, waiting for one line or for a line of every peer, and recording a
- * timeout, a stop or a signature mismatch for the host.
+ * timeout, a stop, a signature mismatch or the caller's cancel for the host.
  *
  * See "Waits are bounded" in kccl_device.cuh.
  *
@@ -156,13 +156,30 @@ __device__ static inline void ll_mismatch(const kcclDevComm &dc, int peer, uint3
   *s_fail = 1;
 }
 
+/* The caller of a cancellable group (kcclDevAllReduceGroup) set its cancel
+ * word: this wait ends.  Recorded unless the block already failed, because
+ * the ranks' calls on this slot no longer pair up (this rank's epoch moved on,
+ * its peers' may not): the communicator is broken from here on. */
+__device__ static inline void ll_cancelled(const kcclDevComm &dc, int peer, uint32_t sig, uint32_t e,
+                                           uint32_t nbytes, volatile int *s_fail) {
+  if (!*s_fail) record_failure(dc, KCCL_GPU_CANCELLED, kcclRemoteError, peer, sig, 0, e, nbytes, 0);
+  *s_fail = 1;
+}
+
 /* Between two poll rounds of a wait for the peers in `pending`: 0 polls on,
  * 1 takes a last look at every pending peer (the wait was stopped, but a line
  * sent just before a peer went may be there), -1 gives up (recorded unless
- * another thread of the block failed first; s_fail set). */
+ * another thread of the block failed first; s_fail set).  A cancellable group
+ * reads its cancel word with the block's flag, every 64th round. */
+template <typename G = WholeBlock>
 __device__ static inline int ll_next_round(const kcclDevComm &dc, Waiter &wt, bool *last_look, uint32_t pending,
-                                           uint32_t sig, uint32_t e, uint32_t nbytes, volatile int *s_fail) {
+                                           uint32_t sig, uint32_t e, uint32_t nbytes, volatile int *s_fail,
+                                           const G &grp = G()) {
   const int why = keep_waiting(dc, wt, s_fail);
+  if (G::kCancellable && !why && (wt.polls & 63) == 0 && grp.cancelled()) {
+    ll_cancelled(dc, __ffs(pending) - 1, sig, e, nbytes, s_fail);
+    return -1;
+  }
   if (!why) return 0;
   if (why == KCCL_GPU_STOPPED && !*s_fail && !*last_look) {
     *last_look = true;
@@ -174,9 +191,10 @@ __device__ static inline int ll_next_round(const kcclDevComm &dc, Waiter &wt, bo
 
 /* Waits for the one line at `line`, sent by `from` (*got then holds it).
  * Returns false when the block failed (recorded; s_fail set). */
+template <typename G = WholeBlock>
 __device__ static inline bool ll_wait_one(const kcclDevComm &dc, const uint32_t *line, int from, uint32_t e,
                                           uint32_t ew, uint32_t sig, uint32_t nbytes, uint4 *got,
-                                          volatile int *s_fail) {
+                                          volatile int *s_fail, const G &grp = G()) {
   Waiter wt = waiter(dc);
   uint32_t odd_rounds = 0;
   bool last_look = false;
@@ -189,7 +207,7 @@ __device__ static inline bool ll_wait_one(const kcclDevComm &dc, const uint32_t 
       ll_mismatch(dc, from, sig, got->w ^ e, e, nbytes, s_fail);
       return false;
     }
-    if (ll_next_round(dc, wt, &last_look, 1u << from, sig, e, nbytes, s_fail) < 0) return false;
+    if (ll_next_round(dc, wt, &last_look, 1u << from, sig, e, nbytes, s_fail, grp) < 0) return false;
   }
 }
 
@@ -201,10 +219,10 @@ __device__ static inline bool ll_wait_one(const kcclDevComm &dc, const uint32_t 
  * round brings a line, then all again (see "Pull").  The block's failure flag
  * and the clock are looked at every 64th round only (keep_waiting): a wait
  * that succeeds within a few rounds pays nothing for them. */
-template <int MAXR>
+template <int MAXR, typename G = WholeBlock>
 __device__ static inline bool ll_wait_line(const kcclDevComm &dc, uint32_t set, int block, uint32_t l, uint32_t e,
                                            uint32_t ew, uint32_t pending, uint32_t sig, uint32_t nbytes, uint4 *got,
-                                           volatile int *s_fail, uint32_t *rounds) {
+                                           volatile int *s_fail, uint32_t *rounds, const G &grp = G()) {
   const bool pull = dc.pull != 0;
   Waiter wt = waiter(dc);
   uint32_t odd = 0, odd_rounds = 0;
@@ -225,7 +243,7 @@ __device__ static inline bool ll_wait_line(const kcclDevComm &dc, uint32_t set, 
     } else {
       odd_rounds = 0;
     }
-    const int next = ll_next_round(dc, wt, &last_look, pending, sig, e, nbytes, s_fail);
+    const int next = ll_next_round(dc, wt, &last_look, pending, sig, e, nbytes, s_fail, grp);
     if (next < 0) return false;
     if (next) full = true; /* the last look covers every pending peer, not only the sentinel */
   }

@@ -14,7 +14,11 @@
  * DTP delay d: sublayer i reads the residual without the sums of sublayers
  * i-d .. i-1, so S_j is added by the normed GEMV of sublayer j+1+d (and the last
  * d+1 by the final norm); d+1 sum buffers rotate.  With d = 0 it is a plain
- * Llama step. */
+ * Llama step.
+ *
+ * The monokernel (mono.cu) runs the same ops from a stage table built by the
+ * same walk; its lanes sum S_i inside the kernel (KCCL's device API) and the
+ * stage that adds S_i waits for that sum, so it computes what this path does. */
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
@@ -56,9 +60,17 @@ typedef int (*fn_wait)(void *, uint64_t, void *);
 typedef int (*fn_all_gather)(const void *, void *, size_t, int, void *, void *);
 typedef int (*fn_async_error)(void *, int *);
 typedef const char *(*fn_last_error)(void *);
+typedef int (*fn_dev_comm)(void *, void *, size_t);
 const int KCCL_FLOAT32 = 7, KCCL_SUM = 0;
 
 const size_t XS_MAX = 64 * 1024;   /* shared memory for x in a GEMV block: two blocks per SM still fit */
+
+/* The monokernel's lanes: floats a reducer block sums per call (an 8-byte line
+ * per consumer thread, KCCL's one-line-per-thread path), and SMs left free of
+ * its blocks when lanes share a GPU, for the kernels the other lanes run
+ * before theirs (KCCL's rule for waiting kernels, kccl_device.cuh). */
+const int MONO_RED_FLOATS = 2 * MONO_CONSUMERS;
+const int MONO_FREE_SMS = 4;
 
 size_t round_up(size_t v, size_t a) { return (v + a - 1) / a * a; }
 
@@ -93,10 +105,12 @@ struct kie_engine {
   /* The monokernel: its stage table and counters (in the arena), its launch shape. */
   MonoStage *mono_stages;
   MonoSync *mono_sync;
-  unsigned *mono_cnt;
+  unsigned *mono_cnt;             /* [2 mono_n]: the stages' counts, then their lanes' sums' (rcnt) */
+  MonoLink *mono_links;
   unsigned long long *mono_marks;
-  int mono_n, mono_ready, mono_slot, mono_nslots, mono_xbytes;
+  int mono_n, mono_ready, mono_slot, mono_nslots, mono_xbytes, mono_grid, mono_nred, mono_red_per;
   size_t mono_smem;
+  kcclDevComm dc;                 /* tp > 1 and the monokernel: the communicator's device-API handle */
   std::vector<char> have; /* which uploads have arrived */
   std::vector<uint64_t> req;
   int pos_h, step_h;      /* the host's count of what it enqueued */
@@ -150,10 +164,17 @@ int derive(kie_engine *e, const kie_shape &s, int sms) {
   if (s.prefetch < 0 || s.prefetch > 2) return fail(KIE_E_ARG, "prefetch=%d: 0, 1 or 2", s.prefetch);
   if (s.kernel != KIE_KERNEL_GRAPH && s.kernel != KIE_KERNEL_MONO)
     return fail(KIE_E_ARG, "kernel=%d: KIE_KERNEL_GRAPH (0) or KIE_KERNEL_MONO (1)", s.kernel);
-  if (s.kernel == KIE_KERNEL_MONO && s.tp_size > 1)
-    return fail(KIE_E_ARG, "the monokernel runs one lane per engine (tp_size 1) so far: its in-kernel "
-                "all-reduce is not written; use the graph kernel for tp_size=%d", s.tp_size);
+  if (s.kernel == KIE_KERNEL_MONO && s.tp_size > KIE_MONO_MAX_LANES)
+    return fail(KIE_E_ARG, "the monokernel sums at most %d lanes; use the graph kernel for tp_size=%d",
+                KIE_MONO_MAX_LANES, s.tp_size);
+  if (s.kernel == KIE_KERNEL_MONO && s.tp_size > 1 &&
+      round_up((size_t)s.hidden, 8) > (size_t)KCCL_DEV_MAX_BLOCKS * (KCCL_LL_MAX_BYTES / 4))
+    return fail(KIE_E_ARG, "hidden=%d: the monokernel's lanes sum at most %d floats per sublayer (%d KCCL slots "
+                "of %d bytes); use the graph kernel", s.hidden, KCCL_DEV_MAX_BLOCKS * (KCCL_LL_MAX_BYTES / 4),
+                KCCL_DEV_MAX_BLOCKS, KCCL_LL_MAX_BYTES);
   if (s.mono_prefetch < -1 || s.mono_prefetch > 64) return fail(KIE_E_ARG, "mono_prefetch=%d: -1..64", s.mono_prefetch);
+  if (s.lanes_per_device < 0) return fail(KIE_E_ARG, "lanes_per_device=%d", s.lanes_per_device);
+  if (s.mono_blocks < 0) return fail(KIE_E_ARG, "mono_blocks=%d: 0 (auto) or a block count", s.mono_blocks);
   e->mono_n = 5 * s.layers + 1; /* per layer QKV, attention, o, gate/up, down; the head */
   return KIE_OK;
 }
@@ -204,7 +225,8 @@ size_t layout(kie_engine *e, char *base) {
   e->samp = (SampParams *)take(sizeof(SampParams));
   e->mono_stages = (MonoStage *)take((size_t)e->mono_n * sizeof(MonoStage));
   e->mono_sync = (MonoSync *)take(sizeof(MonoSync));
-  e->mono_cnt = (unsigned *)take((size_t)e->mono_n * 4);
+  e->mono_cnt = (unsigned *)take((size_t)e->mono_n * 8);
+  e->mono_links = (MonoLink *)take((size_t)e->mono_n * sizeof(MonoLink));
   e->mono_marks = (unsigned long long *)take((size_t)e->mono_n * 16);
   return round_up(at, 256);
 }
@@ -500,10 +522,16 @@ int enqueue_pick(kie_engine *e, int T, int mode) {
   return KIE_OK;
 }
 
-/* The monokernel's stage table: the same ops with the same arguments. */
+/* The monokernel's stage table: the same ops with the same arguments; with
+ * lanes, beside it the links: which stage's partial sum the lanes add up, and
+ * which of those sums each stage adds (its adds, each the sum last reduced into
+ * that buffer: with d + 1 buffers in rotation, S_j's buffer is not written
+ * again before S_j's consumer, sublayer j + 1 + d, has run). */
 struct MonoBuilder {
   kie_engine *e;
   std::vector<MonoStage> st;
+  std::vector<MonoLink> links;
+  std::vector<std::pair<const float *, int>> reduced; /* a sum buffer, the stage whose sum it holds */
   int slot = 0, xbytes = 0;
   int gemv(GemvArgs &a, int epi) {
     MonoStage m;
@@ -516,6 +544,16 @@ struct MonoBuilder {
     slot = std::max(slot, m.upt * 4 * a.ld); /* upt units of two bf16 rows */
     xbytes = std::max(xbytes, 4 * a.ld);
     st.push_back(m);
+    MonoLink l;
+    memset(&l, 0, sizeof l);
+    for (int j = 0; e->s.tp_size > 1 && j < a.nadd; j++) {
+      int k = -1;
+      for (const auto &r : reduced)
+        if (r.first == a.adds[j]) k = r.second;
+      if (k < 0) return fail(KIE_E_STATE, "monokernel: stage %zu adds a sum no stage wrote", st.size() - 1);
+      l.need[l.nneed++] = k;
+    }
+    links.push_back(l);
     return KIE_OK;
   }
   int attention(AttnArgs &a) {
@@ -524,23 +562,43 @@ struct MonoBuilder {
     m.kind = MONO_ATTN;
     m.at = a;
     st.push_back(m);
+    MonoLink l;
+    memset(&l, 0, sizeof l);
+    links.push_back(l);
     return KIE_OK;
   }
-  int sum(float *, int) { return fail(KIE_E_ARG, "the monokernel has no all-reduce (tp_size 1 only)"); }
-  int wait(int) { return sum(nullptr, 0); }
+  /* The lanes' sum of S, written by the GEMV just added. */
+  int sum(float *S, int) {
+    const int k = (int)st.size() - 1;
+    links[(size_t)k].sum = S;
+    for (auto &r : reduced)
+      if (r.first == S) {
+        r.second = k;
+        return KIE_OK;
+      }
+    reduced.push_back({S, k});
+    return KIE_OK;
+  }
+  /* The graph path's join of a split-phase sum: here the stage that adds the sum waits for it (gemv). */
+  int wait(int) { return KIE_OK; }
 };
 
 /* Builds and uploads the stage table and sizes the weight ring (once). */
 int mono_prepare(kie_engine *e) {
   if (e->mono_ready) return KIE_OK;
-  MonoBuilder b{e, {}};
+  MonoBuilder b{e, {}, {}, {}};
   TRY(walk_forward(e, 1, true, b));
   if ((int)b.st.size() != e->mono_n) return fail(KIE_E_STATE, "monokernel: %zu stages, %d planned", b.st.size(), e->mono_n);
+  const int tp = e->s.tp_size;
   int optin = 0;
   CU(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, e->device));
   const size_t att = kie_mono_attention_smem(e->s.head_dim);
   const size_t xu = round_up(std::max((size_t)b.xbytes, att), 128), slot = round_up((size_t)b.slot, 128);
-  const size_t reserve = 4096 + 256; /* the kernel's static shared memory and the mbarriers */
+  size_t static_smem = 0;
+  CU(kie_mono_static_smem(e->s.head_dim, tp, &static_smem));
+  /* The kernel's static shared memory, counted as 4 KB at least (the tp = 1
+   * kernel's ring keeps the size it was measured with), and the mbarriers. */
+  const size_t reserve = std::max<size_t>(4096, static_smem) + 256;
   const long room = (long)optin - (long)xu - (long)reserve;
   const int nslots = room > 0 ? (int)std::min<long>(8, room / (long)slot) : 0;
   if (nslots < 2)
@@ -552,8 +610,33 @@ int mono_prepare(kie_engine *e) {
   e->mono_xbytes = (int)xu;
   e->mono_smem = 256 + (size_t)nslots * slot + xu;
   int per_sm = 0;
-  CU(kie_mono_prepare(e->s.head_dim, e->mono_smem, &per_sm));
+  CU(kie_mono_prepare(e->s.head_dim, tp, e->mono_smem, &per_sm));
   if (per_sm < 1) return fail(KIE_E_CUDA, "the monokernel (%zu bytes of shared memory) does not fit an SM", e->mono_smem);
+  /* A block per SM; lanes sharing the GPU (MPS) split its SMs, less a few: a
+   * lane's blocks wait for the other lanes' inside the step, so every lane's
+   * grid must be resident at once, and the kernels a late lane runs before
+   * its step must find an SM. */
+  int grid = e->sms;
+  if (e->s.mono_blocks > 0) grid = std::min(e->s.mono_blocks, e->sms);
+  else if (e->s.lanes_per_device > 1) grid = std::max(1, (e->sms - MONO_FREE_SMS) / e->s.lanes_per_device);
+  /* The lanes' sum of a sublayer (hid_pad floats, T = 1) in slices of at most
+   * MONO_RED_FLOATS (more, up to KCCL's 8 KB, only past KCCL_DEV_MAX_BLOCKS
+   * slices), a multiple of 4 floats each, one reducer block per slice. */
+  int nred = 0, red_per = 0;
+  if (tp > 1) {
+    const int n = e->hid_pad;
+    nred = std::min(KCCL_DEV_MAX_BLOCKS, (n + MONO_RED_FLOATS - 1) / MONO_RED_FLOATS);
+    red_per = (int)round_up((size_t)((n + nred - 1) / nred), 4);
+    nred = (n + red_per - 1) / red_per;
+    if (nred > grid)
+      return fail(KIE_E_ARG, "the monokernel's %d blocks are fewer than the %d that sum the lanes' sublayer sums",
+                  grid, nred);
+    CU(cudaMemcpyAsync(e->mono_links, b.links.data(), b.links.size() * sizeof(MonoLink), cudaMemcpyHostToDevice,
+                       e->stream));
+  }
+  e->mono_grid = grid;
+  e->mono_nred = nred;
+  e->mono_red_per = red_per;
   CU(cudaMemcpyAsync(e->mono_stages, b.st.data(), b.st.size() * sizeof(MonoStage), cudaMemcpyHostToDevice, e->stream));
   CU(cudaStreamSynchronize(e->stream));
   e->mono_ready = 1;
@@ -582,7 +665,21 @@ int enqueue_mono(kie_engine *e, int mode) {
   m.x_off = 256 + e->mono_nslots * e->mono_slot;
   m.timeout_ns = 2000000000LL;
   m.marks = e->mono_marks;
-  CU(kie_launch_mono(m, e->s.head_dim, e->sms, e->mono_smem, e->stream));
+  m.tp = e->s.tp_size;
+  if (m.tp > 1) {
+    /* Any wait of the step may be waiting on a peer (through the reducers'
+     * KCCL calls, which the stage after theirs needs): it gives the peer
+     * KCCL's own bound first, so that a slow peer is what KCCL says it is
+     * (its timeout, its dead or aborted peer), as on the graph path. */
+    m.timeout_ns += (long long)e->dc.timeout_ns;
+    m.links = e->mono_links;
+    m.rcnt = e->mono_cnt + e->mono_n;
+    m.nred = e->mono_nred;
+    m.red_per = e->mono_red_per;
+    m.sum_count = e->hid_pad;
+    m.dc = e->dc;
+  }
+  CU(kie_launch_mono(m, e->s.head_dim, e->mono_grid, e->mono_smem, e->stream));
   return mode == KIE_MODE_GREEDY ? KIE_OK : enqueue_pick(e, 1, mode);
 }
 
@@ -633,6 +730,16 @@ int check_comm(kie_engine *e) {
   return err ? comm_fail(e, err, "the lanes' communicator") : KIE_OK;
 }
 
+/* A monokernel failure between the lanes (KIE_E_COMM): what the kernel
+ * reported, and what the communicator says (KCCL recorded the call that
+ * failed, or a peer its watcher saw go), when it says anything. */
+int lanes_fail(kie_engine *e, const char *what) {
+  int err = 0;
+  if (e->s.tp_size > 1 && e->c.async_error) ((fn_async_error)e->c.async_error)(e->c.comm, &err);
+  const char *why = err && e->c.last_error ? ((fn_last_error)e->c.last_error)(e->c.comm) : nullptr;
+  return fail(KIE_E_COMM, "%s%s%s", what, why ? ": " : "", why ? why : "");
+}
+
 int device_error(kie_engine *e) {
   const int code = *(volatile int32_t *)&e->ring_h->err;
   if (!code) return KIE_OK;
@@ -642,6 +749,18 @@ int device_error(kie_engine *e) {
     case KIE_DERR_NAN: return fail(KIE_E_DEVICE, "the logits of step %d are not finite", arg);
     case KIE_DERR_STALL:
       return fail(KIE_E_DEVICE, "a monokernel wait at stage %d ran past its bound; the engine must be closed", arg);
+    case KIE_DERR_COMM: {
+      char what[160];
+      snprintf(what, sizeof what, "the monokernel's sum of the lanes failed (KCCL error %d); the engine must be "
+               "closed", arg);
+      return lanes_fail(e, what);
+    }
+    case KIE_DERR_PEER: {
+      char what[200];
+      snprintf(what, sizeof what, "a monokernel wait for the lanes' sum of stage %d ran past its bound (a lane "
+               "stopped, or runs other steps); the engine and its communicator must be closed", arg);
+      return lanes_fail(e, what);
+    }
     default: return fail(KIE_E_DEVICE, "a kernel reported error %d (argument %d)", code, arg);
   }
 }
@@ -724,6 +843,18 @@ int kie_create(const kie_shape *s, const kie_comm *c, int device, kie_engine **o
     return fail(KIE_E_ARG, "tp_size=%d needs a KCCL communicator and its functions", s->tp_size);
   size_t bytes = 0;
   TRY(kie_plan_bytes(s, device, &bytes));
+  kcclDevComm dc;
+  memset(&dc, 0, sizeof dc);
+  if (s->tp_size > 1 && s->kernel == KIE_KERNEL_MONO) { /* the monokernel sums the lanes itself */
+    if (!c->dev_comm)
+      return fail(KIE_E_ARG, "the monokernel at tp_size=%d needs kcclCommGetDevComm (kie_comm.dev_comm)",
+                  s->tp_size);
+    const int rc = ((fn_dev_comm)c->dev_comm)(c->comm, &dc, sizeof dc);
+    if (rc) {
+      const char *why = c->last_error ? ((fn_last_error)c->last_error)(c->comm) : nullptr;
+      return fail(KIE_E_COMM, "kcclCommGetDevComm: KCCL error %d: %s", rc, why ? why : "");
+    }
+  }
   CU(cudaSetDevice(device));
   size_t free_b = 0, total_b = 0;
   CU(cudaMemGetInfo(&free_b, &total_b));
@@ -737,6 +868,7 @@ int kie_create(const kie_shape *s, const kie_comm *c, int device, kie_engine **o
   cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
   derive(e, *s, sms);
   if (c) e->c = *c;
+  e->dc = dc;
   e->bytes = layout(e, nullptr);
   cudaError_t ce = cudaMalloc((void **)&e->arena, e->bytes);
   if (ce != cudaSuccess) {
@@ -827,7 +959,7 @@ int kie_reset(kie_engine *e) {
    * from the old position). */
   CU(cudaMemsetAsync(e->st, 0, sizeof(DevState), e->stream));
   CU(cudaMemsetAsync(e->mono_sync, 0, sizeof(MonoSync), e->stream));
-  CU(cudaMemsetAsync(e->mono_cnt, 0, (size_t)e->mono_n * 4, e->stream));
+  CU(cudaMemsetAsync(e->mono_cnt, 0, (size_t)e->mono_n * 8, e->stream));
   CU(cudaStreamSynchronize(e->stream));
   memset(e->ring_h, 0, sizeof(HostRing));
   e->pos_h = e->step_h = 0;
@@ -990,6 +1122,8 @@ int kie_get_info(kie_engine *e, kie_info *info) {
   info->mono_slot_bytes = e->mono_ready ? e->mono_slot : 0;
   info->mono_smem = e->mono_ready ? (int)e->mono_smem : 0;
   info->mono_stages = e->mono_n;
+  info->mono_blocks = e->mono_ready ? e->mono_grid : 0;
+  info->mono_reducers = e->mono_ready ? e->mono_nred : 0;
   CU(cudaSetDevice(e->device));
   CU(cudaStreamSynchronize(e->stream));
   DevState st;

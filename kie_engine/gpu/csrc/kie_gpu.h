@@ -8,10 +8,11 @@
  * follows it, with RoPE and the KV-cache write or SwiGLU in its epilogue;
  * attention split over the context; the row-parallel GEMV writing the
  * sublayer's partial sum) and, between lanes, KCCL's GPU all-reduce on the same
- * stream, or its stream-ordered split phase for DTP.  The step is captured
- * once as a CUDA graph per sampling mode and replayed from C; the picked token
- * goes to the next step on the device and to a host-mapped ring that the
- * caller reads.
+ * stream, or its stream-ordered split phase for DTP; or one persistent kernel
+ * (KIE_KERNEL_MONO) that sums the lanes itself through KCCL's device API.  The
+ * step is captured once as a CUDA graph per sampling mode and replayed from C;
+ * the picked token goes to the next step on the device and to a host-mapped
+ * ring that the caller reads.
  *
  * Every call returns KIE_OK or an error code; kie_last_error() gives the text
  * of the calling thread's last error.
@@ -45,7 +46,7 @@ extern "C" {
 
 /* How a decode step (one token) runs; prefill always takes the per-sublayer kernels. */
 #define KIE_KERNEL_GRAPH 0 /* a kernel per GEMV and attention, captured as a CUDA graph */
-#define KIE_KERNEL_MONO 1  /* one persistent kernel, a block per SM (tp_size 1 so far) */
+#define KIE_KERNEL_MONO 1  /* one persistent kernel, a block per SM; lanes sum through KCCL's device API */
 
 /* Weight kinds for kie_upload.  Matrices are bf16 bits, (out, in) row-major as
  * stored by Hugging Face; the f32 kinds are vectors or tables. */
@@ -84,15 +85,19 @@ typedef struct {
   int gemv_x_l1;               /* 1: the o and down GEMVs read x through L1 instead of staging it */
   int kernel;                  /* KIE_KERNEL_GRAPH or KIE_KERNEL_MONO: how a decode step runs */
   int mono_prefetch;           /* monokernel: weight tiles past its shared-memory ring asked of L2 (-1: auto) */
+  int lanes_per_device;        /* lanes sharing this GPU (under MPS); 0 or 1: this lane has it alone */
+  int mono_blocks;             /* monokernel: blocks of its grid (0: auto: every SM, or a share of them when
+                                  lanes share the GPU) */
 } kie_shape;
 
 /* KCCL's entry points for the lanes' sums (all NULL when tp_size == 1); void *
  * so that this module need not link KCCL: the caller passes the addresses of
  * kcclAllReduce, kcclAllReduceStartStream, kcclAllReduceWaitStream,
- * kcclAllGather, kcclCommGetAsyncError and kcclGetLastError. */
+ * kcclAllGather, kcclCommGetAsyncError, kcclGetLastError and
+ * kcclCommGetDevComm (the monokernel's handle on the device API). */
 typedef struct {
   void *comm;
-  void *all_reduce, *start, *wait, *all_gather, *async_error, *last_error;
+  void *all_reduce, *start, *wait, *all_gather, *async_error, *last_error, *dev_comm;
 } kie_comm;
 
 typedef struct {
@@ -103,6 +108,8 @@ typedef struct {
   int kernel;                  /* KIE_KERNEL_* */
   int mono_slots, mono_slot_bytes, mono_smem; /* the monokernel's weight ring (0 before its first step) */
   int mono_stages;             /* per layer QKV, attention, o, gate/up, down; then the head */
+  int mono_blocks;             /* its grid (0 before its first step) */
+  int mono_reducers;           /* of those, the blocks that sum the lanes' sublayer sums (tp > 1) */
 } kie_info;
 
 int kie_built(void);

@@ -8,6 +8,7 @@
 
 #include <type_traits>
 
+#include "kccl_device.cuh" /* kcclDevComm: the monokernel's lanes sum through KCCL's device API */
 #include "kie_gpu.h"
 
 typedef __nv_bfloat16 bf16;
@@ -17,6 +18,9 @@ typedef __nv_bfloat16 bf16;
 #define KIE_DERR_NAN 2     /* non-finite logits */
 #define KIE_DERR_TOKEN 3   /* a token id outside the vocabulary */
 #define KIE_DERR_STALL 4   /* a monokernel wait ran past its bound (argument: the stage) */
+#define KIE_DERR_COMM 5    /* the monokernel's all-reduce of the lanes' sums failed (argument: the kcclResult_t) */
+#define KIE_DERR_PEER 6    /* a monokernel wait for the lanes' sum ran past its bound (argument: the stage that
+                              wrote the partial sum) */
 
 /* Written by the device, read by the host without synchronizing (host-mapped). */
 struct HostRing {
@@ -146,6 +150,16 @@ struct MonoSync {
   unsigned long long amax; /* the LM head's best key (argmax_key) */
 };
 
+/* TP > 1: what the lanes add up around stage k (one per stage, beside the table). */
+struct MonoLink {
+  float *sum;                /* not NULL: stage k wrote this lane's partial sum here; the reducers
+                                replace it with the lanes' sum once the stage is complete */
+  int nneed;                 /* the lanes' sums stage k adds (its normed input's adds) */
+  int need[KIE_MAX_ADDS];    /* ... given as the stages that wrote them */
+};
+
+#define KIE_MONO_MAX_LANES 8 /* the monokernel's KCCL calls handle this many lanes */
+
 struct MonoArgs {
   const MonoStage *stages;
   int nstages;
@@ -160,6 +174,13 @@ struct MonoArgs {
   int ring_off, x_off;          /* dynamic shared memory: mbarriers at 0, then these */
   long long timeout_ns;         /* a wait longer than this ends the step with KIE_DERR_STALL */
   unsigned long long *marks;    /* [2 nstages]: block 0's clock at each stage's start and end */
+  /* Lanes (tp > 1 runs the kernel's TP copy, which alone reads what follows). */
+  int tp;
+  const MonoLink *links;        /* [nstages] */
+  unsigned *rcnt;               /* [nstages]: reducers done with stage k's sum, growing as cnt does */
+  int nred, red_per, sum_count; /* reducer blocks (the grid's last; KCCL slots 0..nred-1), floats each
+                                   (the last: the rest), floats of a sum */
+  kcclDevComm dc;               /* channel 1 of the lanes' communicator */
 };
 
 #define MONO_CONSUMERS GEMV_THREADS /* the GEMV's threads: the same reduction order */
@@ -176,10 +197,13 @@ cudaError_t kie_launch_finalize(const FinalArgs &a, cudaStream_t st, int pdl);
 cudaError_t kie_launch_advance(const Commit &c, cudaStream_t st, int pdl);
 cudaError_t kie_launch_sample(const SampleArgs &a, cudaStream_t st, int pdl);
 /* mono.cu: the dynamic shared memory a block of head size hd needs for
- * attention (MONO_SUBS_MAX items at once); the kernel set up for `smem` bytes
- * of it (*per_sm: blocks that fit an SM); the launch, cooperative. */
+ * attention (MONO_SUBS_MAX items at once); the static shared memory of the
+ * kernel for tp lanes (its TP copy when tp > 1); the kernel set up for `smem`
+ * bytes of dynamic shared memory (*per_sm: blocks that fit an SM); the
+ * launch, cooperative (m.tp picks the copy). */
 size_t kie_mono_attention_smem(int hd);
-cudaError_t kie_mono_prepare(int hd, size_t smem, int *per_sm);
+cudaError_t kie_mono_static_smem(int hd, int tp, size_t *bytes);
+cudaError_t kie_mono_prepare(int hd, int tp, size_t smem, int *per_sm);
 cudaError_t kie_launch_mono(const MonoArgs &m, int hd, int grid, size_t smem, cudaStream_t st);
 cudaError_t kie_launch_fill_random(bf16 *p, size_t n, uint32_t seed, float scale, cudaStream_t st);
 

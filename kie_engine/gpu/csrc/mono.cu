@@ -21,7 +21,32 @@
  *
  * Every wait is bounded (timeout_ns, measured on %globaltimer): a stuck step
  * sets KIE_DERR_STALL in the host ring and the abort flag, and every block
- * leaves. */
+ * leaves.
+ *
+ * Lanes (tp > 1: the kernel's TP copy; the tp = 1 copy has none of this):
+ * after a stage that writes this lane's partial sum of a sublayer (o or down
+ * projection, every block's rows of it), the grid's last nred blocks, the
+ * reducers, wait for that stage to be complete and add up the lanes' sums of
+ * their slices (at most 512 floats each: one 8-byte line per consumer thread,
+ * KCCL's quickest path) with kcclDevAllReduceGroup, each on its own KCCL slot,
+ * then count the stage in rcnt.  The stage that adds the sum (the normed
+ * GEMV of the sublayer d + 1 later, or the LM head) waits for that count
+ * besides its own predecessor; the other blocks go on to the next stages
+ * meanwhile (with DTP delay d > 0 the next stage needs nothing of the sum).
+ * The sum is KCCL's one-shot, the lanes' values combined in rank order: the
+ * graph path's all-reduce to the bit.  The greedy pick adds the lanes'
+ * candidates the same way (slot 0, after the head).
+ *
+ * Who calls KCCL: the 256 consumer threads of a reducer, meeting at their own
+ * named barrier (BAR_CONSUMERS) instead of __syncthreads, which the producer
+ * warp never reaches.  The call's waits also end when the abort flag is set
+ * (its cancel word), so a step that gives up anywhere takes its reducers out
+ * of calls whose peers will not come; a failed call (a peer died, aborted,
+ * timed out, or the call was cancelled) sets KIE_DERR_COMM and the abort flag,
+ * and KCCL marks the communicator broken.  A dead or aborted peer ends the
+ * reducers' calls at once (KCCL's watcher sets its stop word); a peer that is
+ * only slow gets KCCL's timeout, which the host adds to every wait's bound
+ * here, since any wait may depend on a reducer's call. */
 #include "attention.cuh"
 
 using namespace kie;
@@ -80,19 +105,27 @@ struct Block {
   uint64_t *full, *empty; /* per slot: filled (producer's tx), freed (one arrive per consumer warp) */
   char *ring;
   volatile int *stop;     /* set when this block gives up; the producer watches it too */
+  /* The consumers' verdict at a wait: written by consumer thread 0 alone, before
+   * the barrier after which all of them read it.  They leave only on it, all at
+   * once: a consumer that left alone would never reach the named barriers the
+   * others wait at, and `stop` itself may change between their reads (the
+   * producer sets it when it sees the abort flag). */
+  volatile int *quit;
 };
 
-/* Gives up the step: the first to fail says why, everyone leaves. */
-__device__ void give_up(const Block &b, int stage) {
-  kie_set_error(b.m->ring, KIE_DERR_STALL, stage);
+/* Gives up the step: the first to fail says why (KIE_DERR_*, its argument),
+ * everyone leaves. */
+__device__ void give_up(const Block &b, int code, int arg) {
+  kie_set_error(b.m->ring, code, arg);
   atomicExch(&b.m->sync->abort, 1u);
   *b.stop = 1;
 }
 
 /* A bounded spin: true while `done()` is false and neither the bound, this
- * block's stop flag nor the grid's abort flag has ended it. */
+ * block's stop flag nor the grid's abort flag has ended it; past the bound,
+ * the step ends with error `code` (argument: the stage). */
 template <typename Done>
-__device__ bool spin(const Block &b, int stage, Done done) {
+__device__ bool spin_as(const Block &b, int code, int stage, Done done) {
   if (done()) return true;
   const unsigned long long t0 = gtime();
   for (unsigned n = 1;; n++) {
@@ -104,11 +137,16 @@ __device__ bool spin(const Block &b, int stage, Done done) {
         return false;
       }
       if ((long long)(gtime() - t0) > b.m->timeout_ns) {
-        give_up(b, stage);
+        give_up(b, code, stage);
         return false;
       }
     }
   }
+}
+
+template <typename Done>
+__device__ __forceinline__ bool spin(const Block &b, int stage, Done done) {
+  return spin_as(b, KIE_DERR_STALL, stage, done);
 }
 
 /* This block's units of a GEMV stage. */
@@ -196,6 +234,21 @@ __device__ void tile_rows(const Cursor &c, char *dst, uint64_t *bar) {
   else prefetch_l2(src, row_bytes);
 }
 
+/* The producer leaving: the bulk copies of the first `tiles` tiles (the last
+ * one into each slot may still be in flight) land before the block can exit,
+ * so that none writes into shared memory (or completes an mbarrier) that a
+ * later kernel's block holds, also when the consumers leave a step given up
+ * before they used them.  Copies from global memory always complete; the wait
+ * is bounded all the same. */
+__device__ void drain(const Block &b, int tiles) {
+  const MonoArgs &m = *b.m;
+  for (int slot = 0; slot < m.nslots && slot < tiles; slot++) {
+    const unsigned last = (unsigned)((tiles - 1 - slot) / m.nslots) & 1u;
+    const unsigned long long t0 = gtime();
+    while (!mbar_done(&b.full[slot], last) && (long long)(gtime() - t0) < b.m->timeout_ns) __nanosleep(64);
+  }
+}
+
 /* The producer warp: every weight tile of the step, in the consumers' order,
  * into the ring; the tile `prefetch` places further on asked of L2 meanwhile, so
  * that more of HBM's latency is covered than the ring alone holds. */
@@ -208,29 +261,37 @@ __device__ void produce(const Block &b) {
     tile_rows(p, nullptr, nullptr);
     ahead = cursor_next(m, p);
   }
-  for (int tile = 0; more; tile++, more = cursor_next(m, c)) {
+  int tile = 0;
+  for (; more; tile++, more = cursor_next(m, c)) {
     const int slot = tile % m.nslots, use = tile / m.nslots;
-    if (use > 0 && !spin(b, c.k, [&] { return mbar_done(&b.empty[slot], (unsigned)(use - 1) & 1u); })) return;
+    if (use > 0 && !spin(b, c.k, [&] { return mbar_done(&b.empty[slot], (unsigned)(use - 1) & 1u); })) break;
     tile_rows(c, b.ring + (size_t)slot * m.slot_bytes, &b.full[slot]);
     if (ahead) {
       tile_rows(p, nullptr, nullptr);
       ahead = cursor_next(m, p);
     }
   }
+  drain(b, tile);
 }
 
-/* Consumers: wait until stage k is complete for this step. */
-__device__ bool wait_stage(const Block &b, int k, unsigned epoch) {
+/* Thread 0: spins until stage k is complete for this step. */
+__device__ __forceinline__ void spin_stage(const Block &b, int k, unsigned epoch) {
   const MonoArgs &m = *b.m;
+  const unsigned share = m.stages[k].kind == MONO_ATTN ? (unsigned)(m.stages[k].at.nh / m.stages[k].at.g *
+                                                                    m.stages[k].at.hgroups)
+                                                       : gridDim.x;
+  const unsigned target = (epoch + 1u) * share;
+  spin(b, k, [&] { return (int)(ld_acquire(m.cnt + k) - target) >= 0; });
+}
+
+/* Consumers: wait until stage k is complete for this step; false: leave (all of them). */
+__device__ bool wait_stage(const Block &b, int k, unsigned epoch) {
   if (threadIdx.x == 0) {
-    const unsigned share = m.stages[k].kind == MONO_ATTN ? (unsigned)(m.stages[k].at.nh / m.stages[k].at.g *
-                                                                      m.stages[k].at.hgroups)
-                                                         : gridDim.x;
-    const unsigned target = (epoch + 1u) * share;
-    spin(b, k, [&] { return (int)(ld_acquire(m.cnt + k) - target) >= 0; });
+    spin_stage(b, k, epoch);
+    *b.quit = *b.stop;
   }
   bar_consumers();
-  return !*b.stop;
+  return !*b.quit;
 }
 
 /* Block 0's clock (where a step's time goes, read by kie_mono_marks). */
@@ -245,6 +306,98 @@ __device__ void signal_stage(const MonoArgs &m, int k) {
     __threadfence();
     atomicAdd(m.cnt + k, 1u);
   }
+}
+
+/* TP: thread 0 waits for stage k - 1 and for the lanes' sums stage k adds,
+ * then the consumers meet. */
+__device__ bool wait_inputs(const Block &b, int k, unsigned epoch) {
+  const MonoArgs &m = *b.m;
+  if (threadIdx.x == 0) {
+    if (k > 0) spin_stage(b, k - 1, epoch);
+    const MonoLink &l = m.links[k];
+    const unsigned target = (epoch + 1u) * (unsigned)m.nred;
+    for (int i = 0; i < l.nneed && !*b.stop; i++) {
+      const unsigned *c = m.rcnt + l.need[i];
+      spin_as(b, KIE_DERR_PEER, l.need[i], [&] { return (int)(ld_acquire(c) - target) >= 0; });
+    }
+    *b.quit = *b.stop;
+  }
+  bar_consumers();
+  return !*b.quit;
+}
+
+/* TP: the lanes' sum of n floats at xs (this block's shared memory), in
+ * place, on KCCL slot `slot`; every consumer thread calls it.  False (the
+ * step given up) when the call failed.  This and the two below are out of
+ * line: the kernel is at its register cap (168 a thread with 9 warps), and
+ * inlined, KCCL's registers made ptxas spill across the whole TP copy; out of
+ * line, the saves sit at the calls (measured with -Xptxas -v: the TP copy
+ * without the calls spills as the tp = 1 copy does). */
+__device__ __noinline__ bool lanes_sum(const Block &b, int slot, float *xs, int n) {
+  const MonoArgs &m = *b.m;
+  const kcclDevGroup g = {slot, BAR_CONSUMERS, MONO_CONSUMERS, &m.sync->abort};
+  const kcclResult_t rc = kcclDevAllReduceGroup<KIE_MONO_MAX_LANES>(m.dc, g, xs, n, kcclFloat32, kcclSum);
+  if (rc == kcclSuccess) return true;
+  if (threadIdx.x == 0) give_up(b, KIE_DERR_COMM, (int)rc);
+  return false;
+}
+
+/* TP, after stage k (which wrote this lane's partial sum to links[k].sum):
+ * a reducer waits for every block's rows of it, sums its slice over the
+ * lanes and counts the stage in rcnt[k].  The slice goes through shared
+ * memory: KCCL loads its data with plain loads, which may hit lines of this
+ * SM's L1 older than what other blocks wrote since (the reads here and the
+ * stage_norm that adds the sum load it through L2). */
+__device__ __noinline__ bool reduce_stage(const Block &b, int k, unsigned epoch, float *xs) {
+  const MonoArgs &m = *b.m;
+  const int slot = (int)blockIdx.x - ((int)gridDim.x - m.nred), tid = threadIdx.x;
+  if (slot < 0) return true;
+  if (!wait_stage(b, k, epoch)) return false;
+  float4 *sum = reinterpret_cast<float4 *>(m.links[k].sum + (size_t)slot * m.red_per);
+  float4 *x4 = reinterpret_cast<float4 *>(xs);
+  const int n = min(m.red_per, m.sum_count - slot * m.red_per); /* a multiple of 4 (host) */
+  for (int i = tid; i < n / 4; i += MONO_CONSUMERS) x4[i] = __ldcg(sum + i);
+  bar_consumers();
+  if (!lanes_sum(b, slot, xs, n)) return false;
+  for (int i = tid; i < n / 4; i += MONO_CONSUMERS) sum[i] = x4[i];
+  bar_consumers(); /* every thread's stores before the count; nobody still in the call */
+  if (tid == 0) {
+    __threadfence();
+    atomicAdd(m.rcnt + k, 1u);
+  }
+  return true;
+}
+
+/* TP, greedy: after the LM head, reducer 0 (KCCL slot 0) adds up the lanes'
+ * candidates (each lane's pair in its own places, zero elsewhere: the sum
+ * hands every lane all of them, as the graph path's all-reduce of cand does)
+ * and commits the pick.  h: the head stage, k its index; head0: its count
+ * when this block started.  The head's count is not a multiple of the epoch
+ * (a step in KIE_MODE_ADVANCE skips the head), but no block counts this
+ * step's head before this block has started (every block waits at the last
+ * attention stage for the last QKV stage, which this block counts), so the
+ * step's head is done at head0 + the grid. */
+__device__ __noinline__ bool lanes_pick(const Block &b, const MonoStage &h, int k, unsigned head0, float *xs) {
+  const MonoArgs &m = *b.m;
+  if (threadIdx.x == 0) { /* every block's best key is in amax */
+    const unsigned target = head0 + gridDim.x;
+    spin(b, k, [&] { return (int)(ld_acquire(m.cnt + k) - target) >= 0; });
+    *b.quit = *b.stop;
+  }
+  bar_consumers();
+  if (*b.quit) return false;
+  const int n = 2 * h.g.tp;
+  if (threadIdx.x == 0) {
+    head_candidate(h.g, atomicExch(&m.sync->amax, 0ull));
+    for (int i = 0; i < n; i++) xs[i] = h.g.cand[i];
+  }
+  bar_consumers();
+  if (!lanes_sum(b, 0, xs, n)) return false;
+  if (threadIdx.x == 0) {
+    for (int i = 0; i < n; i++) h.g.cand[i] = xs[i];
+    kie_finalize_pick(xs, h.g.tp, m.c);
+  }
+  return true;
 }
 
 /* One ring tile: warp w takes unit w / segs of it, segment w % segs of the row. */
@@ -277,15 +430,19 @@ __device__ void gemv_tile(const Block &b, const MonoStage &s, int tu, int n, int
   finish_unit<1, EPI>(a, u, r0, r1, active, acc0, acc1, best, part, tid, SyncNamed{BAR_CONSUMERS, MONO_CONSUMERS});
 }
 
-template <int HD>
+template <int HD, bool TP>
 __device__ void consume(const Block &b, char *xunion) {
   const MonoArgs &m = *b.m;
   __shared__ float red[GEMV_WARPS];
   __shared__ float part[2][GEMV_WARPS][2 * GEMV_MAX_T];
   __shared__ unsigned long long sbest[GEMV_WARPS];
-  __shared__ unsigned s_epoch;
+  __shared__ unsigned s_epoch, s_head0;
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
-  if (tid == 0) s_epoch = *(volatile unsigned *)&m.sync->epoch;
+  const bool picker = TP && m.pick && (int)blockIdx.x == (int)gridDim.x - m.nred; /* lanes_pick's block */
+  if (tid == 0) {
+    s_epoch = *(volatile unsigned *)&m.sync->epoch;
+    if (picker) s_head0 = ld_acquire(m.cnt + m.nstages - 1);
+  }
   bar_consumers();
   const unsigned epoch = s_epoch;
   float *xs = reinterpret_cast<float *>(xunion);
@@ -316,14 +473,21 @@ __device__ void consume(const Block &b, char *xunion) {
     int u0, u1;
     unit_range(s, u0, u1);
     if (u0 < u1) {
-      if (k > 0 && !wait_stage(b, k - 1, epoch)) return;
+      if (TP) {
+        if (!wait_inputs(b, k, epoch)) return;
+      } else if (k > 0 && !wait_stage(b, k - 1, epoch)) {
+        return;
+      }
       mark(m, 2 * k);
       if (s.g.x) stage_plain(s.g, xs, tid);
       else stage_norm(s.g, xs, tid, u0 == 0, SyncNamed{BAR_CONSUMERS, MONO_CONSUMERS}, red);
       bar_consumers();
       for (int tu = u0; tu < u1; tu += s.upt, tile++) {
         const int slot = tile % m.nslots, use = tile / m.nslots;
-        if (!spin(b, k, [&] { return mbar_done(&b.full[slot], (unsigned)use & 1u); })) return;
+        /* Each consumer waits for the tile itself, so they can give up at different
+         * times: one that has goes on through the stage (its results no longer
+         * matter) and all leave together at the next wait. */
+        spin(b, k, [&] { return mbar_done(&b.full[slot], (unsigned)use & 1u); });
         const int n = min(s.upt, u1 - tu);
         switch (s.epi) {
           case EPI_QKV: gemv_tile<EPI_QKV>(b, s, tu, n, slot, xs, part[tile & 1], best); break;
@@ -343,16 +507,18 @@ __device__ void consume(const Block &b, char *xunion) {
       }
     }
     signal_stage(m, k);
+    if (TP && m.links[k].sum && !reduce_stage(b, k, epoch, xs)) return;
   }
+  if (picker && !lanes_pick(b, cur, m.nstages - 1, s_head0, xs)) return;
 
-  /* The last block out picks the token (greedy) and opens the next epoch. */
+  /* The last block out picks the token (greedy, one lane) and opens the next epoch. */
   bar_consumers();
   if (tid == 0) {
     __threadfence();
     if (atomicAdd(&m.sync->done, 1u) == gridDim.x - 1) {
       __threadfence();
       const MonoStage &h = cur; /* the last stage */
-      if (h.kind == MONO_GEMV && h.epi == EPI_HEAD) {
+      if (h.kind == MONO_GEMV && h.epi == EPI_HEAD && !(TP && m.pick)) {
         head_candidate(h.g, atomicExch(&m.sync->amax, 0ull));
         if (m.pick) kie_finalize_pick(m.cand, 1, m.c);
       }
@@ -363,18 +529,19 @@ __device__ void consume(const Block &b, char *xunion) {
   }
 }
 
-template <int HD>
+template <int HD, bool TP>
 __global__ void __launch_bounds__(MONO_THREADS, 1) k_mono(const __grid_constant__ MonoArgs m) {
   extern __shared__ __align__(128) char smem[];
-  __shared__ int stop;
+  __shared__ int stop, quit;
   Block b;
   b.m = &m;
   b.full = reinterpret_cast<uint64_t *>(smem);
   b.empty = b.full + m.nslots;
   b.ring = smem + m.ring_off;
   b.stop = &stop;
+  b.quit = &quit;
   if (threadIdx.x == 0) {
-    stop = 0;
+    stop = quit = 0;
     for (int i = 0; i < m.nslots; i++) {
       mbar_init(&b.full[i], 1);
       mbar_init(&b.empty[i], GEMV_WARPS);
@@ -383,7 +550,7 @@ __global__ void __launch_bounds__(MONO_THREADS, 1) k_mono(const __grid_constant_
   }
   __syncthreads();
   if (threadIdx.x >= MONO_CONSUMERS) produce(b);
-  else consume<HD>(b, smem + m.x_off);
+  else consume<HD, TP>(b, smem + m.x_off);
 }
 
 template <int HD>
@@ -398,13 +565,21 @@ cudaError_t launch_hd(const MonoArgs &m, int grid, size_t smem, cudaStream_t st)
   attr[0].val.cooperative = 1;
   cfg.attrs = attr;
   cfg.numAttrs = 1;
-  return cudaLaunchKernelEx(&cfg, k_mono<HD>, m);
+  return m.tp > 1 ? cudaLaunchKernelEx(&cfg, k_mono<HD, true>, m) : cudaLaunchKernelEx(&cfg, k_mono<HD, false>, m);
 }
 
-template <int HD>
+template <int HD, bool TP>
 cudaError_t prepare_hd(size_t smem, int *per_sm) {
-  cudaError_t e = cudaFuncSetAttribute(k_mono<HD>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
-  if (e == cudaSuccess) e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(per_sm, k_mono<HD>, MONO_THREADS, smem);
+  cudaError_t e = cudaFuncSetAttribute(k_mono<HD, TP>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+  if (e == cudaSuccess) e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(per_sm, k_mono<HD, TP>, MONO_THREADS, smem);
+  return e;
+}
+
+template <int HD, bool TP>
+cudaError_t static_smem_hd(size_t *bytes) {
+  cudaFuncAttributes a;
+  const cudaError_t e = cudaFuncGetAttributes(&a, k_mono<HD, TP>);
+  *bytes = e == cudaSuccess ? a.sharedSizeBytes : 0;
   return e;
 }
 
@@ -414,9 +589,18 @@ size_t kie_mono_attention_smem(int hd) {
   return kie_with_hd(hd, (size_t)0, [](auto h) { return MONO_SUBS_MAX * sizeof(AttSmem<decltype(h)::value>); });
 }
 
-cudaError_t kie_mono_prepare(int hd, size_t smem, int *per_sm) {
+cudaError_t kie_mono_static_smem(int hd, int tp, size_t *bytes) {
+  *bytes = 0;
+  return kie_with_hd(hd, cudaErrorInvalidValue, [&](auto h) {
+    return tp > 1 ? static_smem_hd<decltype(h)::value, true>(bytes) : static_smem_hd<decltype(h)::value, false>(bytes);
+  });
+}
+
+cudaError_t kie_mono_prepare(int hd, int tp, size_t smem, int *per_sm) {
   *per_sm = 0;
-  return kie_with_hd(hd, cudaErrorInvalidValue, [&](auto h) { return prepare_hd<decltype(h)::value>(smem, per_sm); });
+  return kie_with_hd(hd, cudaErrorInvalidValue, [&](auto h) {
+    return tp > 1 ? prepare_hd<decltype(h)::value, true>(smem, per_sm) : prepare_hd<decltype(h)::value, false>(smem, per_sm);
+  });
 }
 
 cudaError_t kie_launch_mono(const MonoArgs &m, int hd, int grid, size_t smem, cudaStream_t st) {
