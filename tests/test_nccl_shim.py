@@ -159,7 +159,12 @@ else:
 class Id(ctypes.Structure):
     _fields_ = [("internal", ctypes.c_char * 128)]
 comm = ctypes.c_void_p()
+if os.environ.get("IN_GROUP"):  # as PyTorch makes its communicators
+    assert shim.ncclGroupStart() == 0
 out = {"init": shim.ncclCommInitRank(ctypes.byref(comm), nranks, Id.from_buffer_copy(uid.raw), rank)}
+if os.environ.get("IN_GROUP"):
+    out["group_log"] = fake.fake_log().decode()   # the KCCL side waits for the group's end
+    out["group_end"] = shim.ncclGroupEnd()
 out["init_log"] = fake.fake_log().decode()
 fake.fake_clear()
 def allreduce(values, ctype, dtype, op=0, inplace=False):
@@ -247,6 +252,20 @@ out["destroy"] = shim.ncclCommDestroy(comm)
         assert "stays with the real NCCL" not in o["stderr"]
         assert f"kccl_nccl: rank {r} of 3: 4 all-reduces went to KCCL, 3 to the real NCCL (destroy)" in o["stderr"]
     assert kccl_segments() == before
+
+
+def test_a_communicator_made_inside_a_group_gets_its_kccl_side_at_the_group_end(fake, tmp_path):
+    outs = parsed(run_ranks(r"""
+out["f32"] = allreduce([float(rank)] * 5, ctypes.c_float, 7)
+out["log"] = logged()
+shim.ncclCommDestroy(comm)
+""", fake, tmp_path, nranks=2, env={"IN_GROUP": "1", "KCCL_DEBUG": "INFO"}))
+    for r, o in enumerate(outs):
+        assert o["init"] == 0 and o["group_end"] == 0
+        assert "Broadcast" not in o["group_log"] and "AllReduce" not in o["group_log"]
+        assert "Broadcast count=128 root=0;" in o["init_log"]                 # made after GroupEnd
+        assert o["f32"] == [0, [1.0] * 5] and "AllReduce" not in o["log"]
+        assert f"rank {r} of 2: 1 all-reduces went to KCCL" in o["stderr"]
 
 
 def test_ranks_that_differ_in_the_route_limit_all_stay_with_nccl(fake, tmp_path):

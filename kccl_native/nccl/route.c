@@ -19,9 +19,10 @@
  * NCCL already requires to be equal on all ranks, and on settings that step 1
  * checked, so every rank decides the same.  Everything else is forwarded.
  *
- * Left forward-only: ncclCommInitAll (one thread makes every rank, while KCCL's
- * init is one call per rank) and communicators made inside a group (they are not
- * ready until ncclGroupEnd).
+ * Communicators made inside ncclGroupStart/End (PyTorch makes every one so) get
+ * their KCCL side at the outermost ncclGroupEnd, when they are ready.  Left
+ * forward-only: ncclCommInitAll, and several ranks made by one thread in one
+ * group (one thread would have to sit in several ranks' KCCL init at once).
  *
  * A communicator whose real library reports no CUDA device (the stand-in NCCL of
  * tests/test_nccl_shim.py, whose "device" buffers are host memory) gets KCCL's
@@ -344,10 +345,82 @@ out:
   return rc;
 }
 
-/* After a real init: a KCCL side unless routing is off or the call was inside a
- * group.  A failed attach takes the new communicator down with it. */
+/* One thread that makes several ranks in one group (one process driving several
+ * GPUs) cannot make their KCCL sides: KCCL's init is one blocking call per rank.
+ * Its communicators still take part in step 1, all in one real group as that
+ * thread must, and say no, so their peers in other processes hear it too. */
+static ncclResult_t decline_together(ncclComm_t *comms, int n) {
+  struct scratch *s = calloc((size_t)n, sizeof *s);
+  int *dev = calloc((size_t)n, sizeof *dev);
+  int64_t no[5] = {0, 0, 0, 0, 0};
+  ncclResult_t rc = s && dev ? ncclSuccess : ncclSystemError;
+  int opened = 0, nranks = 0;
+  for (; rc == ncclSuccess && opened < n; opened++) {
+    if (ncclCommCuDevice(comms[opened], &dev[opened]) != ncclSuccess) dev[opened] = -1;
+    struct on_device d;
+    device_enter(&d, dev[opened]);
+    rc = scratch_open(&s[opened], dev[opened]);
+    if (rc == ncclSuccess) rc = scratch_copy(&s[opened], s[opened].buf, no, sizeof no, 1);
+    device_leave(&d, dev[opened]);
+    if (rc != ncclSuccess) break;
+  }
+  if (rc == ncclSuccess) {
+    rc = real_ncclGroupStart();
+    for (int i = 0; rc == ncclSuccess && i < n; i++) {
+      struct on_device d;
+      device_enter(&d, dev[i]);
+      rc = real_ncclAllReduce(s[i].buf, s[i].buf, 5, ncclInt64, ncclMin, comms[i], s[i].stream);
+      device_leave(&d, dev[i]);
+    }
+    ncclResult_t end = real_ncclGroupEnd();
+    if (rc == ncclSuccess) rc = end;
+    for (int i = 0; i < n && (rc == ncclSuccess || rc == ncclInProgress); i++) {
+      rc = settle(comms[i], rc == ncclInProgress ? ncclInProgress : ncclSuccess);
+      if (rc == ncclSuccess) rc = scratch_sync(&s[i]);
+    }
+  }
+  for (int i = 0; i < opened && s; i++) {
+    struct on_device d;
+    device_enter(&d, dev[i]);
+    scratch_close(&s[i]);
+    device_leave(&d, dev[i]);
+  }
+  free(s);
+  free(dev);
+  if (rc == ncclSuccess && ncclCommCount(comms[0], &nranks) == ncclSuccess)
+    say_forward_only(nranks, "one thread made several of its ranks in one group");
+  return rc;
+}
+
+/* Communicators made inside a group are ready only after the group's end, and
+ * that is where PyTorch makes every communicator: they wait here, per thread,
+ * for the outermost ncclGroupEnd. */
+static __thread ncclComm_t *t_pending;
+static __thread int t_npending, t_cap;
+
+static ncclResult_t defer(ncclComm_t comm) {
+  if (t_npending == t_cap) {
+    int cap = t_cap ? 2 * t_cap : 4;
+    ncclComm_t *p = realloc(t_pending, (size_t)cap * sizeof *p);
+    if (!p) {
+      shim_error("kccl_nccl: out of host memory");
+      return ncclSystemError;
+    }
+    t_pending = p;
+    t_cap = cap;
+  }
+  t_pending[t_npending++] = comm;
+  return ncclSuccess;
+}
+
+/* After a real init: a KCCL side unless routing is off; inside a group, at the
+ * group's end.  A failed attach takes the new communicator down with it. */
 static ncclResult_t after_init(ncclResult_t rc, ncclComm_t *comm) {
-  if ((rc != ncclSuccess && rc != ncclInProgress) || !comm || !*comm || !g_set.route || t_group_depth) return rc;
+  if ((rc != ncclSuccess && rc != ncclInProgress) || !comm || !*comm || !g_set.route) return rc;
+  if (t_group_depth) {
+    ncclResult_t d = defer(*comm);
+    return d == ncclSuccess ? rc : d;
+  }
   if ((rc = settle(*comm, rc)) != ncclSuccess) return rc;
   ncclResult_t a = attach(*comm);
   if (a != ncclSuccess) {
@@ -355,6 +428,21 @@ static ncclResult_t after_init(ncclResult_t rc, ncclComm_t *comm) {
     *comm = NULL;
   }
   return a;
+}
+
+/* The outermost group's end: its communicators are made (or failed with it). */
+static ncclResult_t attach_pending(ncclResult_t rc) {
+  int n = t_npending;
+  t_npending = 0;
+  if (rc != ncclSuccess && rc != ncclInProgress) return rc;
+  for (int i = 0; i < n; i++) {
+    ncclResult_t r = settle(t_pending[i], ncclInProgress);
+    if (r != ncclSuccess) return r;
+  }
+  if (n > 1) return decline_together(t_pending, n);
+  /* A failed attach leaves the caller's handle as it is: NCCL wrote it
+   * before the group ended, and the caller learns of the failure here. */
+  return attach(t_pending[0]);
 }
 
 /* ------------------------------------------------------- NCCL functions -- */
@@ -431,6 +519,7 @@ SHIM_EXPORT ncclResult_t ncclGroupStart(void) {
 SHIM_EXPORT ncclResult_t ncclGroupEnd(void) {
   ncclResult_t rc = real_ncclGroupEnd();
   if (t_group_depth > 0) t_group_depth--; /* the group is closed whatever the result */
+  if (t_group_depth == 0 && t_npending) rc = attach_pending(rc);
   return rc;
 }
 
