@@ -185,6 +185,9 @@ class BufferAdapter:
     `what` names the argument in error messages."""
     __slots__ = ()
 
+    def forget(self):
+        """Drops whatever the adapter remembers of earlier calls (at close)."""
+
     def resolve_pair(self, send, recv, dtype):
         """(send ptr, recv ptr, count, code, library) for a reduction of send into recv
         (recv is send: in place)."""

@@ -6,6 +6,8 @@ the buffer adapter of GPU communicators (CudaBuffers).
 Nothing here imports torch or CuPy unless the caller passed one of theirs.
 bfloat16: torch.bfloat16 tensors directly; CuPy has no bfloat16, so pass
 uint16 storage with dtype="bfloat16"."""
+import weakref
+
 import numpy as np
 
 from ._buffers import (BFLOAT16, FLOAT16, FLOAT32, FLOAT64, INT8, INT32, INT64, ITEMSIZE, UINT8, UINT32, UINT64,
@@ -16,15 +18,24 @@ from .errors import KcclInvalidArgument
 _TYPESTR = {"|i1": INT8, "|u1": UINT8, "<i4": INT32, "<u4": UINT32, "<i8": INT64, "<u8": UINT64,
             "<f2": FLOAT16, "<f4": FLOAT32, "<f8": FLOAT64}
 _TORCH = None  # torch dtype -> code, filled on first use
+# torch.Tensor and torch's raw current-stream query, set with _TORCH: the all_reduce fast
+# path of GPU communicators compares types with `is`, and never imports torch itself.
+TORCH_TENSOR = None
+_raw_stream = None
 
 
 def _torch_codes():
-    global _TORCH
+    global _TORCH, TORCH_TENSOR, _raw_stream
     if _TORCH is None:
         import torch
         _TORCH = {torch.int8: INT8, torch.uint8: UINT8, torch.int32: INT32, torch.int64: INT64,
                   torch.float16: FLOAT16, torch.float32: FLOAT32, torch.float64: FLOAT64,
                   torch.bfloat16: BFLOAT16}
+        TORCH_TENSOR = torch.Tensor
+        # The cudaStream_t of the current stream as an int, without building a Stream
+        # object (what torch's compiled code calls); torch.cuda.current_stream otherwise.
+        _raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None) or \
+            (lambda dev: torch.cuda.current_stream(dev).cuda_stream)
     return _TORCH
 
 
@@ -147,13 +158,44 @@ def stream_handle(stream, lib, device):
     raise KcclInvalidArgument(f"stream must be an int, a torch or CuPy stream, not {type(stream).__name__}")
 
 
+_NO_TORCH_PAIR = (lambda: None, lambda: None, 0, 0, None, 0, None)
+
+
 class CudaBuffers(BufferAdapter):
     """GPU communicators on CUDA device `device`: GPU arrays on that device; a call runs on
     the stream given, else on the current stream of the array's library."""
-    __slots__ = ("device",)
+    __slots__ = ("device", "_torch_pair", "_stream_int", "_stream_ptr")
 
     def __init__(self, device):
         self.device = device
+        self._torch_pair = _NO_TORCH_PAIR
+        self._stream_int, self._stream_ptr = 0, ffi.cast("void *", 0)
+
+    def torch_pair(self, send, recv):
+        """(send ptr, recv ptr, count, code) of two torch tensors (recv is send: in place).
+        Decode passes the same tensors every step, so the last pair is remembered by weak
+        reference and reused while both still have the same storage, size, dtype and
+        layout; anything else is resolved and checked in full."""
+        h = self._torch_pair
+        if (h[0]() is send and h[1]() is recv and send.data_ptr() == h[2] and send.numel() == h[3]
+                and send.dtype is h[4] and send.is_contiguous()
+                and (recv is send or (recv.data_ptr() == h[5] and recv.numel() == h[3] and recv.dtype is h[4]
+                                      and recv.is_contiguous()))):
+            return h[6]
+        sp, rp, n, code, _ = self.resolve_pair(send, recv, None)
+        self._torch_pair = (weakref.ref(send), weakref.ref(recv), send.data_ptr(), send.numel(), send.dtype,
+                            recv.data_ptr(), (sp, rp, n, code))
+        return sp, rp, n, code
+
+    def torch_stream(self):
+        """torch's current stream on this device, as the pointer a call takes."""
+        s = _raw_stream(self.device)
+        if s != self._stream_int:
+            self._stream_int, self._stream_ptr = s, ffi.cast("void *", s)
+        return self._stream_ptr
+
+    def forget(self):
+        self._torch_pair = _NO_TORCH_PAIR
 
     def resolve_buffer(self, obj, dtype, writable, what):
         if type(obj) is np.ndarray or not is_cuda_array(obj):

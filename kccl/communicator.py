@@ -17,6 +17,7 @@ import numpy as np
 
 from . import placement as _placement
 from ._buffers import NO_PAIR, HostBuffers, check_same_dtype, prepare_numpy_pair
+from . import _cuda_buffers
 from ._cuda_buffers import CudaBuffers, library_of
 from ._native import ffi, lib
 from .errors import KcclInvalidArgument, KcclInvalidUsage, error_for
@@ -313,6 +314,16 @@ class Communicator:
                 if rc:  # tested inline: a call to _check would be ~5% of this path
                     _check(rc)
                 return recv
+        if type(send) is _cuda_buffers.TORCH_TENSOR and dtype is None and stream is None \
+                and type(self._buffers) is CudaBuffers:
+            # torch tensors on a GPU communicator, torch's current stream (eager decode)
+            bufs, comm = self._buffers, self._handle()
+            sp, rp, n, code = bufs.torch_pair(send, recv)
+            opc = _OPS.get(op) if type(op) is Op or type(op) is int else None
+            rc = _allreduce(sp, rp, n, code, _resolve_op(op) if opc is None else opc, comm, bufs.torch_stream())
+            if rc:
+                _check(rc)
+            return recv
         comm, bufs = self._handle(), self._buffers
         opc = _resolve_op(op)
         sp, rp, n, code, library = bufs.resolve_pair(send, recv, dtype)
@@ -438,6 +449,7 @@ class Communicator:
         """Local and immediate: peers blocked in a collective with this rank get KcclRemoteError."""
         comm, self._comm = self._comm, None
         self._hot = NO_PAIR
+        self._buffers.forget()
         if comm is not None:
             self._why_closed = "aborted"
             lib.kcclCommAbort(comm)
@@ -446,6 +458,7 @@ class Communicator:
         """Releases the communicator (idempotent)."""
         comm, self._comm = self._comm, None
         self._hot = NO_PAIR
+        self._buffers.forget()
         if comm is not None:
             self._why_closed = "closed"
             lib.kcclCommDestroy(comm)

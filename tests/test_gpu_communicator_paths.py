@@ -163,3 +163,103 @@ def test_closed_gpu_communicator_refuses_every_call(gpu):
     for call in calls:
         with pytest.raises(kccl.KcclInvalidUsage, match="closed"):
             call()
+
+
+# -- the torch fast path of all_reduce (decode's eager calls) -----------------------------------
+
+class FakeTorchTensor:
+    """What the fast path reads of a torch tensor; the full resolve is stubbed (no GPU here)."""
+
+    def __init__(self, ptr=0x7f0000010000, n=4096, dtype="bf16", contiguous=True):
+        self.ptr, self.n, self.dtype, self.contiguous = ptr, n, dtype, contiguous
+
+    def data_ptr(self):
+        return self.ptr
+
+    def numel(self):
+        return self.n
+
+    def is_contiguous(self):
+        return self.contiguous
+
+
+@pytest.fixture
+def resolves(monkeypatch):
+    """Counts the full resolves CudaBuffers.torch_pair falls back to."""
+    seen = []
+
+    def resolve_pair(self, send, recv, dtype):
+        seen.append(1)
+        if not send.contiguous:
+            raise kccl.KcclInvalidArgument("send is not contiguous")
+        sp = ffi.cast("void *", send.ptr)
+        return sp, sp if recv is send else ffi.cast("void *", recv.ptr), send.n, 9, "torch"
+    monkeypatch.setattr(_cuda_buffers.CudaBuffers, "resolve_pair", resolve_pair)
+    return seen
+
+
+def test_the_torch_pair_is_remembered_until_anything_about_it_changes(resolves):
+    bufs = _cuda_buffers.CudaBuffers(0)
+    x, y = FakeTorchTensor(), FakeTorchTensor(ptr=0x7f0000020000)
+    first = bufs.torch_pair(x, x)
+    assert bufs.torch_pair(x, x) == first and len(resolves) == 1       # same tensor: no resolve
+    x.n = 2048                                                         # resized in place
+    assert bufs.torch_pair(x, x)[2] == 2048 and len(resolves) == 2
+    x.dtype = "f16"                                                    # .data swapped for another view
+    bufs.torch_pair(x, x)
+    x.ptr += 64                                                        # another storage
+    bufs.torch_pair(x, x)
+    x.contiguous = False                                               # strided in place: checked in full
+    with pytest.raises(kccl.KcclInvalidArgument, match="contiguous"):
+        bufs.torch_pair(x, x)
+    x.contiguous = True
+    bufs.torch_pair(x, x)
+    assert len(resolves) == 5
+    y.dtype, y.n = x.dtype, x.n
+    bufs.torch_pair(x, y)                                              # out of place: recv matters too
+    bufs.torch_pair(x, y)
+    y.ptr += 64
+    bufs.torch_pair(x, y)
+    assert len(resolves) == 7
+    bufs.torch_pair(FakeTorchTensor(ptr=x.ptr, n=x.n, dtype=x.dtype), y)  # an equal but other tensor
+    assert len(resolves) == 8
+    bufs.forget()
+    bufs.torch_pair(x, y)
+    assert len(resolves) == 9
+
+
+def test_the_torch_pair_does_not_keep_tensors_alive(resolves):
+    import gc
+    import weakref
+    bufs = _cuda_buffers.CudaBuffers(0)
+    x = FakeTorchTensor()
+    bufs.torch_pair(x, x)
+    alive = weakref.ref(x)
+    del x
+    gc.collect()
+    assert alive() is None
+
+
+def test_the_torch_stream_pointer_follows_the_current_stream(monkeypatch):
+    current = [0x1234]
+    monkeypatch.setattr(_cuda_buffers, "_raw_stream", lambda dev: current[0])
+    bufs = _cuda_buffers.CudaBuffers(0)
+    s = bufs.torch_stream()
+    assert int(ffi.cast("uintptr_t", s)) == 0x1234 and bufs.torch_stream() is s
+    current[0] = 0
+    assert int(ffi.cast("uintptr_t", bufs.torch_stream())) == 0
+
+
+def test_a_torch_all_reduce_reaches_c_through_the_fast_path(gpu, resolves, monkeypatch):
+    monkeypatch.setattr(_cuda_buffers, "TORCH_TENSOR", FakeTorchTensor)
+    monkeypatch.setattr(_cuda_buffers, "_raw_stream", lambda dev: 0x1234)
+    x = FakeTorchTensor()
+    for op in (kccl.SUM, "max", 4):
+        with pytest.raises(kccl.KcclInvalidArgument, match=REACHED_C):
+            gpu.all_reduce(x, op=op)
+    assert len(resolves) == 1                                          # resolved once, then remembered
+    with pytest.raises(kccl.KcclInvalidArgument, match="op"):
+        gpu.all_reduce(x, op=99)
+    gpu.close()
+    with pytest.raises(kccl.KcclInvalidUsage, match="closed"):
+        gpu.all_reduce(x)
