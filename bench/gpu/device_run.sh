@@ -81,10 +81,15 @@ run_step() {
         done
       done ;;
     ncclshim) # issue 27: torch.distributed with and without libkccl_nccl.so preloaded, bitwise, eager and graphs
-      MPIEXEC="$MPI" timeout 500 python3 tests/gpu/nccl_shim_check.py --np 2 2>&1 | tee "$LOGS/ncclshim.log" | tail -40 ;;
-    shimbench) # issue 27: PyTorch TP=2 decode (2b) with plain NCCL and with the shim, in one call
+      # (a GPU per rank, so without MPS: nothing of NCCL's is measured through it)
+      echo quit | nvidia-cuda-mps-control; sleep 1
+      MPIEXEC="$MPI" timeout 500 python3 tests/gpu/nccl_shim_check.py --np 2 2>&1 | tee "$LOGS/ncclshim.log" | tail -40
+      nvidia-cuda-mps-control -d ;;
+    shimbench) # issue 27: PyTorch TP=2 decode (2b) with plain NCCL and with the shim, in one call, without MPS
+      echo quit | nvidia-cuda-mps-control; sleep 1
       MPIEXEC="$MPI" timeout 550 python3 bench/nccl_shim_decode.py --np 2 --json "$LOGS/nccl_shim_decode.json" \
-        -- --baseline graph --kernels graph --delays 0 --contexts 128,1024 --rounds 3 2>&1 | tee "$LOGS/shimbench.log" | tail -30 ;;
+        -- --baseline graph --kernels graph --delays 0 --contexts 128,1024 --rounds 3 2>&1 | tee "$LOGS/shimbench.log" | tail -30
+      nvidia-cuda-mps-control -d ;;
     replica[0-9]*) n=${s#replica}; timeout 200 $MPI -n $n python3 bench/gpu/replica_ab.py --json "$LOGS/replica_${n}ranks.json" 2>&1 | tee "$LOGS/$s.log" | grep -v Traceback | tail -24 ;;
     foreign[0-9]*) # residency with the last rank 50 ms late and an own kernel of its before the probe
       n=${s#foreign}; [ "$n" -gt 4 ] && list="${FBLOCKS8:-12,16,17,18,19,20,22,26,33}" || list="${FBLOCKS2:-64,99,116,128,131,132}"
