@@ -617,8 +617,14 @@ int mono_prepare(kie_engine *e) {
    * grid must be resident at once, and the kernels a late lane runs before
    * its step must find an SM. */
   int grid = e->sms;
+  /* The caller's count comes from how many GPUs a lane sees; KCCL knows when
+   * every lane is on this one (its pull mode), which that count misses when
+   * the lanes pick one GPU among several: grids of every SM then could never
+   * be resident together, and each lane's step would wait on the other's. */
+  int lanes = e->s.lanes_per_device;
+  if (tp > 1 && e->dc.pull) lanes = std::max(lanes, tp);
   if (e->s.mono_blocks > 0) grid = std::min(e->s.mono_blocks, e->sms);
-  else if (e->s.lanes_per_device > 1) grid = std::max(1, (e->sms - MONO_FREE_SMS) / e->s.lanes_per_device);
+  else if (lanes > 1) grid = std::max(1, (e->sms - MONO_FREE_SMS) / lanes);
   /* The lanes' sum of a sublayer (hid_pad floats, T = 1) in slices of at most
    * MONO_RED_FLOATS (more, up to KCCL's 8 KB, only past KCCL_DEV_MAX_BLOCKS
    * slices), a multiple of 4 floats each, one reducer block per slice. */

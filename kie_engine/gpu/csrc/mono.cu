@@ -264,7 +264,19 @@ __device__ void produce(const Block &b) {
   int tile = 0;
   for (; more; tile++, more = cursor_next(m, c)) {
     const int slot = tile % m.nslots, use = tile / m.nslots;
-    if (use > 0 && !spin(b, c.k, [&] { return mbar_done(&b.empty[slot], (unsigned)(use - 1) & 1u); })) break;
+    /* Before a slot's next copy: the consumers are done with its last tile
+     * (empty) and that tile's copy has landed (full).  In a step that runs on,
+     * full holds whenever empty does (a consumer frees a tile only after
+     * waiting for it); in one given up, consumers free tiles without waiting,
+     * and a copy issued while the slot's last one is in flight would arrive on
+     * a full phase that is still open and leave drain's count of phases wrong.
+     * The verdict is the warp's: a lane that left alone would leave the others
+     * in tile_rows's warp reduction. */
+    if (use > 0) {
+      const unsigned par = (unsigned)(use - 1) & 1u;
+      const bool free = spin(b, c.k, [&] { return mbar_done(&b.empty[slot], par) && mbar_done(&b.full[slot], par); });
+      if (!__all_sync(0xffffffffu, free)) break;
+    }
     tile_rows(c, b.ring + (size_t)slot * m.slot_bytes, &b.full[slot]);
     if (ahead) {
       tile_rows(p, nullptr, nullptr);
