@@ -102,7 +102,7 @@ def check(tag, cfg, path, steps, comm):
     if SIZE > 1:
         lanes = WORLD.allgather(got.tokens)
         record(f"{tag} greedy tokens equal on every lane", all(t == lanes[0] for t in lanes))
-        check_shape(tag, cfg, info)
+        check_shape(tag, cfg, info, WORLD.allgather(comm.device))
     eager = m.generate(prompt, min(steps, 32), Sampling(), use_graph=False)
     d = first_diff(eager.tokens, ref.tokens[:len(eager.tokens)])
     record(f"{tag} greedy tokens (direct launches)", d < 0, first_diff=d)
@@ -121,17 +121,18 @@ def check(tag, cfg, path, steps, comm):
     return time.time() - t0
 
 
-def check_shape(tag, cfg, info):
+def check_shape(tag, cfg, info, devices):
     """The grid and the reducers the lanes' sums take (TP > 1): a block per SM, or with
-    the lanes on one GPU (more ranks than GPUs, as GpuModel decides) its SMs less 4 split
-    between them; a reducer per 512 floats of the hidden size (padded to 8)."""
+    the lanes on one GPU (more ranks than GPUs, as GpuModel decides, or every lane's
+    communicator on the same device, as KCCL's pull mode tells the engine) its SMs less 4
+    split between them; a reducer per 512 floats of the hidden size (padded to 8)."""
     from kie_engine.gpu.engine import device_count
-    shared = SIZE > device_count()
+    shared = SIZE > device_count() or len(set(devices)) == 1
     want_blocks = (info["sms"] - 4) // SIZE if shared else info["sms"]
     want_red = (-(-cfg.hidden_size // 8) * 8 + 511) // 512
     record(f"{tag} grid and reducers", info["mono_blocks"] == want_blocks and info["mono_reducers"] == want_red,
            blocks=info["mono_blocks"], want_blocks=want_blocks, reducers=info["mono_reducers"],
-           want_reducers=want_red, shared_gpu=shared)
+           want_reducers=want_red, shared_gpu=shared, devices=devices)
 
 
 def check_errors():
