@@ -12,6 +12,7 @@ import sys
 
 import kccl
 from kccl import capi
+from kccl._buffers import resolve_dtype
 from kccl.errors import KcclInvalidArgument, error_for
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "native"))
@@ -88,6 +89,60 @@ def device_all_reduce_selftest(comm, inputs, outputs, op=kccl.SUM, iters=4, bloc
     st = capi.stream(comm, stream, library, device=True)
     _check(_lib.kb_dev_selftest(_ptr(ip), _ptr(op_), n, code, _op(op), iters, blocks, handle, _ptr(st)))
     return outputs
+
+
+# kb_dev_group_selftest's out[] (kccl_bench.h's KB_GROUP_* order), the device-side claim left out.
+_GROUP_FIELDS = ("wrong", "guard", "call_errors", "first_code", "bystander", "calls_ok", "bad_slot", "bad_call",
+                 "bad_index", "bad_got", "bad_want")
+_GROUP_CANCEL = {None: 0, "waiting": 1, "before": 2}
+
+
+def device_all_reduce_group_selftest(comm, dtype="float32", op=kccl.SUM, count=512, calls=6, blocks=40, reducers=4,
+                                     *, barrier=1, memory="shared", cancel=None, cancel_after_us=2000):
+    """Collective: kcclDevAllReduceGroup as the monokernel calls it, checked on the device.
+
+    One kernel of `blocks` blocks of 256 + 32 threads: in the grid's last `reducers`
+    blocks (block blocks-1-s on slot s) the first 256 threads make `calls` group calls
+    in a row at named barrier `barrier`, on `count` elements (every third call
+    count//3 + 1) of small-integer inputs derived from (rank, slot, call, element), in
+    the block's shared memory or in global memory (memory="global"); the 32-thread
+    bystander warp never calls KCCL and keeps busy until its callers are done.  op:
+    kccl.SUM, kccl.MAX, or None for sum and max in turn.
+
+    cancel=None: returns a dict: wrong (elements not bitwise the exact result), guard
+    (bytes past the data that a call changed), call_errors, first_code, bystander
+    (bystander warps that waited in vain or left no mark), calls_ok (successful calls,
+    all blocks), bad_slot/bad_call/bad_index/bad_got/bad_want (the first wrong element,
+    -1 when none), ms (the kernel's time); a failed call or kernel raises.
+
+    cancel="waiting" / "before": rank 1 never calls; every other rank's calls must end
+    through the cancel word, stored by block 0's bystander cancel_after_us after it
+    starts ("waiting") or before the launch ("before").  The communicator is broken
+    afterwards; the dict then also has error: the KcclError the call reported, or
+    None."""
+    cancel_mode = _GROUP_CANCEL.get(cancel) if isinstance(cancel, (str, type(None))) else None
+    if cancel_mode is None:
+        raise KcclInvalidArgument(f"cancel={cancel!r}: None, 'waiting' or 'before'")
+    if memory not in ("shared", "global"):
+        raise KcclInvalidArgument(f"memory={memory!r}: 'shared' or 'global'")
+    opc = -1 if op is None else _op(op)
+    out, ms = _ffi.new("int[]", len(_GROUP_FIELDS) + 1), _ffi.new("double *")
+    out[0] = -1  # stays so unless the kernel ran and its results came back
+    rc = _lib.kb_dev_group_selftest(resolve_dtype(dtype), opc, _as_int(count, "count"), _as_int(calls, "calls"),
+                                    _as_int(blocks, "blocks"), _as_int(reducers, "reducers"),
+                                    _as_int(barrier, "barrier"), int(memory == "global"), cancel_mode,
+                                    _as_int(cancel_after_us, "cancel_after_us"), _handle(comm), out, ms)
+    error = None
+    try:
+        _check(rc)
+    except kccl.KcclError as e:
+        if not cancel_mode or out[0] < 0:  # the error is the cancel case's outcome only once the kernel ran
+            raise
+        error = e
+    res = dict(zip(_GROUP_FIELDS, out[0:len(_GROUP_FIELDS)]), ms=ms[0])
+    if cancel_mode:
+        res["error"] = error
+    return res
 
 
 def bench_device_all_reduce(comm, buf, iters=2000, blocks=1, *, dtype=None):

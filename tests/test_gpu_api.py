@@ -102,6 +102,15 @@ def test_host_communicator_reports_no_device_and_refuses_device_calls():
                 kccl_bench.bench_residency(comm, blocks, timeout_ms, foreign, carveout)
         assert bl.kb_bench_dev_all_reduce_phases(bffi.NULL, 4, lib.kcclFloat32, 10, 1, comm._comm,
                                                  bffi.NULL) == kccl.errors.INVALID_ARGUMENT
+        # The group self-test: arguments first, then the host communicator; no results without them.
+        with pytest.raises(kccl.KcclInvalidUsage, match="host communicator"):
+            kccl_bench.device_all_reduce_group_selftest(comm)
+        with pytest.raises(kccl.KcclInvalidUsage, match="host communicator"):
+            kccl_bench.device_all_reduce_group_selftest(comm, cancel="before")
+        with pytest.raises(kccl.KcclInvalidArgument, match="reducers=9"):
+            kccl_bench.device_all_reduce_group_selftest(comm, blocks=8, reducers=9)
+        assert bl.kb_dev_group_selftest(lib.kcclFloat32, 0, 16, 1, 1, 1, 1, 0, 0, 0, comm._comm, bffi.NULL,
+                                        bffi.new("double *")) == kccl.errors.INVALID_ARGUMENT
         assert bl.kb_bench_dev_all_reduce_phases(bffi.NULL, 4, lib.kcclFloat32, 0, 1, comm._comm,
                                                  bffi.new("double[4]")) == kccl.errors.INVALID_ARGUMENT
 

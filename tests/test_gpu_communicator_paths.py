@@ -129,7 +129,10 @@ def test_bench_functions_reach_c(gpu):
              lambda: kccl_bench.device_all_reduce_selftest(gpu, a, FakeCudaArray((8,)), iters=2, blocks=1),
              lambda: kccl_bench.bench_device_all_reduce(gpu, a, iters=10),
              lambda: kccl_bench.bench_device_all_reduce_phases(gpu, a),
-             lambda: kccl_bench.bench_residency(gpu, 8), lambda: kccl_bench.bench_flag_hop(gpu, 10, 1)]
+             lambda: kccl_bench.bench_residency(gpu, 8), lambda: kccl_bench.bench_flag_hop(gpu, 10, 1),
+             lambda: kccl_bench.device_all_reduce_group_selftest(gpu),
+             lambda: kccl_bench.device_all_reduce_group_selftest(gpu, "bfloat16", None, 4096, memory="global"),
+             lambda: kccl_bench.device_all_reduce_group_selftest(gpu, cancel="waiting")]
     for call in calls:
         with pytest.raises(kccl.KcclInvalidArgument, match=REACHED_C):
             call()
@@ -147,6 +150,26 @@ def test_bench_argument_checks(gpu):
              (lambda: kccl_bench.bench_device_all_reduce(gpu, np.ones(4, np.float32)), "in host memory"),
              (lambda: kccl_bench.bench_residency(gpu, None), "blocks must be"),
              (lambda: kccl_bench.bench_flag_hop(gpu, mode=True), "mode must be")]
+    for call, message in cases:
+        with pytest.raises(kccl.KcclInvalidArgument, match=message):
+            call()
+
+
+def test_group_selftest_argument_checks(gpu):
+    """Checked before the communicator: the range of every argument of the group self-test."""
+    g = kccl_bench.device_all_reduce_group_selftest
+    cases = [(lambda: g(gpu, "float64"), "dtype"), (lambda: g(gpu, "int32"), "dtype"),
+             (lambda: g(gpu, op=kccl.MIN), "op 3: sum, max"), (lambda: g(gpu, op="bogus"), "unknown reduction op"),
+             (lambda: g(gpu, count=0), "count=0: 1..2048"), (lambda: g(gpu, count=2049), "count=2049: 1..2048"),
+             (lambda: g(gpu, "bfloat16", count=4097), "count=4097: 1..4096"),
+             (lambda: g(gpu, calls=0), "calls=0"), (lambda: g(gpu, calls=1.0), "calls must be an int"),
+             (lambda: g(gpu, blocks=0), "blocks=0"), (lambda: g(gpu, blocks=257), "blocks=257"),
+             (lambda: g(gpu, blocks=4, reducers=5), "reducers=5"), (lambda: g(gpu, blocks=40, reducers=33),
+                                                                    "reducers=33"),
+             (lambda: g(gpu, reducers=0), "reducers=0"), (lambda: g(gpu, barrier=0), "barrier=0"),
+             (lambda: g(gpu, barrier=16), "barrier=16"), (lambda: g(gpu, memory="host"), "memory="),
+             (lambda: g(gpu, cancel="yes"), "cancel="), (lambda: g(gpu, cancel=1), "cancel="),
+             (lambda: g(gpu, cancel="waiting", cancel_after_us=-1), "cancelAfterUs=-1")]
     for call, message in cases:
         with pytest.raises(kccl.KcclInvalidArgument, match=message):
             call()

@@ -39,6 +39,8 @@ int kb_bench_dev_all_reduce_phases(void *buf, size_t count, int dtype, int iters
                                    double phases[4]);
 int kb_bench_residency(void *comm, int blocks, int timeout_ms, int foreign, int carveout, int out[4], int *sm_out);
 int kb_bench_flag_hop(void *comm, int iters, int mode, double *us_per_hop);
+int kb_dev_group_selftest(int dtype, int op, int count, int calls, int blocks, int reducers, int barrier,
+                          int global_data, int cancel, int cancel_after_us, void *comm, int *out, double *ms);
 """
 # The kccl.h functions kb_bind takes (kccl_bench.c's table).
 FUNCTIONS = ["kcclAllReduce", "kcclAllGather", "kcclBarrier", "kcclCommCount", "kcclCommUserRank", "kcclCommCuDevice",

@@ -161,3 +161,41 @@ kcclResult_t kb_bench_flag_hop(kcclComm_t comm, int iters, int mode, double *us_
   if (g.nranks < 2) return kb_fail(kcclInvalidUsage, "the flag-hop benchmark needs 2 ranks");
   return after(comm, kbg_flag_hop(&g, iters, mode, us_per_hop));
 }
+
+/* Argument checks first, on any communicator (the CPU suite reaches them);
+ * then the ones that need the GPU communicator's size. */
+kcclResult_t kb_dev_group_selftest(int dtype, int op, int count, int calls, int blocks, int reducers, int barrier,
+                                   int global_data, int cancel, int cancel_after_us, kcclComm_t comm, int *out,
+                                   double *ms) {
+  kb_msg[0] = 0;
+  if (!out || !ms) return kb_fail(kcclInvalidArgument, "out[KB_GROUP_OUT] and ms needed");
+  if (dtype != kcclFloat32 && dtype != kcclFloat16 && dtype != kcclBfloat16)
+    return kb_fail(kcclInvalidArgument, "dtype %d: the device API takes float32, float16 or bfloat16", dtype);
+  if (op != -1 && op != kcclSum && op != kcclMax)
+    return kb_fail(kcclInvalidArgument, "op %d: sum, max or -1 (sum and max in turn)", op);
+  const size_t limit = KB_GROUP_MAX_BYTES / elem_bytes(dtype);
+  if (count < 1 || (size_t)count > limit)
+    return kb_fail(kcclInvalidArgument, "count=%d: 1..%zu (%d bytes per call)", count, limit, KB_GROUP_MAX_BYTES);
+  if (calls < 1 || calls > 10000) return kb_fail(kcclInvalidArgument, "calls=%d: 1..10000", calls);
+  if (blocks < 1 || blocks > KB_GROUP_MAX_BLOCKS)
+    return kb_fail(kcclInvalidArgument, "blocks=%d: 1..%d", blocks, KB_GROUP_MAX_BLOCKS);
+  if (reducers < 1 || reducers > blocks || reducers > KB_GROUP_MAX_SLOTS)
+    return kb_fail(kcclInvalidArgument, "reducers=%d: 1..min(blocks=%d, %d slots)", reducers, blocks,
+                   KB_GROUP_MAX_SLOTS);
+  if (barrier < 1 || barrier > 15) return kb_fail(kcclInvalidArgument, "barrier=%d: a named barrier, 1..15", barrier);
+  if (global_data != 0 && global_data != 1)
+    return kb_fail(kcclInvalidArgument, "globalData=%d: 0 (shared memory) or 1 (global memory)", global_data);
+  if (cancel < 0 || cancel > 2)
+    return kb_fail(kcclInvalidArgument, "cancel=%d: 0 (none), 1 (set while waiting) or 2 (set before)", cancel);
+  if (cancel_after_us < 0 || cancel_after_us > 10000000)
+    return kb_fail(kcclInvalidArgument, "cancelAfterUs=%d: 0..10000000", cancel_after_us);
+  struct kb_gpu g;
+  kcclResult_t r = gpu_comm(comm, &g);
+  if (r != kcclSuccess) return r;
+  if (g.nranks > KB_GROUP_MAX_RANKS)
+    return kb_fail(kcclInvalidUsage, "the group self-test runs kcclDevAllReduceGroup<%d>: at most %d ranks, not %d",
+                   KB_GROUP_MAX_RANKS, KB_GROUP_MAX_RANKS, g.nranks);
+  if (cancel && g.nranks < 2) return kb_fail(kcclInvalidUsage, "the cancel case needs 2 ranks (rank 1 stays away)");
+  return after(comm, kbg_group_selftest(&g, dtype, op, count, calls, blocks, reducers, barrier, global_data, cancel,
+                                        cancel_after_us, out, ms));
+}

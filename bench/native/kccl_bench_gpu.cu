@@ -1,6 +1,7 @@
 /* kccl_bench_gpu.cu - the GPU half of the benchmarks: kernels that call the
- * device API as a user kernel would (a self-test and a latency chain), the
- * chain with the device header's phase trace, the flag-hop floor and a
+ * device API as a user kernel would (a self-test, its group form's self-test
+ * shaped as KIE's monokernel calls it, and a latency chain), the chain with
+ * the device header's phase trace, the flag-hop floor and a
  * residency probe.  The last two need words every rank can reach: this file
  * allocates them itself and shares them over CUDA IPC, with handles passed
  * through kcclAllGather, so the library keeps nothing for them. */
@@ -155,6 +156,154 @@ __global__ void k_foreign_plain(int *out) {
   if (threadIdx.x == 0) out[0] = (int)blockDim.x;
 }
 
+/* kcclDevAllReduceGroup's self-test, shaped as the monokernel calls it: blocks
+ * of KB_GROUP_THREADS callers and one bystander warp that never calls KCCL,
+ * the grid's last `reducers` blocks reducing on slots counted from the end
+ * (block gridDim.x - 1 - s on slot s: no slot is its block's index), several
+ * calls in a row, the callers meeting at their named barrier between calls
+ * too, the cancel word always passed.  Each call's input is small integers
+ * (kb_group_value), exact in every data type and in any sum of up to
+ * KB_GROUP_MAX_RANKS of them, so the result is checked on the device to the
+ * bit; bytes just past the data are checked untouched. */
+#define KB_GROUP_THREADS KCCL_LL_THREADS
+#define KB_GROUP_BLOCK (KB_GROUP_THREADS + 32)
+#define KB_GROUP_GUARD_BYTES 64
+#define KB_GROUP_REGION (KB_GROUP_MAX_BYTES + KB_GROUP_GUARD_BYTES)
+#define KB_GROUP_GUARD ((char)0xa5)
+#define KB_GROUP_MARK 0x6b620000u
+static_assert(KB_GROUP_MAX_BYTES == KCCL_LL_MAX_BYTES, "kccl_bench.h's KB_GROUP_MAX_BYTES is the device API's limit");
+static_assert(KB_GROUP_MAX_SLOTS == KCCL_DEV_MAX_BLOCKS, "kccl_bench.h's KB_GROUP_MAX_SLOTS is the device API's");
+static_assert(KB_GROUP_MAX_RANKS <= KCCL_GPU_MAX_RANKS, "KB_GROUP_MAX_RANKS: a copy the device API has");
+
+/* In -7..7: any sum of KB_GROUP_MAX_RANKS of them is an integer bfloat16 holds exactly. */
+__device__ static inline float kb_group_value(int rank, int slot, int call, int i) {
+  return (float)((rank * 7 + slot * 5 + call * 3 + i * 11) % 15 - 7);
+}
+
+/* Call c's count: every third call a smaller one, so that a slot sees calls of
+ * other sizes (and signatures) in turn. */
+__device__ static inline int kb_group_count(int count, int call) { return call % 3 == 2 ? count / 3 + 1 : count; }
+
+__device__ static inline uint32_t kb_group_encode(int dt, float x) {
+  if (dt == kcclFloat32) return __float_as_uint(x);
+  if (dt == kcclBfloat16) return kccl_detail::f32_to_bf16(x);
+  return __half_as_ushort(__float2half_rn(x));
+}
+
+__device__ static inline void kb_group_put(char *p, int dt, int i, float x) {
+  if (dt == kcclFloat32) ((uint32_t *)p)[i] = kb_group_encode(dt, x);
+  else ((uint16_t *)p)[i] = (uint16_t)kb_group_encode(dt, x);
+}
+
+__device__ static inline uint32_t kb_group_bits(const char *p, int dt, int i) {
+  return dt == kcclFloat32 ? ((const uint32_t *)p)[i] : ((const uint16_t *)p)[i];
+}
+
+/* The callers' own barrier, as the monokernel's consumers meet between calls. */
+__device__ static inline void kb_group_bar(int barrier) {
+  asm volatile("barrier.sync %0, %1;" ::"r"(barrier), "r"(KB_GROUP_THREADS) : "memory");
+}
+
+/* The bystander warp: keeps busy with work of its own until its block's
+ * callers are done, never at their barrier.  A bound (the communicator's
+ * timeout and a second) ends the wait if a call needed this warp, which is
+ * then counted.  The one that cancels (block 0's, cancel 1) stores the cancel
+ * word cancel_after_ns after its start, as the monokernel's producer sets the
+ * abort flag, and waits for that moment even when its own block has no call. */
+__device__ static void kb_group_bystander(const kcclDevComm &dc, const volatile int *s_done, unsigned *cancel,
+                                          bool cancels, uint64_t cancel_after_ns, int *res, unsigned *marks) {
+  const int lane = (int)threadIdx.x - KB_GROUP_THREADS;
+  const uint64_t t0 = kgpu_time_ns();
+  const uint64_t limit = (dc.timeout_ns ? dc.timeout_ns : 60000000000ull) + 1000000000ull;
+  uint32_t work = 2166136261u ^ (uint32_t)lane;
+  bool cancel_pending = cancels;
+  for (;;) {
+    const uint64_t t = kgpu_time_ns() - t0;
+    if (cancel_pending && t >= cancel_after_ns) {
+      if (lane == 0) {
+        *(volatile unsigned *)cancel = 1u;
+        __threadfence();
+      }
+      cancel_pending = false;
+    }
+    if (*s_done && !cancel_pending) break;
+    if (t > limit) {
+      if (lane == 0) atomicAdd(&res[KB_GROUP_BYSTANDER], 1);
+      break;
+    }
+    work = (work ^ (uint32_t)t) * 16777619u;
+    kgpu_pause();
+  }
+  for (int d = 16; d; d >>= 1) work ^= __shfl_xor_sync(0xffffffffu, work, d);
+  if (lane == 0) {
+    marks[blockIdx.x] = KB_GROUP_MARK ^ blockIdx.x;
+    marks[gridDim.x + blockIdx.x] = work; /* its work's result, kept (not checked) */
+  }
+}
+
+/* cancel 0: every rank calls, results checked.  1 and 2: rank 1 never calls;
+ * the others' calls must end through the cancel word, set while they wait
+ * (1: by block 0's bystander) or before the launch (2: by the host). */
+template <int MAXR>
+__global__ void __launch_bounds__(KB_GROUP_BLOCK) k_group_selftest(kcclDevComm dc, int dt, int op, int count,
+                                                                   int calls, int reducers, int barrier, char *gdata,
+                                                                   unsigned *cancel, int cancel_mode,
+                                                                   uint64_t cancel_after_ns, int *res,
+                                                                   unsigned *marks) {
+  __shared__ __align__(16) char s_data[KB_GROUP_REGION];
+  __shared__ volatile int s_done;
+  const int tid = (int)threadIdx.x, slot = (int)gridDim.x - 1 - (int)blockIdx.x;
+  if (tid == 0) s_done = 0;
+  __syncthreads(); /* the last time the whole block meets */
+  if (tid >= KB_GROUP_THREADS) {
+    kb_group_bystander(dc, &s_done, cancel, cancel_mode == 1 && blockIdx.x == 0, cancel_after_ns, res, marks);
+    return;
+  }
+  const bool calls_here = slot < reducers && !(cancel_mode && dc.rank == 1);
+  char *data = gdata ? gdata + (size_t)slot * KB_GROUP_REGION : s_data;
+  const int es = dt == kcclFloat32 ? 4 : 2;
+  for (int c = 0; calls_here && c < calls; c++) {
+    const int n = kb_group_count(count, c);
+    const int o = op >= 0 ? op : (c & 1) ? (int)kcclMax : (int)kcclSum;
+    const int nb = n * es;
+    for (int i = tid; i < n; i += KB_GROUP_THREADS) kb_group_put(data, dt, i, kb_group_value(dc.rank, slot, c, i));
+    for (int b = nb + tid; b < nb + KB_GROUP_GUARD_BYTES; b += KB_GROUP_THREADS) data[b] = KB_GROUP_GUARD;
+    kb_group_bar(barrier);
+    const kcclDevGroup g = {slot, barrier, KB_GROUP_THREADS, cancel};
+    const kcclResult_t rc = kcclDevAllReduceGroup<MAXR>(dc, g, data, n, (kcclDataType_t)dt, (kcclRedOp_t)o);
+    if (rc != kcclSuccess) { /* the same for every caller: the call ends at its barrier */
+      if (tid == 0) {
+        atomicAdd(&res[KB_GROUP_CALL_ERRS], 1);
+        atomicCAS(&res[KB_GROUP_FIRST_CODE], 0, (int)rc);
+      }
+      break;
+    }
+    if (tid == 0) atomicAdd(&res[KB_GROUP_CALLS_OK], 1);
+    for (int i = tid; i < n; i += KB_GROUP_THREADS) {
+      float want = kb_group_value(0, slot, c, i);
+      for (int r = 1; r < dc.nranks; r++) {
+        const float v = kb_group_value(r, slot, c, i);
+        want = o == kcclMax ? fmaxf(want, v) : want + v;
+      }
+      const uint32_t got = kb_group_bits(data, dt, i), w = kb_group_encode(dt, want);
+      if (got != w) {
+        atomicAdd(&res[KB_GROUP_WRONG], 1);
+        if (atomicCAS(&res[KB_GROUP_CLAIM], 0, 1) == 0) {
+          res[KB_GROUP_BAD_SLOT] = slot;
+          res[KB_GROUP_BAD_CALL] = c;
+          res[KB_GROUP_BAD_INDEX] = i;
+          res[KB_GROUP_BAD_GOT] = (int)got;
+          res[KB_GROUP_BAD_WANT] = (int)w;
+        }
+      }
+    }
+    for (int b = nb + tid; b < nb + KB_GROUP_GUARD_BYTES; b += KB_GROUP_THREADS)
+      if (data[b] != KB_GROUP_GUARD) atomicAdd(&res[KB_GROUP_GUARD], 1);
+    kb_group_bar(barrier); /* the next call's inputs overwrite what this one checked */
+  }
+  if (tid == 0) s_done = 1;
+}
+
 /* Loads every kernel of this file once per process, before the first launch:
  * under lazy module loading a first launch loads its module then, which can
  * wait for the device while a collective kernel of this rank waits for peers.
@@ -168,7 +317,7 @@ extern "C" kcclResult_t kbg_load(int device) {
   const void *const waiting[] = {(const void *)k_selftest<8>, (const void *)k_selftest<KCCL_GPU_MAX_RANKS>,
                                  (const void *)k_chain<8, false>, (const void *)k_chain<KCCL_GPU_MAX_RANKS, false>,
                                  (const void *)k_chain<8, true>, (const void *)k_chain<KCCL_GPU_MAX_RANKS, true>,
-                                 (const void *)k_flag_hop};
+                                 (const void *)k_flag_hop, (const void *)k_group_selftest<KB_GROUP_MAX_RANKS>};
   const void *const others[] = {(const void *)k_foreign, (const void *)k_foreign_plain, (const void *)k_residency};
   cudaFuncAttributes fa;
   for (const void *fn : waiting) {
@@ -401,5 +550,53 @@ extern "C" kcclResult_t kbg_residency(const struct kb_gpu *g, int blocks, int ti
   out[1] = target;
   out[2] = fa.numRegs;
   out[3] = per_sm;
+  return kcclSuccess;
+}
+
+extern "C" kcclResult_t kbg_group_selftest(const struct kb_gpu *g, int dtype, int op, int count, int calls,
+                                           int blocks, int reducers, int barrier, int global_data, int cancel,
+                                           int cancel_after_us, int *out, double *ms) {
+  /* One allocation: the results, the cancel word, two marks per block, then
+   * each reducer's data region (global_data). */
+  const size_t res_off = 0, cancel_off = 256, marks_off = 512;
+  const size_t data_off = marks_off + 2 * sizeof(unsigned) * KB_GROUP_MAX_BLOCKS;
+  const size_t bytes = data_off + (global_data ? (size_t)reducers * KB_GROUP_REGION : 0);
+  static_assert(KB_GROUP_OUT * sizeof(int) <= 256, "the results fit before the cancel word");
+  char *mem = NULL;
+  KB_CUDA(cudaMalloc((void **)&mem, bytes));
+  int res[KB_GROUP_OUT];
+  unsigned marks[KB_GROUP_MAX_BLOCKS];
+  kcclResult_t r = kcclSuccess;
+  cudaEvent_t e0 = NULL, e1 = NULL;
+  cudaError_t e = cudaMemset(mem, 0, bytes);
+  if (e == cudaSuccess && cancel == 2) {
+    const unsigned one = 1;
+    e = cudaMemcpy(mem + cancel_off, &one, sizeof one, cudaMemcpyHostToDevice);
+  }
+  if (e == cudaSuccess) e = cudaEventCreate(&e0);
+  if (e == cudaSuccess) e = cudaEventCreate(&e1);
+  if (e == cudaSuccess) {
+    cudaEventRecord(e0, 0);
+    k_group_selftest<KB_GROUP_MAX_RANKS><<<blocks, KB_GROUP_BLOCK>>>(
+        devcomm(g), dtype, op, count, calls, reducers, barrier, global_data ? mem + data_off : nullptr,
+        (unsigned *)(mem + cancel_off), cancel, (uint64_t)cancel_after_us * 1000ull, (int *)(mem + res_off),
+        (unsigned *)(mem + marks_off));
+    cudaEventRecord(e1, 0);
+    r = launch_error("device-API group self-test");
+    if (r == kcclSuccess) r = elapsed_ms(e0, e1, ms);
+    if (r == kcclSuccess) e = cudaMemcpy(res, mem + res_off, sizeof res, cudaMemcpyDeviceToHost);
+    if (r == kcclSuccess && e == cudaSuccess)
+      e = cudaMemcpy(marks, mem + marks_off, sizeof(unsigned) * (size_t)blocks, cudaMemcpyDeviceToHost);
+  }
+  if (e0) cudaEventDestroy(e0);
+  if (e1) cudaEventDestroy(e1);
+  cudaFree(mem);
+  if (r != kcclSuccess) return r;
+  if (e != cudaSuccess) return kb_fail(kcclUnhandledCudaError, "device-API group self-test: %s", cudaGetErrorString(e));
+  for (int b = 0; b < blocks; b++)
+    if (marks[b] != (KB_GROUP_MARK ^ (unsigned)b)) res[KB_GROUP_BYSTANDER]++;
+  if (!res[KB_GROUP_CLAIM])
+    for (int i = KB_GROUP_BAD_SLOT; i <= KB_GROUP_BAD_WANT; i++) res[i] = -1;
+  memcpy(out, res, sizeof res);
   return kcclSuccess;
 }

@@ -34,3 +34,10 @@ kcclResult_t kbg_residency(const struct kb_gpu *g, int blocks, int timeout_ms, i
   (void)g; (void)blocks; (void)timeout_ms; (void)foreign; (void)carveout; (void)out; (void)sm_out;
   return NO_CUDA;
 }
+kcclResult_t kbg_group_selftest(const struct kb_gpu *g, int dtype, int op, int count, int calls, int blocks,
+                                int reducers, int barrier, int global_data, int cancel, int cancel_after_us,
+                                int *out, double *ms) {
+  (void)g; (void)dtype; (void)op; (void)count; (void)calls; (void)blocks; (void)reducers; (void)barrier;
+  (void)global_data; (void)cancel; (void)cancel_after_us; (void)out; (void)ms;
+  return NO_CUDA;
+}

@@ -8,7 +8,9 @@ to the data type), runs KCCL on torch CUDA tensors and compares bitwise:
 all-reduce (sum/max/min/avg, float32/float16/bfloat16, 4 B to 64 MB, in and
 out of place, one-shot/two-shot/auto, unaligned offsets), eager and replayed
 from a captured CUDA graph; all-gather, broadcast, reduce-scatter; the
-device-side API inside a persistent kernel; CuPy arrays.  A two-shot communicator
+device-side API inside a persistent kernel; its group form (kcclDevAllReduceGroup)
+as the monokernel calls it, checked on the device, and a group call cancelled
+while its peer never comes; CuPy arrays.  A two-shot communicator
 with per-L2-partition flag replicas (KCCL_GPU_FLAG_REPLICAS=1) runs the
 all-reduce cases, a replayed graph, all-gather, broadcast and reduce-scatter too
 (whether its calibration enabled them is printed).  Prints one line per
@@ -203,6 +205,106 @@ def device_api_cases(comm, tiny=False):
             check(f"device API {dtype} {count} blocks {blocks} iter {k}", outs[k], reference(contrib, "sum"))
 
 
+# kcclDevAllReduceGroup as KIE's monokernel calls it (256 callers and a warp that never calls, a named barrier,
+# slots counted from the grid's end): dtype, op (None: sum and max in turn), count, calls, blocks, reducers,
+# barrier, memory.
+GROUP_CASES = (("float32", kccl.SUM, 512, 6, 40, 4, 1, "shared"),  # the monokernel's: a line per caller
+               ("float32", kccl.MAX, 2048, 6, 40, 4, 5, "global"),  # the largest call: 4 lines per caller
+               ("bfloat16", kccl.SUM, 4096, 6, 8, 8, 3, "shared"),  # every block reduces
+               ("bfloat16", kccl.MAX, 1001, 6, 40, 4, 1, "global"),  # a count that ends mid-line
+               ("float32", None, 7, 9, 33, 32, 15, "shared"),  # every slot, in a grid past KCCL_DEV_MAX_BLOCKS
+               ("bfloat16", None, 513, 6, 40, 2, 2, "global"))  # one element past a line per caller
+
+
+def gpu_sharing(dev):
+    """(the most ranks on one GPU, the fewest SMs of a GPU) in the job: the same on every rank."""
+    keys = world.allgather((MPI.Get_processor_name(), dev))
+    sms = world.allreduce(torch.cuda.get_device_properties(dev).multi_processor_count, op=MPI.MIN)
+    return max(keys.count(k) for k in keys), sms
+
+
+def device_group_cases(comm, dev, tiny=False):
+    """Each rank's kernel checks its results to the bit; any wrong element, changed
+    guard byte, failed call or stuck bystander warp fails the case."""
+    if N > 8:
+        print(f"rank {RANK}: device API group cases skipped (the test's copy handles 8 ranks, not {N})")
+        return
+    # The kernel takes 168 registers a thread (ptxas, sm_90): one block per SM, and every rank's reducing
+    # blocks must be resident together, with a few SMs left for the late ranks' other kernels.
+    sharing, sms = gpu_sharing(dev)
+    for dtype, op, count, calls, blocks, reducers, barrier, memory in GROUP_CASES[:1] if tiny else GROUP_CASES:
+        name = (f"device API group {dtype} {'sum+max' if op is None else op.name.lower()} {count} x{calls} "
+                f"{memory} slots {reducers}/{blocks} barrier {barrier}")
+        if reducers * sharing > sms - 4:
+            if RANK == 0:
+                print(f"{name}: skipped ({sharing} ranks x {reducers} reducing blocks on a GPU of {sms} SMs)")
+            continue
+        try:
+            res = kccl_bench.device_all_reduce_group_selftest(comm, dtype, op, count, calls, blocks, reducers,
+                                                              barrier=barrier, memory=memory)
+        except kccl.KcclError as e:
+            FAILS.append(f"rank {RANK} {name}: {type(e).__name__}: {e}")
+            return  # the communicator is broken: the later cases would only repeat it
+        bad = {k: res[k] for k in ("wrong", "guard", "call_errors", "bystander") if res[k]}
+        if res["calls_ok"] != calls * reducers:
+            bad["calls_ok"] = f"{res['calls_ok']} of {calls * reducers}"
+        if bad:
+            if res["wrong"]:
+                bad["first wrong"] = (f"slot {res['bad_slot']} call {res['bad_call']} element {res['bad_index']}: "
+                                      f"bits {res['bad_got']:#x}, want {res['bad_want']:#x}")
+            FAILS.append(f"rank {RANK} {name}: {bad}")
+        else:
+            PASSED[0] += 1
+
+
+def device_group_cancel_case(dev, how):
+    """Rank 1 never calls; the others' group calls must end through the cancel word
+    (how: 'waiting', set by another block's bystander warp while they wait; 'before',
+    set before the launch) well within KCCL_TIMEOUT_MS, report KCCL's cancel, and
+    leave the communicator broken on every rank: its next call refused on the host."""
+    name = f"device API group cancel ({how})"
+    if N > 8 or N < 2:
+        print(f"rank {RANK}: {name} skipped (needs 2 to 8 ranks)")
+        return
+    timeout_ms = 10000
+    c = kccl.Communicator.from_mpi(world, device=dev, config={"KCCL_TIMEOUT_MS": timeout_ms})
+    res = None
+    try:
+        res = kccl_bench.device_all_reduce_group_selftest(c, "float32", kccl.SUM, 512, 3, 40, 4, cancel=how,
+                                                          cancel_after_us=2000)
+    except kccl.KcclError as e:
+        FAILS.append(f"rank {RANK} {name}: {type(e).__name__}: {e}")
+    world.Barrier()  # every caller's host has seen its kernel's failure (and so marked its side failed)
+    if res is not None:
+        err = res["error"]
+        if RANK == 1:
+            ok = res["call_errors"] == 0 and res["calls_ok"] == 0
+        else:
+            ok = (res["call_errors"] == 4 and res["calls_ok"] == 0 and res["ms"] < timeout_ms / 2
+                  and isinstance(err, kccl.KcclRemoteError) and "cancelled" in str(err))
+        ok = ok and res["bystander"] == 0
+        if ok:
+            PASSED[0] += 1
+        else:
+            FAILS.append(f"rank {RANK} {name}: call_errors {res['call_errors']} (code {res['first_code']}), calls_ok "
+                         f"{res['calls_ok']}, bystander {res['bystander']}, {res['ms']:.1f} ms, error: {err!r}")
+    # Rank 1's watcher turns the callers' failed state into its own stop word within milliseconds.
+    deadline = time.time() + 5
+    while c.async_error() is None and time.time() < deadline:
+        time.sleep(0.01)
+    if c.async_error() is None:
+        FAILS.append(f"rank {RANK} {name}: the communicator is not broken 5 s later")
+    else:
+        try:
+            c.all_reduce(torch.ones(4, device="cuda"))
+            torch.cuda.synchronize()
+            FAILS.append(f"rank {RANK} {name}: the next all_reduce was not refused")
+        except kccl.KcclError:
+            PASSED[0] += 1
+    world.Barrier()
+    c.close()
+
+
 def cupy_cases(comm):
     try:
         import cupy
@@ -273,6 +375,7 @@ def main():
         y = torch.ones(3000, device="cuda")
         comm.all_gather(y)
         device_api_cases(comm, tiny=True)
+        device_group_cases(comm, dev, tiny=True)
         for c in algos.values():
             c.close()
         return report(t0)
@@ -282,8 +385,11 @@ def main():
     other_collectives(comm, args.quick)
     other_collectives(rep, args.quick, "replicas ")
     device_api_cases(comm)
+    device_group_cases(comm, dev)
     cupy_cases(comm)
     bad_input_cases(comm)
+    for how in ("waiting", "before"):
+        device_group_cancel_case(dev, how)
     for c in algos.values():
         c.close()
     return report(t0)
