@@ -270,6 +270,14 @@ static ncclResult_t attach(ncclComm_t real) {
   if (rc != ncclSuccess) return rc;
   if (nranks < 2) return ncclSuccess; /* nothing to reduce across */
   if (ncclCommCuDevice(real, &device) != ncclSuccess) device = -1;
+#ifndef KCCL_HAVE_CUDA
+  /* Built without CUDA, no rank of this build can hold the bootstrap's device
+   * memory, so none of them starts it: every rank stays forward-only alike. */
+  if (device >= 0) {
+    say_forward_only(nranks, "libkccl_nccl.so was built without CUDA (no nvcc at install)");
+    return ncclSuccess;
+  }
+#endif
 
   struct on_device dev;
   device_enter(&dev, device);
@@ -350,6 +358,10 @@ out:
  * Its communicators still take part in step 1, all in one real group as that
  * thread must, and say no, so their peers in other processes hear it too. */
 static ncclResult_t decline_together(ncclComm_t *comms, int n) {
+#ifndef KCCL_HAVE_CUDA
+  int d0 = -1;
+  if (ncclCommCuDevice(comms[0], &d0) == ncclSuccess && d0 >= 0) return ncclSuccess; /* see attach */
+#endif
   struct scratch *s = calloc((size_t)n, sizeof *s);
   int *dev = calloc((size_t)n, sizeof *dev);
   int64_t no[5] = {0, 0, 0, 0, 0};
