@@ -25,6 +25,15 @@ static inline uint32_t begin_step(struct kcclComm *c, uint8_t **mine) {
   return s;
 }
 
+/* Starts a step with `bytes` of src in this rank's slot A, published; returns the step. */
+static inline uint32_t publish_chunk(struct kcclComm *c, const void *src, size_t bytes, uint32_t sig) {
+  uint8_t *mine;
+  uint32_t s = begin_step(c, &mine);
+  memcpy(kccl_data(mine), src, bytes);
+  kccl_publish_slot(c, s % c->nsets, 0, bytes, s, sig);
+  return s;
+}
+
 /* Waits for every peer's flag of step s; `bytes` is what each peer published (the
  * root, if root >= 0, published root_bytes): it says whether a replica carries it. */
 static kcclResult_t wait_all(struct kcclComm *c, uint32_t s, uint32_t sig, int which, size_t bytes, int root,
@@ -45,17 +54,11 @@ static kcclResult_t allreduce_oneshot(struct kcclComm *c, const char *send, char
   size_t off = 0;
   do {
     size_t n = min_sz(chunk, count - off);
-    uint8_t *mine;
-    uint32_t s = begin_step(c, &mine);
-    memcpy(kccl_data(mine), send + off * es, n * es);
-    kccl_publish_slot(c, s % c->nsets, 0, n * es, s, sig);
-    for (int p = 0; p < c->nranks; p++) {
-      if (p != c->rank) {
-        kcclResult_t r = kccl_wait_flag(c, p, kccl_peer_flag(c, p, s % c->nsets, 0, n * es), s, sig);
-        if (r != kcclSuccess) return r;
-      }
-      in[p] = kccl_peer_data(c, p, s % c->nsets, 0, n * es); /* own data from the slot too: safe in place */
-    }
+    uint32_t s = publish_chunk(c, send + off * es, n * es, sig);
+    kcclResult_t r = wait_all(c, s, sig, 0, n * es, -1, 0);
+    if (r != kcclSuccess) return r;
+    /* own data from the slot too: safe in place */
+    for (int p = 0; p < c->nranks; p++) in[p] = kccl_peer_data(c, p, s % c->nsets, 0, n * es);
     kccl_reduce(recv + off * es, in, c->nranks, n, dt, op, c->nranks);
     off += n;
   } while (off < count);
@@ -80,11 +83,8 @@ static kcclResult_t allreduce_twoshot(struct kcclComm *c, const char *send, char
   size_t off = 0;
   do {
     size_t n = min_sz(chunk, count - off), lo, hi;
-    uint8_t *mine;
-    uint32_t s = begin_step(c, &mine);
+    uint32_t s = publish_chunk(c, send + off * es, n * es, sig);
     const uint32_t set = s % c->nsets;
-    memcpy(kccl_data(mine), send + off * es, n * es);
-    kccl_publish_slot(c, set, 0, n * es, s, sig);
     kcclResult_t r = wait_all(c, s, sig, 0, n * es, -1, 0);
     if (r != kcclSuccess) return r;
     share(n, es, c->nranks, c->rank, &lo, &hi);
@@ -141,10 +141,7 @@ static kcclResult_t allgather(struct kcclComm *c, const kccl_call *a) {
   size_t off = 0;
   do {
     size_t n = min_sz(chunk, sendcount - off);
-    uint8_t *mine;
-    uint32_t s = begin_step(c, &mine);
-    memcpy(kccl_data(mine), send + off * es, n * es);
-    kccl_publish_slot(c, s % c->nsets, 0, n * es, s, sig);
+    uint32_t s = publish_chunk(c, send + off * es, n * es, sig);
     /* Every peer's signature is checked before recv is touched. */
     kcclResult_t r = wait_all(c, s, sig, 0, n * es, -1, 0);
     if (r != kcclSuccess) return r;
