@@ -235,22 +235,17 @@ static ncclResult_t scratch_sync(struct scratch *s) {
   return ncclSuccess;
 }
 
-/* Element-wise minimum of v[0..n) over every rank of the real communicator. */
-static ncclResult_t agree_min(ncclComm_t real, struct scratch *s, int64_t *v, int n) {
-  ncclResult_t rc = scratch_copy(s, s->buf, v, (size_t)n * sizeof *v, 1);
+/* `bytes` of host memory through the real communicator: an element-wise int64
+ * minimum over every rank (bcast 0), or rank 0's bytes to every rank (bcast 1).
+ * The copy back is ordered after the collective on the scratch stream, and its
+ * wait covers both. */
+static ncclResult_t round_trip(ncclComm_t real, struct scratch *s, void *host, size_t bytes, int bcast) {
+  ncclResult_t rc = scratch_copy(s, s->buf, host, bytes, 1);
   if (rc == ncclSuccess)
-    rc = settle(real, real_ncclAllReduce(s->buf, s->buf, (size_t)n, ncclInt64, ncclMin, real, s->stream));
-  if (rc == ncclSuccess) rc = scratch_sync(s);
-  if (rc == ncclSuccess) rc = scratch_copy(s, v, s->buf, (size_t)n * sizeof *v, 0);
-  return rc;
-}
-
-static ncclResult_t share_uid(ncclComm_t real, struct scratch *s, kcclUniqueId *uid) {
-  ncclResult_t rc = scratch_copy(s, s->buf, uid, sizeof *uid, 1);
-  if (rc == ncclSuccess)
-    rc = settle(real, ncclBroadcast(s->buf, s->buf, sizeof *uid, ncclUint8, 0, real, s->stream));
-  if (rc == ncclSuccess) rc = scratch_sync(s);
-  if (rc == ncclSuccess) rc = scratch_copy(s, uid, s->buf, sizeof *uid, 0);
+    rc = settle(real, bcast ? ncclBroadcast(s->buf, s->buf, bytes, ncclUint8, 0, real, s->stream)
+                            : real_ncclAllReduce(s->buf, s->buf, bytes / sizeof(int64_t), ncclInt64, ncclMin, real,
+                                                 s->stream));
+  if (rc == ncclSuccess) rc = scratch_copy(s, host, s->buf, bytes, 0);
   return rc;
 }
 
@@ -304,7 +299,7 @@ static ncclResult_t attach(ncclComm_t real) {
   const int64_t max = (int64_t)g_set.route_max_bytes;
   int64_t v[5] = {can, max, -max, KCCL_VERSION_CODE, -(int64_t)KCCL_VERSION_CODE};
   kcclComm_t k = NULL;
-  if ((rc = agree_min(real, &s, v, 5)) != ncclSuccess) goto out;
+  if ((rc = round_trip(real, &s, v, sizeof v, 0)) != ncclSuccess) goto out;
   if (!v[0]) {
     if (!why[0]) snprintf(why, sizeof why, "another rank cannot make a KCCL communicator");
     goto out;
@@ -318,7 +313,7 @@ static ncclResult_t attach(ncclComm_t real) {
   memset(&uid, 0, sizeof uid);
   if (rank == 0 && kcclGetUniqueId(&uid) != kcclSuccess)
     snprintf(why, sizeof why, "kcclGetUniqueId: %s", kcclGetLastError(NULL));
-  if ((rc = share_uid(real, &s, &uid)) != ncclSuccess) goto out;
+  if ((rc = round_trip(real, &s, &uid, sizeof uid, 1)) != ncclSuccess) goto out;
   cfg.device = device;
   /* rank 0's failed id is all zeros: the others' init refuses it at once */
   if (kcclCommInitRankConfig(&k, nranks, uid, rank, &cfg) != kcclSuccess) {
@@ -326,7 +321,7 @@ static ncclResult_t attach(ncclComm_t real) {
     k = NULL;
   }
   int64_t ok = k != NULL;
-  if ((rc = agree_min(real, &s, &ok, 1)) != ncclSuccess) goto out;
+  if ((rc = round_trip(real, &s, &ok, sizeof ok, 0)) != ncclSuccess) goto out;
   if (!ok) {
     if (!why[0]) snprintf(why, sizeof why, "another rank's KCCL init failed");
     goto out;
