@@ -10,6 +10,24 @@ from math import comb
 
 import numpy as np
 
+# -- launching under MPI, with and without libkccl_nccl.so -----------------------------------
+
+
+def mpi_launcher(nranks):
+    """The command that starts nranks processes: $MPIEXEC (default mpiexec) -n nranks."""
+    import os
+    import shlex
+    return shlex.split(os.environ.get("MPIEXEC", "mpiexec")) + ["-n", str(nranks)]
+
+
+def nccl_shim_runs():
+    """[(name, command prefix)]: plain NCCL, then the shim preloaded with KCCL_DEBUG=INFO (whose
+    line per communicator at close says how many all-reduces went to KCCL).  `env` is the
+    launched program, so the preload reaches the ranks with any MPI launcher."""
+    from kccl.paths import NCCL_SHIM
+    return [("nccl", []), ("kccl_nccl", ["env", f"LD_PRELOAD={NCCL_SHIM}", "KCCL_DEBUG=INFO"])]
+
+
 # -- sizes ------------------------------------------------------------------------------------
 
 

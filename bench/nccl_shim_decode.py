@@ -12,7 +12,6 @@ decode_gpu.py (default: --baseline graph --kernels graph --delays 0)."""
 import argparse
 import json
 import os
-import shlex
 import subprocess
 import sys
 import tempfile
@@ -21,6 +20,7 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 from kccl.paths import NCCL_SHIM  # noqa: E402
+from benchlib import mpi_launcher, nccl_shim_runs  # noqa: E402
 
 
 def main():
@@ -30,11 +30,11 @@ def main():
     ap.add_argument("rest", nargs="*", help="arguments for bench/decode_gpu.py (after --)")
     a = ap.parse_args()
     extra = a.rest or ["--baseline", "graph", "--kernels", "graph", "--delays", "0"]
-    launcher = shlex.split(os.environ.get("MPIEXEC", "mpiexec")) + ["-n", str(a.np)]
+    launcher = mpi_launcher(a.np)
     script = os.path.join(ROOT, "bench", "decode_gpu.py")
     results = {}
     with tempfile.TemporaryDirectory() as tmp:
-        for name, pre in (("nccl", []), ("kccl_nccl", ["env", f"LD_PRELOAD={NCCL_SHIM}", "KCCL_DEBUG=INFO"])):
+        for name, pre in nccl_shim_runs():
             out = os.path.join(tmp, name + ".json")
             cmd = launcher + pre + [sys.executable, script, *extra, "--json", out]
             print(f"# {name}: {' '.join(cmd)}", flush=True)

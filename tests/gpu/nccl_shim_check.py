@@ -13,7 +13,6 @@ to the bit (average too: halving is exact).  Exit status 0 only when everything 
 import argparse
 import os
 import re
-import shlex
 import subprocess
 import sys
 import tempfile
@@ -132,13 +131,14 @@ def main():
         return worker(a.worker)
     import torch
     sys.path.insert(0, ROOT)
-    from kccl.paths import NCCL_SHIM
-    launcher = shlex.split(os.environ.get("MPIEXEC", "mpiexec")) + ["-n", str(a.np)]
+    sys.path.insert(0, os.path.join(ROOT, "bench"))
+    from benchlib import mpi_launcher, nccl_shim_runs
+    launcher = mpi_launcher(a.np)
     me = os.path.abspath(__file__)
     failures = 0
     with tempfile.TemporaryDirectory() as tmp:
         runs = {}
-        for name, pre in (("plain", []), ("shim", ["env", f"LD_PRELOAD={NCCL_SHIM}", "KCCL_DEBUG=INFO"])):
+        for name, pre in nccl_shim_runs():
             d = os.path.join(tmp, name)
             os.makedirs(d)
             p = subprocess.run(launcher + pre + [sys.executable, me, "--worker", d], capture_output=True, text=True,
@@ -149,7 +149,7 @@ def main():
                 print(f"FAIL the {name} run")
                 return 1
             runs[name] = (d, p.stdout + p.stderr)
-        log = runs["shim"][1]
+        log = runs["kccl_nccl"][1]
         counts = [tuple(map(int, m)) for m in re.findall(r"rank (\d+) of \d+: (\d+) all-reduces went to KCCL, (\d+)", log)]
         print("# shim: " + "; ".join(line for line in log.splitlines() if "kccl_nccl" in line))
         ranks_routed = {r for r, routed, _ in counts if routed > 0}
@@ -159,8 +159,8 @@ def main():
         else:
             print(f"PASS routing: {counts} (rank, to KCCL, to NCCL)")
         for r in range(a.np):
-            plain = torch.load(os.path.join(runs["plain"][0], f"rank{r}.pt"))
-            shim = torch.load(os.path.join(runs["shim"][0], f"rank{r}.pt"))
+            plain = torch.load(os.path.join(runs["nccl"][0], f"rank{r}.pt"))
+            shim = torch.load(os.path.join(runs["kccl_nccl"][0], f"rank{r}.pt"))
             groups = {}
             for key, t in plain.items():
                 ok = key in shim and shim[key].dtype == t.dtype and torch.equal(bits(shim[key]), bits(t))
