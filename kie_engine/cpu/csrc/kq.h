@@ -1,0 +1,54 @@
+/* kq.h: matrix-vector products on weights kept in their GGUF block formats.
+ *
+ * This is the seam between the CPU engine's decode step (kie_cpu.h, which walks the
+ * model and splits each product over its threads by rows) and the kernels (one dot
+ * product per block type, picked at run time from the CPU's features).  Every
+ * function is thread-safe; none allocates.
+ *
+ * A product is two calls: kq_prepare_act converts the input vector once into the
+ * form the weight type's dot product consumes (float for float weights, 8-bit blocks
+ * with their scales for the quantized ones), then any number of threads each call
+ * kq_matvec on their own row range with that same prepared input. */
+#ifndef KQ_H
+#define KQ_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* GGUF / ggml tensor type codes, as the file stores them */
+#define KQ_F32 0
+#define KQ_F16 1
+#define KQ_Q4_0 2
+#define KQ_Q4_1 3
+#define KQ_Q8_0 8
+#define KQ_Q4_K 12
+#define KQ_Q6_K 14
+#define KQ_BF16 30
+
+/* 1 when the kernels take weights of this type, else 0 */
+int kq_supported(int type);
+/* "Q4_1", "BF16", ...; "?" for a code this file does not know */
+const char *kq_type_name(int type);
+/* elements per block (1 for the float types, 32, 256) */
+int64_t kq_block_elems(int type);
+/* bytes of one row of `cols` weights; 0 when the type is unsupported or cols is not a
+ * multiple of its block */
+size_t kq_row_bytes(int type, int64_t cols);
+/* bytes of the prepared input for `cols` inputs against weights of `type` */
+size_t kq_act_bytes(int type, int64_t cols);
+/* x (cols floats) -> act (kq_act_bytes(type, cols) bytes, 64-byte aligned) */
+void kq_prepare_act(int type, const float *x, int64_t cols, void *act);
+/* y[r] = dot(row r of w, x) for r in [r0, r1); w points at row 0, rows are
+ * kq_row_bytes(type, cols) apart; act from kq_prepare_act with the same type and cols */
+void kq_matvec(int type, const void *w, int64_t cols, const void *act, float *y, int64_t r0, int64_t r1);
+/* one row to floats (embedding lookups, tests) */
+void kq_dequant_row(int type, const void *row, int64_t cols, float *out);
+
+/* The instruction set in use: "avx512" (with VNNI / BF16 where the CPU has them),
+ * "avx2", "neon" or "scalar"; chosen once from CPUID at first use. */
+const char *kq_level(void);
+/* Use `name` instead (tests run every path the CPU can): 0, or -1 when this CPU or
+ * build cannot run it. */
+int kq_set_level(const char *name);
+
+#endif
