@@ -55,6 +55,11 @@ _GRACE_S = 1.0  # how long a rank aborted by its own leader looks for the cause'
 _KINDS = {1: "all_reduce", 2: "all_gather", 3: "reduce_scatter", 4: "broadcast", 5: "barrier",
           6: "all_reduce_start"}
 _RANK_WORD = re.compile(r"\brank (\d+)\b")
+_DIED = re.compile(r"\brank (\d+) \(pid \d+\) died")
+# MPI requests a failure left in flight, with their buffers: MPI may still write into
+# those buffers later (a collective request cannot be cancelled), so they live as long
+# as the process does.  Only failures add to it.
+_ABANDONED = []
 
 
 def _resolve_op(op):
@@ -131,6 +136,7 @@ class HierarchicalCommunicator:
         self._sig_req = None
         self._outstanding = None
         self._notices = []
+        self._inflight = None
         self._pid = os.getpid()
 
     def _split(self, color, key=0):
@@ -193,15 +199,23 @@ class HierarchicalCommunicator:
             return f"rank {self._members[i]}" if i < len(self._members) else m.group(0)
         return _RANK_WORD.sub(sub, text)
 
-    def _fail(self, cls, text, notify=True):
-        """This rank saw the failure first: tell every rank, abort the host's KCCL
-        communicator (its blocked ranks raise at once), raise."""
+    def _fail(self, cls, text, notify=True, skip=()):
+        """This rank saw the failure first: tell every rank (but `skip`), abort the host's
+        KCCL communicator (its blocked ranks raise at once), raise.
+
+        A message to a dead rank can crash this process inside MPI (MPICH over UCX has no
+        peer-failure handling unless built for it), so known dead ranks are skipped, and a
+        timeout, whose cause may be any rank, tells only this host's ranks: every other
+        host's leader waits on the same collective under the same bound."""
         if self._closed_why is None:
             self._closed_why = text
+            _ABANDONED.append((self._inflight, self._sig_req, self._sigs, getattr(self, "_mysig", None)))
+            self._inflight = self._sig_req = None
             if notify:
                 data = pickle.dumps((cls.code, text))
-                for r in range(self._size):
-                    if r != self._rank:
+                reach = self._members if cls is KcclTimeout else range(self._size)
+                for r in reach:
+                    if r != self._rank and r not in skip:
                         try:
                             self._notices.append(self._ctrl.Isend([data, MPI.BYTE], dest=r, tag=_NOTICE_TAG))
                         except MPI.Exception:
@@ -233,11 +247,14 @@ class HierarchicalCommunicator:
                 while time.monotonic() < end:
                     self._poll_notice()
                     time.sleep(0.001)
-            self._fail(type(e), f"host {self._host}: {text}")
+            dead = {int(r) for r in _DIED.findall(text)}
+            self._fail(type(e), f"host {self._host}: {text}", skip=dead)
 
-    def _wait(self, reqs, what):
+    def _wait(self, reqs, what, *keep):
         """Completes MPI requests, checking the signature exchange and the failure notices
-        while waiting, within KCCL_TIMEOUT_MS."""
+        while waiting, within KCCL_TIMEOUT_MS.  keep: the requests' buffers, kept alive if
+        a failure leaves the requests in flight."""
+        self._inflight = (reqs, keep)
         deadline = None if self._timeout_s is None else time.monotonic() + self._timeout_s
         spins = 0
         try:
@@ -246,6 +263,7 @@ class HierarchicalCommunicator:
                     self._sig_req = None
                     self._check_signatures()
                 if MPI.Request.Testall(reqs) and self._sig_req is None:
+                    self._inflight = None
                     return
                 spins += 1
                 if spins & 15 == 0:
@@ -260,7 +278,20 @@ class HierarchicalCommunicator:
                     else:
                         time.sleep(50e-6)
         except MPI.Exception as e:
-            self._fail(KcclRemoteError, f"{what}: MPI error between hosts: {e.Get_error_string()}")
+            self._explain_mpi_error(what, e)
+
+    def _explain_mpi_error(self, what, e):
+        """An MPI error: a mismatch across hosts makes MPI fail (truncation) or not, so the
+        signature exchange, when one is in flight, names the cause first."""
+        end = time.monotonic() + _GRACE_S
+        try:
+            while self._sig_req is not None and time.monotonic() < end:
+                if self._sig_req.Test():
+                    self._sig_req = None
+                    self._check_signatures()
+        except MPI.Exception:
+            pass
+        self._fail(KcclRemoteError, f"{what}: MPI error between hosts: {e.Get_error_string()}")
 
     # -- cross-host signature ----------------------------------------------------------
     def _begin(self, kind, op=0, code=0, count=0, root=-1):
@@ -276,7 +307,7 @@ class HierarchicalCommunicator:
             try:
                 self._sig_req = self._leaders.Iallgather([self._mysig, MPI.INT64_T], [self._sigs, MPI.INT64_T])
             except MPI.Exception as e:
-                self._fail(KcclRemoteError, f"{_KINDS[kind]}: MPI error between hosts: {e.Get_error_string()}")
+                self._explain_mpi_error(_KINDS[kind], e)
         return local
 
     @staticmethod
@@ -336,8 +367,8 @@ class HierarchicalCommunicator:
                 try:
                     req, w = self._post_allreduce(self._leaders, r, code, opc)
                 except MPI.Exception as e:
-                    self._fail(KcclRemoteError, f"all_reduce: MPI error between hosts: {e.Get_error_string()}")
-                self._wait([req], "all_reduce")
+                    self._explain_mpi_error("all_reduce", e)
+                self._wait([req], "all_reduce", r, w)
                 wire.finish(r, w, code, opc, self._size)
             self._call(local.broadcast, r, 0, dtype=code)
         return recv
@@ -363,8 +394,8 @@ class HierarchicalCommunicator:
                 reqs.append(req)
                 parts.append((part, w))
         except MPI.Exception as e:
-            self._fail(KcclRemoteError, f"all_reduce: MPI error between hosts: {e.Get_error_string()}")
-        self._wait(reqs, "all_reduce")
+            self._explain_mpi_error("all_reduce", e)
+        self._wait(reqs, "all_reduce", blk, parts)
         for part, w in parts:
             wire.finish(part, w, code, opc, self._size)
         self._call(local.all_gather, blk, dst, dtype=code)
@@ -402,8 +433,8 @@ class HierarchicalCommunicator:
             try:
                 req = self._leaders.Iallgatherv([host_block, MPI.BYTE], [gathered, (counts, displs), MPI.BYTE])
             except MPI.Exception as e:
-                self._fail(KcclRemoteError, f"all_gather: MPI error between hosts: {e.Get_error_string()}")
-            self._wait([req], "all_gather")
+                self._explain_mpi_error("all_gather", e)
+            self._wait([req], "all_gather", host_block, gathered)
         self._call(local.broadcast, gathered.reshape(-1), 0, dtype="uint8")
         if not direct:
             r.view(np.uint8).reshape(self._size, nb)[order] = gathered
@@ -445,14 +476,14 @@ class HierarchicalCommunicator:
         b, code, _kb = wire.view(buf, dtype, True, "buf")
         local = self._begin(4, 0, code, b.size, root)
         rhost, rlocal = self._layout.host_of[root], self._layout.local_rank[root]
-        if self._host == rhost and rlocal != 0:
+        if self._host == rhost:
             self._call(local.broadcast, b, rlocal, dtype=code)
         if self._leaders is not None:
             try:
                 req = self._leaders.Ibcast([b.view(np.uint8), MPI.BYTE], root=rhost)
             except MPI.Exception as e:
-                self._fail(KcclRemoteError, f"broadcast: MPI error between hosts: {e.Get_error_string()}")
-            self._wait([req], "broadcast")
+                self._explain_mpi_error("broadcast", e)
+            self._wait([req], "broadcast", b)
         if self._host != rhost:
             self._call(local.broadcast, b, 0, dtype=code)
         return buf
@@ -466,7 +497,7 @@ class HierarchicalCommunicator:
             try:
                 req = self._leaders.Ibarrier()
             except MPI.Exception as e:
-                self._fail(KcclRemoteError, f"barrier: MPI error between hosts: {e.Get_error_string()}")
+                self._explain_mpi_error("barrier", e)
             self._wait([req], "barrier")
         self._call(local.barrier)
 
@@ -511,10 +542,17 @@ class HierarchicalCommunicator:
             local.abort() if abort else local.close()
         for req in getattr(self, "_notices", ()):
             try:
-                req.Test()
+                if not req.Test():
+                    _ABANDONED.append(req)
             except MPI.Exception:
                 pass
         comms, self._comms = self._comms, []
+        if abort:
+            # after a failure, messages may still be in flight or unmatched on these
+            # communicators; freed, their context ids would be reused by the next
+            # communicator, whose receives could then match those stale messages
+            _ABANDONED.append(comms)
+            return
         for c in comms:
             try:
                 c.Free()
@@ -583,11 +621,12 @@ class HierAllReduceHandle:
                 if self._mpi is None:
                     try:
                         self._mpi = o._post_allreduce(o._leaders, self._r, self._code, self._op)
+                        o._inflight = ([self._mpi[0]], (self._mpi, self._r))
                     except MPI.Exception as e:
-                        o._fail(KcclRemoteError, f"all_reduce_start: MPI error between hosts: {e.Get_error_string()}")
+                        o._explain_mpi_error("all_reduce_start", e)
                 req, w = self._mpi
                 if block:
-                    o._wait([req], "all_reduce_start")
+                    o._wait([req], "all_reduce_start", w, self._r)
                 else:
                     try:
                         if o._sig_req is not None and o._sig_req.Test():
@@ -596,8 +635,9 @@ class HierAllReduceHandle:
                         if not (req.Test() and o._sig_req is None):
                             o._poll_notice()
                             return False
+                        o._inflight = None
                     except MPI.Exception as e:
-                        o._fail(KcclRemoteError, f"all_reduce_start: MPI error between hosts: {e.Get_error_string()}")
+                        o._explain_mpi_error("all_reduce_start", e)
                 wire.finish(self._r, w, self._code, self._op, o._size)
                 contribution = self._r
             else:
