@@ -1,12 +1,17 @@
 """Host identity: which ranks can form one KCCL communicator.
 
-A KCCL communicator maps every peer's POSIX shared-memory segment, so its ranks
-must see the same /dev/shm: the same kernel (hostname and boot id; a hostname
-alone repeats across containers and clones) and the same IPC namespace (two
-containers on one kernel with private IPC namespaces each have their own
-/dev/shm).  Ranks with equal keys are one "host".  For GPU communicators the
-same key is necessary but not sufficient (the GPUs must also reach each other by
-peer access); that check belongs to the GPU transport's init and is not made here.
+A KCCL communicator maps every peer's POSIX shared-memory segment and watches
+every peer's pid, so its ranks must see the same /dev/shm and the same pids: the
+same kernel (hostname and boot id; a hostname alone repeats across containers and
+clones), the same IPC and pid namespaces and the same /dev/shm file system (two
+containers on one kernel each have their own unless started to share them).
+Ranks with equal keys are one "host".  The key errs on the side of "another host"
+(containers that share /dev/shm but not their hostname become two hosts joined by
+MPI: slower, still correct); the C core refuses only what cannot work (a unique id
+made where the boot id, /dev/shm or pid namespace differ, uniqueid.c).  For GPU
+communicators the same key is necessary but not sufficient (the GPUs must also
+reach each other by peer access); that check belongs to the GPU transport's init
+and is not made here.
 
 KCCL_HOST_ID (or config={"host_id": ...}) replaces the key, so that one machine can
 pretend to be several hosts (tests, benchmarks of the inter-host path)."""
@@ -22,17 +27,26 @@ def _first_line(path):
         return ""
 
 
-def _ipc_namespace():
+def _namespace(kind):
     try:
-        return os.readlink("/proc/self/ns/ipc")
+        return os.readlink(f"/proc/self/ns/{kind}")
+    except OSError:
+        return ""
+
+
+def _shm_identity():
+    try:
+        st = os.stat("/dev/shm")
+        return f"{st.st_dev}:{st.st_ino}"
     except OSError:
         return ""
 
 
 def machine_key():
-    """hostname|boot id|IPC namespace of this process: equal exactly for processes
-    that share /dev/shm (on Linux; elsewhere the hostname)."""
-    return "|".join((socket.gethostname(), _first_line("/proc/sys/kernel/random/boot_id"), _ipc_namespace()))
+    """hostname|boot id|IPC namespace|pid namespace|/dev/shm device:inode of this process
+    (on Linux; elsewhere the hostname and what of the rest can be read)."""
+    return "|".join((socket.gethostname(), _first_line("/proc/sys/kernel/random/boot_id"), _namespace("ipc"),
+                     _namespace("pid"), _shm_identity()))
 
 
 def host_key(settings):

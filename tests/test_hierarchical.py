@@ -173,6 +173,25 @@ def test_one_host_is_the_flat_communicator():
     assert all(r["hosts"] == 1 and r["host"] == 0 for r in every)
 
 
+def test_unique_id_from_another_machine_is_refused_at_once():
+    """The unique id carries its maker's machine key (boot id, /dev/shm, pid namespace); a
+    rank elsewhere is refused at init instead of waiting KCCL_TIMEOUT_MS for segments it
+    cannot see.  Here the key is forged (with a valid checksum) to stand for that rank."""
+    import kccl
+
+    def fnv(data, h=0xCBF29CE484222325):
+        for byte in data:
+            h = ((h ^ byte) * 0x100000001B3) & 0xFFFFFFFFFFFFFFFF
+        return h
+    uid = bytearray(kccl.get_unique_id())
+    uid[48:56] = (int.from_bytes(uid[48:56], "little") ^ 0x5A5A).to_bytes(8, "little")
+    uid[40:48] = fnv(uid[48:56], fnv(uid[:40])).to_bytes(8, "little")
+    t0 = time.monotonic()
+    with pytest.raises(kccl.KcclInvalidUsage, match="made on another machine"):
+        kccl.Communicator(2, bytes(uid), 1, config={"timeout_ms": 20000})
+    assert time.monotonic() - t0 < 5
+
+
 # -- failures -----------------------------------------------------------------------------------
 def _kill(tmp_path, nranks, hosts, victim, **extra):
     before = kccl_segments()
