@@ -135,11 +135,10 @@ def main(argv=None):
         rows.append(row)
         if rank == 0:
             s = row["stats"]
-            print(f"{fmt_size(nbytes):>5}  hier {s['hier'][0]:9.1f} {s['hier'][1]:9.1f} {s['hier'][2]:9.1f}  "
-                  f"mpi {s['mpi'][0]:9.1f} {s['mpi'][1]:9.1f} {s['mpi'][2]:9.1f}  mpi/hier {row['mpi_over_hier']:5.2f}  "
-                  f"legs kccl {s['kccl_local'][1]:8.1f} bcast {s['kccl_bcast'][1]:8.1f} rs+ag {s['kccl_rs_ag'][1]:8.1f} "
-                  f"leaders {s['mpi_leaders'][1]:8.1f} shards {s['mpi_shards'][1]:8.1f}  wrong {wrong['hier']}/"
-                  f"{wrong['mpi']}", flush=True)
+            spread = "  ".join(f"{k} " + " ".join(f"{v:9.1f}" for v in s[k]) for k in ("hier", "mpi"))
+            legs = " ".join(f"{k} {s[k][1]:8.1f}" for k in LEGS[2:])
+            print(f"{fmt_size(nbytes):>5}  {spread}  mpi/hier {row['mpi_over_hier']:5.2f}  legs {legs}  "
+                  f"wrong {wrong['hier']}/{wrong['mpi']}", flush=True)
     hier.close()
     local.close()
     if rank == 0 and args.json:

@@ -26,7 +26,7 @@ import sys
 # name: (alpha seconds, bandwidth bytes/s, gap seconds), per hop, as seen by one rank; gap: what
 # each further message costs when several ranks' flows share one NIC in the same step
 LINKS = {
-    "shm": (0.7e-6, 10e9, 0.0),       # KCCL host transport: ~0.7 us small all-reduce from Python (RESULTS), memcpy-class bw
+    "shm": (0.7e-6, 10e9, 0.0),       # KCCL host transport: ~0.7 us small all-reduce (RESULTS), memcpy-class bw
     "nvlink": (3.5e-6, 350e9, 0.0),   # KCCL GPU one-shot ~3.4 us at 8 ranks in a graph (RESULTS); NVLink 4 per-GPU bw
     "net100": (3e-6, 12.5e9, 0.2e-6),  # RDMA NIC, 100 Gb/s
     "net200": (3e-6, 25e9, 0.2e-6),
@@ -106,7 +106,8 @@ def predict():
                 f = flat(intra, inter, H, L, m)
                 out.append({"system": label, "hosts": H, "per_host": L, "bytes": m, "hier_small_us": s * 1e6,
                             "hier_large_us": lg * 1e6, "hier_us": min(s, lg) * 1e6,
-                            "path": "small" if s <= lg else "large", "flat_us": f * 1e6, "flat_over_hier": f / min(s, lg)})
+                            "path": "small" if s <= lg else "large", "flat_us": f * 1e6,
+                            "flat_over_hier": f / min(s, lg)})
     return out
 
 
@@ -116,7 +117,8 @@ def crossover(label):
     res = {}
     for H in HOSTS:
         m = 64
-        while m < (1 << 30) and hier_small(LINKS[il], LINKS[nl], H, L, m) <= hier_large(LINKS[il], LINKS[nl], H, L, m, nics):
+        intra, inter = LINKS[il], LINKS[nl]
+        while m < (1 << 30) and hier_small(intra, inter, H, L, m) <= hier_large(intra, inter, H, L, m, nics):
             m *= 2
         res[H] = m
     return res
@@ -171,15 +173,16 @@ def main(argv=None):
         print("hosts " + "".join(f"{m:>26}" for m in SIZES))
         for H in HOSTS:
             cells = [p for p in pred if p["system"] == label and p["hosts"] == H]
-            print(f"{H:5} " + "".join(f"{p['hier_us']:9.1f}{p['path'][0]} {p['flat_us']:9.1f} {p['flat_over_hier']:5.2f}"
-                                       for p in cells))
+            print(f"{H:5} " + "".join(f"{p['hier_us']:9.1f}{p['path'][0]} {p['flat_us']:9.1f} "
+                                       f"{p['flat_over_hier']:5.2f}" for p in cells))
     result = {"links": LINKS, "systems": SYSTEMS, "prediction": pred,
               "crossover": {label: crossover(label) for label, *_ in SYSTEMS}}
     if args.check:
         c = check(args.check)
         result["check"] = c
         f = c["fitted"]
-        print(f"\ncheck against {args.check} (fitted: shm alpha {f['shm'][0] * 1e6:.1f} us bw {f['shm'][1] / 1e9:.2f} GB/s; "
+        print(f"\ncheck against {args.check} (fitted: shm alpha {f['shm'][0] * 1e6:.1f} us "
+              f"bw {f['shm'][1] / 1e9:.2f} GB/s; "
               f"leaders' network alpha {f['net_leaders'][0] * 1e6:.1f} us bw {f['net_leaders'][1] / 1e9:.2f} GB/s; "
               f"shards' alpha {f['net_shards'][0] * 1e6:.1f} us bw {f['net_shards'][1] / 1e9:.2f} GB/s)")
         print(f"{'bytes':>10} {'measured':>10} {'sum of legs':>12} {'model':>10} {'meas/legs':>10} {'meas/model':>10}")

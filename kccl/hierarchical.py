@@ -47,8 +47,8 @@ import numpy as np
 from mpi4py import MPI
 
 from . import _hier_wire as wire
-from .errors import (KcclError, KcclInvalidArgument, KcclInvalidUsage, KcclRemoteError, KcclTimeout,
-                     REMOTE_ERROR, error_for)
+from ._hier_handle import HierAllReduceHandle
+from .errors import KcclError, KcclInvalidArgument, KcclInvalidUsage, KcclRemoteError, KcclTimeout, error_for
 
 _NOTICE_TAG = 0x4B43  # "KC": the only tag used on the private ctrl communicator
 _GRACE_S = 1.0  # how long a rank aborted by its own leader looks for the cause's notice
@@ -220,6 +220,14 @@ class HierarchicalCommunicator:
                             self._notices.append(self._ctrl.Isend([data, MPI.BYTE], dest=r, tag=_NOTICE_TAG))
                         except MPI.Exception:
                             pass  # that rank's link failed too; it learns another way or times out
+                # MPI moves a message only inside MPI calls: push the notices out before this
+                # rank returns (and perhaps exits), for a bounded time
+                end = time.monotonic() + _GRACE_S
+                try:
+                    while not MPI.Request.Testall(self._notices) and time.monotonic() < end:
+                        time.sleep(0.0005)
+                except MPI.Exception:
+                    pass
             if self._local is not None:
                 self._local.abort()
         raise cls(text)
@@ -586,84 +594,3 @@ class HierarchicalCommunicator:
     def __del__(self):
         if getattr(self, "_local", None) is not None and getattr(self, "_pid", None) == os.getpid():
             self.close()
-
-
-class HierAllReduceHandle:
-    """A split-phase all-reduce across hosts: wait() blocks until the result is in recv and
-    returns recv; test() never blocks and says whether it completed; done is test()."""
-
-    def __init__(self, owner, first, r, recv, code, op):
-        self._owner, self._first, self._r, self.recv = owner, first, r, recv
-        self._code, self._op = code, op
-        self._mpi = None   # the leader's (request, wire buffer)
-        self._second = None
-        self._finished = False
-
-    def _live(self):
-        o = self._owner
-        o._live()
-        if o._outstanding is not self:
-            raise KcclInvalidUsage("the communicator of this all_reduce_start was closed")
-        return o
-
-    def _advance(self, block):
-        """Moves the operation on as far as it can go without waiting (block=False) or to its
-        end (block=True); returns whether it finished."""
-        o = self._live()
-        if self._second is None:
-            if self._first is not None:
-                if block:
-                    o._call(self._first.wait)
-                elif not o._call(self._first.test):
-                    return False
-                self._first = None
-            if o._leaders is not None:
-                if self._mpi is None:
-                    try:
-                        self._mpi = o._post_allreduce(o._leaders, self._r, self._code, self._op)
-                        o._inflight = ([self._mpi[0]], (self._mpi, self._r))
-                    except MPI.Exception as e:
-                        o._explain_mpi_error("all_reduce_start", e)
-                req, w = self._mpi
-                if block:
-                    o._wait([req], "all_reduce_start", w, self._r)
-                else:
-                    try:
-                        if o._sig_req is not None and o._sig_req.Test():
-                            o._sig_req = None
-                            o._check_signatures()
-                        if not (req.Test() and o._sig_req is None):
-                            o._poll_notice()
-                            return False
-                        o._inflight = None
-                    except MPI.Exception as e:
-                        o._explain_mpi_error("all_reduce_start", e)
-                wire.finish(self._r, w, self._code, self._op, o._size)
-                contribution = self._r
-            else:
-                contribution = wire.identity_like(self._r, self._code)
-            self._second = o._call(o._local.all_reduce_start, contribution, self._r, wire.SUM, dtype=self._code)
-        if block:
-            o._call(self._second.wait)
-            done = True
-        else:
-            done = o._call(self._second.test)
-        if done:
-            self._finished = True
-            o._outstanding = None
-        return bool(done)
-
-    def wait(self):
-        if not self._finished:
-            self._advance(True)
-        return self.recv
-
-    def test(self):
-        return self._finished or self._advance(False)
-
-    @property
-    def done(self):
-        return self.test()
-
-    def __repr__(self):
-        return f"<kccl.HierAllReduceHandle {'done' if self._finished else 'pending'}>"
