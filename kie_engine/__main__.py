@@ -46,7 +46,7 @@ def cmd_convert(a):
 def cmd_generate(a):
     from .generate import Sampling, check_request, generate, printable
     from .sources import open_checkpoint
-    from .threads import choose, my_cpus, set_blas_threads
+    from .threads import choose, my_cpus, override, set_blas_threads
     from .tokenizer import StreamDecoder
     from .tp import comm_config, load_model, plan, prefill_chunk
     size, rank = _world()
@@ -72,7 +72,7 @@ def cmd_generate(a):
     if max(ids) >= cfg.vocab_size:
         raise KieError(f"the tokenizer produced id {max(ids)}, outside the model's vocab_size={cfg.vocab_size}")
     check_request(len(ids), a.max_new_tokens, cfg.max_position_embeddings)
-    choose(a.blas_threads)  # a bad override fails here
+    override(a.blas_threads)  # a bad --blas-threads, KIE_BLAS_THREADS or OMP_NUM_THREADS fails here
     gpu = a.device == "cuda"
     if a.kernel != "graph" and not gpu:
         raise KieError(f"--kernel {a.kernel} is a GPU kernel: add --device cuda")
@@ -85,9 +85,9 @@ def cmd_generate(a):
         import kccl
         node_cpus = MPI.COMM_WORLD.allgather(sorted(my_cpus()))  # KCCL's ranks share one host
         comm = kccl.Communicator.from_mpi(MPI.COMM_WORLD, config=comm_config(cfg), device="local" if gpu else None)
-    threads = choose(a.blas_threads, node_cpus)[0]
+    threads, why = choose(a.blas_threads, node_cpus)
     reported = sorted(set(set_blas_threads(threads).values()))
-    blas = f"{threads} BLAS thread{'s' if threads > 1 else ''} per rank"
+    blas = f"{threads} BLAS thread{'s' if threads > 1 else ''} per rank ({why})"
     if reported != [threads]:  # say so when the BLAS did not take it (or none was found to ask)
         blas += f" asked, the BLAS reports {reported or 'nothing'}"
     show = rank == 0
@@ -163,8 +163,9 @@ def main(argv=None):
     g.add_argument("--seed", type=int, default=0, help="seed of the sampler (same seed, same text)")
     g.add_argument("--ignore-eos", action="store_true", help="always generate --max-new-tokens tokens")
     g.add_argument("--blas-threads", metavar="N",
-                   help="BLAS threads per rank (default: this rank's CPUs over the ranks sharing them; "
-                        "also KIE_BLAS_THREADS)")
+                   help="BLAS threads per rank (default: KIE_BLAS_THREADS, OPENBLAS_NUM_THREADS, "
+                        "MKL_NUM_THREADS or OMP_NUM_THREADS when set, else this rank's CPUs over the ranks "
+                        "sharing them, fewer when other processes keep those CPUs busy)")
     g.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
                    help="cpu: the numpy engine; cuda: the GPU engine (bf16, one CUDA graph per token; under "
                         "mpiexec each rank is a lane on GPU rank %% GPUs)")
