@@ -114,7 +114,8 @@ def cmd_generate(a):
             if gpu:
                 res = model.generate(ids, a.max_new_tokens, sampling, stop_ids, on_token)
             else:
-                res = generate(model, ids, a.max_new_tokens, sampling, stop_ids, on_token, prefill_chunk(cfg))
+                res = generate(model, ids, a.max_new_tokens, sampling, stop_ids, on_token, prefill_chunk(cfg),
+                               source=ckpt.dir)
         finally:
             if show:  # what is held back, and the line ends before a summary or an error
                 sys.stdout.write(printable(stream.flush()) + "\n")
