@@ -2,7 +2,7 @@
 
     python -m kie_engine init --config tiny|small|2b --dtp-delay D --out DIR [--seed S] [--force]
     [mpiexec -n N] python -m kie_engine generate --model DIR|FILE.gguf|smollm2 --prompt TEXT [--chat]
-        [--max-new-tokens 64] [--temperature T --top-k K --top-p P --seed S] [--ignore-eos]
+        [--max-new-tokens N] [--temperature T --top-k K --top-p P --seed S] [--ignore-eos]
         [--blas-threads N] [--device cpu|cuda] [--kernel graph|mono]
     python -m kie_engine convert --model FILE.gguf|smollm2 --out DIR [--dtype bfloat16|float32]
 
@@ -14,6 +14,9 @@ import sys
 
 from .errors import CheckpointError, KieError
 
+COMPLETION_MAX_NEW_TOKENS = 64
+CHAT_MAX_NEW_TOKENS = 512  # an answer of a few paragraphs; most end earlier, at the end of turn
+
 
 def _world():
     """(size, rank) from the MPI launcher's environment (MPICH/Hydra or Open MPI), else (1, 0)."""
@@ -21,6 +24,15 @@ def _world():
         if size_var in os.environ:
             return int(os.environ[size_var]), int(os.environ.get(rank_var, 0))
     return 1, 0
+
+
+def default_max_new_tokens(chat, n_prompt, context):
+    """--max-new-tokens when not given: a completion's 64; a chat answer runs to its end of
+    turn, so CHAT_MAX_NEW_TOKENS or what the context leaves after the prompt (at least 1: a
+    prompt that fills the context is then refused as too long)."""
+    if not chat:
+        return COMPLETION_MAX_NEW_TOKENS
+    return max(1, min(CHAT_MAX_NEW_TOKENS, context - n_prompt))
 
 
 def cmd_init(a):
@@ -71,6 +83,8 @@ def cmd_generate(a):
         raise ValueError("the prompt encodes to no tokens")
     if max(ids) >= cfg.vocab_size:
         raise KieError(f"the tokenizer produced id {max(ids)}, outside the model's vocab_size={cfg.vocab_size}")
+    if a.max_new_tokens is None:
+        a.max_new_tokens = default_max_new_tokens(a.chat, len(ids), cfg.max_position_embeddings)
     check_request(len(ids), a.max_new_tokens, cfg.max_position_embeddings)
     override(a.blas_threads)  # a bad --blas-threads, KIE_BLAS_THREADS or OMP_NUM_THREADS fails here
     gpu = a.device == "cuda"
@@ -123,7 +137,10 @@ def cmd_generate(a):
         if show:
             lanes = f", {size} lanes" if size > 1 else ""
             where = f"cuda, {a.kernel} kernel" if gpu else blas
-            print(f"[{res.summary()}; dtp_delay={cfg.dtp_delay}{lanes}, {where}]", flush=True)
+            cut = ""
+            if not res.stopped_on_eos and not a.ignore_eos:  # say so: the text ends mid-answer
+                cut = f"; cut at --max-new-tokens {a.max_new_tokens} before the end of {'turn' if a.chat else 'text'}"
+            print(f"[{res.summary()}{cut}; dtp_delay={cfg.dtp_delay}{lanes}, {where}]", flush=True)
     finally:
         if gpu and model is not None:
             model.close()
@@ -155,7 +172,10 @@ def main(argv=None):
     g.add_argument("--prompt", required=True, help="text to continue (with --chat: the user's message)")
     g.add_argument("--chat", action="store_true",
                    help="wrap the prompt in the model's chat template (one user turn); stop at its end of turn")
-    g.add_argument("--max-new-tokens", type=int, default=64, help="tokens to generate at most (default 64)")
+    g.add_argument("--max-new-tokens", type=int, default=None,
+                   help=f"tokens to generate at most (default {COMPLETION_MAX_NEW_TOKENS}; with --chat "
+                        f"{CHAT_MAX_NEW_TOKENS}, or what the context leaves after the prompt if less); the "
+                        "timing line says when it cut the text short")
     g.add_argument("--temperature", type=float, default=0.0,
                    help="sampling temperature; 0 (default) picks the most likely token (greedy)")
     g.add_argument("--top-k", type=int, default=0, help="sample among the K most likely tokens only; 0 = all")
