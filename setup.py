@@ -33,6 +33,7 @@ setup(
         # `python -m kie_engine serve`: the OpenAI-compatible HTTP server (ASGI on uvicorn).
         "serve": ["starlette>=0.37", "uvicorn>=0.30"],
     },
-    cffi_modules=["kccl/_build_ffi.py:ffibuilder", "kie_engine/gpu/_build.py:ffibuilder"],
+    cffi_modules=["kccl/_build_ffi.py:ffibuilder", "kie_engine/gpu/_build.py:ffibuilder",
+                  "kie_engine/cpu/_build.py:ffibuilder"],
     zip_safe=False,
 )

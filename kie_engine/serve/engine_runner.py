@@ -28,9 +28,10 @@ class EngineRunner:
     """model: a kie_engine Model (numpy) or GpuModel; link: a lanes.LaneLink under
     tensor parallelism (None for one process)."""
 
-    def __init__(self, model, context, gpu=False, prefill_chunk=256, link=None):
+    def __init__(self, model, context, gpu=False, prefill_chunk=256, link=None, source=None):
         self.model, self.context, self.gpu = model, context, gpu
         self.prefill_chunk, self.link = prefill_chunk, link
+        self.source = source  # the checkpoint, named by the engine's errors
 
     def run(self, prompt_ids, max_tokens, sampling: Sampling, stop_ids=None,
             on_token: Optional[Callable[[int], bool]] = None) -> RunResult:
@@ -62,7 +63,8 @@ class EngineRunner:
             if self.gpu:
                 res = self.model.generate(prompt_ids, max_tokens, sampling, stop_ids, step)
             else:
-                res = generate(self.model, prompt_ids, max_tokens, sampling, stop_ids, step, self.prefill_chunk)
+                res = generate(self.model, prompt_ids, max_tokens, sampling, stop_ids, step, self.prefill_chunk,
+                               source=self.source)
             out.reason = "eos" if res.stopped_on_eos else "length"
         except _StopAsked:
             out.reason = "stopped"

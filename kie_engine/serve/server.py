@@ -34,7 +34,7 @@ def _listen(host, port):
 
 def serve(a, world):
     from ..sources import open_checkpoint
-    from ..threads import choose, my_cpus, set_blas_threads
+    from ..threads import choose, my_cpus, override, set_blas_threads
     from ..tp import comm_config, load_model, plan, prefill_chunk
     from .engine_runner import EngineRunner
     size, rank = world
@@ -47,7 +47,7 @@ def serve(a, world):
     tok = ckpt.tokenizer()
     template = ckpt.chat_template()
     plan(cfg, size)  # a bad split fails on every rank alike, before any rank connects
-    choose(a.blas_threads)
+    override(a.blas_threads)  # a bad --blas-threads or thread variable fails here
     gpu = a.device == "cuda"
     if a.kernel != "graph" and not gpu:
         raise ValueError(f"--kernel {a.kernel} is a GPU kernel: add --device cuda")
@@ -73,7 +73,7 @@ def serve(a, world):
             model = load_gpu_model(ckpt, comm, max_seq=context, kernel=a.kernel)
         else:
             model = load_model(ckpt, comm)
-        runner = EngineRunner(model, context, gpu, prefill_chunk(cfg), link)
+        runner = EngineRunner(model, context, gpu, prefill_chunk(cfg), link, source=ckpt.dir)
         if rank != 0:
             link.follow(runner)
             return 0
