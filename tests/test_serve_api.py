@@ -220,6 +220,18 @@ def test_other_refusals(server):
     assert st == 400 and j["error"]["code"] == "context_length_exceeded" and "leaves no room" not in j["error"]["message"]
     st, _, j = post(server, "/v1/completions", {"model": server.name, "prompt": ""})
     assert st == 400 and j["error"]["param"] == "prompt"
+    # a body declared too large is refused before it is read
+    with socket.create_connection(server.host_port) as s:
+        s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                  b"Content-Length: 100000000\r\n\r\n")
+        s.settimeout(60)
+        head = b""
+        while b"}}" not in head:
+            chunk = s.recv(65536)
+            if not chunk:
+                break
+            head += chunk
+    assert head.startswith(b"HTTP/1.1 413") and b'"code":"request_too_large"' in head
     # a request's bytes cut off mid-body, and garbage: the server answers the next one
     for junk in (b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 50\r\n\r\n{\"mo",
                  b"\x00\xff garbage \r\n\r\n"):

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect
 from starlette.responses import HTMLResponse, JSONResponse, Response
 from starlette.routing import Route
 
@@ -65,6 +65,10 @@ def build_app(st: ServeState):
         st.metrics.request(endpoint, status)
 
     async def read_body(request):
+        declared = request.headers.get("content-length", "")
+        if declared.isdigit() and int(declared) > MAX_BODY:  # refused before it is read
+            raise ApiError(413, f"the request body has {declared} bytes; the limit is {MAX_BODY}",
+                           code="request_too_large")
         raw = await request.body()
         if len(raw) > MAX_BODY:
             raise ApiError(413, f"the request body has {len(raw)} bytes; the limit is {MAX_BODY}",
@@ -120,14 +124,16 @@ def build_app(st: ServeState):
 
         reading = asyncio.ensure_future(read_all())
         watching = asyncio.ensure_future(until_disconnect(request.receive))
+        gone = False
         try:
             await asyncio.wait({reading, watching}, return_when=asyncio.FIRST_COMPLETED)
         finally:
             watching.cancel()
             if not reading.done():  # the client is gone
+                gone = True
                 reading.cancel()
                 st.scheduler.cancel(job)
-        if reading.cancelled():
+        if gone:
             answered(endpoint, 499)  # nginx's "client closed request": nobody reads this answer
             return Response(status_code=499)
         ev = reading.result()
@@ -190,10 +196,24 @@ def build_app(st: ServeState):
         return error_response(ApiError(500, f"internal error: {type(exc).__name__}", type="server_error",
                                        code="internal_error"))
 
-    routes = [Route("/", index), Route("/health", health), Route("/metrics", metrics),
-              Route("/v1/models", models), Route("/v1/models/{name:path}", model),
-              Route("/v1/chat/completions", chat_completions, methods=["POST"]),
-              Route("/v1/completions", completions, methods=["POST"])]
+    def guarded(handler):
+        """The handler, with a client that left mid-request answered by nothing (499 in the
+        metrics) and any unexpected exception by an OpenAI-shaped 500 and one line on stderr
+        (Starlette's own handler would let uvicorn print the traceback too)."""
+        async def run(request):
+            try:
+                return await handler(request)
+            except ClientDisconnect:
+                answered(request.url.path, 499)
+                return Response(status_code=499)
+            except Exception as e:
+                return await server_error(request, e)
+        return run
+
+    routes = [Route("/", guarded(index)), Route("/health", guarded(health)), Route("/metrics", guarded(metrics)),
+              Route("/v1/models", guarded(models)), Route("/v1/models/{name:path}", guarded(model)),
+              Route("/v1/chat/completions", guarded(chat_completions), methods=["POST"]),
+              Route("/v1/completions", guarded(completions), methods=["POST"])]
     return Starlette(routes=routes, exception_handlers={HTTPException: http_error, Exception: server_error})
 
 
