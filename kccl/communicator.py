@@ -219,7 +219,7 @@ class Communicator:
             built, ndev = gpu_support()
             if not built:
                 raise KcclInvalidUsage("device=%d asked for, but this kccl was built without CUDA (reinstall "
-                                       "with nvcc on PATH; KCCL_CUDA=1 makes a missing nvcc an error)" % device)
+                                       "where nvcc and a GPU driver are, or with KCCL_CUDA=1)" % device)
             if device >= ndev:
                 raise KcclInvalidArgument(f"device={device}: this process sees {ndev} CUDA device(s)")
         cfg.device = device
