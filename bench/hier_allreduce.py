@@ -83,7 +83,6 @@ def main(argv=None):
         sys.exit("MPICH does not see the simulated hosts (MPIR_CVAR_NUM_CLIQUES): flat MPI would not run on the "
                  "same layout")
     import kccl
-    from kccl import config as kccl_config
     load_start = os.getloadavg()
     hier = kccl.Communicator.from_mpi(world)
     intra = world.Split(host, rank)
@@ -139,11 +138,12 @@ def main(argv=None):
             legs = " ".join(f"{k} {s[k][1]:8.1f}" for k in LEGS[2:])
             print(f"{fmt_size(nbytes):>5}  {spread}  mpi/hier {row['mpi_over_hier']:5.2f}  legs {legs}  "
                   f"wrong {wrong['hier']}/{wrong['mpi']}", flush=True)
+    large_bytes = hier.topo_info()["large_bytes"]
     hier.close()
     local.close()
     if rank == 0 and args.json:
         meta = {"hosts": hosts, "per_host": L, "rounds": args.rounds, "round_ms": args.round_ms,
-                "large_bytes": kccl_config.resolve()["KCCL_HIER_LARGE_BYTES"][0],
+                "large_bytes": large_bytes,
                 "machine": platform.processor() or platform.machine(), "cpus": os.cpu_count(),
                 "loadavg_start_end": [load_start, os.getloadavg()], "mpi": MPI.Get_library_version().splitlines()[0],
                 "layout": "MPIR_CVAR_NUM_CLIQUES=%d, UCX_TLS=tcp" % hosts}

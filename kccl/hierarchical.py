@@ -117,6 +117,7 @@ class HierarchicalCommunicator:
             if c is not None:
                 self._shard_comms[s] = c
         intra = world.Split(self._host, self._rank)
+        intra.alltoall([None] * intra.Get_size())  # connects every pair of the host for failure notices
         err = None
         try:
             self._local = make_local(intra)
@@ -179,9 +180,11 @@ class HierarchicalCommunicator:
 
     def topo_info(self):
         """The host communicator's topo_info, plus "hosts" (how many), "host" (this rank's
-        index), "local_rank" and "local_size" (its place among its host's ranks)."""
+        index), "local_rank" and "local_size" (its place among its host's ranks) and
+        "large_bytes" (KCCL_HIER_LARGE_BYTES: where all-reduce takes the large path)."""
         info = self._call(self._live().topo_info)
-        info.update(hosts=self._layout.nhosts, host=self._host, local_rank=self._lrank, local_size=self._lsize)
+        info.update(hosts=self._layout.nhosts, host=self._host, local_rank=self._lrank, local_size=self._lsize,
+                    large_bytes=self._large)
         return info
 
     # -- failures -------------------------------------------------------------------
@@ -204,32 +207,37 @@ class HierarchicalCommunicator:
         KCCL communicator (its blocked ranks raise at once), raise.
 
         A message to a dead rank can crash this process inside MPI (MPICH over UCX has no
-        peer-failure handling unless built for it), so known dead ranks are skipped, and a
-        timeout, whose cause may be any rank, tells only this host's ranks: every other
-        host's leader waits on the same collective under the same bound."""
+        peer-failure handling unless built for it; so can any MPI progress while requests
+        towards a dead rank are in flight), so known dead ranks are skipped, and a timeout,
+        whose cause may be any rank, is neither told nor forwarded by an abort: every rank's
+        wait, KCCL's and MPI's alike, ends under the same KCCL_TIMEOUT_MS by itself."""
         if self._closed_why is None:
             self._closed_why = text
             _ABANDONED.append((self._inflight, self._sig_req, self._sigs, getattr(self, "_mysig", None)))
             self._inflight = self._sig_req = None
+            if cls is KcclTimeout:
+                raise cls(text)
             if notify:
                 data = pickle.dumps((cls.code, text))
-                reach = self._members if cls is KcclTimeout else range(self._size)
-                for r in reach:
+                for r in range(self._size):
                     if r != self._rank and r not in skip:
                         try:
                             self._notices.append(self._ctrl.Isend([data, MPI.BYTE], dest=r, tag=_NOTICE_TAG))
                         except MPI.Exception:
                             pass  # that rank's link failed too; it learns another way or times out
-                # MPI moves a message only inside MPI calls: push the notices out before this
-                # rank returns (and perhaps exits), for a bounded time
+            if self._local is not None:
+                self._local.abort()
+            if notify:
+                # MPI moves a message only inside MPI calls: push the notices out, for a bounded
+                # time, before this rank returns (and perhaps exits).  After the abort, so that
+                # this host's ranks, woken by it, take part (a first message between two ranks
+                # may need both to make progress) while they look for the notice.
                 end = time.monotonic() + _GRACE_S
                 try:
                     while not MPI.Request.Testall(self._notices) and time.monotonic() < end:
                         time.sleep(0.0005)
                 except MPI.Exception:
                     pass
-            if self._local is not None:
-                self._local.abort()
         raise cls(text)
 
     def _poll_notice(self):
@@ -250,11 +258,14 @@ class HierarchicalCommunicator:
                 raise KcclRemoteError(self._closed_why) from None
             text = self._world_text(str(e))
             if isinstance(e, KcclRemoteError) and " aborted " in text:
-                # maybe our leader aborted on a notice from another host: name the cause
+                # A peer here aborted: on a failure it announced itself (look for that notice,
+                # which names the cause), or on a timeout or at close, which are not announced
+                # (see _fail): either way nothing more to tell.
                 end = time.monotonic() + _GRACE_S
                 while time.monotonic() < end:
                     self._poll_notice()
                     time.sleep(0.001)
+                self._fail(type(e), f"host {self._host}: {text}", notify=False)
             dead = {int(r) for r in _DIED.findall(text)}
             self._fail(type(e), f"host {self._host}: {text}", skip=dead)
 

@@ -169,8 +169,10 @@ def kill(victim):
     comm.close()
     left = sorted(n for n in os.listdir("/dev/shm") if n.startswith("kccl-"))
     # a file per rank: no collective with a dead rank, no lines interleaved on stdout
-    with open(os.path.join(os.environ["HIER_OUT"], f"rank{RANK}.json"), "w") as f:
+    path = os.path.join(os.environ["HIER_OUT"], f"rank{RANK}.json")
+    with open(path + ".tmp", "w") as f:
         json.dump({"rank": RANK, "first": got, "after": after, "shm": left}, f)
+    os.rename(path + ".tmp", path)  # whole or absent, even if the launcher kills this rank
     os._exit(0)  # MPI_Finalize would wait for the dead rank
 
 

@@ -31,8 +31,9 @@ static uint64_t uid_sum(const uint8_t *b) { return fnv1a_from(fnv1a(b, OFF_SUM),
  * pids: the kernel (boot id), the /dev/shm file system (its device and inode) and the
  * pid namespace.  0 when /proc or /dev/shm cannot be read (then nothing is checked).
  * Hostnames and IPC namespaces are left out: containers that differ only in those
- * (docker --ipc=host) still share /dev/shm, and a KCCL communicator among them works. */
-uint64_t kccl_machine_key(void) {
+ * (docker --ipc=host) still share /dev/shm, and a KCCL communicator among them works.
+ * kccl_native/nccl/route.c computes the same key for its agreement (it may use kccl.h only). */
+static uint64_t kccl_machine_key(void) {
   char buf[256] = "", ns[128] = "";
   FILE *f = fopen("/proc/sys/kernel/random/boot_id", "r");
   if (!f) return 0;
