@@ -49,6 +49,12 @@ uint64_t kccl_machine_key(void) {
   return h ? h : 1;
 }
 
+kcclResult_t kcclGetHostKey(uint64_t *key) {
+  if (!key) return kccl_err(kcclInvalidArgument, "key is NULL");
+  *key = kccl_machine_key();
+  return kcclSuccess;
+}
+
 kcclResult_t kcclGetVersion(int *version) {
   if (!version) return kccl_err(kcclInvalidArgument, "version is NULL");
   *version = KCCL_VERSION_CODE;
