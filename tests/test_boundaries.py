@@ -229,7 +229,11 @@ def test_layer_scanner_sees_a_break(tmp_path):
 PUBLIC_HEADERS = {"kccl.h", "kccl_settings.def", "kccl_device.cuh"}
 
 
-@pytest.mark.parametrize("folder", ["kccl_native/nccl", "bench/native", "examples/c", "kie_engine/gpu/csrc"])
+OUTSIDE_THE_CORE = ["kccl_native/nccl", "bench/native", "examples/c"] + sorted(
+    os.path.relpath(d, ROOT) for d in glob.glob(os.path.join(ROOT, "kie_engine", "*", "csrc")))
+
+
+@pytest.mark.parametrize("folder", OUTSIDE_THE_CORE)
 def test_code_outside_the_core_uses_kccl_h_only(folder):
     """The NCCL shim, the benchmarks, the examples and KIE include KCCL's public headers
     (or their own) and call kccl.h's functions, never the core's kccl_* / kgpu_* helpers."""

@@ -8,13 +8,12 @@ Lanes (tensor parallelism) follow tp.py's plan exactly; their sums go through
 a GPU kccl.Communicator, whose C functions the engine calls from its own
 stream (also inside the captured graph), or, with the monokernel, through
 KCCL's device API from inside the kernel."""
-import os
 import re
 import time
 
 import numpy as np
 
-from .. import tp as _tp
+from .. import settings as _settings, tp as _tp
 from ..errors import (GpuArgumentError, GpuError, GpuMemoryError, GpuTimeoutError, GpuUnavailableError,
                       PromptTooLongError)
 from ..generate import Result, Sampling, check_request, non_finite_logits, stop_set
@@ -100,28 +99,6 @@ def _kccl_functions(comm):
     return c
 
 
-def _env_int(name, default, lo, hi):
-    v = os.environ.get(name)
-    if v is None or v.strip() == "":
-        return default
-    try:
-        n = int(v)
-    except ValueError:
-        n = lo - 1
-    if not lo <= n <= hi:
-        raise GpuArgumentError(f"{name}={v!r}: expected an integer in {lo}..{hi}")
-    return n
-
-
-def _env_flag(name, default):
-    v = os.environ.get(name)
-    if v is None or v.strip() == "":
-        return default
-    if v.strip() not in ("0", "1"):
-        raise GpuArgumentError(f"{name}={v!r}: expected 0 or 1")
-    return int(v.strip())
-
-
 KERNELS = ("graph", "mono")
 
 
@@ -143,8 +120,9 @@ class GpuModel:
     (gemv_blocks_per_sm, gemv_u, gemv_pipe, gemv_x_l1, att_chunk).  kernel: how a
     decode step runs, "graph" (a kernel per GEMV and attention, captured as a CUDA
     graph) or "mono" (one persistent kernel per step, the lanes' sums inside it);
-    default $KIE_GPU_KERNEL, else "graph".  Lanes that share a GPU (more ranks than
-    visible GPUs: MPS) split its SMs between their monokernels."""
+    default KIE_GPU_KERNEL (kie_engine/settings.py holds it and every KIE_GPU_* setting).
+    Lanes that share a GPU (more ranks than visible GPUs: MPS) split its SMs between
+    their monokernels."""
 
     def __init__(self, cfg, comm=None, max_seq=None, device=None, pdl=None, prefetch=None, tuning=None,
                  kernel=None):
@@ -166,17 +144,13 @@ class GpuModel:
         s.vocab, s.vocab_part, s.vocab_valid, s.vocab_off = cfg.vocab_size, lp.part, lp.v1 - lp.v0, lp.v0
         s.max_seq, s.eps, s.dtp_delay = self.max_seq, cfg.rms_norm_eps, cfg.dtp_delay
         s.tp_size, s.tp_rank = size, rank
-        s.pdl = _env_flag("KIE_GPU_PDL", 0 if shared else 1) if pdl is None else int(bool(pdl))
-        s.prefetch = _env_int("KIE_GPU_PREFETCH", 2, 0, 2) if prefetch is None else int(prefetch)
-        s.gemv_blocks_per_sm = _env_int("KIE_GPU_GEMV_BLOCKS_PER_SM", 0, 0, 16)
-        s.gemv_u = _env_int("KIE_GPU_GEMV_U", 0, 0, 8)
-        s.att_chunk = _env_int("KIE_GPU_ATT_CHUNK", 0, 0, 1 << 20)
-        s.gemv_pipe = _env_int("KIE_GPU_GEMV_PIPE", 1, 0, 1)
-        s.gemv_x_l1 = _env_int("KIE_GPU_GEMV_X_L1", 1, 0, 1)
-        s.mono_prefetch = _env_int("KIE_GPU_MONO_PREFETCH", -1, -1, 64)
-        s.mono_blocks = _env_int("KIE_GPU_MONO_BLOCKS", 0, 0, 1 << 16)
+        s.pdl = _settings.value("KIE_GPU_PDL", default=0 if shared else 1) if pdl is None else int(bool(pdl))
+        s.prefetch = _settings.value("KIE_GPU_PREFETCH") if prefetch is None else int(prefetch)
+        for field in ("gemv_blocks_per_sm", "gemv_u", "att_chunk", "gemv_pipe", "gemv_x_l1", "mono_prefetch",
+                      "mono_blocks"):
+            setattr(s, field, _settings.value("KIE_GPU_" + field.upper()))
         s.lanes_per_device = -(-size // ndev) if shared else 1
-        s.kernel = kernel_code(kernel if kernel is not None else os.environ.get("KIE_GPU_KERNEL") or "graph")
+        s.kernel = kernel_code(kernel if kernel is not None else _settings.value("KIE_GPU_KERNEL"))
         for k, v in (tuning or {}).items():
             setattr(s, k, int(v))
         self._shape = s
