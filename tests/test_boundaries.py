@@ -229,6 +229,17 @@ def test_layer_scanner_sees_a_break(tmp_path):
 PUBLIC_HEADERS = {"kccl.h", "kccl_settings.def", "kccl_device.cuh"}
 
 
+def test_include_holds_the_public_headers_and_marked_internals_only():
+    """kccl_native/include/ is what the package installs: the public headers at its top,
+    and kccl_device/, the device API's internals, which say so at their top."""
+    top = {f for f in os.listdir(INCLUDE) if os.path.isfile(os.path.join(INCLUDE, f))}
+    assert top == PUBLIC_HEADERS, top
+    assert {d for d in os.listdir(INCLUDE) if os.path.isdir(os.path.join(INCLUDE, d))} == {"kccl_device"}
+    assert "kccl_device/ (internal" in read(os.path.join(INCLUDE, "kccl_device.cuh"))
+    for f in ("gpu_compat.h", "gpu_status.h"):
+        assert "internal" in read(os.path.join(INCLUDE, "kccl_device", f)).split("*/", 1)[0].lower(), f
+
+
 OUTSIDE_THE_CORE = ["kccl_native/nccl", "bench/native", "examples/c"] + sorted(
     os.path.relpath(d, ROOT) for d in glob.glob(os.path.join(ROOT, "kie_engine", "*", "csrc")))
 

@@ -1,7 +1,7 @@
 /* Every name of kccl_gpu_compat.h's HIP branch, used once with the argument types
  * KCCL's sources pass (tests/test_hip_build.py compiles this with hipcc and checks
  * that no name of the branch is missing here).  Compiled, never run. */
-#include "kccl_gpu_compat.h"
+#include "kccl_device/gpu_compat.h"
 
 #ifndef KGPU_HIP
 #error "kccl_gpu_compat.h did not take its HIP branch"

@@ -1,5 +1,7 @@
 /*
- * kccl_gpu_compat.h - the only place where KCCL's GPU code names CUDA (or HIP).
+ * kccl_device/gpu_compat.h - the only place where KCCL's GPU code names CUDA (or HIP).
+ * Internal, as all of kccl_device/: installed because kccl_device.cuh includes it,
+ * not an API (its kgpu* names may change in any release).
  *
  * Everything vendor-specific that the GPU transport uses is spelled here: the
  * runtime calls (kgpu*), the handle types, and the few memory operations whose
