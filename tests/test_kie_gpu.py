@@ -13,7 +13,7 @@ import pytest
 import kccl
 from kccl._build_cuda import find_nvcc
 from kie_engine.config import preset
-from kie_engine.errors import GpuUnavailableError, KieError
+from kie_engine.errors import GpuError, GpuUnavailableError, KieError
 from kie_engine.gpu import engine as gpu_engine
 from kie_engine.init import random_tensors
 from kie_engine.model import Model, round_bf16
@@ -147,14 +147,26 @@ def test_every_wrapper_call_reaches_the_engine_with_the_right_types():
              lambda: m.generate([1, 2], 3), lambda: m.generate([1, 2], 3, Sampling(temperature=0.5, top_k=3)),
              lambda: m.upload_matrix(lib.KIE_W_EMBED, 0, np.zeros((cfg.vocab_size, cfg.hidden_size), np.float32)),
              lambda: m.upload_vector(lib.KIE_F_FINAL_NORM, 0, np.ones(cfg.hidden_size)), lambda: m._read_logits(),
-             lambda: m.bench_gemv(64, 64), lambda: m.bench_layer_gemvs(), lambda: m.bench_steps(2),
-             lambda: m.mono_profile()]
+             lambda: m.set_sampling(Sampling(temperature=0.5))]
     for call in calls:
         with pytest.raises(GpuError):
             call()
     m._e = None
     with pytest.raises(GpuError, match="closed"):
         m.prefill([1])
+
+
+def test_native_functions_for_the_benchmarks():
+    """bench/kie_native calls the engine through these (the benchmarks live outside it)."""
+    from kie_engine.errors import GpuArgumentError
+    assert gpu_engine.native_function("kie_decode") > 0 and gpu_engine.native_function("kie_sync") > 0
+    for bad in ("kie_nope", "printf", 3):
+        with pytest.raises(GpuArgumentError):
+            gpu_engine.native_function(bad)
+    m = gpu_engine.GpuModel.__new__(gpu_engine.GpuModel)
+    m._e = None
+    with pytest.raises(GpuError, match="closed"):
+        m.native_handle()
 
 
 def test_bad_tuning_variables_are_refused(monkeypatch):

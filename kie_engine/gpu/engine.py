@@ -1,5 +1,5 @@
 """GpuModel: one lane of a model on one CUDA device, through the C engine
-(csrc/engine.cu).  It offers the numpy Model's interface (reset, prefill,
+(csrc/, kie_gpu.h).  It offers the numpy Model's interface (reset, prefill,
 decode_step returning logits, max_seq), which the tests and the host-side
 sampler use, and a fast generate() in which the device picks every token and
 the host only reads them from a ring, launching a few steps ahead.
@@ -40,7 +40,7 @@ def _check(rc):
 
 
 # The device checks each step's logits where it picks the token (pick.cu), so they never
-# cross to the host; its report, in engine.cu's words, becomes generate.py's error.
+# cross to the host; its report, in api.cu's words, becomes generate.py's error.
 _NON_FINITE = re.compile(r"the logits of step \d+ are not finite")
 
 
@@ -97,6 +97,15 @@ def _kccl_functions(comm):
                         ("dev_comm", "kcclCommGetDevComm")):
         setattr(c, field, ffi.cast("void *", capi.function(name)))
     return c
+
+
+def native_function(name):
+    """The address of kie_gpu.h function `name` in this module's engine, as an int (for
+    native code calling it on a native_handle())."""
+    if lib is None or not isinstance(name, str) or not name.startswith("kie_") or \
+            not callable(getattr(lib, name, None)):
+        raise GpuArgumentError(f"{name!r} is not a function of kie_gpu.h in this build")
+    return int(ffi.cast("uintptr_t", ffi.addressof(lib, name)))
 
 
 KERNELS = ("graph", "mono")
@@ -167,6 +176,20 @@ class GpuModel:
         cos, sin = rope_tables(cfg.head_dim, self.max_seq, cfg.rope_theta)
         self._upload_f32(lib.KIE_F_ROPE_COS, 0, cos)
         self._upload_f32(lib.KIE_F_ROPE_SIN, 0, sin)
+
+    def set_sampling(self, sampling):
+        """The pick of the steps that follow: MODE_GREEDY for temperature 0, else MODE_SAMPLE
+        with the sampler set to `sampling`; returns the mode."""
+        if sampling.temperature == 0:
+            return MODE_GREEDY
+        _check(lib.kie_set_sampling(self._handle(), sampling.temperature, sampling.top_k, sampling.top_p,
+                                    sampling.seed & 0xFFFFFFFFFFFFFFFF))
+        return MODE_SAMPLE
+
+    def native_handle(self):
+        """The engine's kie_engine * as an int, for native code that works on it through
+        kie_gpu.h (bench/kie_native); GpuError once closed."""
+        return int(ffi.cast("uintptr_t", self._handle()))
 
     # -- weights --------------------------------------------------------------------------
     def _handle(self):
@@ -274,10 +297,7 @@ class GpuModel:
             raise GpuArgumentError(f"ahead={ahead}: 1..{lib.KIE_RING // 2 - 1}")
         e = self._handle()
         stop = stop_set(eos_id)
-        mode = MODE_GREEDY if sampling.temperature == 0 else MODE_SAMPLE
-        if mode == MODE_SAMPLE:
-            _check(lib.kie_set_sampling(e, sampling.temperature, sampling.top_k, sampling.top_p,
-                                        sampling.seed & 0xFFFFFFFFFFFFFFFF))
+        mode = self.set_sampling(sampling)
         self.reset()
         out = Result()
         tok = ffi.new("int32_t *")
@@ -317,47 +337,6 @@ class GpuModel:
                                                  "device_bytes", "graph_nodes", "kernel", "mono_slots",
                                                  "mono_slot_bytes", "mono_smem", "mono_stages", "mono_blocks",
                                                  "mono_reducers")}
-
-    def mono_profile(self):
-        """Where the monokernel's last step went, as block 0 saw it: for each kind of
-        stage (qkv, attention, o, gate_up, down, head) the microseconds summed over the
-        layers from its wait's end to its share written ("run") and from the previous
-        stage's end to its wait's end ("wait"); "total": the step from the first stage's
-        start to the head's end."""
-        n = self.info()["mono_stages"]
-        marks = np.zeros(2 * n, np.uint64)
-        _check(lib.kie_mono_marks(self._handle(), ffi.cast("uint64_t *", ffi.from_buffer(marks)), marks.size))
-        t = marks.astype(np.int64).reshape(n, 2)
-        kinds = ["qkv", "attention", "o", "gate_up", "down"] * self.cfg.num_hidden_layers + ["head"]
-        out = {k: {"run": 0.0, "wait": 0.0} for k in dict.fromkeys(kinds)}
-        for i, k in enumerate(kinds):
-            out[k]["run"] += (t[i, 1] - t[i, 0]) / 1e3
-            out[k]["wait"] += (t[i, 0] - t[i - 1, 1]) / 1e3 if i else 0.0
-        out = {k: {a: round(float(b), 1) for a, b in v.items()} for k, v in out.items()}
-        out["total"] = round(float(t[-1, 1] - t[0, 0]) / 1e3, 1)
-        return out
-
-    def bench_gemv(self, rows, cols, iters=50):
-        us = ffi.new("double *")
-        _check(lib.kie_bench_gemv(self._handle(), rows, cols, iters, us))
-        return float(us[0])
-
-    def bench_layer_gemvs(self, iters=50):
-        us = ffi.new("double *")
-        _check(lib.kie_bench_layer_gemvs(self._handle(), iters, us))
-        return float(us[0])
-
-    def bench_steps(self, iters, sampling=Sampling()):
-        """us per decode step over `iters` graph replays (timed with events); the
-        position advances by iters."""
-        us = ffi.new("double *")
-        mode = MODE_GREEDY if sampling.temperature == 0 else MODE_SAMPLE
-        if mode == MODE_SAMPLE:
-            _check(lib.kie_set_sampling(self._handle(), sampling.temperature, sampling.top_k, sampling.top_p,
-                                        sampling.seed))
-        _check(lib.kie_bench_steps(self._handle(), iters, mode, us))
-        self.pos += iters
-        return float(us[0])
 
     def weight_bytes_per_token(self):
         """Bytes of bf16 weights one decode step streams on this lane."""

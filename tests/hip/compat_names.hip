@@ -85,6 +85,8 @@ kgpuError_t compat_host_names(kgpuStream_t st, const kgpuIpcMemHandle_t *peer) {
   e = kgpuStreamWaitEvent(side, fork);
   e = kgpu_launch(compat_device_names, 1, 256, side, 1, (uint32_t *)buf, (uint64_t *)(buf + 1024),
                   (const void *)(buf + 2048), (uint64_t *)host_d, 64);
+  e = kgpu_launch_ex(compat_device_names, dim3(1), dim3(256), 0, side, 1, (uint32_t *)buf, (uint64_t *)(buf + 1024),
+                     (const void *)(buf + 2048), (uint64_t *)host_d, 64);
   e = kgpuEventRecord(ev1, st);
   e = kgpuEventSynchronize(ev1);
   e = kgpuEventElapsedTime(&ms, ev0, ev1);
