@@ -97,7 +97,9 @@ def build_nccl_shim(root, cc, libdir, objdir, core_objs, cuda_objects, cuda_libd
     objs = []
     for name in ("shim.c", "route.c"):
         obj = os.path.join(objdir, "nccl_" + name[:-2] + ".o")
-        _run([cc, "-O2", "-std=gnu11", "-fPIC", "-Wall", "-fvisibility=hidden",
+        # A core helper called without kccl.h declaring it would compile with an implicit
+        # int result (and link, the core's objects being in the same library): an error.
+        _run([cc, "-O2", "-std=gnu11", "-fPIC", "-Wall", "-Werror=implicit-function-declaration", "-fvisibility=hidden",
               *[f"-D{k}={v}" for k, v in defines], "-I", nccl, "-I", os.path.join(root, "kccl_native", "include"),
               *cuda_inc, "-c", os.path.join(nccl, name), "-o", obj])
         objs.append(obj)

@@ -6,6 +6,8 @@
         [--blas-threads N] [--device cpu|cuda] [--kernel graph|mono]
     python -m kie_engine convert --model FILE.gguf|smollm2 --out DIR [--dtype bfloat16|float32]
     python -m kie_engine convert --model FILE.gguf|smollm2 --quantize q8_0|q4_0|q4_1|q4_k --out FILE.gguf
+    [mpiexec -n N] python -m kie_engine serve --model DIR|FILE.gguf|smollm2 [--host 127.0.0.1] [--port 8000]
+        [--max-queue 32] [--device cpu|cuda] (an OpenAI-compatible HTTP server; README "Serving")
 
 Under mpiexec every rank is a lane (tensor parallelism over KCCL); N = 1 needs no
 mpiexec.  Rank 0 streams the text and prints the timing line."""
@@ -159,6 +161,14 @@ def cmd_generate(a):
     return 0
 
 
+def cmd_serve(a):
+    try:
+        from .serve.server import serve
+    except ImportError as e:
+        raise KieError(f"serve needs the serve extra (pip install -e '.[serve]'): {e}") from None
+    return serve(a, _world())
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(prog="python -m kie_engine",
                                 description="KIE: inference of Laneformer models (Llama-format models whose config "
@@ -211,10 +221,27 @@ def main(argv=None):
     c.add_argument("--quantize", choices=["q8_0", "q4_0", "q4_1", "q4_k"],
                    help="write a GGUF file (--out FILE.gguf) with the matrices in these blocks instead of a "
                         "safetensors directory (q4_k: llama.cpp's Q4_K_M mix of Q4_K and Q6_K)")
+    s = sub.add_parser("serve", help="serve the model over HTTP (OpenAI-compatible API and a chat page)",
+                       description="An OpenAI-compatible server: /v1/chat/completions, /v1/completions, /v1/models, "
+                                   "/health, /metrics, and a chat page at /.  One request runs at a time; the others "
+                                   "wait in a FIFO queue.  Under mpiexec -n N rank 0 serves and every rank is a lane.")
+    s.add_argument("--model", required=True, help="as for generate: a checkpoint directory, a .gguf file, or smollm2")
+    s.add_argument("--served-model-name", help="the model id clients name (default: the --model name)")
+    s.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    s.add_argument("--port", type=int, default=8000, help="port (default 8000; 0 picks a free one, printed)")
+    s.add_argument("--max-queue", type=int, default=32,
+                   help="requests that may wait behind the running one; more get 429 (default 32)")
+    s.add_argument("--shutdown-grace", type=float, default=1.0,
+                   help="on SIGTERM, seconds the running request may still take before it is cut (default 1)")
+    s.add_argument("--blas-threads", metavar="N", help="as for generate")
+    s.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="as for generate")
+    s.add_argument("--kernel", choices=["graph", "mono"], default="graph", help="as for generate (--device cuda)")
+    s.add_argument("--log-level", choices=["critical", "error", "warning", "info", "debug"], default="warning",
+                   help="uvicorn's log level; info and debug also log every request (default warning)")
     a = p.parse_args(argv)
     try:
-        return {"init": cmd_init, "generate": cmd_generate, "convert": cmd_convert}[a.cmd](a)
-    except (KieError, ValueError, FileNotFoundError) as e:
+        return {"init": cmd_init, "generate": cmd_generate, "convert": cmd_convert, "serve": cmd_serve}[a.cmd](a)
+    except (KieError, ValueError, FileNotFoundError, OSError) as e:
         if _world()[1] == 0:
             print(f"error: {e}", file=sys.stderr)
         return 2

@@ -39,7 +39,7 @@ FUNCTIONS = ["kie_decode", "kie_sync", "kie_last_error"]
 
 
 def _kccl_bench_build():
-    """bench/native/build.py, for its nvcc and stamp helpers (loaded under its own name:
+    """bench/native/build.py, for its stamp and load helpers (loaded under its own name:
     both builders are files called build.py)."""
     spec = importlib.util.spec_from_file_location("kccl_bench_build",
                                                   os.path.join(os.path.dirname(HERE), "native", "build.py"))
@@ -49,7 +49,7 @@ def _kccl_bench_build():
 
 
 _kb = _kccl_bench_build()
-_cuda_libdir, _find_nvcc, _stamp = _kb._cuda_libdir, _kb._find_nvcc, _kb._stamp
+_stamp = _kb._stamp
 
 
 def _inputs():
@@ -61,7 +61,10 @@ def _inputs():
 def build(verbose=False):
     """Compiles the extension into OUT; returns the stamp written."""
     os.makedirs(OUT, exist_ok=True)
-    nvcc = _find_nvcc()
+    from kccl import _build_cuda  # KCCL's nvcc and CUDA library search, as every native build here uses
+    nvcc = _build_cuda.find_nvcc()
+    if nvcc is None:
+        raise SystemExit("kie_bench: nvcc is not on PATH, $CUDA_HOME/bin or /usr/local/cuda/bin")
     objects = []
     for src in (os.path.join(HERE, "kie_bench.cu"), os.path.join(CSRC, "gemv.cu")):
         obj = os.path.join(OUT, os.path.basename(src)[:-3] + ".o")
@@ -74,7 +77,7 @@ def build(verbose=False):
     ffi = FFI()
     ffi.cdef(CDEF)
     ffi.set_source(MODULE, "#include <stddef.h>\n#include <stdint.h>", extra_objects=objects,
-                   library_dirs=[_cuda_libdir(nvcc)], libraries=["cudart_static", "dl", "stdc++", "rt", "pthread"])
+                   library_dirs=[_build_cuda.cuda_libdir(nvcc)], libraries=["cudart_static", "dl", "stdc++", "rt", "pthread"])
     ffi.compile(tmpdir=OUT, verbose=verbose)
     stamp = _stamp(" ".join(FLAGS), _inputs())
     with open(os.path.join(OUT, "stamp"), "w") as f:
