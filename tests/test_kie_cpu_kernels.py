@@ -234,3 +234,26 @@ def test_unsupported_type_and_width():
     y = np.zeros(2, np.float32)  # an unsupported type: the kernel marks its output, never garbage
     lib.kq_matvec(6, ffi.NULL, 64, ffi.NULL, ffi.cast("float *", y.ctypes.data), 0, 2)
     assert np.isnan(y).all()
+
+
+def _run_child(env_extra):
+    import os
+    import subprocess
+    import sys
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = dict(os.environ, PYTHONPATH=root + os.pathsep + os.environ.get("PYTHONPATH", ""), **env_extra)
+    code = "from kie_engine.cpu import kernels as K; print(K.level()); print(K.levels())"
+    return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
+
+
+def test_a_cpu_without_avx2_gets_scalar_and_one_notice():
+    """KIE_CPU_HIDE masks features from the dispatcher: without AVX2 (and so without the
+    AVX-512 level, which needs it) the portable path runs, and stderr says so once."""
+    r = _run_child({"KIE_CPU_HIDE": "avx2"})
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.splitlines() == ["scalar", "['scalar']"]
+    notice = [line for line in r.stderr.splitlines() if "AVX2" in line]
+    assert len(notice) == 1 and "scalar" in notice[0]
+    if "avx512" in LEVELS:  # hiding only AVX-512 leaves AVX2, without a word
+        r = _run_child({"KIE_CPU_HIDE": "avx512"})
+        assert r.stdout.splitlines()[0] == "avx2" and "AVX2" not in r.stderr

@@ -262,7 +262,9 @@ static void mv_q4_k(const void *w, size_t rb, int64_t cols, const void *act, flo
     const int64_t nb = cols / 256;
     for (int64_t r = r0; r < r1; r++) {
         const kq_block_q4_k *bl = (const kq_block_q4_k *)ROW(w, rb, r);
-        __m512 acc = _mm512_setzero_ps(), accm = _mm512_setzero_ps();
+        /* one accumulator per chunk: four independent FMA chains, not one */
+        __m512 acc[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
+        __m512 accm = _mm512_setzero_ps();
         for (int64_t b = 0; b < nb; b++) {
             uint8_t sm[16];
             kq_q4k_scales(bl[b].scales, sm);
@@ -279,11 +281,12 @@ static void mv_q4_k(const void *w, size_t rb, int64_t cols, const void *act, flo
                 __m512i q = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(bl[b].qs + 32 * c)));
                 q = _mm512_and_si512(_mm512_srlv_epi16(q, shifts), nib);
                 __m512i dot = _mm512_dpbusd_epi32(_mm512_setzero_si512(), q, _mm512_loadu_si512(aq + 64 * c));
-                acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_permutexvar_ps(pick[c], prod), acc);
+                acc[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_permutexvar_ps(pick[c], prod), acc[c]);
             }
         }
         /* the minimum terms are accm's odd lanes */
-        y[r] = _mm512_reduce_add_ps(acc) + _mm512_mask_reduce_add_ps(0xAAAA, accm);
+        __m512 sum = _mm512_add_ps(_mm512_add_ps(acc[0], acc[1]), _mm512_add_ps(acc[2], acc[3]));
+        y[r] = _mm512_reduce_add_ps(sum) + _mm512_mask_reduce_add_ps(0xAAAA, accm);
     }
 }
 
@@ -308,7 +311,7 @@ static void mv_q6_k(const void *w, size_t rb, int64_t cols, const void *act, flo
     const int64_t nb = cols / 256;
     for (int64_t r = r0; r < r1; r++) {
         const kq_block_q6_k *bl = (const kq_block_q6_k *)ROW(w, rb, r);
-        __m512 acc = _mm512_setzero_ps();
+        __m512 acc[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
         for (int64_t b = 0; b < nb; b++) {
             __m512 sc = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)bl[b].scales)));
             __m512 da = _mm512_permutexvar_ps(da_of_group, _mm512_loadu_ps(a.dds + 16 * b));
@@ -325,11 +328,12 @@ static void mv_q6_k(const void *w, size_t rb, int64_t cols, const void *act, flo
                 __m512i b1 = _mm512_slli_epi32(_mm512_loadu_si512(s4 + 32 * n + 16), 5);
                 __m512i d0 = _mm512_sub_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), q0, _mm512_loadu_si512(aq + 128 * n)), b0);
                 __m512i d1 = _mm512_sub_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), q1, _mm512_loadu_si512(aq + 128 * n + 64)), b1);
-                acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d0), _mm512_permutexvar_ps(pick[2 * n], s16), acc);
-                acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d1), _mm512_permutexvar_ps(pick[2 * n + 1], s16), acc);
+                acc[2 * n] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d0), _mm512_permutexvar_ps(pick[2 * n], s16), acc[2 * n]);
+                acc[2 * n + 1] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d1), _mm512_permutexvar_ps(pick[2 * n + 1], s16),
+                                                 acc[2 * n + 1]);
             }
         }
-        y[r] = _mm512_reduce_add_ps(acc);
+        y[r] = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(acc[0], acc[1]), _mm512_add_ps(acc[2], acc[3])));
     }
 }
 
