@@ -50,6 +50,11 @@ static void quantize_act(const float *x, int64_t cols, void *act)
         m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
         m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
         float db = _mm_cvtss_f32(m4) / 127.0f, id = db != 0.0f ? 1.0f / db : 0.0f;
+        __m256 bad = _mm256_setzero_ps(); /* x - x is NaN exactly where x is NaN or infinite */
+        for (int k = 0; k < 4; k++)
+            bad = _mm256_or_ps(bad, _mm256_cmp_ps(_mm256_sub_ps(v[k], v[k]), _mm256_setzero_ps(), _CMP_UNORD_Q));
+        if (_mm256_movemask_ps(bad))
+            db = __builtin_nanf(""), id = 0.0f;
         __m256i i[4];
         for (int k = 0; k < 4; k++) /* nearest even, as the scalar path */
             i[k] = _mm256_cvtps_epi32(_mm256_mul_ps(v[k], _mm256_set1_ps(id)));

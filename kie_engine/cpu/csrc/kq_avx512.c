@@ -101,6 +101,9 @@ static void quantize_act(const float *x, int64_t cols, void *act)
         __m512 x0 = _mm512_loadu_ps(x + 32 * b), x1 = _mm512_loadu_ps(x + 32 * b + 16);
         float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_and_ps(x0, absmask), _mm512_and_ps(x1, absmask)));
         float db = amax / 127.0f, id = db != 0.0f ? 1.0f / db : 0.0f;
+        /* x - x is NaN exactly where x is NaN or infinite: then q = 0 and d = NaN, as scalar */
+        if (_mm512_cmp_ps_mask(_mm512_sub_ps(x0, x0), _mm512_sub_ps(x1, x1), _CMP_UNORD_Q))
+            db = __builtin_nanf(""), id = 0.0f;
         __m512 vid = _mm512_set1_ps(id);
         /* cvtps rounds to nearest even (the default MXCSR mode), as the scalar path does */
         __m128i q0 = _mm512_cvtsepi32_epi8(_mm512_cvtps_epi32(_mm512_mul_ps(x0, vid)));

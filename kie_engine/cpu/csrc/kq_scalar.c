@@ -5,7 +5,9 @@
 #include "kq_internal.h"
 
 /* x -> the 8-bit prepared input (kq_internal.h).  Rounding is to nearest even, as
- * the SIMD levels' conversions do, so every level prepares the same bytes. */
+ * the SIMD levels' conversions do, so every level prepares the same bytes.  A block
+ * holding a NaN or an infinity gets q = 0 and scale NaN, so that every product with
+ * it is NaN (a diverged model is seen as such downstream, not as plausible numbers). */
 static void quantize_act_scalar(const float *x, int64_t cols, void *act)
 {
     char *p = (char *)act;
@@ -15,9 +17,14 @@ static void quantize_act_scalar(const float *x, int64_t cols, void *act)
     for (int64_t b = 0; b < cols / 32; b++) {
         const float *xb = x + b * 32;
         float amax = 0.0f;
-        for (int i = 0; i < 32; i++)
+        int finite = 1;
+        for (int i = 0; i < 32; i++) {
             amax = fmaxf(amax, fabsf(xb[i]));
+            finite &= isfinite(xb[i]) != 0;
+        }
         float db = amax / 127.0f, id = db != 0.0f ? 1.0f / db : 0.0f;
+        if (!finite) /* a NaN or Inf must reach the output, not vanish into int8 */
+            db = NAN, id = 0.0f;
         int sum = 0;
         for (int i = 0; i < 32; i += 4) {
             int s = 0;
