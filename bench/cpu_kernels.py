@@ -12,7 +12,8 @@ under the same load (this machine is shared).  Each figure is min / median / max
 --rounds rounds (after one warm-up round); the kernels run at the level named (--level;
 default the CPU's best).
 
-    python bench/cpu_kernels.py [--types Q4_1,Q8_0] [--threads 1] [--rounds 5] [--json out.json]"""
+    python bench/cpu_kernels.py [--types Q4_1,Q8_0] [--threads 1] [--rounds 5] [--json out.json]
+    python bench/cpu_kernels.py --in-cache [--json out.json]     (the arithmetic's ceiling, per level)"""
 import argparse
 import json
 import os
@@ -88,6 +89,26 @@ def run_kernel(t, rows, cols, footprint_mb, rounds, threads, copier):
     return stats(gbps), stats(copy), stats(share), one.nbytes
 
 
+def in_cache(t, rows, cols, reps=300, calls=10):
+    """GB/s of one matrix read again and again (it stays in L2): what the kernel's
+    arithmetic allows on one core, apart from memory.  Best of `reps` timings of `calls`
+    products (the best is the figure least disturbed by other processes)."""
+    ffi, lib = K.native()
+    rng = np.random.default_rng(0)
+    w = Q.quantize(rng.standard_normal((rows, cols)).astype(np.float32), Q.CODES[t])
+    act = K.prepare_act(t, rng.standard_normal(cols).astype(np.float32))
+    y = np.zeros(rows, np.float32)
+    pw, pa, py = (ffi.cast("void *", w.ctypes.data), ffi.cast("void *", act.ctypes.data),
+                  ffi.cast("float *", y.ctypes.data))
+    code, best = K.TYPES[t], float("inf")
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            lib.kq_matvec(code, pw, cols, pa, py, 0, rows)
+        best = min(best, (time.perf_counter() - t0) / calls)
+    return w.nbytes / best / 1e9
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--types", default="Q4_1,Q8_0,Q4_0,Q4_K,Q6_K,F16,BF16,F32")
@@ -96,9 +117,30 @@ def main():
     ap.add_argument("--footprint", type=int, default=256, help="MB of weights walked per round (default 256)")
     ap.add_argument("--level", default=None, help="avx512, avx2 or scalar (default: the CPU's best)")
     ap.add_argument("--json", default=None)
+    ap.add_argument("--in-cache", action="store_true",
+                    help="instead: each kernel on one 256 x 1536 (or 256 x 576) matrix that stays in L2, "
+                         "best of 300, on every level this CPU runs")
     args = ap.parse_args()
     if args.level and not K.set_level(args.level):
         sys.exit(f"error: this CPU or build cannot run level {args.level!r} (it can: {', '.join(K.levels())})")
+    if args.in_cache:
+        levels = [args.level] if args.level else K.levels()
+        res = {"load_before": os.getloadavg()[0], "kernels": []}
+        print(f"in L2, one core, best of 300 x 10 products; load {os.getloadavg()[0]:.2f}")
+        print(f"{'type':6} {'rows x cols':>12} " + " ".join(f"{lv:>14}" for lv in levels) + "   (GB/s)")
+        for t in args.types.split(","):
+            rows, cols = (256, 1536) if Q.BLOCKS[Q.CODES[t]][0] == 256 else (256, 576)
+            got = {}
+            for lv in levels:
+                K.set_level(lv)
+                got[lv] = in_cache(t, rows, cols)
+            res["kernels"].append({"type": t, "rows": rows, "cols": cols, "gbps": got})
+            print(f"{t:6} {f'{rows}x{cols}':>12} " + " ".join(f"{got[lv]:14.1f}" for lv in levels))
+        res["load_after"] = os.getloadavg()[0]
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(res, f, indent=1)
+        return
     copier = Copier(args.footprint)
     res = {"level": K.level(), "threads": args.threads, "rounds": args.rounds, "footprint_mb": args.footprint,
            "load_before": os.getloadavg()[0], "kernels": []}
