@@ -341,13 +341,14 @@ def test_cycle_finder_finds_one():
 
 def kccl_public():
     """What code outside kccl may use: the names kccl/__init__.py exports, and the
-    modules kccl.capi, kccl.paths, kccl.errors and kccl.torch (its submodules too)."""
+    modules kccl.capi, kccl.paths, kccl.errors, kccl.config (the settings registry that
+    `python -m kccl.config` prints) and kccl.torch (its submodules too)."""
     tree = ast.parse(read(os.path.join(ROOT, "kccl", "__init__.py")))
     names = set()
     for node in tree.body:
         if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "__all__" for t in node.targets):
             names = set(ast.literal_eval(node.value))
-    return names | {"__version__", "VERSION_CODE"}, ("kccl.capi", "kccl.paths", "kccl.errors", "kccl.torch")
+    return names | {"__version__", "VERSION_CODE"}, ("kccl.capi", "kccl.paths", "kccl.errors", "kccl.config", "kccl.torch")
 
 
 def kccl_private_attributes():
@@ -375,6 +376,10 @@ def kccl_uses(paths, own_attributes=frozenset()):
         for target, node in imports(path, "__outside__"):
             where = f"{rel(path)}:{node.lineno}"
             if target == "kccl" or not target.startswith("kccl."):
+                continue
+            # Build scripts share the library's one rule for when and how CUDA is compiled
+            # (nvcc and a GPU driver, or KCCL_CUDA=1): a build-time helper, not a run-time API.
+            if target == "kccl._build_cuda" and os.path.basename(path) in ("build.py", "_build.py"):
                 continue
             if any(target == m or target.startswith(m + ".") for m in public_modules):
                 continue

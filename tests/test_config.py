@@ -100,8 +100,10 @@ def test_registry_fields_match_the_c_struct():
     c_fields = {name for name, _ in ffi.typeof("kcclConfig_t").fields} - {"size", "device"}
     assert {s.field for s in kconfig.SETTINGS if s.native} == c_fields
     assert all(s.name == "KCCL_" + s.field.upper() for s in kconfig.SETTINGS)
-    # the Python-only settings are the placement ones, which C gets as a kcclPlacement_t
-    assert {s.name for s in kconfig.SETTINGS if not s.native} == {"KCCL_TOPO", "KCCL_TOPO_FILE"}
+    # the Python-only settings are the placement ones, which C gets as a kcclPlacement_t, and
+    # those of communicators over several hosts (kccl/hierarchical.py)
+    assert {s.name for s in kconfig.SETTINGS if not s.native} == {"KCCL_TOPO", "KCCL_TOPO_FILE", "KCCL_HOST_ID",
+                                                                   "KCCL_HIER_LARGE_BYTES", "KCCL_HIER_CHECK"}
 
 
 def test_c_defaults_equal_python_defaults():
