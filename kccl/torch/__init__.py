@@ -27,10 +27,32 @@ from .._native import ffi as _ffi
 from . import _build
 
 BACKEND_NAME = "kccl"
+# mpiexec (MPICH / Intel MPI: PMI_*; Open MPI: OMPI_COMM_WORLD_*) says a rank's place in
+# its own variables; env:// reads RANK and WORLD_SIZE only.
+_LAUNCHER_VARS = (("PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID"),
+                  ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK"))
 _MAX_TIMEOUT_MS = 86_400_000  # KCCL_TIMEOUT_MS's upper bound (kccl_settings.def)
 
 _ext = _build.load()
 _ext.bind_api({name: _capi.function(name) for name in _ext.api_names()})
+
+
+def ranks_from_launcher(environ=None):
+    """Under mpiexec: sets RANK, WORLD_SIZE (and LOCAL_RANK) from the launcher's variables
+    when neither RANK nor WORLD_SIZE is set, so that init_process_group("kccl") with
+    env:// works given MASTER_ADDR and MASTER_PORT.  Runs at import; returns the
+    variables it set."""
+    env = os.environ if environ is None else environ
+    if "RANK" in env or "WORLD_SIZE" in env:
+        return {}
+    for rank, size, local in _LAUNCHER_VARS:
+        if rank in env and size in env:
+            out = {"RANK": env[rank], "WORLD_SIZE": env[size]}
+            if local in env and "LOCAL_RANK" not in env:
+                out["LOCAL_RANK"] = env[local]
+            env.update(out)
+            return out
+    return {}
 
 
 def _timeout_ms(timeout):
@@ -61,7 +83,8 @@ def async_started(group=None):
     return _ext.async_started(pg._get_backend(torch.device("cpu")))
 
 
+ranks_from_launcher()
 if BACKEND_NAME not in _dist.Backend.backend_list:
     _dist.Backend.register_backend(BACKEND_NAME, _create, devices=["cpu"])
 
-__all__ = ["BACKEND_NAME", "async_started"]
+__all__ = ["BACKEND_NAME", "async_started", "ranks_from_launcher"]
