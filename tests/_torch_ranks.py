@@ -31,7 +31,7 @@ class RankResult:
         return f"<rank {self.rank} rc={self.rc} result={self.result!r} stderr={self.stderr[-2000:]!r}>"
 
 
-def launch(scenario, world, *, init="tcp", args=None, env=None, timeout=120.0, kill_after=None):
+def launch(scenario, world, *, init="tcp", args=None, env=None, timeout=120.0):
     """[RankResult per rank].  init: "tcp", "file", "env" (MASTER_ADDR/PORT, RANK,
     WORLD_SIZE), or "pmi" (MASTER_ADDR/PORT and PMI_RANK/PMI_SIZE, as mpiexec sets)."""
     port = free_port()
@@ -61,3 +61,29 @@ def launch(scenario, world, *, init="tcp", args=None, env=None, timeout=120.0, k
             err += f"\n[killed after {timeout} s]"
         out.append(RankResult(r, p.returncode, o, err, time.monotonic() - t0))
     return out
+
+
+def launch_mpiexec(scenario, world, *, args=None, env=None, timeout=120.0):
+    """[result of every rank] of a scenario started by `mpiexec -n world` with MASTER_ADDR and
+    MASTER_PORT set (the ranks find RANK / WORLD_SIZE in PMI_RANK / PMI_SIZE), or None
+    when there is no mpiexec."""
+    import shutil
+    mpiexec = shutil.which("mpiexec")
+    if mpiexec is None:
+        return None
+    e = dict(os.environ, **(env or {}))
+    e["PYTHONPATH"] = os.pathsep.join([os.path.dirname(HERE), e.get("PYTHONPATH", "")])
+    e.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
+    for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
+        e.pop(k, None)
+    cmd = [mpiexec, "-n", str(world), sys.executable, SCENARIOS, scenario, "-1", str(world), "env://",
+           json.dumps(args or {})]
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=e)
+    try:
+        out, err = p.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        p.kill()
+        out, err = p.communicate()
+        err += f"\n[killed after {timeout} s]"
+    results = [json.loads(l[7:]) for l in out.splitlines() if l.startswith("RESULT ")]
+    return p.returncode, results, err

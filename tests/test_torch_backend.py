@@ -16,7 +16,7 @@ import pytest
 torch = pytest.importorskip("torch", reason="kccl.torch needs torch (pip install -e '.[kie]' or '.[torch]')")
 
 sys.path.insert(0, os.path.dirname(__file__))
-from _torch_ranks import launch  # noqa: E402
+from _torch_ranks import launch, launch_mpiexec  # noqa: E402
 
 EXAMPLES = int(os.environ.get("KCCL_TORCH_TEST_EXAMPLES", "40"))
 
@@ -30,6 +30,7 @@ WAVE_A = {
     "groups_gloo": dict(scenario="groups", world=3, args={"default": "gloo"}, init="file"),
     "env": dict(scenario="env_init", world=2, init="env"),
     "pmi": dict(scenario="env_init", world=2, init="pmi"),
+    "mpiexec": dict(scenario="env_init", world=2, mpiexec=True),
     "mixed_devices": dict(scenario="env_init", world=2, init="env", args={"backend": "cpu:kccl,cuda:nccl"}),
     "mismatch": dict(scenario="mismatch", world=2),
 }
@@ -46,7 +47,8 @@ def _wave(jobs):
     out = {}
 
     def go(name, kw):
-        out[name] = launch(timeout=float(os.environ.get("KCCL_TORCH_TEST_TIMEOUT", "400")), **kw)
+        run = launch_mpiexec if kw.pop("mpiexec", False) else launch
+        out[name] = run(timeout=float(os.environ.get("KCCL_TORCH_TEST_TIMEOUT", "400")), **kw)
 
     threads = [threading.Thread(target=go, args=item) for item in jobs.items()]
     for t in threads:
@@ -113,6 +115,15 @@ def test_env_init_under_torchrun_and_mpiexec_variables(runs, name):
     for res in results:
         assert res["world"] == 2 and res["sum"] == 3.0
         assert "kccl" in res["backend"]
+
+
+def test_under_mpiexec_with_master_addr_and_port(runs):
+    if runs["mpiexec"] is None:
+        pytest.skip("no mpiexec (the [dev] extra's mpich provides it)")
+    rc, results, err = runs["mpiexec"]
+    assert rc == 0, err[-3000:]
+    assert sorted(r["rank"] for r in results) == [0, 1]
+    assert all(r["sum"] == 3.0 and r["world"] == 2 and r["shm"] == [] for r in results)
 
 
 def test_async_all_reduce_returns_before_the_late_peer_and_overlaps(runs):
