@@ -146,6 +146,8 @@ def _load():
             parse, default = _choice(table), names.split()[_number(default)]
         elif kind == "KCCL_KIND_PATH":
             parse = _path
+        elif macro == "KCCL_PY_SETTING":  # a byte count (the entry has no range of its own)
+            parse, default = _int_range(0, 1 << 40, sizes=True), _number(default)
         else:
             parse = _int_range(_number(lo), _number(hi), sizes=kind == "KCCL_KIND_SIZE", multiple=_number(multiple))
             default = _number(default)
