@@ -118,8 +118,11 @@ class Checkpoint:
         from .chat import ChatTemplate
         jinja_path = os.path.join(self.dir, "chat_template.jinja")
         if os.path.isfile(jinja_path):
-            with open(jinja_path, encoding="utf-8") as f:
-                return ChatTemplate(f.read(), self.special_tokens(), source=jinja_path)
+            try:
+                with open(jinja_path, encoding="utf-8") as f:
+                    return ChatTemplate(f.read(), self.special_tokens(), source=jinja_path)
+            except (OSError, UnicodeDecodeError) as e:
+                raise CheckpointError(f"{jinja_path}: cannot read the chat template: {e}") from None
         tc_path, tc = self._tokenizer_config()
         text = tc.get("chat_template")
         if isinstance(text, list):  # named templates: [{"name", "template"}, ...]
