@@ -100,7 +100,8 @@ def cmd_generate(a):
             model = load_gpu_model(ckpt, comm, max_seq=min(cfg.max_position_embeddings, len(ids) + a.max_new_tokens),
                                    kernel=a.kernel)
         else:
-            model = load_model(ckpt, comm)
+            # sized for this request, not the context the checkpoint claims (its RoPE tables are dense)
+            model = load_model(ckpt, comm, max_seq=min(cfg.max_position_embeddings, len(ids) + a.max_new_tokens))
         stream = StreamDecoder(tok)
 
         def on_token(t):

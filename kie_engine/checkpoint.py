@@ -5,11 +5,11 @@ Checkpoint(dir) checks every tensor the config implies is present, once, with it
 shape, before any weight is read; tensor(name, rows, cols) reads (a block of) one
 as float32."""
 import glob
-import json
 import os
 
 import numpy as np
 
+from . import jsonfile
 from .config import ModelConfig
 from .errors import CheckpointError, CheckpointNotFoundError
 from .safetensors_io import SafetensorsFile, to_float32
@@ -93,11 +93,7 @@ class Checkpoint:
         path = os.path.join(self.dir, "tokenizer_config.json")
         if not os.path.isfile(path):
             return path, {}
-        try:
-            with open(path, encoding="utf-8") as f:
-                tc = json.load(f)
-        except (OSError, ValueError) as e:
-            raise CheckpointError(f"{path}: cannot read JSON: {e}") from None
+        tc = jsonfile.load(path, CheckpointError, limit=64 << 20)
         if not isinstance(tc, dict):
             raise CheckpointError(f"{path}: expected a JSON object")
         return path, tc

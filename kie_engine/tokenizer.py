@@ -1,5 +1,7 @@
 """Tokenizers: tokenizer.json through the `tokenizers` package, and the small
 byte-level one that `init` checkpoints carry (256 byte tokens + <s>, </s>)."""
+import os
+
 from .config import SPECIAL_TOKENS
 from .errors import CheckpointError
 
@@ -34,11 +36,26 @@ def _bytes_to_unicode():
     return {b: chr(c) for b, c in zip(bs, cs)}
 
 
+# Large vocabularies (256 k tokens and their merges) take some tens of MB.
+MAX_TOKENIZER_BYTES = 512 << 20
+
+
 def load_tokenizer(path):
     from tokenizers import Tokenizer
     try:
+        size = os.path.getsize(path)
+    except OSError as e:
+        raise CheckpointError(f"{path}: cannot read: {e}") from None
+    if size > MAX_TOKENIZER_BYTES:
+        raise CheckpointError(f"{path}: {size} bytes, larger than any tokenizer.json needs "
+                              f"({MAX_TOKENIZER_BYTES >> 20} MiB)")
+    try:
         return Tokenizer.from_file(path)
-    except Exception as e:  # the package raises a plain Exception for a bad file
+    # The package raises a plain Exception for a bad file, and a Rust panic comes out as
+    # pyo3's PanicException, which derives from BaseException (and cannot be imported).
+    except BaseException as e:
+        if not isinstance(e, Exception) and type(e).__name__ != "PanicException":
+            raise
         raise CheckpointError(f"{path}: not a valid tokenizer.json: {e}") from None
 
 

@@ -302,3 +302,20 @@ def raw_files(draw):
 @given(data=raw_files())
 def test_structured_files(tmp_path_factory, data):
     check_refused_or_loads(_write(tmp_path_factory.mktemp("s"), data), seconds=10.0)
+
+
+def test_claimed_context_is_not_allocated(tmp_path):
+    """A file may claim a context of 2^31 - 1 tokens; generate sizes its buffers for the
+    request (it used to build RoPE tables for the whole claimed context: MemoryError)."""
+    import subprocess
+    import sys
+    path = str(tmp_path / "long.gguf")
+    write_llama(path, tokenizer=_write_tokenizer, cfg={"max_position_embeddings": 2**31 - 1})
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = dict(os.environ, PYTHONPATH=root + os.pathsep + os.environ.get("PYTHONPATH", ""), OMP_NUM_THREADS="1")
+    p = subprocess.run([sys.executable, "-c", "import resource, runpy, sys; "
+                        "resource.setrlimit(resource.RLIMIT_AS, (8 << 30, resource.RLIM_INFINITY)); "
+                        "sys.argv = ['kie_engine'] + sys.argv[1:]; runpy.run_module('kie_engine', run_name='__main__')",
+                        "generate", "--model", path, "--prompt", "abc", "--max-new-tokens", "3", "--ignore-eos"],
+                       env=env, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr[-2000:]
