@@ -18,9 +18,22 @@ from typing import Callable, Optional, Tuple
 
 from .errors import KcclInvalidArgument
 
+# What config.c strips around a value (C's isspace), and the longest value it reads:
+# both parsers must take and refuse the same strings.
+_BLANKS = " \t\n\v\f\r"
+_MAX_LEN = 63
+
+
+def _clean(text):
+    s = str(text).strip(_BLANKS)
+    if len(s) > _MAX_LEN:
+        raise ValueError(f"{len(s)} characters, longer than any value it takes")
+    return s
+
+
 def _int_range(lo, hi, sizes=False, multiple=1):
     def parse(text):
-        s = str(text).strip()
+        s = _clean(text)
         mult = 1
         if sizes and s[-1:] in "kKmM" and s[:-1]:
             mult = 1024 if s[-1] in "kK" else 1024 * 1024
@@ -38,7 +51,7 @@ def _int_range(lo, hi, sizes=False, multiple=1):
 
 def _choice(table):
     def parse(text):
-        s = str(text).strip()
+        s = _clean(text)
         for name, v in table.items():
             if s.lower() == name.lower() or s == str(v):
                 return name
@@ -227,7 +240,7 @@ def resolve(overrides: Optional[dict] = None, environ=None):
     for s in SETTINGS:
         if s.name in given:
             raw, src = given[s.name], "override"
-        elif environ.get(s.name, "") != "":
+        elif environ.get(s.name, "").strip(_BLANKS) != "":  # blank counts as unset, as in config.c
             raw, src = environ[s.name], "env"
         else:
             out[s.name] = (s.default, "default")

@@ -42,7 +42,9 @@ def parse_override(value, where):
     if value is None or str(value).strip() == "":
         return None
     text = str(value).strip()
-    if not text.isdigit() or int(text) < 1:
+    # ASCII digits only (str.isdigit also takes '²', which int() refuses), and a count a
+    # BLAS's C int holds
+    if not (text.isascii() and text.isdigit() and len(text) <= 6) or int(text) < 1:
         raise KieError(f"{where}={value!r}: expected a positive number of BLAS threads per rank")
     return int(text)
 

@@ -15,34 +15,42 @@
 #include "internal.h"
 
 /* The variable's value without surrounding blanks (as kccl/config.py reads it);
- * NULL when unset or empty. */
-static const char *env_value(const char *name, char *buf, size_t n) {
+ * NULL when unset or empty.  A value too long for `buf` (no setting has one) is an
+ * error: cut short, its first digits could parse as another number. */
+static kcclResult_t env_value(const char *name, char *buf, size_t n, const char **out) {
+  *out = NULL;
   const char *s = getenv(name);
-  if (!s) return NULL;
+  if (!s) return kcclSuccess;
   while (isspace((unsigned char)*s)) s++;
   size_t len = strlen(s);
   while (len && isspace((unsigned char)s[len - 1])) len--;
-  if (!len) return NULL;
-  if (len >= n) len = n - 1;
+  if (!len) return kcclSuccess;
+  if (len >= n)
+    return kccl_err(kcclInvalidArgument, "%s=%.20s...: %zu characters, longer than any value it takes", name, s, len);
   memcpy(buf, s, len);
   buf[len] = 0;
-  return buf;
+  *out = buf;
+  return kcclSuccess;
 }
 
 /* An integer in [lo, hi] and a multiple of `multiple`; byte sizes may end in k/K or
  * m/M (binary multiples). */
 kcclResult_t kccl_env_long(const char *name, long lo, long hi, int sizes, int multiple, long *out) {
   char buf[64];
-  const char *s = env_value(name, buf, sizeof buf);
-  if (!s) return kcclSuccess;
+  const char *s;
+  kcclResult_t r = env_value(name, buf, sizeof buf, &s);
+  if (r || !s) return r;
   char *end;
   errno = 0;
-  long v = strtol(s, &end, 10);
-  if (sizes && end != s && (*end == 'k' || *end == 'K') && !end[1]) { v *= 1024; end++; }
-  else if (sizes && end != s && (*end == 'm' || *end == 'M') && !end[1]) { v *= 1024 * 1024; end++; }
-  if (errno || end == s || *end || v < lo || v > hi)
+  long v = strtol(s, &end, 10), mult = 1;
+  if (sizes && end != s && (*end == 'k' || *end == 'K') && !end[1]) { mult = 1024; end++; }
+  else if (sizes && end != s && (*end == 'm' || *end == 'M') && !end[1]) { mult = 1024 * 1024; end++; }
+  /* v * mult is formed only when it cannot overflow (a wrapped product could land in range) */
+  int in_range = !errno && v >= lo / mult && v <= hi / mult && v * mult >= lo && v * mult <= hi;
+  if (end == s || *end || !in_range)
     return kccl_err(kcclInvalidArgument, "%s=%s: expected an integer in [%ld, %ld]%s", name, s, lo, hi,
                     sizes ? " (k/M suffix allowed)" : "");
+  v *= mult;
   if (v % multiple)
     return kccl_err(kcclInvalidArgument, "%s=%s: expected a multiple of %d in [%ld, %ld]", name, s, multiple, lo, hi);
   *out = v;
@@ -52,8 +60,9 @@ kcclResult_t kccl_env_long(const char *name, long lo, long hi, int sizes, int mu
 /* One of names[0..n) (any case) or its index as a digit. */
 static kcclResult_t env_choice(const char *name, char names[][16], int n, int *out) {
   char buf[64];
-  const char *s = env_value(name, buf, sizeof buf);
-  if (!s) return kcclSuccess;
+  const char *s;
+  kcclResult_t r = env_value(name, buf, sizeof buf, &s);
+  if (r || !s) return r;
   for (int i = 0; i < n; i++)
     if (!strcasecmp(s, names[i]) || (s[0] == '0' + i && !s[1])) { *out = i; return kcclSuccess; }
   char list[128] = "";
