@@ -18,6 +18,15 @@ from .safetensors_io import SafetensorsFile, to_float32
 _IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
 
 
+def check_layer_count(cfg, n_tensors, where):
+    """Refuses a config with more layers than the checkpoint has tensors, before
+    expected_shapes() lists 9 names per layer: a claimed 2^31 layers would take that long.
+    (Fewer extra layers get the check's own message: which tensors are missing.)"""
+    if cfg.num_hidden_layers > n_tensors:
+        raise CheckpointError(f"{where} = {cfg.num_hidden_layers} layers, but the checkpoint holds only "
+                              f"{n_tensors} tensors (9 per layer)")
+
+
 def expected_shapes(cfg):
     """{tensor name: shape} of a checkpoint of this config (HF LlamaForCausalLM names)."""
     h, hd = cfg.hidden_size, cfg.head_dim
@@ -55,8 +64,9 @@ class Checkpoint:
         self._check()
 
     def _check(self):
-        want = expected_shapes(self.config)
         cfgpath = os.path.join(self.dir, "config.json")
+        check_layer_count(self.config, len(self._where), f"{cfgpath}: 'num_hidden_layers'")
+        want = expected_shapes(self.config)
         missing = [n for n in want if n not in self._where]
         if missing:
             more = f" (and {len(missing) - 3} more)" if len(missing) > 3 else ""

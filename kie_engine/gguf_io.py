@@ -14,7 +14,7 @@ import os
 
 import numpy as np
 
-from .checkpoint import expected_shapes
+from .checkpoint import check_layer_count, expected_shapes
 from .config import ModelConfig
 from .errors import CheckpointError, CheckpointNotFoundError, ConfigError, UnsupportedFormatError
 from .gguf_check import check_file
@@ -342,6 +342,8 @@ class GGUFCheckpoint:
         cfg = self.config
         tied = "output.weight" not in self._tensors
         self.config = cfg = cfg.replace(tie_word_embeddings=tied)
+        check_layer_count(cfg, len(self._tensors), f"{self.path}: metadata '{self.meta.get('general.architecture')}"
+                                                   f".block_count'")
         want = {gguf_name(n): (n, shape) for n, shape in expected_shapes(cfg).items()}
         missing = [g for g in want if g not in self._tensors]
         if missing:

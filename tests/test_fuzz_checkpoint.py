@@ -289,3 +289,17 @@ def test_modelconfig_bounds():
     with pytest.raises(ConfigError, match="finite"):
         base.replace(rope_theta=float("inf"))
     ModelConfig(**{**base.__dict__})  # the preset itself is fine
+
+
+def test_claimed_layers_past_the_tensors(valid, tmp_path):
+    """num_hidden_layers = 2^31 - 1 used to make the tensor check list 9 x 2^31 names (hung)."""
+    d = str(tmp_path / "ck")
+    shutil.copytree(valid, d)
+    path = os.path.join(d, "config.json")
+    with open(path) as f:
+        cfg = json.load(f)
+    cfg["num_hidden_layers"] = 2**31 - 1
+    with open(path, "w") as f:
+        json.dump(cfg, f)
+    err = check(d)
+    assert isinstance(err, CheckpointError) and "'num_hidden_layers' = 2147483647 layers" in str(err), err

@@ -319,3 +319,19 @@ def test_claimed_context_is_not_allocated(tmp_path):
                         "generate", "--model", path, "--prompt", "abc", "--max-new-tokens", "3", "--ignore-eos"],
                        env=env, capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stderr[-2000:]
+
+
+def test_claimed_layers_past_the_tensors(tmp_path):
+    """A block_count of 2^31 - 1 (found by test_mutated_bytes) used to make the tensor check
+    list 9 x 2^31 names: refused by the count of tensors the file has."""
+    path = str(tmp_path / "layers.gguf")
+    write_llama(path)
+    r = gguf.GGUFReader(path)
+    part = r.fields["llama.block_count"].parts[-1]
+    off = part.__array_interface__["data"][0] - r.data.__array_interface__["data"][0]
+    del r
+    with open(path, "r+b") as f:
+        f.seek(off)
+        f.write(struct.pack("<I", 2**31 - 1))
+    e = check_refused_or_loads(path, seconds=10.0)
+    assert isinstance(e, CheckpointError) and "'llama.block_count' = 2147483647 layers" in str(e), e
