@@ -50,13 +50,44 @@ def load_tokenizer(path):
         raise CheckpointError(f"{path}: {size} bytes, larger than any tokenizer.json needs "
                               f"({MAX_TOKENIZER_BYTES >> 20} MiB)")
     try:
-        return Tokenizer.from_file(path)
-    # The package raises a plain Exception for a bad file, and a Rust panic comes out as
-    # pyo3's PanicException, which derives from BaseException (and cannot be imported).
+        return FileTokenizer(Tokenizer.from_file(path), path)
     except BaseException as e:
-        if not isinstance(e, Exception) and type(e).__name__ != "PanicException":
+        if not _tokenizers_failure(e):
             raise
         raise CheckpointError(f"{path}: not a valid tokenizer.json: {e}") from None
+
+
+def _tokenizers_failure(e):
+    """The package raises a plain Exception for a bad file or input, and a Rust panic comes
+    out as pyo3's PanicException, which derives from BaseException (and cannot be imported)."""
+    return type(e) is Exception or type(e).__name__ == "PanicException"
+
+
+class FileTokenizer:
+    """A tokenizers.Tokenizer read from a checkpoint's tokenizer.json, whose encode() and
+    decode() failures are CheckpointErrors naming the file: the file's own regexes run
+    there, and one that backtracks past Oniguruma's retry limit panics (found by fuzzing:
+    a Split pattern '(a+)+b' on a prompt of 22 a's).  Everything else is the Tokenizer's."""
+
+    def __init__(self, tokenizer, path):
+        self._tk, self.path = tokenizer, path
+
+    def __getattr__(self, name):
+        return getattr(self._tk, name)
+
+    def _guarded(self, what, *args, **kw):
+        try:
+            return getattr(self._tk, what)(*args, **kw)
+        except BaseException as e:
+            if not _tokenizers_failure(e):
+                raise
+            raise CheckpointError(f"{self.path}: the tokenizer failed in {what}(): {str(e)[:300]}") from None
+
+    def encode(self, *args, **kw):
+        return self._guarded("encode", *args, **kw)
+
+    def decode(self, *args, **kw):
+        return self._guarded("decode", *args, **kw)
 
 
 class StreamDecoder:

@@ -303,3 +303,29 @@ def test_claimed_layers_past_the_tensors(valid, tmp_path):
         json.dump(cfg, f)
     err = check(d)
     assert isinstance(err, CheckpointError) and "'num_hidden_layers' = 2147483647 layers" in str(err), err
+
+
+def test_tokenizer_regex_that_backtracks(valid, tmp_path):
+    """A tokenizer.json whose Split regex backtracks past Oniguruma's retry limit: encoding
+    a prompt used to end 'generate' with a Rust panic and a traceback (PanicException is a
+    BaseException); now a CheckpointError naming the file, exit status 2."""
+    import subprocess
+    import sys
+    d = str(tmp_path / "ck")
+    shutil.copytree(valid, d)
+    path = os.path.join(d, "tokenizer.json")
+    with open(path) as f:
+        tree = json.load(f)
+    tree["pre_tokenizer"] = {"type": "Split", "pattern": {"Regex": "(a+)+b"}, "behavior": "Isolated", "invert": False}
+    with open(path, "w") as f:
+        json.dump(tree, f)
+    tk = Checkpoint(d).tokenizer()
+    assert tk.encode("ab").ids
+    with pytest.raises(CheckpointError, match=f"{path}: the tokenizer failed in encode"):
+        tk.encode("a" * 40 + "c")
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = dict(os.environ, PYTHONPATH=root + os.pathsep + os.environ.get("PYTHONPATH", ""), OMP_NUM_THREADS="1",
+               RUST_BACKTRACE="0")
+    p = subprocess.run([sys.executable, "-m", "kie_engine", "generate", "--model", d, "--prompt", "a" * 40 + "c"],
+                       env=env, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 2 and "Traceback" not in p.stderr and path in p.stderr, p.stderr[-1500:]
