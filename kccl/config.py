@@ -21,7 +21,7 @@ from .errors import KcclInvalidArgument
 # What config.c strips around a value (C's isspace), and the longest value it reads:
 # both parsers must take and refuse the same strings.
 _BLANKS = " \t\n\v\f\r"
-_MAX_LEN = 63
+_MAX_LEN = 255
 
 
 def _clean(text):
@@ -159,6 +159,8 @@ def _load():
             parse, default = _choice(table), names.split()[_number(default)]
         elif kind == "KCCL_KIND_PATH":
             parse = _path
+        elif macro == "KCCL_PY_SETTING":  # a byte count (the entry has no range of its own)
+            parse, default = _int_range(0, 1 << 40, sizes=True), _number(default)
         else:
             parse = _int_range(_number(lo), _number(hi), sizes=kind == "KCCL_KIND_SIZE", multiple=_number(multiple))
             default = _number(default)

@@ -79,11 +79,12 @@ def test_python_and_c_parse_settings_alike(setting, text):
         assert setting.name in c[1], c
 
 
-@pytest.mark.parametrize("text", ["0" * 70 + "4096", "17592186044417M", "9007199254740993k", " \t ", "\u00a04096"])
+@pytest.mark.parametrize("text", ["0" * 300 + "4096", "17592186044417M", "9007199254740993k", " \t ", "\u00a04096"])
 def test_settings_found_by_fuzzing(text):
-    """Values the two parsers used to disagree on: C cut values at 63 characters (70 zeros
-    then 4096 read as 0), wrapped the k/M multiplication (2^44 + 1 M became 1 M), and
-    Python stripped Unicode blanks and refused blank values that C took as unset."""
+    """Values the two parsers used to disagree on: C cut long values short at its buffer (70
+    zeros then 4096 read as 0 with the 64-byte buffer of then), wrapped the k/M
+    multiplication (2^44 + 1 M became 1 M), and Python stripped Unicode blanks and refused
+    blank values that C took as unset."""
     name = "KCCL_BUFFER_BYTES"
     py, c = _py_parse(name, text), _c_parse(name, text)
     assert py[0] == c[0], (text, py, c)

@@ -5,8 +5,8 @@
 
 #include "kie_gpu.h"
 
-static const char *why = "this KIE was built without CUDA (reinstall with nvcc on PATH; KCCL_CUDA=1 makes a "
-                         "missing nvcc an error)";
+static const char *why = "this KIE was built without CUDA (reinstall where nvcc and a GPU driver are, or "
+                         "with KCCL_CUDA=1)";
 
 int kie_built(void) { return 0; }
 int kie_device_count(int *n) { *n = 0; return KIE_OK; }
