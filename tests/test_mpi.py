@@ -192,6 +192,9 @@ def test_ratio_range_over_runs(tmp_path):
     (row,) = ratio_range.summarize(ratio_range.load(paths))
     assert (row["bytes"], row["runs"], row["ratio_min"], row["ratio_median"], row["ratio_max"]) == (4, 3, 2.0, 2.5, 3.0)
     assert (row["kccl_us"], row["mpi_us"]) == (1.0, 3.0)
+    kept = str(tmp_path / "kept.json")  # the runs of one figure kept in one file, as bench/results holds them
+    json.dump({"runs": [json.load(open(q)) for q in paths[1:]]}, open(kept, "w"))
+    assert [r["runs"] for r in ratio_range.summarize(ratio_range.load([paths[0], kept]))] == [3]
     p = subprocess.run([sys.executable, os.path.join(ROOT, "bench", "ratio_range.py"), *paths], capture_output=True,
                        text=True, timeout=60)
     assert p.returncode == 0 and re.search(r"^\s+4\s+3\s+1\.00\s+3\.00 \|\s+2\.00\s+2\.50\s+3\.00$", p.stdout, re.M), p.stdout
@@ -256,3 +259,18 @@ def test_survivors_report_the_dead_rank_under_disable_auto_cleanup(tmp_path):
         assert o["error"] == "KcclRemoteError", o
         assert "rank 2" in o["msg"] and "died" in o["msg"], o
         assert o["seconds"] < 5, o
+
+
+@needs_mpi
+def test_misspelled_setting_is_warned_about_once_per_job(tmp_path):
+    """Issue 33: one line per job where the launcher tells the ranks apart (Hydra sets
+    PMI_RANK), not one per rank."""
+    script = tmp_path / "job.py"
+    script.write_text("import kccl\nfrom mpi4py import MPI\nkccl.Communicator.from_mpi(MPI.COMM_WORLD).close()\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KCCL_")}
+    env["KCCL_TIMOUT_MS"] = "500"
+    p = subprocess.run([MPIEXEC, "-n", "2", sys.executable, str(script)], cwd=ROOT, env=env, capture_output=True,
+                       text=True, timeout=MPI_TIMEOUT_S)
+    assert p.returncode == 0, p.stderr
+    lines = [ln for ln in p.stderr.splitlines() if "KCCL_TIMOUT_MS" in ln]
+    assert len(lines) == 1 and "did you mean KCCL_TIMEOUT_MS?" in lines[0], p.stderr

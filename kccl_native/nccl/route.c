@@ -5,7 +5,10 @@
  * with config, scalable init, split), every rank takes part, through the real
  * communicator, in three small steps:
  *   1. agree: a min-all-reduce of what each rank can do (a KCCL with the GPU
- *      transport for its device) and of the settings that decide routing;
+ *      transport for its device), of the settings that decide routing, and of
+ *      the machine each rank is on (a communicator over several machines, which
+ *      KCCL cannot join, is left forward-only at once instead of after every
+ *      rank's KCCL init timed out);
  *   2. rank 0's kcclGetUniqueId reaches the others by the real broadcast, and
  *      every rank calls kcclCommInitRankConfig on the communicator's device;
  *   3. agree again that every rank's init succeeded.
@@ -36,7 +39,6 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "internal.h"
 #include "kccl.h"
 #include "shim.h"
 
@@ -54,12 +56,14 @@ static kcclResult_t g_set_rc;
 static char g_set_error[512];
 static pthread_once_t g_set_once = PTHREAD_ONCE_INIT;
 
+/* Through KCCL's own parser of the table (kcclSettingParse), so these read as every
+ * other KCCL setting does. */
 static void read_settings(void) {
-  long v;
+  long long v;
 #define KCCL_NCCL_SETTING(field, var, kind, def, lo, hi, doc)                                     \
-  if (kind != KCCL_KIND_PATH && g_set_rc == kcclSuccess) {                                        \
-    v = (long)(def);                                                                              \
-    g_set_rc = kccl_env_long(var, (long)(lo), (long)(hi), kind == KCCL_KIND_SIZE, 1, &v);         \
+  if (g_set_rc == kcclSuccess) {                                                                  \
+    v = (long long)(def);                                                                         \
+    g_set_rc = kcclSettingParse(var, getenv(var), &v);                                            \
     if (g_set_rc != kcclSuccess) snprintf(g_set_error, sizeof g_set_error, "%s", kcclGetLastError(NULL)); \
     else KCCL_NCCL_STORE_##field(v);                                                              \
   }
@@ -249,6 +253,20 @@ static ncclResult_t round_trip(ncclComm_t real, struct scratch *s, void *host, s
   return rc;
 }
 
+/* Equal on ranks that can share a KCCL communicator: KCCL_HOST_ID when set (as the
+ * Python package reads it), else the machine key of the unique id's check; >= 0. */
+static int64_t host_key(void) {
+  const char *id = getenv("KCCL_HOST_ID");
+  uint64_t h = 0;
+  if (id && *id) {
+    h = 0xcbf29ce484222325ull;
+    for (const char *p = id; *p; p++) h = (h ^ (uint8_t)*p) * 0x100000001b3ull;
+  } else if (kcclGetMachineKey(&h) != kcclSuccess) {
+    h = 0;
+  }
+  return (int64_t)(h & INT64_MAX);
+}
+
 static void say_forward_only(int nranks, const char *why) {
   static int said; /* once per process: every later communicator would say the same */
   if (__atomic_exchange_n(&said, 1, __ATOMIC_RELAXED)) return;
@@ -297,7 +315,8 @@ static ncclResult_t attach(ncclComm_t real) {
     }
   }
   const int64_t max = (int64_t)g_set.route_max_bytes;
-  int64_t v[5] = {can, max, -max, KCCL_VERSION_CODE, -(int64_t)KCCL_VERSION_CODE};
+  const int64_t host = host_key();
+  int64_t v[7] = {can, max, -max, KCCL_VERSION_CODE, -(int64_t)KCCL_VERSION_CODE, host, -host};
   kcclComm_t k = NULL;
   if ((rc = round_trip(real, &s, v, sizeof v, 0)) != ncclSuccess) goto out;
   if (!v[0]) {
@@ -306,6 +325,11 @@ static ncclResult_t attach(ncclComm_t real) {
   }
   if (v[1] != -v[2] || v[3] != -v[4]) {
     snprintf(why, sizeof why, "the ranks differ in KCCL_NCCL_ROUTE_MAX_BYTES or in KCCL's version");
+    goto out;
+  }
+  if (v[5] != -v[6]) {
+    snprintf(why, sizeof why, "its ranks are on more than one host (KCCL_HOST_ID, or machine, /dev/shm or pid "
+             "namespace): KCCL joins ranks of one host only");
     goto out;
   }
 

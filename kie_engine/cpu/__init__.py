@@ -1,0 +1,3 @@
+"""KIE's native CPU backend: weights kept in their GGUF block formats (csrc/kq.h, SIMD
+kernels picked at run time) and the decode step in C.  `_native.native()` gives the
+cffi (ffi, lib); `kernels` wraps the block kernels for numpy callers."""
