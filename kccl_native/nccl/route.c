@@ -37,7 +37,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include "kccl.h"
@@ -254,35 +253,17 @@ static ncclResult_t round_trip(ncclComm_t real, struct scratch *s, void *host, s
   return rc;
 }
 
-static uint64_t fnv1a_more(uint64_t h, const void *data, size_t n) {
-  const uint8_t *p = data;
-  for (size_t i = 0; i < n; i++) h = (h ^ p[i]) * 0x100000001b3ull;
-  return h;
-}
-
 /* Equal on ranks that can share a KCCL communicator: KCCL_HOST_ID when set (as the
- * Python package reads it), else what the unique id's check compares (boot id, pid
- * namespace, /dev/shm; the core's own copy is internal, and the shim uses kccl.h
- * only); >= 0.  Ranks that cannot read them all agree only with each other. */
+ * Python package reads it), else the machine key of the unique id's check; >= 0. */
 static int64_t host_key(void) {
-  uint64_t h = 0xcbf29ce484222325ull;
   const char *id = getenv("KCCL_HOST_ID");
-  if (id && *id) return (int64_t)(fnv1a_more(h, id, strlen(id)) & INT64_MAX);
-  char boot[256] = "", ns[128] = "";
-  FILE *f = fopen("/proc/sys/kernel/random/boot_id", "r");
-  if (f) {
-    if (!fgets(boot, sizeof boot, f)) boot[0] = 0;
-    fclose(f);
+  uint64_t h = 0;
+  if (id && *id) {
+    h = 0xcbf29ce484222325ull;
+    for (const char *p = id; *p; p++) h = (h ^ (uint8_t)*p) * 0x100000001b3ull;
+  } else if (kcclGetMachineKey(&h) != kcclSuccess) {
+    h = 0;
   }
-  ssize_t n = readlink("/proc/self/ns/pid", ns, sizeof ns - 1);
-  ns[n > 0 ? n : 0] = 0;
-  struct stat st;
-  uint64_t ids[2] = {0, 0};
-  if (stat("/dev/shm", &st) == 0) {
-    ids[0] = (uint64_t)st.st_dev;
-    ids[1] = (uint64_t)st.st_ino;
-  }
-  h = fnv1a_more(fnv1a_more(fnv1a_more(h, boot, strlen(boot)), ns, strlen(ns)), ids, sizeof ids);
   return (int64_t)(h & INT64_MAX);
 }
 

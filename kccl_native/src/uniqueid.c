@@ -32,7 +32,7 @@ static uint64_t uid_sum(const uint8_t *b) { return fnv1a_from(fnv1a(b, OFF_SUM),
  * pid namespace.  0 when /proc or /dev/shm cannot be read (then nothing is checked).
  * Hostnames and IPC namespaces are left out: containers that differ only in those
  * (docker --ipc=host) still share /dev/shm, and a KCCL communicator among them works.
- * kccl_native/nccl/route.c computes the same key for its agreement (it may use kccl.h only). */
+ * kcclGetMachineKey (kccl.h) gives it to the NCCL shim for its agreement. */
 static uint64_t kccl_machine_key(void) {
   char buf[256] = "", ns[128] = "";
   FILE *f = fopen("/proc/sys/kernel/random/boot_id", "r");
@@ -81,6 +81,12 @@ kcclResult_t kccl_uid_make(kcclUniqueId *id) {
   memcpy(b + OFF_HOST, &host, 8);
   uint64_t sum = uid_sum(b);
   memcpy(b + OFF_SUM, &sum, 8);
+  return kcclSuccess;
+}
+
+kcclResult_t kcclGetMachineKey(uint64_t *key) {
+  if (!key) return kccl_err(kcclInvalidArgument, "key is NULL");
+  *key = kccl_machine_key();
   return kcclSuccess;
 }
 
