@@ -235,7 +235,8 @@ def test_rank_dying_on_another_host_raises_everywhere(tmp_path, victim):
     for rank, r in got.items():
         cls, text, seconds = r["first"]
         assert cls == "KcclRemoteError", r
-        assert f"rank {victim} " in text and "died" in text, r
+        dead = [victim] + [q for q in range(4) if q != victim and q not in got]  # + any that MPI killed
+        assert any(f"rank {d} " in text for d in dead) and "died" in text, r
         assert seconds < 10, r  # KCCL_TIMEOUT_MS is 20 s: this is the notice, not a timeout
 
 
@@ -243,9 +244,14 @@ def test_rank_dying_on_another_host_raises_everywhere(tmp_path, victim):
 def test_lone_host_death_times_out_everywhere(tmp_path, count):
     # host 2 is rank 2 alone: no KCCL peer sees it die and MPI does not say, so the bound holds
     got, _ = _kill_until_reported(tmp_path, 5, 3, 2, KCCL_TIMEOUT_MS=2000, HIER_COUNT=count)
-    for r in got.values():
+    for rank, r in got.items():
         cls, text, seconds = r["first"]
-        assert cls == "KcclTimeout", r  # the leader's MPI wait or a peer's KCCL wait, whichever ends first
+        # a leader's MPI wait times out; a peer of its host either times out in KCCL itself or,
+        # when its leader closed first, sees that leader abort (a timeout sends no notice: see
+        # kccl/hierarchical.py's _fail)
+        leader = rank % 3  # hosts are rank % 3, so a host's leader is its host number
+        assert cls == "KcclTimeout" or (rank != leader and cls == "KcclRemoteError"
+                                        and f"rank {leader} " in text and "aborted" in text), r
         assert 1.5 < seconds < 15, r
 
 
