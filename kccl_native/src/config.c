@@ -46,7 +46,8 @@ typedef struct {
 } kccl_parse_rule;
 static const kccl_parse_rule parse_rules[] = {
 #define KCCL_SETTING(field, var, kind, def, lo, hi, multiple, equal, choices, doc) {var, kind, lo, hi, multiple, choices},
-#define KCCL_PY_SETTING(field, var, kind, def, choices, doc) {var, kind, 0, 0, 1, choices},
+/* a Python-only byte count lies in [0, 1 TiB] (the table's rule for them) */
+#define KCCL_PY_SETTING(field, var, kind, def, choices, doc) {var, kind, 0, (kind) == KCCL_KIND_SIZE ? 1LL << 40 : 0, 1, choices},
 #define KCCL_NCCL_SETTING(field, var, kind, def, lo, hi, doc) {var, kind, lo, hi, 1, ""},
 #include "kccl_settings.def"
 };

@@ -83,6 +83,12 @@ kcclResult_t kccl_uid_make(kcclUniqueId *id) {
   return kcclSuccess;
 }
 
+kcclResult_t kcclGetMachineKey(uint64_t *key) {
+  if (!key) return kccl_err(kcclInvalidArgument, "key is NULL");
+  *key = kccl_machine_key();
+  return kcclSuccess;
+}
+
 kcclResult_t kccl_uid_parse(const kcclUniqueId *id, uint8_t token[16]) {
   const uint8_t *b = (const uint8_t *)id->internal;
   if (memcmp(b, UID_MAGIC, 8) != 0)
