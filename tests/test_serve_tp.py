@@ -92,6 +92,22 @@ def test_lanes_cancel_on_disconnect(server):
     assert j["usage"]["completion_tokens"] == 4
 
 
+def _cpu_seconds(pid):
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def test_idle_lanes_do_not_spin(server):
+    """Between requests the lanes poll rank 0 with sleeps, not a busy MPI receive."""
+    ranks = [p for p in server.processes() if p != server.proc.pid]
+    assert len(ranks) == 3
+    before, t0 = [_cpu_seconds(p) for p in ranks], time.monotonic()
+    time.sleep(3)
+    used = [(_cpu_seconds(p) - b) / (time.monotonic() - t0) for p, b in zip(ranks, before)]
+    assert max(used) < 0.10, used  # measured: ~2 % of a core per lane
+
+
 def test_sigterm_mid_request_ends_every_lane(server, shm_before):
     s = OpenStream(server, "/v1/completions", {"model": server.name, "prompt": "Once upon a time", "max_tokens": 3000,
                                                "ignore_eos": True, "stream": True})
