@@ -189,7 +189,7 @@ def resolve(overrides: Optional[dict] = None, environ=None):
         else:
             out[s.name] = (s.default, "default")
             continue
-        out[s.name] = (s.parse(raw), src) if str(raw).strip() else (s.default, src)
+        out[s.name] = (s.parse(raw), src) if str(raw).strip(_BLANKS) else (s.default, src)
     return out
 
 

@@ -92,7 +92,9 @@ def parse(setting, text):
 def parse_count(text, where, error=SettingError):
     """A positive whole number (a thread count), from the environment or a flag `where`."""
     s = str(text).strip()
-    if not s.isdigit() or int(s) < 1:
+    # ASCII digits only (str.isdigit also takes '²', which int() refuses), and a count a
+    # BLAS's C int holds
+    if not (s.isascii() and s.isdigit() and len(s) <= 6) or int(s) < 1:
         raise error(f"{where}={text!r}: expected a positive whole number")
     return int(s)
 
