@@ -329,6 +329,24 @@ class Communicator:
                     _check(rc)
                 return recv
         if type(send) is _cuda_buffers.TORCH_TENSOR and dtype is None and stream is None \
+                and type(self._buffers) is HostBuffers:
+            # CPU torch tensors on a host communicator: the pointers of the last pair are
+            # remembered (HostBuffers.torch_pair); the check of that memory is inlined here
+            # because each torch attribute read costs about as much as the all-reduce itself
+            opc = _OPS.get(op) if type(op) is Op or type(op) is int else None
+            comm = self._comm
+            if opc is not None and comm is not None:
+                h = self._buffers._torch_pair
+                if (h[0]() is send and h[1]() is recv and send.data_ptr() == h[2] and send.numel() == h[3]
+                        and send.dtype is h[4] and send.is_contiguous() and recv is send):
+                    sp, rp, n, code = h[6]
+                else:
+                    sp, rp, n, code = self._buffers.torch_pair(send, recv)
+                rc = _allreduce(sp, rp, n, code, opc, comm, _NULL)
+                if rc:
+                    _check(rc)
+                return recv
+        if type(send) is _cuda_buffers.TORCH_TENSOR and dtype is None and stream is None \
                 and type(self._buffers) is CudaBuffers:
             # torch tensors on a GPU communicator, torch's current stream (eager decode)
             bufs, comm = self._buffers, self._handle()
@@ -338,6 +356,8 @@ class Communicator:
             if rc:
                 _check(rc)
             return recv
+        if _cuda_buffers.TORCH_TENSOR is None and type(send).__module__ == "torch":
+            _cuda_buffers._torch_codes()  # binds torch.Tensor for the fast paths above
         comm, bufs = self._handle(), self._buffers
         opc = _resolve_op(op)
         sp, rp, n, code, library = bufs.resolve_pair(send, recv, dtype)

@@ -180,7 +180,7 @@ def resolve(overrides: Optional[dict] = None, environ=None):
     for s in SETTINGS:
         if s.name in given:
             raw, src = given[s.name], "override"
-        elif environ.get(s.name, "") != "":
+        elif environ.get(s.name, "").strip(_BLANKS) != "":  # blank counts as unset, as in config.c
             raw, src = environ[s.name], "env"
         else:
             out[s.name] = (s.default, "default")
