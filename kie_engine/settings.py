@@ -73,10 +73,7 @@ def parse(setting, text):
         if s.lower() in setting.values:
             return s.lower()
         raise setting.error(f"{setting.name}={text!r}: expected one of {', '.join(setting.values)}")
-    try:
-        v = int(s, 10) if s.lstrip("+-").isdigit() else None
-    except ValueError:
-        v = None
+    v = int(s, 10) if s.isascii() and s.lstrip("+-").isdigit() and len(s) <= 12 else None
     if setting.kind == "count":
         return parse_count(text, setting.name, setting.error)
     if setting.values:
@@ -92,7 +89,9 @@ def parse(setting, text):
 def parse_count(text, where, error=SettingError):
     """A positive whole number (a thread count), from the environment or a flag `where`."""
     s = str(text).strip()
-    if not s.isdigit() or int(s) < 1:
+    # ASCII digits only (str.isdigit also takes '²', which int() refuses), and a count a
+    # BLAS's C int holds
+    if not (s.isascii() and s.isdigit() and len(s) <= 6) or int(s) < 1:
         raise error(f"{where}={text!r}: expected a positive whole number")
     return int(s)
 
