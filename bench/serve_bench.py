@@ -7,6 +7,9 @@ each unless --blas-threads says otherwise):
    ratio per round.  The same request's decode rate inside the server (its inter-token
    latency histogram, /metrics) is recorded too: client rate / engine rate is the HTTP
    path's own cost, measured over the same seconds, which the machine's load cannot skew;
+   Then the same pair run at the same time: the CLI starts, and once its first token is out
+   the API request goes; both decode side by side under the same load (the CLI runs alone
+   for the API's prefill at the start, the API alone for as long at the end);
 2. time to first token of a short chat prompt, seen by the client (request sent to first
    content chunk), with the engine idle;
 3. 8 clients that send a streamed chat request at the same moment: the FIFO queue runs
@@ -47,6 +50,25 @@ def cli_tokens_per_s(tokens, threads):
     if p.returncode:
         raise SystemExit(p.stderr)
     return float(re.search(r"decode ([\d.]+) tokens/s", p.stdout).group(1))
+
+
+def cli_alongside(server, body, tokens, threads):
+    """(CLI tokens/s, API tokens/s) of one CLI run and one API request decoding at once."""
+    p = subprocess.Popen([sys.executable, "-u", "-m", "kie_engine", "generate", "--model", "smollm2", "--prompt",
+                          PROMPT, "--max-new-tokens", str(tokens), "--ignore-eos", "--blas-threads", str(threads)],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=ROOT)
+    out = b""
+    while len(out) <= len(PROMPT):  # the prompt is echoed first; then the first token
+        chunk = p.stdout.read1(4096)
+        if not chunk:
+            raise SystemExit(p.stderr.read().decode())
+        out += chunk
+    _, times, _ = stream(server, "/v1/completions", body)
+    rest, err = p.communicate(timeout=900)
+    if p.returncode:
+        raise SystemExit(err.decode())
+    cli = float(re.search(r"decode ([\d.]+) tokens/s", (out + rest).decode()).group(1))
+    return cli, (len(times) - 1) / (times[-1] - times[0])
 
 
 def stream(server, path, body):
@@ -115,6 +137,14 @@ def main():
             print(f"round {r}: CLI {c:.2f} tokens/s, API {s:.2f} tokens/s, API/CLI {s / c:.3f}; engine inside the "
                   f"server {e:.2f} tokens/s, API/engine {s / e:.4f}", flush=True)
 
+        both_cli, both_api, both_ratio = [], [], []
+        for r in range(a.rounds):
+            c, s = cli_alongside(server, body, a.tokens, a.blas_threads)
+            both_cli.append(c)
+            both_api.append(s)
+            both_ratio.append(s / c)
+            print(f"at once, round {r}: CLI {c:.2f} tokens/s, API {s:.2f} tokens/s, API/CLI {s / c:.3f}", flush=True)
+
         ttft = []
         short = {"model": name, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4, "temperature": 0}
         for r in range(a.rounds):
@@ -154,7 +184,10 @@ def main():
                                                "cli_tokens_per_s": stats(cli), "api_tokens_per_s": stats(api),
                                                "api_over_cli": stats(ratio),
                                                "engine_in_server_tokens_per_s": stats(engine),
-                                               "api_over_engine_same_request": stats(overhead)},
+                                               "api_over_engine_same_request": stats(overhead),
+                                               "at_the_same_time": {"cli_tokens_per_s": stats(both_cli),
+                                                                    "api_tokens_per_s": stats(both_api),
+                                                                    "api_over_cli": stats(both_ratio)}},
         "serve_ttft_short_prompt.json": {**common, "prompt": "Hi (chat)", "ttft_s": stats(ttft)},
         "serve_queue_8_clients_wait.json": {
             **common, "tokens_each": a.queue_tokens,

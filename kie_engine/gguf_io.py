@@ -425,6 +425,10 @@ class GGUFCheckpoint:
 
     # -- tokenizer and chat ----------------------------------------------------------------------
     def tokenizer(self):
+        n = self.meta.count("tokenizer.ggml.tokens")
+        if n is not None and n > self.config.vocab_size:  # its ids would index past the embedding
+            raise CheckpointError(f"{self.path}: metadata 'tokenizer.ggml.tokens' has {n} tokens, more than the "
+                                  f"model's vocab_size {self.config.vocab_size}")
         return gguf_tokenizer(self.meta)
 
     def special_tokens(self):

@@ -83,7 +83,8 @@ def load_all(path):
     template = ck.chat_template()
     if template is not None:
         ids = template.encode(tk, "hello abc")
-        assert all(0 <= i < tk.get_vocab_size() for i in ids)
+        # (not tk.get_vocab_size(): a duplicate spelling keeps its first id, leaving a gap)
+        assert all(0 <= i < ck.config.vocab_size for i in ids)
         template.end_of_turn(tk)
     return ck
 
@@ -335,3 +336,20 @@ def test_claimed_layers_past_the_tensors(tmp_path):
         f.write(struct.pack("<I", 2**31 - 1))
     e = check_refused_or_loads(path, seconds=10.0)
     assert isinstance(e, CheckpointError) and "'llama.block_count' = 2147483647 layers" in str(e), e
+
+
+def test_claimed_context_without_max_seq(tmp_path):
+    """Loading such a file without a max_seq (as `serve` does): the RoPE tables grow with the
+    sequence, and a KV cache that cannot be had is a KieError, not a MemoryError."""
+    from kie_engine.errors import KieError
+    from kie_engine.generate import generate
+    from kie_engine.tp import load_model
+    path = str(tmp_path / "long.gguf")
+    write_llama(path, tokenizer=_write_tokenizer, cfg={"max_position_embeddings": 2**31 - 1})
+    ck = GGUFCheckpoint(path)
+    with pytest.raises(KieError, match="KV cache for a context of 2147483647 tokens"):
+        with bounded(60.0):
+            load_model(ck)
+    model = load_model(ck, max_seq=300)  # past the tables' first 256 positions: they grow
+    assert len(generate(model, list(range(1, 250)), 20).tokens) == 20
+    assert len(model.cos) == 300

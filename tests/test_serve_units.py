@@ -67,12 +67,14 @@ def _chat(**kw):
 
 def test_chat_defaults_and_fields():
     r = _chat()
-    assert (r.temperature, r.top_p, r.top_k, r.seed, r.stop, r.stream, r.max_tokens) == (1.0, 1.0, 0, None, [], False, None)
+    assert (r.temperature, r.top_p, r.top_k, r.seed, r.stop, r.stream, r.max_tokens) == \
+        (1.0, 1.0, 0, None, [], False, None)
     r = _chat(max_tokens=5, max_completion_tokens=7, temperature=0, top_p=0.5, top_k=-1, seed=-3, stop="x",
               stream=True, stream_options={"include_usage": True}, ignore_eos=True, user="u", n=1)
     assert (r.max_tokens, r.temperature, r.top_p, r.top_k, r.seed, r.stop, r.include_usage, r.ignore_eos) == \
         (7, 0.0, 0.5, 0, -3, ["x"], True, True)
-    r = _chat(messages=[{"role": "developer", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]},
+    parts = [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]
+    r = _chat(messages=[{"role": "developer", "content": parts},
                         {"role": "assistant", "content": None}, {"role": "user", "content": "q"}])
     assert r.messages == [{"role": "system", "content": "ab"}, {"role": "assistant", "content": ""},
                           {"role": "user", "content": "q"}]
