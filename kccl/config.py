@@ -19,6 +19,9 @@ from typing import Callable, Optional, Tuple
 from ._native import ffi as _ffi, lib as _lib
 from .errors import KcclInvalidArgument
 
+# What config.c strips around a value (C's isspace): a value of only these means unset.
+_BLANKS = " \t\n\v\f\r"
+
 def _parser(name, kind, choices=()):
     """Setting `name`'s parser: the C core's (kcclSettingParse, the one kcclConfigInit
     runs on the environment), so that the rules and the error texts cannot differ.
@@ -33,7 +36,7 @@ def _parser(name, kind, choices=()):
         if _lib.kcclSettingParse(key, s.encode(), out):
             raise KcclInvalidArgument(_ffi.string(_lib.kcclGetLastError(_ffi.NULL)).decode(errors="replace"))
         if kind == "KCCL_KIND_PATH":
-            return s.strip()
+            return s.strip(_BLANKS)
         return choices[out[0]] if kind == "KCCL_KIND_CHOICE" else out[0]
     return parse
 
@@ -47,10 +50,6 @@ class Setting:
     doc: str
     native: bool = True  # False: Python resolves it (topology placement); C never reads it
     equal: str = "KCCL_EQUAL_NO"  # must be equal on all ranks: KCCL_EQUAL_ALL, or only on GPU ranks: KCCL_EQUAL_GPU
-
-
-# What config.c counts as blank around a value (C's isspace): a blank value is unset.
-_BLANKS = " \t\n\v\f\r"
 
 
 def _table_path():

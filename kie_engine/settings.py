@@ -73,10 +73,7 @@ def parse(setting, text):
         if s.lower() in setting.values:
             return s.lower()
         raise setting.error(f"{setting.name}={text!r}: expected one of {', '.join(setting.values)}")
-    try:
-        v = int(s, 10) if s.lstrip("+-").isdigit() else None
-    except ValueError:
-        v = None
+    v = int(s, 10) if s.isascii() and s.lstrip("+-").isdigit() and len(s) <= 12 else None
     if setting.kind == "count":
         return parse_count(text, setting.name, setting.error)
     if setting.values:
