@@ -373,14 +373,18 @@ class GGUFCheckpoint:
         """The GGUF storage type name ('Q4_1', ...) of a Hugging Face tensor name."""
         return _TYPE_NAMES[self._tensors[gguf_name(name)][1]]
 
-    def tensor(self, name, rows=None, cols=None):
-        """float32 copy of tensor[rows, cols] in the Hugging Face layout (slices or index
-        arrays; None = all), dequantizing only the rows asked for."""
+    def _stored(self, name):
+        """(GGUF name, dims, ggml type, the stored bytes) of tensor `name` (KeyError if absent)."""
         g = gguf_name(name)
         if g not in self._tensors:
             raise KeyError(name)
         dims, t, start = self._tensors[g]
-        raw = self._data[start:start + _nbytes(dims, t)]
+        return g, dims, t, self._data[start:start + _nbytes(dims, t)]
+
+    def tensor(self, name, rows=None, cols=None):
+        """float32 copy of tensor[rows, cols] in the Hugging Face layout (slices or index
+        arrays; None = all), dequantizing only the rows asked for."""
+        g, dims, t, raw = self._stored(name)
         if len(dims) == 1:
             out = dequantize(raw.reshape(1, -1), t, dims[0])[0]
             return out if rows is None else np.ascontiguousarray(out[rows])
@@ -406,11 +410,7 @@ class GGUFCheckpoint:
         rows and touches no block).  hf_order=False gives the stored order instead
         (for an engine that rotates adjacent pairs, as llama.cpp does): then `rows`
         counts stored rows."""
-        g = gguf_name(name)
-        if g not in self._tensors:
-            raise KeyError(name)
-        dims, t, start = self._tensors[g]
-        raw = self._data[start:start + _nbytes(dims, t)]
+        g, dims, t, raw = self._stored(name)
         if len(dims) == 1:
             raw, n_cols = raw.reshape(1, -1), dims[0]
         else:
