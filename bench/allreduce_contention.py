@@ -5,6 +5,8 @@ phases of a core per rank, which turn the backoff off), side by side: each round
 process running; min / median / max over the rounds of each size's time and MPI/KCCL.
 
 The busy process is `python -c "while 1: pass"` pinned to the last CPU (--hog-cpu).
+`--before DIR` adds a third variant: the kccl (and bench/allreduce.py) of another built
+checkout, such as the commit before the backoff.
 
     python bench/allreduce_contention.py --rounds 5 --json bench/results/allreduce_contention_2ranks.json
     python bench/allreduce_contention.py --rounds 5 --no-hog -e 8K     # the quiet A/B
@@ -28,7 +30,10 @@ VARIANTS = [("adaptive", {}), ("fixed", {"KCCL_SPIN_US": "100", "KCCL_YIELD_US":
 def one_run(env_extra, args, path):
     env = {k: v for k, v in os.environ.items() if not k.startswith("KCCL_")}
     env.update(env_extra)
-    cmd = mpi_launcher(2) + [sys.executable, os.path.join(HERE, "allreduce.py"), "-b", args.minbytes, "-e",
+    bench = os.path.join(env.pop("CHECKOUT", os.path.dirname(HERE)), "bench")
+    if "CHECKOUT" in env_extra:
+        env["PYTHONPATH"] = env_extra["CHECKOUT"] + os.pathsep + env.get("PYTHONPATH", "")
+    cmd = mpi_launcher(2) + [sys.executable, os.path.join(bench, "allreduce.py"), "-b", args.minbytes, "-e",
                              args.maxbytes, "-f", str(args.stepfactor), "-r", str(args.inner_rounds),
                              "-n", str(args.iters), "-w", str(args.warmup), "--json", path]
     p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
@@ -49,8 +54,11 @@ def main():
     ap.add_argument("-w", "--warmup", type=int, default=300, help="allreduce.py's -w")
     ap.add_argument("--no-hog", action="store_true", help="no busy process: the quiet A/B")
     ap.add_argument("--hog-cpu", type=int, default=max(os.sched_getaffinity(0)))
+    ap.add_argument("--before", metavar="DIR", help="also run the kccl of this built checkout")
     ap.add_argument("--json")
     a = ap.parse_args()
+    if a.before:
+        VARIANTS.append(("before", {"CHECKOUT": os.path.abspath(a.before)}))
     res = {name: {} for name, _ in VARIANTS}  # name -> size -> {"kccl": [...], "mpi": [...], "ratio": [...]}
     loads = []
     with tempfile.TemporaryDirectory() as tmp:

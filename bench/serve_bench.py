@@ -3,7 +3,10 @@ each unless --blas-threads says otherwise):
 
 1. decode tokens/s through the API (a streamed /v1/completions, timed by the client from
    its first to its last token) against the CLI's own decode tokens/s (`generate`, same
-   prompt, same token count, --ignore-eos), rounds interleaved; the ratio per round;
+   prompt, same token count, --ignore-eos), rounds interleaved (the order alternates); the
+   ratio per round.  The same request's decode rate inside the server (its inter-token
+   latency histogram, /metrics) is recorded too: client rate / engine rate is the HTTP
+   path's own cost, measured over the same seconds, which the machine's load cannot skew;
 2. time to first token of a short chat prompt, seen by the client (request sent to first
    content chunk), with the engine idle;
 3. 8 clients that send a streamed chat request at the same moment: the FIFO queue runs
@@ -28,7 +31,7 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "tests"))
 
-from _serve import ServerProcess  # noqa: E402
+from _serve import ServerProcess, metric, parse_metrics, request  # noqa: E402
 
 PROMPT = "Once upon a time"
 
@@ -86,16 +89,31 @@ def main():
         cli, api, ratio = [], [], []
         body = {"model": name, "prompt": PROMPT, "max_tokens": a.tokens, "ignore_eos": True, "temperature": 0}
         stream(server, "/v1/completions", {**body, "max_tokens": 8})  # warm
+        engine, overhead = [], []
+
+        def itl():
+            m = parse_metrics(request(server, "GET", "/metrics")[2])[0]
+            return metric(m, "kie_inter_token_latency_seconds_count"), metric(m, "kie_inter_token_latency_seconds_sum")
+
         for r in range(a.rounds):
-            c = cli_tokens_per_s(a.tokens, a.blas_threads)
+            if r % 2:
+                c = cli_tokens_per_s(a.tokens, a.blas_threads)
+            n0, s0 = itl()
             _, times, _ = stream(server, "/v1/completions", body)
+            n1, s1 = itl()
+            if r % 2 == 0:
+                c = cli_tokens_per_s(a.tokens, a.blas_threads)
             if len(times) != a.tokens:
                 raise SystemExit(f"{len(times)} content chunks for {a.tokens} tokens: the rate would be wrong")
             s = (len(times) - 1) / (times[-1] - times[0])
+            e = (n1 - n0) / (s1 - s0)
             cli.append(c)
             api.append(s)
             ratio.append(s / c)
-            print(f"round {r}: CLI {c:.2f} tokens/s, API {s:.2f} tokens/s, API/CLI {s / c:.3f}", flush=True)
+            engine.append(e)
+            overhead.append(s / e)
+            print(f"round {r}: CLI {c:.2f} tokens/s, API {s:.2f} tokens/s, API/CLI {s / c:.3f}; engine inside the "
+                  f"server {e:.2f} tokens/s, API/engine {s / e:.4f}", flush=True)
 
         ttft = []
         short = {"model": name, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4, "temperature": 0}
@@ -134,7 +152,9 @@ def main():
     figures = {
         "serve_api_vs_cli_tokens_per_s.json": {**common, "tokens": a.tokens, "prompt": PROMPT,
                                                "cli_tokens_per_s": stats(cli), "api_tokens_per_s": stats(api),
-                                               "api_over_cli": stats(ratio)},
+                                               "api_over_cli": stats(ratio),
+                                               "engine_in_server_tokens_per_s": stats(engine),
+                                               "api_over_engine_same_request": stats(overhead)},
         "serve_ttft_short_prompt.json": {**common, "prompt": "Hi (chat)", "ttft_s": stats(ttft)},
         "serve_queue_8_clients_wait.json": {
             **common, "tokens_each": a.queue_tokens,

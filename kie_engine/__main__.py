@@ -25,7 +25,12 @@ def _world():
     """(size, rank) from the MPI launcher's environment (MPICH/Hydra or Open MPI), else (1, 0)."""
     for size_var, rank_var in (("PMI_SIZE", "PMI_RANK"), ("OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_RANK")):
         if size_var in os.environ:
-            return int(os.environ[size_var]), int(os.environ.get(rank_var, 0))
+            size, rank = os.environ[size_var].strip(), os.environ.get(rank_var, "0").strip()
+            if not (size.isascii() and size.isdigit() and rank.isascii() and rank.isdigit()
+                    and 0 <= int(rank) < int(size) <= 1 << 20):
+                raise KieError(f"{size_var}={size!r}, {rank_var}={rank!r}: the MPI launcher's world size and "
+                               f"rank are not a rank in 0..size-1")
+            return int(size), int(rank)
     return 1, 0
 
 
@@ -126,7 +131,8 @@ def cmd_generate(a):
             model = load_gpu_model(ckpt, comm, max_seq=min(cfg.max_position_embeddings, len(ids) + a.max_new_tokens),
                                    kernel=a.kernel)
         else:
-            model = load_model(ckpt, comm)
+            # sized for this request, not the context the checkpoint claims (its RoPE tables are dense)
+            model = load_model(ckpt, comm, max_seq=min(cfg.max_position_embeddings, len(ids) + a.max_new_tokens))
         stream = StreamDecoder(tok)
 
         def on_token(t):
@@ -242,7 +248,11 @@ def main(argv=None):
     try:
         return {"init": cmd_init, "generate": cmd_generate, "convert": cmd_convert, "serve": cmd_serve}[a.cmd](a)
     except (KieError, ValueError, FileNotFoundError, OSError) as e:
-        if _world()[1] == 0:
+        try:
+            rank = _world()[1]
+        except KieError:  # the launcher's variables are what is wrong
+            rank = 0
+        if rank == 0:
             print(f"error: {e}", file=sys.stderr)
         return 2
 

@@ -234,3 +234,58 @@ def test_unsupported_type_and_width():
     y = np.zeros(2, np.float32)  # an unsupported type: the kernel marks its output, never garbage
     lib.kq_matvec(6, ffi.NULL, 64, ffi.NULL, ffi.cast("float *", y.ctypes.data), 0, 2)
     assert np.isnan(y).all()
+
+
+def _run_child(env_extra):
+    import os
+    import subprocess
+    import sys
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = dict(os.environ, PYTHONPATH=root + os.pathsep + os.environ.get("PYTHONPATH", ""), **env_extra)
+    code = "from kie_engine.cpu import kernels as K; print(K.level()); print(K.levels())"
+    return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
+
+
+def test_a_cpu_without_avx2_gets_scalar_and_one_notice():
+    """KIE_CPU_HIDE masks features from the dispatcher: without AVX2 (and so without the
+    AVX-512 level, which needs it) the portable path runs, and stderr says so once."""
+    r = _run_child({"KIE_CPU_HIDE": "avx2"})
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.splitlines() == ["scalar", "['scalar']"]
+    notice = [line for line in r.stderr.splitlines() if "AVX2" in line]
+    assert len(notice) == 1 and "scalar" in notice[0]
+    if "avx512" in LEVELS:  # hiding only AVX-512 leaves AVX2, without a word
+        r = _run_child({"KIE_CPU_HIDE": "avx512"})
+        assert r.stdout.splitlines()[0] == "avx2" and "AVX2" not in r.stderr
+
+
+@pytest.mark.parametrize("t", TYPES)
+def test_non_finite_input_reaches_every_output(level, t):
+    """A NaN or infinity in the input gives NaN rows (the int8 blocks must not turn a
+    diverged activation into plausible numbers), on every level."""
+    rng = np.random.default_rng(2)
+    cols = 512
+    _, raw = make_rows(rng, t, 6, cols, zero_rows=(3,))
+    for bad in (np.nan, np.inf, -np.inf):
+        x = rng.standard_normal(cols).astype(np.float32)
+        x[300] = bad
+        y = K.matvec(t, raw, x)
+        if t in FLOATS and bad != bad:
+            assert np.isnan(y).all()
+        elif t in FLOATS:  # inf times finite weights: inf or nan, never finite
+            assert not np.isfinite(y[[0, 1, 2, 4, 5]]).any()
+        else:
+            assert np.isnan(y).all(), (t, bad, y)
+
+
+def test_every_half_converts_exactly():
+    """The portable half -> float conversion (scales of every block type, F16 weights) on
+    all 65536 halves, against numpy's, bit for bit (NaN payloads included)."""
+    keep = K.level()
+    try:
+        K.set_level("scalar")
+        h = np.arange(65536, dtype=np.uint32).astype(np.uint16)
+        got = K.dequant("F16", h.view(np.uint8).reshape(1, -1), 65536)[0]
+    finally:
+        K.set_level(keep)
+    np.testing.assert_array_equal(got.view(np.uint32), h.view(np.float16).astype(np.float32).view(np.uint32))

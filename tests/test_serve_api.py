@@ -240,6 +240,23 @@ def test_other_refusals(server):
     assert request(server, "GET", "/health")[0] == 200
 
 
+def test_bad_command_lines_fail_cleanly(server):
+    """Refused before serving, with `error: ...` and exit status 2: a port in use, the GPU
+    engine on a machine without one (or a build without CUDA), a GPU kernel on the CPU."""
+    port = str(server.host_port[1])
+    cases = [(["--port", port], "in use"), (["--kernel", "mono"], "--device cuda"), (["--max-queue", "-1"], "--max-queue")]
+    try:
+        from kie_engine.gpu.engine import require_gpu
+        require_gpu()
+    except Exception:  # no GPU here: --device cuda must be refused (on a GPU machine it would serve)
+        cases.append((["--device", "cuda"], ""))
+    for args, what in cases:
+        p = subprocess.run([sys.executable, "-m", "kie_engine", "serve", "--model", "smollm2", *args],
+                           capture_output=True, text=True, timeout=600, cwd=ROOT)
+        assert p.returncode == 2 and p.stderr.startswith("error: ") and what in p.stderr, (args, p.stderr)
+        assert "Traceback" not in p.stderr and "KIE serving" not in p.stdout
+
+
 # -- the official client -----------------------------------------------------------------
 def test_openai_client_plain_and_streamed(server):
     openai = pytest.importorskip("openai")

@@ -244,3 +244,21 @@ def test_scheduler_fifo_429_cancel_and_shutdown():
         assert evs[-1][0] == "error" and evs[-1][1].code == "server_shutdown" and evs[-1][1].status == 503
         assert [ev[0] for ev in _drain(e2)] == ["error"]
     asyncio.run(main())
+
+
+def test_queue_limit_counts_requests_behind_the_running_one():
+    async def main():
+        loop = asyncio.get_running_loop()
+        sch = Scheduler(EngineRunner(CountingModel(step_s=0.01), 1000), byte_level_tokenizer(), Metrics("m"),
+                        max_queue=0)
+        first = Job([65], 300, Sampling(), None, (), loop)
+        sch.submit(first)  # an idle engine takes it, even with no room to wait
+        sch.start()
+        while sch.current is not first:
+            await asyncio.sleep(0.005)
+        with pytest.raises(ApiError) as e:
+            sch.submit(Job([65], 1, Sampling(), None, (), loop))
+        assert e.value.status == 429
+        sch.shutdown(0)
+        assert await loop.run_in_executor(None, sch.join, 10)
+    asyncio.run(main())

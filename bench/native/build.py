@@ -121,17 +121,22 @@ def load():
     """The extension module, built first when missing or out of date.  A file lock
     lets the ranks of one job start together: one builds, the others wait for it."""
     cuda, _, files = _inputs()
-    want = _stamp(cuda, files)
-    os.makedirs(OUT, exist_ok=True)
-    stamp_path = os.path.join(OUT, "stamp")
-    with open(os.path.join(OUT, ".lock"), "w") as lock:
+    return load_or_build(OUT, MODULE, _stamp(cuda, files), build)
+
+
+def load_or_build(out, module, want, build_fn):
+    """Module `module` of folder `out`, after build_fn() when out's stamp is not `want`
+    (also bench/kie_native/build.py's)."""
+    os.makedirs(out, exist_ok=True)
+    stamp_path = os.path.join(out, "stamp")
+    with open(os.path.join(out, ".lock"), "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         have = open(stamp_path).read().strip() if os.path.exists(stamp_path) else None
         if have != want:
-            build()
-    if OUT not in sys.path:
-        sys.path.insert(0, OUT)
-    return importlib.import_module(MODULE)
+            build_fn()
+    if out not in sys.path:
+        sys.path.insert(0, out)
+    return importlib.import_module(module)
 
 
 if __name__ == "__main__":

@@ -261,8 +261,8 @@ static int64_t host_key(void) {
   if (id && *id) {
     h = 0xcbf29ce484222325ull;
     for (const char *p = id; *p; p++) h = (h ^ (uint8_t)*p) * 0x100000001b3ull;
-  } else {
-    if (kcclGetHostKey(&h) != kcclSuccess) h = 0;
+  } else if (kcclGetMachineKey(&h) != kcclSuccess) {
+    h = 0;
   }
   return (int64_t)(h & INT64_MAX);
 }

@@ -49,12 +49,6 @@ uint64_t kccl_machine_key(void) {
   return h ? h : 1;
 }
 
-kcclResult_t kcclGetHostKey(uint64_t *key) {
-  if (!key) return kccl_err(kcclInvalidArgument, "key is NULL");
-  *key = kccl_machine_key();
-  return kcclSuccess;
-}
-
 kcclResult_t kcclGetVersion(int *version) {
   if (!version) return kccl_err(kcclInvalidArgument, "version is NULL");
   *version = KCCL_VERSION_CODE;
@@ -86,6 +80,12 @@ kcclResult_t kccl_uid_make(kcclUniqueId *id) {
   memcpy(b + OFF_HOST, &host, 8);
   uint64_t sum = uid_sum(b);
   memcpy(b + OFF_SUM, &sum, 8);
+  return kcclSuccess;
+}
+
+kcclResult_t kcclGetMachineKey(uint64_t *key) {
+  if (!key) return kccl_err(kcclInvalidArgument, "key is NULL");
+  *key = kccl_machine_key();
   return kcclSuccess;
 }
 

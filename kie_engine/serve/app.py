@@ -238,7 +238,12 @@ class _Shape:
         choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": reason}
         return {**self._head("text_completion"), "choices": [choice], "usage": self.usage(n)}
 
-    def chunk(self, text=None, reason=None, role=False, usage=None):
+    def usage_chunk(self, n):
+        """stream_options.include_usage: the last chunk, with no choices."""
+        return {**self._head("chat.completion.chunk" if self.chat else "text_completion"), "choices": [],
+                "usage": self.usage(n)}
+
+    def chunk(self, text=None, reason=None, role=False):
         if self.chat:
             delta = {"role": "assistant", "content": ""} if role else ({} if text is None else {"content": text})
             choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": reason}
@@ -246,8 +251,6 @@ class _Shape:
         else:
             choice = {"index": 0, "text": text or "", "logprobs": None, "finish_reason": reason}
             out = {**self._head("text_completion"), "choices": [choice]}
-        if usage is not None:
-            out["usage"] = usage
         return out
 
 
@@ -267,6 +270,6 @@ async def _sse(job, shape, include_usage):
             _, reason, n = ev
             yield event({**shape.chunk(reason=reason), **u})
             if include_usage:
-                yield event({**shape._head(shape.chunk()["object"]), "choices": [], "usage": shape.usage(n)})
+                yield event(shape.usage_chunk(n))
             yield DONE
             return

@@ -58,7 +58,8 @@ class Scheduler:
         with self.cv:
             if self.closing:
                 raise ApiError(503, "the server is shutting down", type="server_error", code="server_shutdown")
-            if len(self.waiting) >= self.max_queue:
+            # max_queue counts the requests behind a running one: an idle engine takes one more
+            if len(self.waiting) >= self.max_queue + (self.current is None):
                 raise ApiError(429, f"the queue is full ({len(self.waiting)} requests wait for the engine; the "
                                     f"limit is {self.max_queue}): retry later", type="rate_limit_error",
                                code="queue_full")
