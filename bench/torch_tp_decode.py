@@ -96,6 +96,7 @@ def main():
     ap.add_argument("--json")
     args = ap.parse_args()
     torch.set_num_threads(int(os.environ.get("TP_THREADS", "1")))
+    os.environ.setdefault("TQDM_DISABLE", "1")  # the GGUF loader's progress bars, one per rank
     import transformers
     import warnings
     warnings.filterwarnings("ignore")
