@@ -309,6 +309,7 @@ void kccl_replicas_free(struct kcclComm *c);
 
 /* uniqueid.c */
 kcclResult_t kccl_uid_make(kcclUniqueId *id);
+uint64_t kccl_machine_key(void);
 kcclResult_t kccl_uid_parse(const kcclUniqueId *id, uint8_t token[16]);
 
 #endif
