@@ -49,6 +49,10 @@ class Setting:
     equal: str = "KCCL_EQUAL_NO"  # must be equal on all ranks: KCCL_EQUAL_ALL, or only on GPU ranks: KCCL_EQUAL_GPU
 
 
+# What config.c counts as blank around a value (C's isspace): a blank value is unset.
+_BLANKS = " \t\n\v\f\r"
+
+
 def _table_path():
     """kccl_settings.def: the copy installed beside the built library, else the source tree's."""
     here = os.path.dirname(os.path.abspath(__file__))
