@@ -44,8 +44,10 @@ void kq_matvec(int type, const void *w, int64_t cols, const void *act, float *y,
 /* one row to floats (embedding lookups, tests) */
 void kq_dequant_row(int type, const void *row, int64_t cols, float *out);
 
-/* The instruction set in use: "avx512" (with VNNI / BF16 where the CPU has them),
- * "avx2", "neon" or "scalar"; chosen once from CPUID at first use. */
+/* The instruction set in use: "avx512" (F/BW/VL/DQ with VNNI; without VNNI a CPU runs
+ * "avx2"), "avx2" (with FMA and F16C) or "scalar" (the portable C, also what arm64 runs:
+ * there is no "neon" level yet); chosen once from CPUID at first use (KIE_CPU_HIDE=avx512,avx2
+ * hides features from the choice). */
 const char *kq_level(void);
 /* Use `name` instead (tests run every path the CPU can): 0, or -1 when this CPU or
  * build cannot run it. */
