@@ -27,6 +27,7 @@ setup(
         "kie": ["torch==2.13.0", "transformers", "safetensors", "tokenizers", "gguf>=0.17", "jinja2>=3.1.6",
                 "accelerate", "threadpoolctl"],
     },
-    cffi_modules=["kccl/_build_ffi.py:ffibuilder", "kie_engine/gpu/_build.py:ffibuilder"],
+    cffi_modules=["kccl/_build_ffi.py:ffibuilder", "kie_engine/gpu/_build.py:ffibuilder",
+                  "kie_engine/cpu/_build.py:ffibuilder"],
     zip_safe=False,
 )

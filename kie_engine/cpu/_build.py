@@ -1,0 +1,43 @@
+"""cffi builder of kie_engine.cpu._kie_cpu_cffi: every C file of csrc/ (the block-format
+kernels kq_*.c and the decode step), compiled once with the default flags: the SIMD
+kernels carry their own target attributes and are picked at run time from CPUID, so
+one build runs on any x86-64 (and the portable part on any CPU)."""
+import glob
+import os
+import re
+
+from cffi import FFI
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+CSRC = os.path.join(HERE, "csrc")
+# The public headers, in the order cffi reads them; kie_cpu.h (the decode step) joins
+# when it exists.
+HEADERS = [h for h in ("kq.h", "kie_cpu.h") if os.path.exists(os.path.join(CSRC, h))]
+
+
+def cdef_from_header(path):
+    """A header as cffi's cdef wants it: no comments, no preprocessor lines; each
+    `#define NAME value` becomes `#define NAME ...` (cffi reads the value from C)."""
+    text = re.sub(r"/\*.*?\*/", "", open(path).read(), flags=re.S)
+    text = re.sub(r"//[^\n]*", "", text)
+    text = re.sub(r"#ifdef __cplusplus.*?#endif", "", text, flags=re.S)
+    names = re.findall(r"^\s*#\s*define\s+([A-Za-z_]\w*)[ \t]+\S", text, flags=re.M)
+    body = "\n".join(l for l in text.splitlines() if not l.lstrip().startswith("#"))
+    return body + "\n" + "\n".join(f"#define {n} ..." for n in names) + "\n"
+
+
+ffibuilder = FFI()
+ffibuilder.cdef("".join(cdef_from_header(os.path.join(CSRC, h)) for h in HEADERS))
+ffibuilder.set_source(
+    "kie_engine.cpu._kie_cpu_cffi",
+    "".join(f'#include "{h}"\n' for h in HEADERS),
+    sources=sorted(os.path.relpath(p, ROOT) for p in glob.glob(os.path.join(CSRC, "*.c"))),
+    depends=sorted(os.path.relpath(p, ROOT) for p in glob.glob(os.path.join(CSRC, "*.h"))),
+    include_dirs=[os.path.relpath(CSRC, ROOT)],
+    extra_compile_args=["-O3", "-std=gnu11", "-fno-math-errno"],
+    libraries=["m", "pthread"],
+)
+
+if __name__ == "__main__":
+    ffibuilder.compile(verbose=True)

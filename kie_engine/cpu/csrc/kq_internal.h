@@ -1,0 +1,125 @@
+/* kq_internal.h: what the kq_*.c files share and nothing outside them sees: the block
+ * layouts, the prepared-input layout, half/bfloat conversions and the per-level table
+ * of kernels that kq_dispatch.c picks from. */
+#ifndef KQ_INTERNAL_H
+#define KQ_INTERNAL_H
+
+#include <stdint.h>
+#include <string.h>
+
+#include "kq.h"
+
+/* GGUF block layouts (the format fixes them; the sizes are checked below) */
+typedef struct { uint16_t d; int8_t qs[32]; } kq_block_q8_0;                      /* x = d*q */
+typedef struct { uint16_t d; uint8_t qs[16]; } kq_block_q4_0;                    /* x = d*(q-8) */
+typedef struct { uint16_t d, m; uint8_t qs[16]; } kq_block_q4_1;                 /* x = d*q + m */
+/* x = d*sc_j*q - dmin*m_j over 8 sub-blocks of 32; scales: 6-bit sc and m, packed */
+typedef struct { uint16_t d, dmin; uint8_t scales[12]; uint8_t qs[128]; } kq_block_q4_k;
+/* x = d*sc_g*(q-32) over 16 groups of 16; q = 4 low bits from ql, 2 high from qh */
+typedef struct { uint8_t ql[128]; uint8_t qh[64]; int8_t scales[16]; uint16_t d; } kq_block_q6_k;
+
+_Static_assert(sizeof(kq_block_q8_0) == 34, "Q8_0 block");
+_Static_assert(sizeof(kq_block_q4_0) == 18, "Q4_0 block");
+_Static_assert(sizeof(kq_block_q4_1) == 20, "Q4_1 block");
+_Static_assert(sizeof(kq_block_q4_k) == 144, "Q4_K block");
+_Static_assert(sizeof(kq_block_q6_k) == 210, "Q6_K block");
+
+/* The prepared input of every quantized type is one layout (so any level's kernel reads
+ * any level's preparation, and a file mixing types prepares once per width):
+ *   int8  q[cols]        x quantized per block of 32: q = round(x / d), d = max|x| / 127
+ *   int32 s4[cols / 4]   sums of each 4 consecutive q: the integer dot products take
+ *                        unsigned weights (q + bias), and s4 is what removes the bias
+ *                        lane by lane (a SIMD lane sums 4 products)
+ *   float d[cols / 32]   the block scales
+ *   float ds[cols / 32]  d * (sum of the block's q): the block's sum of x, for minimums
+ * each part starting on a 64-byte boundary.  The float types take x itself. */
+typedef struct {
+    const int8_t *q;
+    const int32_t *s4;
+    const float *d, *ds;
+} kq_act8;
+
+static inline size_t kq_up64(size_t n) { return (n + 63) & ~(size_t)63; }
+
+static inline size_t kq_act8_bytes(int64_t cols)
+{
+    return kq_up64((size_t)cols) + kq_up64((size_t)cols) /* s4: 4 bytes per 4 q */
+         + 2 * kq_up64((size_t)(cols / 32) * sizeof(float));
+}
+
+static inline kq_act8 kq_act8_view(const void *act, int64_t cols)
+{
+    const char *p = (const char *)act;
+    kq_act8 a;
+    a.q = (const int8_t *)p;
+    p += kq_up64((size_t)cols);
+    a.s4 = (const int32_t *)p;
+    p += kq_up64((size_t)cols);
+    a.d = (const float *)p;
+    p += kq_up64((size_t)(cols / 32) * sizeof(float));
+    a.ds = (const float *)p;
+    return a;
+}
+
+/* IEEE half -> float, exact, no F16C needed */
+static inline float kq_h2f(uint16_t h)
+{
+    uint32_t sign = (uint32_t)(h & 0x8000) << 16, exp = (h >> 10) & 0x1f, man = h & 0x3ff, bits;
+    if (exp == 0x1f) {
+        bits = sign | 0x7f800000u | (man << 13);
+    } else if (exp == 0) {
+        if (man == 0) {
+            bits = sign;
+        } else { /* subnormal: renormalize */
+            int e = -1;
+            do { man <<= 1; e++; } while (!(man & 0x400));
+            bits = sign | ((uint32_t)(127 - 15 - e) << 23) | ((man & 0x3ff) << 13);
+        }
+    } else {
+        bits = sign | ((exp + 127 - 15) << 23) | (man << 13);
+    }
+    float f;
+    memcpy(&f, &bits, 4);
+    return f;
+}
+
+static inline float kq_bf2f(uint16_t b)
+{
+    uint32_t bits = (uint32_t)b << 16;
+    float f;
+    memcpy(&f, &bits, 4);
+    return f;
+}
+
+/* Q4_K's 12 scale bytes -> sc[0..7] (bytes 0..7) and m[0..7] (bytes 8..15) */
+static inline void kq_q4k_scales(const uint8_t s[12], uint8_t out[16])
+{
+    uint32_t u0, u1, u2, w[4];
+    memcpy(&u0, s, 4);
+    memcpy(&u1, s + 4, 4);
+    memcpy(&u2, s + 8, 4);
+    w[0] = u0 & 0x3f3f3f3fu;
+    w[1] = (u2 & 0x0f0f0f0fu) | (((u0 >> 6) & 0x03030303u) << 4);
+    w[2] = u1 & 0x3f3f3f3fu;
+    w[3] = ((u2 >> 4) & 0x0f0f0f0fu) | (((u1 >> 6) & 0x03030303u) << 4);
+    memcpy(out, w, 16);
+}
+
+/* One matvec kernel: y[r] for r in [r0, r1), rows `rb` bytes apart. */
+typedef void (*kq_matvec_fn)(const void *w, size_t rb, int64_t cols, const void *act, float *y, int64_t r0,
+                             int64_t r1);
+
+typedef struct {
+    const char *name;
+    void (*quantize_act)(const float *x, int64_t cols, void *act); /* the layout above */
+    kq_matvec_fn f32, f16, bf16, q8_0, q4_0, q4_1, q4_k, q6_k;
+} kq_impl;
+
+extern const kq_impl kq_impl_scalar;
+/* NULL when the build's compiler cannot make that level (other architectures) */
+extern const kq_impl *const kq_impl_avx2;
+extern const kq_impl *const kq_impl_avx512;
+
+void kq_scalar_dequant_row(int type, const void *row, int64_t cols, float *out);
+
+#endif

@@ -1,0 +1,252 @@
+/* kq_scalar.c: the portable kernels, plain C for any CPU; also the definition of what
+ * every SIMD level must compute (the tests hold each level to these results). */
+#include <math.h>
+
+#include "kq_internal.h"
+
+/* x -> the 8-bit prepared input (kq_internal.h).  Rounding is to nearest even, as
+ * the SIMD levels' conversions do, so every level prepares the same bytes. */
+static void quantize_act_scalar(const float *x, int64_t cols, void *act)
+{
+    char *p = (char *)act;
+    int8_t *q = (int8_t *)p;
+    int32_t *s4 = (int32_t *)(p + kq_up64((size_t)cols));
+    float *d = (float *)(p + 2 * kq_up64((size_t)cols));
+    float *ds = (float *)((char *)d + kq_up64((size_t)(cols / 32) * sizeof(float)));
+    for (int64_t b = 0; b < cols / 32; b++) {
+        const float *xb = x + b * 32;
+        float amax = 0.0f;
+        for (int i = 0; i < 32; i++)
+            amax = fmaxf(amax, fabsf(xb[i]));
+        float db = amax / 127.0f, id = db != 0.0f ? 1.0f / db : 0.0f;
+        int sum = 0;
+        for (int i = 0; i < 32; i += 4) {
+            int s = 0;
+            for (int k = 0; k < 4; k++) {
+                int v = (int)nearbyintf(xb[i + k] * id);
+                q[b * 32 + i + k] = (int8_t)v;
+                s += v;
+            }
+            s4[(b * 32 + i) / 4] = s;
+            sum += s;
+        }
+        d[b] = db;
+        ds[b] = db * (float)sum;
+    }
+}
+
+#define ROW(w, rb, r) ((const char *)(w) + (size_t)(r) * (rb))
+
+static void mv_f32(const void *w, size_t rb, int64_t cols, const void *act, float *y, int64_t r0, int64_t r1)
+{
+    const float *x = (const float *)act;
+    for (int64_t r = r0; r < r1; r++) {
+        const float *row = (const float *)ROW(w, rb, r);
+        float s = 0.0f;
+        for (int64_t i = 0; i < cols; i++)
+            s += row[i] * x[i];
+        y[r] = s;
+    }
+}
+
+static void mv_f16(const void *w, size_t rb, int64_t cols, const void *act, float *y, int64_t r0, int64_t r1)
+{
+    const float *x = (const float *)act;
+    for (int64_t r = r0; r < r1; r++) {
+        const uint16_t *row = (const uint16_t *)ROW(w, rb, r);
+        float s = 0.0f;
+        for (int64_t i = 0; i < cols; i++)
+            s += kq_h2f(row[i]) * x[i];
+        y[r] = s;
+    }
+}
+
+static void mv_bf16(const void *w, size_t rb, int64_t cols, const void *act, float *y, int64_t r0, int64_t r1)
+{
+    const float *x = (const float *)act;
+    for (int64_t r = r0; r < r1; r++) {
+        const uint16_t *row = (const uint16_t *)ROW(w, rb, r);
+        float s = 0.0f;
+        for (int64_t i = 0; i < cols; i++)
+            s += kq_bf2f(row[i]) * x[i];
+        y[r] = s;
+    }
+}
+
+static void mv_q8_0(const void *w, size_t rb, int64_t cols, const void *act, float *y, int64_t r0, int64_t r1)
+{
+    kq_act8 a = kq_act8_view(act, cols);
+    for (int64_t r = r0; r < r1; r++) {
+        const kq_block_q8_0 *bl = (const kq_block_q8_0 *)ROW(w, rb, r);
+        float s = 0.0f;
+        for (int64_t b = 0; b < cols / 32; b++) {
+            int dot = 0;
+            for (int i = 0; i < 32; i++)
+                dot += bl[b].qs[i] * a.q[b * 32 + i];
+            s += kq_h2f(bl[b].d) * a.d[b] * (float)dot;
+        }
+        y[r] = s;
+    }
+}
+
+static void mv_q4_0(const void *w, size_t rb, int64_t cols, const void *act, float *y, int64_t r0, int64_t r1)
+{
+    kq_act8 a = kq_act8_view(act, cols);
+    for (int64_t r = r0; r < r1; r++) {
+        const kq_block_q4_0 *bl = (const kq_block_q4_0 *)ROW(w, rb, r);
+        float s = 0.0f;
+        for (int64_t b = 0; b < cols / 32; b++) {
+            const int8_t *aq = a.q + b * 32;
+            int dot = 0;
+            for (int i = 0; i < 16; i++)
+                dot += ((bl[b].qs[i] & 15) - 8) * aq[i] + ((bl[b].qs[i] >> 4) - 8) * aq[i + 16];
+            s += kq_h2f(bl[b].d) * a.d[b] * (float)dot;
+        }
+        y[r] = s;
+    }
+}
+
+static void mv_q4_1(const void *w, size_t rb, int64_t cols, const void *act, float *y, int64_t r0, int64_t r1)
+{
+    kq_act8 a = kq_act8_view(act, cols);
+    for (int64_t r = r0; r < r1; r++) {
+        const kq_block_q4_1 *bl = (const kq_block_q4_1 *)ROW(w, rb, r);
+        float s = 0.0f;
+        for (int64_t b = 0; b < cols / 32; b++) {
+            const int8_t *aq = a.q + b * 32;
+            int dot = 0;
+            for (int i = 0; i < 16; i++)
+                dot += (bl[b].qs[i] & 15) * aq[i] + (bl[b].qs[i] >> 4) * aq[i + 16];
+            s += kq_h2f(bl[b].d) * a.d[b] * (float)dot + kq_h2f(bl[b].m) * a.ds[b];
+        }
+        y[r] = s;
+    }
+}
+
+static void mv_q4_k(const void *w, size_t rb, int64_t cols, const void *act, float *y, int64_t r0, int64_t r1)
+{
+    kq_act8 a = kq_act8_view(act, cols);
+    for (int64_t r = r0; r < r1; r++) {
+        const kq_block_q4_k *bl = (const kq_block_q4_k *)ROW(w, rb, r);
+        float s = 0.0f;
+        for (int64_t b = 0; b < cols / 256; b++) {
+            uint8_t sm[16];
+            kq_q4k_scales(bl[b].scales, sm);
+            float d = kq_h2f(bl[b].d), dmin = kq_h2f(bl[b].dmin);
+            for (int j = 0; j < 8; j++) { /* sub-block j: nibbles (j&1) of bytes 32*(j/2).. */
+                const uint8_t *qs = bl[b].qs + 32 * (j / 2);
+                const int8_t *aq = a.q + b * 256 + j * 32;
+                int dot = 0;
+                for (int i = 0; i < 32; i++)
+                    dot += ((qs[i] >> (4 * (j & 1))) & 15) * aq[i];
+                int64_t k = b * 8 + j;
+                s += d * (float)sm[j] * a.d[k] * (float)dot - dmin * (float)sm[8 + j] * a.ds[k];
+            }
+        }
+        y[r] = s;
+    }
+}
+
+/* Q6_K element e of a block (0..255): half n = e/128, within it k = (e%128)/32 and
+ * l = e%32; low 4 bits: nibble k/2 of ql[64n + 32(k&1) + l], high 2: bits 2k of
+ * qh[32n + l]; its scale is scales[e/16]. */
+static inline int q6k_value(const kq_block_q6_k *b, int e)
+{
+    int n = e / 128, k = (e % 128) / 32, l = e % 32;
+    int lo = (b->ql[64 * n + 32 * (k & 1) + l] >> (4 * (k / 2))) & 15;
+    int hi = (b->qh[32 * n + l] >> (2 * k)) & 3;
+    return lo | (hi << 4);
+}
+
+static void mv_q6_k(const void *w, size_t rb, int64_t cols, const void *act, float *y, int64_t r0, int64_t r1)
+{
+    kq_act8 a = kq_act8_view(act, cols);
+    for (int64_t r = r0; r < r1; r++) {
+        const kq_block_q6_k *bl = (const kq_block_q6_k *)ROW(w, rb, r);
+        float s = 0.0f;
+        for (int64_t b = 0; b < cols / 256; b++) {
+            float d = kq_h2f(bl[b].d);
+            for (int g = 0; g < 16; g++) {
+                const int8_t *aq = a.q + b * 256 + g * 16;
+                int dot = 0;
+                for (int i = 0; i < 16; i++)
+                    dot += (q6k_value(&bl[b], g * 16 + i) - 32) * aq[i];
+                s += d * (float)bl[b].scales[g] * a.d[b * 8 + g / 2] * (float)dot;
+            }
+        }
+        y[r] = s;
+    }
+}
+
+void kq_scalar_dequant_row(int type, const void *row, int64_t cols, float *out)
+{
+    switch (type) {
+    case KQ_F32:
+        memcpy(out, row, (size_t)cols * sizeof(float));
+        return;
+    case KQ_F16:
+        for (int64_t i = 0; i < cols; i++)
+            out[i] = kq_h2f(((const uint16_t *)row)[i]);
+        return;
+    case KQ_BF16:
+        for (int64_t i = 0; i < cols; i++)
+            out[i] = kq_bf2f(((const uint16_t *)row)[i]);
+        return;
+    case KQ_Q8_0:
+        for (int64_t b = 0; b < cols / 32; b++) {
+            const kq_block_q8_0 *bl = (const kq_block_q8_0 *)row + b;
+            float d = kq_h2f(bl->d);
+            for (int i = 0; i < 32; i++)
+                out[b * 32 + i] = d * (float)bl->qs[i];
+        }
+        return;
+    case KQ_Q4_0:
+        for (int64_t b = 0; b < cols / 32; b++) {
+            const kq_block_q4_0 *bl = (const kq_block_q4_0 *)row + b;
+            float d = kq_h2f(bl->d);
+            for (int i = 0; i < 16; i++) {
+                out[b * 32 + i] = d * (float)((bl->qs[i] & 15) - 8);
+                out[b * 32 + i + 16] = d * (float)((bl->qs[i] >> 4) - 8);
+            }
+        }
+        return;
+    case KQ_Q4_1:
+        for (int64_t b = 0; b < cols / 32; b++) {
+            const kq_block_q4_1 *bl = (const kq_block_q4_1 *)row + b;
+            float d = kq_h2f(bl->d), m = kq_h2f(bl->m);
+            for (int i = 0; i < 16; i++) {
+                out[b * 32 + i] = d * (float)(bl->qs[i] & 15) + m;
+                out[b * 32 + i + 16] = d * (float)(bl->qs[i] >> 4) + m;
+            }
+        }
+        return;
+    case KQ_Q4_K:
+        for (int64_t b = 0; b < cols / 256; b++) {
+            const kq_block_q4_k *bl = (const kq_block_q4_k *)row + b;
+            uint8_t sm[16];
+            kq_q4k_scales(bl->scales, sm);
+            float d = kq_h2f(bl->d), dmin = kq_h2f(bl->dmin);
+            for (int j = 0; j < 8; j++) {
+                const uint8_t *qs = bl->qs + 32 * (j / 2);
+                float dj = d * (float)sm[j], mj = dmin * (float)sm[8 + j];
+                for (int i = 0; i < 32; i++)
+                    out[b * 256 + j * 32 + i] = dj * (float)((qs[i] >> (4 * (j & 1))) & 15) - mj;
+            }
+        }
+        return;
+    case KQ_Q6_K:
+        for (int64_t b = 0; b < cols / 256; b++) {
+            const kq_block_q6_k *bl = (const kq_block_q6_k *)row + b;
+            float d = kq_h2f(bl->d);
+            for (int e = 0; e < 256; e++)
+                out[b * 256 + e] = d * (float)bl->scales[e / 16] * (float)(q6k_value(bl, e) - 32);
+        }
+        return;
+    default:
+        return;
+    }
+}
+
+const kq_impl kq_impl_scalar = {
+    "scalar", quantize_act_scalar, mv_f32, mv_f16, mv_bf16, mv_q8_0, mv_q4_0, mv_q4_1, mv_q4_k, mv_q6_k,
+};

@@ -1,0 +1,90 @@
+"""numpy-facing calls of the block-format kernels (csrc/kq.h), for tests, benchmarks
+and Python-side lookups; the decode step calls the C functions directly.
+
+`w` is always the stored bytes of whole rows: a uint8 array (rows, row_bytes), e.g.
+from GGUFCheckpoint.raw_tensor()."""
+import numpy as np
+
+from ._native import native
+
+TYPES = {"F32": 0, "F16": 1, "Q4_0": 2, "Q4_1": 3, "Q8_0": 8, "Q4_K": 12, "Q6_K": 14, "BF16": 30}
+
+
+def _code(t):
+    return TYPES[t] if isinstance(t, str) else int(t)
+
+
+def level():
+    """The instruction set in use: 'avx512', 'avx2', 'neon' or 'scalar'."""
+    ffi, lib = native()
+    return ffi.string(lib.kq_level()).decode()
+
+
+def set_level(name):
+    """Use the kernels of `name`; False when this CPU or build cannot run them."""
+    _, lib = native()
+    return lib.kq_set_level(name.encode()) == 0
+
+
+def levels():
+    """Every level this CPU and build can run, fastest first (the current one is kept)."""
+    keep = level()
+    out = [n for n in ("avx512", "avx2", "neon", "scalar") if set_level(n)]
+    set_level(keep)
+    return out
+
+
+def row_bytes(t, cols):
+    _, lib = native()
+    return lib.kq_row_bytes(_code(t), cols)
+
+
+def _rows(w, t, cols):
+    rb = row_bytes(t, cols)
+    if rb == 0:
+        raise ValueError(f"type {t} does not take rows of {cols} values")
+    w = np.ascontiguousarray(w, dtype=np.uint8)
+    if w.ndim != 2 or w.shape[1] != rb:
+        raise ValueError(f"expected (rows, {rb}) bytes of {t} rows of {cols} values, got {w.shape}")
+    return w
+
+
+def prepare_act(t, x):
+    """The prepared input of x (float32 vector) for weights of type t, as a uint8 array."""
+    ffi, lib = native()
+    x = np.ascontiguousarray(x, dtype=np.float32)
+    n = lib.kq_act_bytes(_code(t), x.size)
+    if n == 0:
+        raise ValueError(f"type {t} does not take {x.size} inputs")
+    buf = np.empty(n + 64, np.uint8)
+    off = (-buf.ctypes.data) % 64
+    act = buf[off:off + n]
+    lib.kq_prepare_act(_code(t), ffi.cast("float *", x.ctypes.data), x.size, ffi.cast("void *", act.ctypes.data))
+    return act
+
+
+def matvec(t, w, x, r0=0, r1=None, act=None, out=None):
+    """w @ x for the rows [r0, r1) of w (stored rows of type t); returns out (float32,
+    all rows, only [r0, r1) written when out is given)."""
+    ffi, lib = native()
+    x = np.ascontiguousarray(x, dtype=np.float32)
+    w = _rows(w, t, x.size)
+    r1 = w.shape[0] if r1 is None else r1
+    if not 0 <= r0 <= r1 <= w.shape[0]:
+        raise ValueError(f"row range [{r0}, {r1}) outside 0..{w.shape[0]}")
+    act = prepare_act(t, x) if act is None else act
+    y = np.zeros(w.shape[0], np.float32) if out is None else out
+    lib.kq_matvec(_code(t), ffi.cast("void *", w.ctypes.data), x.size, ffi.cast("void *", act.ctypes.data),
+                  ffi.cast("float *", y.ctypes.data), r0, r1)
+    return y
+
+
+def dequant(t, w, cols):
+    """float32 (rows, cols) of stored rows."""
+    ffi, lib = native()
+    w = _rows(w, t, cols)
+    out = np.empty((w.shape[0], cols), np.float32)
+    for r in range(w.shape[0]):
+        lib.kq_dequant_row(_code(t), ffi.cast("void *", w[r].ctypes.data), cols,
+                           ffi.cast("float *", out[r].ctypes.data))
+    return out
