@@ -21,11 +21,7 @@ import numpy as np
 from .. import tp as _tp
 from ..errors import CpuEngineError, KieError, PromptTooLongError, ShardingError, UnsupportedFormatError
 
-try:
-    from ._kie_cpu_cffi import ffi, lib
-except ImportError as _e:  # an install that never built the module
-    ffi = lib = None
-    _IMPORT_ERROR = _e
+from ._native import ffi, lib, native
 
 # GGUF type codes (kq.h) and names; the kernels say which they take (kq_supported)
 TYPE_CODES = {"F32": 0, "F16": 1, "Q4_0": 2, "Q4_1": 3, "Q8_0": 8, "Q4_K": 12, "Q6_K": 14, "BF16": 30}
@@ -34,9 +30,8 @@ KV_TYPES = ("f16", "f32")
 
 
 def require_native():
-    if lib is None:
-        raise CpuEngineError(f"the native CPU engine's module is not built ({_IMPORT_ERROR}); reinstall the package "
-                             f"(pip install -e .), or use --kernel numpy")
+    """CpuNotBuiltError (a KieError) when the extension is missing."""
+    native()
 
 
 def supported_types():
