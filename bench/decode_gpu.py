@@ -4,7 +4,7 @@ PyTorch baseline on the same weights, in the same run, with this machine's copy
 bandwidth, so that every row says what share of the weight-streaming floor it reaches
 (weight bytes per token / copy bandwidth, over its time per token).
 
-    python bench/decode_gpu.py --json bench/results/decode_gpu_1xh200.json            # TP = 1
+    python bench/decode_gpu.py --json bench/results/gpu/kie_decode_2b_1xh200.json            # TP = 1
     mpiexec -n 2 python bench/decode_gpu.py --json ...                                  # TP = 2, a GPU per rank
 
 The weights are random (drawn on the GPU, one lane's share per rank), which is all a

@@ -2,7 +2,7 @@
 per-round ratio delay 0 / delay d (ms/token; > 1 means delay d is faster), its
 median with a bootstrap 95 % interval, and a one-sided sign test.
 
-    python bench/paired_stats.py bench/results/decode_paired_dtp_tp2_60rounds.txt"""
+    python bench/paired_stats.py bench/results/kie_decode_dtp_paired_tp2_60rounds.txt"""
 import re
 import sys
 

@@ -3,6 +3,9 @@ noisy, so one run's ratio says little without the spread of the others.
 
     for i in 1 2 3 4 5; do mpiexec -n 2 python bench/allreduce.py -e 1M --json /tmp/ar$i.json; done
     python bench/ratio_range.py /tmp/ar*.json            # per size: min / median / max over the runs
+    python bench/ratio_range.py bench/results/host_allreduce_2ranks_5runs.json   # runs kept in one file
+
+A file may hold one run (what --json writes) or several ({"runs": [run, ...]}).
 
 Prints, per size, the median over runs of KCCL's and MPI's time per call (us, each run's
 average over ranks), and the ratio MPI/KCCL of each run reduced to its min, median and
@@ -20,7 +23,7 @@ def load(paths):
     for p in paths:
         with open(p) as f:
             doc = json.load(f)
-        runs.append(doc)
+        runs.extend(doc["runs"] if "runs" in doc else [doc])
     shapes = {(d["meta"]["nranks"], d["rows"][0]["dtype"], d["rows"][0]["op"]) for d in runs if d["rows"]}
     if len(shapes) > 1:
         raise ValueError(f"runs differ in ranks/type/op: {sorted(shapes)}")

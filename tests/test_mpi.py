@@ -192,6 +192,9 @@ def test_ratio_range_over_runs(tmp_path):
     (row,) = ratio_range.summarize(ratio_range.load(paths))
     assert (row["bytes"], row["runs"], row["ratio_min"], row["ratio_median"], row["ratio_max"]) == (4, 3, 2.0, 2.5, 3.0)
     assert (row["kccl_us"], row["mpi_us"]) == (1.0, 3.0)
+    kept = str(tmp_path / "kept.json")  # the runs of one figure kept in one file, as bench/results holds them
+    json.dump({"runs": [json.load(open(q)) for q in paths[1:]]}, open(kept, "w"))
+    assert [r["runs"] for r in ratio_range.summarize(ratio_range.load([paths[0], kept]))] == [3]
     p = subprocess.run([sys.executable, os.path.join(ROOT, "bench", "ratio_range.py"), *paths], capture_output=True,
                        text=True, timeout=60)
     assert p.returncode == 0 and re.search(r"^\s+4\s+3\s+1\.00\s+3\.00 \|\s+2\.00\s+2\.50\s+3\.00$", p.stdout, re.M), p.stdout

@@ -3,7 +3,7 @@
 # the given steps (default: all).  Output goes to stdout and $LOGS/*; after each
 # step $OUT/logs.tgz holds all of $LOGS (the device tool returns at most 8 files).
 #   bash bench/gpu/device_run.sh check2 check8 failures bench8 ...
-# The device image has no cffi: carry its wheels (.whl/, see bench/RESULTS.md session 13), which
+# The device image has no cffi: carry its wheels (.whl/: cffi 2.0.0 and pycparser, see bench/RESULTS.md "GPU machine"), which
 # this script installs when present.
 set -u
 export KCCL_TIMEOUT_MS=${KCCL_TIMEOUT_MS:-10000} NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1

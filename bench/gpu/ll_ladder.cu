@@ -253,7 +253,7 @@ __device__ static inline bool feat(const kcclDevComm &dc, int block, char *data,
 // round trip, the data read after the flag), but R flag polls per reader block or warp
 // per round instead of R lines per thread.  No end barrier: a sender overwrites set s
 // only after every rank's flag of the next two calls, each published after that rank's
-// reads of this one.  Measured on the H200 (bench/RESULTS.md, session 13): slower than the LL
+// reads of this one.  Measured on the H200 (bench/RESULTS.md, the flag-per-block exchange): slower than the LL
 // exchange with an end barrier at 2, 4 and 8 ranks (8 ranks: 2.5 us against 1.6-2.1).  Kept as a
 // rung, not used by the library.
 __device__ static inline uint64_t *flag_word(const kcclDevComm &dc, int owner, uint32_t set, int block, int unit) {
