@@ -2,7 +2,7 @@
 
     python -m kie_engine init --config tiny|small|2b --dtp-delay D --out DIR [--seed S] [--force]
     [mpiexec -n N] python -m kie_engine generate --model DIR|FILE.gguf|smollm2 --prompt TEXT [--chat]
-        [--max-new-tokens 64] [--temperature T --top-k K --top-p P --seed S] [--ignore-eos]
+        [--max-new-tokens N] [--temperature T --top-k K --top-p P --seed S] [--ignore-eos]
         [--blas-threads N] [--device cpu|cuda] [--kernel graph|mono]
     python -m kie_engine convert --model FILE.gguf|smollm2 --out DIR [--dtype bfloat16|float32]
 
@@ -14,6 +14,9 @@ import sys
 
 from .errors import CheckpointError, KieError
 
+COMPLETION_MAX_NEW_TOKENS = 64
+CHAT_MAX_NEW_TOKENS = 512  # an answer of a few paragraphs; most end earlier, at the end of turn
+
 
 def _world():
     """(size, rank) from the MPI launcher's environment (MPICH/Hydra or Open MPI), else (1, 0)."""
@@ -21,6 +24,15 @@ def _world():
         if size_var in os.environ:
             return int(os.environ[size_var]), int(os.environ.get(rank_var, 0))
     return 1, 0
+
+
+def default_max_new_tokens(chat, n_prompt, context):
+    """--max-new-tokens when not given: a completion's 64; a chat answer runs to its end of
+    turn, so CHAT_MAX_NEW_TOKENS or what the context leaves after the prompt (at least 1: a
+    prompt that fills the context is then refused as too long)."""
+    if not chat:
+        return COMPLETION_MAX_NEW_TOKENS
+    return max(1, min(CHAT_MAX_NEW_TOKENS, context - n_prompt))
 
 
 def cmd_init(a):
@@ -46,7 +58,7 @@ def cmd_convert(a):
 def cmd_generate(a):
     from .generate import Sampling, check_request, generate, printable
     from .sources import open_checkpoint
-    from .threads import choose, my_cpus, set_blas_threads
+    from .threads import choose, my_cpus, override, set_blas_threads
     from .tokenizer import StreamDecoder
     from .tp import comm_config, load_model, plan, prefill_chunk
     size, rank = _world()
@@ -71,8 +83,10 @@ def cmd_generate(a):
         raise ValueError("the prompt encodes to no tokens")
     if max(ids) >= cfg.vocab_size:
         raise KieError(f"the tokenizer produced id {max(ids)}, outside the model's vocab_size={cfg.vocab_size}")
+    if a.max_new_tokens is None:
+        a.max_new_tokens = default_max_new_tokens(a.chat, len(ids), cfg.max_position_embeddings)
     check_request(len(ids), a.max_new_tokens, cfg.max_position_embeddings)
-    choose(a.blas_threads)  # a bad override fails here
+    override(a.blas_threads)  # a bad --blas-threads, KIE_BLAS_THREADS or OMP_NUM_THREADS fails here
     gpu = a.device == "cuda"
     if a.kernel != "graph" and not gpu:
         raise KieError(f"--kernel {a.kernel} is a GPU kernel: add --device cuda")
@@ -85,9 +99,9 @@ def cmd_generate(a):
         import kccl
         node_cpus = MPI.COMM_WORLD.allgather(sorted(my_cpus()))  # KCCL's ranks share one host
         comm = kccl.Communicator.from_mpi(MPI.COMM_WORLD, config=comm_config(cfg), device="local" if gpu else None)
-    threads = choose(a.blas_threads, node_cpus)[0]
+    threads, why = choose(a.blas_threads, node_cpus)
     reported = sorted(set(set_blas_threads(threads).values()))
-    blas = f"{threads} BLAS thread{'s' if threads > 1 else ''} per rank"
+    blas = f"{threads} BLAS thread{'s' if threads > 1 else ''} per rank ({why})"
     if reported != [threads]:  # say so when the BLAS did not take it (or none was found to ask)
         blas += f" asked, the BLAS reports {reported or 'nothing'}"
     show = rank == 0
@@ -114,7 +128,8 @@ def cmd_generate(a):
             if gpu:
                 res = model.generate(ids, a.max_new_tokens, sampling, stop_ids, on_token)
             else:
-                res = generate(model, ids, a.max_new_tokens, sampling, stop_ids, on_token, prefill_chunk(cfg))
+                res = generate(model, ids, a.max_new_tokens, sampling, stop_ids, on_token, prefill_chunk(cfg),
+                               source=ckpt.dir)
         finally:
             if show:  # what is held back, and the line ends before a summary or an error
                 sys.stdout.write(printable(stream.flush()) + "\n")
@@ -122,7 +137,10 @@ def cmd_generate(a):
         if show:
             lanes = f", {size} lanes" if size > 1 else ""
             where = f"cuda, {a.kernel} kernel" if gpu else blas
-            print(f"[{res.summary()}; dtp_delay={cfg.dtp_delay}{lanes}, {where}]", flush=True)
+            cut = ""
+            if not res.stopped_on_eos and not a.ignore_eos:  # say so: the text ends mid-answer
+                cut = f"; cut at --max-new-tokens {a.max_new_tokens} before the end of {'turn' if a.chat else 'text'}"
+            print(f"[{res.summary()}{cut}; dtp_delay={cfg.dtp_delay}{lanes}, {where}]", flush=True)
     finally:
         if gpu and model is not None:
             model.close()
@@ -154,7 +172,10 @@ def main(argv=None):
     g.add_argument("--prompt", required=True, help="text to continue (with --chat: the user's message)")
     g.add_argument("--chat", action="store_true",
                    help="wrap the prompt in the model's chat template (one user turn); stop at its end of turn")
-    g.add_argument("--max-new-tokens", type=int, default=64, help="tokens to generate at most (default 64)")
+    g.add_argument("--max-new-tokens", type=int, default=None,
+                   help=f"tokens to generate at most (default {COMPLETION_MAX_NEW_TOKENS}; with --chat "
+                        f"{CHAT_MAX_NEW_TOKENS}, or what the context leaves after the prompt if less); the "
+                        "timing line says when it cut the text short")
     g.add_argument("--temperature", type=float, default=0.0,
                    help="sampling temperature; 0 (default) picks the most likely token (greedy)")
     g.add_argument("--top-k", type=int, default=0, help="sample among the K most likely tokens only; 0 = all")
@@ -163,8 +184,9 @@ def main(argv=None):
     g.add_argument("--seed", type=int, default=0, help="seed of the sampler (same seed, same text)")
     g.add_argument("--ignore-eos", action="store_true", help="always generate --max-new-tokens tokens")
     g.add_argument("--blas-threads", metavar="N",
-                   help="BLAS threads per rank (default: this rank's CPUs over the ranks sharing them; "
-                        "also KIE_BLAS_THREADS)")
+                   help="BLAS threads per rank (default: KIE_BLAS_THREADS, OPENBLAS_NUM_THREADS, "
+                        "MKL_NUM_THREADS or OMP_NUM_THREADS when set, else this rank's CPUs over the ranks "
+                        "sharing them, fewer when other processes keep those CPUs busy)")
     g.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
                    help="cpu: the numpy engine; cuda: the GPU engine (bf16, one CUDA graph per token; under "
                         "mpiexec each rank is a lane on GPU rank %% GPUs)")

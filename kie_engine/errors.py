@@ -14,6 +14,11 @@ class CheckpointError(KieError, ValueError):
     """A checkpoint directory is inconsistent: missing, extra or mis-shaped tensors, bad files."""
 
 
+class NonFiniteLogitsError(CheckpointError):
+    """A step's logits hold a NaN or an infinity: the weights are corrupt (or overflow
+    float32), so every later token would be garbage; generation stops instead."""
+
+
 class CheckpointNotFoundError(KieError, FileNotFoundError):
     """The checkpoint directory, or a file it needs, does not exist."""
 

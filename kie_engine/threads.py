@@ -1,23 +1,46 @@
-"""BLAS threads per rank.
+"""How many threads a CPU thread pool of this process should run (a BLAS, or any native
+pool the engine starts: `choose` knows nothing about what the threads do).
 
-Decode is one vector-matrix product after another, so a rank's speed is its BLAS's.
-OpenBLAS starts one thread per CPU in every process; with N ranks on a node that is N
-pools on the same cores, whose threads spin while waiting for work and take the cores
-from each other (TP = 2 on 2 cores ran 13x slower than TP = 1 that way).  So each rank
-gives its BLAS the CPUs it may run on divided by the ranks that share them:
-cores / ranks on the node when the launcher does not bind, and the rank's own cores
-when it binds each rank apart.  `--blas-threads N` or KIE_BLAS_THREADS=N overrides.
+Decode is one vector-matrix product after another, so a rank's speed is its pool's.
+OpenBLAS starts one thread per CPU in every process, and its threads meet at the end of
+every product; a pool whose threads outnumber the cores it can actually get waits, at
+each product, for a thread the scheduler has put aside.  That is why two ranks with a
+pool of 2 each on 2 cores ran 13x slower than one rank, and why one busy process beside
+a pool of 2 on 2 cores made it 19x slower.  So the count is, in order:
 
-The count is applied to the BLAS numpy has already loaded (through threadpoolctl when
-it is installed, else through OpenBLAS's or MKL's own set_num_threads) and to the
-environment variables a BLAS loaded later reads."""
+1. `--blas-threads N` (the caller's flag), else KIE_BLAS_THREADS=N;
+2. else OPENBLAS_NUM_THREADS, MKL_NUM_THREADS or OMP_NUM_THREADS as the user set them
+   (the library-specific ones first, as OpenBLAS and MKL themselves read them);
+3. else the CPUs this rank may run on over the ranks that share them (the rank's own
+   cores when the launcher binds ranks apart), capped by the CPUs found idle over a
+   short look at /proc/stat (shared among the ranks too) and by a cgroup CPU quota:
+   on a machine where other processes keep cores busy, fewer threads that each get a
+   core beat more that wait for each other.  At least 1.
+
+The idle CPUs are measured once, at start; contention that begins later is not seen.
+
+set_blas_threads applies a count to the BLAS numpy has already loaded (through
+threadpoolctl when it is installed, else through OpenBLAS's or MKL's own
+set_num_threads) and to the environment variables a BLAS loaded later reads."""
 import ctypes
+import math
 import os
+import time
 
 from .errors import KieError
 
 ENV = "KIE_BLAS_THREADS"
-_ENV_VARS = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
+# The standard variables, library-specific first: OpenBLAS prefers OPENBLAS_NUM_THREADS
+# to OMP_NUM_THREADS, MKL prefers MKL_NUM_THREADS.
+STANDARD_VARS = ("OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "OMP_NUM_THREADS")
+_ENV_VARS = STANDARD_VARS
+# What set_blas_threads wrote into os.environ: a later choose() must not take the
+# engine's own value for the user's.
+_WRITTEN = {}
+IDLE_PROBE_S = 0.15
+# An idle share counts as a whole CPU from this much up: a core idle 80 % of the time
+# still serves a thread well; one idle half the time does not.
+_IDLE_ROUND_UP = 0.2
 # OpenBLAS exports these under several prefixes and suffixes (numpy >= 2 wheels bundle
 # scipy-openblas, whose symbols are scipy_openblas_*64_), MKL under its own names.
 _SETTERS = [(f"{pre}_set_num_threads{suf}", f"{pre}_get_num_threads{suf}")
@@ -43,13 +66,21 @@ def parse_override(value, where):
         return None
     text = str(value).strip()
     if not text.isdigit() or int(text) < 1:
-        raise KieError(f"{where}={value!r}: expected a positive number of BLAS threads per rank")
+        raise KieError(f"{where}={value!r}: expected a positive number of threads per rank")
     return int(text)
 
 
-def choose(flag=None, node_cpu_sets=None, environ=None):
-    """(threads, why): the flag, else KIE_BLAS_THREADS, else plan_threads over the CPU sets
-    of the ranks on this node (None: this process alone)."""
+def parse_standard(value, where):
+    """OMP_NUM_THREADS and kin: a positive count, or OpenMP's nested list "4,2" (its first
+    level is this pool's); None when empty."""
+    if value is None or str(value).strip() == "":
+        return None
+    return parse_override(str(value).split(",")[0], where)
+
+
+def override(flag=None, environ=None):
+    """(threads, why) that the user asked for (flag, KIE_BLAS_THREADS, then the standard
+    variables), or None; a bad value raises KieError naming where it came from."""
     environ = os.environ if environ is None else environ
     n = parse_override(flag, "--blas-threads")
     if n is not None:
@@ -57,9 +88,90 @@ def choose(flag=None, node_cpu_sets=None, environ=None):
     n = parse_override(environ.get(ENV), ENV)
     if n is not None:
         return n, ENV
+    for var in STANDARD_VARS:
+        value = environ.get(var)
+        if value is None or (environ is os.environ and _WRITTEN.get(var) == value):
+            continue
+        n = parse_standard(value, var)
+        if n is not None:
+            return n, f"{var}={value.strip()}"
+    return None
+
+
+def _cpu_ticks(cpus):
+    """{cpu: (idle ticks, all ticks)} from /proc/stat for the given CPUs; {} if unreadable."""
+    out = {}
+    try:
+        with open("/proc/stat") as f:
+            for line in f:
+                if not line.startswith("cpu") or line[3:4] == " ":
+                    continue
+                name, *fields = line.split()
+                cpu = int(name[3:])
+                if cpu in cpus:
+                    t = [int(x) for x in fields[:8]]  # user nice system idle iowait irq softirq steal
+                    out[cpu] = (t[3] + t[4], sum(t))
+    except (OSError, ValueError, IndexError):
+        return {}
+    return out
+
+
+def idle_cpus(cpus, seconds=IDLE_PROBE_S):
+    """How many of `cpus` sat idle (fractions summed) over `seconds` of sleep; None when
+    /proc/stat cannot say (not Linux, or too few ticks elapsed)."""
+    before = _cpu_ticks(cpus)
+    if not before:
+        return None
+    time.sleep(seconds)
+    after = _cpu_ticks(cpus)
+    idle = 0.0
+    for cpu, (i0, t0) in before.items():
+        if cpu not in after or after[cpu][1] <= t0:
+            return None
+        i1, t1 = after[cpu]
+        idle += min(1.0, max(0.0, (i1 - i0) / (t1 - t0)))
+    return idle
+
+
+def cgroup_cpus(root="/sys/fs/cgroup"):
+    """The CPUs a cgroup v2 quota (cpu.max) grants this process, or None when unlimited."""
+    try:
+        with open("/proc/self/cgroup") as f:
+            rel = next((line.split(":", 2)[2].strip() for line in f if line.startswith("0::")), "/")
+        with open(os.path.join(root, rel.lstrip("/"), "cpu.max")) as f:
+            quota, period = f.read().split()[:2]
+    except (OSError, ValueError, StopIteration):
+        return None
+    if quota == "max":
+        return None
+    return int(quota) / int(period)
+
+
+def choose(flag=None, node_cpu_sets=None, environ=None, idle=None, quota=None):
+    """(threads, why) for a CPU thread pool of this rank, as the module's docstring orders
+    it.  node_cpu_sets: the CPU sets of all ranks on this node, this one's included (None:
+    this process alone).  idle: the CPUs of this rank found idle (None: measure them now,
+    IDLE_PROBE_S of sleep); quota: a CPU quota (None: read the cgroup's).  `why` says which
+    rule won, to print beside the count."""
+    asked = override(flag, environ)
+    if asked is not None:
+        return asked
     mine = my_cpus()
     everyone = node_cpu_sets if node_cpu_sets is not None else [mine]
-    return plan_threads(mine, everyone), f"{len(mine)} CPUs / {sum(1 for c in everyone if set(c) & mine)} ranks"
+    sharing = max(1, sum(1 for cpus in everyone if set(cpus) & mine))
+    n = plan_threads(mine, everyone)
+    why = f"{len(mine)} CPUs / {sharing} rank{'s' if sharing > 1 else ''}"
+    if n == 1:  # nothing to cap: skip the measurement
+        return n, why
+    quota = cgroup_cpus() if quota is None else quota
+    if quota is not None and math.floor(quota / sharing + _IDLE_ROUND_UP) < n:
+        n = max(1, math.floor(quota / sharing + _IDLE_ROUND_UP))
+        why += f", CPU quota {quota:g}"
+    idle = idle_cpus(mine) if idle is None else idle
+    if idle is not None and math.floor(idle / sharing + _IDLE_ROUND_UP) < n:
+        n = max(1, math.floor(idle / sharing + _IDLE_ROUND_UP))
+        why += f", {idle:.1f} of them idle: the machine is busy"
+    return n, why
 
 
 def _loaded_libraries():
@@ -98,7 +210,7 @@ def set_blas_threads(n):
     """Applies n threads to every BLAS this process has loaded and to the environment of
     later ones; returns {library: threads it reports now} for the loaded ones."""
     for var in _ENV_VARS:
-        os.environ[var] = str(n)
+        os.environ[var] = _WRITTEN[var] = str(n)
     try:
         from threadpoolctl import threadpool_limits
     except ImportError:

@@ -9,6 +9,7 @@ a GPU kccl.Communicator, whose C functions the engine calls from its own
 stream (also inside the captured graph), or, with the monokernel, through
 KCCL's device API from inside the kernel."""
 import os
+import re
 import time
 
 import numpy as np
@@ -16,7 +17,7 @@ import numpy as np
 from .. import tp as _tp
 from ..errors import (GpuArgumentError, GpuError, GpuMemoryError, GpuTimeoutError, GpuUnavailableError,
                       PromptTooLongError)
-from ..generate import Result, Sampling, check_request, stop_set
+from ..generate import Result, Sampling, check_request, non_finite_logits, stop_set
 from ..model import rope_tables
 from ..safetensors_io import float32_to_bf16_bits
 
@@ -37,6 +38,23 @@ _ERRORS = {1: GpuArgumentError, 2: GpuError, 3: GpuMemoryError, 4: GpuError, 5: 
 def _check(rc):
     if rc:
         raise _ERRORS.get(rc, GpuError)(ffi.string(lib.kie_last_error()).decode(errors="replace"))
+
+
+# The device checks each step's logits where it picks the token (pick.cu), so they never
+# cross to the host; its report, in engine.cu's words, becomes generate.py's error.
+_NON_FINITE = re.compile(r"the logits of step \d+ are not finite")
+
+
+def wait_token_checked(wait, step, source):
+    """Runs wait() (a kie_wait_token call returning its rc) for generation step `step`:
+    the device's non-finite-logits report raises generate.non_finite_logits (a
+    NonFiniteLogitsError naming the checkpoint `source`), other failures their GpuError."""
+    try:
+        _check(wait())
+    except GpuError as e:
+        if _NON_FINITE.search(str(e)):
+            raise non_finite_logits(source, step) from e
+        raise
 
 
 def gpu_built():
@@ -171,6 +189,7 @@ class GpuModel:
         self.device = device
         self._loaded = False
         self._logits = np.empty(cfg.vocab_size, np.float32)
+        self.source = None  # the checkpoint, once load() has read one
         self.pos = 0
         cos, sin = rope_tables(cfg.head_dim, self.max_seq, cfg.rope_theta)
         self._upload_f32(lib.KIE_F_ROPE_COS, 0, cos)
@@ -210,6 +229,7 @@ class GpuModel:
         """This lane's share of a checkpoint (anything with .config and
         .tensor(name, rows, cols) returning float32), in bf16 on the device."""
         cfg, lp = self.cfg, self.lane
+        self.source = getattr(ckpt, "dir", None)  # named by a non-finite-logits error
         W = lib
         self.upload_matrix(W.KIE_W_EMBED, 0, ckpt.tensor("model.embed_tokens.weight"))
         for i in range(cfg.num_hidden_layers):
@@ -290,7 +310,7 @@ class GpuModel:
         tok = ffi.new("int32_t *")
         t0 = time.perf_counter()
         _check(lib.kie_prefill(e, ffi.from_buffer("int32_t[]", prompt), int(prompt.size), mode))
-        _check(lib.kie_wait_token(e, 0, TOKEN_TIMEOUT_MS, tok))
+        wait_token_checked(lambda: lib.kie_wait_token(e, 0, TOKEN_TIMEOUT_MS, tok), 0, self.source)
         out.prefill_s = time.perf_counter() - t0
         self.pos = int(prompt.size)
         t1 = time.perf_counter()
@@ -311,7 +331,7 @@ class GpuModel:
                 _check(lib.kie_decode(e, want - enqueued, mode, int(use_graph)))
                 self.pos += want - enqueued
                 enqueued = want
-            _check(lib.kie_wait_token(e, got, TOKEN_TIMEOUT_MS, tok))
+            wait_token_checked(lambda: lib.kie_wait_token(e, got, TOKEN_TIMEOUT_MS, tok), got, self.source)
         _check(lib.kie_sync(e))
         out.decode_s = time.perf_counter() - t1
         return out
