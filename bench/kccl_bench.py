@@ -12,7 +12,6 @@ import sys
 
 import kccl
 from kccl import capi
-from kccl._buffers import resolve_dtype
 from kccl.errors import KcclInvalidArgument, error_for
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "native"))
@@ -128,7 +127,7 @@ def device_all_reduce_group_selftest(comm, dtype="float32", op=kccl.SUM, count=5
     opc = -1 if op is None else _op(op)
     out, ms = _ffi.new("int[]", len(_GROUP_FIELDS) + 1), _ffi.new("double *")
     out[0] = -1  # stays so unless the kernel ran and its results came back
-    rc = _lib.kb_dev_group_selftest(resolve_dtype(dtype), opc, _as_int(count, "count"), _as_int(calls, "calls"),
+    rc = _lib.kb_dev_group_selftest(capi.dtype_code(dtype), opc, _as_int(count, "count"), _as_int(calls, "calls"),
                                     _as_int(blocks, "blocks"), _as_int(reducers, "reducers"),
                                     _as_int(barrier, "barrier"), int(memory == "global"), cancel_mode,
                                     _as_int(cancel_after_us, "cancel_after_us"), _handle(comm), out, ms)

@@ -12,10 +12,8 @@ import numpy as np
 from ._native import ffi, lib
 from .errors import KcclInvalidArgument
 
-# kccl.h's kcclDataType_t
-INT8, UINT8, INT32, UINT32, INT64, UINT64 = (lib.kcclInt8, lib.kcclUint8, lib.kcclInt32, lib.kcclUint32,
-                                             lib.kcclInt64, lib.kcclUint64)
-FLOAT16, FLOAT32, FLOAT64, BFLOAT16 = lib.kcclFloat16, lib.kcclFloat32, lib.kcclFloat64, lib.kcclBfloat16
+from ._dtypes import BFLOAT16, FLOAT16, FLOAT32, FLOAT64, INT8, INT32, INT64, UINT8, UINT32, UINT64
+
 ITEMSIZE = {INT8: 1, UINT8: 1, INT32: 4, UINT32: 4, INT64: 8, UINT64: 8,
             FLOAT16: 2, FLOAT32: 4, FLOAT64: 8, BFLOAT16: 2}
 NAMES = {INT8: "int8", UINT8: "uint8", INT32: "int32", UINT32: "uint32", INT64: "int64", UINT64: "uint64",

@@ -9,15 +9,16 @@ live in the copy that made it, so a second copy (libkccl.so) cannot serve it.
     h = kccl.capi.handle(comm)                  # the kcclComm_t, an int
     ptr, count, dtype, lib = kccl.capi.buffer(comm, x, writable=True)
     kccl.capi.check(rc)                         # KcclError for a failed kccl.h result
+    code = kccl.capi.dtype_code("bfloat16")     # the kcclDataType_t of a name, numpy dtype or code
 
 Cast the ints to the C types on the other side (cffi: ffi.cast("void *", h))."""
-from ._buffers import NAMES as _NAMES
+from ._buffers import NAMES as _NAMES, resolve_dtype as _resolve_dtype
 from ._cuda_buffers import CudaBuffers as _CudaBuffers
 from ._native import ffi as _ffi, lib as _lib
 from .communicator import _check
 from .errors import KcclInvalidArgument
 
-__all__ = ["function", "handle", "buffer", "device_buffer", "stream", "check", "last_error", "DTYPE_NAMES"]
+__all__ = ["function", "handle", "buffer", "device_buffer", "stream", "check", "last_error", "dtype_code", "DTYPE_NAMES"]
 
 # kcclDataType_t code -> the name the Python API takes for it ("float32", "bfloat16", ...)
 DTYPE_NAMES = dict(_NAMES)
@@ -68,3 +69,9 @@ def check(rc):
 def last_error():
     """The calling thread's last error text in this package's library."""
     return _ffi.string(_lib.kcclGetLastError(_ffi.NULL)).decode(errors="replace")
+
+
+def dtype_code(dtype):
+    """The kcclDataType_t code of a type name ("float32", "bf16"), a numpy dtype or a code,
+    as the collectives' dtype= takes it (KcclInvalidArgument for a type KCCL lacks)."""
+    return _resolve_dtype(dtype)

@@ -6,6 +6,7 @@
         [--threads N] [--blas-threads N] [--device cpu|cuda] [--kernel native|numpy|graph|mono]
         [--kv-cache f16|f32]
     python -m kie_engine convert --model FILE.gguf|smollm2 --out DIR [--dtype bfloat16|float32]
+    python -m kie_engine convert --model FILE.gguf|smollm2 --quantize q8_0|q4_0|q4_1|q4_k --out FILE.gguf
 
 Under mpiexec every rank is a lane (tensor parallelism over KCCL); N = 1 needs no
 mpiexec.  Rank 0 streams the text and prints the timing line."""
@@ -48,6 +49,15 @@ def cmd_init(a):
 
 
 def cmd_convert(a):
+    if a.quantize:
+        from .gguf_write import quantize_gguf
+        from .sources import resolve
+        kinds = quantize_gguf(resolve(a.model), a.out, a.quantize)
+        counts = {}
+        for t in kinds.values():
+            counts[t] = counts.get(t, 0) + 1
+        print(f"wrote {a.out}: {len(kinds)} tensors, " + ", ".join(f"{n} {t}" for t, n in sorted(counts.items())))
+        return 0
     from .convert import convert
     from .sources import open_checkpoint
     ckpt = open_checkpoint(a.model)
@@ -210,10 +220,14 @@ def main(argv=None):
                         "default as --blas-threads")
     g.add_argument("--kv-cache", choices=["f16", "f32"], default="f16",
                    help="the native engine's KV cache element type (default f16)")
-    c = sub.add_parser("convert", help="write a model (GGUF file, short name) as a Hugging Face safetensors directory")
+    c = sub.add_parser("convert", help="write a model (GGUF file, short name) as a Hugging Face safetensors directory, "
+                                       "or (--quantize) as a GGUF file in other block types")
     c.add_argument("--model", required=True, help="a .gguf file, or smollm2")
     c.add_argument("--out", required=True)
     c.add_argument("--dtype", choices=["bfloat16", "float32"], default="bfloat16")
+    c.add_argument("--quantize", choices=["q8_0", "q4_0", "q4_1", "q4_k"],
+                   help="write a GGUF file (--out FILE.gguf) with the matrices in these blocks instead of a "
+                        "safetensors directory (q4_k: llama.cpp's Q4_K_M mix of Q4_K and Q6_K)")
     a = p.parse_args(argv)
     try:
         return {"init": cmd_init, "generate": cmd_generate, "convert": cmd_convert}[a.cmd](a)

@@ -5,10 +5,11 @@ from the file's metadata), `tensor(name, rows, cols)` (float32, under the Huggin
 tensor names and layout), `tokenizer()` (a `tokenizers.Tokenizer` built from the
 metadata) and `chat_template()`; so tp.py, model.py and the GPU path load it unchanged.
 
-Tensor types read: F32, F16, BF16, Q8_0 and Q4_1 (dequantized here, block by block,
-only for the rows a lane asks for).  llama.cpp's converter permutes the rows of the
-Q and K projections within each head (its RoPE rotates adjacent pairs, Hugging Face's
-rotates the two halves of a head); `tensor()` undoes that, so the engine sees the
+Tensor types read: F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q4_K and Q6_K (dequantized here,
+block by block, only for the rows a lane asks for; `raw_tensor()` gives the stored
+blocks themselves, for the native CPU kernels).  llama.cpp's converter permutes the rows
+of the Q and K projections within each head (its RoPE rotates adjacent pairs, Hugging
+Face's rotates the two halves of a head); `tensor()` undoes that, so the engine sees the
 Hugging Face layout."""
 import os
 
@@ -20,9 +21,12 @@ from .errors import CheckpointError, CheckpointNotFoundError, ConfigError, Unsup
 
 # ggml type ids (ggml.h) of the types dequantized here; anything else is refused by name.
 F32, F16, Q4_1, Q8_0, BF16 = 0, 1, 3, 8, 30
-_TYPE_NAMES = {F32: "F32", F16: "F16", Q4_1: "Q4_1", Q8_0: "Q8_0", BF16: "BF16"}
+Q4_0, Q4_K, Q6_K = 2, 12, 14  # dequantized by kie_engine.quant
+_TYPE_NAMES = {F32: "F32", F16: "F16", Q4_1: "Q4_1", Q8_0: "Q8_0", BF16: "BF16",
+               Q4_0: "Q4_0", Q4_K: "Q4_K", Q6_K: "Q6_K"}
 # (elements per block, bytes per block)
-_BLOCKS = {F32: (1, 4), F16: (1, 2), BF16: (1, 2), Q8_0: (32, 34), Q4_1: (32, 20)}
+_BLOCKS = {F32: (1, 4), F16: (1, 2), BF16: (1, 2), Q8_0: (32, 34), Q4_1: (32, 20),
+           Q4_0: (32, 18), Q4_K: (256, 144), Q6_K: (256, 210)}
 
 ARCHITECTURES = ("llama",)
 TOKENIZER_MODELS = ("gpt2",)  # byte-level BPE
@@ -61,6 +65,9 @@ def dequantize(raw, ggml_type, cols):
     Q4_1 block (32 values, 20 bytes): float16 scale d and minimum m, then 16 bytes whose
     low nibbles are values 0..15 and high nibbles values 16..31; value = d * q + m."""
     rows = raw.shape[0]
+    if ggml_type in (Q4_0, Q4_K, Q6_K):  # their layouts: kie_engine/quant.py
+        from .quant import dequantize as dequantize_blocks
+        return dequantize_blocks(raw, ggml_type, cols)
     if ggml_type == F32:
         return np.ascontiguousarray(raw).view(np.float32).reshape(rows, cols).copy()
     if ggml_type == F16:
@@ -370,6 +377,34 @@ class GGUFCheckpoint:
             raw = raw[rows]
         out = dequantize(raw, t, n_cols)
         return out if cols is None else np.ascontiguousarray(out[:, cols])
+
+    def raw_tensor(self, name, rows=None, hf_order=True):
+        """The stored blocks of tensor[rows], not dequantized: (raw, type, cols), raw a
+        uint8 array (len(rows), bytes per row) and type the ggml type id (kq.h's KQ_*).
+
+        rows: None (all), a slice or an index array, in the Hugging Face row order.  A
+        slice is a view of the memory-mapped file (nothing read until used); the Q and
+        K projections with hf_order=True are gathered, since llama.cpp permuted their
+        rows (whole rows: each row's blocks stay as stored, so the permutation moves
+        rows and touches no block).  hf_order=False gives the stored order instead
+        (for an engine that rotates adjacent pairs, as llama.cpp does): then `rows`
+        counts stored rows."""
+        g = gguf_name(name)
+        if g not in self._tensors:
+            raise KeyError(name)
+        dims, t, start = self._tensors[g]
+        raw = self._data[start:start + _nbytes(dims, t)]
+        if len(dims) == 1:
+            raw, n_cols = raw.reshape(1, -1), dims[0]
+        else:
+            n_cols, n_rows = dims
+            raw = raw.reshape(n_rows, -1)
+            if hf_order and g.endswith(("attn_q.weight", "attn_k.weight")):
+                idx = unpermute_rows(n_rows, self.config.head_dim)
+                rows = idx if rows is None else idx[rows]
+        if rows is not None:
+            raw = raw[rows]
+        return raw, t, n_cols
 
     # -- tokenizer and chat ----------------------------------------------------------------------
     def tokenizer(self):

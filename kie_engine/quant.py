@@ -2,8 +2,9 @@
 
 The layouts are the GGUF spec's (see csrc/kq_internal.h for the same in C).  Q8_0, Q4_0
 and Q4_1 quantize with gguf-py's reference quantizer (what llama.cpp's own tools write);
-Q4_K and Q6_K, which gguf-py only reads, with the quantizers below (a scale / minimum
-search per sub-block, simpler than llama.cpp's but the same format).  The tests check
+Q4_K and Q6_K, which gguf-py only reads, with the quantizers below (plain min / max
+scales per sub-block: simpler than llama.cpp's error-minimizing search, so somewhat
+less accurate, but the same format).  The tests check
 every type against gguf-py's dequantizer."""
 import numpy as np
 
@@ -136,34 +137,25 @@ def _as_f16(v):
 
 
 def _quantize_q4_k(x):
-    """x (n, 8, 32) -> (n, 144) Q4_K blocks.  Per sub-block, x ~ s q - mn with q in 0..15:
-    the minimum (clipped to <= 0, as the format's minimums are subtracted) and a few
-    scales around (max - min) / 15 are tried, keeping the smallest squared error; then
-    the scales and minimums are quantized to 6 bits against the block's f16 d, dmin,
-    and q is recomputed against the quantized ones."""
+    """x (n, 8, 32) -> (n, 144) Q4_K blocks: x ~ d sc_j q - dmin m_j, q in 0..15, with
+    6-bit sc_j, m_j per sub-block of 32.  The minimums (the sub-block's lowest value,
+    clipped to <= 0: the format subtracts them) are quantized first, rounding up so that
+    x + m_j >= 0; then the step that reaches the sub-block's top from there, rounding up
+    too, so no value falls outside 0..15.  (d, dmin are nudged up by 1/1000 so that
+    their f16 rounding cannot push a 6-bit value past 63.)"""
     n = x.shape[0]
-    lo = np.minimum(x.min(axis=-1), 0.0)                          # (n, 8)
+    mins = -np.minimum(x.min(axis=-1), 0.0)                        # (n, 8), >= 0
     hi = x.max(axis=-1)
-    best_s, best_err = None, None
-    for f in (1.0, 0.97, 0.94, 0.91, 1.03):
-        s = (hi - lo) / 15 * f
-        inv = np.where(s > 0, 1 / np.where(s > 0, s, 1), 0)
-        q = np.clip(np.rint((x - lo[..., None]) * inv[..., None]), 0, 15)
-        err = ((q * s[..., None] + lo[..., None] - x) ** 2).sum(axis=-1)
-        if best_s is None:
-            best_s, best_err = s, err
-        else:
-            better = err < best_err
-            best_s, best_err = np.where(better, s, best_s), np.where(better, err, best_err)
-    mins = -lo                                                    # >= 0
-    d = _as_f16(best_s.max(axis=-1) / 63)                         # (n,)
-    dmin = _as_f16(mins.max(axis=-1) / 63)
-    sc = np.clip(np.rint(best_s / np.where(d > 0, d, 1)[:, None]), 0, 63)
-    m = np.clip(np.rint(mins / np.where(dmin > 0, dmin, 1)[:, None]), 0, 63)
-    s_eff, m_eff = d[:, None] * sc, dmin[:, None] * m
+    dmin = _as_f16(mins.max(axis=-1) / 63 * 1.001)                 # (n,)
+    m = np.clip(np.ceil(mins / np.where(dmin > 0, dmin, 1)[:, None]), 0, 63)
+    m_eff = dmin[:, None] * m
+    need = (hi + m_eff) / 15                                       # the step per sub-block
+    d = _as_f16(need.max(axis=-1) / 63 * 1.001)
+    sc = np.clip(np.ceil(need / np.where(d > 0, d, 1)[:, None]), 0, 63)
+    s_eff = d[:, None] * sc
     q = np.clip(np.rint((x + m_eff[..., None]) / np.where(s_eff > 0, s_eff, 1)[..., None]), 0, 15)
-    q = np.where(s_eff[..., None] > 0, q, 0).astype(np.uint8)     # (n, 8, 32)
-    qs = (q[:, 0::2, :] | (q[:, 1::2, :] << 4)).reshape(n, 128)   # byte i of chunk c: sub 2c low, 2c+1 high
+    q = np.where(s_eff[..., None] > 0, q, 0).astype(np.uint8)      # (n, 8, 32)
+    qs = (q[:, 0::2, :] | (q[:, 1::2, :] << 4)).reshape(n, 128)    # byte i of chunk c: sub 2c low, 2c+1 high
     head = np.concatenate([d.astype(np.float16).view(np.uint8).reshape(n, 2),
                            dmin.astype(np.float16).view(np.uint8).reshape(n, 2)], axis=-1)
     return np.concatenate([head, q4k_pack_scales(sc, m), qs], axis=-1)

@@ -127,6 +127,20 @@ typedef struct {
 
 kcclResult_t kcclConfigInit(kcclConfig_t *config);
 
+/* The settings of kccl_settings.def for code that takes them from elsewhere than the
+ * environment (kccl/config.py, libkccl_nccl.so), by the rules kcclConfigInit applies:
+ * kcclSettingParse reads `value` as setting `name` ("KCCL_TIMEOUT_MS") into *out (an
+ * integer; a choice's index; a path leaves *out alone, as does a NULL or blank value);
+ * kcclInvalidArgument naming both for an unknown name or a bad value.
+ * kcclSettingClosest: the known name nearest to `name` (itself when known; NULL when
+ * none is close).  kcclSettingsWarnUnknown: the first call of a process prints one
+ * line on stderr naming every KCCL_* variable that is no setting (nothing on ranks
+ * other than 0 where the launcher sets PMI_RANK, OMPI_COMM_WORLD_RANK, PMIX_RANK,
+ * SLURM_PROCID or RANK) and returns how many there are; kcclConfigInit calls it. */
+kcclResult_t kcclSettingParse(const char *name, const char *value, long long *out);
+const char *kcclSettingClosest(const char *name);
+int kcclSettingsWarnUnknown(void);
+
 kcclResult_t kcclGetVersion(int *version);
 kcclResult_t kcclGetUniqueId(kcclUniqueId *uniqueId);
 

@@ -36,7 +36,6 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "internal.h"
 #include "kccl.h"
 #include "shim.h"
 
@@ -54,12 +53,14 @@ static kcclResult_t g_set_rc;
 static char g_set_error[512];
 static pthread_once_t g_set_once = PTHREAD_ONCE_INIT;
 
+/* Through KCCL's own parser of the table (kcclSettingParse), so these read as every
+ * other KCCL setting does. */
 static void read_settings(void) {
-  long v;
+  long long v;
 #define KCCL_NCCL_SETTING(field, var, kind, def, lo, hi, doc)                                     \
-  if (kind != KCCL_KIND_PATH && g_set_rc == kcclSuccess) {                                        \
-    v = (long)(def);                                                                              \
-    g_set_rc = kccl_env_long(var, (long)(lo), (long)(hi), kind == KCCL_KIND_SIZE, 1, &v);         \
+  if (g_set_rc == kcclSuccess) {                                                                  \
+    v = (long long)(def);                                                                         \
+    g_set_rc = kcclSettingParse(var, getenv(var), &v);                                            \
     if (g_set_rc != kcclSuccess) snprintf(g_set_error, sizeof g_set_error, "%s", kcclGetLastError(NULL)); \
     else KCCL_NCCL_STORE_##field(v);                                                              \
   }

@@ -1,9 +1,11 @@
-/* config.c - the KCCL_* settings of kccl_settings.def in C: their defaults,
- * their parsing from the environment, the check of a caller's kcclConfig_t,
- * and the warning about unknown KCCL_* variables.  kccl/config.py reads the
- * same table (`python -m kccl.config` prints it). */
+/* config.c - the KCCL_* settings of kccl_settings.def in C: their defaults, the
+ * one parser of their values (kcclSettingParse: kcclConfigInit's, kccl/config.py's
+ * and libkccl_nccl.so's), the check of a caller's kcclConfig_t, and the warning
+ * about unknown KCCL_* variables.  kccl/config.py reads the same table for the
+ * names, defaults and meanings (`python -m kccl.config` prints it). */
 #include <ctype.h>
 #include <errno.h>
+#include <limits.h>
 #include <stddef.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -14,10 +16,9 @@
 
 #include "internal.h"
 
-/* The variable's value without surrounding blanks (as kccl/config.py reads it);
- * NULL when unset or empty. */
-static const char *env_value(const char *name, char *buf, size_t n) {
-  const char *s = getenv(name);
+/* `s` without surrounding blanks, into buf (truncated to n - 1 bytes); NULL when
+ * s is NULL or blank: an unset or empty variable means the default. */
+static const char *trimmed(const char *s, char *buf, size_t n) {
   if (!s) return NULL;
   while (isspace((unsigned char)*s)) s++;
   size_t len = strlen(s);
@@ -29,39 +30,83 @@ static const char *env_value(const char *name, char *buf, size_t n) {
   return buf;
 }
 
-/* An integer in [lo, hi] and a multiple of `multiple`; byte sizes may end in k/K or
- * m/M (binary multiples). */
-kcclResult_t kccl_env_long(const char *name, long lo, long hi, int sizes, int multiple, long *out) {
-  char buf[64];
-  const char *s = env_value(name, buf, sizeof buf);
-  if (!s) return kcclSuccess;
+/* Every setting a value can be parsed for: the C, Python-only and NCCL-shim entries of
+ * the table (the build-time ones are read by the build, as text). */
+typedef struct {
+  const char *var;
+  int kind;
+  long long lo, hi;
+  int multiple;
+  const char *choices;
+} kccl_parse_rule;
+static const kccl_parse_rule parse_rules[] = {
+#define KCCL_SETTING(field, var, kind, def, lo, hi, multiple, equal, choices, doc) {var, kind, lo, hi, multiple, choices},
+#define KCCL_PY_SETTING(field, var, kind, def, choices, doc) {var, kind, 0, 0, 1, choices},
+#define KCCL_NCCL_SETTING(field, var, kind, def, lo, hi, doc) {var, kind, lo, hi, 1, ""},
+#include "kccl_settings.def"
+};
+#define NRULES (sizeof parse_rules / sizeof parse_rules[0])
+
+/* The names of a space-separated list of choices (at most 8), and their count. */
+static int split_choices(const char *choices, char names[][16]) {
+  int n = 0;
+  for (const char *s = choices; *s && n < 8;) {
+    while (*s == ' ') s++;
+    size_t len = strcspn(s, " ");
+    if (!len) break;
+    snprintf(names[n++], 16, "%.*s", (int)len, s);
+    s += len;
+  }
+  return n;
+}
+
+/* The one parser of a setting's text (s: trimmed, not empty).  An integer in [lo, hi] and a
+ * multiple of `multiple`, byte sizes with an optional k/K or m/M (binary multiples); a choice
+ * by name in any case or by its index as a digit; a path as it is. */
+static kcclResult_t parse_rule(const kccl_parse_rule *r, const char *s, long long *out) {
+  if (r->kind == KCCL_KIND_PATH) return kcclSuccess;
+  if (r->kind == KCCL_KIND_CHOICE) {
+    char names[8][16], list[128] = "";
+    int n = split_choices(r->choices, names);
+    for (int i = 0; i < n; i++)
+      if (!strcasecmp(s, names[i]) || (s[0] == '0' + i && !s[1])) { *out = i; return kcclSuccess; }
+    for (int i = 0; i < n; i++) {
+      strncat(list, names[i], sizeof list - strlen(list) - 1);
+      if (i + 1 < n) strncat(list, ", ", sizeof list - strlen(list) - 1);
+    }
+    return kccl_err(kcclInvalidArgument, "%s=%s: expected one of %s", r->var, s, list);
+  }
+  const int sizes = r->kind == KCCL_KIND_SIZE;
   char *end;
   errno = 0;
-  long v = strtol(s, &end, 10);
-  if (sizes && end != s && (*end == 'k' || *end == 'K') && !end[1]) { v *= 1024; end++; }
-  else if (sizes && end != s && (*end == 'm' || *end == 'M') && !end[1]) { v *= 1024 * 1024; end++; }
-  if (errno || end == s || *end || v < lo || v > hi)
-    return kccl_err(kcclInvalidArgument, "%s=%s: expected an integer in [%ld, %ld]%s", name, s, lo, hi,
+  long long v = strtoll(s, &end, 10), mult = 1;
+  if (sizes && end != s && (*end == 'k' || *end == 'K') && !end[1]) { mult = 1024; end++; }
+  else if (sizes && end != s && (*end == 'm' || *end == 'M') && !end[1]) { mult = 1024 * 1024; end++; }
+  if (errno || end == s || *end || v > LLONG_MAX / mult || v < LLONG_MIN / mult || v * mult < r->lo ||
+      v * mult > r->hi)
+    return kccl_err(kcclInvalidArgument, "%s=%s: expected an integer in [%lld, %lld]%s", r->var, s, r->lo, r->hi,
                     sizes ? " (k/M suffix allowed)" : "");
-  if (v % multiple)
-    return kccl_err(kcclInvalidArgument, "%s=%s: expected a multiple of %d in [%ld, %ld]", name, s, multiple, lo, hi);
+  v *= mult;
+  if (v % r->multiple)
+    return kccl_err(kcclInvalidArgument, "%s=%s: expected a multiple of %d in [%lld, %lld]", r->var, s, r->multiple,
+                    r->lo, r->hi);
   *out = v;
   return kcclSuccess;
 }
 
-/* One of names[0..n) (any case) or its index as a digit. */
-static kcclResult_t env_choice(const char *name, char names[][16], int n, int *out) {
-  char buf[64];
-  const char *s = env_value(name, buf, sizeof buf);
-  if (!s) return kcclSuccess;
-  for (int i = 0; i < n; i++)
-    if (!strcasecmp(s, names[i]) || (s[0] == '0' + i && !s[1])) { *out = i; return kcclSuccess; }
-  char list[128] = "";
-  for (int i = 0; i < n; i++) {
-    strncat(list, names[i], sizeof list - strlen(list) - 1);
-    if (i + 1 < n) strncat(list, ", ", sizeof list - strlen(list) - 1);
-  }
-  return kccl_err(kcclInvalidArgument, "%s=%s: expected one of %s", name, s, list);
+static const kccl_parse_rule *rule_of(const char *name) {
+  for (size_t i = 0; name && i < NRULES; i++)
+    if (!strcmp(parse_rules[i].var, name)) return &parse_rules[i];
+  return NULL;
+}
+
+kcclResult_t kcclSettingParse(const char *name, const char *value, long long *out) {
+  const kccl_parse_rule *r = rule_of(name);
+  if (!r) return kccl_err(kcclInvalidArgument, "%s is not a KCCL setting that takes a value", name ? name : "(null)");
+  if (!out) return kccl_err(kcclInvalidArgument, "%s: out is NULL", name);
+  char buf[256];
+  const char *s = trimmed(value, buf, sizeof buf);
+  return s ? parse_rule(r, s, out) : kcclSuccess;
 }
 
 /* Every KCCL_* variable KCCL reads: the table's C, Python-only, build-time and NCCL-shim entries. */
@@ -94,32 +139,57 @@ static int edit_distance(const char *a, size_t la, const char *b) {
   return row[lb];
 }
 
-/* A misspelled setting would otherwise be ignored without a word: the first
- * kcclConfigInit of a process names every unknown KCCL_* variable, and the known one
- * closest to it (within 3 edits, and fewer than half the letters after KCCL_). */
-static void warn_unknown_env(void) {
+/* The known name closest to name[0..len) (within 3 edits, and fewer than half the letters
+ * after KCCL_; the first in table order on a tie): the name itself when known, else NULL. */
+static const char *closest(const char *name, size_t len) {
+  const char *best = NULL;
+  int best_d = 4;
+  for (size_t k = 0; k < NKNOWN; k++) {
+    if (strlen(known_env[k]) == len && !strncmp(name, known_env[k], len)) return known_env[k];
+    int d = edit_distance(name, len, known_env[k]);
+    if (d < best_d && 2 * d < (int)len - 5) { best_d = d; best = known_env[k]; }
+  }
+  return best;
+}
+
+const char *kcclSettingClosest(const char *name) { return name ? closest(name, strlen(name)) : NULL; }
+
+/* The launcher's word that this process is not rank 0 of its job (MPICH / Intel MPI,
+ * Open MPI, PMIx, Slurm, torchrun): then rank 0 speaks for the job. */
+static int launcher_rank_nonzero(void) {
+  static const char *const vars[] = {"PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "SLURM_PROCID", "RANK"};
+  for (size_t i = 0; i < sizeof vars / sizeof vars[0]; i++) {
+    const char *v = getenv(vars[i]);
+    if (v && *v) return strcmp(v, "0") != 0;
+  }
+  return 0;
+}
+
+/* A misspelled setting would otherwise be ignored without a word: one line on stderr
+ * per process (per job where the launcher tells the ranks apart) names every KCCL_*
+ * variable that is not a setting, and the known one closest to each. */
+int kcclSettingsWarnUnknown(void) {
   static atomic_int done;
-  if (atomic_exchange(&done, 1)) return;
+  if (atomic_exchange(&done, 1)) return 0;
   extern char **environ;
+  char line[1024];
+  size_t used = 0;
+  int n = 0;
   for (char **e = environ; e && *e; e++) {
     if (strncmp(*e, "KCCL_", 5) != 0) continue;
     const char *eq = strchr(*e, '=');
     size_t len = eq ? (size_t)(eq - *e) : strlen(*e);
-    const char *best = NULL;
-    int best_d = 4, known = 0;
-    for (size_t k = 0; k < NKNOWN && !known; k++) {
-      if (strlen(known_env[k]) == len && !strncmp(*e, known_env[k], len)) known = 1;
-      int d = edit_distance(*e, len, known_env[k]);
-      if (d < best_d && 2 * d < (int)len - 5) { best_d = d; best = known_env[k]; }
-    }
-    if (known) continue;
-    if (best)
-      fprintf(stderr, "[kccl pid %d] WARN %.*s is not a KCCL setting and is ignored; did you mean %s? "
-              "(python -m kccl.config lists them)\n", (int)getpid(), (int)len, *e, best);
-    else
-      fprintf(stderr, "[kccl pid %d] WARN %.*s is not a KCCL setting and is ignored "
-              "(python -m kccl.config lists them)\n", (int)getpid(), (int)len, *e);
+    const char *near = closest(*e, len);
+    if (near && strlen(near) == len) continue; /* a setting */
+    if (used < sizeof line)
+      used += (size_t)snprintf(line + used, sizeof line - used, near ? "%s%.*s (did you mean %s?)" : "%s%.*s%s",
+                               n ? ", " : "", (int)len, *e, near ? near : "");
+    n++;
   }
+  if (n && !launcher_rank_nonzero())
+    fprintf(stderr, "[kccl pid %d] WARN %s: %s, ignored (python -m kccl.config lists the settings)\n", (int)getpid(),
+            line, n == 1 ? "not a KCCL setting" : "not KCCL settings");
+  return n;
 }
 
 const kccl_setting kccl_settings[KCCL_NSETTINGS] = {
@@ -155,19 +225,6 @@ static void setting_set(kcclConfig_t *cfg, int i, long long v) {
   else *(int *)p = (int)v;
 }
 
-/* The names of a space-separated list of choices (at most 8), and their count. */
-static int split_choices(const char *choices, char names[][16]) {
-  int n = 0;
-  for (const char *s = choices; *s && n < 8;) {
-    while (*s == ' ') s++;
-    size_t len = strcspn(s, " ");
-    if (!len) break;
-    snprintf(names[n++], 16, "%.*s", (int)len, s);
-    s += len;
-  }
-  return n;
-}
-
 kcclResult_t kccl_config_check(const kcclConfig_t *cfg) {
   for (int i = 0; i < KCCL_NSETTINGS; i++) {
     const kccl_setting *s = &kccl_settings[i];
@@ -187,22 +244,14 @@ kcclResult_t kccl_config_check(const kcclConfig_t *cfg) {
 
 kcclResult_t kcclConfigInit(kcclConfig_t *cfg) {
   if (!cfg) return kccl_err(kcclInvalidArgument, "config is NULL");
-  warn_unknown_env();
+  kcclSettingsWarnUnknown();
   memset(cfg, 0, sizeof *cfg);
   cfg->size = sizeof *cfg;
   cfg->device = -1;
   for (int i = 0; i < KCCL_NSETTINGS; i++) {
-    const kccl_setting *s = &kccl_settings[i];
-    long v = (long)s->def;
-    kcclResult_t r;
-    if (s->kind == KCCL_KIND_CHOICE) {
-      char names[8][16];
-      int idx = (int)v;
-      if ((r = env_choice(s->var, names, split_choices(s->choices, names), &idx))) return r;
-      v = idx;
-    } else if ((r = kccl_env_long(s->var, (long)s->lo, (long)s->hi, s->kind == KCCL_KIND_SIZE, s->multiple, &v))) {
-      return r;
-    }
+    long long v = kccl_settings[i].def;
+    kcclResult_t r = kcclSettingParse(kccl_settings[i].var, getenv(kccl_settings[i].var), &v);
+    if (r != kcclSuccess) return r;
     setting_set(cfg, i, v);
   }
   return kcclSuccess;

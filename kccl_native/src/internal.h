@@ -70,10 +70,6 @@ kcclResult_t kccl_config_check(const kcclConfig_t *cfg);
 /* The all-reduce algorithm (kcclAlgoOneShot or kcclAlgoTwoShot) for `bytes`: KCCL_ALGO, and in
  * auto one-shot up to `oneshot_max` bytes (each transport passes its own crossover). */
 int kccl_allreduce_algo(const kcclConfig_t *cfg, size_t bytes, size_t oneshot_max);
-/* Environment variable `name` into *out when set: an integer in [lo, hi], a multiple of
- * `multiple`; with `sizes`, a k/K or m/M suffix multiplies by 1024 or 1024^2.  Unset
- * leaves *out alone; anything else is kcclInvalidArgument naming the variable. */
-kcclResult_t kccl_env_long(const char *name, long lo, long hi, int sizes, int multiple, long *out);
 
 /* Segment states, in the header of each rank's segment. */
 enum { SEG_CREATING = 0, SEG_READY = 1, SEG_CLOSED = 2, SEG_ABORTED = 3, SEG_FAILED = 4 };
@@ -266,6 +262,9 @@ void kccl_reduce(void *out, const void *const *in, int nin, size_t count, kcclDa
 
 /* wait.c */
 void kccl_publish(struct kcclComm *c, _Atomic uint64_t *flag, uint32_t seq, uint32_t sig);
+/* Publishes this rank's slot (set, which), whose first `bytes` of data are written, and its
+ * replicas (replicas.c) when the placement has them. */
+void kccl_publish_slot(struct kcclComm *c, uint32_t set, int which, size_t bytes, uint32_t seq, uint32_t sig);
 kcclResult_t kccl_wait_flag(struct kcclComm *c, int peer, _Atomic uint64_t *flag, uint32_t seq,
                             uint32_t sig);
 void kccl_wake_all(struct kcclComm *c);

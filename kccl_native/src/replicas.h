@@ -59,12 +59,4 @@ static inline uint8_t *kccl_peer_data(struct kcclComm *c, int p, uint32_t set, i
 /* replicas.c: publish own slot (set, which), whose first `bytes` of data are written. */
 void kccl_publish_replicated(struct kcclComm *c, uint32_t set, int which, size_t bytes, uint32_t seq, uint32_t sig);
 
-static inline void kccl_publish_slot(struct kcclComm *c, uint32_t set, int which, size_t bytes, uint32_t seq,
-                                     uint32_t sig) {
-  if (__builtin_expect(c->rep != NULL && c->rep->ntargets > 0 && bytes <= c->rep->data_bytes, 0))
-    kccl_publish_replicated(c, set, which, bytes, seq, sig);
-  else
-    kccl_publish(c, kccl_flag(kccl_slot(c, c->rank, set, which)), seq, sig);
-}
-
 #endif

@@ -21,6 +21,7 @@
 #include <unistd.h>
 
 #include "internal.h"
+#include "replicas.h"
 
 #if defined(__x86_64__) || defined(__i386__)
 #define cpu_relax() __builtin_ia32_pause()
@@ -36,6 +37,13 @@ void kccl_publish(struct kcclComm *c, _Atomic uint64_t *flag, uint32_t seq, uint
   atomic_store_explicit(flag, ((uint64_t)seq << 32) | sig, memory_order_seq_cst);
   if (atomic_load_explicit(&c->hdr[c->rank]->sleepers, memory_order_seq_cst))
     kccl_futex_wake(kccl_seq_word(flag));
+}
+
+void kccl_publish_slot(struct kcclComm *c, uint32_t set, int which, size_t bytes, uint32_t seq, uint32_t sig) {
+  if (__builtin_expect(c->rep != NULL && c->rep->ntargets > 0 && bytes <= c->rep->data_bytes, 0))
+    kccl_publish_replicated(c, set, which, bytes, seq, sig);
+  else
+    kccl_publish(c, kccl_flag(kccl_slot(c, c->rank, set, which)), seq, sig);
 }
 
 /* Wakes every sleeper on any of this rank's flags (used on abort and failure). */

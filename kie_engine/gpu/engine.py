@@ -89,15 +89,14 @@ def require_gpu():
 
 def _kccl_functions(comm):
     """The addresses of the KCCL calls the engine makes, and the communicator handle."""
-    from kccl._native import ffi as kffi, lib as klib
-    addr = lambda name: int(kffi.cast("uintptr_t", kffi.addressof(klib, name)))  # noqa: E731
+    from kccl import capi
     c = ffi.new("kie_comm *")
-    c.comm = ffi.cast("void *", int(kffi.cast("uintptr_t", comm._handle())))
+    c.comm = ffi.cast("void *", capi.handle(comm))
     for field, name in (("all_reduce", "kcclAllReduce"), ("start", "kcclAllReduceStartStream"),
                         ("wait", "kcclAllReduceWaitStream"), ("all_gather", "kcclAllGather"),
                         ("async_error", "kcclCommGetAsyncError"), ("last_error", "kcclGetLastError"),
                         ("dev_comm", "kcclCommGetDevComm")):
-        setattr(c, field, ffi.cast("void *", addr(name)))
+        setattr(c, field, ffi.cast("void *", capi.function(name)))
     return c
 
 

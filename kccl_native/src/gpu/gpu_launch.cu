@@ -70,11 +70,13 @@ kgpuError_t kgpu_kernel_occupancy(int nranks, int8_t *ts_per_sm, int *ll_per_sm)
 }
 
 static kcclResult_t launched(kgpuError_t e, const char *what) {
-  if (e != kgpuSuccess) {
-    kgpuGetLastError();
-    return kccl_err(kcclUnhandledCudaError, "launching the %s kernel: %s", what, kgpuGetErrorString(e));
-  }
-  return kgpu_launch_error(what);
+  if (e != kgpuSuccess) kgpuGetLastError();
+  else if ((e = kgpuGetLastError()) == kgpuSuccess) return kcclSuccess;
+  return kccl_err(kcclUnhandledCudaError, "launching the %s kernel: %s", what, kgpuGetErrorString(e));
+}
+
+extern "C" size_t kgpu_oneshot_max_bytes(struct kgpu *g) {
+  return (size_t)g->shape.ll_blocks * KCCL_LL_MAX_BYTES;
 }
 
 /* A chunked kernel, on the grid kgpu_connect sized.  It never triggers its

@@ -328,10 +328,6 @@ extern "C" kcclResult_t kgpu_connect(struct kgpu *g, const kgpu_export *peers) {
   return kcclSuccess;
 }
 
-extern "C" size_t kgpu_oneshot_max_bytes(struct kgpu *g) {
-  return (size_t)g->shape.ll_blocks * KCCL_LL_MAX_BYTES;
-}
-
 extern "C" kcclResult_t kgpu_sync(struct kgpu *g) {
   KGPU_CHECK(kgpuSetDevice(g->device));
   KGPU_CHECK(kgpuDeviceSynchronize());
@@ -382,10 +378,4 @@ extern "C" kcclResult_t kgpu_get_devcomm(struct kgpu *g, void *out, size_t bytes
                     "the installed kccl_device.cuh", bytes, sizeof(kcclDevComm));
   memcpy(out, &g->dc[1], sizeof(kcclDevComm));
   return kcclSuccess;
-}
-
-kcclResult_t kgpu_launch_error(const char *what) {
-  kgpuError_t e = kgpuGetLastError();
-  if (e == kgpuSuccess) return kcclSuccess;
-  return kccl_err(kcclUnhandledCudaError, "launching the %s kernel: %s", what, kgpuGetErrorString(e));
 }

@@ -1,4 +1,18 @@
-/* kgpu.h - one rank's GPU state, shared by the CUDA files (not installed). */
+/* kgpu.h - one rank's GPU state, shared by the CUDA files (not installed).
+ *
+ * The files of src/gpu/ in layers, lowest first: each calls only files listed
+ * before it (tests/test_boundaries.py reads this list).
+ *   1. kgpu.h          this rank's state, inline helpers
+ *      kernels.h       the kernels' arguments, as their launchers see them
+ *      chunked_copy.cuh   the chunked kernels' loads, stores and range copy
+ *      chunked_flags.cuh  the chunked kernels' flags: signal and wait
+ *   2. gpu_oneshot.cu  the one-shot all-reduce kernels
+ *      gpu_twoshot.cu  the two-shot all-reduce and reduce-scatter kernel
+ *      gpu_gather.cu   the all-gather and broadcast kernel
+ *   3. gpu_l2map.cu    per-L2-partition flag replicas: calibration, agreement
+ *   4. gpu_launch.cu   launch configuration and launchers, kernel preload, occupancy
+ *   5. gpu_runtime.cu  the exported buffer, mapping the peers, pointer checks,
+ *                      the device handle: gpu_api.h's life cycle */
 #ifndef KCCL_KGPU_H_
 #define KCCL_KGPU_H_
 #include "../gpu_api.h"
@@ -71,7 +85,6 @@ struct kgpu {
                       __FILE__, __LINE__);                                                            \
   } while (0)
 
-kcclResult_t kgpu_launch_error(const char *what);
 /* Blocks per multiprocessor of the chunked kernels (the smaller of two-shot's
  * and gather's) for blocks of 1 .. KCCL_GPU_MAX_CHUNK_THREADS / 32 warps
  * (ts_per_sm[w - 1]), and of the one-shot kernel used for nranks (gpu_launch.cu). */

@@ -1,3 +1,235 @@
-/* placeholder until the AVX2 kernels land */
+/* kq_avx2.c: AVX2 + FMA + F16C kernels, for x86-64 CPUs without AVX-512 VNNI.
+ *
+ * The integer products are vpmaddubsw (unsigned bytes times signed bytes, pairs summed
+ * to 16 bits) then vpmaddwd by ones (pairs summed again to 32 bits), so each 32-bit lane
+ * holds 4 products, as in the AVX-512 kernels.  The 16-bit step saturates past 32767:
+ * nibbles (<= 15) and Q6_K's 6-bit values (<= 63) times |x| <= 127 stay far below, and
+ * Q8_0 multiplies |w| by x with w's sign moved onto it (vpsignb), <= 128 * 127 * 2.
+ * One row per pass.  Compiled for these instructions through the pragma whatever the
+ * build's flags; kq_dispatch.c calls in only when CPUID shows them. */
 #include "kq_internal.h"
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+
+#pragma GCC push_options
+#pragma GCC target("avx2,fma,f16c")
+#include <immintrin.h>
+
+#define ROW(w, rb, r) ((const char *)(w) + (size_t)(r) * (rb))
+
+static inline __m256i dot4(__m256i u, __m256i s)
+{
+    return _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1));
+}
+
+static inline float hsum(__m256 v)
+{
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+static inline float h2f(uint16_t h) { return _cvtsh_ss(h); }
+
+static void quantize_act(const float *x, int64_t cols, void *act)
+{
+    char *p = (char *)act;
+    int8_t *q = (int8_t *)p;
+    int32_t *s4 = (int32_t *)(p + kq_up64((size_t)cols));
+    float *dds = (float *)(p + 2 * kq_up64((size_t)cols));
+    const __m256 absmask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+    for (int64_t b = 0; b < cols / 32; b++) {
+        __m256 v[4];
+        __m256 m = _mm256_setzero_ps();
+        for (int k = 0; k < 4; k++) {
+            v[k] = _mm256_loadu_ps(x + 32 * b + 8 * k);
+            m = _mm256_max_ps(m, _mm256_and_ps(v[k], absmask));
+        }
+        __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+        m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+        m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
+        float db = _mm_cvtss_f32(m4) / 127.0f, id = db != 0.0f ? 1.0f / db : 0.0f;
+        __m256i i[4];
+        for (int k = 0; k < 4; k++) /* nearest even, as the scalar path */
+            i[k] = _mm256_cvtps_epi32(_mm256_mul_ps(v[k], _mm256_set1_ps(id)));
+        /* 4-sums: add the lanes pairwise twice (hadd order: within 128-bit halves) */
+        __m256i h01 = _mm256_hadd_epi32(i[0], i[1]), h23 = _mm256_hadd_epi32(i[2], i[3]);
+        __m256i s = _mm256_hadd_epi32(h01, h23); /* [g0 g2 g4 g6 | g1 g3 g5 g7] */
+        s = _mm256_permutevar8x32_epi32(s, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+        _mm256_storeu_si256((__m256i *)(s4 + 8 * b), s);
+        __m256i w16 = _mm256_packs_epi32(i[0], i[1]), w16b = _mm256_packs_epi32(i[2], i[3]);
+        __m256i b8 = _mm256_packs_epi16(w16, w16b); /* the same order, in 4-byte units */
+        b8 = _mm256_permutevar8x32_epi32(b8, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+        _mm256_storeu_si256((__m256i *)(q + 32 * b), b8);
+        __m128i t = _mm_add_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
+        t = _mm_add_epi32(t, _mm_shuffle_epi32(t, _MM_SHUFFLE(1, 0, 3, 2)));
+        t = _mm_add_epi32(t, _mm_shuffle_epi32(t, _MM_SHUFFLE(2, 3, 0, 1)));
+        dds[2 * b] = db;
+        dds[2 * b + 1] = db * (float)_mm_cvtsi128_si32(t);
+    }
+}
+
+#define FLOAT_KERNEL(NAME, LOAD8, ONE)                                                                   \
+    static void NAME(const void *w, size_t rb, int64_t cols, const void *act, float *y, int64_t r0,      \
+                     int64_t r1)                                                                         \
+    {                                                                                                    \
+        const float *x = (const float *)act;                                                             \
+        int64_t full = cols & ~(int64_t)15;                                                              \
+        for (int64_t r = r0; r < r1; r++) {                                                              \
+            const uint8_t *p = (const uint8_t *)ROW(w, rb, r);                                           \
+            __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();                                   \
+            for (int64_t i = 0; i < full; i += 16) {                                                     \
+                a0 = _mm256_fmadd_ps(LOAD8(p, i), _mm256_loadu_ps(x + i), a0);                           \
+                a1 = _mm256_fmadd_ps(LOAD8(p, i + 8), _mm256_loadu_ps(x + i + 8), a1);                   \
+            }                                                                                            \
+            float s = hsum(_mm256_add_ps(a0, a1));                                                       \
+            for (int64_t i = full; i < cols; i++)                                                        \
+                s += ONE(p, i) * x[i];                                                                   \
+            y[r] = s;                                                                                    \
+        }                                                                                                \
+    }
+
+#define LOAD_F32(p, i) _mm256_loadu_ps((const float *)(p) + (i))
+#define ONE_F32(p, i) (((const float *)(p))[i])
+#define LOAD_F16(p, i) _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const uint16_t *)(p) + (i))))
+#define ONE_F16(p, i) h2f(((const uint16_t *)(p))[i])
+#define LOAD_BF16(p, i)                                                                                  \
+    _mm256_castsi256_ps(                                                                                 \
+        _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)((const uint16_t *)(p) + (i)))), 16))
+#define ONE_BF16(p, i) kq_bf2f(((const uint16_t *)(p))[i])
+
+FLOAT_KERNEL(mv_f32, LOAD_F32, ONE_F32)
+FLOAT_KERNEL(mv_f16, LOAD_F16, ONE_F16)
+FLOAT_KERNEL(mv_bf16, LOAD_BF16, ONE_BF16)
+
+/* 16 nibble bytes -> 32 values: low nibbles (values 0..15) then high (16..31) */
+static inline __m256i nibbles(const uint8_t *qs)
+{
+    __m128i v = _mm_loadu_si128((const __m128i *)qs);
+    __m256i both = _mm256_inserti128_si256(_mm256_castsi128_si256(v), _mm_srli_epi16(v, 4), 1);
+    return _mm256_and_si256(both, _mm256_set1_epi8(0x0f));
+}
+
+static void mv_q4_0(const void *w, size_t rb, int64_t cols, const void *act, float *y, int64_t r0, int64_t r1)
+{
+    kq_act8 a = kq_act8_view(act, cols);
+    for (int64_t r = r0; r < r1; r++) {
+        const kq_block_q4_0 *bl = (const kq_block_q4_0 *)ROW(w, rb, r);
+        __m256 acc = _mm256_setzero_ps();
+        float off = 0.0f; /* sum of d_w * (block sum of x): the -8 of each value */
+        for (int64_t b = 0; b < cols / 32; b++) {
+            float dw = h2f(bl[b].d);
+            __m256i dot = dot4(nibbles(bl[b].qs), _mm256_loadu_si256((const __m256i *)(a.q + 32 * b)));
+            acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_set1_ps(dw * a.dds[2 * b]), acc);
+            off += dw * a.dds[2 * b + 1];
+        }
+        y[r] = hsum(acc) - 8.0f * off;
+    }
+}
+
+static void mv_q4_1(const void *w, size_t rb, int64_t cols, const void *act, float *y, int64_t r0, int64_t r1)
+{
+    kq_act8 a = kq_act8_view(act, cols);
+    for (int64_t r = r0; r < r1; r++) {
+        const kq_block_q4_1 *bl = (const kq_block_q4_1 *)ROW(w, rb, r);
+        __m256 acc = _mm256_setzero_ps();
+        float mins = 0.0f;
+        for (int64_t b = 0; b < cols / 32; b++) {
+            __m256i dot = dot4(nibbles(bl[b].qs), _mm256_loadu_si256((const __m256i *)(a.q + 32 * b)));
+            acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_set1_ps(h2f(bl[b].d) * a.dds[2 * b]), acc);
+            mins += h2f(bl[b].m) * a.dds[2 * b + 1];
+        }
+        y[r] = hsum(acc) + mins;
+    }
+}
+
+static void mv_q8_0(const void *w, size_t rb, int64_t cols, const void *act, float *y, int64_t r0, int64_t r1)
+{
+    kq_act8 a = kq_act8_view(act, cols);
+    for (int64_t r = r0; r < r1; r++) {
+        const kq_block_q8_0 *bl = (const kq_block_q8_0 *)ROW(w, rb, r);
+        __m256 acc = _mm256_setzero_ps();
+        for (int64_t b = 0; b < cols / 32; b++) {
+            __m256i wq = _mm256_loadu_si256((const __m256i *)bl[b].qs);
+            __m256i xq = _mm256_loadu_si256((const __m256i *)(a.q + 32 * b));
+            __m256i dot = dot4(_mm256_sign_epi8(wq, wq), _mm256_sign_epi8(xq, wq));
+            acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_set1_ps(h2f(bl[b].d) * a.dds[2 * b]), acc);
+        }
+        y[r] = hsum(acc);
+    }
+}
+
+static void mv_q4_k(const void *w, size_t rb, int64_t cols, const void *act, float *y, int64_t r0, int64_t r1)
+{
+    kq_act8 a = kq_act8_view(act, cols);
+    const __m256i nib = _mm256_set1_epi8(0x0f);
+    for (int64_t r = r0; r < r1; r++) {
+        const kq_block_q4_k *bl = (const kq_block_q4_k *)ROW(w, rb, r);
+        __m256 acc = _mm256_setzero_ps();
+        float mins = 0.0f;
+        for (int64_t b = 0; b < cols / 256; b++) {
+            uint8_t sm[16];
+            kq_q4k_scales(bl[b].scales, sm);
+            float d = h2f(bl[b].d), dmin = h2f(bl[b].dmin);
+            const float *dds = a.dds + 16 * b;
+            const int8_t *aq = a.q + 256 * b;
+            for (int c = 0; c < 4; c++) {
+                __m256i q = _mm256_loadu_si256((const __m256i *)(bl[b].qs + 32 * c));
+                __m256i lo = _mm256_and_si256(q, nib), hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), nib);
+                __m256i d0 = dot4(lo, _mm256_loadu_si256((const __m256i *)(aq + 64 * c)));
+                __m256i d1 = dot4(hi, _mm256_loadu_si256((const __m256i *)(aq + 64 * c + 32)));
+                acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(d0), _mm256_set1_ps(d * sm[2 * c] * dds[4 * c]), acc);
+                acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(d1), _mm256_set1_ps(d * sm[2 * c + 1] * dds[4 * c + 2]), acc);
+            }
+            for (int j = 0; j < 8; j++)
+                mins += dmin * sm[8 + j] * dds[2 * j + 1];
+        }
+        y[r] = hsum(acc) - mins;
+    }
+}
+
+static void mv_q6_k(const void *w, size_t rb, int64_t cols, const void *act, float *y, int64_t r0, int64_t r1)
+{
+    kq_act8 a = kq_act8_view(act, cols);
+    const __m256i nib = _mm256_set1_epi8(0x0f), top2 = _mm256_set1_epi8(0x30);
+    for (int64_t r = r0; r < r1; r++) {
+        const kq_block_q6_k *bl = (const kq_block_q6_k *)ROW(w, rb, r);
+        __m256 acc = _mm256_setzero_ps();
+        for (int64_t b = 0; b < cols / 256; b++) {
+            float d = h2f(bl[b].d);
+            for (int n = 0; n < 2; n++) {
+                __m256i L0 = _mm256_loadu_si256((const __m256i *)(bl[b].ql + 64 * n));
+                __m256i L1 = _mm256_loadu_si256((const __m256i *)(bl[b].ql + 64 * n + 32));
+                __m256i H = _mm256_loadu_si256((const __m256i *)(bl[b].qh + 32 * n));
+                __m256i q[4] = {
+                    _mm256_or_si256(_mm256_and_si256(L0, nib), _mm256_and_si256(_mm256_slli_epi16(H, 4), top2)),
+                    _mm256_or_si256(_mm256_and_si256(L1, nib), _mm256_and_si256(_mm256_slli_epi16(H, 2), top2)),
+                    _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(L0, 4), nib), _mm256_and_si256(H, top2)),
+                    _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(L1, 4), nib),
+                                    _mm256_and_si256(_mm256_srli_epi16(H, 2), top2)),
+                };
+                for (int k = 0; k < 4; k++) {
+                    int e = 128 * n + 32 * k, g = e / 16;
+                    __m256i dot = dot4(q[k], _mm256_loadu_si256((const __m256i *)(a.q + 256 * b + e)));
+                    __m256i bias = _mm256_slli_epi32(_mm256_loadu_si256((const __m256i *)(a.s4 + 64 * b + e / 4)), 5);
+                    float da = a.dds[2 * (8 * b + e / 32)];
+                    __m256 sc = _mm256_setr_m128(_mm_set1_ps(d * bl[b].scales[g] * da), _mm_set1_ps(d * bl[b].scales[g + 1] * da));
+                    acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(dot, bias)), sc, acc);
+                }
+            }
+        }
+        y[r] = hsum(acc);
+    }
+}
+
+static const kq_impl kq_avx2 = {
+    "avx2", quantize_act, mv_f32, mv_f16, mv_bf16, mv_q8_0, mv_q4_0, mv_q4_1, mv_q4_k, mv_q6_k,
+};
+const kq_impl *const kq_impl_avx2 = &kq_avx2;
+
+#pragma GCC pop_options
+
+#else
 const kq_impl *const kq_impl_avx2 = NULL;
+#endif

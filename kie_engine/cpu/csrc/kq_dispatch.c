@@ -3,14 +3,33 @@
  * registers) and routes the public calls of kq.h to them. */
 #include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "kq_internal.h"
 
 static const kq_impl *kq_cur; /* set once, or by kq_set_level; read with atomics */
 
+/* KIE_CPU_HIDE=avx512,avx2 hides those features from the choice below, as if the CPU
+ * lacked them (to see what an older CPU gets, and to test that path on this one). */
+static int hidden(const char *name)
+{
+    const char *h = getenv("KIE_CPU_HIDE");
+    size_t n = strlen(name);
+    while (h && *h) {
+        const char *end = strchr(h, ',');
+        size_t len = end ? (size_t)(end - h) : strlen(h);
+        if (len == n && !strncmp(h, name, n))
+            return 1;
+        h = end ? end + 1 : NULL;
+    }
+    return 0;
+}
+
 static int cpu_can(const char *name)
 {
+    if (hidden(name))
+        return 0;
 #if defined(__x86_64__) || defined(__i386__)
     __builtin_cpu_init();
     if (!strcmp(name, "avx2"))

@@ -30,13 +30,14 @@ _Static_assert(sizeof(kq_block_q6_k) == 210, "Q6_K block");
  *   int32 s4[cols / 4]   sums of each 4 consecutive q: the integer dot products take
  *                        unsigned weights (q + bias), and s4 is what removes the bias
  *                        lane by lane (a SIMD lane sums 4 products)
- *   float d[cols / 32]   the block scales
- *   float ds[cols / 32]  d * (sum of the block's q): the block's sum of x, for minimums
+ *   float dds[cols / 16] per block the pair (d, ds): d the block's scale, ds = d * (sum
+ *                        of its q), the block's sum of x for the minimum terms; paired
+ *                        so one 8-byte load serves both
  * each part starting on a 64-byte boundary.  The float types take x itself. */
 typedef struct {
     const int8_t *q;
     const int32_t *s4;
-    const float *d, *ds;
+    const float *dds;
 } kq_act8;
 
 static inline size_t kq_up64(size_t n) { return (n + 63) & ~(size_t)63; }
@@ -44,7 +45,7 @@ static inline size_t kq_up64(size_t n) { return (n + 63) & ~(size_t)63; }
 static inline size_t kq_act8_bytes(int64_t cols)
 {
     return kq_up64((size_t)cols) + kq_up64((size_t)cols) /* s4: 4 bytes per 4 q */
-         + 2 * kq_up64((size_t)(cols / 32) * sizeof(float));
+         + kq_up64((size_t)(cols / 16) * sizeof(float));
 }
 
 static inline kq_act8 kq_act8_view(const void *act, int64_t cols)
@@ -55,9 +56,7 @@ static inline kq_act8 kq_act8_view(const void *act, int64_t cols)
     p += kq_up64((size_t)cols);
     a.s4 = (const int32_t *)p;
     p += kq_up64((size_t)cols);
-    a.d = (const float *)p;
-    p += kq_up64((size_t)(cols / 32) * sizeof(float));
-    a.ds = (const float *)p;
+    a.dds = (const float *)p;
     return a;
 }
 

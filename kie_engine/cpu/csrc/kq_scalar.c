@@ -11,8 +11,7 @@ static void quantize_act_scalar(const float *x, int64_t cols, void *act)
     char *p = (char *)act;
     int8_t *q = (int8_t *)p;
     int32_t *s4 = (int32_t *)(p + kq_up64((size_t)cols));
-    float *d = (float *)(p + 2 * kq_up64((size_t)cols));
-    float *ds = (float *)((char *)d + kq_up64((size_t)(cols / 32) * sizeof(float)));
+    float *dds = (float *)(p + 2 * kq_up64((size_t)cols));
     for (int64_t b = 0; b < cols / 32; b++) {
         const float *xb = x + b * 32;
         float amax = 0.0f;
@@ -30,8 +29,8 @@ static void quantize_act_scalar(const float *x, int64_t cols, void *act)
             s4[(b * 32 + i) / 4] = s;
             sum += s;
         }
-        d[b] = db;
-        ds[b] = db * (float)sum;
+        dds[2 * b] = db;
+        dds[2 * b + 1] = db * (float)sum;
     }
 }
 
@@ -83,7 +82,7 @@ static void mv_q8_0(const void *w, size_t rb, int64_t cols, const void *act, flo
             int dot = 0;
             for (int i = 0; i < 32; i++)
                 dot += bl[b].qs[i] * a.q[b * 32 + i];
-            s += kq_h2f(bl[b].d) * a.d[b] * (float)dot;
+            s += kq_h2f(bl[b].d) * a.dds[2 * b] * (float)dot;
         }
         y[r] = s;
     }
@@ -100,7 +99,7 @@ static void mv_q4_0(const void *w, size_t rb, int64_t cols, const void *act, flo
             int dot = 0;
             for (int i = 0; i < 16; i++)
                 dot += ((bl[b].qs[i] & 15) - 8) * aq[i] + ((bl[b].qs[i] >> 4) - 8) * aq[i + 16];
-            s += kq_h2f(bl[b].d) * a.d[b] * (float)dot;
+            s += kq_h2f(bl[b].d) * a.dds[2 * b] * (float)dot;
         }
         y[r] = s;
     }
@@ -117,7 +116,7 @@ static void mv_q4_1(const void *w, size_t rb, int64_t cols, const void *act, flo
             int dot = 0;
             for (int i = 0; i < 16; i++)
                 dot += (bl[b].qs[i] & 15) * aq[i] + (bl[b].qs[i] >> 4) * aq[i + 16];
-            s += kq_h2f(bl[b].d) * a.d[b] * (float)dot + kq_h2f(bl[b].m) * a.ds[b];
+            s += kq_h2f(bl[b].d) * a.dds[2 * b] * (float)dot + kq_h2f(bl[b].m) * a.dds[2 * b + 1];
         }
         y[r] = s;
     }
@@ -140,7 +139,7 @@ static void mv_q4_k(const void *w, size_t rb, int64_t cols, const void *act, flo
                 for (int i = 0; i < 32; i++)
                     dot += ((qs[i] >> (4 * (j & 1))) & 15) * aq[i];
                 int64_t k = b * 8 + j;
-                s += d * (float)sm[j] * a.d[k] * (float)dot - dmin * (float)sm[8 + j] * a.ds[k];
+                s += d * (float)sm[j] * a.dds[2 * k] * (float)dot - dmin * (float)sm[8 + j] * a.dds[2 * k + 1];
             }
         }
         y[r] = s;
@@ -171,7 +170,7 @@ static void mv_q6_k(const void *w, size_t rb, int64_t cols, const void *act, flo
                 int dot = 0;
                 for (int i = 0; i < 16; i++)
                     dot += (q6k_value(&bl[b], g * 16 + i) - 32) * aq[i];
-                s += d * (float)bl[b].scales[g] * a.d[b * 8 + g / 2] * (float)dot;
+                s += d * (float)bl[b].scales[g] * a.dds[2 * (b * 8 + g / 2)] * (float)dot;
             }
         }
         y[r] = s;

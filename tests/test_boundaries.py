@@ -1,0 +1,464 @@
+"""The boundaries the code claims, checked from its text: layers of the C core
+(kccl_native/src/internal.h's list) and of its CUDA side (src/gpu/kgpu.h's list),
+what code outside the core may include and call, cycles among Python modules,
+and the public API that KIE, bench and KCCL's optional parts use.
+
+Nothing is built or imported (except the one check that `import kccl` loads no
+topology code): calls are found by reading function bodies, imports with ast."""
+import ast
+import glob
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+NATIVE = os.path.join(ROOT, "kccl_native")
+SRC, GPU, INCLUDE = (os.path.join(NATIVE, d) for d in ("src", os.path.join("src", "gpu"), "include"))
+
+
+def rel(path):
+    return os.path.relpath(path, ROOT)
+
+
+def read(path):
+    with open(path, encoding="utf-8") as f:
+        return f.read()
+
+
+# -- C and CUDA: what a file defines, and what it calls ---------------------------------------------
+
+_LEX = re.compile(r'/\*.*?\*/|//[^\n]*|"(?:[^"\\\n]|\\.)*"|\'(?:[^\'\\\n]|\\.)*\'|[A-Za-z_]\w*|\S', re.S)
+_IDENT = re.compile(r"[A-Za-z_]\w*")
+_NOT_NAMES = {"if", "for", "while", "switch", "return", "sizeof", "__attribute__", "__launch_bounds__",
+              "alignas", "decltype", "defined"}
+
+
+def _tokens(text):
+    """Tokens without comments; a string or character literal becomes '""'."""
+    return ['""' if t[0] in "\"'" else t for t in _LEX.findall(text) if not t.startswith(("/*", "//"))]
+
+
+def _split_preprocessor(text):
+    """(code without preprocessor lines, the preprocessor lines): a macro's body counts as
+    a use of what it calls, never as a definition."""
+    code, pp, cont = [], [], False
+    for line in text.split("\n"):
+        is_pp = cont or line.lstrip().startswith("#")
+        cont = is_pp and line.rstrip().endswith("\\")
+        (pp if is_pp else code).append(line)
+        if is_pp:
+            code.append("")
+    return "\n".join(code), "\n".join(pp)
+
+
+def c_scan(text):
+    """({function defined at file scope: (static?, identifiers its body uses)}, identifiers
+    used inside any body or macro).  extern "C" { } and namespace { } are file scope; a
+    declaration outside any body (a prototype) is no use."""
+    code, pp = _split_preprocessor(text)
+    toks = _tokens(code)
+    defs, used, depth, stack, start, body = {}, set(), 0, [], 0, None
+    for i, t in enumerate(toks):
+        if t == "{":
+            opens_scope = depth == 0 and ((i >= 2 and toks[i - 2] == "extern" and toks[i - 1] == '""')
+                                          or "namespace" in toks[max(0, i - 2):i])
+            if depth == 0 and not opens_scope:
+                body = set()
+                if toks[i - 1] == ")":
+                    j, d = i - 1, 0
+                    while j > 0:
+                        d += (toks[j] == ")") - (toks[j] == "(")
+                        if d == 0:
+                            break
+                        j -= 1
+                    name = toks[j - 1]
+                    if _IDENT.fullmatch(name) and name not in _NOT_NAMES:
+                        defs[name] = ("static" in toks[start:j], body)
+            stack.append(opens_scope)
+            depth += not opens_scope
+        elif t == "}":
+            if stack and not stack.pop():
+                depth -= 1
+            if depth == 0:
+                start = i + 1
+        elif t == ";" and depth == 0:
+            start = i + 1
+        elif depth > 0 and _IDENT.fullmatch(t):
+            used.add(t)
+            body.add(t)
+    used |= {t for t in _tokens(pp) if _IDENT.fullmatch(t)}
+    return defs, used
+
+
+def includes(text):
+    return re.findall(r'^\s*#\s*include\s+"([^"]+)"', text, re.M)
+
+
+def layer_list(header):
+    """[[file, ...], ...] lowest layer first, from a header's comment of the form
+    '  N. file  what it does' (further files of layer N on lines of their own)."""
+    head = read(header).split("*/", 1)[0]
+    layers = []
+    for line in head.splitlines():
+        m = re.match(r"\s*\*\s+(?:(\d+)\.\s+)?(src/gpu/ or gpu_none\.c|[\w.]+\.(?:c|h|cu|cuh))\s", line + " ")
+        if not m:
+            continue
+        if m.group(1):
+            layers.append([])
+        layers[-1].append(m.group(2))
+    return layers
+
+
+def owners(files):
+    """{function: the file that defines it} for the functions other files may call: a
+    source's non-static ones and a header's (inline) ones."""
+    out = {}
+    for f in files:
+        defs, _used = c_scan(read(f))
+        for name, (static, _body) in defs.items():
+            if f.endswith((".h", ".cuh")) or not static:
+                out.setdefault(name, f)
+    return out
+
+
+def calls(files, owner, through=()):
+    """{(caller file, callee file): [functions]} over `files`.  A call of an inline function
+    of a header in `through` counts as calls of what that function calls."""
+    inline = {}
+    for h in through:
+        for name, (_static, body) in c_scan(read(h))[0].items():
+            inline[name] = body
+    out = {}
+    for f in files:
+        defs, used = c_scan(read(f))
+        todo, seen = list(used - set(defs)), set()
+        while todo:
+            name = todo.pop()
+            if name in seen:
+                continue
+            seen.add(name)
+            g = owner.get(name)
+            if g in through:
+                todo += inline.get(name, ())
+            elif g is not None and g != f:
+                out.setdefault((f, g), []).append(name)
+    return {k: sorted(v) for k, v in out.items()}
+
+
+def check_layers(layers, group_of, files, owner, through=()):
+    """Every call goes to a file listed before the caller's."""
+    position = {}
+    for pos, name in enumerate(n for layer in layers for n in layer):
+        position[name] = pos
+    broken = []
+    for (a, b), names in calls(files, owner, through).items():
+        ga, gb = group_of(a), group_of(b)
+        if ga is None or gb is None or ga == gb:
+            continue
+        assert ga in position, f"{rel(a)} is not in the layer list"
+        assert gb in position, f"{rel(b)} is not in the layer list"
+        if position[gb] >= position[ga]:
+            broken.append(f"{rel(a)} calls {rel(b)} (listed after it): {', '.join(names)}")
+    return broken
+
+
+def core_files():
+    return sorted(glob.glob(os.path.join(SRC, "*.[ch]")))
+
+
+def gpu_files():
+    return sorted(f for f in glob.glob(os.path.join(GPU, "*")) if f.endswith((".cu", ".cuh", ".h")))
+
+
+def core_group(path):
+    """A file's entry in internal.h's list: a source is itself; a header belongs to the
+    source of its name (replicas.h: replicas.c); src/gpu/ and gpu_none.c are one entry.
+    The core's shared headers (internal.h, gpu_api.h) belong to no layer: their inline
+    functions count as part of whoever calls them."""
+    if os.path.dirname(path) == GPU or os.path.basename(path) == "gpu_none.c":
+        return "src/gpu/ or gpu_none.c"
+    name = os.path.basename(path)
+    if name.endswith(".h"):
+        src = name[:-2] + ".c"
+        return src if os.path.exists(os.path.join(SRC, src)) else None
+    return name
+
+
+def test_core_layers_are_kept():
+    layers = layer_list(os.path.join(SRC, "internal.h"))
+    listed = {n for layer in layers for n in layer}
+    assert {core_group(f) for f in core_files()} - {None} <= listed, "a source of src/ is missing from internal.h's list"
+    # gpu_none.c stands in for src/gpu/ (same functions): the CUDA side owns them here
+    files = core_files() + gpu_files()
+    owner = owners([f for f in files if os.path.basename(f) != "gpu_none.c"])
+    shared = [f for f in core_files() if core_group(f) is None]
+    broken = check_layers(layers, core_group, files, owner, shared)
+    assert not broken, "\n".join(broken)
+
+
+def test_gpu_layers_are_kept():
+    layers = layer_list(os.path.join(GPU, "kgpu.h"))
+    assert {os.path.basename(f) for f in gpu_files()} == {n for layer in layers for n in layer}, \
+        "src/gpu/kgpu.h's list and the files of src/gpu/ differ"
+    broken = check_layers(layers, lambda f: os.path.basename(f) if os.path.dirname(f) == GPU else None,
+                          gpu_files(), owners(gpu_files()))
+    assert not broken, "\n".join(broken)
+
+
+def test_layer_scanner_sees_a_break(tmp_path):
+    """The checks above can fail: a lower file that calls a higher one is caught."""
+    (tmp_path / "low.c").write_text("static int helper(void) { return 1; }\nint low(void) { return high() + helper(); }\n")
+    (tmp_path / "shared.h").write_text("static inline int via(void) { return high(); }\n")
+    (tmp_path / "high.c").write_text('extern "C" { int high(void) { return 2; } }\n#define H() low()\n')
+    files = [str(tmp_path / "low.c"), str(tmp_path / "high.c")]
+    owner = owners(files)
+    assert owner == {"low": files[0], "high": files[1]}
+    assert check_layers([["low.c"], ["high.c"]], os.path.basename, files, owner) == \
+        [f"{rel(files[0])} calls {rel(files[1])} (listed after it): high"]
+    # through a shared header's inline function
+    (tmp_path / "low.c").write_text("int low(void) { return via(); }\n")
+    shared = [str(tmp_path / "shared.h")]
+    owner = owners(files + shared)
+    assert check_layers([["low.c"], ["high.c"]], lambda f: None if f.endswith(".h") else os.path.basename(f),
+                        files + shared, owner, shared) == [f"{rel(files[0])} calls {rel(files[1])} (listed after it): high"]
+
+
+PUBLIC_HEADERS = {"kccl.h", "kccl_settings.def", "kccl_device.cuh"}
+
+
+@pytest.mark.parametrize("folder", ["kccl_native/nccl", "bench/native", "examples/c", "kie_engine/gpu/csrc"])
+def test_code_outside_the_core_uses_kccl_h_only(folder):
+    """The NCCL shim, the benchmarks, the examples and KIE include KCCL's public headers
+    (or their own) and call kccl.h's functions, never the core's kccl_* / kgpu_* helpers."""
+    d = os.path.join(ROOT, folder)
+    own = {os.path.basename(f) for f in glob.glob(os.path.join(d, "*"))}
+    core = owners(core_files() + gpu_files())
+    bad = []
+    for f in sorted(glob.glob(os.path.join(d, "*"))):
+        if not f.endswith((".c", ".h", ".cu", ".cuh")):
+            continue
+        text = read(f)
+        bad += [f"{rel(f)} includes {h}" for h in includes(text) if h not in own and h not in PUBLIC_HEADERS]
+        defs, used = c_scan(text)
+        bad += [f"{rel(f)} calls the core's {n}" for n in sorted(used - set(defs))
+                if n in core and not re.match(r"kccl[A-Z]", n)]
+    assert not bad, "\n".join(bad)
+
+
+# -- Python: imports ----------------------------------------------------------------------------------
+
+def modules(package):
+    """{module name: path} of a package's .py files."""
+    base = os.path.join(ROOT, package)
+    out = {}
+    for path in glob.glob(os.path.join(base, "**", "*.py"), recursive=True):
+        parts = os.path.relpath(path, ROOT)[:-3].split(os.sep)
+        if parts[-1] == "__init__":
+            parts = parts[:-1]
+        out[".".join(parts)] = path
+    return out
+
+
+def imports(path, module):
+    """[(imported module or module.name, node)] of every import in the file, at any depth;
+    relative ones resolved against `module`."""
+    tree = ast.parse(read(path))
+    is_pkg = os.path.basename(path) == "__init__.py"
+    out = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            out += [(a.name, node) for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = module.split(".")
+                base = base[:len(base) - node.level + (1 if is_pkg else 0)]
+                src = ".".join(base + ([node.module] if node.module else []))
+            else:
+                src = node.module
+            out += [(f"{src}.{a.name}", node) for a in node.names]
+    return out
+
+
+def internal_edges(package):
+    """{module: {module of the same package it imports}}: `from .x import y` is an edge to
+    x, or to x.y when that is a module; the parent package that every import of a submodule
+    runs first is left out."""
+    mods = modules(package)
+    edges = {m: set() for m in mods}
+    for m, path in mods.items():
+        for target, _node in imports(path, m):
+            while target and target not in mods:
+                target = target.rpartition(".")[0]
+            if target and target != m and not m.startswith(target + "."):
+                edges[m].add(target)
+    return edges
+
+
+def cycles(edges):
+    """Every strongly connected set of two or more modules (Tarjan)."""
+    index, low, stack, on, out, counter = {}, {}, [], set(), [], [0]
+
+    def visit(v):
+        index[v] = low[v] = counter[0]
+        counter[0] += 1
+        stack.append(v)
+        on.add(v)
+        for w in edges.get(v, ()):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                out.append(sorted(comp))
+    for v in sorted(edges):
+        if v not in index:
+            visit(v)
+    return out
+
+
+@pytest.mark.parametrize("package", ["kccl", "kie_engine", "topology"])
+def test_python_modules_import_no_cycle(package):
+    found = cycles(internal_edges(package))
+    assert not found, f"import cycles in {package}: {found}"
+
+
+def test_cycle_finder_finds_one():
+    assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert cycles({"a": {"b"}, "b": set()}) == []
+
+
+def kccl_public():
+    """What code outside kccl may use: the names kccl/__init__.py exports, and the
+    modules kccl.capi, kccl.paths, kccl.errors and kccl.torch (its submodules too)."""
+    tree = ast.parse(read(os.path.join(ROOT, "kccl", "__init__.py")))
+    names = set()
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "__all__" for t in node.targets):
+            names = set(ast.literal_eval(node.value))
+    return names | {"__version__", "VERSION_CODE"}, ("kccl.capi", "kccl.paths", "kccl.errors", "kccl.torch")
+
+
+def kccl_private_attributes():
+    """Attribute names that only kccl's own classes use: self._x of any class in kccl/
+    and its methods that start with an underscore (comm._handle(), comm._buffers)."""
+    names = set()
+    for path in modules("kccl").values():
+        for node in ast.walk(ast.parse(read(path))):
+            if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "self" \
+                    and node.attr.startswith("_") and not node.attr.startswith("__"):
+                names.add(node.attr)
+            elif isinstance(node, ast.ClassDef):
+                names |= {f.name for f in node.body if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef))
+                          and f.name.startswith("_") and not f.name.startswith("__")}
+    return names
+
+
+def kccl_uses(paths, own_attributes=frozenset()):
+    """What files outside kccl use of it beyond its public API."""
+    names, public_modules = kccl_public()
+    private = kccl_private_attributes() - set(own_attributes)
+    bad = []
+    for path in paths:
+        text = read(path)
+        for target, node in imports(path, "__outside__"):
+            where = f"{rel(path)}:{node.lineno}"
+            if target == "kccl" or not target.startswith("kccl."):
+                continue
+            if any(target == m or target.startswith(m + ".") for m in public_modules):
+                continue
+            mod, _, name = target.rpartition(".")
+            if isinstance(node, ast.ImportFrom) and mod == "kccl" and (name in names or f"kccl.{name}" in public_modules):
+                continue
+            bad.append(f"{where} imports {target}")
+        for node in ast.walk(ast.parse(text)):
+            if not isinstance(node, ast.Attribute):
+                continue
+            where = f"{rel(path)}:{node.lineno}"
+            if isinstance(node.value, ast.Name) and node.value.id == "kccl" and node.attr.startswith("_") \
+                    and node.attr not in ("__version__",):
+                bad.append(f"{where} uses kccl.{node.attr}")
+            elif node.attr in private and not (isinstance(node.value, ast.Name) and node.value.id in ("self", "cls")):
+                bad.append(f"{where} uses .{node.attr} of a kccl object")
+    return bad
+
+
+def _own_private_attributes(paths):
+    """self._x names a set of files defines for itself (so KIE's own engine._handle() is not
+    taken for a kccl communicator's)."""
+    own = set()
+    for path in paths:
+        for node in ast.walk(ast.parse(read(path))):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name.startswith("_"):
+                own.add(node.name)
+            elif isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "self" \
+                    and isinstance(node.ctx, ast.Store):
+                own.add(node.attr)
+    return own
+
+
+def _py_files(*folders):
+    out = []
+    for folder in folders:
+        out += glob.glob(os.path.join(ROOT, folder, "**", "*.py"), recursive=True)
+    return sorted(p for p in out if "_build" + os.sep not in p)
+
+
+@pytest.mark.parametrize("folder", ["kie_engine", "bench"])
+def test_users_of_kccl_take_its_public_api(folder):
+    """KIE (the CUDA engine and the native CPU engine included) and the benchmarks reach
+    KCCL through kccl, kccl.capi, kccl.paths, kccl.errors and kccl.torch only: no
+    kccl._native, no comm._handle()."""
+    paths = _py_files(folder)
+    bad = kccl_uses(paths, _own_private_attributes(paths))
+    assert not bad, "\n".join(bad)
+
+
+def test_public_api_check_sees_a_reach_inside(tmp_path):
+    p = tmp_path / "user.py"
+    p.write_text("import kccl\nfrom kccl._native import lib\nfrom kccl import capi, Communicator\n"
+                 "from kccl.errors import KcclError\nh = comm._handle()\nx = kccl._lib\n")
+    bad = kccl_uses([str(p)])
+    assert sorted(b.split(" ", 1)[1] for b in bad) == ["imports kccl._native.lib", "uses ._handle of a kccl object",
+                                                       "uses kccl._lib"], bad
+
+
+def test_bench_takes_no_private_kie_module():
+    bad = []
+    for path in _py_files("bench"):
+        for target, node in imports(path, "__outside__"):
+            if target.startswith("kie_engine.") and any(p.startswith("_") for p in target.split(".")[1:]):
+                bad.append(f"{rel(path)}:{node.lineno} imports {target}")
+    assert not bad, "\n".join(bad)
+
+
+def test_topology_is_imported_only_when_a_communicator_is_made():
+    """topology (sysfs, NVML, the placement model) costs import time that a plain
+    communicator does not need: kccl imports it only inside kccl/placement.py's functions,
+    which Communicator's init calls, and nothing else imports it at module level."""
+    bad = []
+    for package in ("kccl", "kie_engine"):
+        for m, path in modules(package).items():
+            tree = ast.parse(read(path))
+            top = {id(n) for n in tree.body}
+            for target, node in imports(path, m):
+                if target.split(".")[0] != "topology":
+                    continue
+                if id(node) in top or rel(path) != os.path.join("kccl", "placement.py"):
+                    bad.append(f"{rel(path)}:{node.lineno} imports {target}")
+    assert not bad, "\n".join(bad)
+    probe = "import sys, kccl, kie_engine; print(sorted(m for m in sys.modules if m.split('.')[0] == 'topology'))"
+    p = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.strip() == "[]", p.stdout
