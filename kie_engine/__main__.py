@@ -145,11 +145,8 @@ def cmd_generate(a):
             sys.stdout.write(a.prompt)
         stop_ids = None if a.ignore_eos else stop
         try:
-            if gpu:
-                res = model.generate(ids, a.max_new_tokens, sampling, stop_ids, on_token)
-            else:
-                res = generate(model, ids, a.max_new_tokens, sampling, stop_ids, on_token, prefill_chunk(cfg),
-                               source=ckpt.dir)
+            res = generate(model, ids, a.max_new_tokens, sampling, stop_ids, on_token, prefill_chunk(cfg),
+                           source=ckpt.dir)
         finally:
             if show:  # what is held back, and the line ends before a summary or an error
                 sys.stdout.write(printable(stream.flush()) + "\n")

@@ -126,6 +126,16 @@ def rms_norm(x, weight, eps):
     return (x / np.sqrt(ms + np.float32(eps))) * weight
 
 
+def rms_norm_c(x, weight, eps):
+    """rms_norm computed as the native engine does (sum of squares in float64, one
+    reciprocal, x * r * weight): the act_q8 reference uses it, because int8 rounding of
+    the normed vector turns even a last-bit difference into a different code now and
+    then (layer 0's input, a Q8_0 embedding row, lands on rounding boundaries often)."""
+    ss = np.sum(np.square(x, dtype=np.float64), axis=-1, keepdims=True)
+    r = (1.0 / np.sqrt(ss / x.shape[-1] + eps)).astype(np.float32)
+    return x * r * weight
+
+
 def silu(a):
     # sigmoid(a) = (1 + tanh(a/2)) / 2: no overflow for large |a|
     return a * (np.float32(0.5) + np.float32(0.5) * np.tanh(np.float32(0.5) * a))
@@ -172,6 +182,7 @@ class Model:
         self.cfg, self.w = cfg, weights
         self.kv_bf16 = kv_bf16
         self.linear = (lambda x, w: linear(fake_quant_q8(x), w)) if act_q8 else linear
+        self.norm = rms_norm_c if act_q8 else rms_norm
         self.lanes = lanes or OneLane()
         self.nh, self.nkv, self.hd = weights.n_heads, weights.n_kv_heads, cfg.head_dim
         self.max_seq = min(max_seq or cfg.max_position_embeddings, cfg.max_position_embeddings)
@@ -230,7 +241,7 @@ class Model:
                 # DTP: the residual r lacks the outputs of the last d sublayers, whose
                 # sums are still in flight (d = 0: each sum is added before going on).
                 norm = lw.attn_norm if sub == 0 else lw.mlp_norm
-                h = rms_norm(r, norm, cfg.rms_norm_eps)
+                h = self.norm(r, norm, cfg.rms_norm_eps)
                 y = self.attention(li, lw, h, pos) if sub == 0 else self.mlp(lw, h)
                 if d == 0:
                     r = r + lanes.sum(y)
@@ -242,7 +253,7 @@ class Model:
             r = r + pending.popleft().wait()
         if not all_logits:
             r = r[-1:]
-        logits = lanes.vocab(self.linear(rms_norm(r, self.w.norm, cfg.rms_norm_eps), self.w.lm_head))
+        logits = lanes.vocab(self.linear(self.norm(r, self.w.norm, cfg.rms_norm_eps), self.w.lm_head))
         logits = logits[:, :cfg.vocab_size]
         return logits if all_logits else logits[0]
 

@@ -19,3 +19,22 @@ def kie_lane(ctx, uid, nranks, rank, model_dir, delay, prompt, new_tokens):
         model.prefill(prompt)
         steps = np.stack([model.decode_step(t) for t in res.tokens[:-1]])
     return {"tokens": res.tokens, "prefill": prefill, "steps": steps}
+
+
+def kie_cpu_lane(ctx, uid, nranks, rank, path, delay, prompt, new_tokens):
+    """This rank's lane of a GGUF file on the native CPU engine (one thread): greedy
+    tokens, the prompt's logits, and (query heads, MLP columns) of its share."""
+    import kccl
+    from kie_engine.cpu.engine import CpuModel
+    from kie_engine.generate import generate
+    from kie_engine.gguf_io import GGUFCheckpoint
+    from kie_engine.tp import comm_config
+    ck = GGUFCheckpoint(path, dtp_delay=delay)
+    cfg = dict(comm_config(ck.config), timeout_ms=60000)
+    with kccl.Communicator(nranks, kccl.UniqueId(uid), rank, config=cfg) as comm:
+        with CpuModel(ck, comm, max_seq=len(prompt) + new_tokens, threads=1) as m:
+            res = generate(m, prompt, new_tokens)
+            m.reset()
+            first = m.prefill(prompt)
+            plan = (m.lane.n_heads, m.lane.c1 - m.lane.c0)
+    return {"tokens": res.tokens, "first": first, "plan": plan}

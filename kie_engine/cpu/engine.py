@@ -61,28 +61,21 @@ class _Weights:
 
     def __init__(self, ckpt):
         self.ckpt = ckpt
-        self.gguf = hasattr(ckpt, "_tensors") and hasattr(ckpt, "_data")
+        self.gguf = hasattr(ckpt, "raw_tensor")
         self.where = getattr(ckpt, "path", getattr(ckpt, "dir", "?"))
 
     def _raw(self, name):
         """(type code, type name, rows, cols, (rows, row bytes) uint8 view)."""
         if self.gguf:
-            from ..gguf_io import gguf_name
-            dims, t, start = self.ckpt._tensors[gguf_name(name)]
-            cols, rows = (dims[0], 1) if len(dims) == 1 else dims
+            # the stored row order: this engine rotates adjacent pairs, as llama.cpp does
+            raw, t, cols = self.ckpt.raw_tensor(name, hf_order=False)
             tname = _type_name(t)
             self._supported(name, t, tname)
-            rb = int(lib.kq_row_bytes(t, cols))
-            if rb == 0:
-                raise UnsupportedFormatError(f"{self.where}: tensor {name!r} ({tname}) has rows of {cols} values, "
-                                             f"not a multiple of its block")
-            return t, tname, rows, cols, self.ckpt._data[start:start + rows * rb].reshape(rows, rb)
-        f = self.ckpt._where[name]
-        dt = f.dtype(name)
+            return t, tname, raw.shape[0], cols, raw
+        a, dt = self.ckpt.stored(name)
         if dt not in _SAFETENSORS_TYPES:
-            raise UnsupportedFormatError(f"{f.path}: tensor {name!r} has dtype {dt}; the CPU engine takes "
+            raise UnsupportedFormatError(f"{self.where}: tensor {name!r} has dtype {dt}; the CPU engine takes "
                                          f"{', '.join(_SAFETENSORS_TYPES)}")
-        a = f.raw(name)
         rows, cols = a.shape
         return _SAFETENSORS_TYPES[dt], dt, rows, cols, a.view(np.uint8).reshape(rows, -1)
 
