@@ -33,6 +33,7 @@ typedef struct {
   float *gu;             /* gate outputs [0, inter), up outputs [inter, 2 inter): this thread's rows */
   unsigned char *act[3]; /* one per distinct weight type of a stage */
   int act_type[3];
+  int bad;               /* a product's input held a NaN or an infinity (this run) */
 } kie_thread;
 
 struct kie_cpu {

@@ -63,6 +63,13 @@ static const void *act_for(kie_thread *th, int *used, const kie_cpu_mat *m, cons
     if (th->act_type[i] == m->type) return th->act[i];
   int i = (*used)++;
   th->act_type[i] = m->type;
+  /* Quantizing drops a NaN (fmaxf skips it, the cast of NaN gives some code), so a
+   * corrupt weight would give finite, wrong logits: note any non-finite input here (x * 0
+   * is NaN exactly for those; one vectorized pass over a few kB) and the step returns NaN
+   * logits, which the decode loop refuses. */
+  float z = 0.0f;
+  for (int k = 0; k < m->cols; k++) z += x[k] * 0.0f;
+  if (z != z) th->bad = 1;
   kq_prepare_act(m->type, x, m->cols, th->act[i]);
   return th->act[i];
 }
@@ -246,6 +253,12 @@ static void one_token(kie_cpu *e, int tid, int n, int32_t tok, int pos, int want
   float *part = e->logits ? e->logits + (size_t)s->tp_rank * s->vocab_part : e->logits_part;
   matvec(&e->head, ah, part, e->sh_head[tid].r0[0], e->sh_head[tid].r1[0]);
   kpool_barrier(e->pool, tid);
+  if (tid == 0) {
+    int bad = 0;
+    for (int t = 0; t < n; t++) bad |= e->th[t].bad;
+    if (bad) /* this lane's slice, before the gather: every lane then sees NaN logits */
+      for (int r = 0; r < s->vocab_part; r++) part[r] = NAN;
+  }
   if (tp > 1 && tid == 0 && e->logits) {
     int rc = ((kie_allgather_fn)e->comm.all_gather)(part, e->logits, s->vocab_part, KCCL_FLOAT32, e->comm.comm, NULL);
     if (rc) comm_fail(e, "kcclAllGather of the logits", rc);
@@ -285,6 +298,7 @@ int kie_cpu_run(kie_cpu *e, const int32_t *tokens, int n, float *logits) {
   e->logits = logits;
   e->rc = 0;
   e->err[0] = 0;
+  for (int t = 0; t < e->nthreads; t++) e->th[t].bad = 0;
   kpool_run(e->pool, kie_step_all, e);
   e->tokens = NULL;
   if (e->rc) {
