@@ -26,6 +26,9 @@ setup(
         # README): its own dependencies compile llama.cpp and are never used here.
         "kie": ["torch==2.13.0", "transformers", "safetensors", "tokenizers", "gguf>=0.17", "jinja2>=3.1.6",
                 "accelerate", "threadpoolctl"],
+        # bench/decode_cpu.py --baseline llama.cpp: llama.cpp through its Python binding (compiles
+        # llama.cpp, ~8 min); a benchmark's baseline only, never a test's dependency.
+        "bench": ["llama-cpp-python>=0.3"],
     },
     cffi_modules=["kccl/_build_ffi.py:ffibuilder", "kie_engine/gpu/_build.py:ffibuilder",
                   "kie_engine/cpu/_build.py:ffibuilder"],

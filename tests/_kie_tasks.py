@@ -21,9 +21,10 @@ def kie_lane(ctx, uid, nranks, rank, model_dir, delay, prompt, new_tokens):
     return {"tokens": res.tokens, "prefill": prefill, "steps": steps}
 
 
-def kie_cpu_lane(ctx, uid, nranks, rank, path, delay, prompt, new_tokens):
+def kie_cpu_lane(ctx, uid, nranks, rank, path, delay, prompt, new_tokens, teacher):
     """This rank's lane of a GGUF file on the native CPU engine (one thread): greedy
-    tokens, the prompt's logits, and (query heads, MLP columns) of its share."""
+    tokens, the logits along `teacher` (the prompt's, then after each of its tokens but
+    the last), and (query heads, MLP columns) of its share."""
     import kccl
     from kie_engine.cpu.engine import CpuModel
     from kie_engine.generate import generate
@@ -35,6 +36,6 @@ def kie_cpu_lane(ctx, uid, nranks, rank, path, delay, prompt, new_tokens):
         with CpuModel(ck, comm, max_seq=len(prompt) + new_tokens, threads=1) as m:
             res = generate(m, prompt, new_tokens)
             m.reset()
-            first = m.prefill(prompt)
+            logits = [m.prefill(prompt)] + [m.decode_step(t) for t in teacher[:-1]]
             plan = (m.lane.n_heads, m.lane.c1 - m.lane.c0)
-    return {"tokens": res.tokens, "first": first, "plan": plan}
+    return {"tokens": res.tokens, "logits": np.stack(logits), "plan": plan}

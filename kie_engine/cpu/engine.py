@@ -63,6 +63,7 @@ class _Weights:
         self.ckpt = ckpt
         self.gguf = hasattr(ckpt, "raw_tensor")
         self.where = getattr(ckpt, "path", getattr(ckpt, "dir", "?"))
+        self.touched = []  # (address, bytes) of the file's mapping that matrix() handed out
 
     def _raw(self, name):
         """(type code, type name, rows, cols, (rows, row bytes) uint8 view)."""
@@ -85,12 +86,26 @@ class _Weights:
                                          f"kernels do not take (supported: {', '.join(supported_types())}); "
                                          f"use --kernel numpy or re-quantize the model")
 
-    def matrix(self, name, rows=None, cols=None, pad_rows=0):
+    def release(self):
+        """Lets go of the file's pages that matrix() read (madvise MADV_DONTNEED on the
+        mapping: the page cache keeps them; this process stops counting them)."""
+        import ctypes
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+        page = os.sysconf("SC_PAGE_SIZE")
+        for addr, n in self.touched:
+            a0, a1 = addr // page * page, -(-(addr + n) // page) * page
+            libc.madvise(a0, a1 - a0, 4)  # MADV_DONTNEED; a failure only leaves pages counted
+        self.touched = []
+
+    def matrix(self, name, rows=None, cols=None, pad_rows=0, track=True):
         """(type, rows, cols, contiguous uint8 array) of tensor[rows, cols]: a view of the
         map for a row range, a copy for a column range (whole blocks; a range that cuts
         blocks is dequantized to F32); pad_rows zero rows appended (a zero block is zero
         in every format)."""
         t, tname, n_rows, n_cols, raw = self._raw(name)
+        if track and not raw.flags.owndata:  # a view of the file's mapping
+            self.touched.append((raw.__array_interface__["data"][0], raw.nbytes))
         if rows is not None:
             raw = raw[rows]
         if cols is not None and (cols.start or 0, cols.stop if cols.stop is not None else n_cols) != (0, n_cols):
@@ -208,25 +223,48 @@ class CpuModel:
         return ffi.cast("float *", _ptr(a))
 
     def _load(self, w, lp):
+        """Every matrix of this lane copied into one buffer of anonymous memory (numpy asks
+        the kernel for huge pages at this size), then the file's pages let go: streaming
+        the weights from the file's mapping ran ~8x slower here (its 4 kB page-cache pages
+        against 2 MB pages: bench/RESULTS.md), and letting go keeps the process at about
+        one copy of the weights.  The embedding table is read a row per token: it stays in
+        the mapping, unless the LM head's copy already holds it (tied, one lane)."""
         cfg = self.cfg
+        todo, layers = [], []
         for i in range(cfg.num_hidden_layers):
             p = f"model.layers.{i}."
             L = ffi.new("kie_cpu_layer *")
-            self._mat(L.q, w.matrix(p + "self_attn.q_proj.weight", lp.q_rows))
-            self._mat(L.k, w.matrix(p + "self_attn.k_proj.weight", lp.kv_rows))
-            self._mat(L.v, w.matrix(p + "self_attn.v_proj.weight", lp.kv_rows))
-            self._mat(L.o, w.matrix(p + "self_attn.o_proj.weight", cols=lp.q_rows))
             cs = slice(lp.c0, lp.c1)
-            self._mat(L.gate, w.matrix(p + "mlp.gate_proj.weight", cs))
-            self._mat(L.up, w.matrix(p + "mlp.up_proj.weight", cs))
-            self._mat(L.down, w.matrix(p + "mlp.down_proj.weight", cols=cs))
+            todo += [(L.q, w.matrix(p + "self_attn.q_proj.weight", lp.q_rows)),
+                     (L.k, w.matrix(p + "self_attn.k_proj.weight", lp.kv_rows)),
+                     (L.v, w.matrix(p + "self_attn.v_proj.weight", lp.kv_rows)),
+                     (L.o, w.matrix(p + "self_attn.o_proj.weight", cols=lp.q_rows)),
+                     (L.gate, w.matrix(p + "mlp.gate_proj.weight", cs)),
+                     (L.up, w.matrix(p + "mlp.up_proj.weight", cs)),
+                     (L.down, w.matrix(p + "mlp.down_proj.weight", cols=cs))]
             L.attn_norm = self._vec(w.vector(p + "input_layernorm.weight"))
             L.mlp_norm = self._vec(w.vector(p + "post_attention_layernorm.weight"))
-            _check(lib.kie_cpu_set_layer(self._e, i, L))
+            layers.append(L)
         embed, head = ffi.new("kie_cpu_mat *"), ffi.new("kie_cpu_mat *")
-        self._mat(embed, w.matrix("model.embed_tokens.weight"))
         name = "model.embed_tokens.weight" if cfg.tie_word_embeddings else "lm_head.weight"
-        self._mat(head, w.matrix(name, slice(lp.v0, lp.v1), pad_rows=lp.part - (lp.v1 - lp.v0)))
+        todo.append((head, w.matrix(name, slice(lp.v0, lp.v1), pad_rows=lp.part - (lp.v1 - lp.v0))))
+        sizes = [(a[3].nbytes + 63) // 64 * 64 for _m, a in todo]
+        pack = np.empty(sum(sizes) + 64, np.uint8)
+        off = (-pack.__array_interface__["data"][0]) % 64
+        for (m, (t, rows, cols, raw)), n in zip(todo, sizes):
+            dst = pack[off:off + raw.nbytes].reshape(raw.shape)
+            np.copyto(dst, raw)
+            m.data, m.type, m.rows, m.cols = _ptr(dst), t, rows, cols
+            off += n
+        self._keep.append(pack)
+        self.pack_bytes = pack.nbytes
+        w.release()
+        if cfg.tie_word_embeddings and self.size == 1:
+            embed.data, embed.type, embed.rows, embed.cols = head.data, head.type, head.rows, head.cols
+        else:
+            self._mat(embed, w.matrix("model.embed_tokens.weight", track=False))
+        for i, L in enumerate(layers):
+            _check(lib.kie_cpu_set_layer(self._e, i, L))
         _check(lib.kie_cpu_set_globals(self._e, embed, self._vec(w.vector("model.norm.weight")), head))
 
     # -- the numpy Model's interface ------------------------------------------------------
