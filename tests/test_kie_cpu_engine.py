@@ -73,16 +73,19 @@ def path():
 
 @pytest.fixture(scope="module")
 def files(path, tmp_path_factory):
-    """The Q4_1 file and Q8_0 / Q4_K files made from it by `convert --quantize`."""
-    out = {"q4_1": path}
+    """{scheme: path}: the Q4_1 file, and Q8_0 / Q4_K files made from it by `convert
+    --quantize` when a test first asks for them."""
     d = tmp_path_factory.mktemp("kie_cpu")
-    for scheme in ("q8_0", "q4_k"):
-        f = str(d / f"smollm2-{scheme}.gguf")
-        p = subprocess.run([sys.executable, "-m", "kie_engine", "convert", "--model", path, "--quantize", scheme,
-                            "--out", f], env=_env(), capture_output=True, text=True, timeout=900)
-        assert p.returncode == 0, p.stderr
-        out[scheme] = f
-    return out
+
+    class Files(dict):
+        def __missing__(self, scheme):
+            f = str(d / f"smollm2-{scheme}.gguf")
+            p = subprocess.run([sys.executable, "-m", "kie_engine", "convert", "--model", path, "--quantize", scheme,
+                                "--out", f], env=_env(), capture_output=True, text=True, timeout=900)
+            assert p.returncode == 0, p.stderr
+            self[scheme] = f
+            return f
+    return Files(q4_1=path)
 
 
 def _chat_ids(ck):
@@ -96,18 +99,20 @@ def _rel(a, b):
 
 @pytest.fixture(scope="module")
 def reference_runs(files):
-    """{scheme: [(prompt ids, reference greedy tokens, reference logits along them)]}."""
-    out = {}
-    for scheme, f in files.items():
-        ck = GGUFCheckpoint(f)
-        ref = Model(ck.config, load_weights(ck), max_seq=256)
-        runs = []
-        for ids in _chat_ids(ck):
-            rec = _Recorder(ref)
-            want = generate(rec, ids, NEW).tokens
-            runs.append((ids, want, rec.logits))
-        out[scheme] = runs
-    return out
+    """{scheme: [(prompt ids, reference greedy tokens, reference logits along them)]},
+    computed when first asked for."""
+    class Runs(dict):
+        def __missing__(self, scheme):
+            ck = GGUFCheckpoint(files[scheme])
+            ref = Model(ck.config, load_weights(ck), max_seq=256)
+            runs = []
+            for ids in _chat_ids(ck):
+                rec = _Recorder(ref)
+                want = generate(rec, ids, NEW).tokens
+                runs.append((ids, want, rec.logits))
+            self[scheme] = runs
+            return runs
+    return Runs()
 
 
 class _Recorder:
