@@ -33,7 +33,7 @@ PROMPT = "The history of the bicycle begins in the early nineteenth century, whe
 
 
 def _env(threads):
-    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (ROOT, os.environ.get("PYTHONPATH")) if p))
     for v in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
         env[v] = "1"
     return env
@@ -50,13 +50,17 @@ def run_llama(path, threads, tokens, prompt):
                 verbose=False, logits_all=False)
     ids = llm.tokenize(prompt.encode(), add_bos=False)
     llm.reset()
+    vocab = llm.n_vocab()
+
+    def last_logits():  # llama-cpp-python 0.3 keeps no scores without logits_all: read the context's
+        return np.ctypeslib.as_array(llm._ctx.get_logits(), shape=(vocab,))
     llm.eval(ids)
-    tok = int(np.argmax(llm.scores[llm.n_tokens - 1]))
+    tok = int(np.argmax(last_logits()))
     out = [tok]
     t = time.perf_counter()
     for _ in range(tokens - 1):
         llm.eval([tok])
-        tok = int(np.argmax(llm.scores[llm.n_tokens - 1]))
+        tok = int(np.argmax(last_logits()))
         out.append(tok)
     dt = time.perf_counter() - t
     return {"tokens_per_s": (tokens - 1) / dt, "tokens": out}

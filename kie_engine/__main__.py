@@ -133,8 +133,8 @@ def cmd_generate(a):
                              threads=threads, node_cpu_sets=node_cpus, kv=a.kv_cache)
         if native:
             info = model.info()
-            blas = (f"native CPU engine, {threads} thread{'s' if threads > 1 else ''} per rank ({why}), "
-                    f"{info['kernels']} kernels")
+            blas = (f"native CPU engine ({info['kernels']} kernels), {threads} thread{'s' if threads > 1 else ''} "
+                    f"per rank ({why})")
         stream = StreamDecoder(tok)
 
         def on_token(t):

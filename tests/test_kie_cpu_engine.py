@@ -209,7 +209,9 @@ def test_f32_and_f16_cache_and_reset(path):
     ids = _chat_ids(ck)[1]
     with CpuModel(ck, max_seq=128, threads=2, kv="f32") as a, CpuModel(ck, max_seq=128, threads=2, kv="f16") as b:
         la, lb = a.prefill(ids), b.prefill(ids)
-        assert np.abs(lb - la).max() < MARGIN and int(np.argmax(la)) == int(np.argmax(lb))
+        assert np.abs(lb - la).max() < MARGIN
+        if np.diff(np.sort(la)[-2:])[0] > MARGIN:
+            assert int(np.argmax(la)) == int(np.argmax(lb))
         a.reset()
         assert np.array_equal(a.prefill(ids), la)  # a reset engine starts over exactly
         assert a.info()["pos"] == len(ids)
@@ -311,7 +313,7 @@ def test_cli_native_by_default_numpy_on_request_and_tp2(path):
     p = _cli(*args, "--threads", "2")
     assert p.returncode == 0, p.stderr
     answer, summary = p.stdout.rsplit("\n[", 1)
-    assert answer == want and "native CPU engine, 2 threads per rank" in summary
+    assert answer == want and "native CPU engine" in summary and "2 threads per rank" in summary
     p = _cli(*args, "--threads", "1", n=2)  # the lanes' tokens themselves: test_lanes_follow_one_lane
     assert p.returncode == 0, p.stderr
     answer, summary = p.stdout.rsplit("\n[", 1)
