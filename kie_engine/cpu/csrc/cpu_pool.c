@@ -95,7 +95,9 @@ static void *worker(void *v) {
   free(v);
   kpool *p = wa.p;
   pin_self(p->cpu_of[wa.tid]);
-  unsigned seen = atomic_load_explicit(&p->run_gen, memory_order_acquire);
+  /* The generation the pool was made with, not the one this thread finds when it
+   * starts: a first run may be dispatched before a slow-starting worker gets here. */
+  unsigned seen = 0;
   for (;;) {
     /* wait for the next run: poll a while, then sleep */
     long long idle_from = 0;
