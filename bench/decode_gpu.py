@@ -37,6 +37,8 @@ from kie_engine.gpu.engine import GpuModel, lib as kielib  # noqa: E402
 from kie_engine.model import rope_tables  # noqa: E402
 from kie_engine.tp import comm_config, lane_plan  # noqa: E402
 
+import kie_bench  # noqa: E402  (bench/kie_bench.py: the engine's benchmarks, built on first import)
+
 try:
     from mpi4py import MPI
     WORLD = MPI.COMM_WORLD
@@ -315,12 +317,12 @@ def main():
             log(f"# KIE: {engine_bytes / 1e9:.3f} GB of weights per token per lane; floor {engine_bytes / bw / 1e3:.1f} us;"
                 f" {info}")
             for rws, cols in ((8192, 2048), (2048, 1024), (2048, 8192)):
-                us = m.bench_gemv(rws, cols, iters=100)
+                us = kie_bench.bench_gemv(m, rws, cols, iters=100)
                 micro[f"gemv_{rws}x{cols}"] = {"us": us, "GBps": rws * cols * 2 / us / 1e3,
                                                "share": rws * cols * 2 / us / 1e3 / bw}
                 log(f"# GEMV {rws} x {cols} ({rws * cols * 2 / 2**20:.0f} MiB): {us:.2f} us, "
                     f"{rws * cols * 2 / us / 1e3:.0f} GB/s, {100 * micro[f'gemv_{rws}x{cols}']['share']:.0f} % of copy")
-            us = m.bench_layer_gemvs(iters=50)
+            us = kie_bench.bench_layer_gemvs(m, iters=50)
             lb = (engine_bytes - 2 * m.lane.part * cfg.hidden_size) / cfg.num_hidden_layers
             micro["layer_gemvs"] = {"us": us, "GBps": lb / us / 1e3, "share": lb / us / 1e3 / bw}
             log(f"# one layer's four GEMVs ({lb / 2**20:.0f} MiB): {us:.2f} us, {lb / us / 1e3:.0f} GB/s, "
@@ -334,10 +336,10 @@ def main():
                 us, pre, toks = kie_decode(m, ctx, a.tokens, a.rounds, cfg.vocab_size)
                 m.reset()
                 m.prefill(list(range(ctx)))
-                ev = m.bench_steps(a.tokens)
+                ev = kie_bench.bench_steps(m, a.tokens)
                 extra = {"prefill_ms": round(pre, 2), "events_us": round(ev, 1)}
                 if kernel == "mono":  # where the last step's time went, as block 0 saw it
-                    extra["stage_us"] = m.mono_profile()
+                    extra["stage_us"] = kie_bench.mono_profile(m)
                     log(f"# mono ctx {ctx} (block 0, us over the step): {extra['stage_us']}")
                 if kernel == "graph":
                     graph_tokens[ctx] = toks
@@ -362,8 +364,8 @@ def main():
                 kw = dict(v)
                 pdl, pf = kw.pop("pdl", None), kw.pop("prefetch", None)
                 mv = kie_engine(cfg, w, comm, max_seq, pdl=pdl, prefetch=pf, tuning=kw)
-                lay = mv.bench_layer_gemvs(iters=50)
-                down = mv.bench_gemv(2048, 8192, iters=100)
+                lay = kie_bench.bench_layer_gemvs(mv, iters=50)
+                down = kie_bench.bench_gemv(mv, 2048, 8192, iters=100)
                 for ctx in contexts:
                     us, pre, _ = kie_decode(mv, ctx, a.tokens, a.rounds, cfg.vocab_size)
                     add("kie", "graph", d, ctx, us,

@@ -7,6 +7,8 @@ bytes/bytearray/memoryview/array.array), and CPU tensors that speak DLPack
 lacks such as torch.bfloat16, through the DLPack description itself).  numpy has
 no bfloat16: pass an ml_dtypes.bfloat16 array, or uint16 storage with
 dtype="bfloat16"."""
+import weakref
+
 import numpy as np
 
 from ._native import ffi, lib
@@ -200,9 +202,65 @@ class BufferAdapter:
         return sp, rp, n, code, library
 
 
+_NO_TORCH_PAIR = (lambda: None, lambda: None, None, None, None, None, None)
+_cast_ptr = ffi.cast
+_TORCH_HOST_CODES = None
+
+
+def _torch_host_codes():
+    """torch dtype -> KCCL code (torch is imported by then: a tensor was passed)."""
+    global _TORCH_HOST_CODES
+    if _TORCH_HOST_CODES is None:
+        import torch
+        _TORCH_HOST_CODES = {torch.int8: INT8, torch.uint8: UINT8, torch.int32: INT32, torch.uint32: UINT32,
+                             torch.int64: INT64, torch.uint64: UINT64, torch.float16: FLOAT16,
+                             torch.bfloat16: BFLOAT16, torch.float32: FLOAT32, torch.float64: FLOAT64}
+    return _TORCH_HOST_CODES
+
+
+def _overlap(a, b):
+    a0, b0 = a.data_ptr(), b.data_ptr()
+    return a0 < b0 + b.numel() * b.element_size() and b0 < a0 + a.numel() * a.element_size()
+
+
 class HostBuffers(BufferAdapter):
     """Host communicators: CPU buffers (see resolve_host_buffer), blocking calls without a stream."""
-    __slots__ = ()
+    __slots__ = ("_torch_pair",)
+
+    def __init__(self):
+        self._torch_pair = _NO_TORCH_PAIR
+
+    def forget(self):
+        self._torch_pair = _NO_TORCH_PAIR
+
+    def torch_pair(self, send, recv):
+        """(send ptr, recv ptr, count, code) of two CPU torch tensors (recv is send: in place).
+        Resolving a tensor through DLPack costs several microseconds, more than the
+        all-reduce of a few KB, and decode passes the same tensors every step: the last
+        pair is remembered by weak reference and reused while both still have the same
+        storage, size, dtype and layout; anything else is resolved and checked in full."""
+        h = self._torch_pair
+        if (h[0]() is send and h[1]() is recv and send.data_ptr() == h[2] and send.numel() == h[3]
+                and send.dtype is h[4] and send.is_contiguous()
+                and (recv is send or (recv.data_ptr() == h[5] and recv.numel() == h[3] and recv.dtype is h[4]
+                                      and recv.is_contiguous()))):
+            return h[6]
+        codes = _torch_host_codes()
+        code = codes.get(send.dtype)
+        if (code is not None and send.is_cpu and send.is_contiguous() and not send.requires_grad
+                and (recv is send or (recv.dtype is send.dtype and recv.is_cpu and recv.is_contiguous()
+                                      and not recv.requires_grad and recv.numel() == send.numel()))):
+            # checked as resolve_pair would, without its DLPack round trip
+            n = send.numel()
+            sp = _cast_ptr("void *", send.data_ptr()) if n else ffi.NULL
+            rp = sp if recv is send else (_cast_ptr("void *", recv.data_ptr()) if n else ffi.NULL)
+            if recv is not send and n and _overlap(send, recv):
+                sp, rp, n, code, _ = self.resolve_pair(send, recv, None)  # let C say what is wrong
+        else:
+            sp, rp, n, code, _ = self.resolve_pair(send, recv, None)
+        self._torch_pair = (weakref.ref(send), weakref.ref(recv), send.data_ptr(), send.numel(), send.dtype,
+                            recv.data_ptr(), (sp, rp, n, code))
+        return sp, rp, n, code
 
     def resolve_buffer(self, obj, dtype, writable, what):
         # The view may be dropped: the memory behind ptr belongs to obj, which the caller holds.
@@ -224,4 +282,10 @@ class HostBuffers(BufferAdapter):
     def alloc_like(self, send, shape, dtype):
         if isinstance(send, np.ndarray) and dtype is None:
             return np.empty(shape, dtype=send.dtype)
-        raise KcclInvalidArgument("pass recv explicitly unless send is a numpy array and dtype is None")
+        if type(send).__module__ == "torch" and type(send).__name__ in ("Tensor", "Parameter") and dtype is None:
+            import torch  # already imported: send is one of its tensors
+            if send.device.type != "cpu":
+                raise KcclInvalidArgument(f"send is on {send.device}: the host transport takes CPU tensors")
+            return torch.empty(shape, dtype=send.dtype)
+        raise KcclInvalidArgument("pass recv explicitly unless send is a numpy array or a CPU torch tensor "
+                                  "and dtype is None")

@@ -5,7 +5,9 @@ kccl.h (kccl* names), with a pkg-config file and a CMake package config beside i
     kccl/lib/libkccl.so
     kccl/lib/pkgconfig/kccl.pc            pkg-config --cflags --libs kccl
     kccl/lib/cmake/kccl/kcclConfig.cmake  find_package(kccl) -> target kccl::kccl
-    kccl/include/kccl.h, kccl_device.cuh, ...  (copies of kccl_native/include)
+    kccl/include/kccl.h, kccl_device.cuh, kccl_settings.def   (copies of kccl_native/include:
+    kccl/include/kccl_device/...                                the public headers, and the
+                                                                device API's internals)
 
 `python -m kccl.paths` prints the directories to point PKG_CONFIG_PATH or
 CMAKE_PREFIX_PATH at.  Run by setup.py through kccl/_build_ffi.py."""
@@ -31,8 +33,11 @@ def build(root, cuda_objects, cuda_libdirs, cuda_libs, defines):
     objdir = os.path.join(root, "build", "libkccl")
     for d in (libdir, incdir, objdir, os.path.join(libdir, "pkgconfig"), os.path.join(libdir, "cmake", "kccl")):
         os.makedirs(d, exist_ok=True)
-    # The headers, subdirectories too (kccl_device/ holds kccl_device.cuh's parts).
-    shutil.copytree(os.path.join(native, "include"), incdir, dirs_exist_ok=True)
+    # The public headers (kccl.h, kccl_device.cuh, the settings table) and kccl_device/,
+    # the internals kccl_device.cuh includes; a fresh copy, so that a header moved or
+    # removed in the sources is not shipped from an older build.
+    shutil.rmtree(incdir, ignore_errors=True)
+    shutil.copytree(os.path.join(native, "include"), incdir)
     cc = os.environ.get("CC", "gcc")
     objs = []
     for src in sorted(glob.glob(os.path.join(native, "src", "*.c"))):
@@ -92,7 +97,9 @@ def build_nccl_shim(root, cc, libdir, objdir, core_objs, cuda_objects, cuda_libd
     objs = []
     for name in ("shim.c", "route.c"):
         obj = os.path.join(objdir, "nccl_" + name[:-2] + ".o")
-        _run([cc, "-O2", "-std=gnu11", "-fPIC", "-Wall", "-fvisibility=hidden",
+        # A core helper called without kccl.h declaring it would compile with an implicit
+        # int result (and link, the core's objects being in the same library): an error.
+        _run([cc, "-O2", "-std=gnu11", "-fPIC", "-Wall", "-Werror=implicit-function-declaration", "-fvisibility=hidden",
               *[f"-D{k}={v}" for k, v in defines], "-I", nccl, "-I", os.path.join(root, "kccl_native", "include"),
               *cuda_inc, "-c", os.path.join(nccl, name), "-o", obj])
         objs.append(obj)

@@ -219,7 +219,7 @@ class Communicator:
             built, ndev = gpu_support()
             if not built:
                 raise KcclInvalidUsage("device=%d asked for, but this kccl was built without CUDA (reinstall "
-                                       "with nvcc on PATH; KCCL_CUDA=1 makes a missing nvcc an error)" % device)
+                                       "where nvcc and a GPU driver are, or with KCCL_CUDA=1)" % device)
             if device >= ndev:
                 raise KcclInvalidArgument(f"device={device}: this process sees {ndev} CUDA device(s)")
         cfg.device = device
@@ -245,14 +245,28 @@ class Communicator:
 
     @classmethod
     def from_mpi(cls, mpi_comm, *, config=None, device=None):
-        """All ranks of an mpi4py communicator (all on one host) become a KCCL communicator.
+        """All ranks of an mpi4py communicator become a KCCL communicator.  Ranks on one
+        host (kccl.hosts: same /dev/shm, or same KCCL_HOST_ID) give a Communicator; ranks
+        on several hosts a kccl.hierarchical.HierarchicalCommunicator (KCCL inside each
+        host, MPI between hosts; host buffers only).
         device: None (host transport), a CUDA ordinal for this rank, or "local": this
         rank's index among the ranks of its host, modulo the GPUs it sees (one GPU per
         rank when there are enough; several ranks per GPU otherwise, as under MPS)."""
-        from mpi4py import MPI
-        hosts = mpi_comm.allgather(MPI.Get_processor_name())
-        if len(set(hosts)) != 1:
-            raise KcclInvalidUsage(f"KCCL needs every rank on one host; ranks run on {sorted(set(hosts))}")
+        from . import config as _config
+        from . import hosts as _hosts
+        settings = _config.resolve(config)
+        keys = mpi_comm.allgather(_hosts.host_key(settings))
+        if len(set(keys)) != 1:
+            if device is not None:
+                raise KcclInvalidUsage(f"ranks on {len(set(keys))} hosts: a communicator over several hosts takes "
+                                       "host buffers only (device=None); its GPU form is designed, not built")
+            from .hierarchical import HierarchicalCommunicator
+            return HierarchicalCommunicator(mpi_comm, _hosts.HostLayout(keys),
+                                            lambda intra: cls._from_mpi_one_host(intra, config, None), settings)
+        return cls._from_mpi_one_host(mpi_comm, config, device)
+
+    @classmethod
+    def _from_mpi_one_host(cls, mpi_comm, config, device):
         if isinstance(device, str) and device.strip().lower() == "local":
             ndev = gpu_support()[1]
             if ndev == 0:
@@ -315,6 +329,24 @@ class Communicator:
                     _check(rc)
                 return recv
         if type(send) is _cuda_buffers.TORCH_TENSOR and dtype is None and stream is None \
+                and type(self._buffers) is HostBuffers:
+            # CPU torch tensors on a host communicator: the pointers of the last pair are
+            # remembered (HostBuffers.torch_pair); the check of that memory is inlined here
+            # because each torch attribute read costs about as much as the all-reduce itself
+            opc = _OPS.get(op) if type(op) is Op or type(op) is int else None
+            comm = self._comm
+            if opc is not None and comm is not None:
+                h = self._buffers._torch_pair
+                if (h[0]() is send and h[1]() is recv and send.data_ptr() == h[2] and send.numel() == h[3]
+                        and send.dtype is h[4] and send.is_contiguous() and recv is send):
+                    sp, rp, n, code = h[6]
+                else:
+                    sp, rp, n, code = self._buffers.torch_pair(send, recv)
+                rc = _allreduce(sp, rp, n, code, opc, comm, _NULL)
+                if rc:
+                    _check(rc)
+                return recv
+        if type(send) is _cuda_buffers.TORCH_TENSOR and dtype is None and stream is None \
                 and type(self._buffers) is CudaBuffers:
             # torch tensors on a GPU communicator, torch's current stream (eager decode)
             bufs, comm = self._buffers, self._handle()
@@ -324,6 +356,8 @@ class Communicator:
             if rc:
                 _check(rc)
             return recv
+        if _cuda_buffers.TORCH_TENSOR is None and type(send).__module__ == "torch":
+            _cuda_buffers._torch_codes()  # binds torch.Tensor for the fast paths above
         comm, bufs = self._handle(), self._buffers
         opc = _resolve_op(op)
         sp, rp, n, code, library = bufs.resolve_pair(send, recv, dtype)
@@ -431,12 +465,14 @@ class Communicator:
         """How this rank's replicas are placed: {"ndomains", "domain", "replicas" (remote
         replicas it writes), "bound" (1 verified on their NUMA nodes, 0 unverified, -1
         failed), "pushes", "replica_reads", "note" (the binding, from C), "plan" (why this
-        placement: "KCCL_TOPO=off", "one domain: one copy", "domain 1 of 2", ...)}."""
+        placement: "KCCL_TOPO=off", "one domain: one copy", "domain 1 of 2", ...), "hosts" (1:
+        every rank on this host; see kccl.hierarchical), "host" (0)}."""
         info = ffi.new("kcclTopoInfo_t *")
         _check(lib.kcclCommTopoInfo(self._handle(), info))
         return {"ndomains": info.ndomains, "domain": info.domain, "replicas": info.replicas,
                 "bound": info.bound, "pushes": int(info.pushes), "replica_reads": int(info.replicaReads),
-                "note": ffi.string(info.note).decode(errors="replace"), "plan": self._plan_note}
+                "note": ffi.string(info.note).decode(errors="replace"), "plan": self._plan_note,
+                "hosts": 1, "host": 0}
 
     # -- life cycle -----------------------------------------------------------------
     def async_error(self):

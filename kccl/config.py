@@ -16,41 +16,29 @@ import sys
 from dataclasses import dataclass
 from typing import Callable, Optional, Tuple
 
+from ._native import ffi as _ffi, lib as _lib
 from .errors import KcclInvalidArgument
 
-def _int_range(lo, hi, sizes=False, multiple=1):
+# What config.c strips around a value (C's isspace): a value of only these means unset.
+_BLANKS = " \t\n\v\f\r"
+
+def _parser(name, kind, choices=()):
+    """Setting `name`'s parser: the C core's (kcclSettingParse, the one kcclConfigInit
+    runs on the environment), so that the rules and the error texts cannot differ.
+    A choice comes back as its name, a path as its text (surrounding blanks dropped)."""
+    key = name.encode()
+
     def parse(text):
-        s = str(text).strip()
-        mult = 1
-        if sizes and s[-1:] in "kKmM" and s[:-1]:
-            mult = 1024 if s[-1] in "kK" else 1024 * 1024
-            s = s[:-1]
-        if not re.fullmatch(r"[+-]?[0-9]+", s):  # what C's strtol takes, nothing more
-            raise ValueError(f"expected an integer{' (k/M suffix allowed)' if sizes else ''}")
-        v = int(s) * mult
-        if not lo <= v <= hi:
-            raise ValueError(f"expected a value in [{lo}, {hi}]")
-        if v % multiple:
-            raise ValueError(f"expected a multiple of {multiple}")
-        return v
+        s = str(text)
+        if "\0" in s:
+            raise KcclInvalidArgument(f"{name}={s!r}: a setting holds no NUL character")
+        out = _ffi.new("long long *")
+        if _lib.kcclSettingParse(key, s.encode(), out):
+            raise KcclInvalidArgument(_ffi.string(_lib.kcclGetLastError(_ffi.NULL)).decode(errors="replace"))
+        if kind == "KCCL_KIND_PATH":
+            return s.strip(_BLANKS)
+        return choices[out[0]] if kind == "KCCL_KIND_CHOICE" else out[0]
     return parse
-
-
-def _choice(table):
-    def parse(text):
-        s = str(text).strip()
-        for name, v in table.items():
-            if s.lower() == name.lower() or s == str(v):
-                return name
-        raise ValueError(f"expected one of {', '.join(table)}")
-    return parse
-
-
-def _path(text):
-    s = str(text).strip()
-    if not s:
-        raise ValueError("expected a file path")
-    return s
 
 
 @dataclass(frozen=True)
@@ -134,22 +122,17 @@ def _load():
         elif macro == "KCCL_NCCL_SETTING":
             field, name, kind, default, lo, hi, doc = args
             shim.append(Setting(name, field, _number(default) if kind != "KCCL_KIND_PATH" else default,
-                                _path if kind == "KCCL_KIND_PATH" else _int_range(_number(lo), _number(hi),
-                                                                                  sizes=kind == "KCCL_KIND_SIZE"),
-                                doc, native=False))
+                                _parser(name, kind), doc, native=False))
             continue
         else:
-            (field, name, kind, default, names, doc), lo, hi, multiple, equal = args, None, None, "1", "KCCL_EQUAL_NO"
+            (field, name, kind, default, names, doc), equal = args, "KCCL_EQUAL_NO"
         if kind == "KCCL_KIND_CHOICE":
-            table = {n: v for v, n in enumerate(names.split())}
-            choices[field] = table
-            parse, default = _choice(table), names.split()[_number(default)]
-        elif kind == "KCCL_KIND_PATH":
-            parse = _path
-        else:
-            parse = _int_range(_number(lo), _number(hi), sizes=kind == "KCCL_KIND_SIZE", multiple=_number(multiple))
+            choices[field] = {n: v for v, n in enumerate(names.split())}
+            default = names.split()[_number(default)]
+        elif kind != "KCCL_KIND_PATH":
             default = _number(default)
-        settings.append(Setting(name, field, default, parse, doc, native=macro == "KCCL_SETTING", equal=equal))
+        settings.append(Setting(name, field, default, _parser(name, kind, names.split()), doc,
+                                native=macro == "KCCL_SETTING", equal=equal))
     return tuple(settings), tuple(build), tuple(shim), choices
 
 
@@ -165,49 +148,22 @@ KNOWN_NAMES = (tuple(s.name for s in SETTINGS) + tuple(b[0] for b in BUILD_SETTI
                + tuple(s.name for s in NCCL_SETTINGS))
 
 
-class KcclSettingWarning(UserWarning):
-    """A KCCL_* environment variable that is no KCCL setting (a misspelling is otherwise
-    ignored without a word)."""
-
-
-def _edit_distance(a, b):
-    row = list(range(len(b) + 1))
-    for i, ca in enumerate(a, 1):
-        diag, row[0] = row[0], i
-        for j, cb in enumerate(b, 1):
-            diag, row[j] = row[j], min(row[j] + 1, row[j - 1] + 1, diag + (ca != cb))
-    return row[-1]
-
-
 def closest_setting(name):
-    """The known variable nearest to `name` (within 3 edits, and fewer than half the
-    letters after KCCL_; the first in registry order on a tie), else None."""
-    best, best_d = None, 4
-    for known in KNOWN_NAMES:
-        d = _edit_distance(name, known)
-        if d < best_d and 2 * d < len(name) - 5:
-            best, best_d = known, d
-    return best
-
-
-_warned = set()
+    """The known variable nearest to `name` (itself when known; within 3 edits, and fewer
+    than half the letters after KCCL_; the first in table order on a tie), else None:
+    the C core's choice, the one its warning names."""
+    near = _lib.kcclSettingClosest(str(name).encode())
+    return _ffi.string(near).decode() if near != _ffi.NULL else None
 
 
 def warn_unknown(environ=None):
-    """Warns (KcclSettingWarning), once per process and name, about every KCCL_* variable
-    that is not a setting; returns those names."""
-    import warnings
+    """The KCCL_* variables of the environment that are no setting.  For the process's
+    own environment, the C core prints its one-line warning about them (once per process,
+    and only on rank 0 where the launcher names the ranks: kcclSettingsWarnUnknown)."""
+    if environ is None or environ is os.environ:
+        _lib.kcclSettingsWarnUnknown()
     environ = os.environ if environ is None else environ
-    unknown = sorted(k for k in environ if k.startswith("KCCL_") and k not in KNOWN_NAMES)
-    for name in unknown:
-        if name in _warned:
-            continue
-        _warned.add(name)
-        near = closest_setting(name)
-        hint = f"; did you mean {near}?" if near else ""
-        warnings.warn(f"{name} is not a KCCL setting and is ignored{hint} (python -m kccl.config lists them)",
-                      KcclSettingWarning, stacklevel=3)
-    return unknown
+    return sorted(k for k in environ if k.startswith("KCCL_") and k not in KNOWN_NAMES)
 
 
 def resolve(overrides: Optional[dict] = None, environ=None):
@@ -227,15 +183,12 @@ def resolve(overrides: Optional[dict] = None, environ=None):
     for s in SETTINGS:
         if s.name in given:
             raw, src = given[s.name], "override"
-        elif environ.get(s.name, "") != "":
+        elif environ.get(s.name, "").strip(_BLANKS) != "":  # blank counts as unset, as in config.c
             raw, src = environ[s.name], "env"
         else:
             out[s.name] = (s.default, "default")
             continue
-        try:
-            out[s.name] = (s.parse(raw), src)
-        except ValueError as e:
-            raise KcclInvalidArgument(f"{s.name}={raw!r}: {e}") from None
+        out[s.name] = (s.parse(raw), src) if str(raw).strip(_BLANKS) else (s.default, src)
     return out
 
 

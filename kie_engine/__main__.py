@@ -7,6 +7,8 @@
         [--kv-cache f16|f32]
     python -m kie_engine convert --model FILE.gguf|smollm2 --out DIR [--dtype bfloat16|float32]
     python -m kie_engine convert --model FILE.gguf|smollm2 --quantize q8_0|q4_0|q4_1|q4_k --out FILE.gguf
+    [mpiexec -n N] python -m kie_engine serve --model DIR|FILE.gguf|smollm2 [--host 127.0.0.1] [--port 8000]
+        [--max-queue 32] [--device cpu|cuda] (an OpenAI-compatible HTTP server; README "Serving")
 
 Under mpiexec every rank is a lane (tensor parallelism over KCCL); N = 1 needs no
 mpiexec.  Rank 0 streams the text and prints the timing line."""
@@ -24,7 +26,12 @@ def _world():
     """(size, rank) from the MPI launcher's environment (MPICH/Hydra or Open MPI), else (1, 0)."""
     for size_var, rank_var in (("PMI_SIZE", "PMI_RANK"), ("OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_RANK")):
         if size_var in os.environ:
-            return int(os.environ[size_var]), int(os.environ.get(rank_var, 0))
+            size, rank = os.environ[size_var].strip(), os.environ.get(rank_var, "0").strip()
+            if not (size.isascii() and size.isdigit() and rank.isascii() and rank.isdigit()
+                    and 0 <= int(rank) < int(size) <= 1 << 20):
+                raise KieError(f"{size_var}={size!r}, {rank_var}={rank!r}: the MPI launcher's world size and "
+                               f"rank are not a rank in 0..size-1")
+            return int(size), int(rank)
     return 1, 0
 
 
@@ -128,6 +135,7 @@ def cmd_generate(a):
         sys.stdout.reconfigure(errors="backslashreplace")
     model = None
     try:
+        # sized for this request, not the context the checkpoint claims (its RoPE tables are dense)
         model = load_backend(ckpt, comm, a.device, kernel,
                              max_seq=min(cfg.max_position_embeddings, len(ids) + a.max_new_tokens),
                              threads=threads, node_cpu_sets=node_cpus, kv=a.kv_cache)
@@ -164,6 +172,14 @@ def cmd_generate(a):
         if comm is not None:
             comm.close()
     return 0
+
+
+def cmd_serve(a):
+    try:
+        from .serve.server import serve
+    except ImportError as e:
+        raise KieError(f"serve needs the serve extra (pip install -e '.[serve]'): {e}") from None
+    return serve(a, _world())
 
 
 def main(argv=None):
@@ -225,11 +241,32 @@ def main(argv=None):
     c.add_argument("--quantize", choices=["q8_0", "q4_0", "q4_1", "q4_k"],
                    help="write a GGUF file (--out FILE.gguf) with the matrices in these blocks instead of a "
                         "safetensors directory (q4_k: llama.cpp's Q4_K_M mix of Q4_K and Q6_K)")
+    s = sub.add_parser("serve", help="serve the model over HTTP (OpenAI-compatible API and a chat page)",
+                       description="An OpenAI-compatible server: /v1/chat/completions, /v1/completions, /v1/models, "
+                                   "/health, /metrics, and a chat page at /.  One request runs at a time; the others "
+                                   "wait in a FIFO queue.  Under mpiexec -n N rank 0 serves and every rank is a lane.")
+    s.add_argument("--model", required=True, help="as for generate: a checkpoint directory, a .gguf file, or smollm2")
+    s.add_argument("--served-model-name", help="the model id clients name (default: the --model name)")
+    s.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    s.add_argument("--port", type=int, default=8000, help="port (default 8000; 0 picks a free one, printed)")
+    s.add_argument("--max-queue", type=int, default=32,
+                   help="requests that may wait behind the running one; more get 429 (default 32)")
+    s.add_argument("--shutdown-grace", type=float, default=1.0,
+                   help="on SIGTERM, seconds the running request may still take before it is cut (default 1)")
+    s.add_argument("--blas-threads", metavar="N", help="as for generate")
+    s.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="as for generate")
+    s.add_argument("--kernel", choices=["graph", "mono"], default="graph", help="as for generate (--device cuda)")
+    s.add_argument("--log-level", choices=["critical", "error", "warning", "info", "debug"], default="warning",
+                   help="uvicorn's log level; info and debug also log every request (default warning)")
     a = p.parse_args(argv)
     try:
-        return {"init": cmd_init, "generate": cmd_generate, "convert": cmd_convert}[a.cmd](a)
-    except (KieError, ValueError, FileNotFoundError) as e:
-        if _world()[1] == 0:
+        return {"init": cmd_init, "generate": cmd_generate, "convert": cmd_convert, "serve": cmd_serve}[a.cmd](a)
+    except (KieError, ValueError, FileNotFoundError, OSError) as e:
+        try:
+            rank = _world()[1]
+        except KieError:  # the launcher's variables are what is wrong
+            rank = 0
+        if rank == 0:
             print(f"error: {e}", file=sys.stderr)
         return 2
 

@@ -5,7 +5,11 @@ add_generation_prompt=True)` renders it: a sandboxed environment with trim_block
 lstrip_blocks, the loop-controls extension, a `tojson` that keeps non-ASCII text,
 `raise_exception` and `strftime_now`, and the special tokens (bos_token, eos_token, ...)
 as variables.  The rendered text is then tokenized without adding BOS/EOS (the template
-writes whatever special tokens it wants)."""
+writes whatever special tokens it wants).
+
+A template is code that comes with the checkpoint: each render compiles and runs it in a
+forked child process with a time and memory limit (kie_engine/bounded.py), so that one
+that loops without end or builds a gigabyte string fails with a ChatTemplateError."""
 import json
 from datetime import datetime
 
@@ -21,47 +25,40 @@ class ChatTemplateError(ConfigError):
 
 
 class ChatTemplate:
+    # Bounds on compiling and rendering one conversation (kie_engine/bounded.py): a
+    # template is code from the checkpoint, and may try to loop or allocate without end.
+    time_limit = 10.0
+    memory_limit = 512 << 20
+
     def __init__(self, text, special_tokens=None, source="chat template", eot_token_id=None):
         self.text, self.source = text, source
         self.special_tokens = dict(special_tokens or {})
         self.eot_token_id = eot_token_id
-        self._compiled = None
-
-    def _template(self):
-        if self._compiled is None:
-            try:
-                import jinja2
-                from jinja2.ext import loopcontrols
-                from jinja2.sandbox import ImmutableSandboxedEnvironment
-            except ImportError:
-                raise ChatTemplateError(f"{self.source}: rendering a chat template needs jinja2 "
-                                        f"(pip install -e '.[kie]')") from None
-
-            def raise_exception(message):
-                raise jinja2.exceptions.TemplateError(message)
-
-            def tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
-                return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators,
-                                  sort_keys=sort_keys)
-
-            env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols])
-            env.filters["tojson"] = tojson
-            env.globals["raise_exception"] = raise_exception
-            env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
-            try:
-                self._compiled = env.from_string(self.text)
-            except jinja2.exceptions.TemplateError as e:
-                raise ChatTemplateError(f"{self.source}: the chat template does not compile: {e}") from None
-        return self._compiled
 
     def render(self, messages, add_generation_prompt=True):
-        """The prompt text of a conversation ([{'role', 'content'}, ...])."""
-        import jinja2
+        """The prompt text of a conversation ([{'role', 'content'}, ...]), rendered in a
+        bounded child process (ChatTemplateError when it fails or overruns)."""
+        from . import bounded
         try:
-            return self._template().render(messages=list(messages), add_generation_prompt=add_generation_prompt,
-                                           **self.special_tokens)
-        except jinja2.exceptions.TemplateError as e:
-            raise ChatTemplateError(f"{self.source}: rendering failed: {e}") from None
+            import jinja2  # noqa: F401
+        except ImportError:
+            raise ChatTemplateError(f"{self.source}: rendering a chat template needs jinja2 "
+                                    f"(pip install -e '.[kie]')") from None
+        messages = list(messages)
+        try:
+            text = bounded.run(lambda: _render(self.text, messages, add_generation_prompt, self.special_tokens),
+                               self.time_limit, self.memory_limit)
+        except bounded.Overrun as e:
+            raise ChatTemplateError(f"{self.source}: rendering the chat template was stopped: {e}") from None
+        except bounded.Failed as e:
+            if e.kind == "_CompileError":
+                raise ChatTemplateError(f"{self.source}: the chat template does not compile: {e.text}") from None
+            what = e.text if e.kind in ("TemplateError", "TemplateRuntimeError", "SecurityError",
+                                        "UndefinedError") else f"{e.kind}: {e.text}"
+            raise ChatTemplateError(f"{self.source}: rendering failed: {what}") from None
+        if not isinstance(text, str):
+            raise ChatTemplateError(f"{self.source}: rendering gave a {type(text).__name__}, not text")
+        return text
 
     def encode(self, tokenizer, prompt):
         """Token ids of one user turn plus the assistant's generation prompt."""
@@ -85,3 +82,30 @@ class ChatTemplate:
         ids = tokenizer.encode(after, add_special_tokens=False).ids if after else []
         added = tokenizer.get_added_tokens_decoder()
         return ids[0] if ids and ids[0] in added and added[ids[0]].special else None
+
+
+class _CompileError(Exception):
+    pass
+
+
+def _render(text, messages, add_generation_prompt, special_tokens):
+    """Compiles and renders a template as transformers does (runs in bounded.run's child)."""
+    import jinja2
+    from jinja2.ext import loopcontrols
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    def raise_exception(message):
+        raise jinja2.exceptions.TemplateError(message)
+
+    def tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
+        return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols])
+    env.filters["tojson"] = tojson
+    env.globals["raise_exception"] = raise_exception
+    env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
+    try:
+        template = env.from_string(text)
+    except Exception as e:
+        raise _CompileError(str(e)) from None
+    return template.render(messages=messages, add_generation_prompt=add_generation_prompt, **special_tokens)

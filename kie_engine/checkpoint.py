@@ -5,17 +5,26 @@ Checkpoint(dir) checks every tensor the config implies is present, once, with it
 shape, before any weight is read; tensor(name, rows, cols) reads (a block of) one
 as float32."""
 import glob
-import json
 import os
 
 import numpy as np
 
+from . import jsonfile
 from .config import ModelConfig
 from .errors import CheckpointError, CheckpointNotFoundError
 from .safetensors_io import SafetensorsFile, to_float32
 
 # Buffers some exporters store that carry no weights.
 _IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
+
+
+def check_layer_count(cfg, n_tensors, where):
+    """Refuses a config with more layers than the checkpoint has tensors, before
+    expected_shapes() lists 9 names per layer: a claimed 2^31 layers would take that long.
+    (Fewer extra layers get the check's own message: which tensors are missing.)"""
+    if cfg.num_hidden_layers > n_tensors:
+        raise CheckpointError(f"{where} = {cfg.num_hidden_layers} layers, but the checkpoint holds only "
+                              f"{n_tensors} tensors (9 per layer)")
 
 
 def expected_shapes(cfg):
@@ -55,8 +64,9 @@ class Checkpoint:
         self._check()
 
     def _check(self):
-        want = expected_shapes(self.config)
         cfgpath = os.path.join(self.dir, "config.json")
+        check_layer_count(self.config, len(self._where), f"{cfgpath}: 'num_hidden_layers'")
+        want = expected_shapes(self.config)
         missing = [n for n in want if n not in self._where]
         if missing:
             more = f" (and {len(missing) - 3} more)" if len(missing) > 3 else ""
@@ -99,11 +109,7 @@ class Checkpoint:
         path = os.path.join(self.dir, "tokenizer_config.json")
         if not os.path.isfile(path):
             return path, {}
-        try:
-            with open(path, encoding="utf-8") as f:
-                tc = json.load(f)
-        except (OSError, ValueError) as e:
-            raise CheckpointError(f"{path}: cannot read JSON: {e}") from None
+        tc = jsonfile.load(path, CheckpointError, limit=64 << 20)
         if not isinstance(tc, dict):
             raise CheckpointError(f"{path}: expected a JSON object")
         return path, tc
@@ -124,8 +130,11 @@ class Checkpoint:
         from .chat import ChatTemplate
         jinja_path = os.path.join(self.dir, "chat_template.jinja")
         if os.path.isfile(jinja_path):
-            with open(jinja_path, encoding="utf-8") as f:
-                return ChatTemplate(f.read(), self.special_tokens(), source=jinja_path)
+            try:
+                with open(jinja_path, encoding="utf-8") as f:
+                    return ChatTemplate(f.read(), self.special_tokens(), source=jinja_path)
+            except (OSError, UnicodeDecodeError) as e:
+                raise CheckpointError(f"{jinja_path}: cannot read the chat template: {e}") from None
         tc_path, tc = self._tokenizer_config()
         text = tc.get("chat_template")
         if isinstance(text, list):  # named templates: [{"name", "template"}, ...]

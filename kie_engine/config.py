@@ -1,17 +1,18 @@
 """ModelConfig: the shape of a Laneformer / Llama model, read from and written to a
 Hugging Face `config.json` (LlamaForCausalLM keys, plus `dtp_delay`), and presets."""
 import dataclasses
-import json
 import os
 from dataclasses import dataclass
 from typing import Optional
 
+from . import jsonfile
 from .errors import CheckpointNotFoundError, ConfigError
 
 # The one formulation of DTP this engine implements (see shared/DESIGN.md): a "block"
 # is a sublayer (attention or MLP); with delay d, sublayer i reads the residual
 # without the outputs of sublayers i-d .. i-1, whose all-reduces are in flight.
 DTP_FORMULATION = "ladder-residual/sublayer"
+MAX_DIM = 2**31 - 1
 
 
 @dataclass(frozen=True)
@@ -36,8 +37,16 @@ class ModelConfig:
         for f in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
                   "num_attention_heads", "num_key_value_heads", "head_dim", "max_position_embeddings"):
             v = getattr(self, f)
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                raise ConfigError(f"config field {f!r} must be a positive integer, got {v!r}")
+            # 2^31 - 1: sizes and token ids stay int32 in the GPU kernels, and no model comes near
+            if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= MAX_DIM:
+                raise ConfigError(f"config field {f!r} must be a positive integer (at most {MAX_DIM}), got {_short(v)}")
+        for f in ("rope_theta", "rms_norm_eps"):
+            v = getattr(self, f)
+            if isinstance(v, bool) or not isinstance(v, (int, float)):
+                raise ConfigError(f"config field {f!r} must be a number, got {_short(v)}")
+        if not isinstance(self.tie_word_embeddings, bool):
+            raise ConfigError(f"config field 'tie_word_embeddings' must be true or false, "
+                              f"got {_short(self.tie_word_embeddings)}")
         if self.head_dim % 2:
             raise ConfigError(f"config field 'head_dim' must be even for RoPE, got {self.head_dim}")
         if self.num_attention_heads % self.num_key_value_heads:
@@ -45,12 +54,14 @@ class ModelConfig:
                               f"num_key_value_heads={self.num_key_value_heads}")
         if isinstance(self.dtp_delay, bool) or not isinstance(self.dtp_delay, int) or not 0 <= self.dtp_delay <= 7:
             raise ConfigError(f"config field 'dtp_delay' must be an integer in 0..7, got {self.dtp_delay!r}")
-        if not self.rope_theta > 0 or not self.rms_norm_eps > 0:
-            raise ConfigError("config fields 'rope_theta' and 'rms_norm_eps' must be positive")
+        if not 0 < self.rope_theta < float("inf") or not 0 < self.rms_norm_eps < float("inf"):
+            raise ConfigError("config fields 'rope_theta' and 'rms_norm_eps' must be positive and finite")
         if self.torch_dtype not in ("bfloat16", "float32"):
             raise ConfigError(f"config field 'torch_dtype' must be bfloat16 or float32, got {self.torch_dtype!r}")
         for f in ("bos_token_id", "eos_token_id"):
             v = getattr(self, f)
+            if v is not None and (isinstance(v, bool) or not isinstance(v, int)):
+                raise ConfigError(f"config field {f!r} must be a token id (an integer), got {_short(v)}")
             if v is not None and not 0 <= v < self.vocab_size:
                 raise ConfigError(f"config field {f!r}={v} is outside the vocabulary (size {self.vocab_size})")
 
@@ -96,8 +107,8 @@ class ModelConfig:
         missing = [k for k in need if k not in d]
         if missing:
             raise ConfigError(f"{where}: missing field(s) {', '.join(missing)}")
-        heads = d["num_attention_heads"]
-        head_dim = d.get("head_dim") or (d["hidden_size"] // heads if isinstance(heads, int) and heads else 0)
+        heads, hidden = d["num_attention_heads"], d["hidden_size"]
+        head_dim = d.get("head_dim") or (hidden // heads if _is_int(heads) and heads and _is_int(hidden) else 0)
         eos = d.get("eos_token_id")
         if isinstance(eos, list):  # several EOS ids: the first one stops generation here
             eos = eos[0] if eos else None
@@ -105,8 +116,8 @@ class ModelConfig:
                   intermediate_size=d["intermediate_size"], num_hidden_layers=d["num_hidden_layers"],
                   num_attention_heads=heads, num_key_value_heads=d.get("num_key_value_heads") or heads,
                   head_dim=head_dim, max_position_embeddings=d.get("max_position_embeddings", 2048),
-                  rope_theta=float(theta), rms_norm_eps=float(d.get("rms_norm_eps", 1e-5)),
-                  tie_word_embeddings=bool(d.get("tie_word_embeddings", False)),
+                  rope_theta=_number(theta), rms_norm_eps=_number(d.get("rms_norm_eps", 1e-5)),
+                  tie_word_embeddings=d.get("tie_word_embeddings", False),
                   bos_token_id=d.get("bos_token_id"), eos_token_id=eos, dtp_delay=d.get("dtp_delay", 0),
                   torch_dtype=str(d.get("torch_dtype", "bfloat16")).replace("torch.", ""))
         try:
@@ -121,12 +132,26 @@ class ModelConfig:
         path = os.path.join(model_dir, "config.json")
         if not os.path.isfile(path):
             raise CheckpointNotFoundError(f"{path}: no such file (a checkpoint directory needs config.json)")
-        try:
-            with open(path) as f:
-                d = json.load(f)
-        except (OSError, ValueError) as e:
-            raise ConfigError(f"{path}: cannot read JSON: {e}") from None
-        return cls.from_hf(d, path)
+        return cls.from_hf(jsonfile.load(path, ConfigError, limit=1 << 20), path)
+
+
+def _is_int(v):
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _number(v):
+    """A float from a JSON number; anything else is left for __post_init__ to name."""
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        return v
+    try:
+        return float(v)
+    except OverflowError:  # an integer of hundreds of digits
+        return float("inf")
+
+
+def _short(v):
+    s = repr(v)
+    return s if len(s) <= 60 else s[:57] + "..."
 
 
 # Byte-level vocabulary of `init` checkpoints: 256 bytes, then the special tokens.

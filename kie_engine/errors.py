@@ -10,6 +10,10 @@ class ConfigError(KieError, ValueError):
     """A model config (config.json or a preset) is missing a field or holds a bad value."""
 
 
+class SettingError(KieError, ValueError):
+    """A KIE_* environment variable (kie_engine/settings.py) holds a bad value."""
+
+
 class CheckpointError(KieError, ValueError):
     """A checkpoint directory is inconsistent: missing, extra or mis-shaped tensors, bad files."""
 

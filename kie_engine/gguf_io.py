@@ -15,9 +15,10 @@ import os
 
 import numpy as np
 
-from .checkpoint import expected_shapes
+from .checkpoint import check_layer_count, expected_shapes
 from .config import ModelConfig
 from .errors import CheckpointError, CheckpointNotFoundError, ConfigError, UnsupportedFormatError
+from .gguf_check import check_file
 
 # ggml type ids (ggml.h) of the types dequantized here; anything else is refused by name.
 F32, F16, Q4_1, Q8_0, BF16 = 0, 1, 3, 8, 30
@@ -193,6 +194,7 @@ def open_reader(path):
     if size < 24:
         raise CheckpointError(f"{path}: {size} bytes, too short to be a GGUF file (truncated?)")
     cls = _reader_class()
+    check_file(path)  # nothing the file claims is trusted by the reader below
     # Made in two steps so that, when __init__ fails, what it had parsed (reader.stage,
     # reader.fields) can say where the file went wrong.
     reader = cls.__new__(cls)
@@ -240,14 +242,27 @@ class Metadata:
             raise CheckpointError(f"{self.path}: metadata {key!r} is missing")
         return self.get(key, kind=kind)
 
+    def _array(self, key, of=None):
+        """The field of an array entry (None when absent); `of`: the element type it must have."""
+        import gguf
+        f = self._fields.get(key)
+        if f is None:
+            return None
+        if f.types[:1] != [gguf.GGUFValueType.ARRAY] or (of is not None and f.data and f.types[-1] != of):
+            what = f"an array of {of.name}" if of is not None else "an array"
+            raise CheckpointError(f"{self.path}: metadata {key!r} is not {what} "
+                                  f"(it holds {'/'.join(t.name for t in f.types)})")
+        return f
+
     def count(self, key):
         """The number of entries of an array field (None when absent), without decoding them."""
-        f = self._fields.get(key)
+        f = self._array(key)
         return None if f is None else len(f.data)
 
     def strings(self, key):
         """A string array, decoded (fast path: the vocabulary has ~50 k entries)."""
-        f = self._fields.get(key)
+        import gguf
+        f = self._array(key, gguf.GGUFValueType.STRING)
         if f is None:
             return None
         try:
@@ -334,6 +349,8 @@ class GGUFCheckpoint:
         cfg = self.config
         tied = "output.weight" not in self._tensors
         self.config = cfg = cfg.replace(tie_word_embeddings=tied)
+        check_layer_count(cfg, len(self._tensors), f"{self.path}: metadata '{self.meta.get('general.architecture')}"
+                                                   f".block_count'")
         want = {gguf_name(n): (n, shape) for n, shape in expected_shapes(cfg).items()}
         missing = [g for g in want if g not in self._tensors]
         if missing:
@@ -356,14 +373,18 @@ class GGUFCheckpoint:
         """The GGUF storage type name ('Q4_1', ...) of a Hugging Face tensor name."""
         return _TYPE_NAMES[self._tensors[gguf_name(name)][1]]
 
-    def tensor(self, name, rows=None, cols=None):
-        """float32 copy of tensor[rows, cols] in the Hugging Face layout (slices or index
-        arrays; None = all), dequantizing only the rows asked for."""
+    def _stored(self, name):
+        """(GGUF name, dims, ggml type, the stored bytes) of tensor `name` (KeyError if absent)."""
         g = gguf_name(name)
         if g not in self._tensors:
             raise KeyError(name)
         dims, t, start = self._tensors[g]
-        raw = self._data[start:start + _nbytes(dims, t)]
+        return g, dims, t, self._data[start:start + _nbytes(dims, t)]
+
+    def tensor(self, name, rows=None, cols=None):
+        """float32 copy of tensor[rows, cols] in the Hugging Face layout (slices or index
+        arrays; None = all), dequantizing only the rows asked for."""
+        g, dims, t, raw = self._stored(name)
         if len(dims) == 1:
             out = dequantize(raw.reshape(1, -1), t, dims[0])[0]
             return out if rows is None else np.ascontiguousarray(out[rows])
@@ -389,11 +410,7 @@ class GGUFCheckpoint:
         rows and touches no block).  hf_order=False gives the stored order instead
         (for an engine that rotates adjacent pairs, as llama.cpp does): then `rows`
         counts stored rows."""
-        g = gguf_name(name)
-        if g not in self._tensors:
-            raise KeyError(name)
-        dims, t, start = self._tensors[g]
-        raw = self._data[start:start + _nbytes(dims, t)]
+        g, dims, t, raw = self._stored(name)
         if len(dims) == 1:
             raw, n_cols = raw.reshape(1, -1), dims[0]
         else:
@@ -408,6 +425,10 @@ class GGUFCheckpoint:
 
     # -- tokenizer and chat ----------------------------------------------------------------------
     def tokenizer(self):
+        n = self.meta.count("tokenizer.ggml.tokens")
+        if n is not None and n > self.config.vocab_size:  # its ids would index past the embedding
+            raise CheckpointError(f"{self.path}: metadata 'tokenizer.ggml.tokens' has {n} tokens, more than the "
+                                  f"model's vocab_size {self.config.vocab_size}")
         return gguf_tokenizer(self.meta)
 
     def special_tokens(self):

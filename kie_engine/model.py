@@ -21,7 +21,7 @@ from typing import List
 
 import numpy as np
 
-from .errors import PromptTooLongError
+from .errors import KieError, PromptTooLongError
 
 
 class _Ready:
@@ -186,12 +186,26 @@ class Model:
         self.lanes = lanes or OneLane()
         self.nh, self.nkv, self.hd = weights.n_heads, weights.n_kv_heads, cfg.head_dim
         self.max_seq = min(max_seq or cfg.max_position_embeddings, cfg.max_position_embeddings)
-        self.cos, self.sin = rope_tables(self.hd, self.max_seq, cfg.rope_theta)
+        # RoPE tables grow with the sequence (_rope): a checkpoint may claim a context of 2^31
+        # tokens, and these are dense.
+        self.cos = self.sin = np.zeros((0, self.hd // 2), np.float32)
         # np.zeros maps untouched pages lazily: a long context costs only what is used.
         shape = (cfg.num_hidden_layers, self.nkv, self.max_seq, self.hd)
-        self.k_cache = np.zeros(shape, np.float32)
-        self.v_cache = np.zeros(shape, np.float32)
+        try:
+            self.k_cache = np.zeros(shape, np.float32)
+            self.v_cache = np.zeros(shape, np.float32)
+        except (MemoryError, ValueError):
+            gib = 2 * 4 * int(np.prod(shape, dtype=np.float64)) / 2**30
+            raise KieError(f"a KV cache for a context of {self.max_seq} tokens ({gib:.3g} GiB of address space) "
+                           f"cannot be allocated: ask for a shorter context (max_seq)") from None
         self.pos = 0
+
+    def _rope(self, pos, T):
+        """cos, sin of positions pos .. pos+T-1, the tables grown (doubling) on demand."""
+        if pos + T > len(self.cos):
+            n = min(self.max_seq, max(pos + T, 2 * len(self.cos), 256))
+            self.cos, self.sin = rope_tables(self.hd, n, self.cfg.rope_theta)
+        return self.cos[pos:pos + T], self.sin[pos:pos + T]
 
     def reset(self):
         self.pos = 0
@@ -202,7 +216,7 @@ class Model:
     def attention(self, li, lw, h, pos):
         T, nh, nkv, hd = h.shape[0], self.nh, self.nkv, self.hd
         qkv = self.linear(h, lw.wqkv)
-        cos, sin = self.cos[pos:pos + T], self.sin[pos:pos + T]
+        cos, sin = self._rope(pos, T)
         q = apply_rope(qkv[:, :nh * hd].reshape(T, nh, hd), cos, sin)
         k = apply_rope(qkv[:, nh * hd:(nh + nkv) * hd].reshape(T, nkv, hd), cos, sin)
         v = qkv[:, (nh + nkv) * hd:].reshape(T, nkv, hd)

@@ -11,6 +11,7 @@ import struct
 
 import numpy as np
 
+from . import jsonfile
 from .errors import CheckpointError
 
 _DTYPES = {"F32": np.float32, "F16": np.float16, "BF16": np.uint16, "F64": np.float64,
@@ -28,27 +29,31 @@ class SafetensorsFile:
             (n,) = struct.unpack("<Q", head)
             if n > min(size - 8, 100 << 20):
                 raise CheckpointError(f"{path}: header length {n} does not fit the file ({size} bytes)")
-            try:
-                header = json.loads(f.read(n))
-            except ValueError as e:
-                raise CheckpointError(f"{path}: header is not JSON: {e}") from None
-        self.metadata = header.pop("__metadata__", {}) or {}
+            header = jsonfile.parse(f.read(n), path, CheckpointError, "the header")
+        if not isinstance(header, dict):
+            raise CheckpointError(f"{path}: the header is a JSON {type(header).__name__}, not an object")
+        self.metadata = header.pop("__metadata__", None) or {}
+        if not isinstance(self.metadata, dict):
+            raise CheckpointError(f"{path}: the header's '__metadata__' is not an object")
         self._data_start = 8 + n
         self._map = np.memmap(path, dtype=np.uint8, mode="r") if size > 8 + n else np.zeros(0, np.uint8)
         self.tensors = {}
+        spans = []
         for name, info in header.items():
-            try:
-                dt, shape, (b, e) = info["dtype"], tuple(int(s) for s in info["shape"]), info["data_offsets"]
-            except (KeyError, TypeError, ValueError):
-                raise CheckpointError(f"{path}: tensor {name!r} has a malformed header entry") from None
-            if dt not in _DTYPES:
-                raise CheckpointError(f"{path}: tensor {name!r} has dtype {dt}, not supported "
-                                      f"(supported: {', '.join(_DTYPES)})")
-            nbytes = int(np.prod(shape, dtype=np.int64)) * np.dtype(_DTYPES[dt]).itemsize
-            if not (0 <= b <= e and e - b == nbytes and self._data_start + e <= size):
+            dt, shape, (b, e) = _entry(path, name, info)
+            nbytes = np.dtype(_DTYPES[dt]).itemsize
+            for d in shape:
+                nbytes *= d  # Python ints: a product of huge dimensions does not wrap
+            if not (b <= e and e - b == nbytes and self._data_start + e <= size):
                 raise CheckpointError(f"{path}: tensor {name!r} ({dt}, shape {list(shape)}) has data offsets "
                                       f"{[b, e]} that do not match its size or the file")
             self.tensors[name] = (dt, shape, b)
+            if b < e:
+                spans.append((b, e, name))
+        spans.sort()
+        for (_b0, e0, x), (b1, _e1, y) in zip(spans, spans[1:]):
+            if b1 < e0:
+                raise CheckpointError(f"{path}: tensors {x!r} and {y!r} overlap (data bytes {b1}..{min(e0, _e1)})")
 
     def raw(self, name):
         """The stored array (bfloat16 as uint16), memory-mapped, read-only."""
@@ -59,6 +64,26 @@ class SafetensorsFile:
 
     def dtype(self, name):
         return self.tensors[name][0]
+
+
+def _entry(path, name, info):
+    """(dtype, shape, (begin, end)) of a header entry, each checked for its JSON type."""
+    def bad(what):
+        return CheckpointError(f"{path}: tensor {name!r} has a malformed header entry: {what}")
+    if not isinstance(info, dict) or not {"dtype", "shape", "data_offsets"} <= info.keys():
+        raise bad("expected an object with dtype, shape and data_offsets")
+    dt, shape, offsets = info["dtype"], info["shape"], info["data_offsets"]
+    if not isinstance(dt, str):
+        raise bad(f"'dtype' = {str(dt)[:40]}, not a string")
+    if dt not in _DTYPES:
+        raise CheckpointError(f"{path}: tensor {name!r} has dtype {dt[:40]}, not supported "
+                              f"(supported: {', '.join(_DTYPES)})")
+    ok = lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 0  # noqa: E731
+    if not isinstance(shape, list) or len(shape) > 8 or not all(ok(d) for d in shape):
+        raise bad(f"'shape' = {str(shape)[:40]}, not a list of at most 8 non-negative integers")
+    if not isinstance(offsets, list) or len(offsets) != 2 or not all(ok(v) for v in offsets):
+        raise bad(f"'data_offsets' = {str(offsets)[:40]}, not two non-negative integers")
+    return dt, tuple(shape), tuple(offsets)
 
 
 def to_float32(stored, dtype_name):

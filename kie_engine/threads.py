@@ -27,7 +27,7 @@ import math
 import os
 import time
 
-from .errors import KieError
+from . import settings as _settings
 
 ENV = "KIE_BLAS_THREADS"
 # The standard variables, library-specific first: OpenBLAS prefers OPENBLAS_NUM_THREADS
@@ -61,13 +61,11 @@ def plan_threads(mine, everyone):
 
 
 def parse_override(value, where):
-    """A positive thread count from a flag or the environment; None when not given."""
+    """A positive thread count from a flag or the environment (settings.py's rule for
+    KIE_BLAS_THREADS); None when not given."""
     if value is None or str(value).strip() == "":
         return None
-    text = str(value).strip()
-    if not text.isdigit() or int(text) < 1:
-        raise KieError(f"{where}={value!r}: expected a positive number of threads per rank")
-    return int(text)
+    return _settings.parse_count(value, where)
 
 
 def parse_standard(value, where):
@@ -85,7 +83,7 @@ def override(flag=None, environ=None):
     n = parse_override(flag, "--blas-threads")
     if n is not None:
         return n, "--blas-threads"
-    n = parse_override(environ.get(ENV), ENV)
+    n = _settings.value(ENV, environ)
     if n is not None:
         return n, ENV
     for var in STANDARD_VARS:

@@ -1,5 +1,7 @@
 """Tokenizers: tokenizer.json through the `tokenizers` package, and the small
 byte-level one that `init` checkpoints carry (256 byte tokens + <s>, </s>)."""
+import os
+
 from .config import SPECIAL_TOKENS
 from .errors import CheckpointError
 
@@ -34,12 +36,58 @@ def _bytes_to_unicode():
     return {b: chr(c) for b, c in zip(bs, cs)}
 
 
+# Large vocabularies (256 k tokens and their merges) take some tens of MB.
+MAX_TOKENIZER_BYTES = 512 << 20
+
+
 def load_tokenizer(path):
     from tokenizers import Tokenizer
     try:
-        return Tokenizer.from_file(path)
-    except Exception as e:  # the package raises a plain Exception for a bad file
+        size = os.path.getsize(path)
+    except OSError as e:
+        raise CheckpointError(f"{path}: cannot read: {e}") from None
+    if size > MAX_TOKENIZER_BYTES:
+        raise CheckpointError(f"{path}: {size} bytes, larger than any tokenizer.json needs "
+                              f"({MAX_TOKENIZER_BYTES >> 20} MiB)")
+    try:
+        return FileTokenizer(Tokenizer.from_file(path), path)
+    except BaseException as e:
+        if not _tokenizers_failure(e):
+            raise
         raise CheckpointError(f"{path}: not a valid tokenizer.json: {e}") from None
+
+
+def _tokenizers_failure(e):
+    """The package raises a plain Exception for a bad file or input, and a Rust panic comes
+    out as pyo3's PanicException, which derives from BaseException (and cannot be imported)."""
+    return type(e) is Exception or type(e).__name__ == "PanicException"
+
+
+class FileTokenizer:
+    """A tokenizers.Tokenizer read from a checkpoint's tokenizer.json, whose encode() and
+    decode() failures are CheckpointErrors naming the file: the file's own regexes run
+    there, and one that backtracks past Oniguruma's retry limit panics (found by fuzzing:
+    a Split pattern '(a+)+b' on a prompt of 22 a's).  Everything else is the Tokenizer's."""
+
+    def __init__(self, tokenizer, path):
+        self._tk, self.path = tokenizer, path
+
+    def __getattr__(self, name):
+        return getattr(self._tk, name)
+
+    def _guarded(self, what, *args, **kw):
+        try:
+            return getattr(self._tk, what)(*args, **kw)
+        except BaseException as e:
+            if not _tokenizers_failure(e):
+                raise
+            raise CheckpointError(f"{self.path}: the tokenizer failed in {what}(): {str(e)[:300]}") from None
+
+    def encode(self, *args, **kw):
+        return self._guarded("encode", *args, **kw)
+
+    def decode(self, *args, **kw):
+        return self._guarded("decode", *args, **kw)
 
 
 class StreamDecoder:

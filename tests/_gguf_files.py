@@ -4,6 +4,8 @@ Q and K rows permuted the way llama.cpp's converter permutes them.
 
 write_llama(path, ...) returns {hf name: float32 array}: the values the file holds
 (what dequantizing it must give), in the Hugging Face layout."""
+import struct
+
 import numpy as np
 
 import gguf
@@ -103,3 +105,42 @@ def write_llama(path, seed=0, tied=False, arch="llama", types=None, cfg=None, ex
     w.write_tensors_to_file()
     w.close()
     return values
+
+
+# -- raw files, for the fuzz tests: every count, length, type and offset as given --------------
+
+def gguf_str(s):
+    b = s.encode() if isinstance(s, str) else bytes(s)
+    return struct.pack("<Q", len(b)) + b
+
+
+def kv(key, vtype, payload):
+    """One metadata entry: key, value type id, then `payload` (already encoded, lengths and
+    all, so that a test can make them lie)."""
+    return gguf_str(key) + struct.pack("<I", vtype) + payload
+
+
+def kv_u32(key, v):
+    return kv(key, 4, struct.pack("<I", v))
+
+
+def kv_string(key, s):
+    return kv(key, 8, gguf_str(s))
+
+
+def kv_array(key, item_type, n, items=b""):
+    return kv(key, 9, struct.pack("<IQ", item_type, n) + items)
+
+
+def tensor_info(name, dims, ggml_type, offset):
+    return gguf_str(name) + struct.pack("<I", len(dims)) + struct.pack(f"<{len(dims)}Q", *dims) + \
+        struct.pack("<IQ", ggml_type, offset)
+
+
+def raw_gguf(kvs=(), tensors=(), data=b"", version=3, n_kv=None, n_tensors=None, alignment=32, magic=b"GGUF"):
+    """A GGUF file's bytes: header (counts default to the real ones), the encoded metadata
+    entries and tensor descriptions, padding to `alignment`, then `data`."""
+    head = magic + struct.pack("<IQQ", version, len(tensors) if n_tensors is None else n_tensors,
+                               len(kvs) if n_kv is None else n_kv)
+    body = head + b"".join(kvs) + b"".join(tensors)
+    return body + bytes(-len(body) % alignment) + data

@@ -25,6 +25,8 @@ from _harness import FarmManager, Farm, GroupHandle, shm_entries  # noqa: E402
 # No example database: it would be written outside tests/ and replay old failures.
 settings.register_profile("kccl", database=None, deadline=None, print_blob=True,
                           suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+# The fuzz tests' long run (tests/_fuzz.py multiplies their examples by 20 under it).
+settings.register_profile("fuzz-long", parent=settings.get_profile("kccl"))
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "kccl"))
 
 NRANKS = (1, 2, 3, 4, 8)

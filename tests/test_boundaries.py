@@ -229,7 +229,22 @@ def test_layer_scanner_sees_a_break(tmp_path):
 PUBLIC_HEADERS = {"kccl.h", "kccl_settings.def", "kccl_device.cuh"}
 
 
-@pytest.mark.parametrize("folder", ["kccl_native/nccl", "bench/native", "examples/c", "kie_engine/gpu/csrc"])
+def test_include_holds_the_public_headers_and_marked_internals_only():
+    """kccl_native/include/ is what the package installs: the public headers at its top,
+    and kccl_device/, the device API's internals, which say so at their top."""
+    top = {f for f in os.listdir(INCLUDE) if os.path.isfile(os.path.join(INCLUDE, f))}
+    assert top == PUBLIC_HEADERS, top
+    assert {d for d in os.listdir(INCLUDE) if os.path.isdir(os.path.join(INCLUDE, d))} == {"kccl_device"}
+    assert "kccl_device/ (internal" in read(os.path.join(INCLUDE, "kccl_device.cuh"))
+    for f in ("gpu_compat.h", "gpu_status.h"):
+        assert "internal" in read(os.path.join(INCLUDE, "kccl_device", f)).split("*/", 1)[0].lower(), f
+
+
+OUTSIDE_THE_CORE = ["kccl_native/nccl", "bench/native", "examples/c"] + sorted(
+    os.path.relpath(d, ROOT) for d in glob.glob(os.path.join(ROOT, "kie_engine", "*", "csrc")))
+
+
+@pytest.mark.parametrize("folder", OUTSIDE_THE_CORE)
 def test_code_outside_the_core_uses_kccl_h_only(folder):
     """The NCCL shim, the benchmarks, the examples and KIE include KCCL's public headers
     (or their own) and call kccl.h's functions, never the core's kccl_* / kgpu_* helpers."""
@@ -341,13 +356,15 @@ def test_cycle_finder_finds_one():
 
 def kccl_public():
     """What code outside kccl may use: the names kccl/__init__.py exports, and the
-    modules kccl.capi, kccl.paths, kccl.errors and kccl.torch (its submodules too)."""
+    modules kccl.capi, kccl.paths, kccl.errors, kccl.config (the settings registry behind
+    `python -m kccl.config`) and kccl.torch (its submodules too)."""
     tree = ast.parse(read(os.path.join(ROOT, "kccl", "__init__.py")))
     names = set()
     for node in tree.body:
         if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "__all__" for t in node.targets):
             names = set(ast.literal_eval(node.value))
-    return names | {"__version__", "VERSION_CODE"}, ("kccl.capi", "kccl.paths", "kccl.errors", "kccl.torch")
+    return names | {"__version__", "VERSION_CODE"}, ("kccl.capi", "kccl.paths", "kccl.errors", "kccl.config",
+                                                     "kccl.torch")
 
 
 def kccl_private_attributes():
@@ -377,6 +394,9 @@ def kccl_uses(paths, own_attributes=frozenset()):
             if target == "kccl" or not target.startswith("kccl."):
                 continue
             if any(target == m or target.startswith(m + ".") for m in public_modules):
+                continue
+            # a native build (bench/native/build.py, ...) compiles as KCCL's own does
+            if target.startswith("kccl._build_cuda") and re.match(r"_?build", os.path.basename(path)):
                 continue
             mod, _, name = target.rpartition(".")
             if isinstance(node, ast.ImportFrom) and mod == "kccl" and (name in names or f"kccl.{name}" in public_modules):
@@ -418,8 +438,8 @@ def _py_files(*folders):
 @pytest.mark.parametrize("folder", ["kie_engine", "bench"])
 def test_users_of_kccl_take_its_public_api(folder):
     """KIE (the CUDA engine and the native CPU engine included) and the benchmarks reach
-    KCCL through kccl, kccl.capi, kccl.paths, kccl.errors and kccl.torch only: no
-    kccl._native, no comm._handle()."""
+    KCCL through its public API only (kccl_public): no kccl._native, no comm._handle();
+    their build scripts may share KCCL's nvcc rules (kccl._build_cuda)."""
     paths = _py_files(folder)
     bad = kccl_uses(paths, _own_private_attributes(paths))
     assert not bad, "\n".join(bad)

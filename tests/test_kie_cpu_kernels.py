@@ -257,3 +257,35 @@ def test_a_cpu_without_avx2_gets_scalar_and_one_notice():
     if "avx512" in LEVELS:  # hiding only AVX-512 leaves AVX2, without a word
         r = _run_child({"KIE_CPU_HIDE": "avx512"})
         assert r.stdout.splitlines()[0] == "avx2" and "AVX2" not in r.stderr
+
+
+@pytest.mark.parametrize("t", TYPES)
+def test_non_finite_input_reaches_every_output(level, t):
+    """A NaN or infinity in the input gives NaN rows (the int8 blocks must not turn a
+    diverged activation into plausible numbers), on every level."""
+    rng = np.random.default_rng(2)
+    cols = 512
+    _, raw = make_rows(rng, t, 6, cols, zero_rows=(3,))
+    for bad in (np.nan, np.inf, -np.inf):
+        x = rng.standard_normal(cols).astype(np.float32)
+        x[300] = bad
+        y = K.matvec(t, raw, x)
+        if t in FLOATS and bad != bad:
+            assert np.isnan(y).all()
+        elif t in FLOATS:  # inf times finite weights: inf or nan, never finite
+            assert not np.isfinite(y[[0, 1, 2, 4, 5]]).any()
+        else:
+            assert np.isnan(y).all(), (t, bad, y)
+
+
+def test_every_half_converts_exactly():
+    """The portable half -> float conversion (scales of every block type, F16 weights) on
+    all 65536 halves, against numpy's, bit for bit (NaN payloads included)."""
+    keep = K.level()
+    try:
+        K.set_level("scalar")
+        h = np.arange(65536, dtype=np.uint32).astype(np.uint16)
+        got = K.dequant("F16", h.view(np.uint8).reshape(1, -1), 65536)[0]
+    finally:
+        K.set_level(keep)
+    np.testing.assert_array_equal(got.view(np.uint32), h.view(np.float16).astype(np.float32).view(np.uint32))

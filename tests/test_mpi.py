@@ -259,3 +259,18 @@ def test_survivors_report_the_dead_rank_under_disable_auto_cleanup(tmp_path):
         assert o["error"] == "KcclRemoteError", o
         assert "rank 2" in o["msg"] and "died" in o["msg"], o
         assert o["seconds"] < 5, o
+
+
+@needs_mpi
+def test_misspelled_setting_is_warned_about_once_per_job(tmp_path):
+    """Issue 33: one line per job where the launcher tells the ranks apart (Hydra sets
+    PMI_RANK), not one per rank."""
+    script = tmp_path / "job.py"
+    script.write_text("import kccl\nfrom mpi4py import MPI\nkccl.Communicator.from_mpi(MPI.COMM_WORLD).close()\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KCCL_")}
+    env["KCCL_TIMOUT_MS"] = "500"
+    p = subprocess.run([MPIEXEC, "-n", "2", sys.executable, str(script)], cwd=ROOT, env=env, capture_output=True,
+                       text=True, timeout=MPI_TIMEOUT_S)
+    assert p.returncode == 0, p.stderr
+    lines = [ln for ln in p.stderr.splitlines() if "KCCL_TIMOUT_MS" in ln]
+    assert len(lines) == 1 and "did you mean KCCL_TIMEOUT_MS?" in lines[0], p.stderr

@@ -10,6 +10,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -278,6 +279,21 @@ shim.ncclCommDestroy(comm)
         assert o["init"] == 0 and o["f32"] == [0, [2.0, 4.0]]
         assert "count=2 dtype=7" in o["log"]                                   # every rank forwarded it
         assert "stays with the real NCCL only" in o["stderr"] and "KCCL_NCCL_ROUTE_MAX_BYTES" in o["stderr"]
+
+
+def test_ranks_on_different_hosts_stay_with_nccl_at_once(fake, tmp_path):
+    t0 = time.monotonic()
+    outs = parsed(run_ranks(r"""
+out["f32"] = allreduce([1.0, 2.0], ctypes.c_float, 7)
+out["log"] = logged()
+shim.ncclCommDestroy(comm)
+""", fake, tmp_path, nranks=2, env={"KCCL_TIMEOUT_MS": "30000"},
+        per_rank_env={0: {"KCCL_HOST_ID": "a"}, 1: {"KCCL_HOST_ID": "b"}}))
+    assert time.monotonic() - t0 < 20  # not KCCL's init timing out
+    for o in outs:
+        assert o["init"] == 0 and o["f32"] == [0, [2.0, 4.0]]
+        assert "count=2 dtype=7" in o["log"]                                   # every rank forwarded it
+        assert "stays with the real NCCL only" in o["stderr"] and "more than one host" in o["stderr"]
 
 
 def test_route_off_makes_no_kccl_side(fake, tmp_path):

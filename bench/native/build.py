@@ -5,18 +5,20 @@
 bench/kccl_bench.py runs the same build the first time it is imported, and again
 when a source here or a header of the installed kccl changed.  It compiles only
 this folder's sources, against the headers the kccl build installed (kccl.paths);
-the CUDA half (kccl_bench_gpu.cu, nvcc) when kccl itself was built with CUDA,
-else kccl_bench_nogpu.c.  The extension does not link the library: it calls the
+the CUDA half (kccl_bench_gpu.cu, nvcc: about two minutes) when kccl itself was built
+with CUDA and kccl's build rule says CUDA code belongs here (a GPU driver present, or
+KCCL_CUDA=1: kccl/_build_cuda.plan), else kccl_bench_nogpu.c: a CPU-only run never
+waits for nvcc.  The extension does not link the library: it calls the
 copy inside Python's kccl package through the addresses kccl.capi gives."""
 import fcntl
 import glob
 import hashlib
 import importlib
 import os
-import shutil
 import subprocess
 import sys
 import sysconfig
+import time
 
 from cffi import FFI
 
@@ -47,32 +49,12 @@ FUNCTIONS = ["kcclAllReduce", "kcclAllGather", "kcclBarrier", "kcclCommCount", "
              "kcclCommGetDevComm", "kcclCommGetAsyncError", "kcclGetLastError"]
 
 
-def _find_nvcc():
-    cands = [shutil.which("nvcc")]
-    cands += [os.path.join(h, "bin", "nvcc") for h in (os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH"),
-                                                        "/usr/local/cuda") if h]
-    for c in cands:
-        if c and os.access(c, os.X_OK):
-            return os.path.realpath(c)
-    raise SystemExit("kccl_bench: kccl was built with CUDA but nvcc is not on PATH, $CUDA_HOME/bin or "
-                     "/usr/local/cuda/bin")
-
-
-def _cuda_libdir(nvcc):
-    homes = [os.path.dirname(os.path.dirname(nvcc))]
-    homes += [h for h in (os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH"), "/usr/local/cuda") if h]
-    for home in homes:
-        for sub in ("lib64", os.path.join("targets", "x86_64-linux", "lib"), "lib"):
-            if os.path.exists(os.path.join(home, sub, "libcudart_static.a")):
-                return os.path.join(home, sub)
-    raise SystemExit(f"kccl_bench: no libcudart_static.a under {', '.join(homes)}")
-
-
 def _inputs():
     """(with CUDA, include directory, files the build depends on)."""
     import kccl
     import kccl.paths
-    cuda = kccl.gpu_support()[0]
+    from kccl import _build_cuda
+    cuda = kccl.gpu_support()[0] and _build_cuda.plan("the CUDA benchmark kernel")[0] is not None
     files = sorted(glob.glob(os.path.join(HERE, "*.[ch]")) + glob.glob(os.path.join(HERE, "*.cu"))
                    + [f for f in glob.glob(os.path.join(kccl.paths.INCLUDE, "**", "*"), recursive=True) if os.path.isfile(f)] + [os.path.abspath(__file__)])
     return cuda, kccl.paths.INCLUDE, files
@@ -93,7 +75,11 @@ def build(verbose=False):
     os.makedirs(OUT, exist_ok=True)
     objects, libdirs, libs, c_sources = [], [], [], [os.path.join(HERE, "kccl_bench.c")]
     if cuda:
-        nvcc = _find_nvcc()
+        from kccl import _build_cuda
+        nvcc = _build_cuda.find_nvcc()
+        if nvcc is None:
+            raise SystemExit("kccl_bench: kccl was built with CUDA but nvcc is not on PATH, $CUDA_HOME/bin or "
+                             "/usr/local/cuda/bin")
         obj = os.path.join(OUT, "kccl_bench_gpu.o")
         cmd = [nvcc, "-O3", "-std=c++17", "-Xcompiler", "-fPIC,-fvisibility=hidden", *GENCODE, "--threads", "2",
                "-I", include, "-I", HERE, "-c", os.path.join(HERE, "kccl_bench_gpu.cu"), "-o", obj]
@@ -104,15 +90,21 @@ def build(verbose=False):
         obj_stamp_path = obj + ".stamp"
         if not (os.path.exists(obj) and os.path.exists(obj_stamp_path)
                 and open(obj_stamp_path).read().strip() == obj_stamp):
-            print("kccl_bench: " + " ".join(cmd), file=sys.stderr)
+            print("kccl_bench: compiling the CUDA benchmark kernel kccl_bench_gpu.cu with nvcc, 1 of 2 "
+                  "(about two minutes)", file=sys.stderr, flush=True)
+            t0 = time.time()
             proc = subprocess.run(cmd, capture_output=True, text=True)
             if proc.returncode:
-                raise SystemExit(f"kccl_bench: nvcc failed\n{proc.stdout}{proc.stderr}")
+                raise SystemExit(f"kccl_bench: nvcc failed\n{' '.join(cmd)}\n{proc.stdout}{proc.stderr}")
+            print(f"kccl_bench: compiled kccl_bench_gpu.cu in {time.time() - t0:.0f} s", file=sys.stderr)
             with open(obj_stamp_path, "w") as f:
                 f.write(obj_stamp + "\n")
-        objects, libdirs, libs = [obj], [_cuda_libdir(nvcc)], ["cudart_static", "dl", "stdc++", "rt", "pthread"]
+        objects, libdirs, libs = [obj], [_build_cuda.cuda_libdir(nvcc)], ["cudart_static", "dl", "stdc++", "rt",
+                                                                          "pthread"]
     else:
         c_sources.append(os.path.join(HERE, "kccl_bench_nogpu.c"))
+    print(f"kccl_bench: building the benchmark extension {MODULE} (C{', 2 of 2' if cuda else ''})",
+          file=sys.stderr, flush=True)
     ffi = FFI()
     ffi.cdef(CDEF)
     ffi.set_source(MODULE, '#include "kccl_bench.h"', sources=c_sources, include_dirs=[include, HERE],
@@ -129,17 +121,22 @@ def load():
     """The extension module, built first when missing or out of date.  A file lock
     lets the ranks of one job start together: one builds, the others wait for it."""
     cuda, _, files = _inputs()
-    want = _stamp(cuda, files)
-    os.makedirs(OUT, exist_ok=True)
-    stamp_path = os.path.join(OUT, "stamp")
-    with open(os.path.join(OUT, ".lock"), "w") as lock:
+    return load_or_build(OUT, MODULE, _stamp(cuda, files), build)
+
+
+def load_or_build(out, module, want, build_fn):
+    """Module `module` of folder `out`, after build_fn() when out's stamp is not `want`
+    (also bench/kie_native/build.py's)."""
+    os.makedirs(out, exist_ok=True)
+    stamp_path = os.path.join(out, "stamp")
+    with open(os.path.join(out, ".lock"), "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         have = open(stamp_path).read().strip() if os.path.exists(stamp_path) else None
         if have != want:
-            build()
-    if OUT not in sys.path:
-        sys.path.insert(0, OUT)
-    return importlib.import_module(MODULE)
+            build_fn()
+    if out not in sys.path:
+        sys.path.insert(0, out)
+    return importlib.import_module(module)
 
 
 if __name__ == "__main__":

@@ -143,6 +143,10 @@ int kcclSettingsWarnUnknown(void);
 
 kcclResult_t kcclGetVersion(int *version);
 kcclResult_t kcclGetUniqueId(kcclUniqueId *uniqueId);
+/* *key: equal on the processes that can share a KCCL communicator (same kernel boot,
+ * /dev/shm and pid namespace: a unique id made on another key is refused); 0 when
+ * this process cannot tell (then nothing is checked). */
+kcclResult_t kcclGetMachineKey(uint64_t *key);
 
 /* Collective over nranks processes of one host; blocks until all have joined
  * or KCCL_TIMEOUT_MS passes. */

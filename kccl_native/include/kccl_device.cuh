@@ -46,7 +46,11 @@
  * below the GPU's SM count, leaving a few SMs empty, for kernels that need
  * more registers or threads than an SM has left beside your blocks.
  *
- * How it works, by concept, in kccl_device/ (internal; included below):
+ * How it works, by concept, in kccl_device/ (internal, as everything in that
+ * folder: installed because this header includes it, not an API to include or
+ * call; kccl.h and this file are the only public headers):
+ *   gpu_compat.h  every CUDA / HIP name KCCL's GPU code uses (kgpu*)
+ *   gpu_status.h  the host-mapped record of a failed wait
  *   groups.cuh    the threads that make a call: the whole block, or a group
  *   ll_lines.cuh  the LL protocol and line format ("Protocol", "Pull"),
  *                 encode/decode, loads and stores
@@ -67,8 +71,8 @@
 #include <stdint.h>
 
 #include "kccl.h"
-#include "kccl_gpu_compat.h"
-#include "kccl_gpu_status.h"
+#include "kccl_device/gpu_compat.h"
+#include "kccl_device/gpu_status.h"
 #ifdef KGPU_HIP
 #include <hip/hip_fp16.h>
 #else

@@ -5,7 +5,10 @@
  * with config, scalable init, split), every rank takes part, through the real
  * communicator, in three small steps:
  *   1. agree: a min-all-reduce of what each rank can do (a KCCL with the GPU
- *      transport for its device) and of the settings that decide routing;
+ *      transport for its device), of the settings that decide routing, and of
+ *      the machine each rank is on (a communicator over several machines, which
+ *      KCCL cannot join, is left forward-only at once instead of after every
+ *      rank's KCCL init timed out);
  *   2. rank 0's kcclGetUniqueId reaches the others by the real broadcast, and
  *      every rank calls kcclCommInitRankConfig on the communicator's device;
  *   3. agree again that every rank's init succeeded.
@@ -250,6 +253,20 @@ static ncclResult_t round_trip(ncclComm_t real, struct scratch *s, void *host, s
   return rc;
 }
 
+/* Equal on ranks that can share a KCCL communicator: KCCL_HOST_ID when set (as the
+ * Python package reads it), else the machine key of the unique id's check; >= 0. */
+static int64_t host_key(void) {
+  const char *id = getenv("KCCL_HOST_ID");
+  uint64_t h = 0;
+  if (id && *id) {
+    h = 0xcbf29ce484222325ull;
+    for (const char *p = id; *p; p++) h = (h ^ (uint8_t)*p) * 0x100000001b3ull;
+  } else if (kcclGetMachineKey(&h) != kcclSuccess) {
+    h = 0;
+  }
+  return (int64_t)(h & INT64_MAX);
+}
+
 static void say_forward_only(int nranks, const char *why) {
   static int said; /* once per process: every later communicator would say the same */
   if (__atomic_exchange_n(&said, 1, __ATOMIC_RELAXED)) return;
@@ -298,7 +315,8 @@ static ncclResult_t attach(ncclComm_t real) {
     }
   }
   const int64_t max = (int64_t)g_set.route_max_bytes;
-  int64_t v[5] = {can, max, -max, KCCL_VERSION_CODE, -(int64_t)KCCL_VERSION_CODE};
+  const int64_t host = host_key();
+  int64_t v[7] = {can, max, -max, KCCL_VERSION_CODE, -(int64_t)KCCL_VERSION_CODE, host, -host};
   kcclComm_t k = NULL;
   if ((rc = round_trip(real, &s, v, sizeof v, 0)) != ncclSuccess) goto out;
   if (!v[0]) {
@@ -307,6 +325,11 @@ static ncclResult_t attach(ncclComm_t real) {
   }
   if (v[1] != -v[2] || v[3] != -v[4]) {
     snprintf(why, sizeof why, "the ranks differ in KCCL_NCCL_ROUTE_MAX_BYTES or in KCCL's version");
+    goto out;
+  }
+  if (v[5] != -v[6]) {
+    snprintf(why, sizeof why, "its ranks are on more than one host (KCCL_HOST_ID, or machine, /dev/shm or pid "
+             "namespace): KCCL joins ranks of one host only");
     goto out;
   }
 

@@ -16,15 +16,20 @@
 
 #include "internal.h"
 
-/* `s` without surrounding blanks, into buf (truncated to n - 1 bytes); NULL when
- * s is NULL or blank: an unset or empty variable means the default. */
-static const char *trimmed(const char *s, char *buf, size_t n) {
+/* `s` without surrounding blanks, into buf; NULL when s is NULL or blank: an unset or
+ * empty variable means the default.  *too_long when it does not fit buf: such a value is
+ * refused, since cut short its first digits could read as another number. */
+static const char *trimmed(const char *s, char *buf, size_t n, int *too_long) {
+  *too_long = 0;
   if (!s) return NULL;
   while (isspace((unsigned char)*s)) s++;
   size_t len = strlen(s);
   while (len && isspace((unsigned char)s[len - 1])) len--;
   if (!len) return NULL;
-  if (len >= n) len = n - 1;
+  if (len >= n) {
+    *too_long = 1;
+    return NULL;
+  }
   memcpy(buf, s, len);
   buf[len] = 0;
   return buf;
@@ -41,7 +46,8 @@ typedef struct {
 } kccl_parse_rule;
 static const kccl_parse_rule parse_rules[] = {
 #define KCCL_SETTING(field, var, kind, def, lo, hi, multiple, equal, choices, doc) {var, kind, lo, hi, multiple, choices},
-#define KCCL_PY_SETTING(field, var, kind, def, choices, doc) {var, kind, 0, 0, 1, choices},
+/* a Python-only byte count lies in [0, 1 TiB] (the table's rule for them) */
+#define KCCL_PY_SETTING(field, var, kind, def, choices, doc) {var, kind, 0, (kind) == KCCL_KIND_SIZE ? 1LL << 40 : 0, 1, choices},
 #define KCCL_NCCL_SETTING(field, var, kind, def, lo, hi, doc) {var, kind, lo, hi, 1, ""},
 #include "kccl_settings.def"
 };
@@ -105,7 +111,11 @@ kcclResult_t kcclSettingParse(const char *name, const char *value, long long *ou
   if (!r) return kccl_err(kcclInvalidArgument, "%s is not a KCCL setting that takes a value", name ? name : "(null)");
   if (!out) return kccl_err(kcclInvalidArgument, "%s: out is NULL", name);
   char buf[256];
-  const char *s = trimmed(value, buf, sizeof buf);
+  int too_long;
+  const char *s = trimmed(value, buf, sizeof buf, &too_long);
+  if (too_long)
+    return kccl_err(kcclInvalidArgument, "%s=%.20s...: longer than the %zu characters any value may have", name,
+                    value, sizeof buf - 1);
   return s ? parse_rule(r, s, out) : kcclSuccess;
 }
 

@@ -7,7 +7,7 @@
 #include <stdint.h>
 
 #include "kccl.h"
-#include "kccl_gpu_status.h"
+#include "kccl_device/gpu_status.h"
 
 #ifdef __cplusplus
 extern "C" {

@@ -94,8 +94,8 @@ static void *watch(void *arg) {
 
 kcclResult_t kccl_gpu_init(struct kcclComm *c) {
   if (!kgpu_built())
-    return kccl_err(kcclInvalidUsage, "device=%d asked for, but this KCCL was built without CUDA (install with "
-                    "nvcc on PATH, or KCCL_CUDA=1 to make that an error)", c->cfg.device);
+    return kccl_err(kcclInvalidUsage, "device=%d asked for, but this KCCL was built without CUDA (install "
+                    "where nvcc and a GPU driver are, or with KCCL_CUDA=1)", c->cfg.device);
   struct kccl_gpu_host *gh = calloc(1, sizeof *gh);
   if (!gh) return kccl_err(kcclSystemError, "out of memory");
   gh->efd = -1;

@@ -189,6 +189,13 @@ static kcclResult_t map_peer(struct kcclComm *c, int p, int64_t deadline) {
     if (kccl_now_ns() > deadline) return kccl_err(kcclTimeout, "rank %d's segment header never completed", p);
     kccl_sleep_us(50);
   }
+  /* Every later access to this segment trusts seg_bytes (check_agreement makes it equal on
+   * all ranks); a file smaller than that, or not this user's, was not made by a rank of
+   * this communicator (a forged id naming a planted file) and would fault on first use. */
+  if ((uint64_t)sb.st_size < h->seg_bytes || sb.st_uid != geteuid())
+    return kccl_err(kcclInvalidUsage, "rank %d's segment %s is not a KCCL segment of this communicator "
+                    "(%lld bytes, owner uid %d; its header claims %llu bytes)", p, c->names[p],
+                    (long long)sb.st_size, (int)sb.st_uid, (unsigned long long)h->seg_bytes);
   c->hdr[p] = h;
   c->pid[p] = (pid_t)h->pid;
   if (h->version != KCCL_VERSION_CODE)

@@ -10,11 +10,29 @@
  *
  * Outside the spin phase every wait checks, about once a millisecond, that
  * every peer is alive (pidfd or /proc) and has not aborted or failed, and
- * that KCCL_TIMEOUT_MS has not passed. */
+ * that KCCL_TIMEOUT_MS has not passed.
+ *
+ * Contention.  When other busy processes share the cores, a waiter that keeps
+ * its core (spinning, or yielding to nobody on its own run queue) holds it
+ * against the peer it waits for or the process that took the peer's core: under
+ * one busy process on 2 cores KCCL fell to 0.2-0.4x of MPI.  So a wait that
+ * outlasts its spin looks for signs of oversubscription, and for CONTENDED_HOLD_NS
+ * after the last one this thread's waits spin only CONTENDED_SPIN_NS and then
+ * sleep on the futex without the yield phase: a sleeping rank leaves its core to
+ * the scheduler, which runs the peer (or the other process) there, and the peer's
+ * publish wakes it.  The signs: this thread lost its core during the wait (the
+ * clock jumped by PREEMPT_GAP_NS between two polls, or a sched_yield lasted that
+ * long), or /proc/loadavg counts more runnable threads than there are CPUs (read
+ * at most every LOAD_CHECK_NS, by a wait that already spun).  A quiet machine
+ * shows none of them, so its waits spin as before; an explicit KCCL_SPIN_US or
+ * KCCL_YIELD_US turns the backoff off. */
 #define _GNU_SOURCE
 #include <errno.h>
+#include <fcntl.h>
 #include <stdarg.h>
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
 #include <poll.h>
 #include <sched.h>
 #include <time.h>
@@ -214,13 +232,55 @@ static inline int ready(_Atomic uint64_t *flag, uint32_t seq, uint64_t *v) {
   return (uint32_t)(*v >> 32) == seq;
 }
 
+#define PREEMPT_GAP_NS 50000         /* a gap this long between two polls: the thread lost its core */
+#define CONTENDED_SPIN_NS 10000       /* a running peer answers a small step well within this */
+#define CONTENDED_HOLD_NS 50000000    /* how long one sign of contention keeps the waits backing off */
+#define LOAD_CHECK_NS 1000000         /* /proc/loadavg at most this often (a read costs a few us) */
+
+/* Per thread: a communicator is used by one thread at a time, and whether the cores are
+ * shared is a property of where that thread runs. */
+static __thread int64_t contended_until, next_load_check;
+
+/* `why`: the sign seen; logged (KCCL_DEBUG=INFO) when the waits start backing off. */
+static void saw_contention(struct kcclComm *c, int64_t now, const char *why) {
+  if (now >= contended_until) kccl_log(2, "rank %d: waits back off for %d ms: %s", c->rank,
+                                       (int)(CONTENDED_HOLD_NS / 1000000), why);
+  contended_until = now + CONTENDED_HOLD_NS;
+}
+
+/* Whether /proc/loadavg's count of runnable threads (this one included) exceeds the
+ * online CPUs: someone is waiting for a core. */
+static int machine_oversubscribed(void) {
+  static int ncpu;
+  if (!ncpu) {
+    long n = sysconf(_SC_NPROCESSORS_ONLN);
+    ncpu = n > 0 ? (int)n : 1;
+  }
+  char buf[128];
+  int fd = open("/proc/loadavg", O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return 0;
+  ssize_t n = read(fd, buf, sizeof buf - 1);
+  close(fd);
+  if (n <= 0) return 0;
+  buf[n] = 0;
+  char *p = buf; /* "0.11 0.43 0.24 3/234 5678": the fourth field is running/total */
+  for (int f = 0; f < 3 && p; f++) {
+    p = strchr(p, ' ');
+    if (p) p++;
+  }
+  return p && strtol(p, NULL, 10) > ncpu;
+}
+
 kcclResult_t kccl_wait_flag(struct kcclComm *c, int peer, _Atomic uint64_t *flag, uint32_t seq,
                             uint32_t sig) {
   uint64_t v;
   if (__builtin_expect(ready(flag, seq, &v), 1)) goto got;
 
-  int64_t t0 = kccl_now_ns(), now = t0;
-  int64_t spin_end = t0 + c->spin_ns, yield_end = spin_end + c->yield_ns;
+  int64_t t0 = kccl_now_ns(), now = t0, last = t0;
+  const int adaptive = c->cfg.spin_us < 0 && c->cfg.yield_us < 0;
+  const int backoff = adaptive && t0 < contended_until;
+  int64_t spin_end = t0 + (backoff && c->spin_ns > CONTENDED_SPIN_NS ? CONTENDED_SPIN_NS : c->spin_ns);
+  int64_t yield_end = backoff ? spin_end : spin_end + c->yield_ns;
   int64_t deadline = c->cfg.timeout_ms > 0 ? t0 + (int64_t)c->cfg.timeout_ms * 1000000 : INT64_MAX;
   int64_t next_check = t0 + 1000000;
 
@@ -228,13 +288,33 @@ kcclResult_t kccl_wait_flag(struct kcclComm *c, int peer, _Atomic uint64_t *flag
   for (unsigned i = 1;; i++) {
     cpu_relax();
     if (ready(flag, seq, &v)) goto got;
-    if ((i & 63) == 0 && (now = kccl_now_ns()) >= spin_end) break;
+    if ((i & 63) == 0) {
+      now = kccl_now_ns();
+      if (adaptive && now - last > PREEMPT_GAP_NS) { /* descheduled mid-spin: go to sleep now */
+        saw_contention(c, now, "this rank lost its core while spinning");
+        yield_end = now;
+        break;
+      }
+      last = now;
+      if (now >= spin_end) break;
+    }
+  }
+  if (adaptive && now < yield_end && now >= next_load_check) {
+    next_load_check = now + LOAD_CHECK_NS;
+    if (machine_oversubscribed()) {
+      saw_contention(c, now, "more runnable threads than CPUs (/proc/loadavg)");
+      yield_end = now;
+    }
   }
   /* Phases 2 and 3: yield, then sleep; both check peers and the deadline. */
   _Atomic uint32_t *sleepers = &c->hdr[peer]->sleepers;
   for (;;) {
     if (now < yield_end) {
       sched_yield();
+      if (adaptive && kccl_now_ns() - now > PREEMPT_GAP_NS) { /* the yield ran someone else here */
+        saw_contention(c, now, "sched_yield ran another thread on this core");
+        yield_end = now;
+      }
     } else {
       atomic_fetch_add_explicit(sleepers, 1, memory_order_seq_cst);
       if (!ready(flag, seq, &v)) {

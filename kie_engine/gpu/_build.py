@@ -1,5 +1,6 @@
 """cffi builder of kie_engine.gpu._kie_gpu_cffi: the engine's CUDA sources
-(csrc/*.cu) compiled with nvcc when it is found (KCCL_CUDA, as for KCCL), else
+(csrc/*.cu) compiled with nvcc where KCCL's rule says so (KCCL_CUDA: nvcc and a GPU
+driver, or asked for; kccl/_build_cuda.py), else
 csrc/none.c, whose entries report a build without CUDA."""
 import glob
 import os
@@ -28,12 +29,9 @@ def cdef_from_header(path):
 
 
 def _sources():
-    mode = _build_cuda._mode()
-    nvcc = None if mode == "0" else _build_cuda.find_nvcc()
+    nvcc, why = _build_cuda.plan("the CUDA engine")
+    print(f"kie_engine.gpu: {why}", file=sys.stderr)
     if nvcc is None:
-        if mode == "1":
-            raise SystemExit("KCCL_CUDA=1 but nvcc was not found")
-        print("kie_engine.gpu: building without CUDA", file=sys.stderr)
         return [os.path.relpath(os.path.join(CSRC, "none.c"), ROOT)], [], [], []
     cu = sorted(glob.glob(os.path.join(CSRC, "*.cu")))
     # The monokernel sums the lanes through KCCL's device API (kccl_device.cuh and what it

@@ -1,5 +1,5 @@
 """GpuModel: one lane of a model on one CUDA device, through the C engine
-(csrc/engine.cu).  It offers the numpy Model's interface (reset, prefill,
+(csrc/, kie_gpu.h).  It offers the numpy Model's interface (reset, prefill,
 decode_step returning logits, max_seq), which the tests and the host-side
 sampler use, and a fast generate() in which the device picks every token and
 the host only reads them from a ring, launching a few steps ahead.
@@ -8,12 +8,11 @@ Lanes (tensor parallelism) follow tp.py's plan exactly; their sums go through
 a GPU kccl.Communicator, whose C functions the engine calls from its own
 stream (also inside the captured graph), or, with the monokernel, through
 KCCL's device API from inside the kernel."""
-import os
 import re
 
 import numpy as np
 
-from .. import tp as _tp
+from .. import settings as _settings, tp as _tp
 from ..errors import (GpuArgumentError, GpuError, GpuMemoryError, GpuTimeoutError, GpuUnavailableError,
                       PromptTooLongError)
 from ..generate import Sampling, check_request, non_finite_logits
@@ -40,7 +39,7 @@ def _check(rc):
 
 
 # The device checks each step's logits where it picks the token (pick.cu), so they never
-# cross to the host; its report, in engine.cu's words, becomes generate.py's error.
+# cross to the host; its report, in api.cu's words, becomes generate.py's error.
 _NON_FINITE = re.compile(r"the logits of step \d+ are not finite")
 
 
@@ -99,26 +98,13 @@ def _kccl_functions(comm):
     return c
 
 
-def _env_int(name, default, lo, hi):
-    v = os.environ.get(name)
-    if v is None or v.strip() == "":
-        return default
-    try:
-        n = int(v)
-    except ValueError:
-        n = lo - 1
-    if not lo <= n <= hi:
-        raise GpuArgumentError(f"{name}={v!r}: expected an integer in {lo}..{hi}")
-    return n
-
-
-def _env_flag(name, default):
-    v = os.environ.get(name)
-    if v is None or v.strip() == "":
-        return default
-    if v.strip() not in ("0", "1"):
-        raise GpuArgumentError(f"{name}={v!r}: expected 0 or 1")
-    return int(v.strip())
+def native_function(name):
+    """The address of kie_gpu.h function `name` in this module's engine, as an int (for
+    native code calling it on a native_handle())."""
+    if lib is None or not isinstance(name, str) or not name.startswith("kie_") or \
+            not callable(getattr(lib, name, None)):
+        raise GpuArgumentError(f"{name!r} is not a function of kie_gpu.h in this build")
+    return int(ffi.cast("uintptr_t", ffi.addressof(lib, name)))
 
 
 KERNELS = ("graph", "mono")
@@ -142,8 +128,9 @@ class GpuModel:
     (gemv_blocks_per_sm, gemv_u, gemv_pipe, gemv_x_l1, att_chunk).  kernel: how a
     decode step runs, "graph" (a kernel per GEMV and attention, captured as a CUDA
     graph) or "mono" (one persistent kernel per step, the lanes' sums inside it);
-    default $KIE_GPU_KERNEL, else "graph".  Lanes that share a GPU (more ranks than
-    visible GPUs: MPS) split its SMs between their monokernels."""
+    default KIE_GPU_KERNEL (kie_engine/settings.py holds it and every KIE_GPU_* setting).
+    Lanes that share a GPU (more ranks than visible GPUs: MPS) split its SMs between
+    their monokernels."""
 
     def __init__(self, cfg, comm=None, max_seq=None, device=None, pdl=None, prefetch=None, tuning=None,
                  kernel=None):
@@ -165,17 +152,13 @@ class GpuModel:
         s.vocab, s.vocab_part, s.vocab_valid, s.vocab_off = cfg.vocab_size, lp.part, lp.v1 - lp.v0, lp.v0
         s.max_seq, s.eps, s.dtp_delay = self.max_seq, cfg.rms_norm_eps, cfg.dtp_delay
         s.tp_size, s.tp_rank = size, rank
-        s.pdl = _env_flag("KIE_GPU_PDL", 0 if shared else 1) if pdl is None else int(bool(pdl))
-        s.prefetch = _env_int("KIE_GPU_PREFETCH", 2, 0, 2) if prefetch is None else int(prefetch)
-        s.gemv_blocks_per_sm = _env_int("KIE_GPU_GEMV_BLOCKS_PER_SM", 0, 0, 16)
-        s.gemv_u = _env_int("KIE_GPU_GEMV_U", 0, 0, 8)
-        s.att_chunk = _env_int("KIE_GPU_ATT_CHUNK", 0, 0, 1 << 20)
-        s.gemv_pipe = _env_int("KIE_GPU_GEMV_PIPE", 1, 0, 1)
-        s.gemv_x_l1 = _env_int("KIE_GPU_GEMV_X_L1", 1, 0, 1)
-        s.mono_prefetch = _env_int("KIE_GPU_MONO_PREFETCH", -1, -1, 64)
-        s.mono_blocks = _env_int("KIE_GPU_MONO_BLOCKS", 0, 0, 1 << 16)
+        s.pdl = _settings.value("KIE_GPU_PDL", default=0 if shared else 1) if pdl is None else int(bool(pdl))
+        s.prefetch = _settings.value("KIE_GPU_PREFETCH") if prefetch is None else int(prefetch)
+        for field in ("gemv_blocks_per_sm", "gemv_u", "att_chunk", "gemv_pipe", "gemv_x_l1", "mono_prefetch",
+                      "mono_blocks"):
+            setattr(s, field, _settings.value("KIE_GPU_" + field.upper()))
         s.lanes_per_device = -(-size // ndev) if shared else 1
-        s.kernel = kernel_code(kernel if kernel is not None else os.environ.get("KIE_GPU_KERNEL") or "graph")
+        s.kernel = kernel_code(kernel if kernel is not None else _settings.value("KIE_GPU_KERNEL"))
         for k, v in (tuning or {}).items():
             setattr(s, k, int(v))
         self._shape = s
@@ -192,6 +175,20 @@ class GpuModel:
         cos, sin = rope_tables(cfg.head_dim, self.max_seq, cfg.rope_theta)
         self._upload_f32(lib.KIE_F_ROPE_COS, 0, cos)
         self._upload_f32(lib.KIE_F_ROPE_SIN, 0, sin)
+
+    def set_sampling(self, sampling):
+        """The pick of the steps that follow: MODE_GREEDY for temperature 0, else MODE_SAMPLE
+        with the sampler set to `sampling`; returns the mode."""
+        if sampling.temperature == 0:
+            return MODE_GREEDY
+        _check(lib.kie_set_sampling(self._handle(), sampling.temperature, sampling.top_k, sampling.top_p,
+                                    sampling.seed & 0xFFFFFFFFFFFFFFFF))
+        return MODE_SAMPLE
+
+    def native_handle(self):
+        """The engine's kie_engine * as an int, for native code that works on it through
+        kie_gpu.h (bench/kie_native); GpuError once closed."""
+        return int(ffi.cast("uintptr_t", self._handle()))
 
     # -- weights --------------------------------------------------------------------------
     def _handle(self):
@@ -314,10 +311,7 @@ class GpuModel:
 
     def _tokens(self, prompt, max_new_tokens, sampling, use_graph, ahead):
         e = self._handle()
-        mode = MODE_GREEDY if sampling.temperature == 0 else MODE_SAMPLE
-        if mode == MODE_SAMPLE:
-            _check(lib.kie_set_sampling(e, sampling.temperature, sampling.top_k, sampling.top_p,
-                                        sampling.seed & 0xFFFFFFFFFFFFFFFF))
+        mode = self.set_sampling(sampling)
         self.reset()
         tok = ffi.new("int32_t *")
         try:
@@ -347,47 +341,6 @@ class GpuModel:
                                                  "device_bytes", "graph_nodes", "kernel", "mono_slots",
                                                  "mono_slot_bytes", "mono_smem", "mono_stages", "mono_blocks",
                                                  "mono_reducers")}
-
-    def mono_profile(self):
-        """Where the monokernel's last step went, as block 0 saw it: for each kind of
-        stage (qkv, attention, o, gate_up, down, head) the microseconds summed over the
-        layers from its wait's end to its share written ("run") and from the previous
-        stage's end to its wait's end ("wait"); "total": the step from the first stage's
-        start to the head's end."""
-        n = self.info()["mono_stages"]
-        marks = np.zeros(2 * n, np.uint64)
-        _check(lib.kie_mono_marks(self._handle(), ffi.cast("uint64_t *", ffi.from_buffer(marks)), marks.size))
-        t = marks.astype(np.int64).reshape(n, 2)
-        kinds = ["qkv", "attention", "o", "gate_up", "down"] * self.cfg.num_hidden_layers + ["head"]
-        out = {k: {"run": 0.0, "wait": 0.0} for k in dict.fromkeys(kinds)}
-        for i, k in enumerate(kinds):
-            out[k]["run"] += (t[i, 1] - t[i, 0]) / 1e3
-            out[k]["wait"] += (t[i, 0] - t[i - 1, 1]) / 1e3 if i else 0.0
-        out = {k: {a: round(float(b), 1) for a, b in v.items()} for k, v in out.items()}
-        out["total"] = round(float(t[-1, 1] - t[0, 0]) / 1e3, 1)
-        return out
-
-    def bench_gemv(self, rows, cols, iters=50):
-        us = ffi.new("double *")
-        _check(lib.kie_bench_gemv(self._handle(), rows, cols, iters, us))
-        return float(us[0])
-
-    def bench_layer_gemvs(self, iters=50):
-        us = ffi.new("double *")
-        _check(lib.kie_bench_layer_gemvs(self._handle(), iters, us))
-        return float(us[0])
-
-    def bench_steps(self, iters, sampling=Sampling()):
-        """us per decode step over `iters` graph replays (timed with events); the
-        position advances by iters."""
-        us = ffi.new("double *")
-        mode = MODE_GREEDY if sampling.temperature == 0 else MODE_SAMPLE
-        if mode == MODE_SAMPLE:
-            _check(lib.kie_set_sampling(self._handle(), sampling.temperature, sampling.top_k, sampling.top_p,
-                                        sampling.seed))
-        _check(lib.kie_bench_steps(self._handle(), iters, mode, us))
-        self.pos += iters
-        return float(us[0])
 
     def weight_bytes_per_token(self):
         """Bytes of bf16 weights one decode step streams on this lane."""

@@ -1,7 +1,7 @@
 /* Every name of kccl_gpu_compat.h's HIP branch, used once with the argument types
  * KCCL's sources pass (tests/test_hip_build.py compiles this with hipcc and checks
  * that no name of the branch is missing here).  Compiled, never run. */
-#include "kccl_gpu_compat.h"
+#include "kccl_device/gpu_compat.h"
 
 #ifndef KGPU_HIP
 #error "kccl_gpu_compat.h did not take its HIP branch"
@@ -85,6 +85,8 @@ kgpuError_t compat_host_names(kgpuStream_t st, const kgpuIpcMemHandle_t *peer) {
   e = kgpuStreamWaitEvent(side, fork);
   e = kgpu_launch(compat_device_names, 1, 256, side, 1, (uint32_t *)buf, (uint64_t *)(buf + 1024),
                   (const void *)(buf + 2048), (uint64_t *)host_d, 64);
+  e = kgpu_launch_ex(compat_device_names, dim3(1), dim3(256), 0, side, 1, (uint32_t *)buf, (uint64_t *)(buf + 1024),
+                     (const void *)(buf + 2048), (uint64_t *)host_d, 64);
   e = kgpuEventRecord(ev1, st);
   e = kgpuEventSynchronize(ev1);
   e = kgpuEventElapsedTime(&ms, ev0, ev1);

@@ -5,7 +5,8 @@
  * holds 4 products, as in the AVX-512 kernels.  The 16-bit step saturates past 32767:
  * nibbles (<= 15) and Q6_K's 6-bit values (<= 63) times |x| <= 127 stay far below, and
  * Q8_0 multiplies |w| by x with w's sign moved onto it (vpsignb), <= 128 * 127 * 2.
- * One row per pass.  Compiled for these instructions through the pragma whatever the
+ * Four rows per pass for the 32-value blocks (each input load and scale conversion
+ * serves four rows), one for the K types.  Compiled for these instructions through the pragma whatever the
  * build's flags; kq_dispatch.c calls in only when CPUID shows them. */
 #include "kq_internal.h"
 
@@ -50,6 +51,11 @@ static void quantize_act(const float *x, int64_t cols, void *act)
         m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
         m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
         float db = _mm_cvtss_f32(m4) / 127.0f, id = db != 0.0f ? 1.0f / db : 0.0f;
+        __m256 bad = _mm256_setzero_ps(); /* x - x is NaN exactly where x is NaN or infinite */
+        for (int k = 0; k < 4; k++)
+            bad = _mm256_or_ps(bad, _mm256_cmp_ps(_mm256_sub_ps(v[k], v[k]), _mm256_setzero_ps(), _CMP_UNORD_Q));
+        if (_mm256_movemask_ps(bad))
+            db = __builtin_nanf(""), id = 0.0f;
         __m256i i[4];
         for (int k = 0; k < 4; k++) /* nearest even, as the scalar path */
             i[k] = _mm256_cvtps_epi32(_mm256_mul_ps(v[k], _mm256_set1_ps(id)));
@@ -111,52 +117,117 @@ static inline __m256i nibbles(const uint8_t *qs)
     return _mm256_and_si256(both, _mm256_set1_epi8(0x0f));
 }
 
-static void mv_q4_0(const void *w, size_t rb, int64_t cols, const void *act, float *y, int64_t r0, int64_t r1)
+/* Rows r..r+3 of [r, r1): past r1 the last row repeats (its result is dropped) */
+static inline void rows4(const void *w, size_t rb, int64_t r, int64_t r1, const char *p[4])
+{
+    for (int k = 0; k < 4; k++)
+        p[k] = ROW(w, rb, r + k < r1 ? r + k : r1 - 1);
+}
+
+static inline int32_t ld32(const void *p)
+{
+    int32_t v;
+    memcpy(&v, p, 4);
+    return v;
+}
+
+static inline int ld16(const void *p)
+{
+    uint16_t v;
+    memcpy(&v, p, 2);
+    return v;
+}
+
+/* The sums of acc[0..3], one row each, stored to y[r..] within r1 */
+static inline void store4(float *y, int64_t r, int64_t r1, const __m256 acc[4], __m128 extra)
+{
+    __m256 a01 = _mm256_hadd_ps(acc[0], acc[1]), a23 = _mm256_hadd_ps(acc[2], acc[3]);
+    __m256 s = _mm256_hadd_ps(a01, a23); /* [r0 r1 r2 r3 | r0 r1 r2 r3] partial sums */
+    __m128 v = _mm_add_ps(_mm_add_ps(_mm256_castps256_ps128(s), _mm256_extractf128_ps(s, 1)), extra);
+    float t[4];
+    _mm_storeu_ps(t, v);
+    for (int k = 0; k < 4 && r + k < r1; k++)
+        y[r + k] = t[k];
+}
+
+/* Q4_0 / Q4_1, four rows per pass: the input's 32 values load once for the four rows,
+ * and the rows' four (d, m) pairs convert in one instruction.  Per block and row: the
+ * dot of the nibbles with the input's q times d_w d_x, plus m_w (sum of x) for Q4_1 or
+ * -8 d_w (sum of x) for Q4_0 (gathered in the odd lanes of accm). */
+static inline void q4_rows(const void *w, size_t rb, int64_t cols, const void *act, float *y, int64_t r0,
+                           int64_t r1, int has_min)
 {
     kq_act8 a = kq_act8_view(act, cols);
-    for (int64_t r = r0; r < r1; r++) {
-        const kq_block_q4_0 *bl = (const kq_block_q4_0 *)ROW(w, rb, r);
-        __m256 acc = _mm256_setzero_ps();
-        float off = 0.0f; /* sum of d_w * (block sum of x): the -8 of each value */
+    const size_t bs = has_min ? sizeof(kq_block_q4_1) : sizeof(kq_block_q4_0), qoff = has_min ? 4 : 2;
+    for (int64_t r = r0; r < r1; r += 4) {
+        const char *p[4];
+        rows4(w, rb, r, r1, p);
+        __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+        __m256 accm = _mm256_setzero_ps();
         for (int64_t b = 0; b < cols / 32; b++) {
-            float dw = h2f(bl[b].d);
-            __m256i dot = dot4(nibbles(bl[b].qs), _mm256_loadu_si256((const __m256i *)(a.q + 32 * b)));
-            acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_set1_ps(dw * a.dds[2 * b]), acc);
-            off += dw * a.dds[2 * b + 1];
+            const size_t o = (size_t)b * bs;
+            __m128i dm;
+            if (has_min) { /* (d, m) of row k -> halves 2k, 2k+1 */
+                dm = _mm_cvtsi32_si128(ld32(p[0] + o));
+                dm = _mm_insert_epi32(dm, ld32(p[1] + o), 1);
+                dm = _mm_insert_epi32(dm, ld32(p[2] + o), 2);
+                dm = _mm_insert_epi32(dm, ld32(p[3] + o), 3);
+            } else { /* (d, d) */
+                dm = _mm_cvtsi32_si128(ld16(p[0] + o));
+                dm = _mm_insert_epi16(dm, ld16(p[1] + o), 1);
+                dm = _mm_insert_epi16(dm, ld16(p[2] + o), 2);
+                dm = _mm_insert_epi16(dm, ld16(p[3] + o), 3);
+                dm = _mm_unpacklo_epi16(dm, dm);
+            }
+            double pair;
+            memcpy(&pair, a.dds + 2 * b, 8);
+            __m256 prod = _mm256_mul_ps(_mm256_cvtph_ps(dm), _mm256_castpd_ps(_mm256_set1_pd(pair)));
+            accm = _mm256_add_ps(accm, prod);
+            __m256i xq = _mm256_loadu_si256((const __m256i *)(a.q + 32 * b));
+            for (int k = 0; k < 4; k++) {
+                __m256i dot = dot4(nibbles((const uint8_t *)p[k] + o + qoff), xq);
+                __m256 sc = _mm256_permutevar8x32_ps(prod, _mm256_set1_epi32(2 * k));
+                acc[k] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), sc, acc[k]);
+            }
         }
-        y[r] = hsum(acc) - 8.0f * off;
+        __m128 m4 = _mm256_castps256_ps128(_mm256_permutevar8x32_ps(accm, _mm256_setr_epi32(1, 3, 5, 7, 1, 3, 5, 7)));
+        store4(y, r, r1, acc, has_min ? m4 : _mm_mul_ps(m4, _mm_set1_ps(-8.0f)));
     }
+}
+
+static void mv_q4_0(const void *w, size_t rb, int64_t cols, const void *act, float *y, int64_t r0, int64_t r1)
+{
+    q4_rows(w, rb, cols, act, y, r0, r1, 0);
 }
 
 static void mv_q4_1(const void *w, size_t rb, int64_t cols, const void *act, float *y, int64_t r0, int64_t r1)
 {
-    kq_act8 a = kq_act8_view(act, cols);
-    for (int64_t r = r0; r < r1; r++) {
-        const kq_block_q4_1 *bl = (const kq_block_q4_1 *)ROW(w, rb, r);
-        __m256 acc = _mm256_setzero_ps();
-        float mins = 0.0f;
-        for (int64_t b = 0; b < cols / 32; b++) {
-            __m256i dot = dot4(nibbles(bl[b].qs), _mm256_loadu_si256((const __m256i *)(a.q + 32 * b)));
-            acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_set1_ps(h2f(bl[b].d) * a.dds[2 * b]), acc);
-            mins += h2f(bl[b].m) * a.dds[2 * b + 1];
-        }
-        y[r] = hsum(acc) + mins;
-    }
+    q4_rows(w, rb, cols, act, y, r0, r1, 1);
 }
 
 static void mv_q8_0(const void *w, size_t rb, int64_t cols, const void *act, float *y, int64_t r0, int64_t r1)
 {
     kq_act8 a = kq_act8_view(act, cols);
-    for (int64_t r = r0; r < r1; r++) {
-        const kq_block_q8_0 *bl = (const kq_block_q8_0 *)ROW(w, rb, r);
-        __m256 acc = _mm256_setzero_ps();
+    for (int64_t r = r0; r < r1; r += 4) {
+        const char *p[4];
+        rows4(w, rb, r, r1, p);
+        __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
         for (int64_t b = 0; b < cols / 32; b++) {
-            __m256i wq = _mm256_loadu_si256((const __m256i *)bl[b].qs);
+            const size_t o = (size_t)b * sizeof(kq_block_q8_0);
+            __m128i dh = _mm_cvtsi32_si128(ld16(p[0] + o));
+            dh = _mm_insert_epi16(dh, ld16(p[1] + o), 1);
+            dh = _mm_insert_epi16(dh, ld16(p[2] + o), 2);
+            dh = _mm_insert_epi16(dh, ld16(p[3] + o), 3);
+            __m256 sc4 = _mm256_castps128_ps256(_mm_mul_ps(_mm_cvtph_ps(dh), _mm_set1_ps(a.dds[2 * b])));
             __m256i xq = _mm256_loadu_si256((const __m256i *)(a.q + 32 * b));
-            __m256i dot = dot4(_mm256_sign_epi8(wq, wq), _mm256_sign_epi8(xq, wq));
-            acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_set1_ps(h2f(bl[b].d) * a.dds[2 * b]), acc);
+            for (int k = 0; k < 4; k++) {
+                __m256i wq = _mm256_loadu_si256((const __m256i *)(p[k] + o + 2));
+                __m256i dot = dot4(_mm256_sign_epi8(wq, wq), _mm256_sign_epi8(xq, wq));
+                __m256 sc = _mm256_permutevar8x32_ps(sc4, _mm256_set1_epi32(k));
+                acc[k] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), sc, acc[k]);
+            }
         }
-        y[r] = hsum(acc);
+        store4(y, r, r1, acc, _mm_setzero_ps());
     }
 }
 

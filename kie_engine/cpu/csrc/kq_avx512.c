@@ -18,6 +18,24 @@
 
 #define ROW(w, rb, r) ((const char *)(w) + (size_t)(r) * (rb))
 
+/* Software prefetch, on top of the hardware's: a pass over four rows reads four streams
+ * (row_bytes apart), and asking for the next pass's rows at the same offset keeps more
+ * lines in flight (the A/B is in bench/RESULTS.md).  Single-row kernels ask for the
+ * lines PF_AHEAD bytes past their position. */
+#define PF_AHEAD 1024
+
+static inline void pf4(const char *const p[4], size_t ahead)
+{
+    for (int k = 0; k < 4; k++)
+        _mm_prefetch(p[k] + ahead, _MM_HINT_T0);
+}
+
+static inline void pf_span(const void *p, size_t bytes)
+{
+    for (size_t o = 0; o < bytes; o += 64)
+        _mm_prefetch((const char *)p + PF_AHEAD + o, _MM_HINT_T0);
+}
+
 static inline int32_t ld32(const void *p)
 {
     int32_t v;
@@ -83,6 +101,9 @@ static void quantize_act(const float *x, int64_t cols, void *act)
         __m512 x0 = _mm512_loadu_ps(x + 32 * b), x1 = _mm512_loadu_ps(x + 32 * b + 16);
         float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_and_ps(x0, absmask), _mm512_and_ps(x1, absmask)));
         float db = amax / 127.0f, id = db != 0.0f ? 1.0f / db : 0.0f;
+        /* x - x is NaN exactly where x is NaN or infinite: then q = 0 and d = NaN, as scalar */
+        if (_mm512_cmp_ps_mask(_mm512_sub_ps(x0, x0), _mm512_sub_ps(x1, x1), _CMP_UNORD_Q))
+            db = __builtin_nanf(""), id = 0.0f;
         __m512 vid = _mm512_set1_ps(id);
         /* cvtps rounds to nearest even (the default MXCSR mode), as the scalar path does */
         __m128i q0 = _mm512_cvtsepi32_epi8(_mm512_cvtps_epi32(_mm512_mul_ps(x0, vid)));
@@ -101,7 +122,7 @@ static void quantize_act(const float *x, int64_t cols, void *act)
 
 /* -- float weights: four rows per pass, 16 columns per step, the tail masked ------------------- */
 
-#define FLOAT_KERNEL(NAME, LOAD)                                                                          \
+#define FLOAT_KERNEL(NAME, LOAD, ESIZE)                                                                        \
     static void NAME(const void *w, size_t rb, int64_t cols, const void *act, float *y, int64_t r0,       \
                      int64_t r1)                                                                          \
     {                                                                                                     \
@@ -114,6 +135,8 @@ static void quantize_act(const float *x, int64_t cols, void *act)
             __m512 acc[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(),               \
                              _mm512_setzero_ps()};                                                        \
             for (int64_t i = 0; i < full; i += 16) {                                                      \
+                if ((i * ESIZE) % 64 == 0)                                                                \
+                    pf4(p, (size_t)(i * ESIZE) + 4 * rb);                                                 \
                 __m512 xv = _mm512_loadu_ps(x + i);                                                       \
                 for (int k = 0; k < 4; k++)                                                               \
                     acc[k] = _mm512_fmadd_ps(LOAD(p[k], i, 0xffff), xv, acc[k]);                          \
@@ -136,9 +159,9 @@ static void quantize_act(const float *x, int64_t cols, void *act)
     _mm512_castsi512_ps(_mm512_slli_epi32(                                                                \
         _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16((__mmask16)(m), (const uint16_t *)(p) + (i))), 16))
 
-FLOAT_KERNEL(mv_f32, LOAD_F32)
-FLOAT_KERNEL(mv_f16, LOAD_F16)
-FLOAT_KERNEL(mv_bf16, LOAD_BF16)
+FLOAT_KERNEL(mv_f32, LOAD_F32, 4)
+FLOAT_KERNEL(mv_f16, LOAD_F16, 2)
+FLOAT_KERNEL(mv_bf16, LOAD_BF16, 2)
 
 /* -- Q4_0 and Q4_1: four rows' 16 nibble bytes fill one register, one per 128-bit lane -------- */
 
@@ -161,6 +184,8 @@ static inline void q4_rows(const void *w, size_t rb, int64_t cols, const void *a
         __m128 acc4 = _mm_setzero_ps();
         for (int64_t b = 0; b < nb; b++) {
             const size_t o = (size_t)b * bs;
+            if (b % 3 == 0)
+                pf4(p, o + 4 * rb);
             __m512i qw = _mm512_castsi128_si512(_mm_loadu_si128((const __m128i *)(p[0] + o + qoff)));
             qw = _mm512_inserti32x4(qw, _mm_loadu_si128((const __m128i *)(p[1] + o + qoff)), 1);
             qw = _mm512_inserti32x4(qw, _mm_loadu_si128((const __m128i *)(p[2] + o + qoff)), 2);
@@ -224,6 +249,7 @@ static void mv_q8_0(const void *w, size_t rb, int64_t cols, const void *act, flo
         __m512 acc01 = _mm512_setzero_ps(), acc23 = _mm512_setzero_ps();
         for (int64_t b = 0; b < nb; b++) {
             const size_t o = (size_t)b * sizeof(kq_block_q8_0);
+            pf4(p, o + 4 * rb);
             __m512i ax = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(a.q + 32 * b)));
             /* 128 * (4-sums of the input): what the sign flip added to each lane */
             __m512i bias = _mm512_slli_epi32(_mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(a.s4 + 8 * b))), 7);
@@ -246,6 +272,19 @@ static void mv_q8_0(const void *w, size_t rb, int64_t cols, const void *act, flo
     }
 }
 
+/* kq_q4k_scales (kq_internal.h) on 32-bit lanes: [sc0..7, m0..7] from the 12 bytes
+ * (16 loaded: the 4 after them are the block's first quants, ignored) */
+static inline __m128i q4k_scales(const uint8_t *s)
+{
+    __m128i v = _mm_loadu_si128((const __m128i *)s);
+    __m128i a = _mm_shuffle_epi32(v, _MM_SHUFFLE(2, 1, 2, 0)); /* u0 u2 u1 u2 */
+    __m128i b = _mm_shuffle_epi32(v, _MM_SHUFFLE(1, 1, 0, 0)); /* u0 u0 u1 u1 */
+    __m128i lo = _mm_and_si128(_mm_srlv_epi32(a, _mm_setr_epi32(0, 0, 0, 4)),
+                               _mm_setr_epi32(0x3f3f3f3f, 0x0f0f0f0f, 0x3f3f3f3f, 0x0f0f0f0f));
+    __m128i hi = _mm_and_si128(_mm_srli_epi32(b, 2), _mm_setr_epi32(0, 0x30303030, 0, 0x30303030));
+    return _mm_or_si128(lo, hi);
+}
+
 /* -- Q4_K: one row at a time, 64 values (two sub-blocks) per register ------------------------- */
 
 static void mv_q4_k(const void *w, size_t rb, int64_t cols, const void *act, float *y, int64_t r0, int64_t r1)
@@ -266,9 +305,8 @@ static void mv_q4_k(const void *w, size_t rb, int64_t cols, const void *act, flo
         __m512 acc[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
         __m512 accm = _mm512_setzero_ps();
         for (int64_t b = 0; b < nb; b++) {
-            uint8_t sm[16];
-            kq_q4k_scales(bl[b].scales, sm);
-            __m128i smv = _mm_loadu_si128((const __m128i *)sm);
+            pf_span(&bl[b], sizeof bl[b]);
+            __m128i smv = q4k_scales(bl[b].scales);
             /* [sc0, m0, sc1, m1, ...] times [d d_x0, -dmin sum0, d d_x1, ...] */
             __m512 scm = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_unpacklo_epi8(smv, _mm_srli_si128(smv, 8))));
             __m128 dd = _mm_cvtph_ps(_mm_cvtsi32_si128(ld32(&bl[b].d)));   /* d, dmin */
@@ -313,6 +351,7 @@ static void mv_q6_k(const void *w, size_t rb, int64_t cols, const void *act, flo
         const kq_block_q6_k *bl = (const kq_block_q6_k *)ROW(w, rb, r);
         __m512 acc[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
         for (int64_t b = 0; b < nb; b++) {
+            pf_span(&bl[b], sizeof bl[b]);
             __m512 sc = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)bl[b].scales)));
             __m512 da = _mm512_permutexvar_ps(da_of_group, _mm512_loadu_ps(a.dds + 16 * b));
             __m512 s16 = _mm512_mul_ps(_mm512_mul_ps(sc, da), _mm512_set1_ps(_cvtsh_ss((unsigned short)bl[b].d)));

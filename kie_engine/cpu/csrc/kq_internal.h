@@ -60,24 +60,20 @@ static inline kq_act8 kq_act8_view(const void *act, int64_t cols)
     return a;
 }
 
-/* IEEE half -> float, exact, no F16C needed */
+/* IEEE half -> float, exact, no F16C needed, without branches a compiler cannot turn
+ * into selects: the half's exponent and mantissa shifted into a float's place read as
+ * a float 2^112 too small for every finite half (normal or subnormal: the product is
+ * exact), so one multiply rescales it; infinities and NaNs get the float's all-ones
+ * exponent instead. */
 static inline float kq_h2f(uint16_t h)
 {
-    uint32_t sign = (uint32_t)(h & 0x8000) << 16, exp = (h >> 10) & 0x1f, man = h & 0x3ff, bits;
-    if (exp == 0x1f) {
-        bits = sign | 0x7f800000u | (man << 13);
-    } else if (exp == 0) {
-        if (man == 0) {
-            bits = sign;
-        } else { /* subnormal: renormalize */
-            int e = -1;
-            do { man <<= 1; e++; } while (!(man & 0x400));
-            bits = sign | ((uint32_t)(127 - 15 - e) << 23) | ((man & 0x3ff) << 13);
-        }
-    } else {
-        bits = sign | ((exp + 127 - 15) << 23) | (man << 13);
-    }
+    uint32_t mag = (uint32_t)(h & 0x7fff) << 13, bits;
     float f;
+    memcpy(&f, &mag, 4);
+    f *= 0x1p112f;
+    memcpy(&bits, &f, 4);
+    bits = (h & 0x7c00) == 0x7c00 ? 0x7f800000u | mag : bits;
+    bits |= (uint32_t)(h & 0x8000) << 16;
     memcpy(&f, &bits, 4);
     return f;
 }

@@ -140,18 +140,6 @@ int kie_logits(kie_engine *e, float *out, size_t n);
 int kie_sync(kie_engine *e);
 int kie_get_info(kie_engine *e, kie_info *info);
 
-/* Benchmarks, timed with CUDA events over graph replays. */
-/* One GEMV of a rows x cols bf16 matrix (random), chained `iters` times. */
-int kie_bench_gemv(kie_engine *e, int rows, int cols, int iters, double *us_per_call);
-/* The four GEMVs of layer 0 (norm + QKV, o, norm + gate/up, down), chained `iters` times. */
-int kie_bench_layer_gemvs(kie_engine *e, int iters, double *us_per_layer);
-/* `iters` decode steps of the captured graph (the position advances). */
-int kie_bench_steps(kie_engine *e, int iters, int mode, double *us_per_step);
-/* The monokernel's last step as block 0 saw it: for each stage, two %globaltimer
- * readings in ns (its wait over, its share written); n >= 2 * stages, which
- * kie_info's mono_stages gives. */
-int kie_mono_marks(kie_engine *e, uint64_t *out, size_t n);
-
 #ifdef __cplusplus
 }
 #endif

@@ -1,5 +1,6 @@
 /* kie_kernels.h - the engine's kernel arguments and launchers, shared by the
- * host code (engine.cu) and the kernel files (gemv.cu, attention.cu, pick.cu). */
+ * host code (engine_internal.h and its files) and the kernel files (gemv.cu,
+ * attention.cu, pick.cu, mono.cu). */
 #ifndef KIE_KERNELS_H_
 #define KIE_KERNELS_H_
 #include <cuda_bf16.h>
@@ -221,39 +222,12 @@ static inline R kie_with_hd(int hd, R other, F f) {
   return other;
 }
 
-/* A launch with or without the programmatic-serialization attribute. */
-template <typename... Params, typename... Args>
-static inline cudaError_t kie_launch(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem,
-                                     cudaStream_t st, int pdl, Args... args) {
-  cudaLaunchConfig_t cfg = {};
-  cudaLaunchAttribute attr[1];
-  cfg.gridDim = grid;
-  cfg.blockDim = block;
-  cfg.dynamicSmemBytes = smem;
-  cfg.stream = st;
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = pdl ? 1 : 0;
-  return cudaLaunchKernelEx(&cfg, kernel, args...);
-}
-
 #ifdef __CUDACC__
-/* Every kernel waits for its predecessor before reading what it wrote, then lets
- * its own successor start launching: triggering only after the wait keeps at
- * most two kernels of the stream resident, so a chain of early-launched kernels
- * never holds the SMs that the running one needs. */
-__device__ __forceinline__ void kie_pdl_wait() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.wait;" ::: "memory");
-#endif
-}
-__device__ __forceinline__ void kie_pdl_trigger() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-#endif
-}
-
+/* Every kernel waits for its predecessor before reading what it wrote
+ * (kgpu_pdl_wait, kccl_device/gpu_compat.h), then lets its own successor start
+ * launching (kgpu_pdl_trigger): triggering only after the wait keeps at most two
+ * kernels of the stream resident, so a chain of early-launched kernels never
+ * holds the SMs that the running one needs.  Launches: kgpu_launch_ex. */
 __device__ __forceinline__ void kie_set_error(HostRing *ring, int code, int arg) {
   if (atomicCAS(&ring->err, 0, code) == 0) ring->err_arg = arg;
   __threadfence_system();

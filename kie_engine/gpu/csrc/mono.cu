@@ -306,7 +306,7 @@ __device__ bool wait_stage(const Block &b, int k, unsigned epoch) {
   return !*b.quit;
 }
 
-/* Block 0's clock (where a step's time goes, read by kie_mono_marks). */
+/* Block 0's clock (where a step's time goes, read by bench/kie_native's kb_mono_marks). */
 __device__ __forceinline__ void mark(const MonoArgs &m, int i) {
   if (blockIdx.x == 0 && threadIdx.x == 0) m.marks[i] = gtime();
 }

@@ -5,8 +5,8 @@
 
 #include "kie_gpu.h"
 
-static const char *why = "this KIE was built without CUDA (reinstall with nvcc on PATH; KCCL_CUDA=1 makes a "
-                         "missing nvcc an error)";
+static const char *why = "this KIE was built without CUDA (reinstall where nvcc and a GPU driver are, or "
+                         "with KCCL_CUDA=1)";
 
 int kie_built(void) { return 0; }
 int kie_device_count(int *n) { *n = 0; return KIE_OK; }
@@ -37,10 +37,3 @@ int kie_wait_token(kie_engine *e, int step, int timeout_ms, int32_t *token) {
 int kie_logits(kie_engine *e, float *out, size_t n) { (void)e; (void)out; (void)n; return KIE_E_NOCUDA; }
 int kie_sync(kie_engine *e) { (void)e; return KIE_E_NOCUDA; }
 int kie_get_info(kie_engine *e, kie_info *info) { (void)e; (void)info; return KIE_E_NOCUDA; }
-int kie_bench_gemv(kie_engine *e, int rows, int cols, int iters, double *us) {
-  (void)e; (void)rows; (void)cols; (void)iters; (void)us;
-  return KIE_E_NOCUDA;
-}
-int kie_bench_layer_gemvs(kie_engine *e, int iters, double *us) { (void)e; (void)iters; (void)us; return KIE_E_NOCUDA; }
-int kie_bench_steps(kie_engine *e, int iters, int mode, double *us) { (void)e; (void)iters; (void)mode; (void)us; return KIE_E_NOCUDA; }
-int kie_mono_marks(kie_engine *e, uint64_t *out, size_t n) { (void)e; (void)out; (void)n; return KIE_E_NOCUDA; }

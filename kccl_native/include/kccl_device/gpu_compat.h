@@ -1,5 +1,9 @@
 /*
- * kccl_gpu_compat.h - the only place where KCCL's GPU code names CUDA (or HIP).
+ * kccl_device/gpu_compat.h - the only place where KCCL's GPU code names CUDA (or HIP).
+ * Internal, as all of kccl_device/: installed because kccl_device.cuh includes it,
+ * not an API (its kgpu* names may change in any release).  KIE's engine, built from
+ * this repository, launches its kernels and waits for their predecessors through
+ * kgpu_launch_ex / kgpu_pdl_wait / kgpu_pdl_trigger as KCCL does.
  *
  * Everything vendor-specific that the GPU transport uses is spelled here: the
  * runtime calls (kgpu*), the handle types, and the few memory operations whose
@@ -159,11 +163,16 @@ __device__ static inline void kgpu_pause(void) { __builtin_amdgcn_s_sleep(1); }
 __device__ static inline void kgpu_pdl_wait(void) {}
 __device__ static inline void kgpu_pdl_trigger(void) {}
 template <typename... Params, typename... Args>
+static inline kgpuError_t kgpu_launch_ex(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem,
+                                         kgpuStream_t st, int pdl, Args... args) {
+  (void)pdl;
+  hipLaunchKernelGGL(kernel, grid, block, smem, st, args...);
+  return hipGetLastError();
+}
+template <typename... Params, typename... Args>
 static inline kgpuError_t kgpu_launch(void (*kernel)(Params...), unsigned grid, unsigned block, kgpuStream_t st,
                                       int pdl, Args... args) {
-  (void)pdl;
-  hipLaunchKernelGGL(kernel, dim3(grid), dim3(block), 0, st, args...);
-  return hipGetLastError();
+  return kgpu_launch_ex(kernel, dim3(grid), dim3(block), 0, st, pdl, args...);
 }
 #endif /* __HIPCC__ */
 
@@ -355,21 +364,27 @@ __device__ static inline void kgpu_pdl_trigger(void) {
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 #endif
 }
-/* Launch, with programmatic dependent launch when pdl != 0. */
+/* Launch, with programmatic dependent launch when pdl != 0: the one PDL launcher
+ * of KCCL's kernels and of KIE's engine (kie_kernels.h). */
 template <typename... Params, typename... Args>
-static inline kgpuError_t kgpu_launch(void (*kernel)(Params...), unsigned grid, unsigned block, kgpuStream_t st,
-                                      int pdl, Args... args) {
+static inline kgpuError_t kgpu_launch_ex(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem,
+                                         kgpuStream_t st, int pdl, Args... args) {
   cudaLaunchConfig_t cfg = {};
   cudaLaunchAttribute attr[1];
-  cfg.gridDim = dim3(grid);
-  cfg.blockDim = dim3(block);
-  cfg.dynamicSmemBytes = 0;
+  cfg.gridDim = grid;
+  cfg.blockDim = block;
+  cfg.dynamicSmemBytes = smem;
   cfg.stream = st;
   attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
   attr[0].val.programmaticStreamSerializationAllowed = 1;
   cfg.attrs = attr;
   cfg.numAttrs = pdl ? 1 : 0;
   return cudaLaunchKernelEx(&cfg, kernel, args...);
+}
+template <typename... Params, typename... Args>
+static inline kgpuError_t kgpu_launch(void (*kernel)(Params...), unsigned grid, unsigned block, kgpuStream_t st,
+                                      int pdl, Args... args) {
+  return kgpu_launch_ex(kernel, dim3(grid), dim3(block), 0, st, pdl, args...);
 }
 #endif /* __CUDACC__ */
 #endif

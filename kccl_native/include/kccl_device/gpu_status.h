@@ -1,4 +1,4 @@
-/* kccl_gpu_status.h - the host-mapped record that a rank's host code and its
+/* kccl_device/gpu_status.h (internal, as all of kccl_device/) - the host-mapped record that a rank's host code and its
  * kernels share (plain C: included by the C core and by the device API). */
 #ifndef KCCL_GPU_STATUS_H_
 #define KCCL_GPU_STATUS_H_

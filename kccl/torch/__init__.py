@@ -1,0 +1,90 @@
+"""torch.distributed's "kccl" backend for CPU tensors.
+
+    import kccl.torch                              # registers "kccl"
+    torch.distributed.init_process_group("kccl")   # or "cpu:kccl,cuda:nccl"
+
+The backend is C++ (kccl/torch/csrc): a c10d::Backend that calls kccl.h in this
+process's copy of KCCL, with no Python on a collective's path.  It is built on the
+first import into a cache folder (KCCL_TORCH_CACHE; a progress line says so), or
+ahead of time by `python -m kccl.torch --build`.  The core kccl package never needs
+torch; importing this subpackage does.
+
+Each backend joins a KCCL host communicator: rank 0 puts the unique id in the c10d
+store torch hands the backend, the others read it (waiting at most the group's
+timeout).  The KCCL_* settings apply as for kccl.Communicator; KCCL_TIMEOUT_MS,
+when not set, is the group's timeout (init_process_group(timeout=...)).  See the
+README ("PyTorch") for what each collective does and what is refused."""
+import datetime
+import os
+
+import torch.distributed as _dist
+
+from .. import communicator as _communicator  # noqa: F401  (loads the cffi module)
+from .. import capi as _capi
+from .. import config as _config
+from .. import placement as _placement
+from .._native import ffi as _ffi
+from . import _build
+
+BACKEND_NAME = "kccl"
+# mpiexec (MPICH / Intel MPI: PMI_*; Open MPI: OMPI_COMM_WORLD_*) says a rank's place in
+# its own variables; env:// reads RANK and WORLD_SIZE only.
+_LAUNCHER_VARS = (("PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID"),
+                  ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK"))
+_MAX_TIMEOUT_MS = 86_400_000  # KCCL_TIMEOUT_MS's upper bound (kccl_settings.def)
+
+_ext = _build.load()
+_ext.bind_api({name: _capi.function(name) for name in _ext.api_names()})
+
+
+def ranks_from_launcher(environ=None):
+    """Under mpiexec: sets RANK, WORLD_SIZE (and LOCAL_RANK) from the launcher's variables
+    when neither RANK nor WORLD_SIZE is set, so that init_process_group("kccl") with
+    env:// works given MASTER_ADDR and MASTER_PORT.  Runs at import; returns the
+    variables it set."""
+    env = os.environ if environ is None else environ
+    if "RANK" in env or "WORLD_SIZE" in env:
+        return {}
+    for rank, size, local in _LAUNCHER_VARS:
+        if rank in env and size in env:
+            out = {"RANK": env[rank], "WORLD_SIZE": env[size]}
+            if local in env and "LOCAL_RANK" not in env:
+                out["LOCAL_RANK"] = env[local]
+            env.update(out)
+            return out
+    return {}
+
+
+def _timeout_ms(timeout):
+    if timeout is None:
+        return 30 * 60 * 1000
+    if isinstance(timeout, datetime.timedelta):
+        ms = int(timeout.total_seconds() * 1000)
+    else:
+        ms = int(timeout)
+    return max(1, min(ms, _MAX_TIMEOUT_MS))
+
+
+def _create(store, rank, size, timeout):
+    """Backend.register_backend's creator: called by torch for every group this rank is in."""
+    ms = _timeout_ms(timeout)
+    overrides = {} if "KCCL_TIMEOUT_MS" in os.environ else {"KCCL_TIMEOUT_MS": ms}
+    settings = _config.resolve(overrides)
+    cfg = _config.native_from(_ffi, settings)
+    pl, _note = _placement.native(_ffi, size, rank, settings["KCCL_TOPO"][0], settings["KCCL_TOPO_FILE"][0])
+    return _ext.create_backend(store, rank, size, ms, bytes(_ffi.buffer(cfg)), bytes(_ffi.buffer(pl)))
+
+
+def async_started(group=None):
+    """How many async all-reduces of `group` (default: the default group) went through
+    KCCL's split phase (returned before the sum was done).  For tests and tuning."""
+    import torch
+    pg = group if group is not None else _dist.group.WORLD
+    return _ext.async_started(pg._get_backend(torch.device("cpu")))
+
+
+ranks_from_launcher()
+if BACKEND_NAME not in _dist.Backend.backend_list:
+    _dist.Backend.register_backend(BACKEND_NAME, _create, devices=["cpu"])
+
+__all__ = ["BACKEND_NAME", "async_started", "ranks_from_launcher"]

@@ -1,0 +1,47 @@
+// The Python module of the backend: binds the kccl.h table, makes backends for
+// kccl/torch/__init__.py's creator function.
+#include <pybind11/chrono.h>
+#include <torch/python.h>
+
+#include <cstring>
+
+#include "backend.h"
+
+namespace py = pybind11;
+
+namespace {
+
+template <class T>
+T from_bytes(const std::string& b, const char* what) {
+  T v;
+  TORCH_CHECK(b.size() == sizeof v, "kccl: ", what, " has ", b.size(), " bytes, this build expects ", sizeof v,
+              " (kccl.h of another version?)");
+  std::memcpy(&v, b.data(), sizeof v);
+  return v;
+}
+
+}  // namespace
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.doc() = "KCCL's c10d backend for CPU tensors (see kccl.torch)";
+  m.def("api_names", [] {
+    std::vector<std::string> out;
+    for (auto p = kccl_torch::api_names(); *p; ++p) out.emplace_back(*p);
+    return out;
+  });
+  m.def("bind_api", &kccl_torch::bind_api);
+  m.def(
+      "create_backend",
+      [](const c10::intrusive_ptr<c10d::Store>& store, int rank, int size, int64_t timeout_ms,
+         const std::string& config, const std::string& placement) -> c10::intrusive_ptr<c10d::Backend> {
+        return c10::make_intrusive<kccl_torch::KcclBackend>(
+            store, rank, size, std::chrono::milliseconds(timeout_ms), from_bytes<kcclConfig_t>(config, "config"),
+            from_bytes<kcclPlacement_t>(placement, "placement"));
+      },
+      py::call_guard<py::gil_scoped_release>());
+  m.def("async_started", [](const c10::intrusive_ptr<c10d::Backend>& b) -> int64_t {
+    auto* k = dynamic_cast<kccl_torch::KcclBackend*>(b.get());
+    TORCH_CHECK_VALUE(k, "not a kccl backend");
+    return k->async_started();
+  });
+}

@@ -1,0 +1,186 @@
+/* engine_internal.h - the host side of KIE's GPU engine, shared by its files (not
+ * installed: kie_gpu.h is the engine's C API).  What each file does:
+ *   weights.cu      the sizes that follow from the shape, the arena's layout, weight uploads
+ *   step_args.h     the arguments of each op of a step (inline: bench/kie_native builds them too)
+ *   forward_walk.h  the ops of one forward pass, in order, handed to a visitor
+ *   forward.cu      the per-sublayer path: launches, the lanes' sums, the pick
+ *   graph.cu        a decode step by the engine's kernel, captured as a CUDA graph
+ *   mono_host.cu    the monokernel's stage table, its sizing and its launch
+ *   api.cu          the C API of kie_gpu.h, its errors, the token ring
+ * The kernels are in gemv.cu, attention.cu, pick.cu and mono.cu (kie_kernels.h).
+ *
+ * One step for T tokens (decode: T = 1, captured; prefill: T <= tmax, eager):
+ *
+ *   per sublayer i (attention, MLP, attention, ...):
+ *     normed GEMV   residual R + the sum due (DTP) -> R', RMSNorm -> QKV (+RoPE, KV write) or gate/up (+SwiGLU)
+ *     [attention]   split over the context, last block combines
+ *     GEMV          o or down projection -> the partial sum S_i
+ *     sum           KCCL all-reduce of S_i over the lanes: in line (delay 0) or split phase (delay d)
+ *   normed GEMV     final norm -> LM head slice, argmax candidate
+ *   pick            sum of the lanes' candidates + finalize, or gather + sample, or advance
+ *
+ * DTP delay d: sublayer i reads the residual without the sums of sublayers
+ * i-d .. i-1, so S_j is added by the normed GEMV of sublayer j+1+d (and the last
+ * d+1 by the final norm); d+1 sum buffers rotate.  With d = 0 it is a plain
+ * Llama step.
+ *
+ * The monokernel (mono.cu) runs the same ops from a stage table built by the
+ * same walk; its lanes sum S_i inside the kernel (KCCL's device API) and the
+ * stage that adds S_i waits for that sum, so it computes what this path does. */
+#ifndef KIE_ENGINE_INTERNAL_H_
+#define KIE_ENGINE_INTERNAL_H_
+#include <stdarg.h>
+#include <stdio.h>
+
+#include <vector>
+
+#include "kie_kernels.h" /* and through it kccl.h: the KCCL calls below are typed by it */
+
+namespace kie_host {
+
+/* The calling thread's last error (kie_last_error; a module built from these
+ * sources, such as bench/kie_native's, has its own), and setting it: returns code. */
+inline thread_local char g_err[1024];
+inline int fail(int code, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(g_err, sizeof g_err, fmt, ap);
+  va_end(ap);
+  return code;
+}
+
+#define CU(call)                                                                                         \
+  do {                                                                                                   \
+    cudaError_t e_ = (call);                                                                             \
+    if (e_ != cudaSuccess)                                                                               \
+      return fail(KIE_E_CUDA, "%s: %s (%s:%d)", #call, cudaGetErrorString(e_), __FILE__, __LINE__);    \
+  } while (0)
+#define TRY(call)                  \
+  do {                             \
+    int rc_ = (call);              \
+    if (rc_ != KIE_OK) return rc_; \
+  } while (0)
+
+/* KCCL's functions, called through the addresses the caller passed (kie_comm). */
+typedef decltype(&kcclAllReduce) fn_all_reduce;
+typedef decltype(&kcclAllReduceStartStream) fn_start;
+typedef decltype(&kcclAllReduceWaitStream) fn_wait;
+typedef decltype(&kcclAllGather) fn_all_gather;
+typedef decltype(&kcclCommGetAsyncError) fn_async_error;
+typedef decltype(&kcclGetLastError) fn_last_error;
+typedef decltype(&kcclCommGetDevComm) fn_dev_comm;
+
+
+const size_t XS_MAX = 64 * 1024;   /* shared memory for x in a GEMV block: two blocks per SM still fit */
+
+/* The monokernel's lanes: floats a reducer block sums per call (an 8-byte line
+ * per consumer thread, KCCL's one-line-per-thread path), and SMs left free of
+ * its blocks when lanes share a GPU, for the kernels the other lanes run
+ * before theirs (KCCL's rule for waiting kernels, kccl_device.cuh). */
+const int MONO_RED_FLOATS = 2 * MONO_CONSUMERS;
+const int MONO_FREE_SMS = 4;
+
+inline size_t round_up(size_t v, size_t a) { return (v + a - 1) / a * a; }
+
+struct Layer {
+  bf16 *wqkv, *wo, *wgu, *wd, *kc, *vc;
+  float *n1, *n2;
+};
+
+}  // namespace kie_host
+
+struct kie_engine {
+  kie_shape s;
+  kie_comm c;
+  int device, sms;
+  int hid_pad, qdim, kvdim, qkv_rows, inter_pad, tmax;
+  int g, gper, hgroups, nsplit, att_chunk, gemv_grid_max, gemv_u;
+  size_t bytes;
+  char *arena;
+  std::vector<kie_host::Layer> L;
+  bf16 *embed, *head;
+  float *normf, *rcos, *rsin;
+  float *R[2], *qbuf, *att, *act, *sums, *logits, *logits_all, *cand, *part;
+  unsigned *att_cnt, *head_cnt;
+  unsigned long long *amax;
+  int *tokbuf;
+  DevState *st;
+  SampParams *samp;
+  HostRing *ring_h, *ring_d;
+  cudaStream_t stream;
+  cudaGraphExec_t graph[3];
+  int graph_nodes;
+  /* The monokernel: its stage table and counters (in the arena), its launch shape. */
+  MonoStage *mono_stages;
+  MonoSync *mono_sync;
+  unsigned *mono_cnt;             /* [2 mono_n]: the stages' counts, then their lanes' sums' (rcnt) */
+  MonoLink *mono_links;
+  unsigned long long *mono_marks;
+  int mono_n, mono_ready, mono_slot, mono_nslots, mono_xbytes, mono_grid, mono_nred, mono_red_per;
+  size_t mono_smem;
+  kcclDevComm dc;                 /* tp > 1 and the monokernel: the communicator's device-API handle */
+  std::vector<char> have; /* which uploads have arrived */
+  std::vector<uint64_t> req;
+  int pos_h, step_h;      /* the host's count of what it enqueued */
+  int sampling_set;
+};
+
+
+namespace kie_host {
+
+/* The lanes' communicator, as kccl.h types it. */
+inline kcclComm_t kcomm(const kie_engine *e) { return (kcclComm_t)e->c.comm; }
+
+/* KIE_OK once every weight has been uploaded. */
+inline int ready(kie_engine *e) {
+  for (size_t i = 0; i < e->have.size(); i++)
+    if (!e->have[i]) return fail(KIE_E_STATE, "weights are missing (upload %zu of %zu not done)", i, e->have.size());
+  return KIE_OK;
+}
+
+/* weights.cu */
+int derive(kie_engine *e, const kie_shape &s, int sms);
+size_t layout(kie_engine *e, char *base);
+int n_uploads(const kie_shape &s);
+/* Copies weight `kind` (of `layer`) from src (rows x cols, dense) into its place. */
+int upload(kie_engine *e, int kind, int layer, const void *src, size_t rows, size_t cols, int on_device);
+
+/* forward.cu */
+int comm_fail(kie_engine *e, int rc, const char *what);
+int enqueue_forward(kie_engine *e, int T, int mode);
+int enqueue_pick(kie_engine *e, int T, int mode);
+
+/* mono_host.cu */
+int mono_prepare(kie_engine *e);
+int enqueue_mono(kie_engine *e, int mode);
+
+/* graph.cu */
+int enqueue_step(kie_engine *e, int mode);
+int capture(kie_engine *e, int mode);
+
+/* What enqueue() puts on the engine's stream, as an instantiated graph (*nodes: its size). */
+template <typename F>
+int capture_graph(kie_engine *e, F enqueue, cudaGraphExec_t *out, int *nodes) {
+  cudaGraph_t g;
+  CU(cudaStreamBeginCapture(e->stream, cudaStreamCaptureModeRelaxed));
+  const int rc = enqueue();
+  const cudaError_t ce = cudaStreamEndCapture(e->stream, &g);
+  if (rc != KIE_OK) {
+    if (ce == cudaSuccess) cudaGraphDestroy(g);
+    return rc;
+  }
+  CU(ce);
+  size_t n = 0;
+  cudaGraphGetNodes(g, nullptr, &n);
+  if (nodes) *nodes = (int)n;
+  cudaGraphExec_t x = nullptr;
+  const cudaError_t ie = cudaGraphInstantiate(&x, g, 0);
+  cudaGraphDestroy(g);
+  CU(ie);
+  *out = x;
+  return KIE_OK;
+}
+
+}  // namespace kie_host
+
+#endif

@@ -1,0 +1,68 @@
+/* forward_walk.h - the ops of one forward pass (forward.cu launches them one by
+ * one; mono_host.cu turns them into the monokernel's stage table). */
+#ifndef KIE_FORWARD_WALK_H_
+#define KIE_FORWARD_WALK_H_
+#include "step_args.h"
+
+namespace kie_host {
+
+/* The ops of one forward pass of T tokens, in order, handed to the visitor v:
+ *   v.gemv(GemvArgs &, epi)    a GEMV and its epilogue
+ *   v.attention(AttnArgs &)    attention of one layer
+ *   v.sum(S, i)                the lanes' sum of sublayer i (tp > 1)
+ *   v.wait(i)                  the split-phase sum of sublayer i joined (tp > 1, delay > 0)
+ * and, with `head`, the final norm and the LM head (its argmax candidate). */
+template <typename V>
+int walk_forward(kie_engine *e, int T, bool head, V &v) {
+  const kie_shape &s = e->s;
+  const int nsub = 2 * s.layers, d = s.dtp_delay, tp = s.tp_size;
+  int cur = 0;
+  for (int i = 0; i < nsub; i++) {
+    const int l = i / 2, sub = i % 2;
+    const Layer &y = e->L[(size_t)l];
+    GemvArgs a = normed(e, T, i == 0 ? nullptr : e->R[cur], e->R[cur ^ 1], sub ? y.n2 : y.n1);
+    const int j = i - 1 - d;
+    if (j >= 0) {
+      if (tp > 1 && d > 0) TRY(v.wait(j));
+      a.adds[a.nadd++] = sum_buf(e, j);
+    }
+    cur ^= 1;
+    float *S = sum_buf(e, i);
+    if (sub == 0) {
+      qkv_args(e, l, a);
+      TRY(v.gemv(a, EPI_QKV));
+      AttnArgs at = attention_args(e, l);
+      TRY(v.attention(at));
+      GemvArgs o = partial_sum_args(e, T, e->att, e->qdim, e->qdim, y.wo, S);
+      TRY(v.gemv(o, EPI_STORE));
+    } else {
+      gate_up_args(e, l, a);
+      TRY(v.gemv(a, EPI_SWIGLU));
+      GemvArgs dn = partial_sum_args(e, T, e->act, s.inter, e->inter_pad, y.wd, S);
+      TRY(v.gemv(dn, EPI_STORE));
+    }
+    if (tp > 1) TRY(v.sum(S, i));
+  }
+  /* The sums still in flight: the final norm adds them (or, without a head,
+   * they are only joined, so that nothing is outstanding when the pass ends). */
+  if (tp > 1 && d > 0) TRY(v.wait(nsub - 1));
+  if (!head) return KIE_OK;
+  const size_t last_row = (size_t)(T - 1) * e->hid_pad;
+  GemvArgs h = normed(e, 1, e->R[cur] + last_row, nullptr, e->normf);
+  for (int j = std::max(0, nsub - 1 - d); j < nsub; j++) h.adds[h.nadd++] = sum_buf(e, j) + last_row;
+  h.w = e->head;
+  h.rows = s.vocab_part;
+  h.out = e->logits;
+  h.valid_rows = s.vocab_valid;
+  h.row_off = s.vocab_off;
+  h.tp = tp;
+  h.rank = s.tp_rank;
+  h.amax = e->amax;
+  h.cnt = e->head_cnt;
+  h.cand = e->cand;
+  return v.gemv(h, EPI_HEAD);
+}
+
+}  // namespace kie_host
+
+#endif

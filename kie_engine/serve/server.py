@@ -1,0 +1,146 @@
+"""`python -m kie_engine serve`: loads the model once (every rank its lane), then rank 0
+serves HTTP with uvicorn while the other ranks follow its requests (lanes.py).
+
+Shutdown (SIGTERM or SIGINT; under mpiexec every rank gets it, the lanes leave it to rank
+0): no new requests, the waiting ones get 503, the running one may finish within
+--shutdown-grace seconds and is cut after that; open connections get a few seconds more to
+read their end; then the engine thread tells the lanes to stop, every rank closes its
+KCCL communicator, and each process returns 0."""
+import asyncio
+import os
+import signal
+import socket
+import sys
+import time
+
+SHUTDOWN_CONNECTIONS_S = 3  # after the engine stopped: time for clients to read their last bytes
+
+
+def served_name(model):
+    """The model id clients name: the short name as given, else the file or directory name."""
+    base = os.path.basename(os.path.normpath(model))
+    return base[:-5] if base.endswith(".gguf") else base
+
+
+def _listen(host, port):
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, port))
+    sock.listen(256)
+    sock.setblocking(False)
+    return sock
+
+
+def serve(a, world):
+    from ..sources import open_checkpoint
+    from ..threads import choose, my_cpus, override, set_blas_threads
+    from ..tp import comm_config, load_model, plan, prefill_chunk
+    from .engine_runner import EngineRunner
+    size, rank = world
+    if a.max_queue < 0:
+        raise ValueError(f"--max-queue must be >= 0, got {a.max_queue}")
+    if not a.shutdown_grace >= 0:
+        raise ValueError(f"--shutdown-grace must be >= 0, got {a.shutdown_grace}")
+    ckpt = open_checkpoint(a.model)
+    cfg = ckpt.config
+    tok = ckpt.tokenizer()
+    template = ckpt.chat_template()
+    plan(cfg, size)  # a bad split fails on every rank alike, before any rank connects
+    override(a.blas_threads)  # a bad --blas-threads or thread variable fails here
+    gpu = a.device == "cuda"
+    if a.kernel != "graph" and not gpu:
+        raise ValueError(f"--kernel {a.kernel} is a GPU kernel: add --device cuda")
+    if gpu:
+        from ..gpu.engine import require_gpu
+        require_gpu()
+    if rank == 0:  # before the model loads: a taken port fails at once
+        sock = _listen(a.host, a.port)
+    comm, node_cpus, link = None, None, None
+    if size > 1:
+        from mpi4py import MPI
+        import kccl
+        from .lanes import LaneLink
+        node_cpus = MPI.COMM_WORLD.allgather(sorted(my_cpus()))
+        comm = kccl.Communicator.from_mpi(MPI.COMM_WORLD, config=comm_config(cfg), device="local" if gpu else None)
+        link = LaneLink(MPI.COMM_WORLD)
+    set_blas_threads(choose(a.blas_threads, node_cpus)[0])
+    runner = None
+    try:
+        context = cfg.max_position_embeddings
+        if gpu:
+            from ..gpu.engine import load_gpu_model
+            model = load_gpu_model(ckpt, comm, max_seq=context, kernel=a.kernel)
+        else:
+            model = load_model(ckpt, comm)
+        runner = EngineRunner(model, context, gpu, prefill_chunk(cfg), link, source=ckpt.dir)
+        if rank != 0:
+            link.follow(runner)
+            return 0
+        stop = {cfg.eos_token_id} - {None}
+        chat_stop = set(stop)
+        if template is not None:
+            eot = template.end_of_turn(tok)
+            if eot is not None:
+                chat_stop.add(eot)
+        return _serve_http(a, sock, size, cfg, tok, template, stop, chat_stop, runner, context)
+    finally:
+        if link is not None and link.leader:
+            link.finish()  # whatever happened on rank 0, the lanes must not wait forever
+        if runner is not None:
+            runner.close()
+        if comm is not None:
+            comm.close()
+
+
+def _serve_http(a, sock, size, cfg, tok, template, stop, chat_stop, runner, context):
+    import uvicorn
+    from .app import ServeState, build_app
+    from .metrics import Metrics
+    from .scheduler import Scheduler
+    model_id = a.served_model_name or served_name(a.model)
+    metrics = Metrics(model_id)
+    server_box = []
+
+    def fatal(e):  # the lanes broke: no request can run any more, so the server ends (exit 1)
+        if server_box:
+            server_box[0].failed = e
+            server_box[0].should_exit = True
+
+    scheduler = Scheduler(runner, tok, metrics, a.max_queue, on_fatal=fatal)
+    st = ServeState(model_id, context, cfg.vocab_size, tok, template, frozenset(stop), frozenset(chat_stop),
+                    scheduler, metrics, size, int(time.time()))
+    app = build_app(st)
+
+    class Server(uvicorn.Server):
+        failed = None
+
+        def handle_exit(self, sig, frame):
+            # uvicorn's own handler also re-raises the signal once serving ends, which
+            # would end the process by the signal instead of exit status 0.
+            scheduler.shutdown(a.shutdown_grace)
+            if self.should_exit and sig == signal.SIGINT:
+                self.force_exit = True
+            self.should_exit = True
+
+    config = uvicorn.Config(app, log_level=a.log_level, access_log=a.log_level in ("debug", "info"),
+                            timeout_graceful_shutdown=a.shutdown_grace + SHUTDOWN_CONNECTIONS_S, lifespan="off")
+    server = Server(config)
+    server_box.append(server)
+    scheduler.start()
+    host, port = sock.getsockname()[:2]
+    where = f"[{host}]" if ":" in host else host
+    lanes = f", {size} lanes" if size > 1 else ""
+    print(f"KIE serving {model_id} ({a.device}{lanes}, context {context}) at http://{where}:{port}", flush=True)
+    try:
+        asyncio.run(server.serve(sockets=[sock]))
+    finally:
+        scheduler.shutdown(0)
+        if not scheduler.join(timeout=60):
+            print("kie serve: the engine thread did not stop", file=sys.stderr, flush=True)
+    if server.failed is not None:
+        print(f"kie serve: stopped: the engine failed ({type(server.failed).__name__}: {server.failed})",
+              file=sys.stderr, flush=True)
+        return 1
+    print("KIE server stopped", flush=True)
+    return 0

@@ -1,0 +1,197 @@
+"""Every KIE_* environment variable, one entry each: the only place where a setting's
+name, type, default, range and meaning are written (as kccl_settings.def is for
+KCCL_*).  The engines read them through value(); the CUDA engine gets them in its
+kie_shape, so its C code reads no environment.  A name that starts with KIE_ and is
+no setting (a misspelling) is ignored, with one line on stderr per process (per job
+where the launcher tells the ranks apart) naming the closest setting.
+
+    python -m kie_engine.settings     # every setting, its value and where it came from
+"""
+import os
+import sys
+from dataclasses import dataclass
+from typing import Optional, Tuple
+
+from .errors import GpuArgumentError, SettingError
+
+
+@dataclass(frozen=True)
+class Setting:
+    name: str
+    kind: str                  # "int" (lo..hi, or one of `values`), "flag" (0 or 1), "choice", "count" (>= 1)
+    default: object            # None: decided at run time, as `doc` says
+    doc: str
+    lo: int = 0
+    hi: int = 0
+    values: Tuple = ()         # "int": the only integers allowed; "choice": the names
+    error: type = SettingError  # what a bad value raises (the CUDA engine's are GpuArgumentError)
+
+
+_GPU = dict(error=GpuArgumentError)
+
+SETTINGS = (
+    Setting("KIE_BLAS_THREADS", "count", None,
+            "Threads of each rank's BLAS pool (the CPU engine's products). Unset: OPENBLAS_NUM_THREADS, "
+            "MKL_NUM_THREADS or OMP_NUM_THREADS when set, else the rank's CPUs over the ranks sharing them, "
+            "capped by the idle ones (kie_engine/threads.py). `generate --blas-threads` wins over it."),
+    Setting("KIE_GPU_KERNEL", "choice", "graph",
+            "CUDA engine: how a decode step runs: graph (a kernel per GEMV and attention, replayed as a CUDA "
+            "graph) or mono (one persistent kernel per step). `generate --kernel` wins over it.",
+            values=("graph", "mono"), **_GPU),
+    Setting("KIE_GPU_PDL", "flag", None,
+            "CUDA engine: 1 launches its kernels with programmatic dependent launch (Hopper). Unset: 1 when the "
+            "lane has its GPU to itself, 0 when lanes share one (MPS).", 0, 1, **_GPU),
+    Setting("KIE_GPU_PREFETCH", "int", 2,
+            "CUDA engine: what a GEMV does before waiting for the kernel before it: 0 nothing, 1 an L2 prefetch "
+            "of its first rows, 2 its first loads into registers.", 0, 2, **_GPU),
+    Setting("KIE_GPU_GEMV_BLOCKS_PER_SM", "int", 0, "CUDA engine: GEMV blocks per SM; 0 = auto.", 0, 16, **_GPU),
+    Setting("KIE_GPU_GEMV_U", "int", 0,
+            "CUDA engine: 16-byte loads per row per lane in one batch of a GEMV without pipelining: 4 or 8; "
+            "0 = auto (8).", values=(0, 4, 8), **_GPU),
+    Setting("KIE_GPU_ATT_CHUNK", "int", 0,
+            "CUDA engine: keys per attention block at least; 0 = auto (32, the fastest of 16..256 on the 2b "
+            "shape).", 0, 1 << 20, **_GPU),
+    Setting("KIE_GPU_GEMV_PIPE", "flag", 1,
+            "CUDA engine: 1 has a GEMV load the next round's weights while it uses this round's.", 0, 1, **_GPU),
+    Setting("KIE_GPU_GEMV_X_L1", "flag", 1,
+            "CUDA engine: 1 has the o and down GEMVs read x through L1 (0: staged in shared memory).", 0, 1,
+            **_GPU),
+    Setting("KIE_GPU_MONO_PREFETCH", "int", -1,
+            "Monokernel: weight tiles past its shared-memory ring asked of L2 ahead of use; -1 = auto (the "
+            "ring's size).", -1, 64, **_GPU),
+    Setting("KIE_GPU_MONO_BLOCKS", "int", 0,
+            "Monokernel: blocks of its grid; 0 = auto (every SM, or a share of them when lanes share the GPU).",
+            0, 1 << 16, **_GPU),
+)
+BY_NAME = {s.name: s for s in SETTINGS}
+
+
+def parse(setting, text):
+    """The value of `text` for `setting` (surrounding blanks dropped), else its error naming both."""
+    s = str(text).strip()
+    if setting.kind == "choice":
+        if s.lower() in setting.values:
+            return s.lower()
+        raise setting.error(f"{setting.name}={text!r}: expected one of {', '.join(setting.values)}")
+    v = int(s, 10) if s.isascii() and s.lstrip("+-").isdigit() and len(s) <= 12 else None
+    if setting.kind == "count":
+        return parse_count(text, setting.name, setting.error)
+    if setting.values:
+        if v not in setting.values:
+            raise setting.error(f"{setting.name}={text!r}: expected one of {', '.join(map(str, setting.values))}")
+        return v
+    if v is None or not setting.lo <= v <= setting.hi:
+        what = "0 or 1" if setting.kind == "flag" else f"an integer in {setting.lo}..{setting.hi}"
+        raise setting.error(f"{setting.name}={text!r}: expected {what}")
+    return v
+
+
+def parse_count(text, where, error=SettingError):
+    """A positive whole number (a thread count), from the environment or a flag `where`."""
+    s = str(text).strip()
+    # ASCII digits only (str.isdigit also takes '²', which int() refuses), and a count a
+    # BLAS's C int holds
+    if not (s.isascii() and s.isdigit() and len(s) <= 6) or int(s) < 1:
+        raise error(f"{where}={text!r}: expected a positive whole number")
+    return int(s)
+
+
+def _read(setting, environ):
+    text = environ.get(setting.name, "")
+    return None if text.strip() == "" else parse(setting, text)
+
+
+def value(name, environ=None, default=None):
+    """Setting `name` from the environment, parsed; its default (or `default` where the
+    table's is decided at run time) when unset or blank."""
+    environ = os.environ if environ is None else environ
+    if environ is os.environ:
+        warn_unknown()
+    s = BY_NAME[name]
+    v = _read(s, environ)
+    if v is not None:
+        return v
+    return s.default if s.default is not None else default
+
+
+def _edit_distance(a, b):
+    row = list(range(len(b) + 1))
+    for i, ca in enumerate(a, 1):
+        diag, row[0] = row[0], i
+        for j, cb in enumerate(b, 1):
+            diag, row[j] = row[j], min(row[j] + 1, row[j - 1] + 1, diag + (ca != cb))
+    return row[-1]
+
+
+def closest(name) -> Optional[str]:
+    """The setting nearest to `name` (itself when it is one; within 3 edits and fewer than
+    half the letters after KIE_), else None."""
+    best, best_d = None, 4
+    for s in SETTINGS:
+        d = _edit_distance(name, s.name)
+        if d < best_d and 2 * d < len(name) - 4:
+            best, best_d = s.name, d
+    return best
+
+
+# The launchers' rank variables (MPICH / Intel MPI, Open MPI, PMIx, Slurm, torchrun), as KCCL reads them.
+_RANK_VARS = ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "SLURM_PROCID", "RANK")
+_warned = False
+
+
+def unknown(environ=None):
+    """The KIE_* variables of the environment that are no setting."""
+    environ = os.environ if environ is None else environ
+    return sorted(k for k in environ if k.startswith("KIE_") and k not in BY_NAME)
+
+
+def warning_line(environ=None):
+    """The line warn_unknown prints (None when every KIE_* variable is a setting)."""
+    names = unknown(environ)
+    if not names:
+        return None
+    parts = [f"{n} (did you mean {closest(n)}?)" if closest(n) else n for n in names]
+    what = "not a KIE setting" if len(names) == 1 else "not KIE settings"
+    return f"[kie pid {os.getpid()}] WARN {', '.join(parts)}: {what}, ignored (python -m kie_engine.settings lists them)"
+
+
+def warn_unknown():
+    """Prints warning_line() on stderr once per process; not on a rank other than 0 where
+    the launcher names the ranks, so a job gets one line."""
+    global _warned
+    if _warned:
+        return
+    _warned = True
+    for var in _RANK_VARS:
+        if os.environ.get(var, "") != "":
+            if os.environ[var] != "0":
+                return
+            break
+    line = warning_line()
+    if line:
+        print(line, file=sys.stderr, flush=True)
+
+
+def describe(environ=None):
+    environ = os.environ if environ is None else environ
+    w = max(len(s.name) for s in SETTINGS)
+    lines = [f"{'setting':<{w}}  {'value':>8}  {'source':<8}  meaning"]
+    for s in SETTINGS:
+        v = _read(s, environ)
+        shown = str(v if v is not None else "auto" if s.default is None else s.default)
+        lines.append(f"{s.name:<{w}}  {shown:>8}  {'env' if v is not None else 'default':<8}  {s.doc}")
+    extra = warning_line(environ)
+    return "\n".join(lines + ([extra] if extra else []))
+
+
+def main():
+    try:
+        print(describe())
+    except (SettingError, GpuArgumentError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
