@@ -4,7 +4,7 @@ on the whole model.
 What is compared, and why.  The kernels quantize each product's input to int8 per
 block of 32 (as llama.cpp does), so the native logits differ from the float32
 reference (numpy, whose greedy tokens are transformers': test_kie_smollm2.py) by up to
-about one logit on SmolLM2, and int8 rounding amplifies any last-bit difference (a
+about 1.7 logits on SmolLM2, and int8 rounding amplifies any last-bit difference (a
 value on a rounding boundary goes one code either way), so no float computation tracks
 it bit for bit over 30 layers.  Greedy picks therefore follow the reference wherever
 its best logit leads the next by more than that error, and may go either way at a near
@@ -58,7 +58,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PROMPTS = ["Explain how a bicycle works.", "Write a short poem about the sea.",
            "Give me three tips for learning to play the guitar."]
 NEW = 64
-MARGIN = 1.5    # logits: above the native-vs-float error measured on these prompts (max ~1.1)
+MARGIN = 2.0    # logits: above the native-vs-float error seen on these prompts (up to 1.66, Q8_0 file)
 MIN_SAME = 8    # free-running tokens that must agree even when a near tie comes earlier
 LANE_NEW = 24
 
