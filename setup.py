@@ -37,6 +37,9 @@ setup(
         # torch's C++-extension machinery (which needs ninja) on first import, or ahead of time
         # by `python -m kccl.torch --build`.  Tested with torch 2.13.0 (CPU).
         "torch": ["torch>=2.13", "ninja"],
+        # bench/decode_cpu.py --baseline llama.cpp: llama.cpp through its Python binding (compiles
+        # llama.cpp, ~8 min); a benchmark's baseline only, never a test's dependency.
+        "bench": ["llama-cpp-python>=0.3"],
     },
     cffi_modules=["kccl/_build_ffi.py:ffibuilder", "kie_engine/gpu/_build.py:ffibuilder",
                   "kie_engine/cpu/_build.py:ffibuilder"],

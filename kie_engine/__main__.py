@@ -3,7 +3,8 @@
     python -m kie_engine init --config tiny|small|2b --dtp-delay D --out DIR [--seed S] [--force]
     [mpiexec -n N] python -m kie_engine generate --model DIR|FILE.gguf|smollm2 --prompt TEXT [--chat]
         [--max-new-tokens N] [--temperature T --top-k K --top-p P --seed S] [--ignore-eos]
-        [--blas-threads N] [--device cpu|cuda] [--kernel graph|mono]
+        [--threads N] [--blas-threads N] [--device cpu|cuda] [--kernel native|numpy|graph|mono]
+        [--kv-cache f16|f32]
     python -m kie_engine convert --model FILE.gguf|smollm2 --out DIR [--dtype bfloat16|float32]
     python -m kie_engine convert --model FILE.gguf|smollm2 --quantize q8_0|q4_0|q4_1|q4_k --out FILE.gguf
     [mpiexec -n N] python -m kie_engine serve --model DIR|FILE.gguf|smollm2 [--host 127.0.0.1] [--port 8000]
@@ -75,16 +76,20 @@ def cmd_convert(a):
 def cmd_generate(a):
     from .generate import Sampling, check_request, generate, printable
     from .sources import open_checkpoint
-    from .threads import choose, my_cpus, override, set_blas_threads
+    from .threads import choose, my_cpus, override, parse_override, set_blas_threads
     from .tokenizer import StreamDecoder
-    from .tp import comm_config, load_model, plan, prefill_chunk
+    from .backend import check_kernel, load_backend
+    from .tp import comm_config, plan, prefill_chunk
     size, rank = _world()
     # Everything that can be refused is checked before the first byte of output.
     sampling = Sampling(a.temperature, a.top_k, a.top_p, a.seed)
     ckpt = open_checkpoint(a.model)
     cfg = ckpt.config
     tok = ckpt.tokenizer()
-    plan(cfg, size)  # a bad split fails here, on every rank alike, before any rank connects
+    gpu = a.device == "cuda"
+    kernel = check_kernel(a.device, a.kernel)
+    native = kernel == "native"
+    plan(cfg, size, uneven=not gpu)  # a bad split fails here, on every rank alike, before any rank connects
     stop = {cfg.eos_token_id} - {None}
     if a.chat:
         template = ckpt.chat_template()
@@ -103,10 +108,12 @@ def cmd_generate(a):
     if a.max_new_tokens is None:
         a.max_new_tokens = default_max_new_tokens(a.chat, len(ids), cfg.max_position_embeddings)
     check_request(len(ids), a.max_new_tokens, cfg.max_position_embeddings)
-    override(a.blas_threads)  # a bad --blas-threads, KIE_BLAS_THREADS or OMP_NUM_THREADS fails here
-    gpu = a.device == "cuda"
-    if a.kernel != "graph" and not gpu:
-        raise KieError(f"--kernel {a.kernel} is a GPU kernel: add --device cuda")
+    # a bad --threads / --blas-threads, KIE_BLAS_THREADS or OMP_NUM_THREADS fails here
+    parse_override(a.threads, "--threads")
+    override(a.threads if a.threads is not None else a.blas_threads)
+    if native:
+        from .cpu.engine import require_native
+        require_native()
     if gpu:
         from .gpu.engine import require_gpu
         require_gpu()  # before any rank connects: every rank fails alike
@@ -116,23 +123,26 @@ def cmd_generate(a):
         import kccl
         node_cpus = MPI.COMM_WORLD.allgather(sorted(my_cpus()))  # KCCL's ranks share one host
         comm = kccl.Communicator.from_mpi(MPI.COMM_WORLD, config=comm_config(cfg), device="local" if gpu else None)
-    threads, why = choose(a.blas_threads, node_cpus)
-    reported = sorted(set(set_blas_threads(threads).values()))
+    threads, why = choose(a.threads if a.threads is not None else a.blas_threads, node_cpus)
+    # The native engine has its own pool: numpy's BLAS (the sampler's few operations) gets one
+    # thread, so that no idle BLAS pool competes with it.
+    reported = sorted(set(set_blas_threads(1 if native else threads).values()))
     blas = f"{threads} BLAS thread{'s' if threads > 1 else ''} per rank ({why})"
-    if reported != [threads]:  # say so when the BLAS did not take it (or none was found to ask)
+    if reported != [threads] and not native:  # say so when the BLAS did not take it (or none was found to ask)
         blas += f" asked, the BLAS reports {reported or 'nothing'}"
     show = rank == 0
     if show:  # a byte that the terminal's encoding lacks is escaped, not an error
         sys.stdout.reconfigure(errors="backslashreplace")
     model = None
     try:
-        if gpu:
-            from .gpu.engine import load_gpu_model
-            model = load_gpu_model(ckpt, comm, max_seq=min(cfg.max_position_embeddings, len(ids) + a.max_new_tokens),
-                                   kernel=a.kernel)
-        else:
-            # sized for this request, not the context the checkpoint claims (its RoPE tables are dense)
-            model = load_model(ckpt, comm, max_seq=min(cfg.max_position_embeddings, len(ids) + a.max_new_tokens))
+        # sized for this request, not the context the checkpoint claims (its RoPE tables are dense)
+        model = load_backend(ckpt, comm, a.device, kernel,
+                             max_seq=min(cfg.max_position_embeddings, len(ids) + a.max_new_tokens),
+                             threads=threads, node_cpu_sets=node_cpus, kv=a.kv_cache)
+        if native:
+            info = model.info()
+            blas = (f"native CPU engine ({info['kernels']} kernels), {threads} thread{'s' if threads > 1 else ''} "
+                    f"per rank ({why})")
         stream = StreamDecoder(tok)
 
         def on_token(t):
@@ -143,24 +153,21 @@ def cmd_generate(a):
             sys.stdout.write(a.prompt)
         stop_ids = None if a.ignore_eos else stop
         try:
-            if gpu:
-                res = model.generate(ids, a.max_new_tokens, sampling, stop_ids, on_token)
-            else:
-                res = generate(model, ids, a.max_new_tokens, sampling, stop_ids, on_token, prefill_chunk(cfg),
-                               source=ckpt.dir)
+            res = generate(model, ids, a.max_new_tokens, sampling, stop_ids, on_token, prefill_chunk(cfg),
+                           source=ckpt.dir)
         finally:
             if show:  # what is held back, and the line ends before a summary or an error
                 sys.stdout.write(printable(stream.flush()) + "\n")
                 sys.stdout.flush()
         if show:
             lanes = f", {size} lanes" if size > 1 else ""
-            where = f"cuda, {a.kernel} kernel" if gpu else blas
+            where = f"cuda, {kernel} kernel" if gpu else blas if kernel != "numpy" else f"numpy, {blas}"
             cut = ""
             if not res.stopped_on_eos and not a.ignore_eos:  # say so: the text ends mid-answer
                 cut = f"; cut at --max-new-tokens {a.max_new_tokens} before the end of {'turn' if a.chat else 'text'}"
             print(f"[{res.summary()}{cut}; dtp_delay={cfg.dtp_delay}{lanes}, {where}]", flush=True)
     finally:
-        if gpu and model is not None:
+        if model is not None:
             model.close()
         if comm is not None:
             comm.close()
@@ -214,11 +221,18 @@ def main(argv=None):
                         "MKL_NUM_THREADS or OMP_NUM_THREADS when set, else this rank's CPUs over the ranks "
                         "sharing them, fewer when other processes keep those CPUs busy)")
     g.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
-                   help="cpu: the numpy engine; cuda: the GPU engine (bf16, one CUDA graph per token; under "
-                        "mpiexec each rank is a lane on GPU rank %% GPUs)")
-    g.add_argument("--kernel", choices=["graph", "mono"], default="graph",
-                   help="with --device cuda: graph, a kernel per GEMV and attention replayed as a CUDA graph; "
-                        "mono, the whole step in one persistent kernel (the ranks' sums inside it)")
+                   help="cpu: the CPU engines (--kernel native or numpy); cuda: the GPU engine (bf16, one CUDA "
+                        "graph per token; under mpiexec each rank is a lane on GPU rank %% GPUs)")
+    g.add_argument("--kernel", choices=["native", "numpy", "graph", "mono"], default=None,
+                   help="on the CPU: native (default), the decode step in C on the weights' own block formats "
+                        "with its own thread pool; numpy, the float32 reference.  With --device cuda: graph "
+                        "(default), a kernel per GEMV and attention replayed as a CUDA graph; mono, the whole "
+                        "step in one persistent kernel (the ranks' sums inside it)")
+    g.add_argument("--threads", metavar="N",
+                   help="threads per rank of the native engine's pool (or of the BLAS with --kernel numpy); "
+                        "default as --blas-threads")
+    g.add_argument("--kv-cache", choices=["f16", "f32"], default="f16",
+                   help="the native engine's KV cache element type (default f16)")
     c = sub.add_parser("convert", help="write a model (GGUF file, short name) as a Hugging Face safetensors directory, "
                                        "or (--quantize) as a GGUF file in other block types")
     c.add_argument("--model", required=True, help="a .gguf file, or smollm2")

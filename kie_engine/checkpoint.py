@@ -95,6 +95,12 @@ class Checkpoint:
         dt = f.dtype(name)
         return to_float32(a, dt) if dt != "F16" else np.ascontiguousarray(a, dtype=np.float32)
 
+    def stored(self, name):
+        """(array, dtype name) of a tensor as the file stores it, memory-mapped and not
+        converted (BF16 as uint16): what the native CPU engine points its kernels at."""
+        f = self._where[name]
+        return f.raw(name), f.dtype(name)
+
     def tokenizer(self):
         from .tokenizer import load_tokenizer
         return load_tokenizer(self.tokenizer_path())

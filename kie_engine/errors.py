@@ -58,3 +58,8 @@ class GpuTimeoutError(GpuError, TimeoutError):
 class UnsupportedFormatError(KieError, ValueError):
     """A well-formed checkpoint that uses something this engine does not implement: an
     architecture, a tensor type, a tokenizer kind."""
+
+
+class CpuEngineError(KieError, RuntimeError):
+    """The native CPU engine failed: its module is missing, its thread pool, or the lanes'
+    communicator."""

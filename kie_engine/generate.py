@@ -108,35 +108,56 @@ def check_logits(logits, step, source=None):
         raise non_finite_logits(source, step, int(np.count_nonzero(~np.isfinite(logits))))
 
 
+def host_tokens(model, prompt_ids, sampling, prefill_chunk=256, source=None):
+    """The picked tokens of a backend that returns logits (numpy, native CPU): the
+    prompt's, then one per decode_step, each sampled here; an iterator that runs a step
+    only when the next token is asked for."""
+    rng = np.random.default_rng(sampling.seed)
+    logits = model.prefill(prompt_ids, chunk=prefill_chunk)
+    step = 0
+    while True:
+        check_logits(logits, step, source)
+        tok = sample(logits, sampling, rng)
+        yield tok
+        step += 1
+        logits = model.decode_step(tok)
+
+
 def generate(model, prompt_ids, max_new_tokens, sampling=Sampling(), eos_id=None,
              on_token: Optional[Callable[[int], None]] = None, prefill_chunk=256, source=None):
     """Greedy or sampled generation from prompt_ids, at most max_new_tokens, stopping after
     eos_id (one id, or a collection of ids: EOS and a chat template's end-of-turn);
     on_token(id) is called as each token is produced.  Non-finite logits raise
-    NonFiniteLogitsError naming `source` (the checkpoint)."""
+    NonFiniteLogitsError naming `source` (the checkpoint).
+
+    The one decode loop of every backend (backend.py): the tokens come from
+    model.tokens(prompt_ids, max_new_tokens, sampling) when the backend picks them
+    itself (the GPU engine), else from host_tokens over its logits."""
     prompt_ids = list(prompt_ids)
     stop = stop_set(eos_id)
     check_request(len(prompt_ids), max_new_tokens, model.max_seq)
-    rng = np.random.default_rng(sampling.seed)
     model.reset()
     out = Result()
     t0 = time.perf_counter()
-    logits = model.prefill(prompt_ids, chunk=prefill_chunk)
-    check_logits(logits, 0, source)
-    tok = sample(logits, sampling, rng)
-    out.prefill_s = time.perf_counter() - t0
-    t1 = time.perf_counter()
-    while True:
-        out.tokens.append(tok)
-        if on_token:
-            on_token(tok)
-        if tok in stop:
-            out.stopped_on_eos = True
-            break
-        if len(out.tokens) >= max_new_tokens:
-            break
-        logits = model.decode_step(tok)
-        check_logits(logits, len(out.tokens), source)
-        tok = sample(logits, sampling, rng)
-    out.decode_s = time.perf_counter() - t1
+    if hasattr(model, "tokens"):
+        picked = model.tokens(prompt_ids, max_new_tokens, sampling)
+    else:
+        picked = host_tokens(model, prompt_ids, sampling, prefill_chunk, source)
+    t1 = None
+    try:
+        for tok in picked:
+            if t1 is None:
+                out.prefill_s = time.perf_counter() - t0
+                t1 = time.perf_counter()
+            out.tokens.append(tok)
+            if on_token:
+                on_token(tok)
+            if tok in stop:
+                out.stopped_on_eos = True
+                break
+            if len(out.tokens) >= max_new_tokens:
+                break
+    finally:
+        picked.close()  # a backend running ahead settles here (every lane stops at the same token)
+    out.decode_s = time.perf_counter() - t1 if t1 is not None else 0.0
     return out

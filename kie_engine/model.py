@@ -108,9 +108,32 @@ def linear(x, w):
     return x @ w
 
 
+def fake_quant_q8(x):
+    """x (T, n) as the native CPU engine's integer kernels see it: each run of 32 values
+    scaled by its largest magnitude / 127 and rounded to int8 (nearest, ties to even),
+    then scaled back.  A block-quantized weight times that is exactly the kernels'
+    integer dot product, up to float rounding; so a Model(act_q8=True) is the float
+    reference of the native engine on quantized weights."""
+    t, n = x.shape
+    b = x.reshape(t, n // 32, 32)
+    d = np.abs(b).max(axis=-1, keepdims=True) / np.float32(127)
+    inv = np.divide(np.float32(1), d, out=np.zeros_like(d), where=d != 0)
+    return (np.rint(b * inv) * d).reshape(t, n).astype(np.float32)
+
+
 def rms_norm(x, weight, eps):
     ms = np.mean(np.square(x), axis=-1, keepdims=True)
     return (x / np.sqrt(ms + np.float32(eps))) * weight
+
+
+def rms_norm_c(x, weight, eps):
+    """rms_norm computed as the native engine does (sum of squares in float64, one
+    reciprocal, x * r * weight): the act_q8 reference uses it, because int8 rounding of
+    the normed vector turns even a last-bit difference into a different code now and
+    then (layer 0's input, a Q8_0 embedding row, lands on rounding boundaries often)."""
+    ss = np.sum(np.square(x, dtype=np.float64), axis=-1, keepdims=True)
+    r = (1.0 / np.sqrt(ss / x.shape[-1] + eps)).astype(np.float32)
+    return x * r * weight
 
 
 def silu(a):
@@ -151,11 +174,15 @@ def round_bf16(x):
 
 class Model:
     """kv_bf16: round keys and values to bfloat16 as they enter the cache, as the GPU
-    engine's bf16 cache does (the reference its tests compare against)."""
+    engine's bf16 cache does (the reference its tests compare against).  act_q8: the
+    input of every product goes through fake_quant_q8 first, as the native CPU engine's
+    kernels quantize it for block-quantized weights (its reference in the tests)."""
 
-    def __init__(self, cfg, weights, lanes=None, max_seq=None, kv_bf16=False):
+    def __init__(self, cfg, weights, lanes=None, max_seq=None, kv_bf16=False, act_q8=False):
         self.cfg, self.w = cfg, weights
         self.kv_bf16 = kv_bf16
+        self.linear = (lambda x, w: linear(fake_quant_q8(x), w)) if act_q8 else linear
+        self.norm = rms_norm_c if act_q8 else rms_norm
         self.lanes = lanes or OneLane()
         self.nh, self.nkv, self.hd = weights.n_heads, weights.n_kv_heads, cfg.head_dim
         self.max_seq = min(max_seq or cfg.max_position_embeddings, cfg.max_position_embeddings)
@@ -183,9 +210,12 @@ class Model:
     def reset(self):
         self.pos = 0
 
+    def close(self):
+        """Nothing to free (numpy owns the arrays): the backend protocol's close."""
+
     def attention(self, li, lw, h, pos):
         T, nh, nkv, hd = h.shape[0], self.nh, self.nkv, self.hd
-        qkv = linear(h, lw.wqkv)
+        qkv = self.linear(h, lw.wqkv)
         cos, sin = self._rope(pos, T)
         q = apply_rope(qkv[:, :nh * hd].reshape(T, nh, hd), cos, sin)
         k = apply_rope(qkv[:, nh * hd:(nh + nkv) * hd].reshape(T, nkv, hd), cos, sin)
@@ -204,12 +234,12 @@ class Model:
             future = np.arange(S)[None, :] > (pos + np.arange(T))[:, None]
             scores[..., future] = -np.inf
         out = softmax(scores) @ vc[:, None, :S]                           # (nkv, g, T, hd)
-        return linear(out.transpose(2, 0, 1, 3).reshape(T, nh * hd), lw.wo)
+        return self.linear(out.transpose(2, 0, 1, 3).reshape(T, nh * hd), lw.wo)
 
     def mlp(self, lw, h):
-        gu = linear(h, lw.w_gate_up)
+        gu = self.linear(h, lw.w_gate_up)
         cols = gu.shape[1] // 2
-        return linear(silu(gu[:, :cols]) * gu[:, cols:], lw.w_down)
+        return self.linear(silu(gu[:, :cols]) * gu[:, cols:], lw.w_down)
 
     def forward(self, tokens, pos, all_logits=False):
         """Logits (T, vocab) or of the last token only (vocab,), for tokens at positions
@@ -225,7 +255,7 @@ class Model:
                 # DTP: the residual r lacks the outputs of the last d sublayers, whose
                 # sums are still in flight (d = 0: each sum is added before going on).
                 norm = lw.attn_norm if sub == 0 else lw.mlp_norm
-                h = rms_norm(r, norm, cfg.rms_norm_eps)
+                h = self.norm(r, norm, cfg.rms_norm_eps)
                 y = self.attention(li, lw, h, pos) if sub == 0 else self.mlp(lw, h)
                 if d == 0:
                     r = r + lanes.sum(y)
@@ -237,7 +267,7 @@ class Model:
             r = r + pending.popleft().wait()
         if not all_logits:
             r = r[-1:]
-        logits = lanes.vocab(linear(rms_norm(r, self.w.norm, cfg.rms_norm_eps), self.w.lm_head))
+        logits = lanes.vocab(self.linear(self.norm(r, self.w.norm, cfg.rms_norm_eps), self.w.lm_head))
         logits = logits[:, :cfg.vocab_size]
         return logits if all_logits else logits[0]
 

@@ -52,9 +52,16 @@ def prefill_chunk(cfg):
     return max(1, SLOT_BYTES // (4 * cfg.hidden_size))
 
 
-def plan(cfg, size):
-    """(query heads per lane, KV heads per lane); ShardingError when N does not fit."""
+def plan(cfg, size, uneven=False):
+    """(query heads per lane, KV heads per lane); ShardingError when N does not fit.
+    uneven=True also takes N <= KV heads that does not divide them (lanes then hold
+    different numbers of KV groups: kv_group_plan); the result is lane 0's share."""
     nh, nkv = cfg.num_attention_heads, cfg.num_key_value_heads
+    if uneven and size <= nkv and nkv % size:
+        if cfg.intermediate_size < size:
+            raise ShardingError(f"intermediate_size={cfg.intermediate_size} is smaller than the {size} ranks")
+        groups = -(-nkv // size)
+        return groups * (nh // nkv), groups
     if nh % size:
         raise ShardingError(f"num_attention_heads={nh} is not divisible by the {size} ranks (lanes); "
                             f"use a number of ranks that divides it")
@@ -86,7 +93,11 @@ class LanePlan:
     part: int
 
 
-def lane_plan(cfg, rank, size):
+def lane_plan(cfg, rank, size, uneven=False, align=1):
+    """Lane `rank`'s share: tp.plan's even split, or (uneven=True, when the KV heads are
+    not a multiple of the lanes) kv_group_plan's."""
+    if uneven and size <= cfg.num_key_value_heads and cfg.num_key_value_heads % size:
+        return kv_group_plan(cfg, size, align)[rank]
     nhl, nkvl = plan(cfg, size)
     hd, g = cfg.head_dim, cfg.num_attention_heads // cfg.num_key_value_heads
     kv0 = (rank * nhl) // g  # first KV head used by this lane's query heads
@@ -97,10 +108,43 @@ def lane_plan(cfg, rank, size):
                     c0, c1, v0, v1, part)
 
 
-def load_lane_weights(ckpt, rank, size):
+def kv_group_plan(cfg, size, align=1):
+    """LanePlans of `size` lanes, size <= KV heads: each lane holds whole KV groups (a KV
+    head and its query heads), contiguous, the first nkv % size lanes one more; the MLP
+    columns then even out the weights each lane streams (a lane with more attention gets
+    fewer columns), cut on multiples of `align` (the down projection's block size, so
+    that a lane's columns are whole blocks).  SmolLM2 (9 / 3 heads) on 2 lanes: 6 + 3
+    query heads, 672 + 864 of 1536 columns."""
+    nh, nkv, hd, h = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim, cfg.hidden_size
+    inter, g = cfg.intermediate_size, nh // nkv
+    if not 1 <= size <= nkv or inter < size * align:
+        raise ShardingError(f"{size} lanes: a KV-group split needs 1..{nkv} lanes and intermediate_size="
+                            f"{inter} of at least {size} x {align} columns")
+    groups = [nkv // size + (1 if r < nkv % size else 0) for r in range(size)]
+    per_group = (2 * g + 2) * hd * h     # q, k, v rows and o columns of one KV group
+    per_col = 3 * h                      # gate and up rows, down column
+    total = nkv * per_group + inter * per_col
+    cuts, c = [0], 0
+    for r in range(size - 1):
+        want = (total / size - groups[r] * per_group) / per_col
+        c = min(max(c + align, c + int(round(want / align)) * align), inter - (size - 1 - r) * align)
+        cuts.append(c)
+    cuts.append(inter)
+    part = -(-cfg.vocab_size // size)
+    out, kv0 = [], 0
+    for r in range(size):
+        q0 = kv0 * g
+        v0, v1 = min(cfg.vocab_size, r * part), min(cfg.vocab_size, (r + 1) * part)
+        out.append(LanePlan(groups[r] * g, groups[r], slice(q0 * hd, (q0 + groups[r] * g) * hd),
+                            slice(kv0 * hd, (kv0 + groups[r]) * hd), cuts[r], cuts[r + 1], v0, v1, part))
+        kv0 += groups[r]
+    return out
+
+
+def load_lane_weights(ckpt, rank, size, uneven=False):
     """Lane `rank` of `size`'s share of a checkpoint (reads only those rows/columns)."""
     cfg = ckpt.config
-    lp = lane_plan(cfg, rank, size)
+    lp = lane_plan(cfg, rank, size, uneven)
     nhl, nkvl, q_rows, kv_rows, c0, c1 = lp.n_heads, lp.n_kv_heads, lp.q_rows, lp.kv_rows, lp.c0, lp.c1
     layers = []
     for i in range(cfg.num_hidden_layers):
@@ -121,10 +165,11 @@ def load_lane_weights(ckpt, rank, size):
     return Weights(embed, layers, ckpt.tensor("model.norm.weight"), stack_t(head), nhl, nkvl)
 
 
-def load_model(ckpt, comm=None, max_seq=None):
+def load_model(ckpt, comm=None, max_seq=None, uneven=False):
     """A Model of the checkpoint on this rank: whole without a communicator (or with one
-    of size 1), else this rank's lane."""
+    of size 1), else this rank's lane (uneven: lane_plan's KV-group split where the even
+    one does not fit)."""
     if comm is None or comm.size == 1:
         from .model import load_weights
         return Model(ckpt.config, load_weights(ckpt), max_seq=max_seq)
-    return Model(ckpt.config, load_lane_weights(ckpt, comm.rank, comm.size), Lanes(comm), max_seq=max_seq)
+    return Model(ckpt.config, load_lane_weights(ckpt, comm.rank, comm.size, uneven), Lanes(comm), max_seq=max_seq)

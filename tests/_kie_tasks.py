@@ -19,3 +19,23 @@ def kie_lane(ctx, uid, nranks, rank, model_dir, delay, prompt, new_tokens):
         model.prefill(prompt)
         steps = np.stack([model.decode_step(t) for t in res.tokens[:-1]])
     return {"tokens": res.tokens, "prefill": prefill, "steps": steps}
+
+
+def kie_cpu_lane(ctx, uid, nranks, rank, path, delay, prompt, new_tokens, teacher):
+    """This rank's lane of a GGUF file on the native CPU engine (one thread): greedy
+    tokens, the logits along `teacher` (the prompt's, then after each of its tokens but
+    the last), and (query heads, MLP columns) of its share."""
+    import kccl
+    from kie_engine.cpu.engine import CpuModel
+    from kie_engine.generate import generate
+    from kie_engine.gguf_io import GGUFCheckpoint
+    from kie_engine.tp import comm_config
+    ck = GGUFCheckpoint(path, dtp_delay=delay)
+    cfg = dict(comm_config(ck.config), timeout_ms=60000)
+    with kccl.Communicator(nranks, kccl.UniqueId(uid), rank, config=cfg) as comm:
+        with CpuModel(ck, comm, max_seq=len(prompt) + new_tokens, threads=1) as m:
+            res = generate(m, prompt, new_tokens)
+            m.reset()
+            logits = [m.prefill(prompt)] + [m.decode_step(t) for t in teacher[:-1]]
+            plan = (m.lane.n_heads, m.lane.c1 - m.lane.c0)
+    return {"tokens": res.tokens, "logits": np.stack(logits), "plan": plan}

@@ -399,7 +399,7 @@ def test_set_blas_threads_reaches_the_loaded_blas():
 
 
 def _threads_in_summary(stdout, with_why=False):
-    m = re.search(r"(\d+) BLAS threads? per rank \(([^()]*)\)(.*)\]", stdout)
+    m = re.search(r"(\d+) (?:BLAS )?threads? per rank \(([^()]*)\)(.*)\]", stdout)  # BLAS: --kernel numpy
     assert m and not m.group(3), stdout  # the BLAS took the count
     return (int(m.group(1)), m.group(2)) if with_why else int(m.group(1))
 

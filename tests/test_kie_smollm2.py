@@ -182,7 +182,9 @@ def test_cli_chat_short_name_stops_at_end_of_turn(kie):
     prompt = "What is the capital of France?"
     res = generate(model, template.encode(tk, prompt), 40, eos_id=template.end_of_turn(tk))
     assert res.stopped_on_eos and len(res.tokens) < 40
-    p = _cli("generate", "--model", "smollm2", "--chat", "--prompt", prompt, "--max-new-tokens", "40")
+    # the numpy reference's CLI (the native engine, the default, is tested in test_kie_cpu_engine.py)
+    p = _cli("generate", "--model", "smollm2", "--chat", "--prompt", prompt, "--max-new-tokens", "40",
+             "--kernel", "numpy")
     assert p.returncode == 0, p.stderr
     answer, summary = p.stdout.rsplit("\n[", 1)
     assert answer == tk.decode(res.tokens, skip_special_tokens=True) and "Paris" in answer
@@ -194,7 +196,7 @@ def test_cli_chat_tp3_matches_tp1(kie, path):
     prompt = PROMPTS[2]
     res = generate(model, template.encode(tk, prompt), NEW)
     p = _cli("generate", "--model", path, "--chat", "--prompt", prompt, "--max-new-tokens", str(NEW),
-             "--ignore-eos", n=3)
+             "--ignore-eos", "--kernel", "numpy", n=3)
     assert p.returncode == 0, p.stderr
     answer, summary = p.stdout.rsplit("\n[", 1)
     assert answer == tk.decode(res.tokens, skip_special_tokens=True)

@@ -9,14 +9,13 @@ a GPU kccl.Communicator, whose C functions the engine calls from its own
 stream (also inside the captured graph), or, with the monokernel, through
 KCCL's device API from inside the kernel."""
 import re
-import time
 
 import numpy as np
 
 from .. import settings as _settings, tp as _tp
 from ..errors import (GpuArgumentError, GpuError, GpuMemoryError, GpuTimeoutError, GpuUnavailableError,
                       PromptTooLongError)
-from ..generate import Result, Sampling, check_request, non_finite_logits, stop_set
+from ..generate import Sampling, check_request, non_finite_logits
 from ..model import rope_tables
 from ..safetensors_io import float32_to_bf16_bits
 
@@ -285,49 +284,54 @@ class GpuModel:
     # -- the fast path --------------------------------------------------------------------
     def generate(self, prompt_ids, max_new_tokens, sampling=Sampling(), eos_id=None, on_token=None,
                  use_graph=True, ahead=AHEAD):
-        """Greedy or sampled generation with every token picked on the device, stopping
-        after eos_id (one id or a collection, as generate.generate).  Every lane
-        enqueues the same number of steps whatever the timing (the count depends only on
-        the tokens), so their sums always pair up."""
+        """generate.generate on this engine (the one decode loop), with its options:
+        use_graph (replay the captured graph) and ahead (steps enqueued beyond the one
+        being read)."""
+        from ..generate import generate
+        self._use_graph, self._ahead = use_graph, ahead
+        try:
+            return generate(self, prompt_ids, max_new_tokens, sampling, eos_id, on_token, source=self.source)
+        finally:
+            self._use_graph, self._ahead = True, AHEAD
+
+    def tokens(self, prompt_ids, max_new_tokens, sampling=Sampling()):
+        """The picked tokens, every one chosen on the device (generate.generate's source
+        for this backend): the host enqueues decode steps up to `ahead` beyond the token it
+        reads and only reads tokens from a ring.  Every lane enqueues the same number of
+        steps whatever the timing (the count depends only on the tokens seen), so their
+        sums always pair up; closing the iterator waits for the steps in flight."""
+        use_graph, ahead = getattr(self, "_use_graph", True), getattr(self, "_ahead", AHEAD)
         prompt = np.ascontiguousarray(prompt_ids, np.int32)
         if prompt.size == 0:
             raise ValueError("the prompt has no tokens")
         check_request(int(prompt.size), max_new_tokens, self.max_seq)
         if not 1 <= ahead < lib.KIE_RING // 2:
             raise GpuArgumentError(f"ahead={ahead}: 1..{lib.KIE_RING // 2 - 1}")
+        return self._tokens(prompt, max_new_tokens, sampling, use_graph, ahead)
+
+    def _tokens(self, prompt, max_new_tokens, sampling, use_graph, ahead):
         e = self._handle()
-        stop = stop_set(eos_id)
         mode = self.set_sampling(sampling)
         self.reset()
-        out = Result()
         tok = ffi.new("int32_t *")
-        t0 = time.perf_counter()
-        _check(lib.kie_prefill(e, ffi.from_buffer("int32_t[]", prompt), int(prompt.size), mode))
-        wait_token_checked(lambda: lib.kie_wait_token(e, 0, TOKEN_TIMEOUT_MS, tok), 0, self.source)
-        out.prefill_s = time.perf_counter() - t0
-        self.pos = int(prompt.size)
-        t1 = time.perf_counter()
-        enqueued = 1  # steps whose token is on its way (step 0 came from the prefill)
-        while True:
-            t = int(tok[0])
-            out.tokens.append(t)
-            if on_token:
-                on_token(t)
-            if t in stop:
-                out.stopped_on_eos = True
-                break
-            got = len(out.tokens)
-            if got >= max_new_tokens:
-                break
-            want = min(max_new_tokens, got + ahead)
-            if want > enqueued:
-                _check(lib.kie_decode(e, want - enqueued, mode, int(use_graph)))
-                self.pos += want - enqueued
-                enqueued = want
-            wait_token_checked(lambda: lib.kie_wait_token(e, got, TOKEN_TIMEOUT_MS, tok), got, self.source)
-        _check(lib.kie_sync(e))
-        out.decode_s = time.perf_counter() - t1
-        return out
+        try:
+            _check(lib.kie_prefill(e, ffi.from_buffer("int32_t[]", prompt), int(prompt.size), mode))
+            wait_token_checked(lambda: lib.kie_wait_token(e, 0, TOKEN_TIMEOUT_MS, tok), 0, self.source)
+            self.pos = int(prompt.size)
+            enqueued, got = 1, 0  # steps whose token is on its way (step 0 came from the prefill); tokens given
+            while True:
+                yield int(tok[0])
+                got += 1
+                if got >= max_new_tokens:
+                    return
+                want = min(max_new_tokens, got + ahead)
+                if want > enqueued:
+                    _check(lib.kie_decode(e, want - enqueued, mode, int(use_graph)))
+                    self.pos += want - enqueued
+                    enqueued = want
+                wait_token_checked(lambda: lib.kie_wait_token(e, got, TOKEN_TIMEOUT_MS, tok), got, self.source)
+        finally:
+            _check(lib.kie_sync(e))
 
     # -- measurements ---------------------------------------------------------------------
     def info(self):

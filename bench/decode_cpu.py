@@ -1,0 +1,234 @@
+"""Batch-1 greedy decode on the CPU: KIE's native engine against llama.cpp
+(llama-cpp-python, the optional [bench] extra) on the same GGUF file, same thread
+count, rounds alternating in one run; min / median / max over the rounds.
+
+Each round runs every configuration once, each in a fresh process (so neither engine's
+thread pool or caches are warm from the other's): llama.cpp with T threads, KIE with
+T threads (TP = 1), and with --tp 2 also KIE as 2 ranks x 1 thread under mpiexec.
+Every run decodes --tokens tokens after the same prompt, ignoring EOS, and reports
+its decode tokens/s (prompt excluded).
+
+Also measured in the same run: the machine's copy bandwidth (numpy copies of a
+256 MiB array on T threads; STREAM's convention, bytes read + written), and for each
+row the bytes streamed per token (weights a decode step reads, plus the KV cache read at
+the mean position) and bytes x tokens/s as a share of that bandwidth.  Then, once, a
+per-stage profile of the KIE step (seconds per stage, from the engine's own clock).
+
+    python bench/decode_cpu.py --baseline llama.cpp                    # SmolLM2 Q4_1, 2 threads, 5 rounds
+    python bench/decode_cpu.py --model q8.gguf --baseline llama.cpp --tp 2 --out bench/results/x.json
+"""
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import threading
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+PROMPT = "The history of the bicycle begins in the early nineteenth century, when"
+
+
+def _env(threads):
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (ROOT, os.environ.get("PYTHONPATH")) if p))
+    for v in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+        env[v] = "1"
+    return env
+
+
+# -- one run of each engine (a child process) ------------------------------------------------
+
+def run_llama(path, threads, tokens, prompt):
+    """llama.cpp's greedy decode: prompt evaluated, then `tokens` single-token evals each
+    followed by an argmax of its logits (what KIE's loop does per token)."""
+    import numpy as np
+    from llama_cpp import Llama
+    llm = Llama(model_path=path, n_threads=threads, n_threads_batch=threads, n_ctx=512, n_batch=512,
+                verbose=False, logits_all=False)
+    ids = llm.tokenize(prompt.encode(), add_bos=False)
+    llm.reset()
+    vocab = llm.n_vocab()
+
+    def last_logits():  # llama-cpp-python 0.3 keeps no scores without logits_all: read the context's
+        return np.ctypeslib.as_array(llm._ctx.get_logits(), shape=(vocab,))
+    llm.eval(ids)
+    tok = int(np.argmax(last_logits()))
+    out = [tok]
+    t = time.perf_counter()
+    for _ in range(tokens - 1):
+        llm.eval([tok])
+        tok = int(np.argmax(last_logits()))
+        out.append(tok)
+    dt = time.perf_counter() - t
+    return {"tokens_per_s": (tokens - 1) / dt, "tokens": out}
+
+
+def run_kie_cli(path, threads, tokens, prompt, ranks):
+    """KIE through its CLI (so the run is exactly what a user gets), parsing the timing line."""
+    cmd = [sys.executable, "-m", "kie_engine", "generate", "--model", path, "--prompt", prompt,
+           "--max-new-tokens", str(tokens), "--ignore-eos", "--threads", str(threads)]
+    if ranks > 1:
+        cmd = ["mpiexec", "-n", str(ranks)] + cmd
+    p = subprocess.run(cmd, env=_env(threads), capture_output=True, text=True, timeout=900)
+    if p.returncode:
+        raise SystemExit(f"{' '.join(cmd)} failed:\n{p.stderr}")
+    line = p.stdout.rsplit("\n[", 1)[1]
+    tps = float(line.split("decode ", 1)[1].split(" tokens/s", 1)[0])
+    return {"tokens_per_s": tps, "summary": "[" + line.strip()}
+
+
+def _child(args):
+    if args.child == "llama":
+        print(json.dumps(run_llama(args.model, args.threads, args.tokens, args.prompt)))
+
+
+def run_child(kind, path, threads, tokens, prompt):
+    cmd = [sys.executable, os.path.abspath(__file__), "--child", kind, "--model", path, "--threads", str(threads),
+           "--tokens", str(tokens), "--prompt", prompt]
+    p = subprocess.run(cmd, env=_env(threads), capture_output=True, text=True, timeout=900)
+    if p.returncode:
+        raise SystemExit(f"{kind} run failed:\n{p.stderr}")
+    return json.loads(p.stdout.strip().splitlines()[-1])
+
+
+# -- measurements in this process -----------------------------------------------------------
+
+def copy_bandwidth(threads, nbytes=256 << 20, reps=5):
+    """Best of `reps` parallel copies (each thread its own src -> dst), bytes read +
+    written per second."""
+    import numpy as np
+    n = nbytes // 4 // threads
+    pairs = [(np.ones(n, np.float32), np.empty(n, np.float32)) for _ in range(threads)]
+    for s, d in pairs:
+        np.copyto(d, s)
+    best = 0.0
+    for _ in range(reps):
+        barrier = threading.Barrier(threads + 1)
+        done = threading.Barrier(threads + 1)
+
+        def work(s, d):
+            barrier.wait()
+            np.copyto(d, s)
+            done.wait()
+        ts = [threading.Thread(target=work, args=p) for p in pairs]
+        for t in ts:
+            t.start()
+        barrier.wait()
+        t0 = time.perf_counter()
+        done.wait()
+        dt = time.perf_counter() - t0
+        for t in ts:
+            t.join()
+        best = max(best, 2 * n * 4 * threads / dt)
+    return best
+
+
+def stream_bytes(path, tokens, prompt_len, threads):
+    """(weight bytes a step reads, KV bytes read at the mean position, file size, profile)."""
+    from kie_engine.cpu.engine import CpuModel
+    from kie_engine.sources import open_checkpoint
+    ck = open_checkpoint(path)
+    cfg = ck.config
+    m = CpuModel(ck, max_seq=prompt_len + tokens + 1, threads=threads)
+    info = m.info()
+    mean_pos = prompt_len + tokens / 2
+    kv = 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * cfg.head_dim * mean_pos * 2  # f16
+    ids = ck.tokenizer().encode(prompt).ids if (prompt := PROMPT) else []
+    tok = int(m.prefill(ids).argmax())
+    m.set_profiling(True)
+    t = time.perf_counter()
+    for _ in range(tokens - 1):
+        tok = int(m.decode_step(tok).argmax())
+    dt = time.perf_counter() - t
+    prof = m.profile()
+    m.close()
+    prof["tokens_per_s_in_process"] = (tokens - 1) / dt
+    return info["weight_bytes"], int(kv), os.path.getsize(ck.path), prof, info
+
+
+def _stats(xs):
+    return {"min": min(xs), "median": statistics.median(xs), "max": max(xs), "all": xs}
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--model", default="smollm2", help="a GGUF file or short name (default smollm2: Q4_1)")
+    p.add_argument("--baseline", choices=["llama.cpp", "none"], default="none")
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--tokens", type=int, default=64)
+    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--tp", type=int, default=1, help="also run KIE as this many ranks x 1 thread (2: the TP target)")
+    p.add_argument("--prompt", default=PROMPT)
+    p.add_argument("--out", help="write the JSON here")
+    p.add_argument("--child", help=argparse.SUPPRESS)
+    a = p.parse_args(argv)
+    from kie_engine.sources import resolve
+    a.model = resolve(a.model)
+    if a.child:
+        return _child(a)
+    if a.baseline == "llama.cpp":
+        try:
+            import llama_cpp  # noqa: F401
+        except ImportError:
+            raise SystemExit("--baseline llama.cpp needs llama-cpp-python: pip install -e '.[bench]'")
+    load = os.getloadavg()
+    from kie_engine.sources import open_checkpoint
+    prompt_len = len(open_checkpoint(a.model).tokenizer().encode(a.prompt).ids)
+    configs = []
+    if a.baseline == "llama.cpp":
+        configs.append(("llama.cpp", lambda: run_child("llama", a.model, a.threads, a.tokens, a.prompt)))
+    configs.append((f"kie tp1 x{a.threads}", lambda: run_kie_cli(a.model, a.threads, a.tokens, a.prompt, 1)))
+    if a.tp > 1:
+        configs.append((f"kie tp{a.tp} x1", lambda: run_kie_cli(a.model, 1, a.tokens, a.prompt, a.tp)))
+    results = {name: [] for name, _ in configs}
+    extra = {}
+    for r in range(a.rounds):
+        for name, fn in configs:
+            out = fn()
+            results[name].append(out["tokens_per_s"])
+            extra.setdefault(name, out.get("summary") or "")
+            print(f"round {r}: {name}: {out['tokens_per_s']:.1f} tokens/s", flush=True)
+    bw = copy_bandwidth(a.threads)
+    wbytes, kvbytes, fsize, prof, info = stream_bytes(a.model, a.tokens, prompt_len, a.threads)
+    per_token = wbytes + kvbytes
+    rows = {}
+    for name, xs in results.items():
+        st = _stats(xs)
+        st["bytes_per_token"] = per_token
+        st["share_of_copy_bw"] = per_token * st["median"] / bw
+        rows[name] = st
+    ratios = {}
+    base = results.get("llama.cpp")
+    kie1 = results[f"kie tp1 x{a.threads}"]
+    if base:
+        ratios["kie_tp1_over_llama"] = _stats([k / b for k, b in zip(kie1, base)])
+    if a.tp > 1:
+        ratios[f"kie_tp{a.tp}_over_tp1"] = _stats([t / k for t, k in zip(results[f"kie tp{a.tp} x1"], kie1)])
+    report = {"model": a.model, "file_bytes": fsize, "threads": a.threads, "tokens": a.tokens, "rounds": a.rounds,
+              "prompt_tokens": prompt_len, "copy_bandwidth_Bps": bw, "weight_bytes_per_token": wbytes,
+              "kv_bytes_per_token_mean": kvbytes, "rows": rows, "ratios": ratios, "kie_info": info,
+              "kie_stage_seconds_per_token": prof, "kie_summary": extra, "loadavg_before": load,
+              "loadavg_after": os.getloadavg(), "command": " ".join([os.path.basename(sys.executable)] + sys.argv)}
+    print(f"copy bandwidth {bw / 1e9:.1f} GB/s; {per_token / 1e6:.1f} MB streamed per token "
+          f"(weights {wbytes / 1e6:.1f} MB + KV {kvbytes / 1e6:.2f} MB)")
+    for name, st in rows.items():
+        print(f"{name:>14}: {st['min']:.1f} / {st['median']:.1f} / {st['max']:.1f} tokens/s (min/median/max), "
+              f"{100 * st['share_of_copy_bw']:.0f}% of copy bandwidth")
+    for k, st in ratios.items():
+        print(f"{k}: {st['min']:.2f} / {st['median']:.2f} / {st['max']:.2f}")
+    total = sum(v for k, v in prof.items() if k not in ("steps", "tokens_per_s_in_process"))
+    print("KIE per stage (ms/token): " + ", ".join(f"{k} {1e3 * v:.2f}" for k, v in prof.items()
+                                                    if k not in ("steps", "tokens_per_s_in_process"))
+          + f"; total {1e3 * total:.2f}")
+    print(f"load average before {load[0]:.1f}, after {report['loadavg_after'][0]:.1f}")
+    if a.out:
+        with open(a.out, "w") as f:
+            json.dump(report, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,22 @@
+/* cpu_pool.h: the decode step's thread pool.  One kpool_run per token runs the same
+ * function on every thread (the caller is thread 0), which walks the whole model and
+ * meets the others at kpool_barrier between stages.  Workers spin between stages and
+ * for a short while after a run (the next token's call comes soon), then sleep on a
+ * futex, so an idle engine takes no CPU. */
+#ifndef KIE_CPU_POOL_H
+#define KIE_CPU_POOL_H
+
+typedef struct kpool kpool;
+typedef void (*kpool_fn)(void *arg, int tid, int nthreads);
+
+/* n threads in all (n - 1 started here); cpus: NULL or n CPU ids, worker i pinned to
+ * cpus[i].  0, or -1 with *err set (a static string). */
+int kpool_create(int n, const int *cpus, kpool **out, const char **err);
+void kpool_destroy(kpool *p);
+int kpool_size(const kpool *p);
+/* fn(arg, tid, n) on every thread; returns when all have returned. */
+void kpool_run(kpool *p, kpool_fn fn, void *arg);
+/* Every thread of the current run waits here until all have arrived. */
+void kpool_barrier(kpool *p, int tid);
+
+#endif

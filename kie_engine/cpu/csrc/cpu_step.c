@@ -1,0 +1,310 @@
+/* cpu_step.c: the forward walk.  Every thread of the pool runs kie_step_all over the
+ * same tokens; they meet at a barrier after each product (its output is shared) and
+ * nowhere else.  Small per-token work that every thread needs (the embedding row,
+ * RMSNorm, converting a product's input for the kernels, adding a sublayer's sum to the
+ * residual) is done by every thread on its own copy: that costs a few microseconds of
+ * arithmetic on a few kB, where handing it to one thread would cost a barrier.
+ *
+ * Per sublayer the lanes' partial sums go through KCCL (thread 0 calls it, the others
+ * wait at the next barrier); with DTP delay d the sum of sublayer k is started at once
+ * and added to the residual after sublayer k + d (ring of d + 1 buffers), as
+ * kie_engine/model.py's reference does. */
+#define _GNU_SOURCE
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+#include <time.h>
+
+#include "cpu_attn.h"
+#include "cpu_internal.h"
+#include "kq.h"
+
+#define KCCL_FLOAT32 7 /* kcclFloat32 */
+#define KCCL_SUM 0     /* kcclSum */
+
+static double now_s(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
+static void rms_norm(const float *x, const float *w, int n, float eps, float *out) {
+  double ss = 0;
+  for (int i = 0; i < n; i++) ss += (double)x[i] * x[i];
+  float r = (float)(1.0 / sqrt(ss / n + (double)eps));
+  for (int i = 0; i < n; i++) out[i] = x[i] * r * w[i];
+}
+
+static void rope(const float *x, float *out, int hd, int mode, const float *c, const float *s) {
+  int half = hd / 2;
+  if (mode == KIE_CPU_ROPE_PAIRS) {
+    for (int i = 0; i < half; i++) {
+      float a = x[2 * i], b = x[2 * i + 1];
+      out[2 * i] = a * c[i] - b * s[i];
+      out[2 * i + 1] = b * c[i] + a * s[i];
+    }
+  } else {
+    for (int i = 0; i < half; i++) {
+      float a = x[i], b = x[i + half];
+      out[i] = a * c[i] - b * s[i];
+      out[i + half] = b * c[i] + a * s[i];
+    }
+  }
+}
+
+static void matvec(const kie_cpu_mat *m, const void *act, float *y, int r0, int r1) {
+  if (r1 > r0) kq_matvec(m->type, m->data, m->cols, act, y, r0, r1);
+}
+
+/* The prepared input of x for matrix m in this thread's slots (converting it once per
+ * distinct weight type of the stage). */
+static const void *act_for(kie_thread *th, int *used, const kie_cpu_mat *m, const float *x) {
+  for (int i = 0; i < *used; i++)
+    if (th->act_type[i] == m->type) return th->act[i];
+  int i = (*used)++;
+  th->act_type[i] = m->type;
+  /* Quantizing drops a NaN (fmaxf skips it, the cast of NaN gives some code), so a
+   * corrupt weight would give finite, wrong logits: note any non-finite input here (x * 0
+   * is NaN exactly for those; one vectorized pass over a few kB) and the step returns NaN
+   * logits, which the decode loop refuses. */
+  float z = 0.0f;
+  for (int k = 0; k < m->cols; k++) z += x[k] * 0.0f;
+  if (z != z) th->bad = 1;
+  kq_prepare_act(m->type, x, m->cols, th->act[i]);
+  return th->act[i];
+}
+
+static void add(float *x, const float *y, int n) {
+  for (int i = 0; i < n; i++) x[i] += y[i];
+}
+
+static void comm_fail(kie_cpu *e, const char *what, int rc) {
+  const char *detail = "";
+  if (e->comm.last_error) detail = ((kie_lasterr_fn)e->comm.last_error)(e->comm.comm);
+  snprintf(e->err, sizeof e->err, "%s failed (KCCL result %d): %s", what, rc, detail ? detail : "");
+  e->rc = KIE_CPU_E_COMM;
+}
+
+/* Thread 0, after sublayer k's output is complete in e->y (tp > 1) or in its ring slot
+ * (tp == 1): starts its sum and waits for the one that is due.  Returns the ring slot
+ * whose sum the residual takes now, or -1 when none is due yet. */
+static int lanes_sum(kie_cpu *e, int k, int tid) {
+  const kie_cpu_shape *s = &e->s;
+  int d = s->dtp_delay, H = s->hidden, slot = k % (d + 1);
+  int due = k >= d ? (k - d) % (d + 1) : -1;
+  if (s->tp_size == 1 || tid != 0 || e->rc) return due;
+  float *dst = e->ring + (size_t)slot * H;
+  int rc;
+  if (d == 0) {
+    rc = ((kie_allreduce_fn)e->comm.all_reduce)(e->y, dst, H, KCCL_FLOAT32, KCCL_SUM, e->comm.comm, NULL);
+    if (rc) comm_fail(e, "kcclAllReduce of a sublayer's output", rc);
+    return due;
+  }
+  rc = ((kie_start_fn)e->comm.start)(e->y, dst, H, KCCL_FLOAT32, KCCL_SUM, e->comm.comm, &e->req[slot]);
+  if (rc) {
+    comm_fail(e, "kcclAllReduceStart of a sublayer's output", rc);
+    return due;
+  }
+  if (due >= 0) {
+    rc = ((kie_wait_fn)e->comm.wait)(e->comm.comm, e->req[due]);
+    if (rc) comm_fail(e, "kcclAllReduceWait", rc);
+  }
+  return due;
+}
+
+#define STAMP(i)                          \
+  do {                                    \
+    if (prof) {                           \
+      double t_ = now_s();                \
+      e->prof[i] += t_ - t_prev;          \
+      t_prev = t_;                        \
+    }                                     \
+  } while (0)
+
+static void one_token(kie_cpu *e, int tid, int n, int32_t tok, int pos, int want_logits) {
+  const kie_cpu_shape *s = &e->s;
+  kie_thread *th = &e->th[tid];
+  int H = s->hidden, hd = s->head_dim, L = s->layers, d = s->dtp_delay, tp = s->tp_size;
+  int qrows = s->heads * hd, kvrows = s->kv_heads * hd, g = s->heads / s->kv_heads;
+  int kv16 = s->kv_type == KIE_CPU_KV_F16;
+  size_t esz = kv16 ? 2 : 4;
+  float scale = 1.0f / sqrtf((float)hd);
+  int prof = e->profiling && tid == 0;
+  double t_prev = prof ? now_s() : 0;
+
+  float cs[KIE_MAX_HEAD_DIM]; /* cos then sin of this position */
+  for (int i = 0; i < hd / 2; i++) {
+    double a = (double)pos * e->inv_freq[i];
+    cs[i] = (float)cos(a);
+    cs[hd / 2 + i] = (float)sin(a);
+  }
+  const float *cosv = cs, *sinv = cs + hd / 2;
+
+  size_t rb_embed = kq_row_bytes(e->embed.type, H);
+  kq_dequant_row(e->embed.type, (const char *)e->embed.data + (size_t)tok * rb_embed, H, th->x);
+  STAMP(7);
+
+  for (int l = 0; l < L; l++) {
+    const kie_cpu_layer *w = &e->layers[l];
+    for (int sub = 0; sub < 2; sub++) {
+      int k = 2 * l + sub;
+      float *y = tp > 1 ? e->y : e->ring + (size_t)(k % (d + 1)) * H;
+      if (sub == 0) {
+        /* q, k, v */
+        rms_norm(th->x, w->attn_norm, H, s->eps, th->h);
+        int used = 0;
+        const void *aq = act_for(th, &used, &w->q, th->h), *ak = act_for(th, &used, &w->k, th->h),
+                   *av = act_for(th, &used, &w->v, th->h);
+        const kie_share *sh = &e->sh_qkv[(size_t)l * n + tid];
+        matvec(&w->q, aq, e->qkv, sh->r0[0], sh->r1[0]);
+        matvec(&w->k, ak, e->qkv + qrows, sh->r0[1], sh->r1[1]);
+        matvec(&w->v, av, e->qkv + qrows + kvrows, sh->r0[2], sh->r1[2]);
+        kpool_barrier(e->pool, tid);
+        STAMP(0);
+        /* attention: this thread's query heads */
+        int cur = -1;
+        for (int h = e->head0[tid]; h < e->head0[tid + 1]; h++) {
+          int j = h / g;
+          float *kcur = th->kcur + (size_t)j * hd, *vcur = th->vcur + (size_t)j * hd;
+          size_t off = (((size_t)l * s->kv_heads + j) * s->max_seq) * hd;
+          if (j != cur) {
+            cur = j;
+            rope(e->qkv + qrows + (size_t)j * hd, kcur, hd, s->rope_mode, cosv, sinv);
+            memcpy(vcur, e->qkv + qrows + kvrows + (size_t)j * hd, sizeof(float) * hd);
+            /* the thread of the group's first query head writes the cache at pos; every
+             * thread uses its own kcur / vcur for pos, rounded as the cache holds them */
+            int writer = j * g >= e->head0[tid] && j * g < e->head0[tid + 1];
+            for (int i = 0; i < hd; i++) {
+              if (kv16) {
+                uint16_t kh = kie_float_to_half(kcur[i]), vh = kie_float_to_half(vcur[i]);
+                kcur[i] = kie_half_to_float(kh);
+                vcur[i] = kie_half_to_float(vh);
+                if (writer) {
+                  ((uint16_t *)e->kc)[off + (size_t)pos * hd + i] = kh;
+                  ((uint16_t *)e->vc)[off + (size_t)pos * hd + i] = vh;
+                }
+              } else if (writer) {
+                ((float *)e->kc)[off + (size_t)pos * hd + i] = kcur[i];
+                ((float *)e->vc)[off + (size_t)pos * hd + i] = vcur[i];
+              }
+            }
+          }
+          rope(e->qkv + (size_t)h * hd, th->q, hd, s->rope_mode, cosv, sinv);
+          kie_attend(th->q, (const char *)e->kc + off * esz, (const char *)e->vc + off * esz, kv16, kcur, vcur,
+                     pos + 1, hd, scale, th->scores, e->att + (size_t)h * hd);
+        }
+        kpool_barrier(e->pool, tid);
+        STAMP(1);
+        /* o */
+        used = 0;
+        const void *ao = act_for(th, &used, &w->o, e->att);
+        sh = &e->sh_o[(size_t)l * n + tid];
+        matvec(&w->o, ao, y, sh->r0[0], sh->r1[0]);
+        kpool_barrier(e->pool, tid);
+        STAMP(2);
+      } else {
+        /* gate / up with SwiGLU on this thread's rows, then down */
+        rms_norm(th->x, w->mlp_norm, H, s->eps, th->h);
+        int used = 0;
+        const void *ag = act_for(th, &used, &w->gate, th->h), *au = act_for(th, &used, &w->up, th->h);
+        const kie_share *sh = &e->sh_gu[(size_t)l * n + tid];
+        int r0 = sh->r0[0], r1 = sh->r1[0];
+        matvec(&w->gate, ag, th->gu, r0, r1);
+        matvec(&w->up, au, th->gu + s->inter, r0, r1);
+        for (int r = r0; r < r1; r++) {
+          float a = th->gu[r];
+          e->m[r] = a / (1.0f + expf(-a)) * th->gu[s->inter + r];
+        }
+        kpool_barrier(e->pool, tid);
+        STAMP(3);
+        used = 0;
+        const void *ad = act_for(th, &used, &w->down, e->m);
+        sh = &e->sh_down[(size_t)l * n + tid];
+        matvec(&w->down, ad, y, sh->r0[0], sh->r1[0]);
+        kpool_barrier(e->pool, tid);
+        STAMP(4);
+      }
+      /* the residual */
+      int due = lanes_sum(e, k, tid);
+      if (tp > 1 && due >= 0) kpool_barrier(e->pool, tid); /* thread 0's sum is in */
+      if (e->rc) return;
+      if (due >= 0) add(th->x, e->ring + (size_t)due * H, H);
+      STAMP(5);
+    }
+  }
+  /* the sums still in flight (d > 0) */
+  for (int k = 2 * L - d; k < 2 * L; k++) {
+    int slot = k % (d + 1);
+    if (tp > 1) {
+      if (tid == 0 && !e->rc) {
+        int rc = ((kie_wait_fn)e->comm.wait)(e->comm.comm, e->req[slot]);
+        if (rc) comm_fail(e, "kcclAllReduceWait", rc);
+      }
+      kpool_barrier(e->pool, tid);
+      if (e->rc) return;
+    }
+    add(th->x, e->ring + (size_t)slot * H, H);
+  }
+  STAMP(5);
+  if (!want_logits) return;
+  rms_norm(th->x, e->final_norm, H, s->eps, th->h);
+  int used = 0;
+  const void *ah = act_for(th, &used, &e->head, th->h);
+  float *part = e->logits ? e->logits + (size_t)s->tp_rank * s->vocab_part : e->logits_part;
+  matvec(&e->head, ah, part, e->sh_head[tid].r0[0], e->sh_head[tid].r1[0]);
+  kpool_barrier(e->pool, tid);
+  if (tid == 0) {
+    int bad = 0;
+    for (int t = 0; t < n; t++) bad |= e->th[t].bad;
+    if (bad) /* this lane's slice, before the gather: every lane then sees NaN logits */
+      for (int r = 0; r < s->vocab_part; r++) part[r] = NAN;
+  }
+  if (tp > 1 && tid == 0 && e->logits) {
+    int rc = ((kie_allgather_fn)e->comm.all_gather)(part, e->logits, s->vocab_part, KCCL_FLOAT32, e->comm.comm, NULL);
+    if (rc) comm_fail(e, "kcclAllGather of the logits", rc);
+  }
+  STAMP(6);
+}
+
+void kie_step_all(void *arg, int tid, int n) {
+  kie_cpu *e = arg;
+  for (int i = 0; i < e->ntokens; i++) {
+    one_token(e, tid, n, e->tokens[i], e->pos + i, i == e->ntokens - 1 && e->logits != NULL);
+    if (e->rc) return;
+    if (tid == 0 && e->profiling) e->prof_steps++;
+  }
+}
+
+int kie_cpu_run(kie_cpu *e, const int32_t *tokens, int n, float *logits) {
+  if (n < 1 || !tokens) {
+    kie_set_error("kie_cpu_run needs at least one token");
+    return KIE_CPU_E_ARG;
+  }
+  if (!e->planned) {
+    int rc = kie_plan_shares(e);
+    if (rc) return rc;
+  }
+  if (e->pos + n > e->s.max_seq) {
+    kie_set_error("%d more tokens do not fit the context of %d (%d used)", n, e->s.max_seq, e->pos);
+    return KIE_CPU_E_STATE;
+  }
+  for (int i = 0; i < n; i++)
+    if (tokens[i] < 0 || tokens[i] >= e->embed.rows) {
+      kie_set_error("token id %d is outside the embedding table (%d rows)", tokens[i], e->embed.rows);
+      return KIE_CPU_E_ARG;
+    }
+  e->tokens = tokens;
+  e->ntokens = n;
+  e->logits = logits;
+  e->rc = 0;
+  e->err[0] = 0;
+  for (int t = 0; t < e->nthreads; t++) e->th[t].bad = 0;
+  kpool_run(e->pool, kie_step_all, e);
+  e->tokens = NULL;
+  if (e->rc) {
+    kie_set_error("%s", e->err);
+    return e->rc;
+  }
+  e->pos += n;
+  return KIE_CPU_OK;
+}
