@@ -255,7 +255,8 @@ def main(argv=None):
                    help="on SIGTERM, seconds the running request may still take before it is cut (default 1)")
     s.add_argument("--blas-threads", metavar="N", help="as for generate")
     s.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="as for generate")
-    s.add_argument("--kernel", choices=["graph", "mono"], default="graph", help="as for generate (--device cuda)")
+    s.add_argument("--kernel", choices=["native", "numpy", "graph", "mono"], default=None,
+                   help="as for generate (native on the CPU, graph with --device cuda, by default)")
     s.add_argument("--log-level", choices=["critical", "error", "warning", "info", "debug"], default="warning",
                    help="uvicorn's log level; info and debug also log every request (default warning)")
     a = p.parse_args(argv)

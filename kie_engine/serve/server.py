@@ -35,7 +35,8 @@ def _listen(host, port):
 def serve(a, world):
     from ..sources import open_checkpoint
     from ..threads import choose, my_cpus, override, set_blas_threads
-    from ..tp import comm_config, load_model, plan, prefill_chunk
+    from ..backend import check_kernel, load_backend
+    from ..tp import comm_config, plan, prefill_chunk
     from .engine_runner import EngineRunner
     size, rank = world
     if a.max_queue < 0:
@@ -46,11 +47,10 @@ def serve(a, world):
     cfg = ckpt.config
     tok = ckpt.tokenizer()
     template = ckpt.chat_template()
-    plan(cfg, size)  # a bad split fails on every rank alike, before any rank connects
     override(a.blas_threads)  # a bad --blas-threads or thread variable fails here
     gpu = a.device == "cuda"
-    if a.kernel != "graph" and not gpu:
-        raise ValueError(f"--kernel {a.kernel} is a GPU kernel: add --device cuda")
+    kernel = check_kernel(a.device, a.kernel)  # the CLI's default: the native engine on the CPU
+    plan(cfg, size, uneven=not gpu)  # a bad split fails on every rank alike, before any rank connects
     if gpu:
         from ..gpu.engine import require_gpu
         require_gpu()
@@ -64,15 +64,14 @@ def serve(a, world):
         node_cpus = MPI.COMM_WORLD.allgather(sorted(my_cpus()))
         comm = kccl.Communicator.from_mpi(MPI.COMM_WORLD, config=comm_config(cfg), device="local" if gpu else None)
         link = LaneLink(MPI.COMM_WORLD)
-    set_blas_threads(choose(a.blas_threads, node_cpus)[0])
+    threads = choose(a.blas_threads, node_cpus)[0]
+    if kernel == "numpy":
+        set_blas_threads(threads)
     runner = None
     try:
         context = cfg.max_position_embeddings
-        if gpu:
-            from ..gpu.engine import load_gpu_model
-            model = load_gpu_model(ckpt, comm, max_seq=context, kernel=a.kernel)
-        else:
-            model = load_model(ckpt, comm)
+        model = load_backend(ckpt, comm, a.device, kernel, max_seq=context, threads=threads,
+                             node_cpu_sets=node_cpus)
         runner = EngineRunner(model, context, gpu, prefill_chunk(cfg), link, source=ckpt.dir)
         if rank != 0:
             link.follow(runner)
