@@ -142,6 +142,7 @@ def test_every_wrapper_call_reaches_the_engine_with_the_right_types():
     cfg = preset("tiny")
     m = gpu_engine.GpuModel.__new__(gpu_engine.GpuModel)
     m.cfg, m.lane, m.size, m.rank, m.max_seq, m.pos = cfg, lane_plan(cfg, 0, 1), 1, 0, 64, 0
+    m.source = None  # what __init__ sets before any checkpoint is read
     m._e = gpu_engine.ffi.NULL
     m._logits = np.empty(cfg.vocab_size, np.float32)
     lib = gpu_engine.lib

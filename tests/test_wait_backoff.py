@@ -26,7 +26,7 @@ SCRIPT = textwrap.dedent("""
                 time.sleep(0.02)  # rank 0 waits: past its spin, into the backoff's checks
             comm.all_reduce(x)
             assert (x == 3 + 2 * i).all(), x
-    print("ok", w.rank)
+    print(f"ok {w.rank}", flush=True)  # one write: the ranks share mpiexec's stdout
 """)
 
 
