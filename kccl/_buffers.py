@@ -203,6 +203,23 @@ class BufferAdapter:
 
 
 _NO_TORCH_PAIR = (lambda: None, lambda: None, None, None, None, None, None)
+
+
+def remembered_torch_pair(h, send, recv):
+    """What remember_torch_pair stored in h for this pair of torch tensors, while both are
+    the same objects with the same storage, size, dtype and layout; else None."""
+    if (h[0]() is send and h[1]() is recv and send.data_ptr() == h[2] and send.numel() == h[3]
+            and send.dtype is h[4] and send.is_contiguous()
+            and (recv is send or (recv.data_ptr() == h[5] and recv.numel() == h[3] and recv.dtype is h[4]
+                                  and recv.is_contiguous()))):
+        return h[6]
+    return None
+
+
+def remember_torch_pair(send, recv, resolved):
+    """The record remembered_torch_pair checks (weak references: no tensor is kept alive)."""
+    return (weakref.ref(send), weakref.ref(recv), send.data_ptr(), send.numel(), send.dtype, recv.data_ptr(),
+            resolved)
 _cast_ptr = ffi.cast
 _TORCH_HOST_CODES = None
 
@@ -239,12 +256,9 @@ class HostBuffers(BufferAdapter):
         all-reduce of a few KB, and decode passes the same tensors every step: the last
         pair is remembered by weak reference and reused while both still have the same
         storage, size, dtype and layout; anything else is resolved and checked in full."""
-        h = self._torch_pair
-        if (h[0]() is send and h[1]() is recv and send.data_ptr() == h[2] and send.numel() == h[3]
-                and send.dtype is h[4] and send.is_contiguous()
-                and (recv is send or (recv.data_ptr() == h[5] and recv.numel() == h[3] and recv.dtype is h[4]
-                                      and recv.is_contiguous()))):
-            return h[6]
+        hit = remembered_torch_pair(self._torch_pair, send, recv)
+        if hit is not None:
+            return hit
         codes = _torch_host_codes()
         code = codes.get(send.dtype)
         if (code is not None and send.is_cpu and send.is_contiguous() and not send.requires_grad
@@ -258,8 +272,7 @@ class HostBuffers(BufferAdapter):
                 sp, rp, n, code, _ = self.resolve_pair(send, recv, None)  # let C say what is wrong
         else:
             sp, rp, n, code, _ = self.resolve_pair(send, recv, None)
-        self._torch_pair = (weakref.ref(send), weakref.ref(recv), send.data_ptr(), send.numel(), send.dtype,
-                            recv.data_ptr(), (sp, rp, n, code))
+        self._torch_pair = remember_torch_pair(send, recv, (sp, rp, n, code))
         return sp, rp, n, code
 
     def resolve_buffer(self, obj, dtype, writable, what):

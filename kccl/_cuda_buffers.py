@@ -6,12 +6,11 @@ the buffer adapter of GPU communicators (CudaBuffers).
 Nothing here imports torch or CuPy unless the caller passed one of theirs.
 bfloat16: torch.bfloat16 tensors directly; CuPy has no bfloat16, so pass
 uint16 storage with dtype="bfloat16"."""
-import weakref
 
 import numpy as np
 
 from ._buffers import (BFLOAT16, FLOAT16, FLOAT32, FLOAT64, INT8, INT32, INT64, ITEMSIZE, UINT8, UINT32, UINT64,
-                       BufferAdapter, apply_dtype)
+                       _NO_TORCH_PAIR, BufferAdapter, apply_dtype, remember_torch_pair, remembered_torch_pair)
 from ._native import ffi
 from .errors import KcclInvalidArgument
 
@@ -158,9 +157,6 @@ def stream_handle(stream, lib, device):
     raise KcclInvalidArgument(f"stream must be an int, a torch or CuPy stream, not {type(stream).__name__}")
 
 
-_NO_TORCH_PAIR = (lambda: None, lambda: None, 0, 0, None, 0, None)
-
-
 class CudaBuffers(BufferAdapter):
     """GPU communicators on CUDA device `device`: GPU arrays on that device; a call runs on
     the stream given, else on the current stream of the array's library."""
@@ -176,15 +172,11 @@ class CudaBuffers(BufferAdapter):
         Decode passes the same tensors every step, so the last pair is remembered by weak
         reference and reused while both still have the same storage, size, dtype and
         layout; anything else is resolved and checked in full."""
-        h = self._torch_pair
-        if (h[0]() is send and h[1]() is recv and send.data_ptr() == h[2] and send.numel() == h[3]
-                and send.dtype is h[4] and send.is_contiguous()
-                and (recv is send or (recv.data_ptr() == h[5] and recv.numel() == h[3] and recv.dtype is h[4]
-                                      and recv.is_contiguous()))):
-            return h[6]
+        hit = remembered_torch_pair(self._torch_pair, send, recv)
+        if hit is not None:
+            return hit
         sp, rp, n, code, _ = self.resolve_pair(send, recv, None)
-        self._torch_pair = (weakref.ref(send), weakref.ref(recv), send.data_ptr(), send.numel(), send.dtype,
-                            recv.data_ptr(), (sp, rp, n, code))
+        self._torch_pair = remember_torch_pair(send, recv, (sp, rp, n, code))
         return sp, rp, n, code
 
     def torch_stream(self):
