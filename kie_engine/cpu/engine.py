@@ -20,6 +20,7 @@ import numpy as np
 
 from .. import tp as _tp
 from ..errors import CpuEngineError, KieError, PromptTooLongError, ShardingError, UnsupportedFormatError
+from ..native_engine import OwnsNativeEngine
 
 from ._native import ffi, lib, native
 
@@ -157,12 +158,16 @@ def default_cpus(threads, rank=0, node_cpu_sets=None):
     return mine[first:first + threads]
 
 
-class CpuModel:
+class CpuModel(OwnsNativeEngine):
     """cfg from ckpt; comm: None (one lane) or a host kccl.Communicator whose ranks are the
     lanes (made with tp.comm_config(cfg)); threads: the pool's size (default
     threads.choose()); kv: the KV cache's element type, "f16" (default) or "f32";
     cpus: CPUs to pin the pool's worker threads to (default default_cpus; [] or False:
     no pinning)."""
+
+    @staticmethod
+    def _destroy(e):
+        lib.kie_cpu_destroy(e)
 
     def __init__(self, ckpt, comm=None, max_seq=None, threads=None, kv="f16", cpus=None, node_cpu_sets=None):
         require_native()
@@ -323,23 +328,6 @@ class CpuModel:
         out = {k: sec[i] / n for i, k in enumerate(self.STAGES)}
         out["steps"] = steps[0]
         return out
-
-    def close(self):
-        if getattr(self, "_e", None) is not None:
-            lib.kie_cpu_destroy(self._e)
-            self._e = None
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
-
-    def __del__(self):
-        try:
-            self.close()
-        except Exception:
-            pass
 
 
 def load_cpu_model(ckpt, comm=None, max_seq=None, **kw):

@@ -17,6 +17,7 @@ from ..errors import (GpuArgumentError, GpuError, GpuMemoryError, GpuTimeoutErro
                       PromptTooLongError)
 from ..generate import Sampling, check_request, non_finite_logits
 from ..model import rope_tables
+from ..native_engine import OwnsNativeEngine
 from ..safetensors_io import float32_to_bf16_bits
 
 try:
@@ -117,7 +118,7 @@ def kernel_code(name):
     return lib.KIE_KERNEL_GRAPH if name == "graph" else lib.KIE_KERNEL_MONO
 
 
-class GpuModel:
+class GpuModel(OwnsNativeEngine):
     """cfg: the ModelConfig; comm: None (one lane) or a GPU kccl.Communicator whose
     ranks are the lanes; device: the CUDA device (default: the communicator's, else 0);
     pdl / prefetch: launch switches (default: PDL when this lane has its GPU to itself,
@@ -131,6 +132,10 @@ class GpuModel:
     default KIE_GPU_KERNEL (kie_engine/settings.py holds it and every KIE_GPU_* setting).
     Lanes that share a GPU (more ranks than visible GPUs: MPS) split its SMs between
     their monokernels."""
+
+    @staticmethod
+    def _destroy(e):
+        lib.kie_destroy(e)
 
     def __init__(self, cfg, comm=None, max_seq=None, device=None, pdl=None, prefetch=None, tuning=None,
                  kernel=None):
@@ -349,23 +354,6 @@ class GpuModel:
         q, kv, cols = lp.n_heads * hd, lp.n_kv_heads * hd, lp.c1 - lp.c0
         layer = (q + 2 * kv) * h + h * q + 2 * cols * h + h * cols
         return 2 * (cfg.num_hidden_layers * layer + lp.part * h)
-
-    def close(self):
-        if getattr(self, "_e", None) is not None:
-            lib.kie_destroy(self._e)
-            self._e = None
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
-
-    def __del__(self):
-        try:
-            self.close()
-        except Exception:
-            pass
 
 
 def load_gpu_model(ckpt, comm=None, max_seq=None, **kw):
