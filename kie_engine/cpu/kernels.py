@@ -79,6 +79,36 @@ def matvec(t, w, x, r0=0, r1=None, act=None, out=None):
     return y
 
 
+PACKED = 0x100  # kq.h's KQ_PACKED: type | PACKED is the four-row packed layout
+
+
+def pack(t, w, cols):
+    """(packed type code, 64-byte aligned uint8 array) of stored rows w in the kernels'
+    four-row packed layout (csrc/kq.h); None when type t has no packed form."""
+    ffi, lib = native()
+    w = _rows(w, t, cols)
+    n = lib.kq_packed_bytes(_code(t), w.shape[0], cols)
+    if n == 0:
+        return None
+    buf = np.empty(n + 64, np.uint8)
+    off = (-buf.ctypes.data) % 64
+    p = buf[off:off + n]
+    code = lib.kq_pack(_code(t), ffi.cast("void *", w.ctypes.data), w.shape[0], cols, ffi.cast("void *", p.ctypes.data))
+    return code, p
+
+
+def matvec_packed(code, p, rows, x, r0=0, r1=None, act=None, out=None):
+    """matvec on a pack() result of `rows` rows."""
+    ffi, lib = native()
+    x = np.ascontiguousarray(x, dtype=np.float32)
+    r1 = rows if r1 is None else r1
+    act = prepare_act(code & ~PACKED, x) if act is None else act
+    y = np.zeros(rows, np.float32) if out is None else out
+    lib.kq_matvec_mat(code, ffi.cast("void *", p.ctypes.data), rows, x.size, ffi.cast("void *", act.ctypes.data),
+                      ffi.cast("float *", y.ctypes.data), r0, r1)
+    return y
+
+
 def dequant(t, w, cols):
     """float32 (rows, cols) of stored rows."""
     ffi, lib = native()

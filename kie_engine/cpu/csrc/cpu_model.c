@@ -233,6 +233,11 @@ int kie_cpu_set_globals(kie_cpu *e, const kie_cpu_mat *embed, const float *final
   if ((rc = check_mat(embed, embed->rows, e->s.hidden, "embedding", -1)) ||
       (rc = check_mat(head, e->s.vocab_part, e->s.hidden, "LM head", -1)))
     return rc;
+  if (embed->type & KQ_PACKED) {
+    kie_set_error("the embedding table is read a row at a time: give it in GGUF rows, not packed (%s)",
+                  kq_type_name(embed->type));
+    return KIE_CPU_E_ARG;
+  }
   if (embed->rows < 1 || !final_norm) {
     kie_set_error("the embedding table is empty or the final norm is missing");
     return KIE_CPU_E_ARG;

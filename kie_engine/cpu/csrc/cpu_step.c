@@ -53,7 +53,7 @@ static void rope(const float *x, float *out, int hd, int mode, const float *c, c
 }
 
 static void matvec(const kie_cpu_mat *m, const void *act, float *y, int r0, int r1) {
-  if (r1 > r0) kq_matvec(m->type, m->data, m->cols, act, y, r0, r1);
+  if (r1 > r0) kq_matvec_mat(m->type, m->data, m->rows, m->cols, act, y, r0, r1);
 }
 
 /* The prepared input of x for matrix m in this thread's slots (converting it once per

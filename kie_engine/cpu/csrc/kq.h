@@ -41,6 +41,25 @@ void kq_prepare_act(int type, const float *x, int64_t cols, void *act);
 /* y[r] = dot(row r of w, x) for r in [r0, r1); w points at row 0, rows are
  * kq_row_bytes(type, cols) apart; act from kq_prepare_act with the same type and cols */
 void kq_matvec(int type, const void *w, int64_t cols, const void *act, float *y, int64_t r0, int64_t r1);
+/* The four-row packed layout of Q8_0, Q4_0 and Q4_1 (type | KQ_PACKED).  A matrix of R
+ * rows is padded with zero rows to R4 = R rounded up to 4; groups of four rows are
+ * interleaved block by block, quants and scales in two regions:
+ *   quants  [R4 / 4][cols / 32][4 rows][qb]     qb = 32 (Q8_0) or 16 (the nibbles)
+ *   scales  [R4 / 4][cols / 32][4 rows][sb]     sb = 2 (d) or 4 (d, m for Q4_1)
+ * the same bytes as the GGUF rows (R4 * kq_row_bytes), reordered so that a thread's
+ * share of rows is one sequential stream of full 64-byte lines: the GGUF rows (34 or
+ * 20-byte blocks, a kernel reading four rows at once) streamed at a third of the
+ * machine's read bandwidth, the packed layout at nearly all of it (bench/RESULTS.md). */
+#define KQ_PACKED 0x100
+/* bytes of the packed form of a rows x cols matrix of `type`; 0 when the type has no
+ * packed form (or the rows are too long for the portable path: > 16 kB) */
+size_t kq_packed_bytes(int type, int64_t rows, int64_t cols);
+/* src (rows GGUF rows) -> dst (kq_packed_bytes bytes, 64-byte aligned); returns the
+ * packed type code, or -1 when the type has no packed form */
+int kq_pack(int type, const void *src, int64_t rows, int64_t cols, void *dst);
+/* kq_matvec for any type, packed ones included (they need the matrix's row count) */
+void kq_matvec_mat(int type, const void *w, int64_t rows, int64_t cols, const void *act, float *y, int64_t r0,
+                   int64_t r1);
 /* one row to floats (embedding lookups, tests) */
 void kq_dequant_row(int type, const void *row, int64_t cols, float *out);
 

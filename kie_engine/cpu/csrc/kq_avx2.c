@@ -296,6 +296,7 @@ static void mv_q6_k(const void *w, size_t rb, int64_t cols, const void *act, flo
 
 static const kq_impl kq_avx2 = {
     "avx2", quantize_act, mv_f32, mv_f16, mv_bf16, mv_q8_0, mv_q4_0, mv_q4_1, mv_q4_k, mv_q6_k,
+    NULL, NULL, NULL, /* packed: through the row kernels (kq_dispatch.c) */
 };
 const kq_impl *const kq_impl_avx2 = &kq_avx2;
 

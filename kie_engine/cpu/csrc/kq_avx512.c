@@ -376,8 +376,119 @@ static void mv_q6_k(const void *w, size_t rb, int64_t cols, const void *act, flo
     }
 }
 
+/* -- the packed layout (kq.h): four rows' blocks side by side, one sequential stream ------- */
+
+/* Group g's four rows into y[g..g+3], only those in [r0, r1) */
+static inline void store_group(float *y, int64_t g, int64_t r0, int64_t r1, __m128 v)
+{
+    if (g >= r0 && g + 4 <= r1) {
+        _mm_storeu_ps(y + g, v);
+    } else {
+        float t[4];
+        _mm_storeu_ps(t, v);
+        for (int k = 0; k < 4; k++)
+            if (g + k >= r0 && g + k < r1)
+                y[g + k] = t[k];
+    }
+}
+
+/* Q8_0: per block, two full registers (rows 0-1, rows 2-3) and the four rows' scales in
+ * one 8-byte load.  The sign flip's bias (128 x the input's sum) is taken out once per
+ * row at the end, from the (d_w, d_x * sum q_x) products accumulated per block. */
+static void mv_q8_0x4(const void *w, int64_t rows, int64_t cols, const void *act, float *y, int64_t r0, int64_t r1)
+{
+    kq_act8 a = kq_act8_view(act, cols);
+    const __m512i flip = _mm512_set1_epi8((char)0x80);
+    const __m512i lanes01 = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
+    const __m512i lanes23 = _mm512_setr_epi32(2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3);
+    const int64_t nb = cols / 32, r4 = (rows + 3) / 4 * 4;
+    const int8_t *qs = (const int8_t *)w;
+    const uint16_t *ds = (const uint16_t *)(qs + (size_t)r4 * cols);
+    for (int64_t g = r0 / 4 * 4; g < r1; g += 4) {
+        const int8_t *q = qs + (size_t)g * cols;
+        const uint16_t *d = ds + (size_t)g * nb;
+        __m512 acc01 = _mm512_setzero_ps(), acc23 = _mm512_setzero_ps();
+        __m128 bias = _mm_setzero_ps();
+        for (int64_t b = 0; b < nb; b++) {
+            __m512i ax = _mm512_broadcast_i64x4(_mm256_load_si256((const __m256i *)(a.q + 32 * b)));
+            __m512i w01 = _mm512_loadu_si512(q + 128 * b), w23 = _mm512_loadu_si512(q + 128 * b + 64);
+            __m512i d01 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_xor_si512(w01, flip), ax);
+            __m512i d23 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_xor_si512(w23, flip), ax);
+            __m128 dw = _mm_cvtph_ps(_mm_loadl_epi64((const __m128i *)(d + 4 * b)));
+            bias = _mm_fmadd_ps(dw, _mm_set1_ps(a.dds[2 * b + 1]), bias);
+            __m512 sc = _mm512_castps128_ps512(_mm_mul_ps(dw, _mm_set1_ps(a.dds[2 * b])));
+            acc01 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d01), _mm512_permutexvar_ps(lanes01, sc), acc01);
+            acc23 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d23), _mm512_permutexvar_ps(lanes23, sc), acc23);
+        }
+        __m512 t = _mm512_add_ps(_mm512_shuffle_f32x4(acc01, acc23, _MM_SHUFFLE(2, 0, 2, 0)),
+                                 _mm512_shuffle_f32x4(acc01, acc23, _MM_SHUFFLE(3, 1, 3, 1)));
+        store_group(y, g, r0, r1, _mm_fnmadd_ps(bias, _mm_set1_ps(128.0f), sum_groups4(t)));
+    }
+}
+
+/* Q4_0 / Q4_1: per block one register of the four rows' nibbles (a 128-bit lane each) and
+ * their scales in one load: (d) x 4 for Q4_0, (d, m) x 4 for Q4_1. */
+static inline void q4x4(const void *w, int64_t rows, int64_t cols, const void *act, float *y, int64_t r0,
+                        int64_t r1, int has_min)
+{
+    kq_act8 a = kq_act8_view(act, cols);
+    const __m512i nib = _mm512_set1_epi8(0x0f);
+    const __m512i lanes = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
+    const __m512i lanes_dm = _mm512_setr_epi32(0, 0, 0, 0, 2, 2, 2, 2, 4, 4, 4, 4, 6, 6, 6, 6);
+    const int64_t nb = cols / 32, r4 = (rows + 3) / 4 * 4;
+    const size_t sb = has_min ? 4 : 2;
+    const uint8_t *qs = (const uint8_t *)w, *ss = qs + (size_t)r4 * (size_t)nb * 16;
+    for (int64_t g = r0 / 4 * 4; g < r1; g += 4) {
+        const uint8_t *q = qs + (size_t)g * (size_t)nb * 16, *s = ss + (size_t)g * (size_t)nb * sb;
+        __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();
+        __m256 accm = _mm256_setzero_ps();
+        __m128 acc4 = _mm_setzero_ps();
+        for (int64_t b = 0; b < nb; b++) {
+            __m512i qw = _mm512_loadu_si512(q + 64 * b);
+            __m512i lo = _mm512_and_si512(qw, nib), hi = _mm512_and_si512(_mm512_srli_epi16(qw, 4), nib);
+            __m512i alo = _mm512_broadcast_i32x4(_mm_load_si128((const __m128i *)(a.q + 32 * b)));
+            __m512i ahi = _mm512_broadcast_i32x4(_mm_load_si128((const __m128i *)(a.q + 32 * b + 16)));
+            __m512i dot = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), lo, alo), hi, ahi);
+            __m512 sc;
+            if (has_min) { /* (d, m) of row k in lanes 2k, 2k+1, times (d_x, sum x) */
+                double pair;
+                memcpy(&pair, a.dds + 2 * b, 8);
+                __m256 prod = _mm256_mul_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(s + 16 * b))),
+                                            _mm256_castpd_ps(_mm256_set1_pd(pair)));
+                accm = _mm256_add_ps(accm, prod);
+                sc = _mm512_permutexvar_ps(lanes_dm, _mm512_castps256_ps512(prod));
+            } else {
+                __m128 dw = _mm_cvtph_ps(_mm_loadl_epi64((const __m128i *)(s + 8 * b)));
+                acc4 = _mm_fmadd_ps(dw, _mm_set1_ps(a.dds[2 * b + 1]), acc4);
+                sc = _mm512_permutexvar_ps(lanes, _mm512_castps128_ps512(_mm_mul_ps(dw, _mm_set1_ps(a.dds[2 * b]))));
+            }
+            if (b & 1)
+                acc1 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), sc, acc1);
+            else
+                acc0 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), sc, acc0);
+        }
+        __m128 out = sum_groups4(_mm512_add_ps(acc0, acc1));
+        if (has_min) /* the m products sit in the odd lanes */
+            out = _mm_add_ps(out, _mm256_castps256_ps128(_mm256_permutevar8x32_ps(accm, _mm256_setr_epi32(1, 3, 5, 7, 1, 3, 5, 7))));
+        else
+            out = _mm_fmadd_ps(acc4, _mm_set1_ps(-8.0f), out);
+        store_group(y, g, r0, r1, out);
+    }
+}
+
+static void mv_q4_0x4(const void *w, int64_t rows, int64_t cols, const void *act, float *y, int64_t r0, int64_t r1)
+{
+    q4x4(w, rows, cols, act, y, r0, r1, 0);
+}
+
+static void mv_q4_1x4(const void *w, int64_t rows, int64_t cols, const void *act, float *y, int64_t r0, int64_t r1)
+{
+    q4x4(w, rows, cols, act, y, r0, r1, 1);
+}
+
 static const kq_impl kq_avx512 = {
     "avx512", quantize_act, mv_f32, mv_f16, mv_bf16, mv_q8_0, mv_q4_0, mv_q4_1, mv_q4_k, mv_q6_k,
+    mv_q8_0x4, mv_q4_0x4, mv_q4_1x4,
 };
 const kq_impl *const kq_impl_avx512 = &kq_avx512;
 

@@ -127,6 +127,93 @@ void kq_matvec(int type, const void *w, int64_t cols, const void *act, float *y,
 
 void kq_dequant_row(int type, const void *row, int64_t cols, float *out)
 {
+    if (type & KQ_PACKED) { /* a packed row is not contiguous: not a row to read */
+        for (int64_t i = 0; i < cols && kq_row_bytes(type, cols); i++)
+            out[i] = NAN;
+        return;
+    }
     if (kq_row_bytes(type, cols))
         kq_scalar_dequant_row(type, row, cols, out);
+}
+
+/* -- the packed layout (kq.h) ------------------------------------------------------------ */
+
+#define KQ_PACK_MAX_ROW 16384 /* four such rows fit the fallback's stack buffer */
+
+size_t kq_packed_bytes(int type, int64_t rows, int64_t cols)
+{
+    size_t qb = 0, sb = 0, rb = kq_row_bytes(type, cols);
+    if ((type & KQ_PACKED) || !kq_packed_parts(type, &qb, &sb) || !rb || rb > KQ_PACK_MAX_ROW || rows < 1)
+        return 0;
+    return (size_t)((rows + 3) / 4 * 4) * rb;
+}
+
+/* Where row r's block b lives in the packed layout: its quants and its scale bytes */
+static inline size_t packed_q(int64_t r, int64_t b, int64_t nb, size_t qb)
+{
+    return ((size_t)(r / 4) * (size_t)nb + (size_t)b) * 4 * qb + (size_t)(r % 4) * qb;
+}
+
+int kq_pack(int type, const void *src, int64_t rows, int64_t cols, void *dst)
+{
+    size_t n = kq_packed_bytes(type, rows, cols), qb = 0, sb = 0;
+    if (!n || !kq_packed_parts(type, &qb, &sb))
+        return -1;
+    const size_t rb = kq_row_bytes(type, cols), bs = qb + sb;
+    const int64_t nb = cols / 32, r4 = (rows + 3) / 4 * 4;
+    char *q = (char *)dst, *s = q + (size_t)r4 * (size_t)nb * qb;
+    memset(dst, 0, n); /* the padding rows: zero scales and quants, a zero product */
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t b = 0; b < nb; b++) {
+            const char *blk = (const char *)src + (size_t)r * rb + (size_t)b * bs;
+            memcpy(s + packed_q(r, b, nb, sb), blk, sb); /* every block starts with its scales */
+            memcpy(q + packed_q(r, b, nb, qb), blk + sb, qb);
+        }
+    return type | KQ_PACKED;
+}
+
+/* A level without a packed kernel: each group of four rows back into GGUF rows on the
+ * stack, then the level's row kernel (so its results are the row kernel's, bit for bit). */
+static void packed_via_rows(kq_matvec_fn f, int base, const void *w, int64_t rows, int64_t cols, const void *act,
+                            float *y, int64_t r0, int64_t r1)
+{
+    size_t qb = 0, sb = 0;
+    kq_packed_parts(base, &qb, &sb);
+    const size_t rb = kq_row_bytes(base, cols), bs = qb + sb;
+    const int64_t nb = cols / 32, r4 = (rows + 3) / 4 * 4;
+    const char *q = (const char *)w, *s = q + (size_t)r4 * (size_t)nb * qb;
+    _Alignas(64) char buf[4 * KQ_PACK_MAX_ROW];
+    for (int64_t g = r0 / 4 * 4; g < r1; g += 4) {
+        for (int k = 0; k < 4; k++)
+            for (int64_t b = 0; b < nb; b++) {
+                char *blk = buf + (size_t)k * rb + (size_t)b * bs;
+                memcpy(blk, s + packed_q(g + k, b, nb, sb), sb);
+                memcpy(blk + sb, q + packed_q(g + k, b, nb, qb), qb);
+            }
+        int64_t a = g > r0 ? g : r0, e = g + 4 < r1 ? g + 4 : r1;
+        f(buf, rb, cols, act, y + g, a - g, e - g); /* row r of the group at buf + (r - g) * rb */
+    }
+}
+
+void kq_matvec_mat(int type, const void *w, int64_t rows, int64_t cols, const void *act, float *y, int64_t r0,
+                   int64_t r1)
+{
+    if (!(type & KQ_PACKED)) {
+        kq_matvec(type, w, cols, act, y, r0, r1);
+        return;
+    }
+    const kq_impl *p = impl();
+    int base = type & ~KQ_PACKED;
+    kq_packed_fn f = base == KQ_Q8_0 ? p->q8_0x4 : base == KQ_Q4_0 ? p->q4_0x4 : base == KQ_Q4_1 ? p->q4_1x4 : NULL;
+    if (!kq_packed_bytes(base, rows, cols) || r1 > rows) {
+        for (int64_t r = r0; r < r1; r++)
+            y[r] = NAN;
+        return;
+    }
+    if (r1 <= r0)
+        return;
+    if (f)
+        f(w, rows, cols, act, y, r0, r1);
+    else
+        packed_via_rows(kernel_of(p, base), base, w, rows, cols, act, y, r0, r1);
 }

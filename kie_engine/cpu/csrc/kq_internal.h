@@ -104,11 +104,28 @@ static inline void kq_q4k_scales(const uint8_t s[12], uint8_t out[16])
 typedef void (*kq_matvec_fn)(const void *w, size_t rb, int64_t cols, const void *act, float *y, int64_t r0,
                              int64_t r1);
 
+/* One kernel on the packed layout (kq.h): rows [r0, r1) of a matrix of `rows` rows. */
+typedef void (*kq_packed_fn)(const void *w, int64_t rows, int64_t cols, const void *act, float *y, int64_t r0,
+                             int64_t r1);
+
 typedef struct {
     const char *name;
     void (*quantize_act)(const float *x, int64_t cols, void *act); /* the layout above */
     kq_matvec_fn f32, f16, bf16, q8_0, q4_0, q4_1, q4_k, q6_k;
+    /* packed kernels; NULL: kq_dispatch.c unpacks four rows at a time for the row kernel */
+    kq_packed_fn q8_0x4, q4_0x4, q4_1x4;
 } kq_impl;
+
+/* The packed layout's parts for a base type: quant and scale bytes per row and block */
+static inline int kq_packed_parts(int base, size_t *qb, size_t *sb)
+{
+    switch (base) {
+    case KQ_Q8_0: *qb = 32, *sb = 2; return 1;
+    case KQ_Q4_0: *qb = 16, *sb = 2; return 1;
+    case KQ_Q4_1: *qb = 16, *sb = 4; return 1;
+    default: return 0;
+    }
+}
 
 extern const kq_impl kq_impl_scalar;
 /* NULL when the build's compiler cannot make that level (other architectures) */

@@ -301,4 +301,5 @@ void kq_scalar_dequant_row(int type, const void *row, int64_t cols, float *out)
 
 const kq_impl kq_impl_scalar = {
     "scalar", quantize_act_scalar, mv_f32, mv_f16, mv_bf16, mv_q8_0, mv_q4_0, mv_q4_1, mv_q4_k, mv_q6_k,
+    NULL, NULL, NULL, /* packed: through the row kernels (kq_dispatch.c) */
 };

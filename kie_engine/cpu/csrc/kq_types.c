@@ -12,6 +12,12 @@ static const kq_type_info kq_types[] = {
 
 static const kq_type_info *kq_info(int type)
 {
+    size_t qb, sb;
+    if (type & KQ_PACKED) { /* sizes per row as the base type's: the packed form only reorders */
+        if (!kq_packed_parts(type & ~KQ_PACKED, &qb, &sb))
+            return NULL;
+        type &= ~KQ_PACKED;
+    }
     for (size_t i = 0; i < sizeof kq_types / sizeof kq_types[0]; i++)
         if (kq_types[i].type == type)
             return &kq_types[i];
@@ -23,6 +29,8 @@ int kq_supported(int type) { return kq_info(type) != NULL; }
 const char *kq_type_name(int type)
 {
     const kq_type_info *t = kq_info(type);
+    if (t && (type & KQ_PACKED))
+        return type == (KQ_Q8_0 | KQ_PACKED) ? "Q8_0x4" : type == (KQ_Q4_0 | KQ_PACKED) ? "Q4_0x4" : "Q4_1x4";
     return t ? t->name : "?";
 }
 
