@@ -141,6 +141,33 @@ def kv_group_plan(cfg, size, align=1):
     return out
 
 
+def head_split_plan(cfg, size, align=1):
+    """LanePlans of `size` lanes that split the query heads as evenly as possible (the
+    first nh % size lanes one more) and the MLP columns evenly (cut on multiples of
+    `align`); a KV group whose query heads fall on two lanes is on both (each computes its
+    K and V: a few rows read twice).  Each sublayer is then as even as the heads allow,
+    where kv_group_plan evens out only the whole layer (its lanes wait for each other at
+    every sum).  SmolLM2 (9 / 3 heads) on 2 lanes: 5 + 4 query heads on KV groups 0-1 and
+    1-2, 768 + 768 columns.  A lane's first query head is q_rows.start // head_dim; its
+    place in its first group is that minus kv_rows.start // head_dim x the group size."""
+    nh, nkv, hd = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+    inter, g = cfg.intermediate_size, nh // nkv
+    if not 1 <= size <= nh or inter < size * align:
+        raise ShardingError(f"{size} lanes: a query-head split needs 1..{nh} lanes and intermediate_size="
+                            f"{inter} of at least {size} x {align} columns")
+    blocks = inter // align
+    part = -(-cfg.vocab_size // size)
+    out, h0 = [], 0
+    for r in range(size):
+        n = nh // size + (1 if r < nh % size else 0)
+        k0, k1 = h0 // g, (h0 + n - 1) // g + 1
+        c0, c1 = blocks * r // size * align, (blocks * (r + 1) // size * align if r < size - 1 else inter)
+        v0, v1 = min(cfg.vocab_size, r * part), min(cfg.vocab_size, (r + 1) * part)
+        out.append(LanePlan(n, k1 - k0, slice(h0 * hd, (h0 + n) * hd), slice(k0 * hd, k1 * hd), c0, c1, v0, v1, part))
+        h0 += n
+    return out
+
+
 def load_lane_weights(ckpt, rank, size, uneven=False):
     """Lane `rank` of `size`'s share of a checkpoint (reads only those rows/columns)."""
     cfg = ckpt.config

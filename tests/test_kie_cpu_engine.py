@@ -266,7 +266,7 @@ def test_bad_token_and_full_context(path):
 
 @pytest.mark.parametrize("n,delay", [(2, 0), (3, 0), (2, 1)])
 def test_lanes_follow_one_lane(farms, path, n, delay):
-    """TP = 2 (6 + 3 query heads: KV groups 2 + 1, MLP columns 672 + 864) and 3, over
+    """TP = 2 (5 + 4 query heads: KV groups 0-1 and 1-2, MLP columns 768 + 768) and 3, over
     KCCL from C, against one lane (the lanes add partial sums, so the last bits differ:
     held to one lane as to the reference); DTP delay 1 on 2 lanes against one lane with
     the same delay.  Every lane gets bitwise the same logits (KCCL sums in rank order)."""
@@ -283,7 +283,7 @@ def test_lanes_follow_one_lane(farms, path, n, delay):
         _check_follows(want, ref_logits, out["tokens"], out["logits"])
         assert np.array_equal(out["logits"], res[0]["logits"]) and out["tokens"] == res[0]["tokens"], f"rank {r}"
     if n == 2:
-        assert [o["plan"] for o in res] == [(6, 672), (3, 864)]
+        assert [o["plan"] for o in res] == [(5, 768), (4, 768)]
 
 
 def test_dtp_delay_1_follows_numpy_with_the_same_delay(path):

@@ -12,9 +12,11 @@ GGUF files keep llama.cpp's Q/K row order, so RoPE rotates adjacent pairs there
 (KIE_CPU_ROPE_PAIRS) and halves for safetensors; attention scores do not depend on
 the order as long as queries and keys share it.
 
-Lanes follow tp.lane_plan with uneven=True (SmolLM2's 3 KV heads on 2 lanes: 2 + 1
-groups, the MLP columns balancing the bytes); their sums go through KCCL's host
-all-reduce, called from C by the step itself."""
+Lanes follow tp.lane_plan, or tp.head_split_plan where the KV groups do not split evenly
+(SmolLM2's 9 query heads on 2 lanes: 5 + 4, KV group 1 on both, 768 + 768 MLP columns),
+so that each sublayer is about even: the lanes meet at every sum.  Their sums go
+through KCCL's host all-reduce, called from C by the step itself (split phase: a lane
+prefetches its next weights while the sum is not in)."""
 import os
 
 import numpy as np
@@ -183,7 +185,14 @@ class CpuModel(OwnsNativeEngine):
         if size > 1:  # a lane's MLP columns must be whole blocks of the down projection
             t = w._raw("model.layers.0.mlp.down_proj.weight")[0]
             align = int(lib.kq_block_elems(t))
-        lp = _tp.lane_plan(cfg, rank, size, uneven=True, align=align)
+        nh, nkv, hd = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+        q_group = q_first = 0
+        if 1 < size <= nh and nkv % size:  # KV groups do not split evenly: split the query heads
+            lp = _tp.head_split_plan(cfg, size, align)[rank]
+            q_group = nh // nkv
+            q_first = lp.q_rows.start // hd - lp.kv_rows.start // hd * q_group
+        else:
+            lp = _tp.lane_plan(cfg, rank, size, uneven=True, align=align)
         self.cfg, self.lane, self.size, self.rank = cfg, lp, size, rank
         self.max_seq = min(max_seq or cfg.max_position_embeddings, cfg.max_position_embeddings)
         n = int(threads) if threads is not None else choose(None, node_cpu_sets)[0]
@@ -196,6 +205,7 @@ class CpuModel(OwnsNativeEngine):
         s.rope_mode = lib.KIE_CPU_ROPE_PAIRS if w.gguf else lib.KIE_CPU_ROPE_HALVES
         s.kv_type = lib.KIE_CPU_KV_F16 if kv == "f16" else lib.KIE_CPU_KV_F32
         s.dtp_delay, s.tp_size, s.tp_rank, s.threads = cfg.dtp_delay, size, rank, n
+        s.q_group, s.q_first = q_group, q_first
         cpu_arr = ffi.new("int[]", list(cpus)) if cpus else ffi.NULL
         s.cpus = cpu_arr
         c = ffi.NULL
@@ -205,7 +215,7 @@ class CpuModel(OwnsNativeEngine):
             c.comm = ffi.cast("void *", capi.handle(comm))
             for field, name in (("all_reduce", "kcclAllReduce"), ("start", "kcclAllReduceStart"),
                                 ("wait", "kcclAllReduceWait"), ("all_gather", "kcclAllGather"),
-                                ("last_error", "kcclGetLastError")):
+                                ("last_error", "kcclGetLastError"), ("test", "kcclAllReduceTest")):
                 setattr(c, field, ffi.cast("void *", capi.function(name)))
         out = ffi.new("kie_cpu **")
         _check(lib.kie_cpu_create(s, c, out))

@@ -24,6 +24,28 @@ typedef int (*kie_start_fn)(const void *, void *, size_t, int, int, void *, uint
 typedef int (*kie_wait_fn)(void *, uint64_t);
 typedef int (*kie_allgather_fn)(const void *, void *, size_t, int, void *, void *);
 typedef const char *(*kie_lasterr_fn)(void *);
+typedef int (*kie_test_fn)(void *, uint64_t, int *);
+
+/* Weight stages of a token, in the order a thread reads them: per layer q/k/v, o,
+ * gate/up, down, then the LM head (KIE_STAGE(L, 0)). */
+#define KIE_STAGE(l, i) (4 * (l) + (i))
+
+/* A thread's weights for one token as byte spans in reading order, and a cursor: while
+ * it waits (a barrier, a lanes' sum) it prefetches from the next stage's start up to
+ * KIE_PF_AHEAD bytes into it, so that waiting time streams memory too. */
+typedef struct {
+  const char *p;
+  size_t n, cum; /* cum: bytes of the spans before this one */
+} kie_span;
+
+typedef struct {
+  kie_span *spans;
+  int nspans;
+  int *first;    /* [stage]: its first span; [stages] = nspans */
+  int next;      /* the stage the thread reads next (where prefetching starts) */
+  int at;        /* cursor: span, offset */
+  size_t off;
+} kie_prefetch;
 
 /* Per thread: its copy of the residual (every thread applies the same updates, so no
  * stage writes a shared residual), the normed input, the prepared inputs of the
@@ -34,6 +56,7 @@ typedef struct {
   unsigned char *act[3]; /* one per distinct weight type of a stage */
   int act_type[3];
   int bad;               /* a product's input held a NaN or an infinity (this run) */
+  kie_prefetch pf;
 } kie_thread;
 
 struct kie_cpu {
@@ -80,5 +103,8 @@ struct kie_cpu {
 void kie_set_error(const char *fmt, ...);
 void kie_step_all(void *arg, int tid, int n);
 int kie_plan_shares(kie_cpu *e);
+/* Prefetches the next piece of thread th's weights from stage `next` on; 0 when there
+ * is nothing more to do within KIE_PF_AHEAD (an idle callback of kpool_barrier_idle). */
+int kie_prefetch_more(void *th);
 
 #endif

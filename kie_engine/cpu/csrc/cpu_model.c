@@ -43,8 +43,15 @@ static int check_shape(const kie_cpu_shape *s) {
     kie_set_error("head_dim=%d: at most %d", s->head_dim, KIE_MAX_HEAD_DIM);
     return KIE_CPU_E_ARG;
   }
-  if (s->heads % s->kv_heads) {
+  if (s->q_group == 0 && s->heads % s->kv_heads) {
     kie_set_error("heads=%d is not a multiple of kv_heads=%d", s->heads, s->kv_heads);
+    return KIE_CPU_E_ARG;
+  }
+  if (s->q_group && (s->q_group < 1 || s->q_first < 0 || s->q_first >= s->q_group ||
+                     s->kv_heads != (s->q_first + s->heads + s->q_group - 1) / s->q_group)) {
+    kie_set_error("q_group=%d, q_first=%d: %d query heads from there use %d KV heads, not %d", s->q_group,
+                  s->q_first, s->heads, s->q_group > 0 ? (s->q_first + s->heads + s->q_group - 1) / s->q_group : 0,
+                  s->kv_heads);
     return KIE_CPU_E_ARG;
   }
   if (s->dtp_delay < 0 || s->dtp_delay > KIE_CPU_MAX_DELAY) {
@@ -88,6 +95,8 @@ void kie_cpu_destroy(kie_cpu *e) {
       free(th->kcur);
       free(th->vcur);
       for (int i = 0; i < 3; i++) free(th->act[i]);
+      free(th->pf.spans);
+      free(th->pf.first);
     }
     free(e->th);
   }
@@ -124,6 +133,7 @@ int kie_cpu_create(const kie_cpu_shape *s, const kie_cpu_comm *c, kie_cpu **out)
     return KIE_CPU_E_MEMORY;
   }
   e->s = *s;
+  if (!e->s.q_group) e->s.q_group = s->heads / s->kv_heads; /* q_first is 0 then */
   e->s.cpus = NULL; /* copied below: the caller's array need not outlive this call */
   if (s->cpus) {
     memcpy(e->cpus, s->cpus, sizeof(int) * s->threads);
@@ -305,6 +315,55 @@ static void share_rows(const kie_cpu_mat *const *mats, int nm, int n, kie_share 
   }
 }
 
+static void add_spans(kie_prefetch *pf, const kie_cpu_mat *m, int r0, int r1) {
+  const void *p[2];
+  size_t n[2];
+  int k = kq_share_spans(m->type, m->data, m->rows, m->cols, r0, r1, p, n);
+  for (int i = 0; i < k; i++) {
+    kie_span *sp = &pf->spans[pf->nspans];
+    sp->p = p[i];
+    sp->n = n[i];
+    sp->cum = pf->nspans ? sp[-1].cum + sp[-1].n : 0;
+    pf->nspans++;
+  }
+}
+
+/* Thread t's weight spans of a token, in the order its stages read them. */
+static int plan_prefetch(kie_cpu *e, int t) {
+  const kie_cpu_shape *s = &e->s;
+  int n = e->nthreads, L = s->layers, stages = KIE_STAGE(L, 1);
+  kie_prefetch *pf = &e->th[t].pf;
+  free(pf->spans);
+  free(pf->first);
+  pf->spans = calloc((size_t)L * 14 + 2, sizeof(kie_span)); /* at most 2 spans per matrix */
+  pf->first = calloc((size_t)stages + 1, sizeof(int));
+  if (!pf->spans || !pf->first) return -1;
+  pf->nspans = 0;
+  for (int l = 0; l < L; l++) {
+    const kie_cpu_layer *w = &e->layers[l];
+    const kie_share *q = &e->sh_qkv[(size_t)l * n + t], *o = &e->sh_o[(size_t)l * n + t],
+                    *gu = &e->sh_gu[(size_t)l * n + t], *dn = &e->sh_down[(size_t)l * n + t];
+    pf->first[KIE_STAGE(l, 0)] = pf->nspans;
+    add_spans(pf, &w->q, q->r0[0], q->r1[0]);
+    add_spans(pf, &w->k, q->r0[1], q->r1[1]);
+    add_spans(pf, &w->v, q->r0[2], q->r1[2]);
+    pf->first[KIE_STAGE(l, 1)] = pf->nspans;
+    add_spans(pf, &w->o, o->r0[0], o->r1[0]);
+    pf->first[KIE_STAGE(l, 2)] = pf->nspans;
+    add_spans(pf, &w->gate, gu->r0[0], gu->r1[0]);
+    add_spans(pf, &w->up, gu->r0[0], gu->r1[0]);
+    pf->first[KIE_STAGE(l, 3)] = pf->nspans;
+    add_spans(pf, &w->down, dn->r0[0], dn->r1[0]);
+  }
+  pf->first[KIE_STAGE(L, 0)] = pf->nspans;
+  add_spans(pf, &e->head, e->sh_head[t].r0[0], e->sh_head[t].r1[0]);
+  pf->first[stages] = pf->nspans;
+  pf->next = 0;
+  pf->at = 0;
+  pf->off = 0;
+  return 0;
+}
+
 int kie_plan_shares(kie_cpu *e) {
   const kie_cpu_shape *s = &e->s;
   for (int l = 0; l < s->layers; l++)
@@ -363,6 +422,11 @@ int kie_plan_shares(kie_cpu *e) {
   }
   /* attention: query heads as evenly as possible */
   for (int t = 0; t <= n; t++) e->head0[t] = (int)((long long)s->heads * t / n);
+  for (int t = 0; t < n; t++)
+    if (plan_prefetch(e, t)) {
+      kie_set_error("out of memory");
+      return KIE_CPU_E_MEMORY;
+    }
   e->planned = 1;
   return KIE_CPU_OK;
 }

@@ -197,7 +197,9 @@ void kpool_run(kpool *p, kpool_fn fn, void *arg) {
   }
 }
 
-void kpool_barrier(kpool *p, int tid) {
+void kpool_barrier(kpool *p, int tid) { kpool_barrier_idle(p, tid, NULL, NULL); }
+
+void kpool_barrier_idle(kpool *p, int tid, int (*idle)(void *), void *arg) {
   (void)tid;
   if (p->n == 1) return;
   unsigned g = atomic_load_explicit(&p->bar_gen, memory_order_acquire);
@@ -206,8 +208,12 @@ void kpool_barrier(kpool *p, int tid) {
     atomic_fetch_add_explicit(&p->bar_gen, 1, memory_order_release);
     return;
   }
-  int polls = 0;
+  int polls = 0, busy = idle != NULL;
   while (atomic_load_explicit(&p->bar_gen, memory_order_acquire) == g) {
+    if (busy) {
+      busy = idle(arg);
+      continue;
+    }
     CPU_RELAX();
     if (++polls >= SPIN_BEFORE_YIELD) {
       polls = 0;

@@ -18,5 +18,8 @@ int kpool_size(const kpool *p);
 void kpool_run(kpool *p, kpool_fn fn, void *arg);
 /* Every thread of the current run waits here until all have arrived. */
 void kpool_barrier(kpool *p, int tid);
+/* The same, calling idle(arg) while it waits, until idle returns 0 (a short piece of
+ * work each call: the decode step prefetches its next weights). */
+void kpool_barrier_idle(kpool *p, int tid, int (*idle)(void *), void *arg);
 
 #endif

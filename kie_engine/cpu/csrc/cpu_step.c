@@ -74,6 +74,51 @@ static const void *act_for(kie_thread *th, int *used, const kie_cpu_mat *m, cons
   return th->act[i];
 }
 
+/* Prefetching while waiting: how far into the next stage (within one core's L2 with room
+ * to spare) and how much per call (a wait polls between pieces). */
+#define KIE_PF_AHEAD (256 * 1024)
+#define KIE_PF_CHUNK 1024
+
+int kie_prefetch_more(void *arg) {
+  kie_prefetch *pf = &((kie_thread *)arg)->pf;
+  if (pf->next < 0) return 0;
+  int first = pf->first[pf->next];
+  if (pf->at < first) {
+    pf->at = first;
+    pf->off = 0;
+  }
+  if (pf->at >= pf->nspans) return 0;
+  const kie_span *sp = &pf->spans[pf->at];
+  if (sp->cum + pf->off - pf->spans[first].cum >= KIE_PF_AHEAD) return 0;
+  size_t end = pf->off + KIE_PF_CHUNK < sp->n ? pf->off + KIE_PF_CHUNK : sp->n;
+  for (size_t o = pf->off; o < end; o += 64) __builtin_prefetch(sp->p + o, 0, 2);
+  if (end >= sp->n) {
+    pf->at++;
+    pf->off = 0;
+  } else {
+    pf->off = end;
+  }
+  return 1;
+}
+
+/* Waits for the other threads, prefetching stage `next` (-1: none) meanwhile. */
+static void wait_all(kie_cpu *e, kie_thread *th, int tid, int next) {
+  th->pf.next = next;
+  kpool_barrier_idle(e->pool, tid, kie_prefetch_more, th);
+}
+
+/* Thread 0 waits for split-phase sum `req`, prefetching its next stage while it is not in. */
+static int wait_sum(kie_cpu *e, kie_thread *th, uint64_t req) {
+  if (e->comm.test) {
+    int done = 0;
+    while (!done && kie_prefetch_more(th)) {
+      int rc = ((kie_test_fn)e->comm.test)(e->comm.comm, req, &done);
+      if (rc) return rc;
+    }
+  }
+  return ((kie_wait_fn)e->comm.wait)(e->comm.comm, req);
+}
+
 static void add(float *x, const float *y, int n) {
   for (int i = 0; i < n; i++) x[i] += y[i];
 }
@@ -88,25 +133,26 @@ static void comm_fail(kie_cpu *e, const char *what, int rc) {
 /* Thread 0, after sublayer k's output is complete in e->y (tp > 1) or in its ring slot
  * (tp == 1): starts its sum and waits for the one that is due.  Returns the ring slot
  * whose sum the residual takes now, or -1 when none is due yet. */
-static int lanes_sum(kie_cpu *e, int k, int tid) {
+static int lanes_sum(kie_cpu *e, int k, int tid, kie_thread *th) {
   const kie_cpu_shape *s = &e->s;
   int d = s->dtp_delay, H = s->hidden, slot = k % (d + 1);
   int due = k >= d ? (k - d) % (d + 1) : -1;
   if (s->tp_size == 1 || tid != 0 || e->rc) return due;
   float *dst = e->ring + (size_t)slot * H;
   int rc;
-  if (d == 0) {
+  if (d == 0 && !e->comm.test) {
     rc = ((kie_allreduce_fn)e->comm.all_reduce)(e->y, dst, H, KCCL_FLOAT32, KCCL_SUM, e->comm.comm, NULL);
     if (rc) comm_fail(e, "kcclAllReduce of a sublayer's output", rc);
     return due;
   }
+  /* split phase (also with no delay: the wait prefetches the next weights) */
   rc = ((kie_start_fn)e->comm.start)(e->y, dst, H, KCCL_FLOAT32, KCCL_SUM, e->comm.comm, &e->req[slot]);
   if (rc) {
     comm_fail(e, "kcclAllReduceStart of a sublayer's output", rc);
     return due;
   }
   if (due >= 0) {
-    rc = ((kie_wait_fn)e->comm.wait)(e->comm.comm, e->req[due]);
+    rc = wait_sum(e, th, e->req[due]);
     if (rc) comm_fail(e, "kcclAllReduceWait", rc);
   }
   return due;
@@ -125,7 +171,7 @@ static void one_token(kie_cpu *e, int tid, int n, int32_t tok, int pos, int want
   const kie_cpu_shape *s = &e->s;
   kie_thread *th = &e->th[tid];
   int H = s->hidden, hd = s->head_dim, L = s->layers, d = s->dtp_delay, tp = s->tp_size;
-  int qrows = s->heads * hd, kvrows = s->kv_heads * hd, g = s->heads / s->kv_heads;
+  int qrows = s->heads * hd, kvrows = s->kv_heads * hd, g = s->q_group, qf = s->q_first;
   int kv16 = s->kv_type == KIE_CPU_KV_F16;
   size_t esz = kv16 ? 2 : 4;
   float scale = 1.0f / sqrtf((float)hd);
@@ -140,6 +186,8 @@ static void one_token(kie_cpu *e, int tid, int n, int32_t tok, int pos, int want
   }
   const float *cosv = cs, *sinv = cs + hd / 2;
 
+  th->pf.at = 0; /* the prefetch cursor starts the token again */
+  th->pf.off = 0;
   size_t rb_embed = kq_row_bytes(e->embed.type, H);
   kq_dequant_row(e->embed.type, (const char *)e->embed.data + (size_t)tok * rb_embed, H, th->x);
   STAMP(7);
@@ -159,12 +207,12 @@ static void one_token(kie_cpu *e, int tid, int n, int32_t tok, int pos, int want
         matvec(&w->q, aq, e->qkv, sh->r0[0], sh->r1[0]);
         matvec(&w->k, ak, e->qkv + qrows, sh->r0[1], sh->r1[1]);
         matvec(&w->v, av, e->qkv + qrows + kvrows, sh->r0[2], sh->r1[2]);
-        kpool_barrier(e->pool, tid);
+        wait_all(e, th, tid, KIE_STAGE(l, 1));
         STAMP(0);
         /* attention: this thread's query heads */
         int cur = -1;
         for (int h = e->head0[tid]; h < e->head0[tid + 1]; h++) {
-          int j = h / g;
+          int j = (h + qf) / g; /* this lane's KV head of query head h */
           float *kcur = th->kcur + (size_t)j * hd, *vcur = th->vcur + (size_t)j * hd;
           size_t off = (((size_t)l * s->kv_heads + j) * s->max_seq) * hd;
           if (j != cur) {
@@ -173,7 +221,8 @@ static void one_token(kie_cpu *e, int tid, int n, int32_t tok, int pos, int want
             memcpy(vcur, e->qkv + qrows + kvrows + (size_t)j * hd, sizeof(float) * hd);
             /* the thread of the group's first query head writes the cache at pos; every
              * thread uses its own kcur / vcur for pos, rounded as the cache holds them */
-            int writer = j * g >= e->head0[tid] && j * g < e->head0[tid + 1];
+            int lead = j * g - qf > 0 ? j * g - qf : 0; /* the group's first query head here */
+            int writer = lead >= e->head0[tid] && lead < e->head0[tid + 1];
             for (int i = 0; i < hd; i++) {
               if (kv16) {
                 uint16_t kh = kie_float_to_half(kcur[i]), vh = kie_float_to_half(vcur[i]);
@@ -193,14 +242,14 @@ static void one_token(kie_cpu *e, int tid, int n, int32_t tok, int pos, int want
           kie_attend(th->q, (const char *)e->kc + off * esz, (const char *)e->vc + off * esz, kv16, kcur, vcur,
                      pos + 1, hd, scale, th->scores, e->att + (size_t)h * hd);
         }
-        kpool_barrier(e->pool, tid);
+        wait_all(e, th, tid, KIE_STAGE(l, 1));
         STAMP(1);
         /* o */
         used = 0;
         const void *ao = act_for(th, &used, &w->o, e->att);
         sh = &e->sh_o[(size_t)l * n + tid];
         matvec(&w->o, ao, y, sh->r0[0], sh->r1[0]);
-        kpool_barrier(e->pool, tid);
+        wait_all(e, th, tid, KIE_STAGE(l, 2));
         STAMP(2);
       } else {
         /* gate / up with SwiGLU on this thread's rows, then down */
@@ -215,18 +264,21 @@ static void one_token(kie_cpu *e, int tid, int n, int32_t tok, int pos, int want
           float a = th->gu[r];
           e->m[r] = a / (1.0f + expf(-a)) * th->gu[s->inter + r];
         }
-        kpool_barrier(e->pool, tid);
+        wait_all(e, th, tid, KIE_STAGE(l, 3));
         STAMP(3);
         used = 0;
         const void *ad = act_for(th, &used, &w->down, e->m);
         sh = &e->sh_down[(size_t)l * n + tid];
         matvec(&w->down, ad, y, sh->r0[0], sh->r1[0]);
-        kpool_barrier(e->pool, tid);
+        wait_all(e, th, tid, KIE_STAGE(l + 1, 0));
         STAMP(4);
       }
       /* the residual */
-      int due = lanes_sum(e, k, tid);
-      if (tp > 1 && due >= 0) kpool_barrier(e->pool, tid); /* thread 0's sum is in */
+      /* the stage after this sum: gate/up after attention, the next layer's q/k/v (or
+       * the head) after the MLP */
+      th->pf.next = sub == 0 ? KIE_STAGE(l, 2) : KIE_STAGE(l + 1, 0);
+      int due = lanes_sum(e, k, tid, th);
+      if (tp > 1 && due >= 0) wait_all(e, th, tid, th->pf.next); /* thread 0's sum is in */
       if (e->rc) return;
       if (due >= 0) add(th->x, e->ring + (size_t)due * H, H);
       STAMP(5);

@@ -55,6 +55,10 @@ typedef struct {
   int threads;                    /* pool size, the calling thread included (>= 1) */
   const int *cpus;                /* NULL, or `threads` CPU ids: pool thread i (i >= 1) is pinned to
                                      cpus[i]; the calling thread (0) is left as it is (it is Python's) */
+  int q_group;                    /* 0: heads / kv_heads query heads per KV head; else the model's
+                                     group size, for a lane whose query heads start inside a group */
+  int q_first;                    /* (q_group > 0) the lane's first query head's place in its first
+                                     KV group; the lane's KV heads are the groups its heads use */
 } kie_cpu_shape;
 
 /* One matrix: rows x cols in block format `type`, rows packed kq_row_bytes(type, cols)
@@ -72,11 +76,13 @@ typedef struct {
 
 /* KCCL's entry points for the lanes' sums (ignored when tp_size == 1); void * so that
  * this module need not link KCCL: the caller passes the addresses of kcclAllReduce,
- * kcclAllReduceStart, kcclAllReduceWait, kcclAllGather and kcclGetLastError of the
- * library that made the communicator. */
+ * kcclAllReduceStart, kcclAllReduceWait, kcclAllGather, kcclGetLastError and
+ * kcclAllReduceTest of the library that made the communicator. */
 typedef struct {
   void *comm;
   void *all_reduce, *start, *wait, *all_gather, *last_error;
+  void *test; /* kcclAllReduceTest, or NULL: a lane waiting for a sum prefetches its next
+                 weights meanwhile, polling the sum with it */
 } kie_cpu_comm;
 
 typedef struct {

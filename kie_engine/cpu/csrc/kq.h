@@ -60,6 +60,11 @@ int kq_pack(int type, const void *src, int64_t rows, int64_t cols, void *dst);
 /* kq_matvec for any type, packed ones included (they need the matrix's row count) */
 void kq_matvec_mat(int type, const void *w, int64_t rows, int64_t cols, const void *act, float *y, int64_t r0,
                    int64_t r1);
+/* Where rows [r0, r1) of a matrix at w (rows x cols of `type`, packed or not) lie: at
+ * most 2 spans (the packed layout's quants and scales), written to p[] / n[]; returns
+ * how many (0 for an empty range or a type the kernels do not take). */
+int kq_share_spans(int type, const void *w, int64_t rows, int64_t cols, int64_t r0, int64_t r1, const void **p,
+                   size_t *n);
 /* one row to floats (embedding lookups, tests) */
 void kq_dequant_row(int type, const void *row, int64_t cols, float *out);
 

@@ -217,3 +217,25 @@ void kq_matvec_mat(int type, const void *w, int64_t rows, int64_t cols, const vo
     else
         packed_via_rows(kernel_of(p, base), base, w, rows, cols, act, y, r0, r1);
 }
+
+int kq_share_spans(int type, const void *w, int64_t rows, int64_t cols, int64_t r0, int64_t r1, const void **p,
+                   size_t *n)
+{
+    size_t rb = kq_row_bytes(type, cols), qb = 0, sb = 0;
+    if (!rb || r1 <= r0)
+        return 0;
+    if (!(type & KQ_PACKED)) {
+        p[0] = (const char *)w + (size_t)r0 * rb;
+        n[0] = (size_t)(r1 - r0) * rb;
+        return 1;
+    }
+    if (!kq_packed_parts(type & ~KQ_PACKED, &qb, &sb))
+        return 0;
+    const int64_t nb = cols / 32, r4 = (rows + 3) / 4 * 4, g0 = r0 / 4 * 4, g1 = (r1 + 3) / 4 * 4;
+    const char *q = (const char *)w, *s = q + (size_t)r4 * (size_t)nb * qb;
+    p[0] = q + (size_t)g0 * (size_t)nb * qb;
+    n[0] = (size_t)(g1 - g0) * (size_t)nb * qb;
+    p[1] = s + (size_t)g0 * (size_t)nb * sb;
+    n[1] = (size_t)(g1 - g0) * (size_t)nb * sb;
+    return 2;
+}
