@@ -331,7 +331,7 @@ static void add_spans(kie_prefetch *pf, const kie_cpu_mat *m, int r0, int r1) {
 /* Thread t's weight spans of a token, in the order its stages read them. */
 static int plan_prefetch(kie_cpu *e, int t) {
   const kie_cpu_shape *s = &e->s;
-  int n = e->nthreads, L = s->layers, stages = KIE_STAGE(L, 1);
+  int n = e->nthreads, L = s->layers, stages = KIE_STAGE(L, 0) + 1; /* the head is the last */
   kie_prefetch *pf = &e->th[t].pf;
   free(pf->spans);
   free(pf->first);
