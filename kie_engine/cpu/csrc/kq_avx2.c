@@ -294,9 +294,94 @@ static void mv_q6_k(const void *w, size_t rb, int64_t cols, const void *act, flo
     }
 }
 
+/* -- the packed layout (kq.h): the row kernels' arithmetic in the same order (so the same
+ * results, bit for bit), reading four rows' blocks side by side ------------------------------ */
+
+/* The sums of acc[0..3] (rows g..g+3, plus extra) into y, only rows in [r0, r1) */
+static inline void store_group(float *y, int64_t g, int64_t r0, int64_t r1, const __m256 acc[4], __m128 extra)
+{
+    __m256 a01 = _mm256_hadd_ps(acc[0], acc[1]), a23 = _mm256_hadd_ps(acc[2], acc[3]);
+    __m256 s = _mm256_hadd_ps(a01, a23);
+    __m128 v = _mm_add_ps(_mm_add_ps(_mm256_castps256_ps128(s), _mm256_extractf128_ps(s, 1)), extra);
+    float t[4];
+    _mm_storeu_ps(t, v);
+    for (int k = 0; k < 4; k++)
+        if (g + k >= r0 && g + k < r1)
+            y[g + k] = t[k];
+}
+
+static inline void q4x4(const void *w, int64_t rows, int64_t cols, const void *act, float *y, int64_t r0,
+                        int64_t r1, int has_min)
+{
+    kq_act8 a = kq_act8_view(act, cols);
+    const int64_t nb = cols / 32, r4 = (rows + 3) / 4 * 4;
+    const size_t sb = has_min ? 4 : 2;
+    const uint8_t *qs = (const uint8_t *)w, *ss = qs + (size_t)r4 * (size_t)nb * 16;
+    for (int64_t g = r0 / 4 * 4; g < r1; g += 4) {
+        const uint8_t *q = qs + (size_t)g * (size_t)nb * 16, *sc4 = ss + (size_t)g * (size_t)nb * sb;
+        __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+        __m256 accm = _mm256_setzero_ps();
+        for (int64_t b = 0; b < nb; b++) {
+            __m128i dm;
+            if (has_min) /* (d, m) of row k -> halves 2k, 2k+1, as stored */
+                dm = _mm_loadu_si128((const __m128i *)(sc4 + 16 * b));
+            else
+                dm = _mm_unpacklo_epi16(_mm_loadl_epi64((const __m128i *)(sc4 + 8 * b)),
+                                        _mm_loadl_epi64((const __m128i *)(sc4 + 8 * b)));
+            double pair;
+            memcpy(&pair, a.dds + 2 * b, 8);
+            __m256 prod = _mm256_mul_ps(_mm256_cvtph_ps(dm), _mm256_castpd_ps(_mm256_set1_pd(pair)));
+            accm = _mm256_add_ps(accm, prod);
+            __m256i xq = _mm256_loadu_si256((const __m256i *)(a.q + 32 * b));
+            for (int k = 0; k < 4; k++) {
+                __m256i dot = dot4(nibbles(q + 64 * b + 16 * k), xq);
+                __m256 sc = _mm256_permutevar8x32_ps(prod, _mm256_set1_epi32(2 * k));
+                acc[k] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), sc, acc[k]);
+            }
+        }
+        __m128 m4 = _mm256_castps256_ps128(_mm256_permutevar8x32_ps(accm, _mm256_setr_epi32(1, 3, 5, 7, 1, 3, 5, 7)));
+        store_group(y, g, r0, r1, acc, has_min ? m4 : _mm_mul_ps(m4, _mm_set1_ps(-8.0f)));
+    }
+}
+
+static void mv_q4_0x4(const void *w, int64_t rows, int64_t cols, const void *act, float *y, int64_t r0, int64_t r1)
+{
+    q4x4(w, rows, cols, act, y, r0, r1, 0);
+}
+
+static void mv_q4_1x4(const void *w, int64_t rows, int64_t cols, const void *act, float *y, int64_t r0, int64_t r1)
+{
+    q4x4(w, rows, cols, act, y, r0, r1, 1);
+}
+
+static void mv_q8_0x4(const void *w, int64_t rows, int64_t cols, const void *act, float *y, int64_t r0, int64_t r1)
+{
+    kq_act8 a = kq_act8_view(act, cols);
+    const int64_t nb = cols / 32, r4 = (rows + 3) / 4 * 4;
+    const int8_t *qs = (const int8_t *)w;
+    const uint16_t *ds = (const uint16_t *)(qs + (size_t)r4 * (size_t)cols);
+    for (int64_t g = r0 / 4 * 4; g < r1; g += 4) {
+        const int8_t *q = qs + (size_t)g * (size_t)cols;
+        const uint16_t *d = ds + (size_t)g * (size_t)nb;
+        __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+        for (int64_t b = 0; b < nb; b++) {
+            __m128i dh = _mm_loadl_epi64((const __m128i *)(d + 4 * b));
+            __m256 sc4 = _mm256_castps128_ps256(_mm_mul_ps(_mm_cvtph_ps(dh), _mm_set1_ps(a.dds[2 * b])));
+            __m256i xq = _mm256_loadu_si256((const __m256i *)(a.q + 32 * b));
+            for (int k = 0; k < 4; k++) {
+                __m256i wq = _mm256_loadu_si256((const __m256i *)(q + 128 * b + 32 * k));
+                __m256i dot = dot4(_mm256_sign_epi8(wq, wq), _mm256_sign_epi8(xq, wq));
+                __m256 sc = _mm256_permutevar8x32_ps(sc4, _mm256_set1_epi32(k));
+                acc[k] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), sc, acc[k]);
+            }
+        }
+        store_group(y, g, r0, r1, acc, _mm_setzero_ps());
+    }
+}
+
 static const kq_impl kq_avx2 = {
     "avx2", quantize_act, mv_f32, mv_f16, mv_bf16, mv_q8_0, mv_q4_0, mv_q4_1, mv_q4_k, mv_q6_k,
-    NULL, NULL, NULL, /* packed: through the row kernels (kq_dispatch.c) */
+    mv_q8_0x4, mv_q4_0x4, mv_q4_1x4,
 };
 const kq_impl *const kq_impl_avx2 = &kq_avx2;
 
