@@ -156,12 +156,9 @@ kcclResult_t HostComm::async_error() {
   return e;
 }
 
-void HostComm::abort() {
-  std::lock_guard<std::mutex> lock(mu_);
-  if (!comm_) return;
-  api.kcclCommAbort(comm_);
+void HostComm::closed_locked(const char* why) {
   comm_ = nullptr;
-  why_closed_ = "aborted";
+  why_closed_ = why;
   std::exception_ptr err;
   try {
     handle("all_reduce (async)");
@@ -169,6 +166,13 @@ void HostComm::abort() {
     err = std::current_exception();
   }
   finish_through(UINT64_MAX, err);
+}
+
+void HostComm::abort() {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!comm_) return;
+  api.kcclCommAbort(comm_);
+  closed_locked("aborted");
 }
 
 void HostComm::destroy() {
@@ -179,15 +183,7 @@ void HostComm::destroy() {
   } catch (...) {
   }
   api.kcclCommDestroy(comm_);
-  comm_ = nullptr;
-  why_closed_ = "destroyed (destroy_process_group or shutdown)";
-  std::exception_ptr err;
-  try {
-    handle("all_reduce (async)");
-  } catch (...) {
-    err = std::current_exception();
-  }
-  finish_through(UINT64_MAX, err);
+  closed_locked("destroyed (destroy_process_group or shutdown)");
 }
 
 bool HostComm::closed() {

@@ -64,6 +64,8 @@ class HostComm {
   void drain_locked();
   void complete_locked(const std::shared_ptr<PendingOp>& op);
   void finish_through(uint64_t request, std::exception_ptr error);
+  // The communicator is gone (abort / destroy): every outstanding Work fails, saying why.
+  void closed_locked(const char* why);
 
   std::mutex mu_;
   kcclComm_t comm_ = nullptr;
