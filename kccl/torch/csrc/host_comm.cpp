@@ -2,11 +2,53 @@
 
 #include <c10/util/Exception.h>
 
+#include <algorithm>
+#include <thread>
+
 namespace kccl_torch {
+
+namespace {
+
+using Callbacks = std::vector<std::pair<std::function<void(std::exception_ptr)>, std::exception_ptr>>;
+
+void run_callbacks(Callbacks& ready) {
+  for (auto& [fn, error] : ready) {
+    try {
+      fn(error);
+    } catch (...) {
+      // a future's completion has nowhere to report its own failure; the future itself carries it
+    }
+  }
+  ready.clear();
+}
+
+}  // namespace
+
+// mu_ for one call; on leaving it (by return or throw) the callbacks of the operations the
+// call finished run on this thread, after mu_ is released.
+class HostComm::Guard {
+ public:
+  explicit Guard(HostComm& c) : c_(c), lock_(c.mu_) {}
+  ~Guard() {
+    if (c_.ready_.empty()) return;
+    Callbacks ready;
+    ready.swap(c_.ready_);
+    lock_.unlock();
+    run_callbacks(ready);
+  }
+
+ private:
+  HostComm& c_;
+  std::unique_lock<std::mutex> lock_;
+};
 
 HostComm::HostComm(int rank, int size, const kcclUniqueId& id, const kcclConfig_t& config,
                    const kcclPlacement_t& placement)
-    : rank_(rank), size_(size), buffer_bytes_(config.buffer_bytes), max_outstanding_(config.max_outstanding) {
+    : rank_(rank),
+      size_(size),
+      buffer_bytes_(config.buffer_bytes),
+      max_outstanding_(config.max_outstanding),
+      timeout_ms_(config.timeout_ms) {
   kcclComm_t c = nullptr;
   kcclResult_t rc = api.kcclCommInitRankPlacement(&c, size, id, rank, &config, &placement);
   if (rc != kcclSuccess) fail(rc, "init");
@@ -39,11 +81,19 @@ kcclComm_t HostComm::handle(const char* what) {
 }
 
 void HostComm::finish_through(uint64_t request, std::exception_ptr error) {
+  bool watched = false;
   while (!pending_.empty() && pending_.front()->request <= request) {
-    pending_.front()->done = true;
-    pending_.front()->error = error;
+    PendingOp& op = *pending_.front();
+    op.done = true;
+    op.error = error;
+    if (op.on_done) {
+      ready_.emplace_back(std::move(op.on_done), error);
+      op.on_done = nullptr;
+      watched = true;
+    }
     pending_.pop_front();
   }
+  if (watched) completer_wake_.notify_all();
 }
 
 void HostComm::complete_locked(const std::shared_ptr<PendingOp>& op) {
@@ -68,7 +118,7 @@ void HostComm::drain_locked() {
 }
 
 #define KCCL_TORCH_CALL(what, call)            \
-  std::lock_guard<std::mutex> lock(mu_);       \
+  Guard guard(*this);                          \
   kcclComm_t c = handle(what);                 \
   drain_locked();                              \
   kcclResult_t rc = (call);                    \
@@ -99,7 +149,7 @@ void HostComm::barrier(const char* what) { KCCL_TORCH_CALL(what, api.kcclBarrier
 
 std::shared_ptr<PendingOp> HostComm::start_all_reduce(const void* send, void* recv, size_t count,
                                                       kcclDataType_t type, kcclRedOp_t op) {
-  std::lock_guard<std::mutex> lock(mu_);
+  Guard guard(*this);
   kcclComm_t c = handle("all_reduce (async)");
   if ((int)pending_.size() >= max_outstanding_) complete_locked(pending_.front());
   auto p = std::make_shared<PendingOp>();
@@ -111,7 +161,7 @@ std::shared_ptr<PendingOp> HostComm::start_all_reduce(const void* send, void* re
 
 void HostComm::complete(const std::shared_ptr<PendingOp>& op) {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    Guard guard(*this);
     if (!op->done) {
       if (!comm_) {
         op->done = true;
@@ -129,7 +179,11 @@ void HostComm::complete(const std::shared_ptr<PendingOp>& op) {
 }
 
 bool HostComm::test(const std::shared_ptr<PendingOp>& op) {
-  std::lock_guard<std::mutex> lock(mu_);
+  Guard guard(*this);
+  return test_locked(op);
+}
+
+bool HostComm::test_locked(const std::shared_ptr<PendingOp>& op) {
   if (op->done) return true;
   if (!comm_) return false;  // complete() reports the closed communicator
   int done = 0;
@@ -146,6 +200,66 @@ bool HostComm::test(const std::shared_ptr<PendingOp>& op) {
   }
   if (done) finish_through(op->request, nullptr);
   return done != 0;
+}
+
+bool HostComm::watch(const std::shared_ptr<PendingOp>& op, std::function<void(std::exception_ptr)> on_done) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (op->done) return false;
+  if (!comm_) {  // closing finishes every outstanding op, so only an op of another communicator gets here
+    op->done = true;
+    try {
+      handle("all_reduce (async) wait");
+    } catch (...) {
+      op->error = std::current_exception();
+    }
+    return false;
+  }
+  op->poll_until = timeout_ms_ > 0 ? std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms_)
+                                   : std::chrono::steady_clock::time_point::max();
+  if (!completer_running_) {
+    // It holds this communicator until it ends, so it never outlives it; it waits for mu_ first.
+    std::thread(&HostComm::complete_watched, shared_from_this()).detach();
+    completer_running_ = true;
+  }
+  op->on_done = std::move(on_done);
+  return true;
+}
+
+void HostComm::complete_watched() {
+  // Polls with a pause that grows to 1 ms: a future finishes at most about 1 ms after its
+  // all-reduce, and a thread that waits for a late peer costs next to nothing meanwhile.
+  const auto first_pause = std::chrono::microseconds(20), longest_pause = std::chrono::microseconds(1000);
+  auto pause = first_pause;
+  Callbacks ready;
+  std::unique_lock<std::mutex> lock(mu_);
+  for (;;) {
+    // The oldest watched op: completion is in start order, so finishing it finishes every older one.
+    std::shared_ptr<PendingOp> target;
+    for (const auto& p : pending_)
+      if (p->on_done) {
+        target = p;
+        break;
+      }
+    if (!target || !comm_) break;
+    if (test_locked(target)) {
+      pause = first_pause;
+    } else if (std::chrono::steady_clock::now() >= target->poll_until) {
+      complete_locked(target);  // a peer late past KCCL_TIMEOUT_MS: the wait itself times out
+    } else {
+      completer_wake_.wait_for(lock, pause);
+      pause = std::min(pause * 2, longest_pause);
+    }
+    if (!ready_.empty()) {
+      ready.swap(ready_);
+      lock.unlock();
+      run_callbacks(ready);
+      lock.lock();
+    }
+  }
+  completer_running_ = false;
+  ready.swap(ready_);
+  lock.unlock();
+  run_callbacks(ready);
 }
 
 kcclResult_t HostComm::async_error() {
@@ -169,14 +283,14 @@ void HostComm::closed_locked(const char* why) {
 }
 
 void HostComm::abort() {
-  std::lock_guard<std::mutex> lock(mu_);
+  Guard guard(*this);
   if (!comm_) return;
   api.kcclCommAbort(comm_);
   closed_locked("aborted");
 }
 
 void HostComm::destroy() {
-  std::lock_guard<std::mutex> lock(mu_);
+  Guard guard(*this);
   if (!comm_) return;
   try {
     drain_locked();
