@@ -134,14 +134,18 @@ def _child(setup, requests, answers, max_bytes, vm, parent):  # pragma: no cover
         os._exit(code)
 
 
-def _stop(pid, fds):
-    """Ends a child and closes its pipes (a Worker's finalizer: idempotent)."""
+def _stop(pid, fds, owner):
+    """Ends a child and closes its pipes (a Worker's finalizer: idempotent).  In a process
+    forked from the owner (which inherited the Worker), only forgets them: the child is
+    the owner's."""
     for fd in fds:
         try:
             os.close(fd)
         except OSError:
             pass
     fds.clear()
+    if pid[0] and os.getpid() != owner:
+        pid[0] = 0
     if pid[0]:
         try:
             os.kill(pid[0], signal.SIGKILL)
@@ -166,9 +170,10 @@ class Worker:
         self._setup, self._max_bytes = setup, max_bytes
         self._lock = threading.Lock()
         self._pid, self._fds = [0], []  # shared with the finalizer
+        self._owner = os.getpid()
         self._requests = self._answers = None
         self._handler = None  # in-process, where there is no fork
-        self._finalizer = weakref.finalize(self, _stop, self._pid, self._fds)
+        self._finalizer = weakref.finalize(self, _stop, self._pid, self._fds, self._owner)
 
     @property
     def pid(self):
@@ -192,13 +197,18 @@ class Worker:
         self._requests, self._answers = req_w, ans_r
 
     def _end(self):
-        _stop(self._pid, self._fds)
+        _stop(self._pid, self._fds, self._owner)
         self._requests = self._answers = None
 
     def call(self, request, seconds=10.0):
         if not hasattr(os, "fork"):
             return self._call_here(request)
         with self._lock:
+            if os.getpid() != self._owner:  # a forked copy of the owner: its own child, not the owner's
+                self._end()
+                self._owner = os.getpid()
+                self._finalizer.detach()
+                self._finalizer = weakref.finalize(self, _stop, self._pid, self._fds, self._owner)
             if not self._pid[0]:
                 self._start()
             try:

@@ -154,3 +154,28 @@ def test_a_renderer_busy_when_its_parent_dies_ends_too():
     finally:
         p.kill()
         p.wait()
+
+
+def test_a_forked_copy_of_the_process_renders_with_its_own_renderer_and_leaves_the_owners_alone():
+    t = ChatTemplate(ECHO, source="T.jinja")
+    try:
+        t.render(_user("a"))
+        owner_renderer = t._worker.pid
+        r, w = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # pragma: no cover (the forked copy)
+            ok = 0
+            try:
+                ok = t.render(_user("child")) == "[user:child]>" and t._worker.pid not in (0, owner_renderer)
+                t._worker._finalizer()  # what its exit would run: must not end the owner's renderer
+            finally:
+                os.write(w, b"1" if ok else b"0")
+                os._exit(0)
+        os.close(w)
+        answer = os.read(r, 1)
+        os.close(r)
+        os.waitpid(pid, 0)
+        assert answer == b"1"
+        assert t._worker.pid == owner_renderer and t.render(_user("b")) == "[user:b]>"
+    finally:
+        t.close()
