@@ -3,6 +3,7 @@
 #include <c10/util/Exception.h>
 
 #include <algorithm>
+#include <atomic>
 #include <thread>
 
 namespace kccl_torch {
@@ -11,7 +12,23 @@ namespace {
 
 using Callbacks = std::vector<std::pair<std::function<void(std::exception_ptr)>, std::exception_ptr>>;
 
+// Callbacks touch Python objects (a .then() callback, the last reference to a tensor that
+// has a Python object), which a thread other than Python's may not do once the
+// interpreter is finalizing: it would be ended inside our frames.  quiesce_callbacks(),
+// run by an atexit hook before that, stops new runs and waits for those under way;
+// afterwards callbacks and what they hold are left alone (the process is ending).
+std::atomic<bool> g_quiescing{false};
+std::atomic<int> g_running{0};
+
 void run_callbacks(Callbacks& ready) {
+  if (ready.empty()) return;
+  g_running.fetch_add(1);
+  if (g_quiescing.load()) {
+    g_running.fetch_sub(1);
+    new Callbacks(std::move(ready));  // never freed, on purpose (see above)
+    ready.clear();
+    return;
+  }
   for (auto& [fn, error] : ready) {
     try {
       fn(error);
@@ -20,9 +37,17 @@ void run_callbacks(Callbacks& ready) {
     }
   }
   ready.clear();
+  g_running.fetch_sub(1);
 }
 
 }  // namespace
+
+void quiesce_callbacks(std::chrono::milliseconds bound) {
+  g_quiescing.store(true);
+  const auto until = std::chrono::steady_clock::now() + bound;
+  while (g_running.load() > 0 && std::chrono::steady_clock::now() < until)
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+}
 
 // mu_ for one call; on leaving it (by return or throw) the callbacks of the operations the
 // call finished run on this thread, after mu_ is released.

@@ -40,6 +40,10 @@ struct PendingOp {
   std::chrono::steady_clock::time_point poll_until;
 };
 
+// From here on, callbacks are no longer run (they and what they hold are leaked); waits up
+// to `bound` for those running.  For the interpreter's exit (kccl/torch/__init__.py).
+void quiesce_callbacks(std::chrono::milliseconds bound);
+
 class HostComm : public std::enable_shared_from_this<HostComm> {
  public:
   // Collective over the group: blocks until every rank joined or config.timeout_ms passed.
