@@ -126,8 +126,26 @@ def copy_bandwidth(threads, nbytes=256 << 20, reps=5):
     return best
 
 
+def stage_bytes(ck):
+    """Weight bytes each profiled stage of a TP = 1 step reads (the stored tensors' sizes)."""
+    cfg = ck.config
+
+    def nb(name):
+        return ck.raw_tensor(name, hf_order=False)[0].nbytes
+    out = {"norm+qkv": 0, "o": 0, "gate_up": 0, "down": 0}
+    for i in range(cfg.num_hidden_layers):
+        p = f"model.layers.{i}."
+        out["norm+qkv"] += sum(nb(p + f"self_attn.{x}_proj.weight") for x in "qkv")
+        out["o"] += nb(p + "self_attn.o_proj.weight")
+        out["gate_up"] += nb(p + "mlp.gate_proj.weight") + nb(p + "mlp.up_proj.weight")
+        out["down"] += nb(p + "mlp.down_proj.weight")
+    out["head"] = nb("model.embed_tokens.weight" if cfg.tie_word_embeddings else "lm_head.weight")
+    return out
+
+
 def stream_bytes(path, tokens, prompt_len, threads):
-    """(weight bytes a step reads, KV bytes read at the mean position, file size, profile)."""
+    """(weight bytes a step reads, KV bytes read at the mean position, file size, profile);
+    the profile also holds each weight stage's GB/s ("GBps": its bytes / its seconds)."""
     from kie_engine.cpu.engine import CpuModel
     from kie_engine.sources import open_checkpoint
     ck = open_checkpoint(path)
@@ -146,6 +164,8 @@ def stream_bytes(path, tokens, prompt_len, threads):
     prof = m.profile()
     m.close()
     prof["tokens_per_s_in_process"] = (tokens - 1) / dt
+    if hasattr(ck, "raw_tensor"):
+        prof["GBps"] = {k: b / prof[k] / 1e9 for k, b in stage_bytes(ck).items() if prof.get(k)}
     return info["weight_bytes"], int(kv), os.path.getsize(ck.path), prof, info
 
 
@@ -219,10 +239,12 @@ def main(argv=None):
               f"{100 * st['share_of_copy_bw']:.0f}% of copy bandwidth")
     for k, st in ratios.items():
         print(f"{k}: {st['min']:.2f} / {st['median']:.2f} / {st['max']:.2f}")
-    total = sum(v for k, v in prof.items() if k not in ("steps", "tokens_per_s_in_process"))
-    print("KIE per stage (ms/token): " + ", ".join(f"{k} {1e3 * v:.2f}" for k, v in prof.items()
-                                                    if k not in ("steps", "tokens_per_s_in_process"))
-          + f"; total {1e3 * total:.2f}")
+    skip = ("steps", "tokens_per_s_in_process", "GBps")
+    gbps = prof.get("GBps", {})
+    total = sum(v for k, v in prof.items() if k not in skip)
+    print("KIE per stage (ms/token): " + ", ".join(
+        f"{k} {1e3 * v:.2f}" + (f" ({gbps[k]:.1f} GB/s)" if k in gbps else "") for k, v in prof.items()
+        if k not in skip) + f"; total {1e3 * total:.2f}")
     print(f"load average before {load[0]:.1f}, after {report['loadavg_after'][0]:.1f}")
     if a.out:
         with open(a.out, "w") as f:
