@@ -136,6 +136,7 @@ class HierarchicalCommunicator:
                                       f"{self._rank} has {mine}, rank {bad} has {every[bad][0]}")
         machines = [m for _v, m in every]
         local_config = _shared_cores_config(machines.count(machines[self._rank]), self._lsize, settings)
+        self.local_config = local_config  # what the host communicator was given (bench/hier_allreduce.py reuses it)
         self._ctrl = self._split(0)
         self._leaders = self._split(0 if self._lrank == 0 else MPI.UNDEFINED, key=self._host)
         # shards of the large all-reduce: M of them, host h's local rank j holds [j*c_h, (j+1)*c_h)
