@@ -13,7 +13,10 @@ All-reduce by size (KCCL_HIER_LARGE_BYTES):
 
 - small: all-reduce inside the host (KCCL has no reduce; its one-shot all-reduce
   costs one cache-line hop per peer like a reduce would, and leaves the host's sum
-  on the leader), all-reduce among the leaders (MPI), broadcast inside the host.
+  on the leader), among the leaders one MPI all-gather of (signature, host sum) that
+  each leader combines in host order (an MPI all-reduce once the hosts' sums together
+  pass _GATHER_MAX_BYTES), broadcast inside the host, which non-leaders enter asleep
+  (expect_long_wait: their leader is on the network meanwhile).
 - large: the vector is cut into M shards, M the largest host's rank count.  A host
   of L ranks gives each local rank c = ceil(M / L) consecutive shards: a reduce-scatter
   inside the host over L blocks of c shards (the vector padded to L*c shards when that
