@@ -17,6 +17,7 @@ each unless --blas-threads says otherwise):
 
     python bench/serve_bench.py                       # 5 rounds, 128 tokens
     python bench/serve_bench.py --rounds 5 --tokens 128 --out-dir bench/results
+    python bench/serve_bench.py --only ttft --rounds 9  # figure 2 alone (a minute)
 
 Writes serve_api_vs_cli_tokens_per_s.json, serve_ttft_short_prompt.json and
 serve_queue_8_clients_wait.json (min / median / max over the rounds, the load average)."""
@@ -103,6 +104,8 @@ def main():
     ap.add_argument("--queue-tokens", type=int, default=32)
     ap.add_argument("--blas-threads", type=int, default=1)
     ap.add_argument("--out-dir", default=os.path.join(ROOT, "bench", "results"))
+    ap.add_argument("--only", choices=["all", "ttft"], default="all",
+                    help="ttft: only figure 2 (writes serve_ttft_short_prompt.json alone)")
     a = ap.parse_args()
     load = {"start": os.getloadavg()}
     server = ServerProcess("--blas-threads", str(a.blas_threads), "--max-queue", "16")
@@ -117,7 +120,7 @@ def main():
             m = parse_metrics(request(server, "GET", "/metrics")[2])[0]
             return metric(m, "kie_inter_token_latency_seconds_count"), metric(m, "kie_inter_token_latency_seconds_sum")
 
-        for r in range(a.rounds):
+        for r in range(a.rounds if a.only == "all" else 0):
             if r % 2:
                 c = cli_tokens_per_s(a.tokens, a.blas_threads)
             n0, s0 = itl()
@@ -138,7 +141,7 @@ def main():
                   f"server {e:.2f} tokens/s, API/engine {s / e:.4f}", flush=True)
 
         both_cli, both_api, both_ratio = [], [], []
-        for r in range(a.rounds):
+        for r in range(a.rounds if a.only == "all" else 0):
             c, s = cli_alongside(server, body, a.tokens, a.blas_threads)
             both_cli.append(c)
             both_api.append(s)
@@ -147,6 +150,7 @@ def main():
 
         ttft = []
         short = {"model": name, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4, "temperature": 0}
+        stream(server, "/v1/chat/completions", short)  # warm: the first chat request may start the template's renderer
         for r in range(a.rounds):
             time.sleep(0.2)
             ttft.append(stream(server, "/v1/chat/completions", short)[0])
@@ -155,7 +159,7 @@ def main():
         queue_rounds = []
         qbody = {"model": name, "messages": [{"role": "user", "content": "Tell me a story."}],
                  "max_tokens": a.queue_tokens, "ignore_eos": True, "temperature": 0}
-        for r in range(a.rounds):
+        for r in range(a.rounds if a.only == "all" else 0):
             barrier, out = threading.Barrier(8), [None] * 8
 
             def client(i):
@@ -179,6 +183,13 @@ def main():
               "rounds": a.rounds, "load_average_1_5_15": load, "server_exit": rc,
               "command": "python bench/serve_bench.py " + " ".join(sys.argv[1:])}
     os.makedirs(a.out_dir, exist_ok=True)
+    ttft_figure = {**common, "prompt": "Hi (chat)", "ttft_s": stats(ttft)}
+    if a.only == "ttft":
+        with open(os.path.join(a.out_dir, "serve_ttft_short_prompt.json"), "w") as f:
+            json.dump(ttft_figure, f, indent=1)
+        print(f"TTFT min {min(ttft) * 1e3:.1f} median {statistics.median(ttft) * 1e3:.1f} max "
+              f"{max(ttft) * 1e3:.1f} ms; load {load}")
+        return
     figures = {
         "serve_api_vs_cli_tokens_per_s.json": {**common, "tokens": a.tokens, "prompt": PROMPT,
                                                "cli_tokens_per_s": stats(cli), "api_tokens_per_s": stats(api),
@@ -188,7 +199,7 @@ def main():
                                                "at_the_same_time": {"cli_tokens_per_s": stats(both_cli),
                                                                     "api_tokens_per_s": stats(both_api),
                                                                     "api_over_cli": stats(both_ratio)}},
-        "serve_ttft_short_prompt.json": {**common, "prompt": "Hi (chat)", "ttft_s": stats(ttft)},
+        "serve_ttft_short_prompt.json": ttft_figure,
         "serve_queue_8_clients_wait.json": {
             **common, "tokens_each": a.queue_tokens,
             "wait_s_by_position": [stats([q["wait_s"][k] for q in queue_rounds]) for k in range(8)],

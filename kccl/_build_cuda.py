@@ -48,21 +48,39 @@ def gpu_driver():
 def plan(what="the GPU transport"):
     """(nvcc, why): the nvcc to compile `what` with, or None not to; `why` says which
     rule decided, for the build's one line about it.  KCCL_CUDA=1 without nvcc fails."""
+    d = decide(what)
+    return d["nvcc"] if d["build"] else None, d["why"]
+
+
+def decide(what="the GPU transport"):
+    """plan()'s decision with what it was made from: {"mode": KCCL_CUDA, "nvcc", "driver"
+    (None where not looked for or not found), "build": bool, "why"}.  The extensions
+    record it (recorded_plan) so that a test can check the build against the
+    environment it was built in, not the one the test runs in."""
     mode = _mode()
+    d = {"mode": mode, "nvcc": None, "driver": None, "build": False}
     if mode == "0":
-        return None, f"building without {what} (KCCL_CUDA=0)"
-    nvcc = find_nvcc()
+        return dict(d, why=f"building without {what} (KCCL_CUDA=0)")
+    nvcc = d["nvcc"] = find_nvcc()
     if mode == "1":
         if nvcc is None:
             raise SystemExit("KCCL_CUDA=1 but nvcc was not found (PATH, $CUDA_HOME/bin, /usr/local/cuda/bin)")
-        return nvcc, f"building {what} (KCCL_CUDA=1, {nvcc})"
+        return dict(d, build=True, why=f"building {what} (KCCL_CUDA=1, {nvcc})")
     if nvcc is None:
-        return None, f"building without {what} (no nvcc)"
-    driver = gpu_driver()
+        return dict(d, why=f"building without {what} (no nvcc)")
+    driver = d["driver"] = gpu_driver()
     if driver is None:
-        return None, (f"building without {what}: nvcc is here but no GPU driver (no /dev/nvidiactl, no "
-                      f"libcuda.so.1); KCCL_CUDA=1 compiles it anyway")
-    return nvcc, f"building {what} ({nvcc}, GPU driver: {driver})"
+        return dict(d, why=(f"building without {what}: nvcc is here but no GPU driver (no /dev/nvidiactl, no "
+                            f"libcuda.so.1); KCCL_CUDA=1 compiles it anyway"))
+    return dict(d, build=True, why=f"building {what} ({nvcc}, GPU driver: {driver})")
+
+
+def plan_as_c(name, decision):
+    """C source of `const char *name(void)`, which returns the decision as JSON: compiled
+    into an extension beside the code it decided on, so the two cannot disagree."""
+    import json
+    text = json.dumps(decision, sort_keys=True)
+    return f"static const char *{name}(void) {{ return {json.dumps(text)}; }}\n"
 
 
 def find_nvcc():
@@ -162,10 +180,12 @@ def compile_cuda(root, nvcc, sources, include_dirs, deps, outdir, defines=(), la
     return objects
 
 
-def build(root):
-    """(extra_objects, library_dirs, libraries, define_macros) for set_source; empty lists without CUDA."""
-    nvcc, why = plan()
-    print(f"kccl: {why}", file=sys.stderr)
+def build(root, decision=None):
+    """(extra_objects, library_dirs, libraries, define_macros) for set_source; empty lists
+    without CUDA.  decision: decide()'s, made now when not given."""
+    decision = decision or decide()
+    nvcc = decision["nvcc"] if decision["build"] else None
+    print(f"kccl: {decision['why']}", file=sys.stderr)
     if nvcc is None:
         return [], [], [], []
     native = os.path.join(root, "kccl_native")

@@ -34,15 +34,16 @@ ROOT = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
 import _build_cuda  # noqa: E402  (sibling module; kccl itself is not importable before it is built)
 
-_cu_objects, _cu_libdirs, _cu_libs, _cu_macros = _build_cuda.build(ROOT)
+_cuda_decision = _build_cuda.decide()
+_cu_objects, _cu_libdirs, _cu_libs, _cu_macros = _build_cuda.build(ROOT, _cuda_decision)
 import _build_lib  # noqa: E402
 _build_lib.build(ROOT, _cu_objects, _cu_libdirs, _cu_libs, _cu_macros)
 
 ffibuilder = FFI()
-ffibuilder.cdef(_cdef_from_header(HEADER))
+ffibuilder.cdef(_cdef_from_header(HEADER) + "const char *kccl_cuda_build_plan(void);\n")
 ffibuilder.set_source(
     "kccl._kccl_cffi",
-    '#include "kccl.h"',
+    '#include "kccl.h"\n' + _build_cuda.plan_as_c("kccl_cuda_build_plan", _cuda_decision),
     sources=sorted(os.path.relpath(p, ROOT) for p in glob.glob(os.path.join(NATIVE, "src", "*.c"))),
     include_dirs=[os.path.relpath(os.path.join(NATIVE, "include"), ROOT)],
     extra_compile_args=["-O3", "-std=gnu11", "-Wall", "-fvisibility=hidden"],

@@ -84,6 +84,14 @@ def gpu_support():
     return bool(built[0]), int(devices[0])
 
 
+def cuda_build_plan():
+    """What the build decided about the CUDA transport and why, as kccl/_build_cuda.decide
+    said when this library was compiled: {"mode": KCCL_CUDA then, "nvcc", "driver",
+    "build", "why"}."""
+    import json
+    return json.loads(ffi.string(lib.kccl_cuda_build_plan()).decode())
+
+
 def _resolve_device(device):
     """-1 (host) for None, else a CUDA ordinal from an int, "cuda:N" / "N", or a torch.device."""
     if device is None:

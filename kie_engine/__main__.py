@@ -109,8 +109,10 @@ def cmd_generate(a):
         a.max_new_tokens = default_max_new_tokens(a.chat, len(ids), cfg.max_position_embeddings)
     check_request(len(ids), a.max_new_tokens, cfg.max_position_embeddings)
     # a bad --threads / --blas-threads, KIE_BLAS_THREADS or OMP_NUM_THREADS fails here
-    parse_override(a.threads, "--threads")
-    override(a.threads if a.threads is not None else a.blas_threads)
+    # --threads wins over --blas-threads; the timing line names the one that gave the count
+    thread_flag, thread_flag_name = (a.threads, "--threads") if a.threads is not None else \
+        (a.blas_threads, "--blas-threads")
+    override(thread_flag, flag_name=thread_flag_name)
     if native:
         from .cpu.engine import require_native
         require_native()
@@ -123,7 +125,7 @@ def cmd_generate(a):
         import kccl
         node_cpus = MPI.COMM_WORLD.allgather(sorted(my_cpus()))  # KCCL's ranks share one host
         comm = kccl.Communicator.from_mpi(MPI.COMM_WORLD, config=comm_config(cfg), device="local" if gpu else None)
-    threads, why = choose(a.threads if a.threads is not None else a.blas_threads, node_cpus)
+    threads, why = choose(thread_flag, node_cpus, flag_name=thread_flag_name)
     # The native engine has its own pool: numpy's BLAS (the sampler's few operations) gets one
     # thread, so that no idle BLAS pool competes with it.
     reported = sorted(set(set_blas_threads(1 if native else threads).values()))

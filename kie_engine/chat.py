@@ -7,10 +7,15 @@ lstrip_blocks, the loop-controls extension, a `tojson` that keeps non-ASCII text
 as variables.  The rendered text is then tokenized without adding BOS/EOS (the template
 writes whatever special tokens it wants).
 
-A template is code that comes with the checkpoint: each render compiles and runs it in a
-forked child process with a time and memory limit (kie_engine/bounded.py), so that one
-that loops without end or builds a gigabyte string fails with a ChatTemplateError."""
+A template is code that comes with the checkpoint: it is compiled and rendered in a child
+process with a time limit per render and a memory limit (kie_engine/bounded.py), so that
+one that loops without end or builds a gigabyte string fails with a ChatTemplateError.
+The child is long-lived (one per ChatTemplate, forked at its first render): it compiles
+the template once and renders request after request, so a render costs a pipe round trip
+rather than a fork; one that overruns is killed and the next render forks a new one."""
+import functools
 import json
+import threading
 from datetime import datetime
 
 from .errors import ConfigError
@@ -27,6 +32,7 @@ class ChatTemplateError(ConfigError):
 class ChatTemplate:
     # Bounds on compiling and rendering one conversation (kie_engine/bounded.py): a
     # template is code from the checkpoint, and may try to loop or allocate without end.
+    # memory_limit is taken when the renderer process starts (the first render).
     time_limit = 10.0
     memory_limit = 512 << 20
 
@@ -34,20 +40,41 @@ class ChatTemplate:
         self.text, self.source = text, source
         self.special_tokens = dict(special_tokens or {})
         self.eot_token_id = eot_token_id
+        self._worker = None
+        self._worker_lock = threading.Lock()
+
+    def _renderer(self):
+        from . import bounded
+        with self._worker_lock:
+            if self._worker is None:
+                self._worker = bounded.Worker(functools.partial(_compile, self.text, self.special_tokens),
+                                              self.memory_limit)
+            return self._worker
+
+    def close(self):
+        """Ends the renderer process now (else it ends when the template is dropped)."""
+        with self._worker_lock:
+            if self._worker is not None:
+                self._worker.close()
+                self._worker = None
 
     def render(self, messages, add_generation_prompt=True):
-        """The prompt text of a conversation ([{'role', 'content'}, ...]), rendered in a
-        bounded child process (ChatTemplateError when it fails or overruns)."""
+        """The prompt text of a conversation ([{'role', 'content'}, ...]), rendered in the
+        bounded renderer process (ChatTemplateError when it fails or overruns)."""
         from . import bounded
         try:
-            import jinja2  # noqa: F401
+            import jinja2.ext  # noqa: F401  (imported here, before the fork: the child finds it loaded)
+            import jinja2.sandbox  # noqa: F401
         except ImportError:
             raise ChatTemplateError(f"{self.source}: rendering a chat template needs jinja2 "
                                     f"(pip install -e '.[kie]')") from None
-        messages = list(messages)
         try:
-            text = bounded.run(lambda: _render(self.text, messages, add_generation_prompt, self.special_tokens),
-                               self.time_limit, self.memory_limit)
+            request = json.loads(json.dumps({"messages": list(messages),
+                                             "add_generation_prompt": bool(add_generation_prompt)}))
+        except (TypeError, ValueError) as e:
+            raise ChatTemplateError(f"{self.source}: the messages are not plain JSON data: {e}") from None
+        try:
+            text = self._renderer().call(request, self.time_limit)
         except bounded.Overrun as e:
             raise ChatTemplateError(f"{self.source}: rendering the chat template was stopped: {e}") from None
         except bounded.Failed as e:
@@ -88,8 +115,9 @@ class _CompileError(Exception):
     pass
 
 
-def _render(text, messages, add_generation_prompt, special_tokens):
-    """Compiles and renders a template as transformers does (runs in bounded.run's child)."""
+def _compile(text, special_tokens):
+    """The render function of a template compiled as transformers compiles it (runs in the
+    renderer process: compiling may fold constants without end)."""
     import jinja2
     from jinja2.ext import loopcontrols
     from jinja2.sandbox import ImmutableSandboxedEnvironment
@@ -108,4 +136,8 @@ def _render(text, messages, add_generation_prompt, special_tokens):
         template = env.from_string(text)
     except Exception as e:
         raise _CompileError(str(e)) from None
-    return template.render(messages=messages, add_generation_prompt=add_generation_prompt, **special_tokens)
+
+    def render(request):
+        return template.render(messages=request["messages"], add_generation_prompt=request["add_generation_prompt"],
+                               **special_tokens)
+    return render

@@ -8,7 +8,7 @@ each product, for a thread the scheduler has put aside.  That is why two ranks w
 pool of 2 each on 2 cores ran 13x slower than one rank, and why one busy process beside
 a pool of 2 on 2 cores made it 19x slower.  So the count is, in order:
 
-1. `--blas-threads N` (the caller's flag), else KIE_BLAS_THREADS=N;
+1. the caller's flag (`--threads N` or `--blas-threads N`), else KIE_BLAS_THREADS=N;
 2. else OPENBLAS_NUM_THREADS, MKL_NUM_THREADS or OMP_NUM_THREADS as the user set them
    (the library-specific ones first, as OpenBLAS and MKL themselves read them);
 3. else the CPUs this rank may run on over the ranks that share them (the rank's own
@@ -76,13 +76,14 @@ def parse_standard(value, where):
     return parse_override(str(value).split(",")[0], where)
 
 
-def override(flag=None, environ=None):
+def override(flag=None, environ=None, flag_name="--blas-threads"):
     """(threads, why) that the user asked for (flag, KIE_BLAS_THREADS, then the standard
-    variables), or None; a bad value raises KieError naming where it came from."""
+    variables), or None; a bad value raises KieError naming where it came from.
+    flag_name: the command-line flag that `flag` came from (generate has two)."""
     environ = os.environ if environ is None else environ
-    n = parse_override(flag, "--blas-threads")
+    n = parse_override(flag, flag_name)
     if n is not None:
-        return n, "--blas-threads"
+        return n, f"{flag_name} {n}"
     n = _settings.value(ENV, environ)
     if n is not None:
         return n, ENV
@@ -145,13 +146,13 @@ def cgroup_cpus(root="/sys/fs/cgroup"):
     return int(quota) / int(period)
 
 
-def choose(flag=None, node_cpu_sets=None, environ=None, idle=None, quota=None):
+def choose(flag=None, node_cpu_sets=None, environ=None, idle=None, quota=None, flag_name="--blas-threads"):
     """(threads, why) for a CPU thread pool of this rank, as the module's docstring orders
     it.  node_cpu_sets: the CPU sets of all ranks on this node, this one's included (None:
     this process alone).  idle: the CPUs of this rank found idle (None: measure them now,
     IDLE_PROBE_S of sleep); quota: a CPU quota (None: read the cgroup's).  `why` says which
-    rule won, to print beside the count."""
-    asked = override(flag, environ)
+    rule won, to print beside the count; flag_name: the flag `flag` came from."""
+    asked = override(flag, environ, flag_name)
     if asked is not None:
         return asked
     mine = my_cpus()

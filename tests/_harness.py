@@ -31,8 +31,8 @@ DTYPES = ("int8", "uint8", "int32", "uint32", "int64", "uint64", "float16", "bfl
 FLOAT_DTYPES = ("float16", "bfloat16", "float32", "float64")
 OPS = ("SUM", "PROD", "MAX", "MIN", "AVG")
 ALGOS = ("oneshot", "twoshot", "auto")
-CHUNK_BYTES = 1 << 20          # KCCL_BUFFER_BYTES default: the slot (chunk) size
 from kccl.config import BY_NAME as _SETTINGS
+CHUNK_BYTES = _SETTINGS["KCCL_CHUNK_BYTES"].default  # the piece a blocking collective moves per step
 ONESHOT_MAX_BYTES = _SETTINGS["KCCL_ONESHOT_MAX_BYTES"].default  # auto's crossover
 GROUP_TIMEOUT_MS = 20000       # KCCL timeout of the long-lived groups: a hang becomes an error
 RUN_TIMEOUT_S = 60.0           # parent-side bound on one command (> GROUP_TIMEOUT_MS)

@@ -85,5 +85,18 @@ def launch_mpiexec(scenario, world, *, args=None, env=None, timeout=120.0):
         p.kill()
         out, err = p.communicate()
         err += f"\n[killed after {timeout} s]"
-    results = [json.loads(l[7:]) for l in out.splitlines() if l.startswith("RESULT ")]
-    return p.returncode, results, err
+    return p.returncode, _results(out), err
+
+
+def _results(out):
+    """Every "RESULT <json>" in mpiexec's merged output: its forwarding may put the ranks'
+    lines together without a newline between them, so each is decoded where it starts."""
+    decoder, results, at = json.JSONDecoder(), [], out.find("RESULT ")
+    while at >= 0:
+        try:
+            obj, end = decoder.raw_decode(out, at + len("RESULT "))
+            results.append(obj)
+        except ValueError:
+            end = at + 1
+        at = out.find("RESULT ", end)
+    return results

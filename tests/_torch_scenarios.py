@@ -388,6 +388,94 @@ def scenario_async(rank, world, method, args):
     return out
 
 
+def task_count(settle=2.0, baseline=None):
+    """Threads of this process; with baseline, waits up to `settle` s for the count to fall to it."""
+    deadline = time.monotonic() + settle
+    while True:
+        n = len(os.listdir("/proc/self/task"))
+        if baseline is None or n <= baseline or time.monotonic() > deadline:
+            return n
+        time.sleep(0.02)
+
+
+def error_of(fn):
+    try:
+        fn()
+        return None
+    except Exception as e:
+        return {"type": type(e).__name__, "msg": str(e)[:400]}
+
+
+def scenario_futures(rank, world, method, args):
+    """get_future() on a pending async all_reduce returns at once; the future completes
+    (with nothing but its own wait driving it) when the late peer joins, .then() chains
+    on it; an abort fails pending futures; the completer thread ends; a peer that dies
+    under a pending future fails it, within 2 s, naming the rank."""
+    init(method, rank, world)
+    delay = args.get("delay", 0.5)
+    out = {}
+    g = dist.new_group(backend="kccl")  # for the abort below
+    dist.barrier()
+    threads_before = task_count()
+    x = torch.full((64,), float(rank + 1))
+    if rank == 0:
+        t0 = time.monotonic()
+        work = dist.all_reduce(x, async_op=True)
+        fut = work.get_future()
+        out["returned_after"] = time.monotonic() - t0
+        out["done_at_once"] = fut.done()
+        doubled = fut.then(lambda f: f.value()[0] * 2)
+        res = fut.wait()  # the only thing that waits: no Work.wait, no other collective
+        out["done_after"] = time.monotonic() - t0
+        out["value"] = res[0][0].item()
+        out["then"] = doubled.wait()[0].item()
+        out["work_after_future"] = [work.is_completed(), work.wait(), work.get_future().value()[0][0].item()]
+    else:
+        time.sleep(delay)
+        dist.all_reduce(x, async_op=True).wait()
+    # several watched at once, the futures taken in reverse order
+    ts = [torch.full((4,), float(rank + i)) for i in range(3)]
+    works = [dist.all_reduce(t, async_op=True) for t in ts]
+    futs = [w.get_future() for w in reversed(works)]
+    torch.futures.wait_all(futs)
+    out["many"] = [t[0].item() for t in ts]
+    # a future of a finished Work completes at once
+    w = dist.all_reduce(torch.ones(2), async_op=True)
+    w.wait()
+    out["finished_future"] = [w.get_future().done(), w.get_future().value()[0][0].item()]
+    dist.barrier()
+    out["threads_left"] = task_count(baseline=threads_before) - threads_before
+    # abort under a pending future: the future and the Work fail, saying why
+    if rank == 0:
+        pw = dist.all_reduce(torch.ones(4), group=g, async_op=True)
+        pf = pw.get_future()
+        chained = pf.then(lambda f: f.value())
+        g._get_backend(torch.device("cpu")).abort()
+        out["abort"] = [error_of(pf.wait), error_of(chained.wait), error_of(pw.wait)]
+        dist.barrier()
+    else:
+        dist.barrier()  # only after rank 0's abort, so that its error is its own abort's
+        g._get_backend(torch.device("cpu")).abort()
+    # a peer dies under a pending future
+    victim = world - 1
+    if rank == victim:
+        time.sleep(0.5)
+        with open(args["death_file"], "w") as f:
+            f.write(repr(time.time()))
+        os._exit(9)
+    dw = dist.all_reduce(torch.ones(4), async_op=True)
+    df = dw.get_future()
+    err = error_of(df.wait)
+    raised_at = time.time()
+    try:
+        with open(args["death_file"]) as f:
+            out["dead"] = {"error": err, "after_death": raised_at - float(f.read())}
+    except FileNotFoundError:  # it failed before the peer died
+        out["dead"] = {"error": err, "after_death": -1.0}
+    out["dead_work"] = error_of(dw.wait)
+    return out
+
+
 def scenario_dead_peer(rank, world, method, args):
     init(method, rank, world)
     x = torch.ones(1024)

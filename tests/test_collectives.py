@@ -16,7 +16,7 @@ SEED = st.integers(0, 2**32 - 1)
 def test_all_gather(group, data):
     dtype = data.draw(st.sampled_from(DTYPES), "dtype")
     es = np_dtype(dtype).itemsize
-    # per-rank counts around the chunk size (sendcount * itemsize vs 1 MiB); no "big" branch:
+    # per-rank counts around the chunk size (sendcount * itemsize vs KCCL_CHUNK_BYTES); no "big" branch:
     # recv is nranks times larger
     case = dict(dtype=dtype, count=data.draw(counts(es, big=False), "count"),
                 inplace=data.draw(st.booleans(), "inplace"), seed=data.draw(SEED, "seed"))

@@ -118,7 +118,7 @@ def test_c_defaults_equal_python_defaults():
 
 BAD_ENV = [("KCCL_ALGO", "bogus"), ("KCCL_ALGO", "one-shot"), ("KCCL_TIMEOUT_MS", "-5"), ("KCCL_TIMEOUT_MS", "abc"),
            ("KCCL_TIMEOUT_MS", "1.5"), ("KCCL_TIMEOUT_MS", "86400001"), ("KCCL_BUFFER_BYTES", "100"),
-           ("KCCL_BUFFER_BYTES", "2G"), ("KCCL_BUFFER_BYTES", "lots"), ("KCCL_ONESHOT_MAX_BYTES", "-1"),
+           ("KCCL_BUFFER_BYTES", "2G"), ("KCCL_BUFFER_BYTES", "lots"), ("KCCL_CHUNK_BYTES", "4000"), ("KCCL_CHUNK_BYTES", "2k"), ("KCCL_ONESHOT_MAX_BYTES", "-1"),
            ("KCCL_SPIN_US", "-2"), ("KCCL_YIELD_US", "x"), ("KCCL_DEBUG", "LOUD"), ("KCCL_DEBUG", "4"),
            ("KCCL_GPU_FLAG_REPLICAS", "2"), ("KCCL_GPU_FLAG_REPLICAS", "on"), ("KCCL_GPU_BLOCKS", "133"),
            ("KCCL_GPU_BLOCKS", "-1"), ("KCCL_GPU_PULL", "2"), ("KCCL_GPU_CARVEOUT", "101"),
@@ -172,6 +172,7 @@ AGREE = [("KCCL_TIMEOUT_MS", v) for v in ("0", "1", "250", "86400000")] + \
         [("KCCL_ALGO", v) for v in ("auto", "oneshot", "twoshot", "TwoShot", "ONESHOT")] + \
         [("KCCL_ONESHOT_MAX_BYTES", v) for v in ("0", "4096", "64k", "2K", "1M")] + \
         [("KCCL_BUFFER_BYTES", v) for v in ("4096", "4k", "1M", "16m", "4095")] + \
+        [("KCCL_CHUNK_BYTES", v) for v in ("4096", "256k", "1M", "4000", "100")] + \
         [("KCCL_SPIN_US", v) for v in ("-1", "0", "50")] + [("KCCL_YIELD_US", v) for v in ("-1", "100")] + \
         [("KCCL_DEBUG", v) for v in ("NONE", "warn", "Info", "TRACE", "0", "3")] + \
         [("KCCL_GPU_ONESHOT_MAX_BYTES", v) for v in ("0", "64k", "1M", "-1")] + \
@@ -242,6 +243,7 @@ def join_apart(envs):
     ([{}, {"KCCL_BUFFER_BYTES": "64k"}], "KCCL_BUFFER_BYTES"),  # set on one rank only
     ([{"KCCL_BUFFER_BYTES": "64k"}, {}], "KCCL_BUFFER_BYTES"),
     ([{}, {"KCCL_MAX_OUTSTANDING": "2"}, {}], "KCCL_MAX_OUTSTANDING"),
+    ([{"KCCL_CHUNK_BYTES": "64k"}, {}], "KCCL_CHUNK_BYTES"),
     ([{}, {}, {"KCCL_BUFFER_BYTES": "2M"}, {"KCCL_MAX_OUTSTANDING": "3"}], "KCCL_BUFFER_BYTES"),
 ])
 def test_unequal_settings_fail_every_rank_at_once_alike(envs, setting):
@@ -400,7 +402,7 @@ def test_table_equal_rule_matches_the_docs():
         assert s.equal in ("KCCL_EQUAL_NO", "KCCL_EQUAL_ALL", "KCCL_EQUAL_GPU"), s
         assert ("Must be equal on all ranks" in " ".join(s.doc.split())) == (s.equal != "KCCL_EQUAL_NO"), s.name
     assert {s.name for s in kconfig.SETTINGS if s.equal == "KCCL_EQUAL_ALL"} == \
-        {"KCCL_BUFFER_BYTES", "KCCL_MAX_OUTSTANDING"}
+        {"KCCL_BUFFER_BYTES", "KCCL_CHUNK_BYTES", "KCCL_MAX_OUTSTANDING"}
 
 
 def test_table_parser_reads_c_literals():

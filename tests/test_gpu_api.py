@@ -15,7 +15,8 @@ import pytest
 
 import kccl
 from kccl import _cuda_buffers as cu
-from kccl._build_cuda import find_nvcc, gpu_driver
+from kccl._build_cuda import find_nvcc
+from kccl.communicator import cuda_build_plan
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "bench"))
 import kccl_bench  # noqa: E402  (bench/kccl_bench.py)
 
@@ -24,10 +25,22 @@ BUILT, NDEV = kccl.gpu_support()
 
 
 def test_cuda_code_is_built_where_it_can_run_or_when_asked():
-    """KCCL_CUDA=1 builds it; auto only where nvcc AND a GPU driver are (kccl/_build_cuda.py)."""
-    mode = os.environ.get("KCCL_CUDA", "auto").strip().lower() or "auto"
-    expect = mode == "1" or (mode == "auto" and find_nvcc() is not None and gpu_driver() is not None)
-    assert BUILT == expect
+    """KCCL_CUDA=1 builds it; auto only where nvcc AND a GPU driver are (kccl/_build_cuda.py),
+    as the build saw them: the library records KCCL_CUDA, nvcc and the driver of its build."""
+    plan = cuda_build_plan()
+    expect = plan["mode"] == "1" or (plan["mode"] == "auto" and plan["nvcc"] is not None and
+                                     plan["driver"] is not None)
+    assert plan["build"] == expect and BUILT == expect, plan
+
+
+def test_the_build_rule_check_ignores_the_environment_of_the_test():
+    """The check above read KCCL_CUDA when the test ran, so a user who built with KCCL_CUDA=1
+    and ran pytest without it saw it fail: run it with the opposite setting."""
+    test = os.path.abspath(__file__) + "::test_cuda_code_is_built_where_it_can_run_or_when_asked"
+    p = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", test],
+                       env=dict(os.environ, KCCL_CUDA="0" if BUILT else "1"), capture_output=True, text=True,
+                       timeout=300)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-2000:]
 
 
 @pytest.mark.skipif(NDEV > 0, reason="a GPU is visible")

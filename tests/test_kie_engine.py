@@ -426,6 +426,21 @@ def test_cli_sizes_blas_threads_per_rank(tiny):
     assert _threads_in_summary(p.stdout) == 1
 
 
+def test_cli_names_the_flag_that_gave_the_thread_count(tiny):
+    """`--threads N` was reported as "(--blas-threads)"."""
+    args = ("generate", "--model", tiny, "--prompt", "x", "--max-new-tokens", "2")
+    for flags, why in ((("--threads", "1"), "--threads 1"), (("--blas-threads", "1"), "--blas-threads 1"),
+                       (("--threads", "1", "--blas-threads", "2"), "--threads 1")):
+        p = _cli(*args, *flags)
+        assert p.returncode == 0, p.stderr
+        assert _threads_in_summary(p.stdout, with_why=True) == (1, why), p.stdout
+    p = _cli(*args, "--threads", "1", "--kernel", "numpy")  # there the count is the BLAS's
+    assert p.returncode == 0, p.stderr
+    assert "1 BLAS thread per rank (--threads 1)" in p.stdout, p.stdout
+    p = _cli(*args, "--threads", "0")
+    assert p.returncode == 2 and "--threads" in p.stderr and "--blas-threads" not in p.stderr, p.stderr
+
+
 @pytest.mark.parametrize("var", kthreads.STANDARD_VARS)
 def test_cli_honours_the_standard_thread_variables(tiny, var):
     """issue 33: OMP_NUM_THREADS=1 was overridden by the engine's own count."""

@@ -11,7 +11,6 @@ import numpy as np
 import pytest
 
 import kccl
-from kccl._build_cuda import find_nvcc, gpu_driver
 from kie_engine.config import preset
 from kie_engine.errors import GpuError, GpuUnavailableError, KieError
 from kie_engine.gpu import engine as gpu_engine
@@ -24,10 +23,22 @@ NO_GPU = gpu_engine.device_count() == 0
 
 
 def test_engine_is_built_where_it_can_run_or_when_asked():
-    """KCCL_CUDA=1 builds it; auto only where nvcc AND a GPU driver are (kccl/_build_cuda.py)."""
-    mode = os.environ.get("KCCL_CUDA", "auto").strip().lower() or "auto"
-    expect = mode == "1" or (mode == "auto" and find_nvcc() is not None and gpu_driver() is not None)
-    assert gpu_engine.gpu_built() == expect
+    """KCCL_CUDA=1 builds it; auto only where nvcc AND a GPU driver are (kccl/_build_cuda.py),
+    as the build saw them: the module records KCCL_CUDA, nvcc and the driver of its build."""
+    plan = gpu_engine.cuda_build_plan()
+    expect = plan["mode"] == "1" or (plan["mode"] == "auto" and plan["nvcc"] is not None and
+                                     plan["driver"] is not None)
+    assert plan["build"] == expect and gpu_engine.gpu_built() == expect, plan
+
+
+def test_the_build_rule_check_ignores_the_environment_of_the_test():
+    """The check above read KCCL_CUDA when the test ran, so a user who built with KCCL_CUDA=1
+    and ran pytest without it saw it fail: run it with the opposite setting."""
+    test = os.path.abspath(__file__) + "::test_engine_is_built_where_it_can_run_or_when_asked"
+    p = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", test],
+                       env=dict(os.environ, KCCL_CUDA="0" if gpu_engine.gpu_built() else "1"), capture_output=True,
+                       text=True, timeout=300)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-2000:]
 
 
 def test_header_constants_reach_python():

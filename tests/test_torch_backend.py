@@ -40,6 +40,7 @@ WAVE_B = {
     "lifecycle": dict(scenario="lifecycle", world=2),
     "async": dict(scenario="async", world=2, env={"KCCL_MAX_OUTSTANDING": "4"}),
     "dead": dict(scenario="dead_peer", world=3),
+    "futures": dict(scenario="futures", world=2),
 }
 
 
@@ -62,6 +63,7 @@ def _wave(jobs):
 def runs(tmp_path_factory):
     import kccl.torch  # noqa: F401  (builds the extension once, before the ranks need it)
     WAVE_B["dead"]["args"] = {"death_file": str(tmp_path_factory.mktemp("dead") / "died_at")}
+    WAVE_B["futures"]["args"] = {"death_file": str(tmp_path_factory.mktemp("futures") / "died_at")}
     res = _wave(WAVE_A)
     res.update(_wave(WAVE_B))
     return res
@@ -137,6 +139,32 @@ def test_async_all_reduce_returns_before_the_late_peer_and_overlaps(runs):
         assert res["big"] == 2.0                         # too large for a slot: still right
         assert res["split_phase"] >= 6                   # ... and the small ones went split-phase
         assert res["shm"] == []
+
+
+def test_get_future_returns_at_once_and_completes_with_the_collective(runs):
+    rr = runs["futures"]
+    assert rr[1].rc != 0  # the victim of the last step
+    assert rr[0].rc == 0, rr[0]
+    res = rr[0].result
+    assert res["returned_after"] < 0.25 and res["done_at_once"] is False  # the peer joins 0.5 s later
+    assert res["done_after"] >= 0.4
+    assert res["value"] == 3.0 and res["then"] == 6.0
+    assert res["work_after_future"] == [True, True, 3.0]
+    assert res["many"] == [1.0, 3.0, 5.0]
+    assert res["finished_future"] == [True, 2.0]
+    assert res["threads_left"] <= 0  # the thread that completed the futures has ended
+
+
+def test_an_abort_or_a_dead_peer_fails_a_pending_future(runs):
+    res = runs["futures"][0].result
+    assert res is not None, runs["futures"][0]
+    for e in res["abort"]:  # the future, a .then() on it, the Work
+        assert e is not None and "aborted" in e["msg"], res["abort"]
+    assert res["abort"][2]["type"] == "DistBackendError"
+    dead = res["dead"]
+    assert dead["error"] is not None and "rank 1" in dead["error"]["msg"] and "died" in dead["error"]["msg"]
+    assert 0 <= dead["after_death"] < 2.0
+    assert res["dead_work"] is not None and res["dead_work"]["type"] == "DistBackendError"
 
 
 def test_a_dead_peer_makes_every_survivor_raise_within_2s_naming_it(runs):

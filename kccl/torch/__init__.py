@@ -14,6 +14,7 @@ store torch hands the backend, the others read it (waiting at most the group's
 timeout).  The KCCL_* settings apply as for kccl.Communicator; KCCL_TIMEOUT_MS,
 when not set, is the group's timeout (init_process_group(timeout=...)).  See the
 README ("PyTorch") for what each collective does and what is refused."""
+import atexit
 import datetime
 import os
 
@@ -35,6 +36,10 @@ _MAX_TIMEOUT_MS = 86_400_000  # KCCL_TIMEOUT_MS's upper bound (kccl_settings.def
 
 _ext = _build.load()
 _ext.bind_api({name: _capi.function(name) for name in _ext.api_names()})
+# A future's completion may run on the backend's completer thread and touch Python objects;
+# before the interpreter finalizes (when such a thread would be ended mid-call), stop that
+# and wait for what is under way (kccl/torch/csrc/host_comm.h quiesce_callbacks).
+atexit.register(_ext.quiesce_callbacks, 5000)
 
 
 def ranks_from_launcher(environ=None):

@@ -99,7 +99,7 @@ typedef struct {
   int timeout_ms;          /* KCCL_TIMEOUT_MS: bound on any wait; 0 = wait forever */
   int algo;                /* KCCL_ALGO: kcclAlgo_t */
   size_t oneshot_max_bytes;/* KCCL_ONESHOT_MAX_BYTES: all-reduce crossover */
-  size_t buffer_bytes;     /* KCCL_BUFFER_BYTES: bytes per slot (chunk size) */
+  size_t buffer_bytes;     /* KCCL_BUFFER_BYTES: bytes per slot */
   int spin_us;             /* KCCL_SPIN_US: busy-poll time before yielding; -1 = auto */
   int yield_us;            /* KCCL_YIELD_US: sched_yield phase before futex sleep; -1 = auto */
   int debug;               /* KCCL_DEBUG: 0 none, 1 warn, 2 info, 3 trace */
@@ -123,6 +123,8 @@ typedef struct {
                               LL lines); 0 = auto: 1 (gpu_runtime.cu) */
   int gpu_chunk_threads;   /* KCCL_GPU_CHUNK_THREADS: threads per block of the chunked GPU kernels, a
                               multiple of 32 up to 768; 0 = auto (gpu_runtime.cu) */
+  size_t chunk_bytes;      /* KCCL_CHUNK_BYTES: bytes per rank per step of the blocking host collectives'
+                              large messages (at most buffer_bytes) */
 } kcclConfig_t;
 
 kcclResult_t kcclConfigInit(kcclConfig_t *config);

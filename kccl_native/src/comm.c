@@ -99,6 +99,9 @@ static kcclResult_t comm_init(kcclComm_t *out, int nranks, kcclUniqueId id, int 
   size_t slot = kccl_round_up(cfg.buffer_bytes, KCCL_LINE);
   if (slot < (size_t)nranks * KCCL_LINE) slot = (size_t)nranks * KCCL_LINE;
   c->slot_bytes = slot;
+  size_t chunk = kccl_round_up(cfg.chunk_bytes, KCCL_LINE);
+  if (chunk < (size_t)nranks * KCCL_LINE) chunk = (size_t)nranks * KCCL_LINE;
+  c->chunk_bytes = chunk < slot ? chunk : slot;
   /* Slots are not page multiples apart: a kernel that loads from one slot and
    * stores to another (two-shot: A slots -> B slot) would otherwise hit 4K
    * aliasing between its load and store streams on x86. */

@@ -50,7 +50,7 @@ static kcclResult_t wait_all(struct kcclComm *c, uint32_t s, uint32_t sig, int w
 static kcclResult_t allreduce_oneshot(struct kcclComm *c, const char *send, char *recv, size_t count,
                                       size_t es, kcclDataType_t dt, kcclRedOp_t op, uint32_t sig) {
   const void *in[KCCL_MAX_RANKS];
-  const size_t chunk = c->slot_bytes / es;
+  const size_t chunk = c->chunk_bytes / es;
   size_t off = 0;
   do {
     size_t n = min_sz(chunk, count - off);
@@ -79,7 +79,7 @@ static void share(size_t n, size_t es, int nranks, int r, size_t *lo, size_t *hi
 static kcclResult_t allreduce_twoshot(struct kcclComm *c, const char *send, char *recv, size_t count,
                                       size_t es, kcclDataType_t dt, kcclRedOp_t op, uint32_t sig) {
   const void *in[KCCL_MAX_RANKS];
-  const size_t chunk = c->slot_bytes / es;
+  const size_t chunk = c->chunk_bytes / es;
   size_t off = 0;
   do {
     size_t n = min_sz(chunk, count - off), lo, hi;
@@ -137,7 +137,7 @@ static kcclResult_t allgather(struct kcclComm *c, const kccl_call *a) {
     if (!inplace && bytes) memcpy(recv, send, bytes);
     return kcclSuccess;
   }
-  const size_t chunk = c->slot_bytes / es;
+  const size_t chunk = c->chunk_bytes / es;
   size_t off = 0;
   do {
     size_t n = min_sz(chunk, sendcount - off);
@@ -169,7 +169,7 @@ static kcclResult_t reduce_scatter(struct kcclComm *c, const kccl_call *a) {
     if (!inplace || op == kcclAvg) kccl_reduce(recv, in, 1, recvcount, dt, op, 1);
     return kcclSuccess;
   }
-  const size_t chunk = c->slot_bytes / es / (size_t)c->nranks;
+  const size_t chunk = c->chunk_bytes / es / (size_t)c->nranks;
   size_t off = 0;
   do {
     size_t n = min_sz(chunk, recvcount - off);
@@ -199,7 +199,7 @@ static kcclResult_t broadcast(struct kcclComm *c, const kccl_call *a) {
     if (send != recv && bytes) memcpy(recv, send, bytes);
     return kcclSuccess;
   }
-  const size_t chunk = c->slot_bytes / es;
+  const size_t chunk = c->chunk_bytes / es;
   size_t off = 0;
   do {
     size_t n = min_sz(chunk, count - off);

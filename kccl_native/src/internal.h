@@ -177,6 +177,7 @@ struct kcclComm {
   uint32_t step;             /* last step sequence number used */
   kcclResult_t error;        /* sticky: first error that broke the communicator (text: own header) */
   size_t seg_bytes, slot_bytes, slot_stride;
+  size_t chunk_bytes;        /* a blocking collective's piece per step: KCCL_CHUNK_BYTES, at most slot_bytes */
   uint8_t token[16];
   char **names;              /* shm name of each rank (kept to clean up after dead peers) */
   uint8_t **base;            /* each rank's mapped segment */

@@ -12,19 +12,21 @@
  * every peer is alive (pidfd or /proc) and has not aborted or failed, and
  * that KCCL_TIMEOUT_MS has not passed.
  *
- * Contention.  When other busy processes share the cores, a waiter that keeps
- * its core (spinning, or yielding to nobody on its own run queue) holds it
- * against the peer it waits for or the process that took the peer's core: under
- * one busy process on 2 cores KCCL fell to 0.2-0.4x of MPI.  So a wait that
- * outlasts its spin looks for signs of oversubscription, and for CONTENDED_HOLD_NS
- * after the last one this thread's waits spin only CONTENDED_SPIN_NS and then
- * sleep on the futex without the yield phase: a sleeping rank leaves its core to
- * the scheduler, which runs the peer (or the other process) there, and the peer's
- * publish wakes it.  The signs: this thread lost its core during the wait (the
- * clock jumped by PREEMPT_GAP_NS between two polls, or a sched_yield lasted that
- * long), or /proc/loadavg counts more runnable threads than there are CPUs (read
- * at most every LOAD_CHECK_NS, by a wait that already spun).  A quiet machine
- * shows none of them, so its waits spin as before; an explicit KCCL_SPIN_US or
+ * Contention.  When other busy processes share the cores, a spinning waiter holds
+ * its core against the peer it waits for or the process that took the peer's
+ * core: under one busy process on 2 cores KCCL fell to 0.1x of MPI (105 us per
+ * 8-byte all-reduce against 9).  So a wait that outlasts its spin looks for signs
+ * of oversubscription, and for CONTENDED_HOLD_NS after the last one this thread's
+ * waits skip the spin and start with the yield phase.  Yielding, not sleeping:
+ * with ranks sharing a core, sched_yield hands the core straight to the peer
+ * (5 us per call in that test), where a futex sleep costs a wake-up and two
+ * scheduler round trips (14 us, and 25 us after a short spin).  The futex still
+ * follows the yield phase, so a rank that waits long leaves the run queue.  The
+ * signs: this thread lost its core during the wait (the clock jumped by
+ * PREEMPT_GAP_NS between two polls, or a sched_yield lasted that long), or
+ * /proc/loadavg counts more runnable threads than there are CPUs (read at most
+ * every LOAD_CHECK_NS, by a wait that already spun).  A quiet machine shows none
+ * of them, so its waits spin as before; an explicit KCCL_SPIN_US or
  * KCCL_YIELD_US turns the backoff off.
  *
  * A caller that knows its next collective waits long (kcclCommExpectLongWait: a rank
@@ -237,7 +239,6 @@ static inline int ready(_Atomic uint64_t *flag, uint32_t seq, uint64_t *v) {
 }
 
 #define PREEMPT_GAP_NS 50000         /* a gap this long between two polls: the thread lost its core */
-#define CONTENDED_SPIN_NS 10000       /* a running peer answers a small step well within this */
 #define CONTENDED_HOLD_NS 50000000    /* how long one sign of contention keeps the waits backing off */
 #define LOAD_CHECK_NS 1000000         /* /proc/loadavg at most this often (a read costs a few us) */
 
@@ -283,21 +284,21 @@ kcclResult_t kccl_wait_flag(struct kcclComm *c, int peer, _Atomic uint64_t *flag
   int64_t t0 = kccl_now_ns(), now = t0, last = t0;
   const int adaptive = c->cfg.spin_us < 0 && c->cfg.yield_us < 0;
   const int backoff = adaptive && t0 < contended_until;
-  int64_t spin_end = t0 + (backoff && c->spin_ns > CONTENDED_SPIN_NS ? CONTENDED_SPIN_NS : c->spin_ns);
-  int64_t yield_end = backoff ? spin_end : spin_end + c->yield_ns;
+  int64_t spin_end = backoff ? t0 : t0 + c->spin_ns;
+  int64_t yield_end = spin_end + c->yield_ns;
   if (c->long_wait) spin_end = yield_end = t0; /* kcclCommExpectLongWait: straight to the futex */
   int64_t deadline = c->cfg.timeout_ms > 0 ? t0 + (int64_t)c->cfg.timeout_ms * 1000000 : INT64_MAX;
   int64_t next_check = t0 + 1000000;
 
   /* Phase 1: spin.  The clock is read every 64 polls (a vDSO call, ~20 ns). */
-  for (unsigned i = 1;; i++) {
+  for (unsigned i = 1; now < spin_end; i++) {
     cpu_relax();
     if (ready(flag, seq, &v)) goto got;
     if ((i & 63) == 0) {
       now = kccl_now_ns();
-      if (adaptive && now - last > PREEMPT_GAP_NS) { /* descheduled mid-spin: go to sleep now */
+      if (adaptive && now - last > PREEMPT_GAP_NS) { /* descheduled mid-spin: yield from now on */
         saw_contention(c, now, "this rank lost its core while spinning");
-        yield_end = now;
+        yield_end = now + c->yield_ns;
         break;
       }
       last = now;
@@ -306,20 +307,15 @@ kcclResult_t kccl_wait_flag(struct kcclComm *c, int peer, _Atomic uint64_t *flag
   }
   if (adaptive && now < yield_end && now >= next_load_check) {
     next_load_check = now + LOAD_CHECK_NS;
-    if (machine_oversubscribed()) {
-      saw_contention(c, now, "more runnable threads than CPUs (/proc/loadavg)");
-      yield_end = now;
-    }
+    if (machine_oversubscribed()) saw_contention(c, now, "more runnable threads than CPUs (/proc/loadavg)");
   }
   /* Phases 2 and 3: yield, then sleep; both check peers and the deadline. */
   _Atomic uint32_t *sleepers = &c->hdr[peer]->sleepers;
   for (;;) {
     if (now < yield_end) {
       sched_yield();
-      if (adaptive && kccl_now_ns() - now > PREEMPT_GAP_NS) { /* the yield ran someone else here */
+      if (adaptive && kccl_now_ns() - now > PREEMPT_GAP_NS) /* the yield ran someone else here */
         saw_contention(c, now, "sched_yield ran another thread on this core");
-        yield_end = now;
-      }
     } else {
       atomic_fetch_add_explicit(sleepers, 1, memory_order_seq_cst);
       if (!ready(flag, seq, &v)) {

@@ -28,9 +28,12 @@ def cdef_from_header(path):
     return body + "\n" + "\n".join(f"#define {n} ..." for n in names) + "\n"
 
 
+DECISION = _build_cuda.decide("the CUDA engine")
+
+
 def _sources():
-    nvcc, why = _build_cuda.plan("the CUDA engine")
-    print(f"kie_engine.gpu: {why}", file=sys.stderr)
+    nvcc = DECISION["nvcc"] if DECISION["build"] else None
+    print(f"kie_engine.gpu: {DECISION['why']}", file=sys.stderr)
     if nvcc is None:
         return [os.path.relpath(os.path.join(CSRC, "none.c"), ROOT)], [], [], []
     cu = sorted(glob.glob(os.path.join(CSRC, "*.cu")))
@@ -47,10 +50,10 @@ def _sources():
 _c_sources, _objects, _libdirs, _libs = _sources()
 
 ffibuilder = FFI()
-ffibuilder.cdef(cdef_from_header(HEADER))
+ffibuilder.cdef(cdef_from_header(HEADER) + "const char *kie_cuda_build_plan(void);\n")
 ffibuilder.set_source(
     "kie_engine.gpu._kie_gpu_cffi",
-    '#include "kie_gpu.h"',
+    '#include "kie_gpu.h"\n' + _build_cuda.plan_as_c("kie_cuda_build_plan", DECISION),
     sources=_c_sources,
     include_dirs=[os.path.relpath(CSRC, ROOT)],
     extra_compile_args=["-O2", "-std=gnu11"],

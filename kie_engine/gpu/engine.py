@@ -61,6 +61,15 @@ def gpu_built():
     return lib is not None and bool(lib.kie_built())
 
 
+def cuda_build_plan():
+    """What the build decided about the CUDA engine and why (kccl/_build_cuda.decide, as
+    recorded in the module when it was compiled); None when the module is not built."""
+    if lib is None:
+        return None
+    import json
+    return json.loads(ffi.string(lib.kie_cuda_build_plan()).decode())
+
+
 def device_count():
     if lib is None:
         return 0

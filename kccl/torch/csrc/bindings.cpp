@@ -39,6 +39,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
             from_bytes<kcclPlacement_t>(placement, "placement"));
       },
       py::call_guard<py::gil_scoped_release>());
+  m.def(
+      "quiesce_callbacks", [](int64_t bound_ms) { kccl_torch::quiesce_callbacks(std::chrono::milliseconds(bound_ms)); },
+      py::call_guard<py::gil_scoped_release>());
   m.def("async_started", [](const c10::intrusive_ptr<c10d::Backend>& b) -> int64_t {
     auto* k = dynamic_cast<kccl_torch::KcclBackend*>(b.get());
     TORCH_CHECK_VALUE(k, "not a kccl backend");

@@ -3,14 +3,27 @@
 // another thread), the split-phase all-reduces still outstanding, and kccl.h's
 // result codes turned into torch's exceptions.  A GPU communicator (the CUDA
 // half, later) is a sibling of this class with stream-ordered calls.
+//
+// Futures: an outstanding operation may carry an on_done callback (a torch
+// future's completion).  Whoever finishes the operation (a Work's wait or poll,
+// a later collective that completes it first, abort / destroy, or the completer
+// thread below) runs the callback, always after releasing the mutex, so that a
+// callback may call the communicator again.  Nothing else would finish an
+// operation whose only waiter is its future, so watching one starts a completer
+// thread that polls (kcclAllReduceTest, which also reports a dead peer, with a
+// growing pause) until no watched operation is left, and then ends.
 #pragma once
 
 #include <chrono>
+#include <condition_variable>
 #include <deque>
 #include <exception>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "kccl_api.h"
 
@@ -21,9 +34,17 @@ struct PendingOp {
   uint64_t request = 0;
   bool done = false;
   std::exception_ptr error;
+  // Set while a future watches this op (see above): run once, with error, when it finishes.
+  std::function<void(std::exception_ptr)> on_done;
+  // Past this the completer stops polling and waits in kcclAllReduceWait, which KCCL_TIMEOUT_MS bounds.
+  std::chrono::steady_clock::time_point poll_until;
 };
 
-class HostComm {
+// From here on, callbacks are no longer run (they and what they hold are leaked); waits up
+// to `bound` for those running.  For the interpreter's exit (kccl/torch/__init__.py).
+void quiesce_callbacks(std::chrono::milliseconds bound);
+
+class HostComm : public std::enable_shared_from_this<HostComm> {
  public:
   // Collective over the group: blocks until every rank joined or config.timeout_ms passed.
   HostComm(int rank, int size, const kcclUniqueId& id, const kcclConfig_t& config, const kcclPlacement_t& placement);
@@ -49,6 +70,9 @@ class HostComm {
   void complete(const std::shared_ptr<PendingOp>& op);
   // Never blocks: true once op has completed (then complete() returns at once).
   bool test(const std::shared_ptr<PendingOp>& op);
+  // Never blocks: false when op has already finished (read op->error then); else on_done will run
+  // once when it does, on whichever thread finishes it (see above).
+  bool watch(const std::shared_ptr<PendingOp>& op, std::function<void(std::exception_ptr)> on_done);
 
   // kcclSuccess while usable.
   kcclResult_t async_error();
@@ -63,7 +87,12 @@ class HostComm {
   kcclComm_t handle(const char* what);  // with mu_ held
   void drain_locked();
   void complete_locked(const std::shared_ptr<PendingOp>& op);
+  bool test_locked(const std::shared_ptr<PendingOp>& op);
+  void complete_watched();  // the completer thread's body
+  class Guard;              // mu_, then the callbacks of what finished meanwhile
   void finish_through(uint64_t request, std::exception_ptr error);
+  // The communicator is gone (abort / destroy): every outstanding Work fails, saying why.
+  void closed_locked(const char* why);
 
   std::mutex mu_;
   kcclComm_t comm_ = nullptr;
@@ -71,7 +100,12 @@ class HostComm {
   int rank_, size_;
   size_t buffer_bytes_;
   int max_outstanding_;
+  int timeout_ms_;
   std::deque<std::shared_ptr<PendingOp>> pending_;
+  // Callbacks of finished operations, run by whoever holds the Guard when it lets go of mu_.
+  std::vector<std::pair<std::function<void(std::exception_ptr)>, std::exception_ptr>> ready_;
+  bool completer_running_ = false;
+  std::condition_variable completer_wake_;
 };
 
 }  // namespace kccl_torch

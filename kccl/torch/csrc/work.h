@@ -1,9 +1,9 @@
 // The Work a collective returns.  Blocking collectives return one already
 // complete.  A split-phase all-reduce returns one that is pending until wait()
 // (blocks in kcclAllReduceWait) or is_completed() (polls kcclAllReduceTest)
-// finds the sum in the tensor.  get_future() on a pending one completes it
-// first: nothing else would drive a future that only its waiter watches, and a
-// future that never completes would hang the waiter.
+// finds the sum in the tensor, or until anything else finishes its operation
+// (see HostComm).  get_future() never blocks: on a pending Work its future is
+// completed by whoever finishes the operation, with the outputs or the error.
 #pragma once
 
 #include <ATen/ATen.h>
@@ -11,6 +11,7 @@
 #include <torch/csrc/distributed/c10d/Work.hpp>
 
 #include <memory>
+#include <mutex>
 #include <vector>
 
 #include "host_comm.h"
@@ -34,7 +35,15 @@ class KcclWork : public c10d::Work {
   c10::intrusive_ptr<c10::ivalue::Future> getFuture() override;
 
  private:
-  std::vector<at::Tensor> outputs_;
+  // The op still pending (null once this Work has seen it finish) and its communicator.
+  std::pair<std::shared_ptr<PendingOp>, std::shared_ptr<HostComm>> pending() const;
+  // op has finished: keep its error, let go of the communicator.
+  void record(const std::shared_ptr<PendingOp>& op);
+
+  // Guards the members below: torch may wait, poll and ask for the future from several
+  // threads; never held across a call into the communicator.
+  mutable std::mutex work_mu_;
+  const std::vector<at::Tensor> outputs_;
   std::shared_ptr<HostComm> comm_;  // null once finished
   std::shared_ptr<PendingOp> op_;
   std::exception_ptr error_;
