@@ -16,7 +16,9 @@ Per size (float32 sum), in one run and alternating within each round:
   kccl_local   KCCL all-reduce inside each host (both hosts at once)
   kccl_bcast   KCCL broadcast inside each host
   kccl_rs_ag   KCCL reduce-scatter then all-gather inside each host
-  mpi_leaders  MPI all-reduce among one rank per host (the small path's inter-host leg)
+  mpi_gather   MPI all-gather of (48-byte signature + message) among one rank per host (the
+               small path's inter-host leg while (hosts - 1) x size <= 64 KB)
+  mpi_leaders  MPI all-reduce among one rank per host (the small path's inter-host leg above)
   mpi_shards   MPI all-reduce of size/per-host among the ranks of equal local index, all
                local indices at once (the large path's inter-host leg)
 A round's time for a leg is the slowest rank's mean per call; the table gives min / median /
@@ -36,7 +38,7 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from benchlib import fmt_size, mpi_launcher, parse_size  # noqa: E402
 
-LEGS = ["hier", "mpi", "kccl_local", "kccl_bcast", "kccl_rs_ag", "mpi_leaders", "mpi_shards"]
+LEGS = ["hier", "mpi", "kccl_local", "kccl_bcast", "kccl_rs_ag", "mpi_gather", "mpi_leaders", "mpi_shards"]
 
 
 def parse_args(argv):
@@ -86,7 +88,7 @@ def main(argv=None):
     load_start = os.getloadavg()
     hier = kccl.Communicator.from_mpi(world)
     intra = world.Split(host, rank)
-    local = kccl.Communicator.from_mpi(intra)
+    local = kccl.Communicator.from_mpi(intra, config=hier.local_config)  # the same waits as hier's own
     leaders = world.Split(0 if lrank == 0 else MPI.UNDEFINED, host)
     shards = world.Split(lrank, host)
     sizes, n = [], parse_size(args.minbytes)
@@ -105,11 +107,13 @@ def main(argv=None):
         rs_out = np.empty(-(-count // L), np.float32)
         padded = np.zeros(rs_out.size * L, np.float32)
         padded[:count] = x
+        blk, every = np.zeros(48 + x.nbytes, np.uint8), np.empty((hosts, 48 + x.nbytes), np.uint8)
         legs = {"hier": lambda: hier.all_reduce(x, y),
                 "mpi": lambda: world.Allreduce(x, y),
                 "kccl_local": lambda: local.all_reduce(x, y),
                 "kccl_bcast": lambda: local.broadcast(y, 0),
                 "kccl_rs_ag": lambda: (local.reduce_scatter(padded, rs_out), local.all_gather(rs_out, padded)),
+                "mpi_gather": (lambda: leaders.Allgather(blk, every)) if leaders != MPI.COMM_NULL else None,
                 "mpi_leaders": (lambda: leaders.Allreduce(x, y)) if leaders != MPI.COMM_NULL else None,
                 "mpi_shards": lambda: shards.Allreduce(xs, ys)}
         wrong = {}
@@ -139,11 +143,12 @@ def main(argv=None):
             print(f"{fmt_size(nbytes):>5}  {spread}  mpi/hier {row['mpi_over_hier']:5.2f}  legs {legs}  "
                   f"wrong {wrong['hier']}/{wrong['mpi']}", flush=True)
     large_bytes = hier.topo_info()["large_bytes"]
+    from kccl.hierarchical import _GATHER_MAX_BYTES as gather_max
     hier.close()
     local.close()
     if rank == 0 and args.json:
         meta = {"hosts": hosts, "per_host": L, "rounds": args.rounds, "round_ms": args.round_ms,
-                "large_bytes": large_bytes,
+                "large_bytes": large_bytes, "gather_max_bytes": gather_max,
                 "machine": platform.processor() or platform.machine(), "cpus": os.cpu_count(),
                 "loadavg_start_end": [load_start, os.getloadavg()], "mpi": MPI.Get_library_version().splitlines()[0],
                 "layout": "MPIR_CVAR_NUM_CLIQUES=%d, UCX_TLS=tcp" % hosts}

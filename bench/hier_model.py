@@ -150,7 +150,9 @@ def check(path):
     for r in rows:
         m = r["bytes"]
         s = r["stats"]
-        legs = (s["kccl_local"][1] + s["mpi_leaders"][1] + s["kccl_bcast"][1]) if m < large else \
+        gathered = "mpi_gather" in s and m * (H - 1) <= meta.get("gather_max_bytes", -1)
+        leaders_leg = s["mpi_gather"][1] if gathered else s["mpi_leaders"][1]
+        legs = (s["kccl_local"][1] + leaders_leg + s["kccl_bcast"][1]) if m < large else \
             (s["kccl_rs_ag"][1] + s["mpi_shards"][1])
         if m < large:
             model = intra_allreduce(shm, L, m) + inter_allreduce(net, H, m) + intra_bcast(shm, L, m)

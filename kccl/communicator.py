@@ -270,7 +270,9 @@ class Communicator:
                                        "host buffers only (device=None); its GPU form is designed, not built")
             from .hierarchical import HierarchicalCommunicator
             return HierarchicalCommunicator(mpi_comm, _hosts.HostLayout(keys),
-                                            lambda intra: cls._from_mpi_one_host(intra, config, None), settings)
+                                            lambda intra, extra: cls._from_mpi_one_host(intra, {**(config or {}),
+                                                                                                **extra}, None),
+                                            settings)
         return cls._from_mpi_one_host(mpi_comm, config, device)
 
     @classmethod
@@ -488,6 +490,13 @@ class Communicator:
         out = ffi.new("kcclResult_t *")
         _check(lib.kcclCommGetAsyncError(self._handle(), out))
         return None if out[0] == lib.kcclSuccess else error_for(int(out[0]), "communicator failed earlier")
+
+    def expect_long_wait(self):
+        """This rank's next blocking collective on this communicator will wait long (for a
+        peer busy elsewhere, e.g. in a network leg): its waits sleep at once instead of
+        spinning and yielding first, leaving the core to the ranks doing the work.  For that
+        one collective (kcclCommExpectLongWait)."""
+        _check(lib.kcclCommExpectLongWait(self._handle()))
 
     def abort(self):
         """Local and immediate: peers blocked in a collective with this rank get KcclRemoteError."""

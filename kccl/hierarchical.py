@@ -13,7 +13,10 @@ All-reduce by size (KCCL_HIER_LARGE_BYTES):
 
 - small: all-reduce inside the host (KCCL has no reduce; its one-shot all-reduce
   costs one cache-line hop per peer like a reduce would, and leaves the host's sum
-  on the leader), all-reduce among the leaders (MPI), broadcast inside the host.
+  on the leader), among the leaders one MPI all-gather of (signature, host sum) that
+  each leader combines in host order (an MPI all-reduce once the hosts' sums together
+  pass _GATHER_MAX_BYTES), broadcast inside the host, which non-leaders enter asleep
+  (expect_long_wait: their leader is on the network meanwhile).
 - large: the vector is cut into M shards, M the largest host's rank count.  A host
   of L ranks gives each local rank c = ceil(M / L) consecutive shards: a reduce-scatter
   inside the host over L blocks of c shards (the vector padded to L*c shards when that
@@ -48,6 +51,7 @@ from mpi4py import MPI
 
 from . import _hier_wire as wire
 from ._hier_handle import HierAllReduceHandle
+from .hosts import machine_key
 from .errors import KcclError, KcclInvalidArgument, KcclInvalidUsage, KcclRemoteError, KcclTimeout, error_for
 
 _NOTICE_TAG = 0x4B43  # "KC": the only tag used on the private ctrl communicator
@@ -60,6 +64,13 @@ _DIED = re.compile(r"\brank (\d+) \(pid \d+\) died")
 # those buffers later (a collective request cannot be cancelled), so they live as long
 # as the process does.  Only failures add to it.
 _ABANDONED = []
+_SIG_BYTES = 48  # a collective's signature: six int64 (kind, op, type, count, root, sequence)
+# Small all-reduces whose host sums, all hosts' together, stay within this many bytes send
+# them to every leader (one all-gather, signature included) instead of all-reducing them
+# beside a separate signature exchange: latency-bound sizes, where one exchange beats two.
+_GATHER_MAX_BYTES = 64 * 1024
+_COMBINE = {wire.SUM: np.add, wire.AVG: np.add, wire.PROD: np.multiply, wire.MAX: np.maximum,
+            wire.MIN: np.minimum}
 
 
 def _resolve_op(op):
@@ -69,6 +80,28 @@ def _resolve_op(op):
     if isinstance(op, (int, np.integer)) and not isinstance(op, bool) and int(op) in wire.OP_NAMES:
         return int(op)
     raise KcclInvalidArgument(f"unknown reduction op {op!r}; use kccl.SUM, PROD, MAX, MIN or AVG")
+
+
+def _shared_cores_config(machine_ranks, host_ranks, settings):
+    """Settings for the host's KCCL communicator when ranks of several hosts share this
+    machine's cores (hosts simulated with KCCL_HOST_ID) and outnumber them.
+
+    KCCL's automatic waits spin only when its own ranks have a core each; here a host's
+    ranks may fit the cores while the machine's do not, and a rank spinning in a KCCL wait
+    holds the core a leader needs for the MPI leg (measured, 2 x 2 ranks on 2 cores: a
+    4-byte all-reduce inside the host 25 us spinning, 5 us yielding).  So the host
+    communicator is told what KCCL's own rule says for ranks that outnumber the cores:
+    no spin, sched_yield, then sleep.  An explicit KCCL_SPIN_US / KCCL_YIELD_US wins; on
+    a real cluster (one host per machine) nothing changes."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cores = os.cpu_count() or 1
+    if machine_ranks <= max(cores, host_ranks):
+        return {}
+    if any(settings[k][1] != "default" for k in ("KCCL_SPIN_US", "KCCL_YIELD_US")):
+        return {}
+    return {"spin_us": 0}
 
 
 def _no_stream(stream):
@@ -98,12 +131,15 @@ class HierarchicalCommunicator:
         self._large = settings["KCCL_HIER_LARGE_BYTES"][0]
         self._check = settings["KCCL_HIER_CHECK"][0] == "on"
         mine = (self._large, int(self._check))
-        every = world.allgather(mine)
-        if any(v != mine for v in every):
-            bad = next(r for r, v in enumerate(every) if v != mine)
+        every = world.allgather((mine, machine_key()))
+        if any(v != mine for v, _m in every):
+            bad = next(r for r, (v, _m) in enumerate(every) if v != mine)
             world.Free()
             raise KcclInvalidArgument(f"KCCL_HIER_LARGE_BYTES / KCCL_HIER_CHECK must be equal on all ranks: rank "
-                                      f"{self._rank} has {mine}, rank {bad} has {every[bad]}")
+                                      f"{self._rank} has {mine}, rank {bad} has {every[bad][0]}")
+        machines = [m for _v, m in every]
+        local_config = _shared_cores_config(machines.count(machines[self._rank]), self._lsize, settings)
+        self.local_config = local_config  # what the host communicator was given (bench/hier_allreduce.py reuses it)
         self._ctrl = self._split(0)
         self._leaders = self._split(0 if self._lrank == 0 else MPI.UNDEFINED, key=self._host)
         # shards of the large all-reduce: M of them, host h's local rank j holds [j*c_h, (j+1)*c_h)
@@ -120,7 +156,7 @@ class HierarchicalCommunicator:
         intra.alltoall([None] * intra.Get_size())  # connects every pair of the host for failure notices
         err = None
         try:
-            self._local = make_local(intra)
+            self._local = make_local(intra, local_config)
         except KcclError as e:
             err = e
         finally:
@@ -135,6 +171,7 @@ class HierarchicalCommunicator:
         self._seq = 0
         self._sigs = np.zeros((layout.nhosts, 6), np.int64) if self._leaders is not None else None
         self._sig_req = None
+        self._gather_bufs = None
         self._outstanding = None
         self._notices = []
         self._inflight = None
@@ -301,21 +338,29 @@ class HierarchicalCommunicator:
 
     def _explain_mpi_error(self, what, e):
         """An MPI error: a mismatch across hosts makes MPI fail (truncation) or not, so the
-        signature exchange, when one is in flight, names the cause first."""
+        signature exchange, when one is in flight, names the cause first.  A truncated
+        signature-and-data block (_gathered_allreduce) means another leader received this
+        one's longer block, read the signature in front and is announcing the mismatch:
+        that notice is waited for."""
         end = time.monotonic() + _GRACE_S
+        truncated = e.Get_error_class() == MPI.ERR_TRUNCATE
         try:
-            while self._sig_req is not None and time.monotonic() < end:
-                if self._sig_req.Test():
+            while (self._sig_req is not None or truncated) and time.monotonic() < end:
+                if self._sig_req is not None and self._sig_req.Test():
                     self._sig_req = None
                     self._check_signatures()
+                if truncated:
+                    self._poll_notice()
+                    time.sleep(0.0005)
         except MPI.Exception:
             pass
         self._fail(KcclRemoteError, f"{what}: MPI error between hosts: {e.Get_error_string()}")
 
     # -- cross-host signature ----------------------------------------------------------
-    def _begin(self, kind, op=0, code=0, count=0, root=-1):
+    def _begin(self, kind, op=0, code=0, count=0, root=-1, post=True):
         """Every collective's first step: refuse while a split-phase one is outstanding, and
-        on leaders post the signature exchange (completed by the next _wait)."""
+        on leaders post the signature exchange (completed by the next _wait), unless the
+        caller sends the signature with its data (post=False)."""
         local = self._live()
         if self._outstanding is not None and kind != 6:
             raise KcclInvalidUsage("a blocking collective while an all_reduce_start is outstanding: wait for it "
@@ -323,6 +368,8 @@ class HierarchicalCommunicator:
         self._seq += 1
         if self._check and self._leaders is not None:
             self._mysig = np.array([kind, op, code, count, root, self._seq], np.int64)
+            if not post:
+                return local
             try:
                 self._sig_req = self._leaders.Iallgather([self._mysig, MPI.INT64_T], [self._sigs, MPI.INT64_T])
             except MPI.Exception as e:
@@ -367,30 +414,83 @@ class HierarchicalCommunicator:
         if recv is None:
             recv = send
         opc = _resolve_op(op)
-        s, code, _ks = wire.view(send, dtype, recv is send, "send (in place)" if recv is send else "send")
-        if recv is send:
-            r = s
-        else:
-            r, rcode, _kr = wire.view(recv, dtype, True, "recv")
-            if rcode != code:
-                raise KcclInvalidArgument(f"send is {wire.type_name(code)} but recv is {wire.type_name(rcode)}")
-            if r.size != s.size:
-                raise KcclInvalidArgument(f"recv has {r.size} elements, send {s.size}: all_reduce needs equal sizes")
-        local = self._begin(1, opc, code, s.size)
+        s, code = wire.plain_view(send, dtype, recv is send)
+        r, rcode = (s, code) if recv is send else wire.plain_view(recv, dtype, True)
+        plain = code is not None and rcode == code and r.size == s.size
+        if not plain:
+            s, code, _ks = wire.view(send, dtype, recv is send, "send (in place)" if recv is send else "send")
+            if recv is send:
+                r = s
+            else:
+                r, rcode, _kr = wire.view(recv, dtype, True, "recv")
+                if rcode != code:
+                    raise KcclInvalidArgument(f"send is {wire.type_name(code)} but recv is {wire.type_name(rcode)}")
+                if r.size != s.size:
+                    raise KcclInvalidArgument(f"recv has {r.size} elements, send {s.size}: all_reduce needs equal "
+                                              "sizes")
+        large = s.nbytes >= self._large and s.size >= self._nshards
+        gathered = not large and s.nbytes * (self._layout.nhosts - 1) <= _GATHER_MAX_BYTES
+        local = self._begin(1, opc, code, s.size, post=not gathered)
         local_op = wire.SUM if opc == wire.AVG else opc
-        if s.nbytes >= self._large and s.size >= self._nshards:
+        if large:
             self._large_allreduce(local, s, r, code, opc, local_op)
+            return recv
+        if plain:  # the originals: the host communicator's remembered-pair fast path takes them
+            self._call(local.all_reduce, send, recv, local_op)
         else:
             self._call(local.all_reduce, s, r, local_op, dtype=code)
-            if self._leaders is not None:
-                try:
-                    req, w = self._post_allreduce(self._leaders, r, code, opc)
-                except MPI.Exception as e:
-                    self._explain_mpi_error("all_reduce", e)
-                self._wait([req], "all_reduce", r, w)
-                wire.finish(r, w, code, opc, self._size)
+        if self._leaders is None:
+            local.expect_long_wait()  # the leader is in the network leg meanwhile
+        elif gathered:
+            self._gathered_allreduce(r, code, opc)
+        else:
+            try:
+                req, w = self._post_allreduce(self._leaders, r, code, opc)
+            except MPI.Exception as e:
+                self._explain_mpi_error("all_reduce", e)
+            self._wait([req], "all_reduce", r, w)
+            wire.finish(r, w, code, opc, self._size)
+        if plain:
+            self._call(local.broadcast, recv, 0)
+        else:
             self._call(local.broadcast, r, 0, dtype=code)
         return recv
+
+    def _gathered_allreduce(self, r, code, opc):
+        """The leaders' leg of a small all-reduce as one MPI all-gather of (signature, host
+        sum) blocks, each leader then combining the host sums in host order (the same bits
+        on every leader).  One message exchange does the signature check and the data: a
+        separate signature all-gather beside an all-reduce cost a second exchange (~20 us
+        of ~60 over TCP here).  A block that differs in length (a count or type mismatch)
+        still delivers its signature first to the leader with the longer block, and MPI
+        reports truncation to the other, which then waits for that leader's notice."""
+        nb = _SIG_BYTES + r.nbytes
+        if self._gather_bufs is None or self._gather_bufs[0].size != nb:
+            # kept between calls (small, and a fresh pair per call costs more than the copy);
+            # after a failure they go with the abandoned request, and new ones are made
+            self._gather_bufs = (np.empty(nb, np.uint8), np.empty((self._layout.nhosts, nb), np.uint8))
+        block, every = self._gather_bufs
+        if self._check:
+            block[:_SIG_BYTES].view(np.int64)[...] = self._mysig
+        block[_SIG_BYTES:] = r.view(np.uint8)
+        try:
+            req = self._leaders.Iallgather([block, MPI.BYTE], [every, MPI.BYTE])
+        except MPI.Exception as e:
+            self._explain_mpi_error("all_reduce", e)
+        self._gather_bufs = None  # until the exchange completes: a failure abandons them with it
+        self._wait([req], "all_reduce", block, every)
+        self._gather_bufs = (block, every)
+        if self._check and not (every[:, :_SIG_BYTES].view(np.int64) == self._mysig).all():
+            self._sigs[...] = every[:, :_SIG_BYTES].view(np.int64)
+            self._check_signatures()
+        sums = every[:, _SIG_BYTES:].view(wire.STORAGE[code])
+        if code in wire.HALF:
+            sums = np.stack([wire.to_wire(row, code) for row in sums])
+            w = _COMBINE[opc].reduce(sums, axis=0)
+        else:
+            w = r
+            _COMBINE[opc].reduce(sums, axis=0, out=w)
+        wire.finish(r, w, code, opc, self._size)
 
     def _large_allreduce(self, local, s, r, code, opc, local_op):
         n, per = s.size, self._per_rank

@@ -177,7 +177,8 @@ def kill(victim):
 
 
 class BrokenLink:
-    """A leaders communicator whose next inter-host all-reduce fails as MPI would."""
+    """A leaders communicator whose next inter-host all-reduce fails as MPI would (the small
+    all-reduce's leg is an all-gather of signature and data, the others an all-reduce)."""
 
     def __init__(self, comm):
         self._comm = comm
@@ -187,6 +188,8 @@ class BrokenLink:
 
     def Iallreduce(self, *args, **kw):
         raise MPI.Exception(MPI.ERR_OTHER)
+
+    Iallgather = Iallreduce
 
 
 def failures():

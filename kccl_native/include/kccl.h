@@ -164,6 +164,11 @@ kcclResult_t kcclCommCount(const kcclComm_t comm, int *count);
 kcclResult_t kcclCommUserRank(const kcclComm_t comm, int *rank);
 /* kcclSuccess while usable; otherwise the error that broke it. */
 kcclResult_t kcclCommGetAsyncError(kcclComm_t comm, kcclResult_t *asyncError);
+/* The calling rank's next blocking collective on comm will wait long (for a peer busy
+ * elsewhere, e.g. in a network leg): its waits skip the spin and sched_yield phases and
+ * sleep on the futex at once, leaving the core to the ranks doing the work.  Applies to
+ * that one collective, then the waits are as KCCL_SPIN_US / KCCL_YIELD_US say again. */
+kcclResult_t kcclCommExpectLongWait(kcclComm_t comm);
 
 kcclResult_t kcclAllReduce(const void *sendbuff, void *recvbuff, size_t count,
                            kcclDataType_t datatype, kcclRedOp_t op, kcclComm_t comm, void *stream);

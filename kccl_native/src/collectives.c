@@ -72,6 +72,7 @@ static kcclResult_t collective(struct kcclComm *c, kccl_call *a) {
   kcclResult_t r = kccl_enter(c, a->coll, a->count, a->dtype, a->op, a->root, a->stream, &a->sig);
   if (r == kcclSuccess) r = kccl_check_buffers(c, a);
   if (r == kcclSuccess) r = c->tp->run(c, a);
+  if (kccl_comm_valid(c)) c->long_wait = 0; /* the hint is for one collective (run or refused) */
   return r;
 }
 

@@ -167,6 +167,12 @@ static kcclResult_t finish(kcclComm_t c, uint32_t state) {
 kcclResult_t kcclCommDestroy(kcclComm_t comm) { return finish(comm, SEG_CLOSED); }
 kcclResult_t kcclCommAbort(kcclComm_t comm) { return finish(comm, SEG_ABORTED); }
 
+kcclResult_t kcclCommExpectLongWait(kcclComm_t comm) {
+  if (!kccl_comm_valid(comm)) return kccl_err(kcclInvalidArgument, "invalid communicator");
+  comm->long_wait = 1;
+  return kcclSuccess;
+}
+
 kcclResult_t kcclCommCount(const kcclComm_t comm, int *count) {
   if (!kccl_comm_valid(comm) || !count) return kccl_err(kcclInvalidArgument, "invalid communicator or NULL count");
   *count = comm->nranks;

@@ -173,6 +173,7 @@ struct kcclComm {
   kcclConfig_t cfg;
   int ncpus;                 /* CPUs this process may run on */
   int64_t spin_ns, yield_ns; /* resolved waiting phases */
+  int long_wait;             /* kcclCommExpectLongWait: this blocking collective's waits sleep at once */
   uint32_t step;             /* last step sequence number used */
   kcclResult_t error;        /* sticky: first error that broke the communicator (text: own header) */
   size_t seg_bytes, slot_bytes, slot_stride;

@@ -27,7 +27,11 @@
  * /proc/loadavg counts more runnable threads than there are CPUs (read at most
  * every LOAD_CHECK_NS, by a wait that already spun).  A quiet machine shows none
  * of them, so its waits spin as before; an explicit KCCL_SPIN_US or
- * KCCL_YIELD_US turns the backoff off. */
+ * KCCL_YIELD_US turns the backoff off.
+ *
+ * A caller that knows its next collective waits long (kcclCommExpectLongWait: a rank
+ * of a communicator over several hosts waiting while its leader is in the network leg)
+ * skips the spin and yield phases of that collective's waits altogether. */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
@@ -282,6 +286,7 @@ kcclResult_t kccl_wait_flag(struct kcclComm *c, int peer, _Atomic uint64_t *flag
   const int backoff = adaptive && t0 < contended_until;
   int64_t spin_end = backoff ? t0 : t0 + c->spin_ns;
   int64_t yield_end = spin_end + c->yield_ns;
+  if (c->long_wait) spin_end = yield_end = t0; /* kcclCommExpectLongWait: straight to the futex */
   int64_t deadline = c->cfg.timeout_ms > 0 ? t0 + (int64_t)c->cfg.timeout_ms * 1000000 : INT64_MAX;
   int64_t next_check = t0 + 1000000;
 
