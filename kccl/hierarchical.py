@@ -50,6 +50,9 @@ import numpy as np
 from mpi4py import MPI
 
 from . import _hier_wire as wire
+from ._hier_small import SmallAllReduce
+from ._native import ffi, lib
+from .communicator import _check as _check_rc
 from ._hier_handle import HierAllReduceHandle
 from .hosts import machine_key
 from .errors import KcclError, KcclInvalidArgument, KcclInvalidUsage, KcclRemoteError, KcclTimeout, error_for
@@ -69,6 +72,15 @@ _SIG_BYTES = 48  # a collective's signature: six int64 (kind, op, type, count, r
 # them to every leader (one all-gather, signature included) instead of all-reducing them
 # beside a separate signature exchange: latency-bound sizes, where one exchange beats two.
 _GATHER_MAX_BYTES = 64 * 1024
+_c_allreduce, _c_broadcast, _c_expect_long_wait = lib.kcclAllReduce, lib.kcclBroadcast, lib.kcclCommExpectLongWait
+_NULL = ffi.NULL
+
+
+class _NoHot:  # matches no buffer: all_reduce's remembered pair before the first small call
+    send = recv = op = dtype = object()
+
+
+_NO_HOT = _NoHot()
 _COMBINE = {wire.SUM: np.add, wire.AVG: np.add, wire.PROD: np.multiply, wire.MAX: np.maximum,
             wire.MIN: np.minimum}
 
@@ -175,6 +187,7 @@ class HierarchicalCommunicator:
         self._outstanding = None
         self._notices = []
         self._inflight = None
+        self._hot = _NO_HOT
         self._pid = os.getpid()
 
     def _split(self, color, key=0):
@@ -409,10 +422,18 @@ class HierarchicalCommunicator:
 
     # -- collectives ----------------------------------------------------------------
     def all_reduce(self, send, recv=None, op=wire.SUM, *, dtype=None, stream=None):
-        """recv = the reduction over every rank of every host; in place when recv is omitted."""
-        _no_stream(stream)
+        """recv = the reduction over every rank of every host; in place when recv is omitted.
+
+        The last small numpy pair is remembered (_hier_small): a call with the same arrays,
+        op object and no dtype=/stream= goes through _small_hot without resolving anything
+        again (writability is still checked every call)."""
         if recv is None:
             recv = send
+        h = self._hot
+        if (send is h.send and recv is h.recv and op is h.op and dtype is None and stream is None
+                and send.dtype is h.dtype and recv.flags.writeable):
+            return self._small_hot(h)
+        _no_stream(stream)
         opc = _resolve_op(op)
         s, code = wire.plain_view(send, dtype, recv is send)
         r, rcode = (s, code) if recv is send else wire.plain_view(recv, dtype, True)
@@ -435,6 +456,10 @@ class HierarchicalCommunicator:
         if large:
             self._large_allreduce(local, s, r, code, opc, local_op)
             return recv
+        if plain and gathered and code not in wire.HALF and type(send) is np.ndarray and type(recv) is np.ndarray:
+            self._seq -= 1  # _small_hot counts this call itself
+            self._hot = SmallAllReduce(send, recv, op, opc, code, r, self._layout.nhosts, self._leaders is not None)
+            return self._small_hot(self._hot)
         if plain:  # the originals: the host communicator's remembered-pair fast path takes them
             self._call(local.all_reduce, send, recv, local_op)
         else:
@@ -455,6 +480,47 @@ class HierarchicalCommunicator:
         else:
             self._call(local.broadcast, r, 0, dtype=code)
         return recv
+
+    def _small_hot(self, h):
+        """A small all-reduce of a remembered pair (h: SmallAllReduce): the same steps as the
+        general path (host all-reduce, the leaders' (signature, host sum) all-gather, host
+        broadcast) and the same checks, with everything per-pair resolved once."""
+        local = self._local
+        if local is None or self._closed_why is not None or self._outstanding is not None:
+            self._begin(1)  # raises what a closed, broken or busy communicator raises
+        comm = local._comm
+        self._seq += 1
+        rc = _c_allreduce(h.sp, h.rp, h.n, h.code, h.local_op, comm, _NULL)
+        if rc:
+            self._call(_check_rc, rc)
+        leaders = self._leaders
+        if leaders is None:
+            rc = _c_expect_long_wait(comm)  # the leader is in the network leg meanwhile
+            if rc:
+                self._call(_check_rc, rc)
+        else:
+            h.sig[5] = self._seq
+            self._mysig = h.sig
+            np.copyto(h.block_data, h.r)
+            try:
+                req = leaders.Iallgather(h.send_spec, h.recv_spec)
+            except MPI.Exception as e:
+                self._explain_mpi_error("all_reduce", e)
+            self._wait([req], "all_reduce", h.block, h.every)
+            if self._check and h.every_sig.tobytes() != h.block_sig.tobytes() * len(h.rows):
+                self._hot = _NO_HOT  # its buffers go with the failure
+                self._sigs[...] = h.every_sig.view(np.int64)
+                self._check_signatures()
+            if len(h.rows) == 2:
+                h.combine(h.rows[0], h.rows[1], out=h.r)
+            else:
+                h.combine.reduce(h.sums, axis=0, out=h.r)
+            if h.avg:
+                wire.finish(h.r, h.r, h.code, h.opc, self._size)
+        rc = _c_broadcast(h.rp, h.rp, h.n, h.code, 0, comm, _NULL)
+        if rc:
+            self._call(_check_rc, rc)
+        return h.recv
 
     def _gathered_allreduce(self, r, code, opc):
         """The leaders' leg of a small all-reduce as one MPI all-gather of (signature, host
@@ -656,6 +722,7 @@ class HierarchicalCommunicator:
 
     def _release(self, abort):
         self._outstanding = None
+        self._hot = _NO_HOT
         local, self._local = self._local, None
         if local is not None:
             local.abort() if abort else local.close()

@@ -218,6 +218,14 @@ def failures():
     scenario("large_count", lambda c: c.all_reduce(np.ones(20000 + 4 * host_of(c), np.float32)),
              config={"hier_large_bytes": 4096})
 
+    def hot(c, last):  # the remembered small pair (HierarchicalCommunicator._small_hot), then a mismatch
+        x = np.ones(10, np.float32)
+        for _ in range(3):
+            c.all_reduce(x)
+        last(c, x)
+    scenario("hot_op", lambda c: hot(c, lambda c, x: c.all_reduce(x, op=kccl.MAX if host_of(c) else kccl.SUM)))
+    scenario("hot_kind", lambda c: hot(c, lambda c, x: c.all_reduce(x) if host_of(c) == 0 else c.broadcast(x, 0)))
+
     def mpi_error(c):
         if c.rank == 1:  # host 1's leader
             c._leaders = BrokenLink(c._leaders)

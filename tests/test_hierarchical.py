@@ -273,7 +273,7 @@ def test_mismatches_mpi_errors_abort_and_settings():
     before = kccl_segments()
     (every,) = results(launch(4, 2, ["failures"]))
     for rank, seen in enumerate(every):
-        for name in ("count", "op", "kind", "dtype", "large_count"):
+        for name in ("count", "op", "kind", "dtype", "large_count", "hot_op", "hot_kind"):
             (cls, text, _), after = seen[name]
             assert cls == "KcclRemoteError" and "collective mismatch across hosts" in text, (rank, name, seen[name])
             assert after[0] == "KcclInvalidUsage", (rank, name, after)
