@@ -7,11 +7,13 @@ small path's overhead costs.
     python bench/hier_small_cpu.py                       # 4 B, 2 hosts x 2 ranks
     python bench/hier_small_cpu.py --bytes 4K --calls 3000
     python bench/hier_small_cpu.py --profile 0           # cProfile of rank 0's hier calls
+    python bench/hier_small_cpu.py --json bench/results/hier_small_cpu_2x2.json
 
 Per rank: user + system CPU (getrusage) per call and wall time per call, for `--calls`
 calls of hier.all_reduce(x, y) and of world.Allreduce(x, y), alternating over --rounds."""
 import argparse
 import cProfile
+import json
 import os
 import pstats
 import resource
@@ -44,6 +46,7 @@ def main():
     ap.add_argument("--bytes", default="4")
     ap.add_argument("--calls", type=int, default=3000)
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--json", metavar="FILE")
     ap.add_argument("--profile", type=int, default=-1, metavar="RANK", help="cProfile this rank's hier calls")
     args = ap.parse_args()
     if not os.environ.get("HIER_BENCH_CHILD"):
@@ -92,6 +95,15 @@ def main():
                 cells.append(f"r{r} {cpu:6.1f} cpu {wall:6.1f} wall")
             tot = sum(sorted(c for c, _w in rr[name])[len(rr[name]) // 2] for rr in every)
             print(f"{name:5s} " + " | ".join(cells) + f" | total CPU {tot:6.1f} us/call", flush=True)
+    if rank == 0 and args.json:
+        meta = {"bytes": parse_size(args.bytes), "hosts": args.hosts, "per_host": args.per_host, "calls": args.calls,
+                "rounds": args.rounds, "cpus": os.cpu_count(), "loadavg_end": os.getloadavg(),
+                "layout": f"KCCL_HOST_ID=sim<rank % {args.hosts}>, MPIR_CVAR_NUM_CLIQUES={args.hosts}, UCX_TLS=tcp"}
+        per_rank = {name: [{"cpu_us": [c for c, _w in rr[name]], "wall_us": [w for _c, w in rr[name]]}
+                           for rr in every] for name in legs}
+        with open(args.json, "w") as f:
+            json.dump({"meta": meta, "per_rank": per_rank}, f, indent=1)
+        print(f"wrote {args.json}")
     if args.profile >= 0 and rank == args.profile:
         st = pstats.Stats(prof)
         st.sort_stats("tottime").print_stats(18)
