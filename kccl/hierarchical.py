@@ -16,7 +16,8 @@ All-reduce by size (KCCL_HIER_LARGE_BYTES):
   on the leader), among the leaders one MPI all-gather of (signature, host sum) that
   each leader combines in host order (an MPI all-reduce once the hosts' sums together
   pass _GATHER_MAX_BYTES), broadcast inside the host, which non-leaders enter asleep
-  (expect_long_wait: their leader is on the network meanwhile).
+  (expect_long_wait: their leader is on the network meanwhile).  A repeated call with the
+  same numpy pair takes _small_hot (kccl/_hier_small.py: everything resolved once).
 - large: the vector is cut into M shards, M the largest host's rank count.  A host
   of L ranks gives each local rank c = ceil(M / L) consecutive shards: a reduce-scatter
   inside the host over L blocks of c shards (the vector padded to L*c shards when that
