@@ -52,6 +52,26 @@ def my_cpus():
     return frozenset(os.sched_getaffinity(0))
 
 
+CPU_MASK_BITS = 8192  # CPUs a rank's affinity can name in cpu_sets_through(); more: not gathered
+
+
+def cpu_sets_through(comm):
+    """The CPU sets of every rank of `comm` (a host kccl.Communicator: its ranks share one
+    machine), gathered through it: what node_cpu_sets must be when a caller made the lanes
+    without saying, so that two lanes do not both take (and pin to) the same CPUs. None
+    when some rank may run on a CPU numbered CPU_MASK_BITS or more (every rank still makes
+    the same call)."""
+    import numpy as np
+    mine = sorted(my_cpus())
+    bits = np.zeros(CPU_MASK_BITS + 8, np.uint8)  # the last byte: "a CPU did not fit"
+    bits[[c for c in mine if c < CPU_MASK_BITS]] = 1
+    bits[CPU_MASK_BITS] = any(c >= CPU_MASK_BITS for c in mine)
+    packed = np.packbits(bits)
+    every = comm.all_gather(packed)
+    sets = [np.flatnonzero(np.unpackbits(row)[:CPU_MASK_BITS]).tolist() for row in every]
+    return None if any(np.unpackbits(row)[CPU_MASK_BITS] for row in every) else sets
+
+
 def plan_threads(mine, everyone):
     """Threads for a rank allowed on CPUs `mine`, when `everyone` lists the CPU sets of
     all ranks of the node (its own included): its CPUs over the ranks that share any of

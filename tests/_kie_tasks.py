@@ -38,4 +38,5 @@ def kie_cpu_lane(ctx, uid, nranks, rank, path, delay, prompt, new_tokens, teache
             m.reset()
             logits = [m.prefill(prompt)] + [m.decode_step(t) for t in teacher[:-1]]
             plan = (m.lane.n_heads, m.lane.c1 - m.lane.c0)
-    return {"tokens": res.tokens, "logits": np.stack(logits), "plan": plan}
+            cpus = m.cpus
+    return {"tokens": res.tokens, "logits": np.stack(logits), "plan": plan, "cpus": cpus}

@@ -284,6 +284,10 @@ def test_lanes_follow_one_lane(farms, path, n, delay):
         assert np.array_equal(out["logits"], res[0]["logits"]) and out["tokens"] == res[0]["tokens"], f"rank {r}"
     if n == 2:
         assert [o["plan"] for o in res] == [(5, 768), (4, 768)]
+    # made without node_cpu_sets, as a library caller would: the lanes learn each other's
+    # CPUs through the communicator and pin to different ones (or, short of CPUs, none)
+    pinned = [set(o["cpus"]) for o in res if o["cpus"]]
+    assert all(not (a & b) for i, a in enumerate(pinned) for b in pinned[i + 1:]), [o["cpus"] for o in res]
 
 
 def test_dtp_delay_1_follows_numpy_with_the_same_delay(path):

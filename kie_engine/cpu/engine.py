@@ -166,7 +166,8 @@ class CpuModel(OwnsNativeEngine):
     lanes (made with tp.comm_config(cfg)); threads: the pool's size (default
     threads.choose()); kv: the KV cache's element type, "f16" (default) or "f32";
     cpus: CPUs to pin the pool's worker threads to (default default_cpus; [] or False:
-    no pinning)."""
+    no pinning); node_cpu_sets: the CPU sets of every rank on this machine (default: gathered
+    through comm, so that lanes neither oversubscribe nor pin to the same CPUs)."""
 
     @staticmethod
     def _destroy(e):
@@ -195,6 +196,9 @@ class CpuModel(OwnsNativeEngine):
             lp = _tp.lane_plan(cfg, rank, size, uneven=True, align=align)
         self.cfg, self.lane, self.size, self.rank = cfg, lp, size, rank
         self.max_seq = min(max_seq or cfg.max_position_embeddings, cfg.max_position_embeddings)
+        if node_cpu_sets is None and size > 1:  # lanes made by a library caller: ask them
+            from ..threads import cpu_sets_through
+            node_cpu_sets = cpu_sets_through(comm)
         n = int(threads) if threads is not None else choose(None, node_cpu_sets)[0]
         if cpus is None:
             cpus = default_cpus(n, rank, node_cpu_sets)
