@@ -60,15 +60,22 @@ def resolve_dtype(dtype):
 
 def apply_dtype(native, itemsize, nbytes, dtype, label, what, bf16_hint):
     """The dtype code of a buffer holding `native` items (None: a type KCCL lacks), or of the
-    explicit `dtype`, which must have the buffer's item size and divide its bytes."""
+    explicit `dtype`, which must have the buffer's item size and divide its bytes. `label`
+    names the buffer's type in an error: a string, or a function called only then (naming
+    it costs microseconds that a call which raises nothing should not pay)."""
+    if callable(label):
+        label_of = label
+    else:
+        def label_of():
+            return label
     if dtype is None:
         if native is None:
-            raise KcclInvalidArgument(f"{what} holds {label}, which KCCL does not handle; supported: "
+            raise KcclInvalidArgument(f"{what} holds {label_of()}, which KCCL does not handle; supported: "
                                       f"{', '.join(NAMES.values())} ({bf16_hint})")
         return native
     code = resolve_dtype(dtype)
     if native is not None and native != code and ITEMSIZE[code] != itemsize:
-        raise KcclInvalidArgument(f"{what} holds {label} ({itemsize}-byte items) but dtype={dtype!r} has "
+        raise KcclInvalidArgument(f"{what} holds {label_of()} ({itemsize}-byte items) but dtype={dtype!r} has "
                                   f"{ITEMSIZE[code]}-byte items")
     if nbytes % ITEMSIZE[code]:
         raise KcclInvalidArgument(f"{what} has {nbytes} bytes, not a multiple of {NAMES[code]}'s size")
@@ -142,7 +149,7 @@ def resolve_host_buffer(obj, dtype, writable, what):
             raise KcclInvalidArgument(f"{what} is read-only ({type(obj).__name__})")
         native = _FORMAT_CODES.get(arr.format.lstrip("@=<"))
         itemsize, nbytes = arr.itemsize, arr.nbytes
-    code = apply_dtype(native, itemsize, nbytes, dtype, _label(arr), what,
+    code = apply_dtype(native, itemsize, nbytes, dtype, lambda: _label(arr), what,
                        "bfloat16 via ml_dtypes or dtype='bfloat16'")
     ptr = ffi.from_buffer(arr) if nbytes else ffi.NULL  # writability was checked above
     return ptr, nbytes // ITEMSIZE[code], code, arr
