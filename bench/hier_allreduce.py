@@ -142,8 +142,8 @@ def main(argv=None):
             legs = " ".join(f"{k} {s[k][1]:8.1f}" for k in LEGS[2:])
             print(f"{fmt_size(nbytes):>5}  {spread}  mpi/hier {row['mpi_over_hier']:5.2f}  legs {legs}  "
                   f"wrong {wrong['hier']}/{wrong['mpi']}", flush=True)
-    large_bytes = hier.topo_info()["large_bytes"]
-    from kccl.hierarchical import _GATHER_MAX_BYTES as gather_max
+    info = hier.topo_info()
+    large_bytes, gather_max = info["large_bytes"], info["gather_max_bytes"]
     hier.close()
     local.close()
     if rank == 0 and args.json:

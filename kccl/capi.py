@@ -15,7 +15,7 @@ Cast the ints to the C types on the other side (cffi: ffi.cast("void *", h))."""
 from ._buffers import NAMES as _NAMES, resolve_dtype as _resolve_dtype
 from ._cuda_buffers import CudaBuffers as _CudaBuffers
 from ._native import ffi as _ffi, lib as _lib
-from .communicator import _check
+from .errors import check as _check
 from .errors import KcclInvalidArgument
 
 __all__ = ["function", "handle", "buffer", "device_buffer", "stream", "check", "last_error", "dtype_code", "DTYPE_NAMES"]

@@ -20,7 +20,7 @@ from ._buffers import NO_PAIR, HostBuffers, check_same_dtype, prepare_numpy_pair
 from . import _cuda_buffers
 from ._cuda_buffers import CudaBuffers, library_of
 from ._native import ffi, lib
-from .errors import KcclInvalidArgument, KcclInvalidUsage, error_for
+from .errors import KcclInvalidArgument, KcclInvalidUsage, check as _check, error_for
 
 UNIQUE_ID_BYTES = lib.KCCL_UNIQUE_ID_BYTES
 
@@ -44,12 +44,6 @@ def _resolve_op(op):
     if code is None:
         raise KcclInvalidArgument(f"unknown reduction op {op!r}; use kccl.SUM, PROD, MAX, MIN or AVG")
     return code
-
-
-def _check(rc):
-    """Raises the KcclError subclass of a non-zero kcclResult_t, with the C library's text."""
-    if rc:
-        raise error_for(rc, ffi.string(lib.kcclGetLastError(ffi.NULL)).decode(errors="replace"))
 
 
 def _as_int(value, what):

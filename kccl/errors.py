@@ -2,7 +2,7 @@
 so `except ValueError` catches a bad argument and `except TimeoutError` a
 timeout, as callers of the standard library would expect.  The codes are
 kccl.h's kcclResult_t, read from the native module."""
-from ._native import lib
+from ._native import ffi, lib
 
 SUCCESS = lib.kcclSuccess
 UNHANDLED_CUDA_ERROR = lib.kcclUnhandledCudaError
@@ -74,3 +74,9 @@ def error_for(code, detail):
     """The exception instance for a non-zero result code."""
     cls = _BY_CODE.get(code, KcclError)
     return cls(detail or f"KCCL error {code}", code=code)
+
+
+def check(rc):
+    """Raises the KcclError subclass of a non-zero kcclResult_t, with the C library's text."""
+    if rc:
+        raise error_for(rc, ffi.string(lib.kcclGetLastError(ffi.NULL)).decode(errors="replace"))

@@ -53,7 +53,7 @@ from mpi4py import MPI
 from . import _hier_wire as wire
 from ._hier_small import SmallAllReduce
 from ._native import ffi, lib
-from .communicator import _check as _check_rc
+from .errors import check as _check_rc
 from ._hier_handle import HierAllReduceHandle
 from .hosts import machine_key
 from .errors import KcclError, KcclInvalidArgument, KcclInvalidUsage, KcclRemoteError, KcclTimeout, error_for
@@ -232,10 +232,12 @@ class HierarchicalCommunicator:
     def topo_info(self):
         """The host communicator's topo_info, plus "hosts" (how many), "host" (this rank's
         index), "local_rank" and "local_size" (its place among its host's ranks) and
-        "large_bytes" (KCCL_HIER_LARGE_BYTES: where all-reduce takes the large path)."""
+        "large_bytes" (KCCL_HIER_LARGE_BYTES: where all-reduce takes the large path) and
+        "gather_max_bytes" (the most a small all-reduce's leaders gather from the other hosts
+        in one exchange; beyond it they all-reduce instead)."""
         info = self._call(self._live().topo_info)
         info.update(hosts=self._layout.nhosts, host=self._host, local_rank=self._lrank, local_size=self._lsize,
-                    large_bytes=self._large)
+                    large_bytes=self._large, gather_max_bytes=_GATHER_MAX_BYTES)
         return info
 
     # -- failures -------------------------------------------------------------------

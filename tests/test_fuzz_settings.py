@@ -117,22 +117,23 @@ def test_kie_launcher_variables(size, rank):
 
 # -- unique ids -----------------------------------------------------------------------------------
 
-def _fnv1a(b):
-    h = 0xcbf29ce484222325
+def _fnv1a(b, h=0xcbf29ce484222325):
     for x in b:
         h = ((h ^ x) * 0x100000001b3) & (2**64 - 1)
     return h
 
 
 def forged(token=None, version=None, tail=b""):
-    """An id with a valid checksum, as anyone who read uniqueid.c could make."""
+    """An id with a valid checksum, as anyone who read uniqueid.c could make: the checksum
+    (bytes 40-47) covers bytes 0-39 and the machine key (48-55); `tail` goes after them,
+    where a real id holds zeros."""
     b = bytearray(kccl.get_unique_id())
     if token is not None:
         b[16:32] = token
     if version is not None:
         b[8:12] = struct.pack("<I", version)
-    b[48:48 + len(tail)] = tail
-    b[40:48] = struct.pack("<Q", _fnv1a(bytes(b[:40])))
+    b[56:56 + len(tail)] = tail
+    b[40:48] = struct.pack("<Q", _fnv1a(bytes(b[48:56]), _fnv1a(bytes(b[:40]))))
     return bytes(b)
 
 
@@ -149,7 +150,7 @@ def test_unique_id_from_any_bytes(data):
 
 
 @examples(60)
-@given(version=st.integers(0, 2**32 - 1), tail=st.binary(max_size=80))
+@given(version=st.integers(0, 2**32 - 1), tail=st.binary(max_size=72))
 def test_forged_unique_ids(version, tail):
     uid = forged(version=version, tail=tail)
     code = lib.KCCL_VERSION_CODE if hasattr(lib, "KCCL_VERSION_CODE") else None
