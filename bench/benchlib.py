@@ -1,10 +1,12 @@
 """Helpers the benchmark scripts share, in one place: sizes on the command line and in
 tables, a CUDA device per MPI rank and graph capture (PyTorch, imported only when
-asked for), and the statistics of paired rounds.
+asked for), the statistics of paired rounds, and writing a result file.
 
 A script in bench/ imports it directly (its own directory is on sys.path); one in a
 subdirectory, or one loaded by path, puts bench/ on sys.path first.  The native
 benchmarks (the C timing loops) are kccl_bench.py's."""
+import json
+import os
 import sys
 from math import comb
 
@@ -101,3 +103,10 @@ def median_ci(ratios, n_boot=10000, seed=0):
 def sign_test_p(k, n):
     """One-sided sign test: P(at least k of n rounds favour one side) when neither is better."""
     return sum(comb(n, i) for i in range(k, n + 1)) / 2 ** n
+
+
+def write_json(path, obj):
+    """Writes obj as indented JSON to path, making its folder first."""
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with open(path, "w") as f:
+        json.dump(obj, f, indent=1)

@@ -8,7 +8,6 @@ Each round times `iters` calls on the same array / tensor (as decode does with i
 buffers) after a barrier; the figure of a round is the slowest rank's mean.  Reported
 min / median / max over the rounds, and the ratio torch / numpy of the medians."""
 import argparse
-import json
 import os
 import statistics
 import time
@@ -17,6 +16,7 @@ import numpy as np
 import torch
 
 import kccl
+from benchlib import write_json
 
 
 def main():
@@ -61,9 +61,7 @@ def main():
                   f"torch {row['torch']['median_us']:7.2f} us  torch/numpy {row['torch_over_numpy']:.2f}", flush=True)
     comm.close()
     if comm.rank == 0 and args.json:
-        os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
-        with open(args.json, "w") as f:
-            json.dump({"ranks": comm.size, "loadavg": os.getloadavg(), "rows": rows}, f, indent=1)
+        write_json(args.json, {"ranks": comm.size, "loadavg": os.getloadavg(), "rows": rows})
 
 
 if __name__ == "__main__":

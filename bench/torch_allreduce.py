@@ -17,6 +17,8 @@ import subprocess
 import sys
 import time
 
+from benchlib import write_json
+
 SIZES = [4, 64, 1 << 10, 4 << 10, 16 << 10, 64 << 10, 256 << 10, 1 << 20, 4 << 20, 16 << 20, 64 << 20]
 
 
@@ -116,9 +118,7 @@ def main():
         report["by_ranks"][str(world)] = launch(world, args)
     report["loadavg_after"] = os.getloadavg()
     if args.json:
-        os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
-        with open(args.json, "w") as f:
-            json.dump(report, f, indent=1)
+        write_json(args.json, report)
 
 
 if __name__ == "__main__":

@@ -13,7 +13,6 @@ the unsharded model first: the TP tokens must equal them.  The same sharded mode
 decodes with the gloo group and with the kccl group alternately, `rounds` times each;
 reported: tokens/s (decode steps only, prefill excluded) min/median/max, and the tokens."""
 import argparse
-import json
 import os
 import statistics
 import sys
@@ -27,6 +26,7 @@ import kccl.torch  # noqa: F401  (registers "kccl")
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from kie_engine.sources import short_name_path  # noqa: E402
+from benchlib import write_json  # noqa: E402
 
 
 class Comm:
@@ -155,9 +155,7 @@ def main():
           f"same as unsharded: {report['same_tokens_as_unsharded']}")
     print(f"  text: {report['text']!r}")
     if args.json:
-        os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
-        with open(args.json, "w") as f:
-            json.dump(report, f, indent=1)
+        write_json(args.json, report)
 
 
 if __name__ == "__main__":
