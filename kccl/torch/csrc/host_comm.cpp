@@ -86,16 +86,18 @@ HostComm::~HostComm() { destroy(); }
 void HostComm::fail(kcclResult_t rc, const char* what) {
   std::string msg = std::string("kccl: ") + what + " failed on rank " + std::to_string(rank_) + ": " +
                     api.kcclGetLastError(nullptr) + " (" + api.kcclGetErrorString(rc) + ")";
-  switch (rc) {
-    case kcclInvalidArgument:
-      C10_THROW_ERROR(ValueError, msg);
-    case kcclRemoteError:
-    case kcclTimeout:
-    case kcclSystemError:
-      C10_THROW_ERROR(DistBackendError, msg);
-    default:
-      C10_THROW_ERROR(DistBackendError, msg);
+  if (rc == kcclInvalidArgument) C10_THROW_ERROR(ValueError, msg);
+  C10_THROW_ERROR(DistBackendError, msg);  // a dead or mismatched peer, a timeout, the system
+}
+
+void HostComm::fail_through(uint64_t request, kcclResult_t rc, const char* what) {
+  std::exception_ptr err;
+  try {
+    fail(rc, what);
+  } catch (...) {
+    err = std::current_exception();
   }
+  finish_through(request, err);
 }
 
 kcclComm_t HostComm::handle(const char* what) {
@@ -125,17 +127,10 @@ void HostComm::complete_locked(const std::shared_ptr<PendingOp>& op) {
   if (op->done) return;
   kcclComm_t c = handle("all_reduce (async) wait");
   kcclResult_t rc = api.kcclAllReduceWait(c, op->request);
-  if (rc == kcclSuccess) {
+  if (rc == kcclSuccess)
     finish_through(op->request, nullptr);
-    return;
-  }
-  std::exception_ptr err;
-  try {
-    fail(rc, "all_reduce (async)");
-  } catch (...) {
-    err = std::current_exception();
-  }
-  finish_through(op->request, err);
+  else
+    fail_through(op->request, rc, "all_reduce (async)");
 }
 
 void HostComm::drain_locked() {
@@ -214,13 +209,7 @@ bool HostComm::test_locked(const std::shared_ptr<PendingOp>& op) {
   int done = 0;
   kcclResult_t rc = api.kcclAllReduceTest(comm_, op->request, &done);
   if (rc != kcclSuccess) {
-    std::exception_ptr err;
-    try {
-      fail(rc, "all_reduce (async)");
-    } catch (...) {
-      err = std::current_exception();
-    }
-    finish_through(op->request, err);
+    fail_through(op->request, rc, "all_reduce (async)");
     return true;
   }
   if (done) finish_through(op->request, nullptr);

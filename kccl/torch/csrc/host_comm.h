@@ -91,6 +91,8 @@ class HostComm : public std::enable_shared_from_this<HostComm> {
   void complete_watched();  // the completer thread's body
   class Guard;              // mu_, then the callbacks of what finished meanwhile
   void finish_through(uint64_t request, std::exception_ptr error);
+  // finish_through with the error that fail(rc, what) throws.
+  void fail_through(uint64_t request, kcclResult_t rc, const char* what);
   // The communicator is gone (abort / destroy): every outstanding Work fails, saying why.
   void closed_locked(const char* why);
 
