@@ -139,6 +139,14 @@ static inline int ld16(const void *p)
 }
 
 /* The sums of acc[0..3], one row each, stored to y[r..] within r1 */
+/* What a Q4_0 / Q4_1 pass adds to its four rows' dot sums: accm's odd lanes, which hold
+ * m * sum(x) (Q4_1) or d * sum(x) (Q4_0, whose nibbles are offset by 8). */
+static inline __m128 q4_extra4(__m256 accm, int has_min)
+{
+    __m128 m4 = _mm256_castps256_ps128(_mm256_permutevar8x32_ps(accm, _mm256_setr_epi32(1, 3, 5, 7, 1, 3, 5, 7)));
+    return has_min ? m4 : _mm_mul_ps(m4, _mm_set1_ps(-8.0f));
+}
+
 static inline void store4(float *y, int64_t r, int64_t r1, const __m256 acc[4], __m128 extra)
 {
     __m256 a01 = _mm256_hadd_ps(acc[0], acc[1]), a23 = _mm256_hadd_ps(acc[2], acc[3]);
@@ -190,8 +198,7 @@ static inline void q4_rows(const void *w, size_t rb, int64_t cols, const void *a
                 acc[k] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), sc, acc[k]);
             }
         }
-        __m128 m4 = _mm256_castps256_ps128(_mm256_permutevar8x32_ps(accm, _mm256_setr_epi32(1, 3, 5, 7, 1, 3, 5, 7)));
-        store4(y, r, r1, acc, has_min ? m4 : _mm_mul_ps(m4, _mm_set1_ps(-8.0f)));
+        store4(y, r, r1, acc, q4_extra4(accm, has_min));
     }
 }
 
@@ -339,8 +346,7 @@ static inline void q4x4(const void *w, int64_t rows, int64_t cols, const void *a
                 acc[k] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), sc, acc[k]);
             }
         }
-        __m128 m4 = _mm256_castps256_ps128(_mm256_permutevar8x32_ps(accm, _mm256_setr_epi32(1, 3, 5, 7, 1, 3, 5, 7)));
-        store_group(y, g, r0, r1, acc, has_min ? m4 : _mm_mul_ps(m4, _mm_set1_ps(-8.0f)));
+        store_group(y, g, r0, r1, acc, q4_extra4(accm, has_min));
     }
 }
 

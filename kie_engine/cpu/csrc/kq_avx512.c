@@ -58,6 +58,17 @@ static inline __m128 sum_groups4(__m512 v)
     return _mm512_castps512_ps128(_mm512_permutexvar_ps(_mm512_setr_epi32(0, 4, 8, 12, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0), v));
 }
 
+/* The four rows' results of a Q4_0 / Q4_1 pass: the integer-dot sums (acc0 + acc1, one
+ * 4-lane group per row), plus the m * sum(x) terms (Q4_1: accm's odd lanes) or -8 * d * sum(x)
+ * (Q4_0: acc4). */
+static inline __m128 q4_total4(__m512 acc0, __m512 acc1, __m256 accm, __m128 acc4, int has_min)
+{
+    __m128 out = sum_groups4(_mm512_add_ps(acc0, acc1));
+    if (has_min)
+        return _mm_add_ps(out, _mm256_castps256_ps128(_mm256_permutevar8x32_ps(accm, _mm256_setr_epi32(1, 3, 5, 7, 1, 3, 5, 7))));
+    return _mm_fmadd_ps(acc4, _mm_set1_ps(-8.0f), out);
+}
+
 /* Rows r..r+3 of [r, r1): past r1 the last row repeats (its result is dropped) */
 static inline void rows4(const void *w, size_t rb, int64_t r, int64_t r1, const char *p[4])
 {
@@ -215,11 +226,7 @@ static inline void q4_rows(const void *w, size_t rb, int64_t cols, const void *a
             else
                 acc0 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), sc, acc0);
         }
-        __m128 out = sum_groups4(_mm512_add_ps(acc0, acc1));
-        if (has_min) /* the m products sit in the odd lanes */
-            out = _mm_add_ps(out, _mm256_castps256_ps128(_mm256_permutevar8x32_ps(accm, _mm256_setr_epi32(1, 3, 5, 7, 1, 3, 5, 7))));
-        else
-            out = _mm_fmadd_ps(acc4, _mm_set1_ps(-8.0f), out);
+        __m128 out = q4_total4(acc0, acc1, accm, acc4, has_min);
         store4(y, r, r1, out);
     }
 }
@@ -467,11 +474,7 @@ static inline void q4x4(const void *w, int64_t rows, int64_t cols, const void *a
             else
                 acc0 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), sc, acc0);
         }
-        __m128 out = sum_groups4(_mm512_add_ps(acc0, acc1));
-        if (has_min) /* the m products sit in the odd lanes */
-            out = _mm_add_ps(out, _mm256_castps256_ps128(_mm256_permutevar8x32_ps(accm, _mm256_setr_epi32(1, 3, 5, 7, 1, 3, 5, 7))));
-        else
-            out = _mm_fmadd_ps(acc4, _mm_set1_ps(-8.0f), out);
+        __m128 out = q4_total4(acc0, acc1, accm, acc4, has_min);
         store_group(y, g, r0, r1, out);
     }
 }
