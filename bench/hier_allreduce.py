@@ -1,7 +1,7 @@
 """All-reduce across simulated hosts: KCCL's hierarchical communicator against flat MPI
 on the same layout, side by side, plus the legs it is made of (for bench/hier_model.py).
 
-    python bench/hier_allreduce.py --json bench/results/hier_allreduce_2x2.json
+    python bench/hier_allreduce.py --json bench/results/hier_allreduce_2x2_quiet.json
     python bench/hier_allreduce.py --hosts 2 --per-host 2 -b 4 -e 64M -f 4 --rounds 5
 
 Run without mpiexec it starts itself under mpiexec with hosts x per-host ranks, KCCL_HOST_ID

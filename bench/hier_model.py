@@ -2,7 +2,7 @@
 between them) against a flat one, predicting 2 to 64 hosts, and its check against the
 one-machine simulation (bench/hier_allreduce.py's JSON).
 
-    python bench/hier_model.py --check bench/results/hier_allreduce_2x2.json --json bench/results/hier_model.json
+    python bench/hier_model.py --check bench/results/hier_allreduce_2x2_quiet.json --json bench/results/hier_model.json
 
 Every hop costs alpha + bytes / bandwidth.  Collectives, for m bytes:
   inside a host of L ranks (KCCL): all-reduce one-shot alpha + (L-1) m / bw up to the

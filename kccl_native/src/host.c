@@ -76,11 +76,10 @@ static void share(size_t n, size_t es, int nranks, int r, size_t *lo, size_t *hi
 
 /* The piece a two-shot all-reduce of `bytes` moves per step: KCCL_CHUNK_BYTES, and for
  * messages of more than 16 such pieces a sixteenth of the message, up to a whole slot.
- * Small pieces keep a step's slots in cache (1 MB ones were 10-20 % slower at 8-16 MB on a
- * quiet machine), but every piece costs each rank two waits for its peers, and when the
- * VM's host takes a vCPU away (steal time) each wait can cost tens of microseconds: at 16-64
- * MB, 256 KB pieces fell below MPI in 7 of 18 such results, 1 MB pieces in 1.  Every rank
- * computes the same piece from the same arguments and settings. */
+ * Small pieces keep a step's slots in cache, but every piece costs each rank two waits for
+ * its peers, and a wait stretches whenever a peer's CPU is taken away (on a VM, by the
+ * host): a large message is better moved in fewer, larger pieces (bench/RESULTS.md, "Command
+ * 1, five runs").  Every rank computes the same piece from the same arguments and settings. */
 static size_t allreduce_piece(const struct kcclComm *c, size_t bytes) {
   size_t piece = kccl_round_up(bytes / 16, KCCL_LINE);
   if (piece < c->chunk_bytes) piece = c->chunk_bytes;

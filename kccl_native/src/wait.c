@@ -14,13 +14,12 @@
  *
  * Contention.  When other busy processes share the cores, a spinning waiter holds
  * its core against the peer it waits for or the process that took the peer's
- * core: under one busy process on 2 cores KCCL fell to 0.1x of MPI (105 us per
- * 8-byte all-reduce against 9).  So a wait that outlasts its spin looks for signs
+ * core for as long as it spins.  So a wait that outlasts its spin looks for signs
  * of oversubscription, and for CONTENDED_HOLD_NS after the last one this thread's
  * waits skip the spin and start with the yield phase.  Yielding, not sleeping:
- * with ranks sharing a core, sched_yield hands the core straight to the peer
- * (5 us per call in that test), where a futex sleep costs a wake-up and two
- * scheduler round trips (14 us, and 25 us after a short spin).  The futex still
+ * with ranks sharing a core, sched_yield hands the core straight to the peer,
+ * where a futex sleep costs a wake-up and two scheduler round trips (several
+ * times the exchange itself; bench/RESULTS.md, "New-user fixes").  The futex still
  * follows the yield phase, so a rank that waits long leaves the run queue.  The
  * signs: this thread lost its core during the wait (the clock jumped by
  * PREEMPT_GAP_NS between two polls, or a sched_yield lasted that long), or
