@@ -142,6 +142,7 @@ SETTINGS: Tuple[Setting, ...]
 SETTINGS, BUILD_SETTINGS, NCCL_SETTINGS, _CHOICES = _load()
 ALGOS = _CHOICES["algo"]
 DEBUG_LEVELS = _CHOICES["debug"]
+SLOT_STORES = _CHOICES["slot_stores"]
 TOPO_MODES = _CHOICES["topo"]
 BY_NAME = {s.name: s for s in SETTINGS}
 KNOWN_NAMES = (tuple(s.name for s in SETTINGS) + tuple(b[0] for b in BUILD_SETTINGS)

@@ -766,13 +766,13 @@ class WorkerTaskError(Exception):
 class Group:
     """A communicator of `nranks` ranks (one per algorithm) over workers 0..nranks-1 of a farm."""
 
-    def __init__(self, farm, nranks, algos=ALGOS, timeout_ms=GROUP_TIMEOUT_MS, key=None):
+    def __init__(self, farm, nranks, algos=ALGOS, timeout_ms=GROUP_TIMEOUT_MS, key=None, config=None):
         import kccl
         self.farm, self.n, self.algos = farm, nranks, tuple(algos)
         self.key = key or f"g{nranks}"
         uids = {a: bytes(kccl.get_unique_id()) for a in self.algos}
         farm.run("init_group", range(nranks), per_worker=[{"rank": r} for r in range(nranks)],
-                 key=self.key, nranks=nranks, uids=uids, config={"timeout_ms": timeout_ms})
+                 key=self.key, nranks=nranks, uids=uids, config=dict(config or {}, timeout_ms=timeout_ms))
         self.broken = False
 
     def run(self, task, timeout=RUN_TIMEOUT_S, per_rank=None, **kw):

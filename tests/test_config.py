@@ -17,7 +17,7 @@ import kccl
 from kccl import config as kconfig
 
 # kcclConfig_t int fields given as names in Python
-NAME_MAPS = {"algo": kconfig.ALGOS, "debug": kconfig.DEBUG_LEVELS}
+NAME_MAPS = {"algo": kconfig.ALGOS, "debug": kconfig.DEBUG_LEVELS, "slot_stores": kconfig.SLOT_STORES}
 
 
 def clean_env(**extra):

@@ -125,6 +125,8 @@ typedef struct {
                               multiple of 32 up to 768; 0 = auto (gpu_runtime.cu) */
   size_t chunk_bytes;      /* KCCL_CHUNK_BYTES: bytes per rank per step of the blocking host collectives'
                               large messages (at most buffer_bytes) */
+  int slot_stores;         /* KCCL_SLOT_STORES: 0 auto, 1 plain, 2 streaming stores into this rank's
+                              shared slots */
 } kcclConfig_t;
 
 kcclResult_t kcclConfigInit(kcclConfig_t *config);

@@ -29,7 +29,7 @@ static inline uint32_t begin_step(struct kcclComm *c, uint8_t **mine) {
 static inline uint32_t publish_chunk(struct kcclComm *c, const void *src, size_t bytes, uint32_t sig) {
   uint8_t *mine;
   uint32_t s = begin_step(c, &mine);
-  memcpy(kccl_data(mine), src, bytes);
+  kccl_slot_fill(c, kccl_data(mine), src, bytes);
   kccl_publish_slot(c, s % c->nsets, 0, bytes, s, sig);
   return s;
 }
@@ -86,8 +86,13 @@ static size_t allreduce_piece(const struct kcclComm *c, size_t bytes) {
   return piece < c->slot_bytes ? piece : c->slot_bytes;
 }
 
-/* Reduce-scatter then all-gather inside each chunk: slot A carries the inputs,
- * slot B each rank's reduced share. */
+/* Reduce-scatter then all-gather inside each piece: slot A carries the parts of the
+ * input the peers reduce, slot B each rank's reduced share.  A rank's own share goes from
+ * its send buffer straight into the reduction and is never copied into its slot: that
+ * saves a copy of 1/nranks of the message and keeps slot A's hole out of the caches.  In
+ * place this is safe: the own share of `send` is read only by the reduction, before the
+ * result overwrites it, and the other shares are copied out before any peer's result
+ * lands there. */
 static kcclResult_t allreduce_twoshot(struct kcclComm *c, const char *send, char *recv, size_t count,
                                       size_t es, kcclDataType_t dt, kcclRedOp_t op, uint32_t sig) {
   const void *in[KCCL_MAX_RANKS];
@@ -95,16 +100,21 @@ static kcclResult_t allreduce_twoshot(struct kcclComm *c, const char *send, char
   size_t off = 0;
   do {
     size_t n = min_sz(chunk, count - off), lo, hi;
-    uint32_t s = publish_chunk(c, send + off * es, n * es, sig);
+    share(n, es, c->nranks, c->rank, &lo, &hi);
+    uint8_t *mine;
+    uint32_t s = begin_step(c, &mine);
     const uint32_t set = s % c->nsets;
+    kccl_slot_fill(c, kccl_data(mine), send + off * es, lo * es);
+    kccl_slot_fill(c, kccl_data(mine) + hi * es, send + (off + hi) * es, (n - hi) * es);
+    kccl_publish_slot(c, set, 0, n * es, s, sig);
     kcclResult_t r = wait_all(c, s, sig, 0, n * es, -1, 0);
     if (r != kcclSuccess) return r;
-    share(n, es, c->nranks, c->rank, &lo, &hi);
-    for (int p = 0; p < c->nranks; p++) in[p] = kccl_peer_data(c, p, set, 0, n * es) + lo * es;
-    uint8_t *myb = kccl_slot(c, c->rank, set, 1);
-    kccl_reduce(kccl_data(myb), in, c->nranks, hi - lo, dt, op, c->nranks);
+    for (int p = 0; p < c->nranks; p++)
+      in[p] = p == c->rank ? (const void *)(send + (off + lo) * es)
+                           : (const void *)(kccl_peer_data(c, p, set, 0, n * es) + lo * es);
+    kccl_slot_reduce(c, kccl_data(kccl_slot(c, c->rank, set, 1)), recv + (off + lo) * es, in, c->nranks, hi - lo,
+                     dt, op);
     kccl_publish_slot(c, set, 1, (hi - lo) * es, s, sig);
-    memcpy(recv + (off + lo) * es, kccl_data(myb), (hi - lo) * es);
     for (int i = 1; i < c->nranks; i++) { /* start with the next rank: spreads the readers */
       int p = (c->rank + i) % c->nranks;
       share(n, es, c->nranks, p, &lo, &hi);
@@ -188,7 +198,7 @@ static kcclResult_t reduce_scatter(struct kcclComm *c, const kccl_call *a) {
     uint8_t *mine;
     uint32_t s = begin_step(c, &mine);
     for (int q = 0; q < c->nranks; q++)
-      memcpy(kccl_data(mine) + (size_t)q * n * es, send + ((size_t)q * recvcount + off) * es, n * es);
+      kccl_slot_fill(c, kccl_data(mine) + (size_t)q * n * es, send + ((size_t)q * recvcount + off) * es, n * es);
     kccl_publish_slot(c, s % c->nsets, 0, (size_t)c->nranks * n * es, s, sig);
     kcclResult_t r = wait_all(c, s, sig, 0, (size_t)c->nranks * n * es, -1, 0);
     if (r != kcclSuccess) return r;
@@ -217,7 +227,7 @@ static kcclResult_t broadcast(struct kcclComm *c, const kccl_call *a) {
     size_t n = min_sz(chunk, count - off);
     uint8_t *mine;
     uint32_t s = begin_step(c, &mine);
-    if (am_root) memcpy(kccl_data(mine), send + off * es, n * es);
+    if (am_root) kccl_slot_fill(c, kccl_data(mine), send + off * es, n * es);
     kccl_publish_slot(c, s % c->nsets, 0, am_root ? n * es : 0, s, sig); /* non-roots: "arrived" */
     kcclResult_t r = wait_all(c, s, sig, 0, 0, root, n * es);
     if (r != kcclSuccess) return r;

@@ -178,6 +178,9 @@ struct kcclComm {
   kcclResult_t error;        /* sticky: first error that broke the communicator (text: own header) */
   size_t seg_bytes, slot_bytes, slot_stride;
   size_t chunk_bytes;        /* a blocking collective's piece per step: KCCL_CHUNK_BYTES, at most slot_bytes */
+  uint32_t stream_left;      /* slot_store.c: pieces still written with streaming stores */
+  uint32_t slow_fills;       /* slot_store.c: slow plain fills in a row */
+  uint64_t stream_switches;  /* times a slow plain fill switched to streaming stores */
   uint8_t token[16];
   char **names;              /* shm name of each rank (kept to clean up after dead peers) */
   uint8_t **base;            /* each rank's mapped segment */
@@ -261,6 +264,13 @@ uint32_t kccl_signature(int coll, size_t count, int dtype, int op, int root);
 /* reduce.c: out[i] = in[0][i] op in[1][i] op ... in rank order (f16/bf16 in f32). */
 void kccl_reduce(void *out, const void *const *in, int nin, size_t count, kcclDataType_t t,
                  kcclRedOp_t op, int nranks_for_avg);
+
+/* slot_store.c: fill this rank's slot `dst` with `bytes` of src; reduce in[] (count
+ * elements, rank order) into this rank's slot `dst` and copy the result to `also`.  Plain
+ * or streaming stores, by KCCL_SLOT_STORES; fenced, ready to publish. */
+void kccl_slot_fill(struct kcclComm *c, uint8_t *dst, const void *src, size_t bytes);
+void kccl_slot_reduce(struct kcclComm *c, uint8_t *dst, void *also, const void *const *in, int nin,
+                      size_t count, kcclDataType_t dt, kcclRedOp_t op);
 
 /* wait.c */
 void kccl_publish(struct kcclComm *c, _Atomic uint64_t *flag, uint32_t seq, uint32_t sig);
