@@ -74,18 +74,6 @@ static void share(size_t n, size_t es, int nranks, int r, size_t *lo, size_t *hi
   *hi = min_sz(n, *lo + part);
 }
 
-/* The piece a two-shot all-reduce of `bytes` moves per step: KCCL_CHUNK_BYTES, and for
- * messages of more than 16 such pieces a sixteenth of the message, up to a whole slot.
- * Small pieces keep a step's slots in cache, but every piece costs each rank two waits for
- * its peers, and a wait stretches whenever a peer's CPU is taken away (on a VM, by the
- * host): a large message is better moved in fewer, larger pieces (bench/RESULTS.md, "Command
- * 1, five runs").  Every rank computes the same piece from the same arguments and settings. */
-static size_t allreduce_piece(const struct kcclComm *c, size_t bytes) {
-  size_t piece = kccl_round_up(bytes / 16, KCCL_LINE);
-  if (piece < c->chunk_bytes) piece = c->chunk_bytes;
-  return piece < c->slot_bytes ? piece : c->slot_bytes;
-}
-
 /* Reduce-scatter then all-gather inside each piece: slot A carries the parts of the
  * input the peers reduce, slot B each rank's reduced share.  A rank's own share goes from
  * its send buffer straight into the reduction and is never copied into its slot: that
@@ -96,7 +84,7 @@ static size_t allreduce_piece(const struct kcclComm *c, size_t bytes) {
 static kcclResult_t allreduce_twoshot(struct kcclComm *c, const char *send, char *recv, size_t count,
                                       size_t es, kcclDataType_t dt, kcclRedOp_t op, uint32_t sig) {
   const void *in[KCCL_MAX_RANKS];
-  const size_t chunk = allreduce_piece(c, count * es) / es;
+  const size_t chunk = c->chunk_bytes / es;
   size_t off = 0;
   do {
     size_t n = min_sz(chunk, count - off), lo, hi;

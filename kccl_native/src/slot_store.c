@@ -85,7 +85,11 @@ static void plain_fill_timed(struct kcclComm *c, uint8_t *dst, const void *src, 
   } else if (++c->slow_fills == SLOW_STREAK) {
     c->slow_fills = 0;
     c->stream_left = STREAM_PIECES;
-    c->stream_switches++;
+    uint64_t k = ++c->stream_switches;
+    while (k % 10 == 0) k /= 10;
+    if (k == 1) /* the 1st, 10th, 100th, ... switch */
+      kccl_log(2, "rank %d: %d plain fills of its slots in a row ran below %d GB/s; streaming stores for %d pieces (switch %llu)",
+               c->rank, SLOW_STREAK, SLOW_BYTES_PER_NS, STREAM_PIECES, (unsigned long long)c->stream_switches);
   }
 }
 
