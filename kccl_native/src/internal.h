@@ -10,6 +10,7 @@
  *      uniqueid.c  the unique id's bytes
  *      src/gpu/ or gpu_none.c  the CUDA side behind gpu_api.h (calls only error.c)
  *   2. replicas.c  per-domain replicas: layout, NUMA binding, replicated publish
+ *      slot_store.c  how a rank writes its own slots: plain or streaming stores
  *   3. shm.c       the segments: create, map, agree on settings, sweep stale names,
  *                  mark this rank failed
  *   4. wait.c      publish and wait for flags, peer checks, kccl_comm_fail
