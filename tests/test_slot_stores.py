@@ -44,3 +44,32 @@ def test_setting_rejects_unknown_mode():
         kccl.Communicator(1, kccl.get_unique_id(), 0, config={"KCCL_SLOT_STORES": "sometimes"})
 
 
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_split_phase_all_reduce(mode):
+    """all_reduce_start fills its slot through the same path: two ranks in one process (the
+    start calls never block), a 512 KB message, two in flight."""
+    import threading
+
+    import numpy as np
+
+    import kccl
+    uid, out = kccl.get_unique_id(), {}
+    cfg = {"timeout_ms": 5000, "max_outstanding": 2, "slot_stores": mode}
+    t = threading.Thread(target=lambda: out.setdefault(0, kccl.Communicator(2, uid, 0, config=cfg)))
+    t.start()
+    c1 = kccl.Communicator(2, uid, 1, config=cfg)
+    t.join()
+    c0 = out[0]
+    try:
+        n = (512 << 10) // 4 + 3
+        a = [np.random.default_rng(i).standard_normal(n).astype(np.float32) for i in range(4)]
+        h0 = [c0.all_reduce_start(a[0]), c0.all_reduce_start(a[2])]
+        h1 = [c1.all_reduce_start(a[1]), c1.all_reduce_start(a[3])]
+        for i in range(2):
+            want = a[2 * i] + a[2 * i + 1]
+            assert np.array_equal(h0[i].wait(), want) and np.array_equal(h1[i].wait(), want)
+    finally:
+        c0.close()
+        c1.close()

@@ -70,7 +70,7 @@ kcclResult_t kcclAllReduceStart(const void *sendbuff, void *recvbuff, size_t cou
     uint32_t s = ++c->step;
     c->hdr[c->rank]->call.seq = s;
     uint8_t *mine = kccl_slot(c, c->rank, s % c->nsets, 0);
-    if (bytes) memcpy(kccl_data(mine), sendbuff, bytes);
+    if (bytes) kccl_slot_fill(c, kccl_data(mine), sendbuff, bytes);
     kccl_publish_slot(c, s % c->nsets, 0, bytes, s, sig); /* and its replicas (topology placement) */
     o->step = s;
   }
