@@ -180,7 +180,8 @@ struct kcclComm {
   size_t seg_bytes, slot_bytes, slot_stride;
   size_t chunk_bytes;        /* a blocking collective's piece per step: KCCL_CHUNK_BYTES, at most slot_bytes */
   uint32_t stream_left;      /* slot_store.c: pieces still written with streaming stores */
-  uint32_t slow_fills;       /* slot_store.c: slow plain fills in a row */
+  uint32_t slow_fills, fast_fills; /* slot_store.c: slow / fast plain fills in a row */
+  uint32_t stream_period;    /* slot_store.c: pieces the next switch streams */
   uint64_t stream_switches;  /* times a slow plain fill switched to streaming stores */
   uint8_t token[16];
   char **names;              /* shm name of each rank (kept to clean up after dead peers) */
