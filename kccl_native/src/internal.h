@@ -182,6 +182,7 @@ struct kcclComm {
   uint32_t stream_left;      /* slot_store.c: pieces still written with streaming stores */
   uint32_t slow_fills, fast_fills; /* slot_store.c: slow / fast plain fills in a row */
   uint32_t stream_period;    /* slot_store.c: pieces the next switch streams */
+  int probing;               /* slot_store.c: the next plain fill decides alone */
   uint64_t stream_switches;  /* times a slow plain fill switched to streaming stores */
   uint8_t token[16];
   char **names;              /* shm name of each rank (kept to clean up after dead peers) */

@@ -10,12 +10,12 @@
  * stores cost instead: the readers then fetch the data from memory, not from the other
  * core's cache.  So with KCCL_SLOT_STORES=auto each plain fill of a large piece is timed;
  * SLOW_STREAK fills in a row slower than SLOW_BYTES_PER_NS switch this rank to streaming
- * stores for a period of pieces, then plain stores are tried again.  One slow fill is not
- * enough: a vCPU the host takes away for a moment makes ~0.4 % of fills slow on a machine
- * whose stores are fast.  The period starts at MIN_PERIOD pieces and doubles, up to
- * MAX_PERIOD, each time the plain fills after it are slow again, so that a switch made by
- * such a moment costs little and a lasting placement pays for its probes rarely; FAST_STREAK
- * fast fills in a row bring it back to MIN_PERIOD.
+ * stores for a period of pieces.  One slow fill is not enough there: a vCPU the host takes
+ * away for a moment makes ~0.4 % of fills slow on a machine whose stores are fast.  After
+ * the period one plain fill probes: slow, the rank streams again for twice the period (up
+ * to MAX_PERIOD); fast, it stays with plain stores, and FAST_STREAK fast fills in a row
+ * bring the period back to MIN_PERIOD.  So a switch made by a moment's slowness costs a
+ * short period, and a lasting placement pays one slow fill per long one.
  *
  * The choice is each rank's own: readers see a slot's data only after its flag, and the
  * streaming stores are fenced before any flag is published. */
@@ -37,7 +37,7 @@ enum { SLOT_STORES_AUTO = 0, SLOT_STORES_PLAIN = 1, SLOT_STORES_STREAM = 2 };
 #define SLOW_STREAK 3
 #define FAST_STREAK 8
 #define MIN_PERIOD 16
-#define MAX_PERIOD 1024
+#define MAX_PERIOD 256
 #define TILE_BYTES (16 * 1024)      /* stream-mode reduction tile: stays in L1 */
 
 /* dst[0, n) = src with streaming stores from dst's first 64-byte boundary on (a slot's
@@ -88,20 +88,21 @@ static void plain_fill_timed(struct kcclComm *c, uint8_t *dst, const void *src, 
   if (c->stream_period < MIN_PERIOD) c->stream_period = MIN_PERIOD;
   if (kccl_now_ns() - t0 <= (int64_t)(bytes / SLOW_BYTES_PER_NS)) {
     c->slow_fills = 0;
+    c->probing = 0;
     if (++c->fast_fills >= FAST_STREAK) c->stream_period = MIN_PERIOD;
     return;
   }
   c->fast_fills = 0;
-  if (++c->slow_fills == SLOW_STREAK) {
-    c->slow_fills = 0;
-    c->stream_left = c->stream_period;
-    uint64_t k = ++c->stream_switches;
-    while (k % 10 == 0) k /= 10;
-    if (k == 1) /* the 1st, 10th, 100th, ... switch */
-      kccl_log(2, "rank %d: %d plain fills of its slots in a row ran below %d GB/s; streaming stores for %u pieces (switch %llu)",
-               c->rank, SLOW_STREAK, SLOW_BYTES_PER_NS, c->stream_period, (unsigned long long)c->stream_switches);
-    if (c->stream_period < MAX_PERIOD) c->stream_period *= 2;
-  }
+  if (!c->probing && ++c->slow_fills < SLOW_STREAK) return;
+  c->slow_fills = 0;
+  c->probing = 1; /* the first plain fill after this period */
+  c->stream_left = c->stream_period;
+  uint64_t k = ++c->stream_switches;
+  while (k % 10 == 0) k /= 10;
+  if (k == 1) /* the 1st, 10th, 100th, ... switch */
+    kccl_log(2, "rank %d: plain fills of its slots ran below %d GB/s; streaming stores for %u pieces (switch %llu)",
+             c->rank, SLOW_BYTES_PER_NS, c->stream_period, (unsigned long long)c->stream_switches);
+  if (c->stream_period < MAX_PERIOD) c->stream_period *= 2;
 }
 
 void kccl_slot_fill(struct kcclComm *c, uint8_t *dst, const void *src, size_t bytes) {
