@@ -158,10 +158,27 @@ static inline void store4(float *y, int64_t r, int64_t r1, const __m256 acc[4], 
         y[r + k] = t[k];
 }
 
-/* Q4_0 / Q4_1, four rows per pass: the input's 32 values load once for the four rows,
- * and the rows' four (d, m) pairs convert in one instruction.  Per block and row: the
- * dot of the nibbles with the input's q times d_w d_x, plus m_w (sum of x) for Q4_1 or
- * -8 d_w (sum of x) for Q4_0 (gathered in the odd lanes of accm). */
+/* One block of four Q4 rows, for both layouts: q[k] row k's 16 nibble bytes, dm their fp16
+ * (d, m) pairs (Q4_0: (d, d)).  Per row: the dot of the nibbles with the input's q times
+ * d_w d_x into acc[k], plus m_w (sum of x) for Q4_1 or d_w (sum of x) for Q4_0 in the odd
+ * lanes of accm (q4_extra4 takes them, the latter times -8). */
+static inline void q4_block4(const uint8_t *const q[4], __m128i dm, const kq_act8 *a, int64_t b, __m256 acc[4],
+                             __m256 *accm)
+{
+    double pair;
+    memcpy(&pair, a->dds + 2 * b, 8);
+    __m256 prod = _mm256_mul_ps(_mm256_cvtph_ps(dm), _mm256_castpd_ps(_mm256_set1_pd(pair)));
+    *accm = _mm256_add_ps(*accm, prod);
+    __m256i xq = _mm256_loadu_si256((const __m256i *)(a->q + 32 * b));
+    for (int k = 0; k < 4; k++) {
+        __m256i dot = dot4(nibbles(q[k]), xq);
+        __m256 sc = _mm256_permutevar8x32_ps(prod, _mm256_set1_epi32(2 * k));
+        acc[k] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), sc, acc[k]);
+    }
+}
+
+/* Q4_0 / Q4_1 in the GGUF rows, four rows per pass: the input's 32 values load once for
+ * the four rows, and the rows' four (d, m) pairs convert in one instruction (q4_block4). */
 static inline void q4_rows(const void *w, size_t rb, int64_t cols, const void *act, float *y, int64_t r0,
                            int64_t r1, int has_min)
 {
@@ -187,16 +204,10 @@ static inline void q4_rows(const void *w, size_t rb, int64_t cols, const void *a
                 dm = _mm_insert_epi16(dm, ld16(p[3] + o), 3);
                 dm = _mm_unpacklo_epi16(dm, dm);
             }
-            double pair;
-            memcpy(&pair, a.dds + 2 * b, 8);
-            __m256 prod = _mm256_mul_ps(_mm256_cvtph_ps(dm), _mm256_castpd_ps(_mm256_set1_pd(pair)));
-            accm = _mm256_add_ps(accm, prod);
-            __m256i xq = _mm256_loadu_si256((const __m256i *)(a.q + 32 * b));
-            for (int k = 0; k < 4; k++) {
-                __m256i dot = dot4(nibbles((const uint8_t *)p[k] + o + qoff), xq);
-                __m256 sc = _mm256_permutevar8x32_ps(prod, _mm256_set1_epi32(2 * k));
-                acc[k] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), sc, acc[k]);
-            }
+            const uint8_t *q[4];
+            for (int k = 0; k < 4; k++)
+                q[k] = (const uint8_t *)p[k] + o + qoff;
+            q4_block4(q, dm, &a, b, acc, &accm);
         }
         store4(y, r, r1, acc, q4_extra4(accm, has_min));
     }
@@ -335,16 +346,8 @@ static inline void q4x4(const void *w, int64_t rows, int64_t cols, const void *a
             else
                 dm = _mm_unpacklo_epi16(_mm_loadl_epi64((const __m128i *)(sc4 + 8 * b)),
                                         _mm_loadl_epi64((const __m128i *)(sc4 + 8 * b)));
-            double pair;
-            memcpy(&pair, a.dds + 2 * b, 8);
-            __m256 prod = _mm256_mul_ps(_mm256_cvtph_ps(dm), _mm256_castpd_ps(_mm256_set1_pd(pair)));
-            accm = _mm256_add_ps(accm, prod);
-            __m256i xq = _mm256_loadu_si256((const __m256i *)(a.q + 32 * b));
-            for (int k = 0; k < 4; k++) {
-                __m256i dot = dot4(nibbles(q + 64 * b + 16 * k), xq);
-                __m256 sc = _mm256_permutevar8x32_ps(prod, _mm256_set1_epi32(2 * k));
-                acc[k] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), sc, acc[k]);
-            }
+            const uint8_t *qk[4] = {q + 64 * b, q + 64 * b + 16, q + 64 * b + 32, q + 64 * b + 48};
+            q4_block4(qk, dm, &a, b, acc, &accm);
         }
         store_group(y, g, r0, r1, acc, q4_extra4(accm, has_min));
     }

@@ -88,14 +88,19 @@ static inline void store4(float *y, int64_t r, int64_t r1, __m128 v)
     }
 }
 
-/* The 16-bit values at p[k] + off, k = 0..3, as 4 floats (half precision scales) */
-static inline __m128 halves4(const char *const p[4], size_t off)
+/* The 16-bit values at p[k] + off, k = 0..3, in the low four halves */
+static inline __m128i halves4_bits(const char *const p[4], size_t off)
 {
     __m128i h = _mm_cvtsi32_si128(ld16(p[0] + off));
     h = _mm_insert_epi16(h, ld16(p[1] + off), 1);
     h = _mm_insert_epi16(h, ld16(p[2] + off), 2);
-    h = _mm_insert_epi16(h, ld16(p[3] + off), 3);
-    return _mm_cvtph_ps(h);
+    return _mm_insert_epi16(h, ld16(p[3] + off), 3);
+}
+
+/* The same as 4 floats (half precision scales) */
+static inline __m128 halves4(const char *const p[4], size_t off)
+{
+    return _mm_cvtph_ps(halves4_bits(p, off));
 }
 
 /* -- the prepared input ----------------------------------------------------------------------- */
@@ -176,16 +181,46 @@ FLOAT_KERNEL(mv_bf16, LOAD_BF16, 2)
 
 /* -- Q4_0 and Q4_1: four rows' 16 nibble bytes fill one register, one per 128-bit lane -------- */
 
-/* Each block: dot (per row, 4 lanes) of the nibbles with the input's q, times d_w * d_x;
- * plus, per row, m_w * (the block's sum of x) for Q4_1, or -8 d_w * that for Q4_0. */
+/* One block of four Q4 rows, for both layouts: qw holds row k's 16 nibble bytes in 128-bit
+ * lane k, sc their fp16 scales: (d, m) x 4 for Q4_1, d x 4 (low half) for Q4_0.  The dot
+ * of row k with the input's q lands in lanes 4k..4k+3, scaled by d_w d_x, in acc0 or acc1
+ * (alternate blocks: two dependency chains); m_w (sum of x) goes to accm for Q4_1, d_w (sum
+ * of x) to acc4 for Q4_0, which q4_total4 adds in (the latter times -8). */
+static inline void q4_block4(__m512i qw, __m128i sc, const kq_act8 *a, int64_t b, int has_min, __m512 *acc0,
+                             __m512 *acc1, __m256 *accm, __m128 *acc4)
+{
+    const __m512i nib = _mm512_set1_epi8(0x0f);
+    const __m512i lanes = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
+    const __m512i lanes_dm = _mm512_setr_epi32(0, 0, 0, 0, 2, 2, 2, 2, 4, 4, 4, 4, 6, 6, 6, 6);
+    __m512i lo = _mm512_and_si512(qw, nib), hi = _mm512_and_si512(_mm512_srli_epi16(qw, 4), nib);
+    __m512i alo = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)(a->q + 32 * b)));
+    __m512i ahi = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)(a->q + 32 * b + 16)));
+    __m512i dot = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), lo, alo), hi, ahi);
+    __m512 scale;
+    if (has_min) { /* (d, m) of row k in lanes 2k, 2k+1, times (d_x, sum x) */
+        double pair;
+        memcpy(&pair, a->dds + 2 * b, 8);
+        __m256 prod = _mm256_mul_ps(_mm256_cvtph_ps(sc), _mm256_castpd_ps(_mm256_set1_pd(pair)));
+        *accm = _mm256_add_ps(*accm, prod);
+        scale = _mm512_permutexvar_ps(lanes_dm, _mm512_castps256_ps512(prod));
+    } else {
+        __m128 dw = _mm_cvtph_ps(sc);
+        *acc4 = _mm_fmadd_ps(dw, _mm_set1_ps(a->dds[2 * b + 1]), *acc4);
+        scale = _mm512_permutexvar_ps(lanes, _mm512_castps128_ps512(_mm_mul_ps(dw, _mm_set1_ps(a->dds[2 * b]))));
+    }
+    if (b & 1)
+        *acc1 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), scale, *acc1);
+    else
+        *acc0 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), scale, *acc0);
+}
+
+/* Q4_0 / Q4_1 in the GGUF rows: per block, four rows' nibbles gathered into one register
+ * and their scales into another (q4_block4). */
 static inline void q4_rows(const void *w, size_t rb, int64_t cols, const void *act, float *y, int64_t r0,
                            int64_t r1, int has_min)
 {
     kq_act8 a = kq_act8_view(act, cols);
     const size_t bs = has_min ? sizeof(kq_block_q4_1) : sizeof(kq_block_q4_0), qoff = has_min ? 4 : 2;
-    const __m512i nib = _mm512_set1_epi8(0x0f);
-    const __m512i lanes = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
-    const __m512i lanes_dm = _mm512_setr_epi32(0, 0, 0, 0, 2, 2, 2, 2, 4, 4, 4, 4, 6, 6, 6, 6);
     const int64_t nb = cols / 32;
     for (int64_t r = r0; r < r1; r += 4) {
         const char *p[4];
@@ -201,30 +236,16 @@ static inline void q4_rows(const void *w, size_t rb, int64_t cols, const void *a
             qw = _mm512_inserti32x4(qw, _mm_loadu_si128((const __m128i *)(p[1] + o + qoff)), 1);
             qw = _mm512_inserti32x4(qw, _mm_loadu_si128((const __m128i *)(p[2] + o + qoff)), 2);
             qw = _mm512_inserti32x4(qw, _mm_loadu_si128((const __m128i *)(p[3] + o + qoff)), 3);
-            __m512i lo = _mm512_and_si512(qw, nib), hi = _mm512_and_si512(_mm512_srli_epi16(qw, 4), nib);
-            __m512i alo = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)(a.q + 32 * b)));
-            __m512i ahi = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)(a.q + 32 * b + 16)));
-            __m512i dot = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), lo, alo), hi, ahi);
-            __m512 sc;
-            if (has_min) { /* (d, m) of row k -> lanes 2k, 2k+1; times (d_x, sum x) */
-                __m128i dm = _mm_cvtsi32_si128(ld32(p[0] + o));
-                dm = _mm_insert_epi32(dm, ld32(p[1] + o), 1);
-                dm = _mm_insert_epi32(dm, ld32(p[2] + o), 2);
-                dm = _mm_insert_epi32(dm, ld32(p[3] + o), 3);
-                double pair;
-                memcpy(&pair, a.dds + 2 * b, 8);
-                __m256 prod = _mm256_mul_ps(_mm256_cvtph_ps(dm), _mm256_castpd_ps(_mm256_set1_pd(pair)));
-                accm = _mm256_add_ps(accm, prod);
-                sc = _mm512_permutexvar_ps(lanes_dm, _mm512_castps256_ps512(prod));
+            __m128i sc;
+            if (has_min) { /* (d, m) of row k -> halves 2k, 2k+1 */
+                sc = _mm_cvtsi32_si128(ld32(p[0] + o));
+                sc = _mm_insert_epi32(sc, ld32(p[1] + o), 1);
+                sc = _mm_insert_epi32(sc, ld32(p[2] + o), 2);
+                sc = _mm_insert_epi32(sc, ld32(p[3] + o), 3);
             } else {
-                __m128 dw = halves4(p, o);
-                acc4 = _mm_fmadd_ps(dw, _mm_set1_ps(a.dds[2 * b + 1]), acc4);
-                sc = _mm512_permutexvar_ps(lanes, _mm512_castps128_ps512(_mm_mul_ps(dw, _mm_set1_ps(a.dds[2 * b]))));
+                sc = halves4_bits(p, o);
             }
-            if (b & 1)
-                acc1 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), sc, acc1);
-            else
-                acc0 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), sc, acc0);
+            q4_block4(qw, sc, &a, b, has_min, &acc0, &acc1, &accm, &acc4);
         }
         __m128 out = q4_total4(acc0, acc1, accm, acc4, has_min);
         store4(y, r, r1, out);
@@ -433,15 +454,12 @@ static void mv_q8_0x4(const void *w, int64_t rows, int64_t cols, const void *act
     }
 }
 
-/* Q4_0 / Q4_1: per block one register of the four rows' nibbles (a 128-bit lane each) and
- * their scales in one load: (d) x 4 for Q4_0, (d, m) x 4 for Q4_1. */
+/* Q4_0 / Q4_1 packed: per block one register of the four rows' nibbles (a 128-bit lane
+ * each) and their scales in one load: (d) x 4 for Q4_0, (d, m) x 4 for Q4_1 (q4_block4). */
 static inline void q4x4(const void *w, int64_t rows, int64_t cols, const void *act, float *y, int64_t r0,
                         int64_t r1, int has_min)
 {
     kq_act8 a = kq_act8_view(act, cols);
-    const __m512i nib = _mm512_set1_epi8(0x0f);
-    const __m512i lanes = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
-    const __m512i lanes_dm = _mm512_setr_epi32(0, 0, 0, 0, 2, 2, 2, 2, 4, 4, 4, 4, 6, 6, 6, 6);
     const int64_t nb = cols / 32, r4 = (rows + 3) / 4 * 4;
     const size_t sb = has_min ? 4 : 2;
     const uint8_t *qs = (const uint8_t *)w, *ss = qs + (size_t)r4 * (size_t)nb * 16;
@@ -451,28 +469,9 @@ static inline void q4x4(const void *w, int64_t rows, int64_t cols, const void *a
         __m256 accm = _mm256_setzero_ps();
         __m128 acc4 = _mm_setzero_ps();
         for (int64_t b = 0; b < nb; b++) {
-            __m512i qw = _mm512_loadu_si512(q + 64 * b);
-            __m512i lo = _mm512_and_si512(qw, nib), hi = _mm512_and_si512(_mm512_srli_epi16(qw, 4), nib);
-            __m512i alo = _mm512_broadcast_i32x4(_mm_load_si128((const __m128i *)(a.q + 32 * b)));
-            __m512i ahi = _mm512_broadcast_i32x4(_mm_load_si128((const __m128i *)(a.q + 32 * b + 16)));
-            __m512i dot = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), lo, alo), hi, ahi);
-            __m512 sc;
-            if (has_min) { /* (d, m) of row k in lanes 2k, 2k+1, times (d_x, sum x) */
-                double pair;
-                memcpy(&pair, a.dds + 2 * b, 8);
-                __m256 prod = _mm256_mul_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(s + 16 * b))),
-                                            _mm256_castpd_ps(_mm256_set1_pd(pair)));
-                accm = _mm256_add_ps(accm, prod);
-                sc = _mm512_permutexvar_ps(lanes_dm, _mm512_castps256_ps512(prod));
-            } else {
-                __m128 dw = _mm_cvtph_ps(_mm_loadl_epi64((const __m128i *)(s + 8 * b)));
-                acc4 = _mm_fmadd_ps(dw, _mm_set1_ps(a.dds[2 * b + 1]), acc4);
-                sc = _mm512_permutexvar_ps(lanes, _mm512_castps128_ps512(_mm_mul_ps(dw, _mm_set1_ps(a.dds[2 * b]))));
-            }
-            if (b & 1)
-                acc1 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), sc, acc1);
-            else
-                acc0 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), sc, acc0);
+            __m128i sc = has_min ? _mm_loadu_si128((const __m128i *)(s + 16 * b))
+                                 : _mm_loadl_epi64((const __m128i *)(s + 8 * b));
+            q4_block4(_mm512_loadu_si512(q + 64 * b), sc, &a, b, has_min, &acc0, &acc1, &accm, &acc4);
         }
         __m128 out = q4_total4(acc0, acc1, accm, acc4, has_min);
         store_group(y, g, r0, r1, out);
