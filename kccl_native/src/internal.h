@@ -181,7 +181,7 @@ struct kcclComm {
   size_t chunk_bytes;        /* a blocking collective's piece per step: KCCL_CHUNK_BYTES, at most slot_bytes */
   uint32_t stream_left;      /* slot_store.c: pieces still written with streaming stores */
   uint32_t slow_fills, fast_fills; /* slot_store.c: slow / fast plain fills in a row */
-  uint32_t stream_period;    /* slot_store.c: pieces the next switch streams */
+  uint32_t stream_doublings; /* slot_store.c: the next streaming period is 16 << this pieces */
   int probing;               /* slot_store.c: the next plain fill decides alone */
   uint64_t stream_switches;  /* times a slow plain fill switched to streaming stores */
   uint8_t token[16];
