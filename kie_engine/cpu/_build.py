@@ -35,7 +35,7 @@ ffibuilder.set_source(
     sources=sorted(os.path.relpath(p, ROOT) for p in glob.glob(os.path.join(CSRC, "*.c"))),
     depends=sorted(os.path.relpath(p, ROOT) for p in glob.glob(os.path.join(CSRC, "*.h"))),
     include_dirs=[os.path.relpath(CSRC, ROOT)],
-    extra_compile_args=["-O3", "-std=gnu11", "-fno-math-errno"],
+    extra_compile_args=["-O3", "-std=gnu11", "-fno-math-errno", "-ffp-contract=off"],
     libraries=["m", "pthread"],
 )
 

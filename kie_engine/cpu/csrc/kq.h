@@ -65,6 +65,20 @@ void kq_matvec_mat(int type, const void *w, int64_t rows, int64_t cols, const vo
  * how many (0 for an empty range or a type the kernels do not take). */
 int kq_share_spans(int type, const void *w, int64_t rows, int64_t cols, int64_t r0, int64_t r1, const void **p,
                    size_t *n);
+/* Several inputs per pass over the weights (a prompt's tokens, a batch of sequences):
+ * each weight block is read once and applied to every input.  The nt prepared inputs
+ * lie kq_act_bytes(type, cols) apart, followed (quantized types) by each block's
+ * d * (sum of q) of every input, transposed: float [cols / 32][nt rounded up to 4],
+ * which the kernels read four inputs at a time.  kq_acts_bytes: the whole buffer. */
+size_t kq_acts_bytes(int type, int64_t cols, int nt);
+/* Inputs [t0, t1) of the nt, row t of x at x + t * ldx floats, into acts (64-byte
+ * aligned, kq_acts_bytes): threads may prepare disjoint ranges of one buffer at once. */
+void kq_prepare_acts(int type, const float *x, size_t ldx, int64_t cols, int nt, int t0, int t1, void *acts);
+/* y[t * ldy + r] = dot(row r of w, input t) for t in [0, nt), r in [r0, r1): for each
+ * input, bit for bit what kq_matvec_mat gives on that input alone (the tests hold every
+ * level to that), so a batch computes what its members compute one at a time. */
+void kq_matmul_mat(int type, const void *w, int64_t rows, int64_t cols, const void *acts, int nt, float *y,
+                   size_t ldy, int64_t r0, int64_t r1);
 /* one row to floats (embedding lookups, tests) */
 void kq_dequant_row(int type, const void *row, int64_t cols, float *out);
 

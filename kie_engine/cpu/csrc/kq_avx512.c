@@ -16,6 +16,8 @@
 #pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")
 #include <immintrin.h>
 
+#include "kq_x512.h"
+
 #define ROW(w, rb, r) ((const char *)(w) + (size_t)(r) * (rb))
 
 /* Software prefetch, on top of the hardware's: a pass over four rows reads four streams
@@ -48,14 +50,6 @@ static inline int ld16(const void *p)
     uint16_t v;
     memcpy(&v, p, 2);
     return v;
-}
-
-/* The sums of each 4-lane group of v, in the 4 lanes of the result (group k -> lane k) */
-static inline __m128 sum_groups4(__m512 v)
-{
-    v = _mm512_add_ps(v, _mm512_shuffle_ps(v, v, _MM_SHUFFLE(2, 3, 0, 1)));
-    v = _mm512_add_ps(v, _mm512_shuffle_ps(v, v, _MM_SHUFFLE(1, 0, 3, 2)));
-    return _mm512_castps512_ps128(_mm512_permutexvar_ps(_mm512_setr_epi32(0, 4, 8, 12, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0), v));
 }
 
 /* The four rows' results of a Q4_0 / Q4_1 pass: the integer-dot sums (acc0 + acc1, one
@@ -406,20 +400,6 @@ static void mv_q6_k(const void *w, size_t rb, int64_t cols, const void *act, flo
 
 /* -- the packed layout (kq.h): four rows' blocks side by side, one sequential stream ------- */
 
-/* Group g's four rows into y[g..g+3], only those in [r0, r1) */
-static inline void store_group(float *y, int64_t g, int64_t r0, int64_t r1, __m128 v)
-{
-    if (g >= r0 && g + 4 <= r1) {
-        _mm_storeu_ps(y + g, v);
-    } else {
-        float t[4];
-        _mm_storeu_ps(t, v);
-        for (int k = 0; k < 4; k++)
-            if (g + k >= r0 && g + k < r1)
-                y[g + k] = t[k];
-    }
-}
-
 /* Q8_0: per block, two full registers (rows 0-1, rows 2-3) and the four rows' scales in
  * one 8-byte load.  The sign flip's bias (128 x the input's sum) is taken out once per
  * row at the end, from the (d_w, d_x * sum q_x) products accumulated per block. */
@@ -490,7 +470,7 @@ static void mv_q4_1x4(const void *w, int64_t rows, int64_t cols, const void *act
 
 static const kq_impl kq_avx512 = {
     "avx512", quantize_act, mv_f32, mv_f16, mv_bf16, mv_q8_0, mv_q4_0, mv_q4_1, mv_q4_k, mv_q6_k,
-    mv_q8_0x4, mv_q4_0x4, mv_q4_1x4,
+    mv_q8_0x4, mv_q4_0x4, mv_q4_1x4, &kq_mm_avx512,
 };
 const kq_impl *const kq_impl_avx512 = &kq_avx512;
 

@@ -76,6 +76,8 @@ static const kq_impl *impl(void)
 
 const char *kq_level(void) { return impl()->name; }
 
+const kq_impl *kq_current(void) { return impl(); }
+
 int kq_set_level(const char *name)
 {
     if (!name)

@@ -7,6 +7,7 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "kie_half.h"
 #include "kq.h"
 
 /* GGUF block layouts (the format fixes them; the sizes are checked below) */
@@ -60,24 +61,6 @@ static inline kq_act8 kq_act8_view(const void *act, int64_t cols)
     return a;
 }
 
-/* IEEE half -> float, exact, no F16C needed, without branches a compiler cannot turn
- * into selects: the half's exponent and mantissa shifted into a float's place read as
- * a float 2^112 too small for every finite half (normal or subnormal: the product is
- * exact), so one multiply rescales it; infinities and NaNs get the float's all-ones
- * exponent instead. */
-static inline float kq_h2f(uint16_t h)
-{
-    uint32_t mag = (uint32_t)(h & 0x7fff) << 13, bits;
-    float f;
-    memcpy(&f, &mag, 4);
-    f *= 0x1p112f;
-    memcpy(&bits, &f, 4);
-    bits = (h & 0x7c00) == 0x7c00 ? 0x7f800000u | mag : bits;
-    bits |= (uint32_t)(h & 0x8000) << 16;
-    memcpy(&f, &bits, 4);
-    return f;
-}
-
 static inline float kq_bf2f(uint16_t b)
 {
     uint32_t bits = (uint32_t)b << 16;
@@ -108,12 +91,24 @@ typedef void (*kq_matvec_fn)(const void *w, size_t rb, int64_t cols, const void 
 typedef void (*kq_packed_fn)(const void *w, int64_t rows, int64_t cols, const void *act, float *y, int64_t r0,
                              int64_t r1);
 
+/* One kernel on the packed layout for nt inputs (kq.h's kq_matmul_mat): acts holds the
+ * inputs `stride` bytes apart, sums the transposed block sums ([cols / 32][nt4]). */
+typedef void (*kq_packed_mm_fn)(const void *w, int64_t rows, int64_t cols, const char *acts, size_t stride,
+                                const float *sums, int nt, int nt4, float *y, size_t ldy, int64_t r0, int64_t r1);
+
+/* A level's kernels for several inputs; NULL: kq_matmul.c runs the matvec kernel on a
+ * few rows at a time for each input, those rows' weights staying in L1 meanwhile. */
+typedef struct {
+    kq_packed_mm_fn q8_0x4, q4_0x4, q4_1x4;
+} kq_mm_impl;
+
 typedef struct {
     const char *name;
     void (*quantize_act)(const float *x, int64_t cols, void *act); /* the layout above */
     kq_matvec_fn f32, f16, bf16, q8_0, q4_0, q4_1, q4_k, q6_k;
     /* packed kernels; NULL: kq_dispatch.c unpacks four rows at a time for the row kernel */
     kq_packed_fn q8_0x4, q4_0x4, q4_1x4;
+    const kq_mm_impl *mm; /* NULL: every type through the matvec kernels */
 } kq_impl;
 
 /* The packed layout's parts for a base type: quant and scale bytes per row and block */
@@ -131,7 +126,13 @@ extern const kq_impl kq_impl_scalar;
 /* NULL when the build's compiler cannot make that level (other architectures) */
 extern const kq_impl *const kq_impl_avx2;
 extern const kq_impl *const kq_impl_avx512;
+extern const kq_mm_impl kq_mm_avx512; /* (x86-64 builds) kq_avx512_mm.c */
 
 void kq_scalar_dequant_row(int type, const void *row, int64_t cols, float *out);
+/* the level kq_dispatch.c picked (or kq_set_level set) */
+const kq_impl *kq_current(void);
+
+/* The four-lane groups of the transposed block sums (kq.h): nt rounded up to 4 */
+static inline int kq_nt4(int nt) { return (nt + 3) & ~3; }
 
 #endif
