@@ -31,8 +31,11 @@ uint16_t kie_float_to_half(float f) {
   return (uint16_t)(sign | ((r - 0x38000000) >> 13));
 }
 
+/* two tiles of floats, then per query its scaled q and output (hd rounded up to 16 each)
+ * and its running max and sum, in 16 floats */
 size_t kie_attn_scratch_floats(int hd) {
-  return (size_t)2 * KIE_ATTN_TILE * hd + (size_t)KIE_ATTN_MAXQ * (((size_t)2 * hd + 2 + 15) & ~(size_t)15);
+  size_t hd16 = ((size_t)hd + 15) & ~(size_t)15;
+  return (size_t)2 * KIE_ATTN_TILE * hd + (size_t)KIE_ATTN_MAXQ * (2 * hd16 + 16);
 }
 
 #define ATTN_FN kie_attn_portable

@@ -1,8 +1,7 @@
 /* cpu_attn_core.h: the attention kernel (cpu_attn.h's kie_attn), written once in plain C
  * that compilers vectorize, and compiled once per instruction set: each including file
  * sets its target, then defines ATTN_FN (the function's name) and ATTN_FMA(a, b, c)
- * (fused on the levels that have FMA, a * b + c on the portable one), and
- * ATTN_F16C when the tile's halves may convert with F16C.
+ * (fused on the levels that have FMA, a * b + c on the portable one).
  *
  * Per query, over tiles of 64 positions (position 64t onwards, whoever else is in the
  * call): the 16-position blocks' scores as four partial sums over the head's elements,
@@ -74,10 +73,6 @@ static inline void ATTN_LOCAL(widen)(const void *src, int f16, size_t n, float *
     }
     const uint16_t *h = (const uint16_t *)src;
     size_t i = 0;
-#ifdef ATTN_F16C
-    for (; i + 16 <= n; i += 16)
-        _mm512_storeu_ps(dst + i, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(h + i))));
-#endif
     for (; i < n; i++)
         dst[i] = kie_h2f(h[i]);
 }

@@ -1,5 +1,5 @@
-/* cpu_attn_x86.c: cpu_attn_core.h compiled for AVX2 + FMA and for AVX-512 (F16C widening
- * the cache's halves), picked by cpu_attn.c from the kernels' level. */
+/* cpu_attn_x86.c: cpu_attn_core.h compiled for AVX2 + FMA (the AVX-512 level has its own
+ * kernel: cpu_attn_avx512.c), picked by cpu_attn.c from the kernels' level. */
 #include "cpu_attn.h"
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
@@ -13,14 +13,5 @@
 #undef ATTN_FN
 #pragma GCC pop_options
 
-#pragma GCC push_options
-#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")
-#include <immintrin.h>
-#define ATTN_FN kie_attn_avx512
-#define ATTN_F16C 1
-#include "cpu_attn_core.h"
-#undef ATTN_FN
-#undef ATTN_F16C
 #undef ATTN_FMA
-#pragma GCC pop_options
 #endif
