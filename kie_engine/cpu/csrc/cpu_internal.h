@@ -128,6 +128,7 @@ struct kie_cpu {
   /* the current run */
   const int32_t *tokens;
   int ntokens;
+  int run_seq;   /* the sequence the token step runs */
   float *logits;
   int rc;        /* set by thread 0 when a collective fails */
   char err[512];
@@ -148,6 +149,9 @@ static inline size_t kie_seq_head(const kie_cpu *e, const kie_seq *q, int l, int
   return ((size_t)l * e->s.kv_heads + j) * (size_t)q->cap * e->s.head_dim;
 }
 void kie_batch_free(kie_cpu *e);
+/* The token step (cpu_step.c): n tokens of sequence seq, one pass each; the last one's
+ * logits (NaN when the sequence met a non-finite value) unless logits is NULL */
+int kie_token_run(kie_cpu *e, int seq, const int32_t *tokens, int n, float *logits);
 /* records a failed KCCL call as the run's error (e->rc, e->err) */
 void kie_comm_fail(kie_cpu *e, const char *what, int rc);
 /* Splits the rows of up to three matrices between n threads (cpu_model.c) */

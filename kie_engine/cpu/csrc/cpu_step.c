@@ -147,7 +147,7 @@ static void one_token(kie_cpu *e, int tid, int n, int32_t tok, int pos, int want
 
   float cs[KIE_MAX_HEAD_DIM]; /* cos then sin of this position */
   kie_rope_angles(e, pos, cs);
-  kie_seq *sq = &e->seqs[0];
+  kie_seq *sq = &e->seqs[e->run_seq];
 
   th->pf.at = 0; /* the prefetch cursor starts the token again */
   th->pf.off = 0;
@@ -268,7 +268,7 @@ static void one_token(kie_cpu *e, int tid, int n, int32_t tok, int pos, int want
   matvec(&e->head, ah, part, e->sh_head[tid].r0[0], e->sh_head[tid].r1[0]);
   kpool_barrier(e->pool, tid);
   if (tid == 0) {
-    int bad = 0;
+    int bad = e->seqs[e->run_seq].bad;
     for (int t = 0; t < n; t++) bad |= e->th[t].bad;
     if (bad) /* this lane's slice, before the gather: every lane then sees NaN logits */
       for (int r = 0; r < s->vocab_part; r++) part[r] = NAN;
@@ -282,14 +282,15 @@ static void one_token(kie_cpu *e, int tid, int n, int32_t tok, int pos, int want
 
 void kie_step_all(void *arg, int tid, int n) {
   kie_cpu *e = arg;
+  int pos = e->seqs[e->run_seq].pos;
   for (int i = 0; i < e->ntokens; i++) {
-    one_token(e, tid, n, e->tokens[i], e->seqs[0].pos + i, i == e->ntokens - 1 && e->logits != NULL);
+    one_token(e, tid, n, e->tokens[i], pos + i, i == e->ntokens - 1 && e->logits != NULL);
     if (e->rc) return;
     if (tid == 0 && e->profiling) e->prof_steps++;
   }
 }
 
-int kie_cpu_run(kie_cpu *e, const int32_t *tokens, int n, float *logits) {
+int kie_token_run(kie_cpu *e, int seq, const int32_t *tokens, int n, float *logits) {
   if (n < 1 || !tokens) {
     kie_set_error("kie_cpu_run needs at least one token");
     return KIE_CPU_E_ARG;
@@ -298,8 +299,9 @@ int kie_cpu_run(kie_cpu *e, const int32_t *tokens, int n, float *logits) {
     int rc = kie_plan_shares(e);
     if (rc) return rc;
   }
-  if (e->seqs[0].pos + n > e->s.max_seq) {
-    kie_set_error("%d more tokens do not fit the context of %d (%d used)", n, e->s.max_seq, e->seqs[0].pos);
+  kie_seq *q = &e->seqs[seq];
+  if (q->pos + n > q->limit) {
+    kie_set_error("%d more tokens do not fit the context of %d (%d used)", n, q->limit, q->pos);
     return KIE_CPU_E_STATE;
   }
   for (int i = 0; i < n; i++)
@@ -307,6 +309,7 @@ int kie_cpu_run(kie_cpu *e, const int32_t *tokens, int n, float *logits) {
       kie_set_error("token id %d is outside the embedding table (%d rows)", tokens[i], e->embed.rows);
       return KIE_CPU_E_ARG;
     }
+  e->run_seq = seq;
   e->tokens = tokens;
   e->ntokens = n;
   e->logits = logits;
@@ -319,6 +322,11 @@ int kie_cpu_run(kie_cpu *e, const int32_t *tokens, int n, float *logits) {
     kie_set_error("%s", e->err);
     return e->rc;
   }
-  e->seqs[0].pos += n;
+  for (int t = 0; t < e->nthreads; t++) q->bad |= e->th[t].bad;
+  q->pos += n;
   return KIE_CPU_OK;
+}
+
+int kie_cpu_run(kie_cpu *e, const int32_t *tokens, int n, float *logits) {
+  return kie_token_run(e, 0, tokens, n, logits);
 }
