@@ -17,10 +17,25 @@ size_t kq_acts_bytes(int type, int64_t cols, int nt)
     size_t one = kq_act_bytes(type & ~KQ_PACKED, cols);
     if (!one || nt < 1)
         return 0;
-    size_t n = one * (size_t)nt;
-    if (!is_float(type))
-        n += kq_up64((size_t)(cols / 32) * (size_t)kq_nt4(nt) * sizeof(float));
-    return n;
+    return one * (size_t)nt + (is_float(type) ? 0 : kq_x4_bytes(cols, nt));
+}
+
+/* Input t's part of the records of four (kq_internal.h) */
+static void to_x4(const void *act, int64_t cols, int t, char *x4)
+{
+    kq_act8 a = kq_act8_view(act, cols);
+    const int k = t % 4;
+    for (int64_t b = 0; b < cols / 32; b++) {
+        char *rec = x4 + ((size_t)(t / 4) * (size_t)(cols / 32) + (size_t)b) * KQ_X4_REC;
+        float *d = (float *)(rec + 512), *ds = d + 16;
+        for (int j = 0; j < 8; j++)
+            for (int r = 0; r < 4; r++)
+                memcpy(rec + 64 * j + 16 * k + 4 * r, a.q + 32 * b + 4 * j, 4);
+        for (int r = 0; r < 4; r++) {
+            d[4 * k + r] = a.dds[2 * b];
+            ds[4 * k + r] = a.dds[2 * b + 1];
+        }
+    }
 }
 
 void kq_prepare_acts(int type, const float *x, size_t ldx, int64_t cols, int nt, int t0, int t1, void *acts)
@@ -29,22 +44,23 @@ void kq_prepare_acts(int type, const float *x, size_t ldx, int64_t cols, int nt,
     size_t one = kq_act_bytes(base, cols);
     if (!one || t0 < 0 || t1 > nt)
         return;
-    char *a = (char *)acts;
-    float *sums = (float *)(a + one * (size_t)nt);
-    const int nt4 = kq_nt4(nt);
+    char *a = (char *)acts, *x4 = a + one * (size_t)nt;
     for (int t = t0; t < t1; t++) {
         kq_prepare_act(base, x + (size_t)t * ldx, cols, a + (size_t)t * one);
-        if (is_float(base))
-            continue;
-        const float *dds = kq_act8_view(a + (size_t)t * one, cols).dds;
-        for (int64_t b = 0; b < cols / 32; b++)
-            sums[b * nt4 + t] = dds[2 * b + 1];
+        if (!is_float(base))
+            to_x4(a + (size_t)t * one, cols, t, x4);
     }
-    /* the padding inputs of the last group of four: zero sums (their results are dropped) */
-    if (!is_float(base) && t1 == nt)
-        for (int64_t b = 0; b < cols / 32; b++)
-            for (int t = nt; t < nt4; t++)
-                sums[b * nt4 + t] = 0.0f;
+    /* the padding inputs of the last group of four: zeros (their results are dropped) */
+    if (!is_float(base) && t1 == nt && nt % 4)
+        for (int64_t b = 0; b < cols / 32; b++) {
+            char *rec = x4 + ((size_t)(nt / 4) * (size_t)(cols / 32) + (size_t)b) * KQ_X4_REC;
+            for (int k = nt % 4; k < 4; k++) {
+                for (int j = 0; j < 8; j++)
+                    memset(rec + 64 * j + 16 * k, 0, 16);
+                memset(rec + 512 + 16 * k, 0, 16);
+                memset(rec + 576 + 16 * k, 0, 16);
+            }
+        }
 }
 
 /* Rows per pass of the fallback: their weights (at most a few kB for the widths of a
@@ -78,11 +94,10 @@ void kq_matmul_mat(int type, const void *w, int64_t rows, int64_t cols, const vo
     }
     const kq_mm_impl *mm = kq_current()->mm;
     kq_packed_mm_fn f = NULL;
-    if (mm && (type & KQ_PACKED))
+    if (mm && (type & KQ_PACKED) && nt > 1) /* one input: the matvec kernel, whose bits these are */
         f = base == KQ_Q8_0 ? mm->q8_0x4 : base == KQ_Q4_0 ? mm->q4_0x4 : base == KQ_Q4_1 ? mm->q4_1x4 : NULL;
     if (f) {
-        const char *a = (const char *)acts;
-        f(w, rows, cols, a, one, (const float *)(a + one * (size_t)nt), nt, kq_nt4(nt), y, ldy, r0, r1);
+        f(w, rows, cols, (const char *)acts + one * (size_t)nt, nt, y, ldy, r0, r1);
         return;
     }
     by_matvec(type, w, rows, cols, (const char *)acts, one, nt, y, ldy, r0, r1);
