@@ -29,6 +29,7 @@ void kie_batch_free(kie_cpu *e) {
   free(b->h);
   free(b->qkv);
   free(b->q);
+  free(b->cs);
   free(b->att);
   free(b->gu);
   free(b->y);
@@ -75,15 +76,16 @@ static int alloc_batch(kie_cpu *e) {
   b->h = falloc(R * (H > I ? H : I));
   b->qkv = falloc(R * qkv);
   b->q = falloc(R * qrows);
+  b->cs = falloc(R * hd);
   b->att = falloc(R * qrows);
   b->gu = falloc(R * 2 * I);
   b->y = falloc(R * H);
   b->ring = falloc((size_t)(s->dtp_delay + 1) * R * H);
   b->lg = s->tp_size > 1 ? falloc(R * vp * (size_t)(s->tp_size + 1)) : NULL; /* one lane: the caller's array */
-  if (!b->x || !b->h || !b->qkv || !b->q || !b->att || !b->gu || !b->y || !b->ring || (s->tp_size > 1 && !b->lg))
+  if (!b->x || !b->h || !b->qkv || !b->q || !b->cs || !b->att || !b->gu || !b->y || !b->ring || (s->tp_size > 1 && !b->lg))
     return -1;
   e->work_bytes += sizeof(float) * (R * H * (3 + (size_t)s->dtp_delay + 1) + R * (H > I ? H : I) + R * qkv +
-                                    2 * R * qrows + 2 * R * I + (s->tp_size > 1 ? R * vp * (size_t)(s->tp_size + 1) : 0));
+                                    2 * R * qrows + R * hd + 2 * R * I + (s->tp_size > 1 ? R * vp * (size_t)(s->tp_size + 1) : 0));
   return 0;
 }
 
@@ -171,12 +173,11 @@ static void rope_rows(kie_cpu *e, int l, int r0, int r1) {
   kie_batch *b = &e->b;
   int hd = s->head_dim, qrows = s->heads * hd, kvrows = s->kv_heads * hd, QKV = qrows + 2 * kvrows;
   int kv16 = s->kv_type == KIE_CPU_KV_F16;
-  float cs[KIE_MAX_HEAD_DIM], k[KIE_MAX_HEAD_DIM];
+  float k[KIE_MAX_HEAD_DIM];
   for (int r = r0; r < r1; r++) {
-    const float *row = b->qkv + (size_t)r * QKV;
+    const float *row = b->qkv + (size_t)r * QKV, *cs = b->cs + (size_t)r * hd;
     kie_seq *sq = &e->seqs[b->seq[r]];
     int pos = b->pos[r];
-    kie_rope_angles(e, pos, cs);
     for (int j = 0; j < s->kv_heads; j++) {
       size_t off = kie_seq_head(e, sq, l, j);
       kie_rope(row + qrows + (size_t)j * hd, k, hd, s->rope_mode, cs);
@@ -238,10 +239,19 @@ static void batch_all(void *arg, int tid, int nth) {
   kie_thread *th = &e->th[tid];
   int R = b->n, H = s->hidden, I = s->inter, L = s->layers, d = s->dtp_delay, tp = s->tp_size;
   int hd = s->head_dim, qrows = s->heads * hd, kvrows = s->kv_heads * hd, QKV = qrows + 2 * kvrows;
-  int r0 = R * tid / nth, r1 = R * (tid + 1) / nth;
+  /* per-row work by whole groups of four rows: a group's inputs are laid out together
+   * (kq's records of four), and two threads writing one record's cache lines would pass
+   * them back and forth */
+  int G = (R + 3) / 4, r0 = 4 * (G * tid / nth), r1 = 4 * (G * (tid + 1) / nth);
+  r1 = r1 < R ? r1 : R;
+  r0 = r0 < R ? r0 : R;
+  int prof = e->profiling && tid == 0;
+  double t_prev = prof ? kie_now_s() : 0;
   size_t rb_embed = kq_row_bytes(e->embed.type, H);
-  for (int r = r0; r < r1; r++)
+  for (int r = r0; r < r1; r++) { /* the rows' embeddings and RoPE angles (rope_rows takes the same rows) */
     kq_dequant_row(e->embed.type, (const char *)e->embed.data + (size_t)b->tok[r] * rb_embed, H, b->x + (size_t)r * H);
+    kie_rope_angles(e, b->pos[r], b->cs + (size_t)r * hd);
+  }
   for (int l = 0; l < L; l++) {
     const kie_cpu_layer *w = &e->layers[l];
     const kie_cpu_mat *qkv[3] = {&w->q, &w->k, &w->v}, *o[1] = {&w->o}, *gu[2] = {&w->gate, &w->up},
@@ -255,17 +265,21 @@ static void batch_all(void *arg, int tid, int nth) {
     product(e, qkv, 3, 1, b->qkv + qrows, QKV, sh->r0[1], sh->r1[1], R);
     product(e, qkv, 3, 2, b->qkv + qrows + kvrows, QKV, sh->r0[2], sh->r1[2], R);
     kpool_barrier(e->pool, tid);
+    STAMP(0);
     rope_rows(e, l, r0, r1);
     kpool_barrier(e->pool, tid);
     /* attention, then the o product's input of the same rows */
     attend_rows(e, th, l, b->arow[tid], b->arow[tid + 1]);
     prepare(e, o, 1, b->att, qrows, R, b->arow[tid], b->arow[tid + 1], NULL);
     kpool_barrier(e->pool, tid);
+    STAMP(1);
     sh = &e->sh_o[(size_t)l * nth + tid];
     product(e, o, 1, 0, sublayer_out(e, 2 * l), H, sh->r0[0], sh->r1[0], R);
     kpool_barrier(e->pool, tid);
+    STAMP(2);
     residual(e, 2 * l, tid, r0, r1);
     if (e->rc) return;
+    STAMP(5);
     /* gate / up with SwiGLU into b->h (rows I floats apart), then down */
     for (int r = r0; r < r1; r++) kie_rms_norm(b->x + (size_t)r * H, w->mlp_norm, H, s->eps, b->h + (size_t)r * H);
     prepare(e, gu, 2, b->h, H, R, r0, r1, NULL);
@@ -276,16 +290,19 @@ static void batch_all(void *arg, int tid, int nth) {
     for (int t = 0; t < R; t++) {
       const float *gt = b->gu + (size_t)t * 2 * I;
       float *m = b->h + (size_t)t * I;
-      for (int r = sh->r0[0]; r < sh->r1[0]; r++) m[r] = kie_swiglu(gt[r], gt[I + r]);
+      kie_swiglu(gt, gt + I, m, sh->r0[0], sh->r1[0]);
     }
     kpool_barrier(e->pool, tid);
     prepare(e, dn, 1, b->h, I, R, r0, r1, NULL);
     kpool_barrier(e->pool, tid);
+    STAMP(3);
     sh = &e->sh_down[(size_t)l * nth + tid];
     product(e, dn, 1, 0, sublayer_out(e, 2 * l + 1), H, sh->r0[0], sh->r1[0], R);
     kpool_barrier(e->pool, tid);
+    STAMP(4);
     residual(e, 2 * l + 1, tid, r0, r1);
     if (e->rc) return;
+    STAMP(5);
   }
   /* the sums still in flight (d > 0) */
   for (int k = 2 * L - d; k < 2 * L; k++) {
@@ -316,6 +333,7 @@ static void batch_all(void *arg, int tid, int nth) {
   product(e, hm, 1, 0, part, ld, e->sh_head[tid].r0[0], e->sh_head[tid].r1[0], K);
   kpool_barrier(e->pool, tid);
   if (tid != 0) return;
+  STAMP(6);
   for (int k = 0; k < K; k++) { /* this lane's slice, before the gather: every lane sees the NaN */
     int r = b->logrow[k];
     if (b->bad[r] || e->seqs[b->seq[r]].bad)
@@ -416,6 +434,7 @@ int kie_cpu_batch(kie_cpu *e, const int32_t *seqs, const int32_t *tokens, int n,
     kie_set_error("%s", e->err);
     return e->rc;
   }
+  if (e->profiling) e->prof_steps++;
   for (int i = 0; i < n; i++) e->seqs[seqs[i]].bad |= b->bad[i];
   for (int i = 0; i < n; i++) e->seqs[seqs[i]].pos++;
   if (bad)

@@ -82,6 +82,7 @@ typedef struct {
   float *h;      /* [row][max(hidden, inter)] a product's input */
   float *qkv;    /* [row][q rows, k rows, v rows] */
   float *q;      /* [row][heads * head_dim] roped queries */
+  float *cs;     /* [row][head_dim] cos then sin of the row's position (kie_rope_angles) */
   float *att;    /* [row][heads * head_dim] */
   float *gu;     /* [row][2 * inter]: gate then up outputs */
   float *y;      /* [row][hidden] a sublayer's output (this lane's partial sum when tp > 1) */

@@ -13,7 +13,6 @@
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
-#include <time.h>
 
 #include "cpu_attn.h"
 #include "cpu_internal.h"
@@ -22,12 +21,6 @@
 
 #define KCCL_FLOAT32 7 /* kcclFloat32 */
 #define KCCL_SUM 0     /* kcclSum */
-
-static double now_s(void) {
-  struct timespec t;
-  clock_gettime(CLOCK_MONOTONIC, &t);
-  return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
-}
 
 static void matvec(const kie_cpu_mat *m, const void *act, float *y, int r0, int r1) {
   if (r1 > r0) kq_matvec_mat(m->type, m->data, m->rows, m->cols, act, y, r0, r1);
@@ -125,15 +118,6 @@ static int lanes_sum(kie_cpu *e, int k, int tid, kie_thread *th) {
   return due;
 }
 
-#define STAMP(i)                          \
-  do {                                    \
-    if (prof) {                           \
-      double t_ = now_s();                \
-      e->prof[i] += t_ - t_prev;          \
-      t_prev = t_;                        \
-    }                                     \
-  } while (0)
-
 static void one_token(kie_cpu *e, int tid, int n, int32_t tok, int pos, int want_logits) {
   const kie_cpu_shape *s = &e->s;
   kie_thread *th = &e->th[tid];
@@ -143,7 +127,7 @@ static void one_token(kie_cpu *e, int tid, int n, int32_t tok, int pos, int want
   size_t esz = kv16 ? 2 : 4;
   float scale = 1.0f / sqrtf((float)hd);
   int prof = e->profiling && tid == 0;
-  double t_prev = prof ? now_s() : 0;
+  double t_prev = prof ? kie_now_s() : 0;
 
   float cs[KIE_MAX_HEAD_DIM]; /* cos then sin of this position */
   kie_rope_angles(e, pos, cs);
@@ -225,7 +209,7 @@ static void one_token(kie_cpu *e, int tid, int n, int32_t tok, int pos, int want
         int r0 = sh->r0[0], r1 = sh->r1[0];
         matvec(&w->gate, ag, th->gu, r0, r1);
         matvec(&w->up, au, th->gu + s->inter, r0, r1);
-        for (int r = r0; r < r1; r++) e->m[r] = kie_swiglu(th->gu[r], th->gu[s->inter + r]);
+        kie_swiglu(th->gu, th->gu + s->inter, e->m, r0, r1);
         wait_all(e, th, tid, KIE_STAGE(l, 3));
         STAMP(3);
         used = 0;

@@ -12,7 +12,9 @@
  *
  * Loops: inputs eight at a time (two records of four share each block's unpacked
  * weights), row groups in batches whose partial sums wait on the stack while the
- * blocks go by in passes of KC, so that the inputs' records of a pass stay in L1. */
+ * blocks go by in passes of KC, so that the inputs' records of a pass stay in L1.  With
+ * few inputs (a batch of sequences) the weights stream from memory once: the kernel
+ * asks for the group PF ahead while it computes. */
 #include "kq_internal.h"
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
@@ -23,8 +25,10 @@
 
 #include "kq_x512.h"
 
-#define KC 16 /* blocks per pass: two records of four of 16 blocks are 20 kB */
+#define KC 16 /* blocks per pass when the records of all blocks pass L1_RECS bytes */
+#define L1_RECS (24 << 10)
 #define RB 32 /* row groups per batch */
+#define PF 4  /* row groups ahead that the kernel prefetches (a few kB) */
 #define INLINE static inline __attribute__((always_inline))
 
 enum { Q4_0, Q4_1, Q8_0 };
@@ -62,11 +66,19 @@ INLINE void tile(int T, int NG, const uint8_t *qs, const uint8_t *ss, int64_t nb
 {
     const size_t qb = T == Q8_0 ? 128 : 64, sb = T == Q4_1 ? 16 : 8; /* per group and block */
     __m512 part[RB][2][2];
-    for (int64_t b0 = 0; b0 < nb; b0 += KC) {
-        const int64_t b1 = b0 + KC < nb ? b0 + KC : nb;
+    const int64_t kc = (size_t)NG * (size_t)nb * KQ_X4_REC <= L1_RECS ? nb : KC;
+    for (int64_t b0 = 0; b0 < nb; b0 += kc) {
+        const int64_t b1 = b0 + kc < nb ? b0 + kc : nb;
         for (int64_t g = g0; g < g1; g += 4) {
             __m512 (*pg)[2] = part[(g - g0) / 4];
             const uint8_t *q = qs + (size_t)(g / 4) * (size_t)nb * qb, *s = ss + (size_t)(g / 4) * (size_t)nb * sb;
+            if (g + 4 * PF < g1) { /* a later group's weights of this pass, on their way from memory */
+                const uint8_t *nq = q + (size_t)PF * (size_t)nb * qb, *ns = s + (size_t)PF * (size_t)nb * sb;
+                for (size_t o = (size_t)b0 * qb; o < (size_t)b1 * qb; o += 64)
+                    _mm_prefetch((const char *)nq + o, _MM_HINT_T1);
+                for (size_t o = (size_t)b0 * sb; o < (size_t)b1 * sb; o += 64)
+                    _mm_prefetch((const char *)ns + o, _MM_HINT_T1);
+            }
             __m512 acc[2], acc2[2];
             for (int i = 0; i < NG; i++) {
                 acc[i] = b0 ? pg[i][0] : _mm512_setzero_ps();

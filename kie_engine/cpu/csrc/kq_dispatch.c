@@ -108,10 +108,12 @@ void kq_expand_x1(void *act, int64_t cols)
 {
     kq_act8 a = kq_act8_view(act, cols);
     int8_t *x1 = (int8_t *)a.x1;
-    for (int64_t b = 0; b < cols / 32; b++)
-        for (int j = 0; j < 8; j++)
-            for (int r = 0; r < 4; r++)
-                memcpy(x1 + 128 * b + 16 * j + 4 * r, a.q + 32 * b + 4 * j, 4);
+    for (int64_t i = 0; i < cols / 4; i++) { /* piece i, four times: one 16-byte store */
+        uint32_t p, four[4];
+        memcpy(&p, a.q + 4 * i, 4);
+        four[0] = four[1] = four[2] = four[3] = p;
+        memcpy(x1 + 16 * i, four, 16);
+    }
 }
 
 void kq_prepare_act(int type, const float *x, int64_t cols, void *act)

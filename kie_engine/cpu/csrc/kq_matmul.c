@@ -27,14 +27,15 @@ static void to_x4(const void *act, int64_t cols, int t, char *x4)
     const int k = t % 4;
     for (int64_t b = 0; b < cols / 32; b++) {
         char *rec = x4 + ((size_t)(t / 4) * (size_t)(cols / 32) + (size_t)b) * KQ_X4_REC;
-        float *d = (float *)(rec + 512), *ds = d + 16;
-        for (int j = 0; j < 8; j++)
-            for (int r = 0; r < 4; r++)
-                memcpy(rec + 64 * j + 16 * k + 4 * r, a.q + 32 * b + 4 * j, 4);
+        float d[4], ds[4];
+        for (int j = 0; j < 8; j++) /* piece j four times: the input's x1 */
+            memcpy(rec + 64 * j + 16 * k, a.x1 + 128 * b + 16 * j, 16);
         for (int r = 0; r < 4; r++) {
-            d[4 * k + r] = a.dds[2 * b];
-            ds[4 * k + r] = a.dds[2 * b + 1];
+            d[r] = a.dds[2 * b];
+            ds[r] = a.dds[2 * b + 1];
         }
+        memcpy(rec + 512 + 16 * k, d, 16);
+        memcpy(rec + 576 + 16 * k, ds, 16);
     }
 }
 
