@@ -35,6 +35,10 @@ class Sequences:
         """Tokens in sequence seq's cache, or -1 when it does not exist."""
         return int(lib.kie_cpu_seq_pos(self._handle(), int(seq)))
 
+    def live_sequences(self):
+        """How many sequences new_sequence made are live (not freed)."""
+        return int(lib.kie_cpu_seq_count(self._handle()))
+
     def sequence_bytes(self, positions):
         """KV cache bytes of a sequence with room for `positions` tokens."""
         return int(lib.kie_cpu_seq_bytes(self._handle(), int(positions)))

@@ -35,14 +35,15 @@ class _Running:
         self.text = TextStream(tokenizer, job.stops)
         self.tokens = []
         self.last = None
+        self.kv_bytes = 0
 
 
 class BatchScheduler:
     """The Scheduler's interface (submit, cancel, shutdown, join, start) over a model with
     new_sequence / free_sequence / run_rows and max_rows."""
 
-    def __init__(self, model, tokenizer, metrics, max_batch, max_queue=32, source=None, on_fatal=None):
-        self.model, self.tokenizer, self.metrics = model, tokenizer, metrics
+    def __init__(self, model, tokenizer, metrics, max_batch, max_queue=32, source=None, on_fatal=None, kv_limit=0):
+        self.model, self.tokenizer, self.metrics, self.kv_limit = model, tokenizer, metrics, kv_limit
         self.max_batch, self.max_queue, self.source, self.on_fatal = max_batch, max_queue, source, on_fatal
         self.cv = threading.Condition()
         self.waiting = deque()
@@ -53,6 +54,9 @@ class BatchScheduler:
         self.thread = threading.Thread(target=self._work, name="kie-engine", daemon=True)
         metrics.queue_length = lambda: len(self.waiting)
         metrics.running = self.running
+        metrics.kv_bytes = lambda: sum(r.kv_bytes for r in list(self.active))
+        self.engine_sequences = 0  # the engine's own count, read on the engine thread after each change
+        metrics.sequences = lambda: self.engine_sequences
 
     def start(self):
         self.thread.start()
@@ -62,6 +66,11 @@ class BatchScheduler:
 
     # -- the event loop's side -------------------------------------------------------------
     def submit(self, job):
+        need = self.model.sequence_bytes(len(job.prompt_ids) + job.max_tokens)
+        if self.kv_limit and need > self.kv_limit:
+            raise ApiError(400, f"this request's KV cache ({need} bytes for {len(job.prompt_ids)} prompt tokens and "
+                                f"{job.max_tokens} more) does not fit the server's KV memory ({self.kv_limit} bytes) "
+                                f"even alone: ask for fewer tokens", param="max_tokens", code="kv_memory_exceeded")
         with self.cv:
             if self.closing:
                 raise ApiError(503, "the server is shutting down", type="server_error", code="server_shutdown")
@@ -135,7 +144,10 @@ class BatchScheduler:
                                            code="kv_memory_exceeded"))
                 continue
             self.waiting.popleft()
-            self.active.append(_Running(job, seq, self.tokenizer))
+            self.engine_sequences = self.model.live_sequences()
+            r = _Running(job, seq, self.tokenizer)
+            r.kv_bytes = self.model.sequence_bytes(len(job.prompt_ids) + job.max_tokens)
+            self.active.append(r)
 
     def _drop_cancelled(self):
         for r in [r for r in self.active if r.job.cancelled]:
@@ -223,6 +235,7 @@ class BatchScheduler:
             self.active.remove(r)
         try:
             self.model.free_sequence(r.seq)
+            self.engine_sequences = self.model.live_sequences()
         except Exception as e:  # a closed engine at shutdown: nothing left to free
             print(f"kie serve: freeing a sequence: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
         job, n = r.job, len(r.tokens)

@@ -52,6 +52,8 @@ class Metrics:
         self.batch_rows = 0      # rows (prompt and generated tokens) over all steps
         self.queue_length = lambda: 0
         self.running = lambda: 0
+        self.kv_bytes = lambda: 0  # KV cache the running requests hold (continuous batching)
+        self.sequences = lambda: 0  # the engine's live sequences (continuous batching)
 
     def request(self, endpoint, status):
         with self.lock:
@@ -112,7 +114,11 @@ class Metrics:
                 "# HELP kie_requests_running Requests the engine is running (up to --max-batch).",
                 "# TYPE kie_requests_running gauge", f"kie_requests_running{{{m}}} {self.running()}",
                 "# HELP kie_batch_size Sequences in the engine's batch now (the requests running; 0 when idle).",
-                "# TYPE kie_batch_size gauge", f"kie_batch_size{{{m}}} {self.running()}"]
+                "# TYPE kie_batch_size gauge", f"kie_batch_size{{{m}}} {self.running()}",
+                "# HELP kie_kv_cache_bytes KV cache the running requests hold (continuous batching).",
+                "# TYPE kie_kv_cache_bytes gauge", f"kie_kv_cache_bytes{{{m}}} {self.kv_bytes()}",
+                "# HELP kie_engine_sequences Sequences (KV caches) the engine holds for requests.",
+                "# TYPE kie_engine_sequences gauge", f"kie_engine_sequences{{{m}}} {self.sequences()}"]
         return "\n".join(out) + "\n"
 
 

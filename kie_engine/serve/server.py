@@ -75,7 +75,8 @@ def serve(a, world):
     runner = None
     try:
         context = cfg.max_position_embeddings
-        native = {"kv_limit": kv_limit(a)} if max_batch > 1 else None
+        kv_bytes = kv_limit(a)
+        native = {"kv_limit": kv_bytes} if max_batch > 1 else None
         model = load_backend(ckpt, comm, a.device, kernel, max_seq=context, threads=threads,
                              node_cpu_sets=node_cpus, native=native)
         runner = EngineRunner(model, context, gpu, prefill_chunk(cfg), link, source=ckpt.dir)
@@ -88,7 +89,8 @@ def serve(a, world):
             eot = template.end_of_turn(tok)
             if eot is not None:
                 chat_stop.add(eot)
-        return _serve_http(a, sock, size, cfg, tok, template, stop, chat_stop, runner, context, max_batch, ckpt.dir)
+        return _serve_http(a, sock, size, cfg, tok, template, stop, chat_stop, runner, context, max_batch, ckpt.dir,
+                           kv_bytes)
     finally:
         if link is not None and link.leader:
             link.finish()  # whatever happened on rank 0, the lanes must not wait forever
@@ -127,7 +129,7 @@ def kv_limit(a):
     return avail // 2
 
 
-def _serve_http(a, sock, size, cfg, tok, template, stop, chat_stop, runner, context, max_batch, source):
+def _serve_http(a, sock, size, cfg, tok, template, stop, chat_stop, runner, context, max_batch, source, kv_bytes):
     import uvicorn
     from .app import ServeState, build_app
     from .metrics import Metrics
@@ -143,7 +145,8 @@ def _serve_http(a, sock, size, cfg, tok, template, stop, chat_stop, runner, cont
 
     if max_batch > 1:
         from .batcher import BatchScheduler
-        scheduler = BatchScheduler(runner.model, tok, metrics, max_batch, a.max_queue, source=source, on_fatal=fatal)
+        scheduler = BatchScheduler(runner.model, tok, metrics, max_batch, a.max_queue, source=source, on_fatal=fatal,
+                                   kv_limit=kv_bytes)
     else:
         scheduler = Scheduler(runner, tok, metrics, a.max_queue, on_fatal=fatal)
     st = ServeState(model_id, context, cfg.vocab_size, tok, template, frozenset(stop), frozenset(chat_stop),

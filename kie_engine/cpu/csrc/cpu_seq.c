@@ -95,3 +95,9 @@ int kie_cpu_seq_pos(kie_cpu *e, int seq) {
   if (seq < 0 || seq >= KIE_MAX_SEQS || !e->seqs[seq].live) return -1;
   return e->seqs[seq].pos;
 }
+
+int kie_cpu_seq_count(kie_cpu *e) {
+  int n = 0;
+  for (int i = 1; i < KIE_MAX_SEQS; i++) n += e->seqs[i].live;
+  return n;
+}

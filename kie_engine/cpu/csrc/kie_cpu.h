@@ -132,6 +132,8 @@ int kie_cpu_seq_free(kie_cpu *e, int seq);
 int kie_cpu_seq_reset(kie_cpu *e, int seq);
 /* Its position (tokens in its cache), or -1 when seq is not a live sequence. */
 int kie_cpu_seq_pos(kie_cpu *e, int seq);
+/* Live sequences other than 0 */
+int kie_cpu_seq_count(kie_cpu *e);
 /* KV cache bytes a sequence of `positions` tokens takes */
 size_t kie_cpu_seq_bytes(kie_cpu *e, int positions);
 /* n rows (1..max_rows): row i is token tokens[i] of sequence seqs[i] at its next position
