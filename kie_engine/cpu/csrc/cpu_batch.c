@@ -32,37 +32,68 @@ void kie_batch_free(kie_cpu *e) {
   free(b->cs);
   free(b->att);
   free(b->gu);
+  free(b->m);
   free(b->y);
   free(b->ring);
   free(b->lg);
   for (int i = 0; i < 3; i++) free(b->act[i]);
+  for (int t = 0; e->th && t < e->nthreads; t++) {
+    kie_thread *th = &e->th[t];
+    free(th->bx);
+    free(th->bh);
+    for (int i = 0; i < 3; i++) free(th->bact[i]);
+    th->bx = th->bh = NULL;
+    memset(th->bact, 0, sizeof th->bact);
+  }
   memset(b, 0, sizeof *b);
 }
+
+/* Rows that the threads run in their own buffers: fewer than four per thread */
+static int own_rows(const kie_cpu *e) { return e->nthreads > 1 ? 4 * e->nthreads - 1 : 0; }
 
 /* Every buffer is written before it is read: left untouched, its pages cost nothing
  * until rows use them. */
 static float *falloc(size_t n) { return aligned_alloc(64, (n * sizeof(float) + 63) / 64 * 64); }
 
-/* The prepared-input buffers, as large as the largest matrix input of R rows needs */
-static int ensure_acts(kie_cpu *e, int R) {
-  kie_batch *b = &e->b;
-  size_t need = kq_acts_bytes(e->head.type, e->head.cols, R);
+/* Bytes of the prepared inputs of nt rows for the largest matrix input */
+static size_t acts_need(const kie_cpu *e, int nt) {
+  size_t need = kq_acts_bytes(e->head.type, e->head.cols, nt);
   for (int l = 0; l < e->s.layers; l++) {
     const kie_cpu_layer *w = &e->layers[l];
     const kie_cpu_mat *all[7] = {&w->q, &w->k, &w->v, &w->o, &w->gate, &w->up, &w->down};
     for (int i = 0; i < 7; i++) {
-      size_t n = kq_acts_bytes(all[i]->type, all[i]->cols, R);
+      size_t n = kq_acts_bytes(all[i]->type, all[i]->cols, nt);
       if (n > need) need = n;
     }
   }
-  if (need <= b->act_bytes) return 0;
+  return need;
+}
+
+static int realloc_acts(unsigned char **act, size_t need) {
   for (int i = 0; i < 3; i++) {
-    free(b->act[i]);
-    b->act[i] = aligned_alloc(64, (need + 63) / 64 * 64);
-    if (!b->act[i]) return -1;
+    free(act[i]);
+    act[i] = aligned_alloc(64, (need + 63) / 64 * 64);
+    if (!act[i]) return -1;
   }
-  e->work_bytes += (need - b->act_bytes) * 3;
-  b->act_bytes = need;
+  return 0;
+}
+
+/* The prepared-input buffers (shared, and each thread's), as large as the weights loaded
+ * now need */
+static int ensure_acts(kie_cpu *e) {
+  kie_batch *b = &e->b;
+  size_t need = acts_need(e, b->max_rows), own = own_rows(e) ? acts_need(e, own_rows(e)) : 0;
+  if (need > b->act_bytes) {
+    if (realloc_acts(b->act, need)) return -1;
+    e->work_bytes += (need - b->act_bytes) * 3;
+    b->act_bytes = need;
+  }
+  if (own > b->own_act_bytes) {
+    for (int t = 0; t < e->nthreads; t++)
+      if (realloc_acts(e->th[t].bact, own)) return -1;
+    e->work_bytes += (own - b->own_act_bytes) * 3 * e->nthreads;
+    b->own_act_bytes = own;
+  }
   return 0;
 }
 
@@ -79,11 +110,21 @@ static int alloc_batch(kie_cpu *e) {
   b->cs = falloc(R * hd);
   b->att = falloc(R * qrows);
   b->gu = falloc(R * 2 * I);
+  b->m = falloc(R * I);
   b->y = falloc(R * H);
   b->ring = falloc((size_t)(s->dtp_delay + 1) * R * H);
   b->lg = s->tp_size > 1 ? falloc(R * vp * (size_t)(s->tp_size + 1)) : NULL; /* one lane: the caller's array */
-  if (!b->x || !b->h || !b->qkv || !b->q || !b->cs || !b->att || !b->gu || !b->y || !b->ring || (s->tp_size > 1 && !b->lg))
+  if (!b->x || !b->h || !b->qkv || !b->q || !b->cs || !b->att || !b->gu || !b->m || !b->y || !b->ring ||
+      (s->tp_size > 1 && !b->lg))
     return -1;
+  size_t own = (size_t)own_rows(e);
+  for (int t = 0; own && t < e->nthreads; t++) {
+    kie_thread *th = &e->th[t];
+    th->bx = falloc(own * H);
+    th->bh = falloc(own * (H > I ? H : I));
+    if (!th->bx || !th->bh) return -1;
+  }
+  e->work_bytes += sizeof(float) * (R * I + own * (H + (H > I ? H : I)) * (size_t)e->nthreads);
   e->work_bytes += sizeof(float) * (R * H * (3 + (size_t)s->dtp_delay + 1) + R * (H > I ? H : I) + R * qkv +
                                     2 * R * qrows + R * hd + 2 * R * I + (s->tp_size > 1 ? R * vp * (size_t)(s->tp_size + 1) : 0));
   return 0;
@@ -101,24 +142,44 @@ static void stage_slots(const kie_cpu_mat *const *m, int nm, int *slot) {
   }
 }
 
+/* Where a thread does its per-row work (the embedding, norms, inputs of the products, the
+ * residual): with many rows, its share of them in the shared buffers, whole groups of four
+ * (a group's inputs are laid out together, kq's records of four, and two threads writing
+ * one record's cache lines would pass them back and forth), a barrier after each such
+ * stage; with a few rows (a batch of sequences decoding), every row in its own buffers,
+ * as every thread of the token step does for its one token, and no barrier: that work is
+ * cheap next to a meeting. */
+typedef struct {
+  float *x, *h;         /* residual rows (hidden apart), a product's input rows */
+  unsigned char **act;  /* the prepared inputs, one per distinct type of a stage */
+  int w0, w1;           /* the rows */
+  int own;              /* every row, in the thread's own buffers */
+  int flags;            /* this thread records non-finite rows (own: thread 0 alone) */
+} rowwork;
+
 /* Inputs [r0, r1) of nt (x rows ld floats apart) prepared for each distinct type of the
  * stage; a non-finite input flags its row (input i is row rows[i], or row i without rows). */
-static void prepare(kie_cpu *e, const kie_cpu_mat *const *m, int nm, const float *x, size_t ld, int nt, int r0, int r1,
-                    const int *rows) {
+static void prepare(kie_cpu *e, const rowwork *rw, const kie_cpu_mat *const *m, int nm, const float *x, size_t ld,
+                    int nt, int r0, int r1, const int *rows) {
   kie_batch *b = &e->b;
   int slot[3];
   stage_slots(m, nm, slot);
-  for (int r = r0; r < r1; r++)
+  for (int r = r0; r < r1 && rw->flags; r++)
     if (kie_nonfinite(x + (size_t)r * ld, m[0]->cols)) b->bad[rows ? rows[r] : r] = 1;
   for (int i = 0; i < nm; i++)
-    if (slot[i] == i) kq_prepare_acts(m[i]->type, x, ld, m[i]->cols, nt, r0, r1, b->act[i]);
+    if (slot[i] == i) kq_prepare_acts(m[i]->type, x, ld, m[i]->cols, nt, r0, r1, rw->act[i]);
 }
 
-static void product(kie_cpu *e, const kie_cpu_mat *const *m, int nm, int i, float *y, size_t ldy, int r0, int r1,
-                    int nt) {
+static void product(const rowwork *rw, const kie_cpu_mat *const *m, int nm, int i, float *y, size_t ldy, int r0,
+                    int r1, int nt) {
   int slot[3];
   stage_slots(m, nm, slot);
-  if (r1 > r0) kq_matmul_mat(m[i]->type, m[i]->data, m[i]->rows, m[i]->cols, e->b.act[slot[i]], nt, y, ldy, r0, r1);
+  if (r1 > r0) kq_matmul_mat(m[i]->type, m[i]->data, m[i]->rows, m[i]->cols, rw->act[slot[i]], nt, y, ldy, r0, r1);
+}
+
+/* A meeting that only the shared buffers need */
+static void after_rows(kie_cpu *e, const rowwork *rw, int tid) {
+  if (!rw->own) kpool_barrier(e->pool, tid);
 }
 
 /* Thread 0, once sublayer k's output is complete: its lanes' sum started (and the due
@@ -156,14 +217,14 @@ static float *sublayer_out(kie_cpu *e, int k) {
   return e->b.ring + (size_t)(k % (s->dtp_delay + 1)) * e->b.max_rows * s->hidden;
 }
 
-/* After sublayer k's product: the sum, then the due ring slot added to rows [r0, r1) */
-static void residual(kie_cpu *e, int k, int tid, int r0, int r1) {
+/* After sublayer k's product: the sum, then the due ring slot added to the thread's rows */
+static void residual(kie_cpu *e, const rowwork *rw, int k, int tid) {
   const kie_cpu_shape *s = &e->s;
   int due = batch_sum(e, k, tid);
   if (s->tp_size > 1 && due >= 0) kpool_barrier(e->pool, tid);
   if (due < 0 || e->rc) return;
   const float *sum = e->b.ring + (size_t)due * e->b.max_rows * s->hidden;
-  for (int r = r0; r < r1; r++) kie_add(e->b.x + (size_t)r * s->hidden, sum + (size_t)r * s->hidden, s->hidden);
+  for (int r = rw->w0; r < rw->w1; r++) kie_add(rw->x + (size_t)r * s->hidden, sum + (size_t)r * s->hidden, s->hidden);
 }
 
 /* RoPE of rows [r0, r1): their keys and values into their sequences' caches, their
@@ -239,68 +300,69 @@ static void batch_all(void *arg, int tid, int nth) {
   kie_thread *th = &e->th[tid];
   int R = b->n, H = s->hidden, I = s->inter, L = s->layers, d = s->dtp_delay, tp = s->tp_size;
   int hd = s->head_dim, qrows = s->heads * hd, kvrows = s->kv_heads * hd, QKV = qrows + 2 * kvrows;
-  /* per-row work by whole groups of four rows: a group's inputs are laid out together
-   * (kq's records of four), and two threads writing one record's cache lines would pass
-   * them back and forth */
-  int G = (R + 3) / 4, r0 = 4 * (G * tid / nth), r1 = 4 * (G * (tid + 1) / nth);
+  int G = (R + 3) / 4, r0 = 4 * (G * tid / nth), r1 = 4 * (G * (tid + 1) / nth); /* the cache writes' rows */
   r1 = r1 < R ? r1 : R;
   r0 = r0 < R ? r0 : R;
+  rowwork rw = {b->x, b->h, b->act, r0, r1, 0, 1};
+  if (nth > 1 && R < 4 * nth) { /* a few rows: all of them, in the thread's own buffers */
+    rowwork own = {th->bx, th->bh, th->bact, 0, R, 1, tid == 0};
+    rw = own;
+  }
   int prof = e->profiling && tid == 0;
   double t_prev = prof ? kie_now_s() : 0;
   size_t rb_embed = kq_row_bytes(e->embed.type, H);
-  for (int r = r0; r < r1; r++) { /* the rows' embeddings and RoPE angles (rope_rows takes the same rows) */
-    kq_dequant_row(e->embed.type, (const char *)e->embed.data + (size_t)b->tok[r] * rb_embed, H, b->x + (size_t)r * H);
-    kie_rope_angles(e, b->pos[r], b->cs + (size_t)r * hd);
-  }
+  for (int r = rw.w0; r < rw.w1; r++)
+    kq_dequant_row(e->embed.type, (const char *)e->embed.data + (size_t)b->tok[r] * rb_embed, H, rw.x + (size_t)r * H);
+  for (int r = r0; r < r1; r++) kie_rope_angles(e, b->pos[r], b->cs + (size_t)r * hd); /* rope_rows' rows */
   for (int l = 0; l < L; l++) {
     const kie_cpu_layer *w = &e->layers[l];
     const kie_cpu_mat *qkv[3] = {&w->q, &w->k, &w->v}, *o[1] = {&w->o}, *gu[2] = {&w->gate, &w->up},
                       *dn[1] = {&w->down};
     /* q, k, v */
-    for (int r = r0; r < r1; r++) kie_rms_norm(b->x + (size_t)r * H, w->attn_norm, H, s->eps, b->h + (size_t)r * H);
-    prepare(e, qkv, 3, b->h, H, R, r0, r1, NULL);
-    kpool_barrier(e->pool, tid);
+    for (int r = rw.w0; r < rw.w1; r++) kie_rms_norm(rw.x + (size_t)r * H, w->attn_norm, H, s->eps, rw.h + (size_t)r * H);
+    prepare(e, &rw, qkv, 3, rw.h, H, R, rw.w0, rw.w1, NULL);
+    after_rows(e, &rw, tid);
     const kie_share *sh = &e->sh_qkv[(size_t)l * nth + tid];
-    product(e, qkv, 3, 0, b->qkv, QKV, sh->r0[0], sh->r1[0], R);
-    product(e, qkv, 3, 1, b->qkv + qrows, QKV, sh->r0[1], sh->r1[1], R);
-    product(e, qkv, 3, 2, b->qkv + qrows + kvrows, QKV, sh->r0[2], sh->r1[2], R);
+    product(&rw, qkv, 3, 0, b->qkv, QKV, sh->r0[0], sh->r1[0], R);
+    product(&rw, qkv, 3, 1, b->qkv + qrows, QKV, sh->r0[1], sh->r1[1], R);
+    product(&rw, qkv, 3, 2, b->qkv + qrows + kvrows, QKV, sh->r0[2], sh->r1[2], R);
     kpool_barrier(e->pool, tid);
     STAMP(0);
     rope_rows(e, l, r0, r1);
     kpool_barrier(e->pool, tid);
-    /* attention, then the o product's input of the same rows */
+    /* attention, then (many rows) the o product's input of the same rows */
     attend_rows(e, th, l, b->arow[tid], b->arow[tid + 1]);
-    prepare(e, o, 1, b->att, qrows, R, b->arow[tid], b->arow[tid + 1], NULL);
+    if (!rw.own) prepare(e, &rw, o, 1, b->att, qrows, R, b->arow[tid], b->arow[tid + 1], NULL);
     kpool_barrier(e->pool, tid);
+    if (rw.own) prepare(e, &rw, o, 1, b->att, qrows, R, 0, R, NULL);
     STAMP(1);
     sh = &e->sh_o[(size_t)l * nth + tid];
-    product(e, o, 1, 0, sublayer_out(e, 2 * l), H, sh->r0[0], sh->r1[0], R);
+    product(&rw, o, 1, 0, sublayer_out(e, 2 * l), H, sh->r0[0], sh->r1[0], R);
     kpool_barrier(e->pool, tid);
     STAMP(2);
-    residual(e, 2 * l, tid, r0, r1);
+    residual(e, &rw, 2 * l, tid);
     if (e->rc) return;
     STAMP(5);
-    /* gate / up with SwiGLU into b->h (rows I floats apart), then down */
-    for (int r = r0; r < r1; r++) kie_rms_norm(b->x + (size_t)r * H, w->mlp_norm, H, s->eps, b->h + (size_t)r * H);
-    prepare(e, gu, 2, b->h, H, R, r0, r1, NULL);
-    kpool_barrier(e->pool, tid);
+    /* gate / up with SwiGLU into b->m, then down */
+    for (int r = rw.w0; r < rw.w1; r++) kie_rms_norm(rw.x + (size_t)r * H, w->mlp_norm, H, s->eps, rw.h + (size_t)r * H);
+    prepare(e, &rw, gu, 2, rw.h, H, R, rw.w0, rw.w1, NULL);
+    after_rows(e, &rw, tid);
     sh = &e->sh_gu[(size_t)l * nth + tid];
-    product(e, gu, 2, 0, b->gu, 2 * (size_t)I, sh->r0[0], sh->r1[0], R);
-    product(e, gu, 2, 1, b->gu + I, 2 * (size_t)I, sh->r0[0], sh->r1[0], R);
+    product(&rw, gu, 2, 0, b->gu, 2 * (size_t)I, sh->r0[0], sh->r1[0], R);
+    product(&rw, gu, 2, 1, b->gu + I, 2 * (size_t)I, sh->r0[0], sh->r1[0], R);
     for (int t = 0; t < R; t++) {
       const float *gt = b->gu + (size_t)t * 2 * I;
-      float *m = b->h + (size_t)t * I;
-      kie_swiglu(gt, gt + I, m, sh->r0[0], sh->r1[0]);
+      kie_swiglu(gt, gt + I, b->m + (size_t)t * I, sh->r0[0], sh->r1[0]);
     }
     kpool_barrier(e->pool, tid);
-    prepare(e, dn, 1, b->h, I, R, r0, r1, NULL);
-    kpool_barrier(e->pool, tid);
+    prepare(e, &rw, dn, 1, b->m, I, R, rw.w0, rw.w1, NULL);
+    after_rows(e, &rw, tid);
     STAMP(3);
     sh = &e->sh_down[(size_t)l * nth + tid];
-    product(e, dn, 1, 0, sublayer_out(e, 2 * l + 1), H, sh->r0[0], sh->r1[0], R);
+    product(&rw, dn, 1, 0, sublayer_out(e, 2 * l + 1), H, sh->r0[0], sh->r1[0], R);
     kpool_barrier(e->pool, tid);
     STAMP(4);
-    residual(e, 2 * l + 1, tid, r0, r1);
+    residual(e, &rw, 2 * l + 1, tid);
     if (e->rc) return;
     STAMP(5);
   }
@@ -316,21 +378,21 @@ static void batch_all(void *arg, int tid, int nth) {
       if (e->rc) return;
     }
     const float *sum = b->ring + (size_t)slot * b->max_rows * H;
-    for (int r = r0; r < r1; r++) kie_add(b->x + (size_t)r * H, sum + (size_t)r * H, H);
+    for (int r = rw.w0; r < rw.w1; r++) kie_add(rw.x + (size_t)r * H, sum + (size_t)r * H, H);
   }
   /* the logits of the rows that want them: row k of the head's input is row logrow[k] */
   int K = b->nlog;
   if (!K) return;
-  kpool_barrier(e->pool, tid);
-  int k0 = K * tid / nth, k1 = K * (tid + 1) / nth;
+  after_rows(e, &rw, tid);
+  int k0 = rw.own ? 0 : K * tid / nth, k1 = rw.own ? K : K * (tid + 1) / nth;
   for (int k = k0; k < k1; k++)
-    kie_rms_norm(b->x + (size_t)b->logrow[k] * H, e->final_norm, H, s->eps, b->h + (size_t)k * H);
+    kie_rms_norm(rw.x + (size_t)b->logrow[k] * H, e->final_norm, H, s->eps, rw.h + (size_t)k * H);
   const kie_cpu_mat *hm[1] = {&e->head};
-  prepare(e, hm, 1, b->h, H, K, k0, k1, b->logrow);
-  kpool_barrier(e->pool, tid);
+  prepare(e, &rw, hm, 1, rw.h, H, K, k0, k1, b->logrow);
+  after_rows(e, &rw, tid);
   size_t vp = s->vocab_part, ld = tp > 1 ? vp : vp * tp;
   float *part = tp > 1 ? b->lg : b->logits;
-  product(e, hm, 1, 0, part, ld, e->sh_head[tid].r0[0], e->sh_head[tid].r1[0], K);
+  product(&rw, hm, 1, 0, part, ld, e->sh_head[tid].r0[0], e->sh_head[tid].r1[0], K);
   kpool_barrier(e->pool, tid);
   if (tid != 0) return;
   STAMP(6);
@@ -413,7 +475,7 @@ int kie_cpu_batch(kie_cpu *e, const int32_t *seqs, const int32_t *tokens, int n,
     kie_set_error("out of memory (the batch step's buffers for %d rows)", R);
     return KIE_CPU_E_MEMORY;
   }
-  if (ensure_acts(e, R)) {
+  if (ensure_acts(e)) {
     kie_set_error("out of memory (the batch step's prepared inputs for %d rows)", R);
     return KIE_CPU_E_MEMORY;
   }

@@ -59,6 +59,9 @@ typedef struct {
   int act_type[3];
   int bad;               /* a product's input held a NaN or an infinity (this run) */
   kie_prefetch pf;
+  /* the batch step with a few rows: the thread's own residuals, inputs and prepared inputs */
+  float *bx, *bh;
+  unsigned char *bact[3];
 } kie_thread;
 
 /* A sequence: its KV cache ([layer][kv_head][cap] positions, cpu_attn.h's layouts) and
@@ -85,11 +88,12 @@ typedef struct {
   float *cs;     /* [row][head_dim] cos then sin of the row's position (kie_rope_angles) */
   float *att;    /* [row][heads * head_dim] */
   float *gu;     /* [row][2 * inter]: gate then up outputs */
+  float *m;      /* [row][inter] SwiGLU */
   float *y;      /* [row][hidden] a sublayer's output (this lane's partial sum when tp > 1) */
   float *ring;   /* [dtp_delay + 1][row][hidden] sums not yet added */
   float *lg;     /* [row][vocab_part] this lane's logits, then [tp][row][vocab_part] gathered */
   unsigned char *act[3]; /* prepared inputs, one per distinct weight type of a stage */
-  size_t act_bytes;
+  size_t act_bytes, own_act_bytes;
   /* the call */
   int n, nlog;
   int seq[KIE_MAX_ROWS], pos[KIE_MAX_ROWS], tok[KIE_MAX_ROWS], bad[KIE_MAX_ROWS];

@@ -88,6 +88,7 @@ static int check_shape(const kie_cpu_shape *s) {
 void kie_cpu_destroy(kie_cpu *e) {
   if (!e) return;
   kpool_destroy(e->pool);
+  kie_batch_free(e); /* before the threads' state: it holds their batch buffers */
   if (e->th) {
     for (int t = 0; t < e->nthreads; t++) {
       kie_thread *th = &e->th[t];
@@ -115,7 +116,6 @@ void kie_cpu_destroy(kie_cpu *e) {
   if (e->seqs)
     for (int i = 0; i < KIE_MAX_SEQS; i++) kie_seq_release(e, &e->seqs[i]);
   free(e->seqs);
-  kie_batch_free(e);
   free(e->sh_qkv);
   free(e->sh_o);
   free(e->sh_gu);
