@@ -350,6 +350,11 @@ class CpuModel(Sequences, OwnsNativeEngine):
 
     STAGES = ("norm+qkv", "attention", "o", "gate_up", "down", "sums", "head", "rest")
 
+    def set_idle_spin(self, us):
+        """Microseconds the pool's threads poll for the next step before they sleep (default
+        2000; the server sets less: its own work between steps needs the cores)."""
+        _check(lib.kie_cpu_set_idle_spin(self._handle(), int(us)))
+
     def set_profiling(self, on):
         _check(lib.kie_cpu_set_profiling(self._handle(), int(bool(on))))
 

@@ -38,6 +38,16 @@ class _Running:
         self.kv_bytes = 0
 
 
+# Microseconds the engine's threads poll for the next step before they sleep: the engine
+# thread's own work between steps (sampling, text) and the HTTP side's need the cores.
+IDLE_SPIN_US = 50
+
+
+def _deliver(events):
+    for job, event in events:
+        job.events.put_nowait(event)
+
+
 class BatchScheduler:
     """The Scheduler's interface (submit, cancel, shutdown, join, start) over a model with
     new_sequence / free_sequence / run_rows and max_rows."""
@@ -57,6 +67,9 @@ class BatchScheduler:
         metrics.kv_bytes = lambda: sum(r.kv_bytes for r in list(self.active))
         self.engine_sequences = 0  # the engine's own count, read on the engine thread after each change
         metrics.sequences = lambda: self.engine_sequences
+        self.out = []  # a step's events, handed to the event loop together
+        if hasattr(model, "set_idle_spin"):
+            model.set_idle_spin(IDLE_SPIN_US)
 
     def start(self):
         self.thread.start()
@@ -122,11 +135,13 @@ class BatchScheduler:
                     self._drop_cancelled()
                 if self.active:
                     self._step()
+                self._flush()
                 if self.fatal is not None:
                     return
         finally:
             for r in list(self.active):  # a failure or shutdown left some: their caches go back too
                 self._end(r, "shutdown")
+            self._flush()
 
     def _admit(self):
         """Waiting requests join while there is room in the batch and the KV memory."""
@@ -200,19 +215,42 @@ class BatchScheduler:
                     self.on_fatal(e)
             return
         self.metrics.batch_step(len(set(seqs)), len(seqs))
-        for r, z in zip(owners, logits):
-            self._emit(r, z)
+        finite = np.isfinite(np.add.reduce(logits, axis=1, dtype=np.float64))  # generate.check_logits, per row
+        greedy = np.argmax(logits, axis=1)
+        for i, r in enumerate(owners):
+            self._emit(r, logits[i], bool(finite[i]), int(greedy[i]))
 
-    def _emit(self, r, logits):
-        job, now = r.job, time.perf_counter()
-        try:
-            check_logits(logits, len(r.tokens), self.source)
-        except NonFiniteLogitsError as e:
-            print(f"kie serve: a request failed: {e}", file=sys.stderr, flush=True)
-            self._end(r, "error", ApiError(500, f"the engine failed on this request: NonFiniteLogitsError: {e}",
-                                           type="server_error", code="engine_error"))
+    def _post(self, job, *event):
+        """Job.post, gathered: the step's events reach the event loop in one call."""
+        if event[0] in ("done", "error"):
+            job.ended = True
+        self.out.append((job, event))
+
+    def _flush(self):
+        out, self.out = self.out, []
+        if not out:
             return
-        tok = sample(logits, job.sampling, r.rng)
+
+        by_loop = {}
+        for job, event in out:
+            by_loop.setdefault(job.loop, []).append((job, event))
+        for loop, events in by_loop.items():
+            try:
+                loop.call_soon_threadsafe(_deliver, events)
+            except RuntimeError:  # the loop is closed: nobody is listening any more
+                pass
+
+    def _emit(self, r, logits, finite, greedy):
+        job, now = r.job, time.perf_counter()
+        if not finite:
+            try:
+                check_logits(logits, len(r.tokens), self.source)
+            except NonFiniteLogitsError as e:
+                print(f"kie serve: a request failed: {e}", file=sys.stderr, flush=True)
+                self._end(r, "error", ApiError(500, f"the engine failed on this request: NonFiniteLogitsError: {e}",
+                                               type="server_error", code="engine_error"))
+                return
+        tok = greedy if job.sampling.temperature == 0 else sample(logits, job.sampling, r.rng)
         if r.last is None:
             self.metrics.first_token(now - job.arrived)
         else:
@@ -221,7 +259,7 @@ class BatchScheduler:
         r.tokens.append(tok)
         piece = r.text.push(tok)
         if piece:
-            job.post("text", piece)
+            self._post(job, "text", piece)
         if r.text.hit:
             self._end(r, "stop")
         elif job.stop_ids is not None and tok in job.stop_ids:
@@ -242,12 +280,12 @@ class BatchScheduler:
         if rest:
             tail = r.text.finish()
             if tail:
-                job.post("text", tail)
+                self._post(job, "text", tail)
         self.metrics.finish(reason, len(job.prompt_ids), n)
         if error is not None:
-            job.post("error", error)
+            self._post(job, "error", error)
         elif reason == "shutdown":
-            job.post("error", ApiError(503, f"the server is shutting down: the generation was cut after {n} tokens",
-                                       type="server_error", code="server_shutdown"))
+            self._post(job, "error", ApiError(503, f"the server is shutting down: the generation was cut after {n} "
+                                                   f"tokens", type="server_error", code="server_shutdown"))
         else:
-            job.post("done", reason, n)
+            self._post(job, "done", reason, n)

@@ -450,6 +450,11 @@ int kie_cpu_get_info(kie_cpu *e, kie_cpu_info *info) {
   return KIE_CPU_OK;
 }
 
+int kie_cpu_set_idle_spin(kie_cpu *e, int us) {
+  kpool_set_idle_spin(e->pool, 1000LL * us);
+  return KIE_CPU_OK;
+}
+
 int kie_cpu_set_profiling(kie_cpu *e, int on) {
   e->profiling = on != 0;
   memset(e->prof, 0, sizeof e->prof);

@@ -150,6 +150,10 @@ int kie_cpu_batch(kie_cpu *e, const int32_t *seqs, const int32_t *tokens, int n,
  * sums (waits included), 6 head (+ gather), 7 the rest; steps: how many.  Timing costs
  * a clock read per stage: on only after kie_cpu_set_profiling(e, 1). */
 int kie_cpu_set_profiling(kie_cpu *e, int on);
+/* Microseconds the pool's threads poll for the next call before they sleep (default
+ * 2000: a decode loop's next call comes sooner; a server, whose own work between calls
+ * needs the cores, sets less). */
+int kie_cpu_set_idle_spin(kie_cpu *e, int us);
 int kie_cpu_profile(kie_cpu *e, double *seconds, int n, int *steps);
 
 #endif
