@@ -1,8 +1,64 @@
 """Builds the kccl package: the C core is compiled into a cffi extension
 (out-of-line API mode) by kccl/_build_ffi.py, and KIE's GPU engine into a
 second one by kie_engine/gpu/_build.py (both compile their CUDA files with
-nvcc when it is found)."""
+nvcc when it is found); then, where torch is installed, torch.distributed's
+kccl backend (kccl/torch/csrc, BuildExt below)."""
+import os
+import subprocess
+import sys
+
 from setuptools import find_packages, setup
+from setuptools.command.build_ext import build_ext
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def torch_env():
+    """The environment in which this interpreter sees the packages it will run with: pip's
+    isolated build environment (PYTHONPATH to its overlay, PYTHONNOUSERSITE) hides the
+    torch that is installed, and the c10d backend must be built against that torch."""
+    env = dict(os.environ)
+    if "pip-build-env" in env.get("PYTHONPATH", ""):
+        env.pop("PYTHONPATH")
+        env.pop("PYTHONNOUSERSITE", None)
+    return env
+
+
+class BuildExt(build_ext):
+    """The extensions, then torch.distributed's kccl backend (kccl/torch/csrc) when torch
+    is installed (KCCL_TORCH_BUILD: auto; 1 makes a failure fail the build, 0 skips it).
+    It goes beside the package's sources (kccl/torch/_prebuilt) and into the build's copy,
+    so that `import kccl.torch` finds it instead of compiling it (kccl/torch/_build.py)."""
+
+    def run(self):
+        super().run()
+        mode = os.environ.get("KCCL_TORCH_BUILD", "auto").strip().lower() or "auto"
+        if mode not in ("auto", "0", "1"):
+            raise SystemExit(f"KCCL_TORCH_BUILD={mode!r}: expected auto, 0 or 1")
+        if mode == "0":
+            return
+        env = torch_env()
+        have = subprocess.run([sys.executable, "-c", "import torch"], env=env, capture_output=True).returncode == 0
+        if not have:
+            msg = "kccl.torch: torch is not installed here, so the c10d backend is left to its first import"
+            if mode == "1":
+                raise SystemExit(msg + " (KCCL_TORCH_BUILD=1)")
+            print(msg, file=sys.stderr)
+            return
+        out = os.path.join(HERE, "kccl", "torch", "_prebuilt")
+        print("kccl.torch: building the c10d backend against the installed torch ...", file=sys.stderr, flush=True)
+        r = subprocess.run([sys.executable, os.path.join(HERE, "kccl", "torch", "_build.py"), "--out", out], env=env)
+        if r.returncode:
+            msg = "kccl.torch: building the c10d backend failed (above); `import kccl.torch` will try again"
+            if mode == "1":
+                raise SystemExit(msg + " (KCCL_TORCH_BUILD=1)")
+            print(msg, file=sys.stderr)
+            return
+        if not self.inplace and not getattr(self, "editable_mode", False):
+            dest = os.path.join(self.build_lib, "kccl", "torch", "_prebuilt")
+            self.copy_tree(out, dest)
+
+
 
 setup(
     name="kccl",
@@ -12,7 +68,7 @@ setup(
     # libkccl.so and its files are made while setup.py reads kccl/_build_ffi.py, so before the
     # package files are collected.
     package_data={"kccl": ["lib/libkccl.so", "lib/libkccl_nccl.so", "lib/pkgconfig/kccl.pc", "lib/cmake/kccl/kcclConfig.cmake", "include/*", "include/kccl_device/*",
-                           "torch/csrc/*"],
+                           "torch/csrc/*", "torch/_prebuilt/*"],
                   "kie_engine": ["serve/static/*.html"],
                   "topology": ["fixtures/*/*.md", "fixtures/*/*.json", "fixtures/*.md", "fixtures/this-machine/**/*"]},
     python_requires=">=3.9",
@@ -34,8 +90,9 @@ setup(
         # `python -m kie_engine serve`: the OpenAI-compatible HTTP server (ASGI on uvicorn).
         "serve": ["starlette>=0.37", "uvicorn>=0.30"],
         # torch.distributed's "kccl" backend (import kccl.torch): its C++ part is built with
-        # torch's C++-extension machinery (which needs ninja) on first import, or ahead of time
-        # by `python -m kccl.torch --build`.  Tested with torch 2.13.0 (CPU).
+        # torch's C++-extension machinery when this package is built where torch is installed
+        # (setup.py's BuildExt), else ahead of time by `python -m kccl.torch --build`, else on
+        # first import; ninja makes that build parallel.  Tested with torch 2.13.0 (CPU).
         "torch": ["torch>=2.13", "ninja"],
         # bench/decode_cpu.py --baseline llama.cpp: llama.cpp through its Python binding (compiles
         # llama.cpp, ~8 min); a benchmark's baseline only, never a test's dependency.
@@ -43,5 +100,6 @@ setup(
     },
     cffi_modules=["kccl/_build_ffi.py:ffibuilder", "kie_engine/gpu/_build.py:ffibuilder",
                   "kie_engine/cpu/_build.py:ffibuilder"],
+    cmdclass={"build_ext": BuildExt},
     zip_safe=False,
 )

@@ -27,7 +27,7 @@ def _cdef_from_header(path):
     # results several times faster than enum-typed ones, which matters on the
     # sub-microsecond path; C converts them implicitly at the call.
     text = re.sub(r"\b(kcclResult_t|kcclDataType_t|kcclRedOp_t)(?=\s+\w+\s*[,)(])", "int", text)
-    return text + "\n#define KCCL_UNIQUE_ID_BYTES ...\n#define KCCL_VERSION_CODE ...\n#define KCCL_DEV_COMM_BYTES ...\n#define KCCL_MAX_DOMAINS ...\n"
+    return text + "\n#define KCCL_UNIQUE_ID_BYTES ...\n#define KCCL_VERSION_CODE ...\n#define KCCL_DEV_COMM_BYTES ...\n#define KCCL_MAX_DOMAINS ...\n#define KCCL_ANY_SOURCE ...\n"
 
 
 ROOT = os.path.dirname(HERE)

@@ -92,7 +92,16 @@ static kcclResult_t create_own(struct kcclComm *c) {
     return kccl_err(kcclSystemError, "ftruncate(%s, %zu): %s (is /dev/shm large enough? see KCCL_BUFFER_BYTES)",
                     name, c->seg_bytes, strerror(e));
   }
-  void *p = mmap(NULL, c->seg_bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
+  /* Every page up to the point-to-point area is populated now (first touch by this rank,
+   * and no fault inside a collective); the area's pages come when a pair first uses them. */
+  void *p = mmap(NULL, c->seg_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  if (p != MAP_FAILED && mmap(p, c->p2p_off, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED | MAP_POPULATE, fd, 0) ==
+                             MAP_FAILED) {
+    int e = errno;
+    munmap(p, c->seg_bytes);
+    p = MAP_FAILED;
+    errno = e;
+  }
   int e = errno;
   close(fd);
   if (p == MAP_FAILED) {

@@ -195,6 +195,35 @@ kcclResult_t kccl_peers_gone(struct kcclComm *c, char *why, size_t whylen, int *
   return kcclSuccess;
 }
 
+kcclResult_t kccl_peer_gone(struct kcclComm *c, int p, char *why, size_t whylen) {
+  uint32_t s = atomic_load_explicit(&c->hdr[p]->state, memory_order_acquire);
+  if (s == SEG_ABORTED || s == SEG_CLOSED) {
+    snprintf(why, whylen, "rank %d (pid %d) %s while rank %d waited for it", p, (int)c->pid[p], state_word(s),
+             c->rank);
+    return kcclRemoteError;
+  }
+  if (s != SEG_READY) {
+    char text[200];
+    snprintf(text, sizeof text, "%.199s", c->hdr[p]->error_text);
+    snprintf(why, whylen, "rank %d (pid %d) failed while rank %d waited for it: %s", p, (int)c->pid[p], c->rank,
+             text);
+    return kcclRemoteError;
+  }
+  int dead;
+  if (c->pidfd[p] >= 0) {
+    struct pollfd pfd = {c->pidfd[p], POLLIN, 0};
+    dead = poll(&pfd, 1, 0) > 0 && pfd.revents;
+  } else {
+    dead = !kccl_pid_alive(c->pid[p], c->hdr[p]->starttime);
+  }
+  /* a peer stores its state before it can exit: read it again after seeing the death */
+  if (dead && atomic_load_explicit(&c->hdr[p]->state, memory_order_acquire) == SEG_READY) {
+    snprintf(why, whylen, "rank %d (pid %d) died while rank %d waited for it", p, (int)c->pid[p], c->rank);
+    return kcclRemoteError;
+  }
+  return dead ? kccl_peer_gone(c, p, why, whylen) : kcclSuccess;
+}
+
 /* Why step `seq` cannot complete, if it cannot.  Only reports (into why): a
  * peer that finished the step may close or exit right after, so the caller
  * re-reads its flag before it declares the communicator broken.  The most
@@ -294,6 +323,7 @@ kcclResult_t kccl_wait_flag(struct kcclComm *c, int peer, _Atomic uint64_t *flag
     cpu_relax();
     if (ready(flag, seq, &v)) goto got;
     if ((i & 63) == 0) {
+      if (c->idle_work) c->idle_work(c);
       now = kccl_now_ns();
       if (adaptive && now - last > PREEMPT_GAP_NS) { /* descheduled mid-spin: yield from now on */
         saw_contention(c, now, "this rank lost its core while spinning");
@@ -311,6 +341,7 @@ kcclResult_t kccl_wait_flag(struct kcclComm *c, int peer, _Atomic uint64_t *flag
   /* Phases 2 and 3: yield, then sleep; both check peers and the deadline. */
   _Atomic uint32_t *sleepers = &c->hdr[peer]->sleepers;
   for (;;) {
+    if (c->idle_work) c->idle_work(c);
     if (now < yield_end) {
       sched_yield();
       if (adaptive && kccl_now_ns() - now > PREEMPT_GAP_NS) /* the yield ran someone else here */

@@ -20,10 +20,16 @@ T from_bytes(const std::string& b, const char* what) {
   return v;
 }
 
+kccl_torch::KcclBackend* kccl(const c10::intrusive_ptr<c10d::Backend>& b) {
+  auto* k = dynamic_cast<kccl_torch::KcclBackend*>(b.get());
+  TORCH_CHECK_VALUE(k, "not a kccl backend");
+  return k;
+}
+
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.doc() = "KCCL's c10d backend for CPU tensors (see kccl.torch)";
+  m.doc() = "KCCL's c10d backend for CPU and CUDA tensors (see kccl.torch)";
   m.def("api_names", [] {
     std::vector<std::string> out;
     for (auto p = kccl_torch::api_names(); *p; ++p) out.emplace_back(*p);
@@ -42,9 +48,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def(
       "quiesce_callbacks", [](int64_t bound_ms) { kccl_torch::quiesce_callbacks(std::chrono::milliseconds(bound_ms)); },
       py::call_guard<py::gil_scoped_release>());
-  m.def("async_started", [](const c10::intrusive_ptr<c10d::Backend>& b) -> int64_t {
-    auto* k = dynamic_cast<kccl_torch::KcclBackend*>(b.get());
-    TORCH_CHECK_VALUE(k, "not a kccl backend");
-    return k->async_started();
-  });
+  m.def("async_started", [](const c10::intrusive_ptr<c10d::Backend>& b) { return kccl(b)->async_started(); });
+  m.def("p2p_collectives", [](const c10::intrusive_ptr<c10d::Backend>& b) { return kccl(b)->p2p_collectives(); });
+  m.def("set_p2p_min_bytes",
+        [](const c10::intrusive_ptr<c10d::Backend>& b, int64_t bytes) { kccl(b)->set_p2p_min_bytes(bytes); });
 }

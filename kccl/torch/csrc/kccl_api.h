@@ -28,6 +28,11 @@ namespace kccl_torch {
   X(kcclAllReduceStart)             \
   X(kcclAllReduceWait)              \
   X(kcclAllReduceTest)              \
+  X(kcclSendStart)                  \
+  X(kcclRecvStart)                  \
+  X(kcclP2PWait)                    \
+  X(kcclP2PTest)                    \
+  X(kcclP2PProgress)                \
   X(kcclGetErrorString)             \
   X(kcclGetLastError)
 
