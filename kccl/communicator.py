@@ -500,13 +500,23 @@ class Communicator:
             raise KcclInvalidArgument(f"peer {peer} out of range for size={self._size}")
         return peer
 
+    def _p2p_buffer(self, buf, dtype, writable):
+        """A message moves bytes: a buffer of a type KCCL does not reduce (uint16, bool, ...)
+        goes as its bytes."""
+        try:
+            return self._buffers.resolve_buffer(buf, dtype, writable, "buf")
+        except KcclInvalidArgument:
+            if dtype is not None:
+                raise
+            return self._buffers.resolve_buffer(buf, "uint8", writable, "buf")
+
     def send_start(self, buf, peer, *, tag=0, dtype=None):
         """Starts sending buf to rank `peer` and returns a P2PHandle at once.  buf must
         stay unchanged until the handle completes (its last piece is in the peer's ring:
         that may be before the peer receives it).  Messages from one rank to another
         are received in the order they were sent, matched by tag."""
         comm = self._handle()
-        p, n, code, _ = self._buffers.resolve_buffer(buf, dtype, False, "buf")
+        p, n, code, _ = self._p2p_buffer(buf, dtype, False)
         _check(lib.kcclSendStart(p, n, code, self._peer(peer, False), _as_int(tag, "tag"), comm, self._req))
         return P2PHandle(self, comm, self._req[0], buf)
 
@@ -516,7 +526,7 @@ class Communicator:
         P2PHandle at once.  The message must have buf's byte count (else
         KcclRemoteError on both sides)."""
         comm = self._handle()
-        p, n, code, _ = self._buffers.resolve_buffer(buf, dtype, True, "buf")
+        p, n, code, _ = self._p2p_buffer(buf, dtype, True)
         _check(lib.kcclRecvStart(p, n, code, self._peer(peer, True), _as_int(tag, "tag"), comm, self._req))
         return P2PHandle(self, comm, self._req[0], buf)
 

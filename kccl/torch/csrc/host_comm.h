@@ -113,8 +113,9 @@ class HostComm : public Transport, public std::enable_shared_from_this<HostComm>
   // call finished run on this thread, after mu_ is released.
   class Guard {
    public:
-    explicit Guard(HostComm& c) : c_(c), lock_(c.mu_) {}
+    explicit Guard(HostComm& c) : c_(c), lock_(c.mu_) { c_.last_call_ = clock::now(); }
     ~Guard() {
+      c_.last_call_ = clock::now();
       if (c_.ready_.empty()) return;
       Callbacks ready;
       ready.swap(c_.ready_);
@@ -146,6 +147,10 @@ class HostComm : public Transport, public std::enable_shared_from_this<HostComm>
   // Callbacks of finished operations, run by whoever holds the Guard when it lets go of mu_.
   Callbacks ready_;
   bool background_running_ = false;
+  using clock = std::chrono::steady_clock;
+  // When a caller last entered or left the communicator: the background thread stays out of
+  // the way of a caller that is calling in anyway (it would only contend for mu_).
+  clock::time_point last_call_;
   std::condition_variable background_wake_;
 };
 
