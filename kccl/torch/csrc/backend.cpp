@@ -56,7 +56,9 @@ kcclUniqueId KcclBackend::exchange_id(const std::string& key) {
 GpuComm& KcclBackend::gpu(c10::Device device, const char* what) {
   std::lock_guard<std::mutex> lock(gpu_mu_);
   if (!gpu_) {
-    gpu_ = std::make_shared<GpuComm>(rank_, size_, device, exchange_id("kccl/cuda_unique_id"), config_);
+    // every rank tries as often as the others (a collective call), so the key names the try
+    const std::string key = "kccl/cuda_unique_id/" + std::to_string(gpu_tries_++);
+    gpu_ = std::make_shared<GpuComm>(rank_, size_, device, exchange_id(key), config_);
   } else {
     TORCH_CHECK_VALUE(gpu_->device() == device, "kccl: ", what, ": this group's GPU communicator is on ",
                       gpu_->device(), " and the tensor on ", device,
@@ -126,6 +128,15 @@ void KcclBackend::shutdown() {
     if (gpu_) gpu_->destroy();
   }
   host_->destroy();
+}
+
+double KcclBackend::time_host_allreduce(const at::Tensor& t, int64_t iters) {
+  TORCH_CHECK_VALUE(t.device().is_cpu() && t.scalar_type() == at::kFloat && t.is_contiguous(),
+                    "time_host_allreduce takes a contiguous float32 CPU tensor");
+  const auto t0 = std::chrono::steady_clock::now();
+  for (int64_t i = 0; i < iters; i++)
+    host_->all_reduce(t.data_ptr(), t.data_ptr(), t.numel(), kcclFloat32, kcclSum, "all_reduce");
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
 // ---- reductions ---------------------------------------------------------------------

@@ -91,6 +91,11 @@ class KcclBackend : public c10d::Backend {
   int64_t p2p_collectives() const { return p2p_collectives_; }
   // Bytes per rank from which gather, scatter and all_to_all go point-to-point (tests set it).
   void set_p2p_min_bytes(int64_t bytes) { p2p_min_bytes_ = bytes; }
+  // For bench/torch_small_cost.py: seconds for `iters` KCCL all-reduces of t (CPU, float32)
+  // on the host communicator, without the backend around them.
+  double time_host_allreduce(const at::Tensor& t, int64_t iters);
+  // What the group's first collective on CUDA tensors of cuda:index does (for tests).
+  void make_gpu_comm(int index) { gpu(c10::Device(c10::DeviceType::CUDA, (c10::DeviceIndex)index), "init"); }
 
  private:
   // The communicator for tensors on t's device (the GPU one is made on first use).
@@ -119,6 +124,7 @@ class KcclBackend : public c10d::Backend {
   std::shared_ptr<HostComm> host_;
   std::mutex gpu_mu_;
   std::shared_ptr<GpuComm> gpu_;
+  int gpu_tries_ = 0;
   std::chrono::milliseconds timeout_;
   bool coalescing_ = false;
   std::vector<c10::intrusive_ptr<KcclWork>> coalesced_;  // sends / receives started while coalescing

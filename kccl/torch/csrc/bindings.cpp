@@ -52,4 +52,24 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("p2p_collectives", [](const c10::intrusive_ptr<c10d::Backend>& b) { return kccl(b)->p2p_collectives(); });
   m.def("set_p2p_min_bytes",
         [](const c10::intrusive_ptr<c10d::Backend>& b, int64_t bytes) { kccl(b)->set_p2p_min_bytes(bytes); });
+  // bench/torch_small_cost.py: the backend's and KCCL's own cost of a small all-reduce, in C++ loops
+  m.def(
+      "time_backend_allreduce",
+      [](const c10::intrusive_ptr<c10d::Backend>& b, const at::Tensor& t, int64_t iters) {
+        std::vector<at::Tensor> v{t};
+        c10d::AllreduceOptions opts;
+        const auto t0 = std::chrono::steady_clock::now();
+        for (int64_t i = 0; i < iters; i++) b->allreduce(v, opts)->wait();
+        return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      },
+      py::call_guard<py::gil_scoped_release>());
+  m.def(
+      "time_host_allreduce",
+      [](const c10::intrusive_ptr<c10d::Backend>& b, const at::Tensor& t, int64_t iters) {
+        return kccl(b)->time_host_allreduce(t, iters);
+      },
+      py::call_guard<py::gil_scoped_release>());
+  m.def(
+      "make_gpu_comm", [](const c10::intrusive_ptr<c10d::Backend>& b, int index) { kccl(b)->make_gpu_comm(index); },
+      py::call_guard<py::gil_scoped_release>());
 }

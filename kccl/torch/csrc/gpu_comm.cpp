@@ -1,6 +1,7 @@
 #include "gpu_comm.h"
 
 #include <c10/core/DeviceGuard.h>
+#include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <c10/util/Exception.h>
 
 #include "cuda_stream.h"
@@ -15,7 +16,10 @@ GpuComm::GpuComm(int rank, int size, c10::Device device, const kcclUniqueId& id,
   one.size = sizeof one;
   one.ndomains = 1;
   for (auto& n : one.numaNode) n = -1;
-  c10::DeviceGuard guard(device_);  // the init makes device_ current; torch's current device is restored
+  // The init makes device_ current; torch's current device is restored.  (A torch without
+  // CUDA has no guard for it: then KCCL's init says what is missing.)
+  c10::OptionalDeviceGuard guard;
+  if (c10::impl::hasDeviceGuardImpl(c10::DeviceType::CUDA)) guard.reset_device(device_);
   kcclComm_t c = nullptr;
   kcclResult_t rc = api.kcclCommInitRankPlacement(&c, size, id, rank, &config, &one);
   if (rc != kcclSuccess) throw_result(rc, rank_, "init of the GPU communicator");
