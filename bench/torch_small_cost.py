@@ -35,6 +35,8 @@ def rank_main(args):
     import kccl
     import kccl.torch
     torch.set_num_threads(1)
+    if args.pin:
+        os.sched_setaffinity(0, {int(os.environ["RANK"]) % os.cpu_count()})
     dist.init_process_group("kccl")
     rank, world = dist.get_rank(), dist.get_world_size()
     meta = dist.new_group(backend="gloo")
@@ -47,6 +49,7 @@ def rank_main(args):
     pg = dist.group.WORLD
     backend = pg._get_backend(torch.device("cpu"))
     opts = dist.AllreduceOptions()
+    opts.asyncOp = False  # as dist.all_reduce(x) asks for it
     ext = kccl.torch._ext
 
     def pg_loop(iters):
@@ -93,7 +96,7 @@ def launch(world, args):
         env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(r), WORLD_SIZE=str(world),
                    OMP_NUM_THREADS="1")
         cmd = [sys.executable, os.path.abspath(__file__), "--rank-main", "--bytes", str(args.bytes), "--rounds",
-               str(args.rounds), "--iters", str(args.iters)]
+               str(args.rounds), "--iters", str(args.iters)] + (["--pin"] if args.pin else [])
         procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE if r == 0 else subprocess.DEVNULL,
                                       text=True))
     result = None
@@ -114,13 +117,14 @@ def main():
     ap.add_argument("--bytes", type=int, default=4096)
     ap.add_argument("--rounds", type=int, default=9)
     ap.add_argument("--iters", type=int, default=20000)
+    ap.add_argument("--pin", action="store_true", help="rank r runs on CPU r (mod the CPU count) only")
     ap.add_argument("--json")
     ap.add_argument("--rank-main", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.rank_main:
         return rank_main(args)
     report = {"command": " ".join(["python"] + sys.argv), "loadavg_before": os.getloadavg(), "cpus": os.cpu_count(),
-              "bytes": args.bytes, "by_ranks": {}}
+              "bytes": args.bytes, "pinned": args.pin, "by_ranks": {}}
     for world in [int(w) for w in args.ranks.split(",")]:
         res = launch(world, args)
         report["by_ranks"][str(world)] = res

@@ -181,7 +181,11 @@ c10::intrusive_ptr<c10d::Work> KcclBackend::allreduce(std::vector<at::Tensor>& t
                                              std::vector<std::shared_ptr<PendingOp>>{std::move(op)});
       }
     }
-    reduce_tensor(*host_, t, t, opts.reduceOp, "all_reduce");
+    const ReducePlan p = reduce_plan(t.scalar_type(), opts.reduceOp, "all_reduce");
+    if (p.direct() && t.is_contiguous())  // the common case, without reduce_tensor's staging
+      host_->all_reduce(t.data_ptr(), t.data_ptr(), t.numel(), p.type, p.op, "all_reduce");
+    else
+      reduce_tensor(*host_, t, t, opts.reduceOp, "all_reduce");
     return c10::make_intrusive<KcclWork>(rank_, c10d::OpType::ALLREDUCE, tensors);
   }
   Transport& tr = transport(t, "all_reduce");

@@ -113,9 +113,8 @@ class HostComm : public Transport, public std::enable_shared_from_this<HostComm>
   // call finished run on this thread, after mu_ is released.
   class Guard {
    public:
-    explicit Guard(HostComm& c) : c_(c), lock_(c.mu_) { c_.last_call_ = clock::now(); }
+    explicit Guard(HostComm& c) : c_(c), lock_(c.mu_) { c_.calls_++; }
     ~Guard() {
-      c_.last_call_ = clock::now();
       if (c_.ready_.empty()) return;
       Callbacks ready;
       ready.swap(c_.ready_);
@@ -147,10 +146,9 @@ class HostComm : public Transport, public std::enable_shared_from_this<HostComm>
   // Callbacks of finished operations, run by whoever holds the Guard when it lets go of mu_.
   Callbacks ready_;
   bool background_running_ = false;
-  using clock = std::chrono::steady_clock;
-  // When a caller last entered or left the communicator: the background thread stays out of
-  // the way of a caller that is calling in anyway (it would only contend for mu_).
-  clock::time_point last_call_;
+  // Calls by callers so far: the background thread stays out of the way of a caller that
+  // called in since its last look (it would only contend for mu_).
+  uint64_t calls_ = 0;
   std::condition_variable background_wake_;
 };
 

@@ -175,12 +175,13 @@ void HostComm::ensure_background_locked() {
 void HostComm::background() {
   // The pause grows while nothing the thread does matters; it shortens again when it moved
   // pieces or finished a watched operation (one that only a future waits for).  It does
-  // nothing within CALLER_GRACE of a caller's last call (that caller moves the operations
+  // nothing when a caller called in since its last look (that caller moves the operations
   // itself), so that it stays out of the way of a caller that waits at once.  With nothing
   // outstanding it lingers IDLE_LINGER (a stream of operations then starts no thread per
   // operation) and ends.
   const auto first_pause = std::chrono::microseconds(20), longest_pause = std::chrono::microseconds(1000);
-  const std::chrono::microseconds idle_linger(100000), caller_grace(200);
+  const std::chrono::microseconds idle_linger(100000);
+  uint64_t calls_seen = calls_;
   auto pause = first_pause;
   auto idle_since = std::chrono::steady_clock::time_point::max();
   Callbacks ready;
@@ -199,8 +200,9 @@ void HostComm::background() {
       if (idle_since == std::chrono::steady_clock::time_point::max()) idle_since = now;
       if (now - idle_since >= idle_linger) break;
       pause = longest_pause;
-    } else if (now - last_call_ < caller_grace) {
+    } else if (calls_ != calls_seen) {
       idle_since = std::chrono::steady_clock::time_point::max();
+      calls_seen = calls_;
     } else {
       idle_since = std::chrono::steady_clock::time_point::max();
       if (target) {

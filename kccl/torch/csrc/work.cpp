@@ -49,8 +49,8 @@ KcclWork::KcclWork(int rank, c10d::OpType type, std::vector<at::Tensor> outputs,
     : c10d::Work(rank, type), outputs_(std::move(outputs)), comm_(std::move(comm)) {
   for (auto& op : ops)
     if (!op->done) ops_.push_back(op);
+  pending_ = !ops_.empty();
   record(ops);  // those already done: their errors and source
-  if (ops_.empty()) comm_.reset();
 }
 
 std::vector<std::shared_ptr<PendingOp>> KcclWork::pending_ops() const {
@@ -66,10 +66,14 @@ void KcclWork::record(const std::vector<std::shared_ptr<PendingOp>>& ops) {
     if (op->kind == PendingOp::kP2P && op->source >= 0 && source_ < 0) source_ = op->source;
     ops_.erase(std::remove(ops_.begin(), ops_.end(), op), ops_.end());
   }
-  if (ops_.empty()) comm_.reset();
+  if (ops_.empty()) {
+    comm_.reset();
+    pending_.store(false, std::memory_order_release);
+  }
 }
 
 bool KcclWork::isCompleted() {
+  if (!pending_.load(std::memory_order_acquire)) return true;
   std::shared_ptr<HostComm> comm;
   std::vector<std::shared_ptr<PendingOp>> ops;
   {
@@ -101,6 +105,10 @@ int KcclWork::sourceRank() const {
 }
 
 bool KcclWork::wait(std::chrono::milliseconds /*timeout: KCCL_TIMEOUT_MS bounds every wait*/) {
+  if (!pending_.load(std::memory_order_acquire)) {
+    if (error_) std::rethrow_exception(error_);
+    return true;
+  }
   std::shared_ptr<HostComm> comm;
   std::vector<std::shared_ptr<PendingOp>> ops;
   {

@@ -19,6 +19,7 @@
 #include <c10/core/Event.h>
 #include <torch/csrc/distributed/c10d/Work.hpp>
 
+#include <atomic>
 #include <memory>
 #include <mutex>
 #include <vector>
@@ -54,6 +55,9 @@ class KcclWork : public c10d::Work {
   // Guards the members below: torch may wait, poll and ask for the future from several
   // threads; never held across a call into the communicator.
   mutable std::mutex work_mu_;
+  // false once no operation is pending (then error_ no longer changes): wait() and
+  // is_completed() of a finished Work take no lock
+  std::atomic<bool> pending_{false};
   const std::vector<at::Tensor> outputs_;
   std::shared_ptr<HostComm> comm_;  // null once finished
   std::vector<std::shared_ptr<PendingOp>> ops_;
