@@ -37,27 +37,19 @@ class BuildExt(build_ext):
             raise SystemExit(f"KCCL_TORCH_BUILD={mode!r}: expected auto, 0 or 1")
         if mode == "0":
             return
-        env = torch_env()
-        have = subprocess.run([sys.executable, "-c", "import torch"], env=env, capture_output=True).returncode == 0
-        if not have:
-            msg = "kccl.torch: torch is not installed here, so the c10d backend is left to its first import"
-            if mode == "1":
-                raise SystemExit(msg + " (KCCL_TORCH_BUILD=1)")
-            print(msg, file=sys.stderr)
-            return
         out = os.path.join(HERE, "kccl", "torch", "_prebuilt")
-        print("kccl.torch: building the c10d backend against the installed torch ...", file=sys.stderr, flush=True)
-        r = subprocess.run([sys.executable, os.path.join(HERE, "kccl", "torch", "_build.py"), "--out", out], env=env)
-        if r.returncode:
-            msg = "kccl.torch: building the c10d backend failed (above); `import kccl.torch` will try again"
+        r = subprocess.run([sys.executable, os.path.join(HERE, "kccl", "torch", "_build.py"), "--out", out],
+                           env=torch_env())
+        if r.returncode:  # 3: no torch (the script said so); else the build failed (its output says how)
             if mode == "1":
-                raise SystemExit(msg + " (KCCL_TORCH_BUILD=1)")
-            print(msg, file=sys.stderr)
+                raise SystemExit("kccl.torch: the c10d backend was not built (KCCL_TORCH_BUILD=1)")
+            if r.returncode != 3:
+                print("kccl.torch: building the c10d backend failed (above); the first `import kccl.torch` will "
+                      "try again", file=sys.stderr)
             return
         if not self.inplace and not getattr(self, "editable_mode", False):
             dest = os.path.join(self.build_lib, "kccl", "torch", "_prebuilt")
             self.copy_tree(out, dest)
-
 
 
 setup(

@@ -179,14 +179,25 @@ def build_prebuilt(folder=PREBUILT, verbose=False):
     return path
 
 
+NO_TORCH = 3  # main()'s exit status when this interpreter has no torch
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description="build kccl.torch's c10d backend into a folder")
     ap.add_argument("--out", default=PREBUILT)
     args = ap.parse_args(argv)
+    try:
+        import torch  # noqa: F401
+    except ImportError as e:
+        print(f"kccl.torch: no torch here ({e}): the c10d backend is left to the first `import kccl.torch`",
+              file=sys.stderr, flush=True)
+        return NO_TORCH
+    print(f"kccl.torch: building the c10d backend against torch {torch.__version__} ...", file=sys.stderr, flush=True)
     t0 = time.monotonic()
     path = build_prebuilt(args.out)
     print(f"kccl.torch: c10d backend {path} ({time.monotonic() - t0:.0f} s)", flush=True)
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

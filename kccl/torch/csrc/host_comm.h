@@ -19,6 +19,7 @@
 // and ends when nothing is left.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <deque>
@@ -145,11 +146,14 @@ class HostComm : public Transport, public std::enable_shared_from_this<HostComm>
   std::vector<std::shared_ptr<PendingOp>> p2p_;     // sends and receives not yet seen complete
   // Callbacks of finished operations, run by whoever holds the Guard when it lets go of mu_.
   Callbacks ready_;
-  bool background_running_ = false;
+  bool background_running_ = false;  // under mu_
+  // The background thread sleeps on these, not on mu_ (see host_pending.cpp).
+  std::mutex background_mu_;
+  std::condition_variable background_wake_;
+  std::atomic<bool> background_stop_{false};
   // Calls by callers so far: the background thread stays out of the way of a caller that
   // called in since its last look (it would only contend for mu_).
   uint64_t calls_ = 0;
-  std::condition_variable background_wake_;
 };
 
 }  // namespace kccl_torch

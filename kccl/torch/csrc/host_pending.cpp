@@ -167,26 +167,34 @@ bool HostComm::watch(const std::shared_ptr<PendingOp>& op, std::function<void(st
 
 void HostComm::ensure_background_locked() {
   if (background_running_) return;
+  background_stop_ = false;
   // It holds this communicator until it ends, so it never outlives it; it waits for mu_ first.
   std::thread(&HostComm::background, shared_from_this()).detach();
   background_running_ = true;
 }
 
 void HostComm::background() {
-  // The pause grows while nothing the thread does matters; it shortens again when it moved
-  // pieces or finished a watched operation (one that only a future waits for).  It does
-  // nothing when a caller called in since its last look (that caller moves the operations
-  // itself), so that it stays out of the way of a caller that waits at once.  With nothing
-  // outstanding it lingers IDLE_LINGER (a stream of operations then starts no thread per
-  // operation) and ends.
+  // It sleeps on a condition of its own and only tries mu_: a caller inside the communicator
+  // is moving the operations itself, and a thread queued on mu_ would cost that caller a
+  // wake-up when it lets go (and, on few cores, the core a peer needs).  Its pause grows
+  // while nothing it does matters and shortens again when it moved pieces or finished a
+  // watched operation (one that only a future waits for); it also does nothing when a
+  // caller called in since its last look.  With nothing outstanding it lingers IDLE_LINGER
+  // (a stream of operations then starts no thread per operation) and ends.
   const auto first_pause = std::chrono::microseconds(20), longest_pause = std::chrono::microseconds(1000);
   const std::chrono::microseconds idle_linger(100000);
-  uint64_t calls_seen = calls_;
   auto pause = first_pause;
   auto idle_since = std::chrono::steady_clock::time_point::max();
+  uint64_t calls_seen = ~uint64_t(0);
   Callbacks ready;
-  std::unique_lock<std::mutex> lock(mu_);
-  while (comm_) {
+  std::unique_lock<std::mutex> lock(mu_, std::defer_lock);
+  for (;;) {
+    {
+      std::unique_lock<std::mutex> sleep(background_mu_);
+      background_wake_.wait_for(sleep, pause, [this] { return background_stop_.load(); });
+    }
+    pause = std::min(pause * 2, longest_pause);
+    if (!lock.try_lock()) continue;
     const auto now = std::chrono::steady_clock::now();
     // The oldest watched all-reduce: completion is in start order, so finishing it finishes every older one.
     std::shared_ptr<PendingOp> target;
@@ -196,10 +204,11 @@ void HostComm::background() {
         break;
       }
     bool moved = false;
-    if (!target && p2p_.empty()) {
+    if (!comm_) {
+      break;
+    } else if (!target && p2p_.empty()) {
       if (idle_since == std::chrono::steady_clock::time_point::max()) idle_since = now;
       if (now - idle_since >= idle_linger) break;
-      pause = longest_pause;
     } else if (calls_ != calls_seen) {
       idle_since = std::chrono::steady_clock::time_point::max();
       calls_seen = calls_;
@@ -228,20 +237,12 @@ void HostComm::background() {
         }
       }
     }
-    if (!ready_.empty()) {
-      ready.swap(ready_);
-      lock.unlock();
-      run_callbacks(ready);
-      lock.lock();
-    }
-    if (moved) {
-      pause = first_pause;
-    } else {
-      background_wake_.wait_for(lock, pause);
-      pause = std::min(pause * 2, longest_pause);
-    }
+    if (moved) pause = first_pause;
+    ready.swap(ready_);
+    lock.unlock();
+    run_callbacks(ready);
   }
-  background_running_ = false;
+  background_running_ = false;  // under mu_: ensure_background_locked() starts a new one from here on
   ready.swap(ready_);
   lock.unlock();
   run_callbacks(ready);
@@ -258,6 +259,7 @@ void HostComm::closed_locked(const char* why) {
   }
   finish_through(UINT64_MAX, err);
   for (const auto& op : std::vector<std::shared_ptr<PendingOp>>(p2p_)) finish_p2p(op, err);
+  background_stop_ = true;
   background_wake_.notify_all();
 }
 
