@@ -16,15 +16,15 @@
  *   4. wait.c      publish and wait for flags, peer checks, kccl_comm_fail
  *   5. host.c      the host transport: collectives as steps over the segments
  *      gpu_host.c  the GPU transport's host side: bootstrap, watcher, kernel dispatch
+ *      p2p.c       point-to-point: per-pair rings of slots, matching, progress
  *   6. comm.c      communicator life cycle: unique id, init (with a placement or
  *                  not), destroy, abort, queries
  *   7. collectives.c  the public collectives: the shared checks, then the
  *                  communicator's transport (struct kccl_transport)
  *   8. nonblocking.c  the split-phase all-reduce, on collectives.c's checks
- *      p2p.c       point-to-point: per-pair rings of slots, matching, progress
- * One call goes upward, through a pointer: a wait of wait.c runs c->idle_work (set by
- * p2p.c while point-to-point operations are outstanding) so that they keep moving
- * while this rank waits in a collective. */
+ * One call goes upward, through a pointer: a wait of wait.c runs c->idle_work, which the
+ * point-to-point layer sets while its operations are outstanding, so that they keep
+ * moving while this rank waits in a collective. */
 #ifndef KCCL_INTERNAL_H_
 #define KCCL_INTERNAL_H_
 
