@@ -10,18 +10,11 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 
-from benchlib import write_json
-
-
-def parse_size(text):
-    text = text.strip().upper()
-    mult = {"K": 1 << 10, "M": 1 << 20}.get(text[-1:], 1)
-    return int(text[:-1] if mult > 1 else text) * mult
+from benchlib import launch_local_ranks, parse_size, write_json
 
 
 def rank_main(rank, path, rings, sizes, rounds):
@@ -74,26 +67,15 @@ def main():
     ap.add_argument("--sizes", default="4K,1M,16M")
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--json")
-    ap.add_argument("--rank-main", nargs=2, help=argparse.SUPPRESS)
+    ap.add_argument("--rank-main", metavar="UID_FILE", help=argparse.SUPPRESS)
     args = ap.parse_args()
     rings = args.rings.split(",")
     sizes = [parse_size(s) for s in args.sizes.split(",")]
     if args.rank_main:
-        return rank_main(int(args.rank_main[0]), args.rank_main[1], rings, sizes, args.rounds)
+        return rank_main(int(os.environ["RANK"]), args.rank_main, rings, sizes, args.rounds)
     path = os.path.join(tempfile.mkdtemp(prefix="kccl-p2p-bench-"), "uids")
-    cmd = [sys.executable, os.path.abspath(__file__), "--rings", args.rings, "--sizes", args.sizes, "--rounds",
-           str(args.rounds), "--rank-main"]
-    procs = [subprocess.Popen(cmd + [str(r), path], stdout=subprocess.PIPE if r == 0 else subprocess.DEVNULL,
-                              text=True) for r in range(2)]
-    result = None
-    for line in procs[0].stdout:
-        if line.startswith("RESULT "):
-            result = json.loads(line[7:])
-        else:
-            print(line, end="", flush=True)
-    for p in procs:
-        if p.wait():
-            raise SystemExit(f"a rank exited with {p.returncode}")
+    result = launch_local_ranks(__file__, 2, ["--rings", args.rings, "--sizes", args.sizes, "--rounds",
+                                              str(args.rounds), "--rank-main", path])
     if args.json:
         write_json(args.json, {"command": " ".join(["python"] + sys.argv), "loadavg": os.getloadavg(),
                                "cpus": os.cpu_count(), "rows": result})

@@ -17,17 +17,10 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import time
 
-from benchlib import write_json
-
-
-def parse_size(text):
-    text = text.strip().upper()
-    mult = {"K": 1 << 10, "M": 1 << 20}.get(text[-1:], 1)
-    return int(text[:-1] if mult > 1 else text) * mult
+from benchlib import launch_local_ranks, parse_size, write_json
 
 
 def stats(v):
@@ -127,30 +120,6 @@ def rank_main(args):
         print("RESULT " + json.dumps(out), flush=True)
 
 
-def launch(world, args, extra):
-    import socket
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    procs = []
-    for r in range(world):
-        env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(r), WORLD_SIZE=str(world),
-                   OMP_NUM_THREADS="1")
-        cmd = [sys.executable, os.path.abspath(__file__), "--rank-main"] + extra
-        procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE if r == 0 else subprocess.DEVNULL,
-                                      text=True))
-    result = None
-    for line in procs[0].stdout:
-        if line.startswith("RESULT "):
-            result = json.loads(line[7:])
-        else:
-            print(line, end="", flush=True)
-    for p in procs:
-        if p.wait():
-            raise SystemExit(f"a rank exited with {p.returncode}")
-    return result
-
-
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--ranks", default="2,4", help="collectives at these world sizes (ping-pong at 2)")
@@ -176,7 +145,7 @@ def main():
         if args.no_pingpong:
             extra.append("--no-pingpong")
         print(f"{world} ranks; load average {os.getloadavg()[0]:.1f}", flush=True)
-        report["by_ranks"][str(world)] = launch(world, args, extra)
+        report["by_ranks"][str(world)] = launch_local_ranks(__file__, world, ["--rank-main"] + extra)
     report["loadavg_after"] = os.getloadavg()
     if args.json:
         write_json(args.json, report)

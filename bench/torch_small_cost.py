@@ -19,11 +19,10 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import time
 
-from benchlib import write_json
+from benchlib import launch_local_ranks, write_json
 
 LAYERS = ("kccl C", "backend C++", "pg.allreduce", "dist.all_reduce", "numpy Communicator")
 
@@ -87,28 +86,8 @@ def rank_main(args):
 
 
 def launch(world, args):
-    import socket
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    procs = []
-    for r in range(world):
-        env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(r), WORLD_SIZE=str(world),
-                   OMP_NUM_THREADS="1")
-        cmd = [sys.executable, os.path.abspath(__file__), "--rank-main", "--bytes", str(args.bytes), "--rounds",
-               str(args.rounds), "--iters", str(args.iters)] + (["--pin"] if args.pin else [])
-        procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE if r == 0 else subprocess.DEVNULL,
-                                      text=True))
-    result = None
-    for line in procs[0].stdout:
-        if line.startswith("RESULT "):
-            result = json.loads(line[7:])
-        else:
-            print(line, end="", flush=True)
-    for p in procs:
-        if p.wait():
-            raise SystemExit(f"a rank exited with {p.returncode}")
-    return result
+    return launch_local_ranks(__file__, world, ["--rank-main", "--bytes", str(args.bytes), "--rounds", str(args.rounds),
+                                                "--iters", str(args.iters)] + (["--pin"] if args.pin else []))
 
 
 def main():

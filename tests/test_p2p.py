@@ -8,6 +8,7 @@ import time
 import numpy as np
 import pytest
 
+import conftest
 import kccl
 from _harness import assert_all_ok
 
@@ -15,14 +16,7 @@ DETECT_S = 2.0
 
 
 def make_pair(p2p_bytes=4096, timeout_ms=3000):
-    uid = kccl.get_unique_id()
-    out = {}
-    cfg = {"timeout_ms": timeout_ms, "p2p_bytes": p2p_bytes}
-    t = threading.Thread(target=lambda: out.setdefault(0, kccl.Communicator(2, uid, 0, config=cfg)))
-    t.start()
-    c1 = kccl.Communicator(2, uid, 1, config=cfg)
-    t.join()
-    return out[0], c1
+    return conftest.make_pair(timeout_ms, {"p2p_bytes": p2p_bytes})
 
 
 @pytest.fixture

@@ -243,6 +243,14 @@ static inline int64_t kccl_now_ns(void) {
   return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
 }
 static inline size_t kccl_round_up(size_t x, size_t a) { return (x + a - 1) / a * a; }
+/* What a busy-wait does between two looks at a flag. */
+#if defined(__x86_64__) || defined(__i386__)
+#define cpu_relax() __builtin_ia32_pause()
+#elif defined(__aarch64__)
+#define cpu_relax() __asm__ __volatile__("yield" ::: "memory")
+#else
+#define cpu_relax() __asm__ __volatile__("" ::: "memory")
+#endif
 /* The sequence number is the high half of the 64-bit flag: on little-endian
  * machines that is the second 32-bit word, and sleepers wait on it. */
 static inline uint32_t *kccl_seq_word(_Atomic uint64_t *flag) {

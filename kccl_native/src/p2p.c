@@ -31,14 +31,6 @@
 
 #define P2P_SLOTS 4
 
-#if defined(__x86_64__) || defined(__i386__)
-#define cpu_relax() __builtin_ia32_pause()
-#elif defined(__aarch64__)
-#define cpu_relax() __asm__ __volatile__("yield" ::: "memory")
-#else
-#define cpu_relax() __asm__ __volatile__("" ::: "memory")
-#endif
-
 typedef struct {
   _Atomic uint64_t flag; /* piece << 32 | bytes of this piece */
   int32_t tag;

@@ -46,14 +46,6 @@
 #include "internal.h"
 #include "replicas.h"
 
-#if defined(__x86_64__) || defined(__i386__)
-#define cpu_relax() __builtin_ia32_pause()
-#elif defined(__aarch64__)
-#define cpu_relax() __asm__ __volatile__("yield" ::: "memory")
-#else
-#define cpu_relax() __asm__ __volatile__("" ::: "memory")
-#endif
-
 void kccl_publish(struct kcclComm *c, _Atomic uint64_t *flag, uint32_t seq, uint32_t sig) {
   /* seq_cst store: orders the data before it (release) and the sleepers load
    * after it (store-load, against the sleeper's register-then-recheck). */
