@@ -174,7 +174,8 @@ struct MonoArgs {
   int prefetch;                 /* tiles past the ring's the producer asks L2 for */
   int ring_off, x_off;          /* dynamic shared memory: mbarriers at 0, then these */
   long long timeout_ns;         /* a wait longer than this ends the step with KIE_DERR_STALL */
-  unsigned long long *marks;    /* [2 nstages]: block 0's clock at each stage's start and end */
+  unsigned long long *marks;    /* [nstages][4][grid]: each block's clock at each stage's start, x staged,
+                                   end, and its producer's first copy (mono.cu's MARK_*) */
   /* Lanes (tp > 1 runs the kernel's TP copy, which alone reads what follows). */
   int tp;
   const MonoLink *links;        /* [nstages] */

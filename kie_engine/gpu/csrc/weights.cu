@@ -115,7 +115,7 @@ size_t layout(kie_engine *e, char *base) {
   e->mono_sync = (MonoSync *)take(sizeof(MonoSync));
   e->mono_cnt = (unsigned *)take((size_t)e->mono_n * 8);
   e->mono_links = (MonoLink *)take((size_t)e->mono_n * sizeof(MonoLink));
-  e->mono_marks = (unsigned long long *)take((size_t)e->mono_n * 16);
+  e->mono_marks = (unsigned long long *)take((size_t)e->mono_n * 4 * e->sms * 8);
   return round_up(at, 256);
 }
 
