@@ -78,9 +78,17 @@ __device__ __forceinline__ void att_cp16(void *dst, const void *src) {
                : "memory");
 }
 
+__device__ __forceinline__ void att_clock(unsigned long long *at) {
+  unsigned long long t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  *at = t;
+}
+
+/* clk (profiling, or NULL): thread 0 writes the time its scores and softmax were done
+ * to clk[0] and its values to clk[1], for the first tile. */
 template <int HD, bool CG, typename Sync>
 __device__ void attend(const AttnArgs &a, int grp, int split, int t, int tid, AttSmem<HD> &sm, Sync sync,
-                       unsigned *signal) {
+                       unsigned *signal, unsigned long long *const *clk = nullptr) {
   typedef AttShape<HD> AS;
   const int warp = tid >> 5, lane = tid & 31;
   const int kvh = grp / a.hgroups, hg = grp - kvh * a.hgroups, groups = a.nh / a.g * a.hgroups;
@@ -181,6 +189,7 @@ __device__ void attend(const AttnArgs &a, int grp, int split, int t, int tid, At
     }
     asm volatile("cp.async.wait_group 0;" ::: "memory");
     sync();
+    if (clk && tid == 0 && tile == c0) att_clock(clk[0]);
     /* Values: each chunk's running sum rescaled, then its keys added, AS::VB loads in flight. */
     if (vthread) {
 #pragma unroll
@@ -214,6 +223,7 @@ __device__ void attend(const AttnArgs &a, int grp, int split, int t, int tid, At
       }
     }
     sync(); /* sc and fac are rewritten by the next tile */
+    if (clk && tid == 0 && tile == c0) att_clock(clk[1]);
   }
 
   /* The key phases of a chunk meet in phase order (R > 1): phase 0's threads hold the sums. */

@@ -67,7 +67,8 @@ __device__ __forceinline__ unsigned long long gtime() {
 
 /* Every block's clock at the points of stage k (MARK_*: where a step's time goes,
  * read by bench/kie_native's kb_mono_marks), written by consumer thread 0 or, for
- * MARK_ISSUED, by the producer's first lane. */
+ * MARK_ISSUED of a GEMV stage, by the producer's first lane.  An attention stage
+ * has no tiles: its STAGED and ISSUED are thread 0's first item's scores and values. */
 enum { MARK_START = 0, MARK_STAGED = 1, MARK_END = 2, MARK_ISSUED = 3, MARKS = 4 };
 __device__ __forceinline__ void mark(const MonoArgs &m, int k, int what) {
   m.marks[((size_t)k * MARKS + what) * gridDim.x + blockIdx.x] = gtime();
@@ -509,11 +510,15 @@ __device__ void consume(const Block &b, char *xunion) {
       const int sub = tid / ATT_THREADS, subs = m.subs;
       if (sub < subs) {
         AttSmem<HD> *sm = reinterpret_cast<AttSmem<HD> *>(xunion) + sub;
+        /* thread 0's first item's clock: scores and softmax done (MARK_STAGED), values done
+         * (MARK_ISSUED, which the producer leaves alone for attention stages) */
+        unsigned long long *clk[2] = {m.marks + ((size_t)k * MARKS + MARK_STAGED) * gridDim.x + blockIdx.x,
+                                      m.marks + ((size_t)k * MARKS + MARK_ISSUED) * gridDim.x + blockIdx.x};
         for (int it = blockIdx.x * subs + sub; it < items; it += gridDim.x * subs)
           attend<HD, true>(s.at, it % groups, it / groups, 0, tid % ATT_THREADS, *sm,
-                           SyncNamed{BAR_CONSUMERS + 1 + sub, ATT_THREADS}, m.cnt + k);
+                           SyncNamed{BAR_CONSUMERS + 1 + sub, ATT_THREADS}, m.cnt + k,
+                           it == (int)blockIdx.x * subs + sub ? clk : nullptr);
       }
-      mark0(m, k, MARK_STAGED); /* thread 0's items done */
       bar_consumers();
       mark0(m, k, MARK_END); /* this block's items done (the groups' last splits count the stage) */
       continue;
