@@ -248,11 +248,14 @@ def test_other_refusals(server):
 
 
 def test_bad_command_lines_fail_cleanly(server):
-    """Refused before serving, with `error: ...` and exit status 2: a port in use, the GPU
-    engine on a machine without one (or a build without CUDA), a GPU kernel on the CPU."""
+    """Refused before serving, with `error: ...` naming what is wrong and exit status 2: a port
+    in use or out of range, an address not this machine's, the GPU engine on a machine
+    without one (or a build without CUDA), a GPU kernel on the CPU."""
     port = str(server.host_port[1])
-    cases = [(["--port", port], "in use"), (["--kernel", "mono"], "--device cuda"),
-             (["--max-queue", "-1"], "--max-queue")]
+    cases = [(["--port", port], f"cannot listen on 127.0.0.1:{port}: Address already in use"),
+             (["--port", "99999"], "--port must be in 0..65535"), (["--port", "-1"], "--port must be in 0..65535"),
+             (["--host", "192.0.2.1"], "cannot listen on 192.0.2.1:8000"),
+             (["--kernel", "mono"], "--device cuda"), (["--max-queue", "-1"], "--max-queue")]
     try:
         from kie_engine.gpu.engine import require_gpu
         require_gpu()
