@@ -74,7 +74,7 @@ def cmd_convert(a):
 
 
 def cmd_generate(a):
-    from .generate import Sampling, check_request, generate, printable
+    from .generate import Sampling, SamplingError, check_request, generate, printable
     from .sources import open_checkpoint
     from .threads import choose, my_cpus, override, parse_override, set_blas_threads
     from .tokenizer import StreamDecoder
@@ -82,7 +82,10 @@ def cmd_generate(a):
     from .tp import comm_config, plan, prefill_chunk
     size, rank = _world()
     # Everything that can be refused is checked before the first byte of output.
-    sampling = Sampling(a.temperature, a.top_k, a.top_p, a.seed)
+    try:
+        sampling = Sampling(a.temperature, a.top_k, a.top_p, a.seed)
+    except SamplingError as e:  # named as the flag the user typed
+        raise ValueError(f"--{e.param.replace('_', '-')} {e.rule}, got {e.value}") from None
     ckpt = open_checkpoint(a.model)
     cfg = ckpt.config
     tok = ckpt.tokenizer()
