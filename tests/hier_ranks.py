@@ -40,8 +40,10 @@ def storage(dtype):
 
 
 def to_bf16_bits(f32):
+    """Round to nearest even; a NaN stays a (quiet) NaN."""
     u = np.asarray(f32, np.float32).view(np.uint32)
-    return ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)
+    rounded = ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)
+    return np.where((u & 0x7FFFFFFF) > 0x7F800000, ((u >> 16) | 0x40).astype(np.uint16), rounded)
 
 
 def values(case, rank, count):
