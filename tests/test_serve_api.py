@@ -227,6 +227,8 @@ def test_other_refusals(server):
     assert st == 400 and j["error"]["code"] == "context_length_exceeded"
     st, _, j = post(server, "/v1/completions", {"model": server.name, "prompt": ""})
     assert st == 400 and j["error"]["param"] == "prompt"
+    st, _, j = post(server, "/v1/chat/completions", None, raw=b"[" * 100_000 + b"]" * 100_000)  # json recurses
+    assert st == 400 and j["error"]["code"] == "invalid_json" and "nested too deeply" in j["error"]["message"]
     # a body declared too large is refused before it is read
     with socket.create_connection(server.host_port) as s:
         s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"

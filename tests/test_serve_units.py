@@ -125,7 +125,8 @@ def test_completion_prompts():
 
 
 def test_json_and_context():
-    for raw in (b"{bad", b"[1]", b"\xff", b'{"temperature": NaN}', b"null"):
+    for raw in (b"{bad", b"[1]", b"\xff", b'{"temperature": NaN}', b"null", b"[" * 100_000 + b"]" * 100_000,
+                b'{"messages": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"):
         with pytest.raises(ApiError) as e:
             parse_json(raw)
         assert e.value.status == 400 and e.value.code == "invalid_json"

@@ -25,6 +25,8 @@ def parse_json(raw: bytes):
         body = json.loads(raw.decode("utf-8"), parse_constant=_reject_constant)
     except (UnicodeDecodeError, ValueError) as e:  # JSONDecodeError is a ValueError
         raise ApiError(400, f"the request body is not valid JSON: {e}", code="invalid_json") from None
+    except RecursionError:  # json's parser recurses once per nesting level
+        raise ApiError(400, "the request body is nested too deeply to read", code="invalid_json") from None
     if not isinstance(body, dict):
         raise ApiError(400, f"the request body must be a JSON object, not {_kind(body)}", code="invalid_json")
     return body
