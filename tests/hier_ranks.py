@@ -17,6 +17,8 @@ import zlib
 import numpy as np
 from mpi4py import MPI
 
+from _mpi_shm import forget_mpi_segments
+
 world = MPI.COMM_WORLD
 RANK, SIZE = world.Get_rank(), world.Get_size()
 if os.environ.get("HIER_HOSTS"):
@@ -164,6 +166,9 @@ def kill(victim):
     x = np.ones(int(os.environ.get("HIER_COUNT", "100")), np.float32)
     comm.all_reduce(x)  # everyone is in and working
     world.Barrier()
+    # every rank has attached MPICH's segments, and no rank here reaches MPI_Finalize
+    with open(os.path.join(os.environ["HIER_OUT"], f"mpi_shm{RANK}.json"), "w") as f:
+        json.dump(forget_mpi_segments(), f)
     if RANK == victim:
         os._exit(3)
     got = outcome(lambda: comm.all_reduce(x))
