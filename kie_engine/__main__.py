@@ -8,7 +8,7 @@
     python -m kie_engine convert --model FILE.gguf|smollm2 --out DIR [--dtype bfloat16|float32]
     python -m kie_engine convert --model FILE.gguf|smollm2 --quantize q8_0|q4_0|q4_1|q4_k --out FILE.gguf
     [mpiexec -n N] python -m kie_engine serve --model DIR|FILE.gguf|smollm2 [--host 127.0.0.1] [--port 8000]
-        [--max-queue 32] [--device cpu|cuda] (an OpenAI-compatible HTTP server; README "Serving")
+        [--max-queue 32] [--device cpu|cuda] (an OpenAI-compatible HTTP server; docs/serving.md)
 
 Under mpiexec every rank is a lane (tensor parallelism over KCCL); N = 1 needs no
 mpiexec.  Rank 0 streams the text and prints the timing line."""

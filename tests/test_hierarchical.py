@@ -259,7 +259,7 @@ def test_lone_host_death_times_out_everywhere(tmp_path, count):
         # a leader's MPI wait times out; a peer of its host either times out in KCCL itself or,
         # when its leader closed first, sees that leader abort (a timeout sends no notice: see
         # kccl/hierarchical.py's _fail)
-        # (or, when MPI killed a rank on the way: README, "Failures", the death of that rank, seen
+        # (or, when MPI killed a rank on the way: docs/several-hosts.md, "Failures", the death of that rank, seen
         # by its KCCL peers)
         leader = rank % 3  # hosts are rank % 3, so a host's leader is its host number
         killed_by_mpi = [q for q in range(5) if q != 2 and q not in got]

@@ -247,7 +247,7 @@ def _launcher_has(flag):
 @needs_mpi
 def test_survivors_report_the_dead_rank_under_disable_auto_cleanup(tmp_path):
     """MPICH's Hydra kills every rank as soon as one dies; with -disable-auto-cleanup (the
-    README's advice) the survivors live on, and KCCL tells each which rank died.
+    docs/kccl.md's advice) the survivors live on, and KCCL tells each which rank died.
 
     The dead rank exits (os._exit, so neither MPI nor KCCL hears a goodbye) rather than being
     SIGKILLed: Hydra's proxy SIGKILLs all its other ranks when it reaps one that a signal
