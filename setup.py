@@ -15,7 +15,7 @@ setup(
                            "torch/csrc/*"],
                   "kie_engine": ["serve/static/*.html"],
                   "topology": ["fixtures/*/*.md", "fixtures/*/*.json", "fixtures/*.md", "fixtures/this-machine/**/*"]},
-    python_requires=">=3.9",
+    python_requires=">=3.10",  # the kie extra's torch 2.13 needs it; on 3.9 (numpy 2.0) DLPack buffers arrive read-only
     setup_requires=["cffi>=1.15"],
     install_requires=["cffi>=1.15", "numpy>=1.22"],
     extras_require={
