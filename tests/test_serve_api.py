@@ -26,7 +26,9 @@ from _serve import ROOT, OpenStream, ServerProcess, metric, parse_metrics, parse
 from kie_engine.gguf_io import GGUFCheckpoint  # noqa: E402
 from kie_engine.sources import short_name_path  # noqa: E402
 
-QUESTION = "What is the capital of France?"
+# Answered "... 4." and ended within 12 tokens by every kernel level and lane count (a question
+# whose answer sits on a near tie, such as the capital of France, changes with the SIMD level)
+QUESTION = "What is 2 + 2?"
 STORY = "Once upon a time"
 QUEUE = 2
 
@@ -95,7 +97,7 @@ def test_chat_greedy_equals_cli(server):
     status, _, j = chat(server, QUESTION, temperature=0, max_tokens=40)
     assert status == 200, j
     c = j["choices"][0]
-    assert c["message"] == {"role": "assistant", "content": want} and "Paris" in want
+    assert c["message"] == {"role": "assistant", "content": want} and "4" in want
     assert c["finish_reason"] == "stop" and j["object"] == "chat.completion" and j["id"].startswith("chatcmpl-")
     assert j["usage"]["completion_tokens"] == n < 40  # the end-of-turn token counts, as in the CLI
     assert j["usage"]["total_tokens"] == j["usage"]["prompt_tokens"] + n
@@ -277,7 +279,7 @@ def test_openai_client_plain_and_streamed(server):
     assert [m.id for m in client.models.list()] == [server.name]
     r = client.chat.completions.create(model=server.name, messages=[{"role": "user", "content": QUESTION}],
                                        temperature=0, max_tokens=40)
-    assert "Paris" in r.choices[0].message.content and r.choices[0].finish_reason == "stop"
+    assert "4" in r.choices[0].message.content and r.choices[0].finish_reason == "stop"
     parts, usage = [], None
     for chunk in client.chat.completions.create(model=server.name, messages=[{"role": "user", "content": QUESTION}],
                                                 temperature=0, max_tokens=40, stream=True,
