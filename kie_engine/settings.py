@@ -68,6 +68,13 @@ SETTINGS = (
     Setting("KIE_GPU_MONO_PREFETCH", "int", -1,
             "Monokernel: weight tiles past its shared-memory ring asked of L2 ahead of use; -1 = auto (the "
             "ring's size).", -1, 64, **_GPU),
+    Setting("KIE_GPU_PREFILL", "choice", "auto",
+            "CUDA engine: how a prompt runs: gemm (each weight matrix one cuBLAS product over a chunk of tokens), "
+            "gemv (decode-shaped passes of a few tokens), or auto (gemm where cuBLAS can be loaded, else gemv).",
+            values=("auto", "gemm", "gemv"), **_GPU),
+    Setting("KIE_GPU_PREFILL_CHUNK", "int", 0,
+            "CUDA engine: tokens of one batched prefill pass at most (its activations are allocated for them); "
+            "0 = auto (1024, at most the context).", 0, 1 << 20, **_GPU),
     Setting("KIE_GPU_MONO_BLOCKS", "int", 0,
             "Monokernel: blocks of its grid; 0 = auto (every SM, or a share of them when lanes share the GPU).",
             0, 1 << 16, **_GPU),

@@ -184,7 +184,7 @@ def test_one_host_is_the_flat_communicator():
 
 def test_unique_id_from_another_machine_is_refused_at_once():
     """The unique id carries its maker's machine key (boot id, /dev/shm, pid namespace); a
-    rank elsewhere is refused at init instead of waiting KCCL_TIMEOUT_MS for segments it
+    rank elsewhere is refused at init instead of waiting KCCL_INIT_TIMEOUT_MS for segments it
     cannot see.  Here the key is forged (with a valid checksum) to stand for that rank."""
     import kccl
 

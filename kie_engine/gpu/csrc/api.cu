@@ -67,6 +67,10 @@ extern "C" {
 
 int kie_built(void) { return 1; }
 
+int kie_blas_load(const char *path) { return blas_load(path); }
+
+const char *kie_blas_path(void) { return blas_path(); }
+
 const char *kie_last_error(void) { return g_err; }
 
 int kie_device_count(int *n) {
@@ -94,6 +98,8 @@ int kie_create(const kie_shape *s, const kie_comm *c, int device, kie_engine **o
   *out = nullptr;
   if (s->tp_size > 1 && (!c || !c->comm || !c->all_reduce || !c->start || !c->wait || !c->all_gather))
     return fail(KIE_E_ARG, "tp_size=%d needs a KCCL communicator and its functions", s->tp_size);
+  if (s->prefill == 1 && !blas_loaded())
+    return fail(KIE_E_NOCUDA, "prefill=1 needs cuBLAS: kie_blas_load did not succeed in this process");
   size_t bytes = 0;
   TRY(kie_plan_bytes(s, device, &bytes));
   kcclDevComm dc;
@@ -138,8 +144,10 @@ int kie_create(const kie_shape *s, const kie_comm *c, int device, kie_engine **o
       (ce = cudaStreamSynchronize(e->stream)) != cudaSuccess ||
       (ce = cudaHostAlloc((void **)&e->ring_h, sizeof(HostRing), cudaHostAllocMapped)) != cudaSuccess ||
       (ce = cudaHostGetDevicePointer((void **)&e->ring_d, e->ring_h, 0)) != cudaSuccess ||
-      (ce = kie_gemv_attributes(XS_MAX)) != cudaSuccess)
+      (ce = kie_gemv_attributes(XS_MAX)) != cudaSuccess ||
+      (e->pf_chunk > 0 && (ce = kie_pf_attention_attributes()) != cudaSuccess))
     rc = fail(KIE_E_CUDA, "device %d setup: %s", device, cudaGetErrorString(ce));
+  if (rc == KIE_OK && e->pf_chunk > 0) rc = blas_create(e);
   if (rc != KIE_OK) {
     kie_destroy(e);
     return rc;
@@ -156,6 +164,7 @@ void kie_destroy(kie_engine *e) {
   if (e->stream) cudaStreamSynchronize(e->stream);
   for (int m = 0; m < 3; m++)
     if (e->graph[m]) cudaGraphExecDestroy(e->graph[m]);
+  blas_destroy(e);
   if (e->stream) cudaStreamDestroy(e->stream);
   if (e->arena) cudaFree(e->arena);
   if (e->ring_h) cudaFreeHost(e->ring_h);
@@ -220,11 +229,18 @@ int kie_prefill(kie_engine *e, const int32_t *tokens, int n, int mode) {
     if (tokens[i] < 0 || tokens[i] >= e->s.vocab)
       return fail(KIE_E_ARG, "token %d at prompt index %d is outside the vocabulary of %d", tokens[i], i, e->s.vocab);
   CU(cudaSetDevice(e->device));
-  for (int at = 0; at < n; at += e->tmax) {
-    const int T = std::min(e->tmax, n - at);
-    const bool last = at + T == n;
-    CU(cudaMemcpyAsync(e->tokbuf, tokens + at, (size_t)T * 4, cudaMemcpyHostToDevice, e->stream));
-    TRY(enqueue_forward(e, T, last ? mode : KIE_MODE_ADVANCE));
+  const int chunk = e->pf_chunk > 0 ? e->pf_chunk : e->tmax;
+  for (int at = 0; at < n; at += chunk) {
+    const int T = std::min(chunk, n - at);
+    const int m = at + T == n ? mode : KIE_MODE_ADVANCE;
+    if (e->pf_chunk > 0) {
+      /* pf_tok feeds this pass's embedding rows; the pick writes the next token to tokbuf */
+      CU(cudaMemcpyAsync(e->pf_tok, tokens + at, (size_t)T * 4, cudaMemcpyHostToDevice, e->stream));
+      TRY(enqueue_prefill(e, T, m));
+    } else {
+      CU(cudaMemcpyAsync(e->tokbuf, tokens + at, (size_t)T * 4, cudaMemcpyHostToDevice, e->stream));
+      TRY(enqueue_forward(e, T, m));
+    }
     e->pos_h += T;
   }
   if (mode != KIE_MODE_ADVANCE) e->step_h++;
@@ -343,6 +359,7 @@ int kie_get_info(kie_engine *e, kie_info *info) {
   info->mono_stages = e->mono_n;
   info->mono_blocks = e->mono_ready ? e->mono_grid : 0;
   info->mono_reducers = e->mono_ready ? e->mono_nred : 0;
+  info->prefill_chunk = e->pf_chunk;
   CU(cudaSetDevice(e->device));
   CU(cudaStreamSynchronize(e->stream));
   DevState st;

@@ -6,8 +6,10 @@
  *   forward.cu      the per-sublayer path: launches, the lanes' sums, the pick
  *   graph.cu        a decode step by the engine's kernel, captured as a CUDA graph
  *   mono_host.cu    the monokernel's stage table, its sizing and its launch
+ *   prefill.cu      a batched prefill pass: a chunk of tokens through GEMMs (blas.cu: cuBLAS, loaded at run
+ *                   time) and the row kernels of prefill_kernels.cu / prefill_attention.cu
  *   api.cu          the C API of kie_gpu.h, its errors, the token ring
- * The kernels are in gemv.cu, attention.cu, pick.cu and mono.cu (kie_kernels.h).
+ * The kernels are in gemv.cu, attention.cu, pick.cu, mono.cu and prefill_*.cu (kie_kernels.h).
  *
  * One step for T tokens (decode: T = 1, captured; prefill: T <= tmax, eager):
  *
@@ -119,6 +121,15 @@ struct kie_engine {
   int mono_n, mono_ready, mono_slot, mono_nslots, mono_xbytes, mono_grid, mono_nred, mono_red_per;
   size_t mono_smem;
   kcclDevComm dc;                 /* tp > 1 and the monokernel: the communicator's device-API handle */
+  /* The batched prefill (pf_chunk > 0: tokens per pass; 0: prefill runs as decode-shaped
+   * passes of tmax tokens): its cuBLAS handle, workspace and activations. */
+  int pf_chunk;
+  void *blas;
+  char *pf_ws;
+  size_t pf_ws_bytes;
+  float *pf_R, *pf_sums, *pf_y;
+  bf16 *pf_x, *pf_q, *pf_att, *pf_gu, *pf_act;
+  int *pf_tok;
   std::vector<char> have; /* which uploads have arrived */
   std::vector<uint64_t> req;
   int pos_h, step_h;      /* the host's count of what it enqueued */
@@ -147,12 +158,27 @@ int upload(kie_engine *e, int kind, int layer, const void *src, size_t rows, siz
 
 /* forward.cu */
 int comm_fail(kie_engine *e, int rc, const char *what);
+int all_reduce(kie_engine *e, float *p, size_t count);
+int sum_start(kie_engine *e, float *p, size_t count, uint64_t *req);
+int sum_wait(kie_engine *e, uint64_t req);
 int enqueue_forward(kie_engine *e, int T, int mode);
 int enqueue_pick(kie_engine *e, int T, int mode);
 
 /* mono_host.cu */
 int mono_prepare(kie_engine *e);
 int enqueue_mono(kie_engine *e, int mode);
+
+/* blas.cu */
+int blas_load(const char *path);
+int blas_loaded();
+const char *blas_path();
+int blas_create(kie_engine *e);
+void blas_destroy(kie_engine *e);
+int blas_gemm(kie_engine *e, int T, int N, int K, const bf16 *x, int ldx, const bf16 *w, int ldw, void *y, int ldy,
+              bool y_f32, float beta);
+
+/* prefill.cu: one batched pass of T <= pf_chunk tokens (pf_tok) from the device position, ending with `mode` */
+int enqueue_prefill(kie_engine *e, int T, int mode);
 
 /* graph.cu */
 int enqueue_step(kie_engine *e, int mode);

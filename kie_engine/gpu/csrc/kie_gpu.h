@@ -88,6 +88,9 @@ typedef struct {
   int lanes_per_device;        /* lanes sharing this GPU (under MPS); 0 or 1: this lane has it alone */
   int mono_blocks;             /* monokernel: blocks of its grid (0: auto: every SM, or a share of them when
                                   lanes share the GPU) */
+  int prefill;                 /* 1: a prompt runs as batched passes (cuBLAS GEMMs over a chunk of tokens; needs
+                                  kie_blas_load first); 0: as decode-shaped passes of a few tokens */
+  int prefill_chunk;           /* tokens of a batched pass at most (0: auto, 1024; at most max_seq) */
 } kie_shape;
 
 /* KCCL's entry points for the lanes' sums (all NULL when tp_size == 1); void *
@@ -110,9 +113,16 @@ typedef struct {
   int mono_stages;             /* per layer QKV, attention, o, gate/up, down; then the head */
   int mono_blocks;             /* its grid (0 before its first step) */
   int mono_reducers;           /* of those, the blocks that sum the lanes' sublayer sums (tp > 1) */
+  int prefill_chunk;           /* tokens of a batched prefill pass (0: prefill runs as decode-shaped passes of
+                                  prefill_tokens) */
 } kie_info;
 
 int kie_built(void);
+/* Loads cuBLAS for the batched prefill (once per process): from `path`, or when
+ * it is NULL or empty from the loader's search path (libcublas.so.13, .12). */
+int kie_blas_load(const char *path);
+/* The cuBLAS file loaded ("" before). */
+const char *kie_blas_path(void);
 int kie_device_count(int *n);
 const char *kie_last_error(void);
 /* Bytes of device memory an engine of this shape allocates on `device`

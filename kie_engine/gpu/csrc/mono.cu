@@ -65,6 +65,17 @@ __device__ __forceinline__ unsigned long long gtime() {
   return t;
 }
 
+/* Every block's clock at the points of stage k (MARK_*: where a step's time goes,
+ * read by bench/kie_native's kb_mono_marks), written by consumer thread 0 or, for
+ * MARK_ISSUED, by the producer's first lane. */
+enum { MARK_START = 0, MARK_STAGED = 1, MARK_END = 2, MARK_ISSUED = 3, MARKS = 4 };
+__device__ __forceinline__ void mark(const MonoArgs &m, int k, int what) {
+  m.marks[((size_t)k * MARKS + what) * gridDim.x + blockIdx.x] = gtime();
+}
+__device__ __forceinline__ void mark0(const MonoArgs &m, int k, int what) {
+  if (threadIdx.x == 0) mark(m, k, what);
+}
+
 __device__ __forceinline__ uint32_t smem_u32(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }
 
 __device__ __forceinline__ void mbar_init(uint64_t *bar, unsigned count) {
@@ -261,7 +272,7 @@ __device__ void produce(const Block &b) {
     tile_rows(p, nullptr, nullptr);
     ahead = cursor_next(m, p);
   }
-  int tile = 0;
+  int tile = 0, marked = -1;
   for (; more; tile++, more = cursor_next(m, c)) {
     const int slot = tile % m.nslots, use = tile / m.nslots;
     /* Before a slot's next copy: the consumers are done with its last tile
@@ -278,6 +289,10 @@ __device__ void produce(const Block &b) {
       if (!__all_sync(0xffffffffu, free)) break;
     }
     tile_rows(c, b.ring + (size_t)slot * m.slot_bytes, &b.full[slot]);
+    if (c.k != marked) {
+      if ((threadIdx.x & 31) == 0) mark(m, c.k, MARK_ISSUED);
+      marked = c.k;
+    }
     if (ahead) {
       tile_rows(p, nullptr, nullptr);
       ahead = cursor_next(m, p);
@@ -306,14 +321,9 @@ __device__ bool wait_stage(const Block &b, int k, unsigned epoch) {
   return !*b.quit;
 }
 
-/* Block 0's clock (where a step's time goes, read by bench/kie_native's kb_mono_marks). */
-__device__ __forceinline__ void mark(const MonoArgs &m, int i) {
-  if (blockIdx.x == 0 && threadIdx.x == 0) m.marks[i] = gtime();
-}
-
 __device__ void signal_stage(const MonoArgs &m, int k) {
   bar_consumers();
-  mark(m, 2 * k + 1);
+  mark0(m, k, MARK_END);
   if (threadIdx.x == 0) {
     __threadfence();
     atomicAdd(m.cnt + k, 1u);
@@ -469,7 +479,7 @@ __device__ void consume(const Block &b, char *xunion) {
     const MonoStage &s = cur;
     if (s.kind == MONO_ATTN) {
       if (!wait_stage(b, k - 1, epoch)) return;
-      mark(m, 2 * k);
+      mark0(m, k, MARK_START);
       const int groups = s.at.nh / s.at.g * s.at.hgroups, items = groups * s.at.nsplit;
       const int sub = tid / ATT_THREADS, subs = m.subs;
       if (sub < subs) {
@@ -478,8 +488,9 @@ __device__ void consume(const Block &b, char *xunion) {
           attend<HD, true>(s.at, it % groups, it / groups, 0, tid % ATT_THREADS, *sm,
                            SyncNamed{BAR_CONSUMERS + 1 + sub, ATT_THREADS}, m.cnt + k);
       }
+      mark0(m, k, MARK_STAGED); /* thread 0's items done */
       bar_consumers();
-      mark(m, 2 * k + 1); /* this block's items done (the groups' last splits count the stage) */
+      mark0(m, k, MARK_END); /* this block's items done (the groups' last splits count the stage) */
       continue;
     }
     int u0, u1;
@@ -490,10 +501,11 @@ __device__ void consume(const Block &b, char *xunion) {
       } else if (k > 0 && !wait_stage(b, k - 1, epoch)) {
         return;
       }
-      mark(m, 2 * k);
+      mark0(m, k, MARK_START);
       if (s.g.x) stage_plain(s.g, xs, tid);
       else stage_norm(s.g, xs, tid, u0 == 0, SyncNamed{BAR_CONSUMERS, MONO_CONSUMERS}, red);
       bar_consumers();
+      mark0(m, k, MARK_STAGED);
       for (int tu = u0; tu < u1; tu += s.upt, tile++) {
         const int slot = tile % m.nslots, use = tile / m.nslots;
         /* Each consumer waits for the tile itself, so they can give up at different
