@@ -114,7 +114,7 @@ def main():
     for r in rows:
         lc = f"{r['llama_cpp_perplexity']:.3f}" if r["llama_cpp_perplexity"] else "-"
         print(f"| {r['what']} | {r['format']} | {r['perplexity']:.3f} | {lc} | {r['reference_perplexity']:.3f} | "
-              f"{r['kl_mean']:.5f} | {100 * r['top1_agreement']:.1f} % |")
+              f"{max(0.0, r['kl_mean']):.5f} | {100 * r['top1_agreement']:.1f} % |")  # -0.0: float32 rounding
 
 
 if __name__ == "__main__":
