@@ -293,6 +293,26 @@ def torch_prefill_ms(cfg, w, T, rounds, compile_it):
     return (min(ms), statistics.median(ms), max(ms)), warm
 
 
+def kernel_profile(fn, top=14):
+    """GPU time of every kernel fn() runs (the PyTorch profiler through CUPTI: the engine's
+    kernels and cuBLAS's too, graph replays included), summed by kernel name: [(name,
+    calls, us)], largest first."""
+    from torch.profiler import ProfilerActivity, profile
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    out = []
+    for e in prof.key_averages():
+        us = getattr(e, "self_device_time_total", None)
+        if us is None:
+            us = getattr(e, "self_cuda_time_total", 0)
+        if us > 0:
+            out.append((e.key[:90], int(e.count), round(float(us), 1)))
+    out.sort(key=lambda r: -r[2])
+    return out[:top]
+
+
 def kie_prefill_ms(m, ctx, rounds):
     """ms from the prompt going in to its next token picked on the device (GpuModel.first_token):
     (min, median, max) over rounds after one warm-up."""
@@ -369,9 +389,11 @@ VARIANTS = [dict(gemv_x_l1=0, gemv_pipe=0), dict(gemv_x_l1=0), dict(gemv_pipe=0)
             dict(att_chunk=64), dict(att_chunk=128)]
 
 
-# The monokernel's variants: how far past its shared-memory ring the producer asks L2
-# for weights (default: as many tiles as the ring holds).
-MONO_VARIANTS = [dict(mono_prefetch=0), dict(mono_prefetch=8), dict(mono_prefetch=16), dict(mono_prefetch=32)]
+# The monokernel's variants: keys per attention split at least (default 32: fewer, longer
+# splits skip the combine at short contexts), and how far past its shared-memory ring the
+# producer asks L2 for weights (default: as many tiles as the ring holds).
+MONO_VARIANTS = [dict(att_chunk=64), dict(att_chunk=128), dict(att_chunk=256), dict(mono_prefetch=0),
+                 dict(mono_prefetch=16)]
 
 
 def kie_decode(m, ctx, tokens, rounds, vocab):
@@ -448,6 +470,8 @@ def main():
                     help="also KIE with the launch and kernel variants of VARIANTS (delay 0, every context)")
     ap.add_argument("--mono-variants", action="store_true",
                     help="also the monokernel with the variants of MONO_VARIANTS (delay 0, every context)")
+    ap.add_argument("--profile", action="store_true",
+                    help="also the GPU time of each kernel of a prefill and of 8 graph decode steps (PyTorch profiler)")
     ap.add_argument("--json")
     a = ap.parse_args()
     ndev = torch.cuda.device_count()
@@ -528,6 +552,16 @@ def main():
                 kie_prefill[ctx] = kie_prefill_ms(m, ctx, a.prefill_rounds)
                 add_prefill("kie", "prefill " + ("gemm" if m.info()["prefill_chunk"] else "gemv"), ctx,
                             kie_prefill[ctx], {"prefill": m.prefill_note})
+            if a.profile:  # where a prefill's and a decode step's GPU time goes, kernel by kernel
+                for ctx in contexts:
+                    ids = np.random.default_rng(ctx).integers(0, cfg.vocab_size, ctx).tolist()
+                    micro[f"kernels_prefill_{ctx}"] = kernel_profile(lambda: m.first_token(ids))
+                    log(f"# prefill of {ctx} tokens, GPU us by kernel: {micro[f'kernels_prefill_{ctx}']}")
+                m.reset()
+                m.prefill(list(range(min(contexts))))
+                micro["kernels_graph_8_steps"] = kernel_profile(lambda: kie_bench.bench_steps(m, 8))
+                log(f"# 8 graph decode steps at context {min(contexts)}, GPU us by kernel: {micro['kernels_graph_8_steps']}")
+                m.reset()
             if m.info()["prefill_chunk"]:  # the token-by-token prefill beside it, at the shortest context
                 mg = kie_engine(cfg, w, comm, max_seq, prefill="gemv")
                 ctx = min(contexts)

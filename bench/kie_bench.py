@@ -81,8 +81,10 @@ def mono_profile(model):
                used), mean; spread: the last block's end less the first block's;
       lead     per block, how long before the consumers started the stage the producer
                had issued the stage's first tile (negative: issued after), mean;
-    and "total": the first stage's first start to the head's last end; "block0": the old
-    view (run / wait of block 0)."""
+    for attention stages, in place of stage_x / run / lead: scores, values and rest, thread
+    0's first item from its start to its scores and softmax done, to its values done, and
+    on to the block's end (the combine, further items), mean over blocks with items; and
+    "total": the first stage's first start to the head's last end."""
     info = model.info()
     n, grid = info["mono_stages"], info["mono_blocks"]
     marks = np.zeros(4 * n * grid, np.uint64)
@@ -114,6 +116,21 @@ def mono_profile(model):
             o["lead"] += float(np.mean(start[i][hi] - issued[i][hi]))
         prev_end_all = last
         prev_end = np.where(h, end[i], prev_end if prev_end is not None else 0)
+    # attention: thread 0's first item, split into scores + softmax, values, and the rest
+    # (the combine, further items, the block's wait for its other half), over blocks with items
+    att = {"scores": 0.0, "values": 0.0, "rest": 0.0}
+    for i, k in enumerate(kinds):
+        if k != "attention":
+            continue
+        hi = has[i] & (issued[i] > 0) & (staged[i] > 0)
+        if hi.any():
+            att["scores"] += float(np.mean(staged[i][hi] - start[i][hi]))
+            att["values"] += float(np.mean(issued[i][hi] - staged[i][hi]))
+            att["rest"] += float(np.mean(end[i][hi] - issued[i][hi]))
+    if "attention" in out:
+        out["attention"]["stage_x"] = 0.0  # its STAGED mark is the item's clock, not an input staged
+        out["attention"]["run"] = out["attention"]["lead"] = 0.0
+        out["attention"].update(att)
     out = {k: {a: round(float(b), 1) for a, b in v.items()} for k, v in out.items()}
     first = start[0][has[0]].min()
     out["total"] = round(float(end[-1][has[-1]].max() - first), 1) if has[-1].any() else None

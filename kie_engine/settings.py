@@ -66,8 +66,8 @@ SETTINGS = (
             "CUDA engine: 1 has the o and down GEMVs read x through L1 (0: staged in shared memory).", 0, 1,
             **_GPU),
     Setting("KIE_GPU_MONO_PREFETCH", "int", -1,
-            "Monokernel: weight tiles past its shared-memory ring asked of L2 ahead of use; -1 = auto (the "
-            "ring's size).", -1, 64, **_GPU),
+            "Monokernel: weight tiles past its shared-memory ring asked of L2 ahead of use; -1 = auto (none: "
+            "5 and 16 tiles were 11 % and 30 % slower on the 2b shape, bench/RESULTS.md).", -1, 64, **_GPU),
     Setting("KIE_GPU_PREFILL", "choice", "auto",
             "CUDA engine: how a prompt runs: gemm (each weight matrix one cuBLAS product over a chunk of tokens), "
             "gemv (decode-shaped passes of a few tokens), or auto (gemm where cuBLAS can be loaded, else gemv).",

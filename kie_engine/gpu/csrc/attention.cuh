@@ -14,10 +14,10 @@
  * The work is laid out so that an item is a short chain of memory round trips
  * and each thread holds little: a score is one thread's whole dot product of a
  * query head with a key row (the query from shared memory, broadcast; no
- * shuffles), and a value chunk (DV dims of one head) is one thread's sum over
- * a share of the tile's keys.  A key or value row is read once per query head
- * of the group (from L2 or L1), which costs less than the reductions a shared
- * read would need. */
+ * shuffles; the key row from L2 or L1, once per query head of the group), and a
+ * value chunk (DV dims of one head) is one thread's sum over a share of the
+ * tile's keys, read from shared memory, where the tile's values are copied
+ * (cp.async) while its scores are computed. */
 #ifndef KIE_ATTENTION_CUH_
 #define KIE_ATTENTION_CUH_
 #include <math.h>
@@ -46,6 +46,7 @@ struct __align__(16) AttSmem { /* 16: the queries are read as float4, and items 
   float qs[ATT_MAXG * HD];
   float sc[ATT_MAXG * ATT_TILE];
   float red[ATT_THREADS * ATT_DV]; /* the key phases' value sums (when a chunk has several threads) */
+  bf16 vs[ATT_TILE * HD];          /* the tile's value rows, copied in while the scores are computed */
   float m_run[ATT_MAXG], l_run[ATT_MAXG], fac[ATT_MAXG], big_m[ATT_MAXG], big_l[ATT_MAXG];
   int last;
 };
@@ -72,19 +73,22 @@ __device__ __forceinline__ uint4 ld_kv(const void *p) {
     asm volatile("ld.global.nc.v4.u32 {%0,%1,%2,%3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
   return v;
 }
-template <bool CG>
-__device__ __forceinline__ uint2 ld_kv2(const void *p) {
-  uint2 v;
-  if (CG)
-    asm volatile("ld.global.cg.v2.u32 {%0,%1}, [%2];" : "=r"(v.x), "=r"(v.y) : "l"(p));
-  else
-    asm volatile("ld.global.nc.v2.u32 {%0,%1}, [%2];" : "=r"(v.x), "=r"(v.y) : "l"(p));
-  return v;
+__device__ __forceinline__ void att_cp16(void *dst, const void *src) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"((uint32_t)__cvta_generic_to_shared(dst)), "l"(src)
+               : "memory");
 }
 
+__device__ __forceinline__ void att_clock(unsigned long long *at) {
+  unsigned long long t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  *at = t;
+}
+
+/* clk (profiling, or NULL): thread 0 writes the time its scores and softmax were done
+ * to clk[0] and its values to clk[1], for the first tile. */
 template <int HD, bool CG, typename Sync>
 __device__ void attend(const AttnArgs &a, int grp, int split, int t, int tid, AttSmem<HD> &sm, Sync sync,
-                       unsigned *signal) {
+                       unsigned *signal, unsigned long long *const *clk = nullptr) {
   typedef AttShape<HD> AS;
   const int warp = tid >> 5, lane = tid & 31;
   const int kvh = grp / a.hgroups, hg = grp - kvh * a.hgroups, groups = a.nh / a.g * a.hgroups;
@@ -136,6 +140,10 @@ __device__ void attend(const AttnArgs &a, int grp, int split, int t, int tid, At
 
   for (int tile = c0; tile < c1; tile += ATT_TILE) {
     const int nt = min(ATT_TILE, c1 - tile);
+    /* The tile's values into shared memory (through L2: another block of a monokernel may
+     * have written the last row), their round trip overlapping the keys'. */
+    for (int i = tid; i < nt * (HD / 8); i += ATT_THREADS) att_cp16(sm.vs + (size_t)i * 8, V + (size_t)tile * HD + (size_t)i * 8);
+    asm volatile("cp.async.commit_group;" ::: "memory");
     /* Scores: pair p = (head p / ATT_TILE, key p % ATT_TILE), one thread's dot product each. */
 #pragma unroll
     for (int pi = 0; pi < AS::PPT; pi++) {
@@ -179,7 +187,9 @@ __device__ void attend(const AttnArgs &a, int grp, int split, int t, int tid, At
         sm.m_run[j] = m_new;
       }
     }
+    asm volatile("cp.async.wait_group 0;" ::: "memory");
     sync();
+    if (clk && tid == 0 && tile == c0) att_clock(clk[0]);
     /* Values: each chunk's running sum rescaled, then its keys added, AS::VB loads in flight. */
     if (vthread) {
 #pragma unroll
@@ -190,14 +200,14 @@ __device__ void attend(const AttnArgs &a, int grp, int split, int t, int tid, At
         const float f = sm.fac[j];
 #pragma unroll
         for (int i = 0; i < ATT_DV; i++) acc[ci][i] *= f;
-        const bf16 *vcol = V + (size_t)tile * HD + dd;
+        const bf16 *vcol = sm.vs + dd;
         const float *e = sm.sc + j * ATT_TILE;
         for (int k0 = r; k0 < nt; k0 += R * AS::VB) {
           uint2 vv[AS::VB];
 #pragma unroll
           for (int k = 0; k < AS::VB; k++) {
             const int key = k0 + k * R;
-            vv[k] = key < nt ? ld_kv2<CG>(vcol + (size_t)key * HD) : make_uint2(0, 0);
+            vv[k] = key < nt ? *reinterpret_cast<const uint2 *>(vcol + (size_t)key * HD) : make_uint2(0, 0);
           }
 #pragma unroll
           for (int k = 0; k < AS::VB; k++) {
@@ -213,6 +223,7 @@ __device__ void attend(const AttnArgs &a, int grp, int split, int t, int tid, At
       }
     }
     sync(); /* sc and fac are rewritten by the next tile */
+    if (clk && tid == 0 && tile == c0) att_clock(clk[1]);
   }
 
   /* The key phases of a chunk meet in phase order (R > 1): phase 0's threads hold the sums. */

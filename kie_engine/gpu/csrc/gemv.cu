@@ -109,12 +109,15 @@ __global__ void __launch_bounds__(GEMV_THREADS) k_gemv(const GemvArgs a) {
   kgpu_pdl_wait();
   kgpu_pdl_trigger();
 
+  __shared__ float rope[EPI == EPI_QKV && NT == 1 ? 2 * ROPE_MAX_HALF : 1];
   if (XS) {
     __shared__ float red[GEMV_WARPS];
+    if (EPI == EPI_QKV && NT == 1) stage_rope(a, rope, threadIdx.x, GEMV_THREADS);
     if (a.x) stage_plain(a, xs, threadIdx.x);
     else stage_norm(a, xs, threadIdx.x, blockIdx.x == 0, SyncBlock(), red);
     __syncthreads();
   }
+  const float *cs = EPI == EPI_QKV && NT == 1 && XS ? rope : nullptr;
   const float *xsrc = XS ? xs : a.x;
   const int xld = XS ? a.ld : a.x_ld;
   unsigned long long best = 0; /* EPI_HEAD: this lane's best key */
@@ -134,7 +137,7 @@ __global__ void __launch_bounds__(GEMV_THREADS) k_gemv(const GemvArgs a) {
 #pragma unroll
       for (int t = 0; t < NT; t++) acc0[t] = acc1[t] = 0.f;
       if (active) use_batch<NT, XS, U>(a, xsrc, xld, vb + lane, ve, wa, wb, acc0, acc1);
-      finish_unit<NT, EPI>(a, u, r0, r1, active, acc0, acc1, best, part, threadIdx.x, SyncBlock());
+      finish_unit<NT, EPI>(a, u, r0, r1, active, acc0, acc1, best, part, threadIdx.x, SyncBlock(), cs);
 #pragma unroll
       for (int k = 0; k < U; k++) {
         wa[k] = na[k];
@@ -158,7 +161,7 @@ __global__ void __launch_bounds__(GEMV_THREADS) k_gemv(const GemvArgs a) {
         }
       }
       preloaded = false;
-      finish_unit<NT, EPI>(a, u, r0, r1, active, acc0, acc1, best, part, threadIdx.x, SyncBlock());
+      finish_unit<NT, EPI>(a, u, r0, r1, active, acc0, acc1, best, part, threadIdx.x, SyncBlock(), cs);
     }
   }
 

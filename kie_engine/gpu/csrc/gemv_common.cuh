@@ -66,9 +66,24 @@ __device__ __forceinline__ void unit_rows(const GemvArgs &a, int u, int &r0, int
   }
 }
 
+#define ROPE_MAX_HALF 128 /* head_dim / 2 at most (derive admits up to 256) */
+
+/* The step's RoPE row (cos, then sin, of its one position) into shared memory, staged
+ * with the input by the block's `nthreads` threads, so that the QKV epilogue of each
+ * unit reads it there instead of making a round trip to memory per unit. */
+__device__ __forceinline__ void stage_rope(const GemvArgs &a, float *cs, int tid, int nthreads) {
+  const int half = a.hd >> 1, p = *a.pos;
+  if (p >= a.max_seq) return; /* the epilogue reports it */
+  for (int i = tid; i < half; i += nthreads) {
+    cs[i] = a.cosv[(size_t)p * half + i];
+    cs[half + i] = a.sinv[(size_t)p * half + i];
+  }
+}
+
+/* cs: stage_rope's row (one token), or NULL: the tables in memory. */
 template <int NT>
 __device__ __forceinline__ void epilogue_qkv(const GemvArgs &a, int u, int r0, const float *acc0,
-                                             const float *acc1, int lane) {
+                                             const float *acc1, int lane, const float *cs) {
   const int half = a.hd >> 1, nq = a.nh * half, nk = a.nkv * half;
   const int pos = *a.pos;
 #pragma unroll
@@ -82,7 +97,7 @@ __device__ __forceinline__ void epilogue_qkv(const GemvArgs &a, int u, int r0, c
     const float v0 = acc0[t], v1 = acc1[t];
     if (u < nq + nk) {
       const int h = u / half, j = u - h * half;
-      const float c = a.cosv[(size_t)p * half + j], s = a.sinv[(size_t)p * half + j];
+      const float c = cs ? cs[j] : a.cosv[(size_t)p * half + j], s = cs ? cs[half + j] : a.sinv[(size_t)p * half + j];
       const float o0 = v0 * c - v1 * s, o1 = v1 * c + v0 * s;
       if (u < nq) {
         float *q = a.q_out + (size_t)t * a.q_ld + (size_t)h * a.hd;
@@ -270,7 +285,7 @@ __device__ void stage_norm(const GemvArgs &a, float *xs, int tid, bool writer, S
 template <int NT, int EPI, typename Sync>
 __device__ __forceinline__ void finish_unit(const GemvArgs &a, int u, int r0, int r1, bool active, float *acc0,
                                             float *acc1, unsigned long long &best, float (*part)[2 * GEMV_MAX_T],
-                                            int tid, Sync sync) {
+                                            int tid, Sync sync, const float *rope = nullptr) {
   const int warp = tid >> 5, lane = tid & 31, segs = a.segs, seg = warp & (segs - 1);
 #pragma unroll
   for (int t = 0; t < NT; t++) {
@@ -316,7 +331,7 @@ __device__ __forceinline__ void finish_unit(const GemvArgs &a, int u, int r0, in
       a.out[(size_t)t * a.out_ld + u] = silu(acc0[t]) * acc1[t];
     }
   } else if (EPI == EPI_QKV) {
-    epilogue_qkv<NT>(a, u, r0, acc0, acc1, lane);
+    epilogue_qkv<NT>(a, u, r0, acc0, acc1, lane, NT == 1 ? rope : nullptr);
   } else { /* EPI_HEAD: one token */
     if (lane == 0) {
       a.out[r0] = acc0[0];

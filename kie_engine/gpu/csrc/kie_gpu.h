@@ -84,7 +84,7 @@ typedef struct {
   int gemv_pipe;               /* 1: GEMVs load the next round's weights while using this round's */
   int gemv_x_l1;               /* 1: the o and down GEMVs read x through L1 instead of staging it */
   int kernel;                  /* KIE_KERNEL_GRAPH or KIE_KERNEL_MONO: how a decode step runs */
-  int mono_prefetch;           /* monokernel: weight tiles past its shared-memory ring asked of L2 (-1: auto) */
+  int mono_prefetch;           /* monokernel: weight tiles past its shared-memory ring asked of L2 (-1: auto: 0) */
   int lanes_per_device;        /* lanes sharing this GPU (under MPS); 0 or 1: this lane has it alone */
   int mono_blocks;             /* monokernel: blocks of its grid (0: auto: every SM, or a share of them when
                                   lanes share the GPU) */

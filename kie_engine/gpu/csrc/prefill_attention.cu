@@ -3,12 +3,14 @@
  * The chunk's queries (tokens pos .. pos + T - 1, bf16) attend to the KV cache
  * up to their own position (the chunk's keys were written there first, so a
  * later chunk sees every earlier one).  A block takes 64 queries of one head,
- * four warps of 16 rows each, and walks the keys in tiles (64 keys, 32 for
- * head size 256) with an online softmax: scores S = Q K^T and the sum P V are
- * bf16 mma.sync m16n8k16 products with f32 accumulation, the probabilities P
- * rounded to bf16 as the product's input.  Tiles of K and V are copied into
- * shared memory (cp.async, two stages: the next tile lands while this one is
- * used) and read with ldmatrix, V transposed by it.  Rows are padded by 16
+ * four warps of 16 rows each, and walks the keys in tiles of 32 with an online
+ * softmax: scores S = Q K^T and the sum P V are bf16 mma.sync m16n8k16 products
+ * with f32 accumulation, the probabilities P rounded to bf16 as the product's
+ * input, the queries' fragments held in registers.  Tiles of K and V are copied
+ * into shared memory (cp.async, three stages: two tiles land while one is used;
+ * small tiles keep the shared memory at 70 KB for head size 128, so that three
+ * blocks share an SM and hide each other's waits) and read with ldmatrix, V
+ * transposed by it.  Rows are padded by 16
  * bytes so that ldmatrix's eight rows fall in different banks.  Keys past the
  * chunk's end are zero-filled, never read, so a stale cache cannot bring a NaN
  * into the sum. */
@@ -20,11 +22,12 @@ namespace {
 
 template <int HD>
 struct PfShape {
-  static constexpr int BQ = 64;                   /* queries per block */
-  static constexpr int BK = HD >= 256 ? 32 : 64;  /* keys per tile */
-  static constexpr int LDS = HD + 8;              /* shared-memory row stride (bf16) */
+  static constexpr int BQ = 64;      /* queries per block */
+  static constexpr int BK = 32;      /* keys per tile */
+  static constexpr int STAGES = 3;   /* tiles in flight: two land while one is used */
+  static constexpr int LDS = HD + 8; /* shared-memory row stride (bf16) */
   static constexpr int THREADS = 128;
-  static constexpr size_t SMEM = (size_t)(BQ + 4 * BK) * LDS * 2; /* Q, then K and V in two stages */
+  static constexpr size_t SMEM = (size_t)(BQ + 2 * STAGES * BK) * LDS * 2; /* Q, then K and V per stage */
 };
 
 __device__ __forceinline__ uint32_t s_addr(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }
@@ -66,10 +69,11 @@ template <int HD>
 __global__ void __launch_bounds__(PfShape<HD>::THREADS) k_pf_attention(const PfAttnArgs a) {
   typedef PfShape<HD> SH;
   constexpr int BQ = SH::BQ, BK = SH::BK, LDS = SH::LDS, CH = HD / 8, NT = BK / 8, ND = HD / 8;
+  constexpr int ST = SH::STAGES;
   extern __shared__ __align__(16) unsigned char pf_smem[];
   bf16 *Qs = reinterpret_cast<bf16 *>(pf_smem);
-  bf16 *Ks = Qs + BQ * LDS; /* [2][BK][LDS] */
-  bf16 *Vs = Ks + 2 * BK * LDS;
+  bf16 *Ks = Qs + BQ * LDS; /* [ST][BK][LDS] */
+  bf16 *Vs = Ks + ST * BK * LDS;
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const int q0 = blockIdx.x * BQ, h = blockIdx.y, kvh = h / a.g;
   const int P0 = *a.pos;
@@ -92,8 +96,12 @@ __global__ void __launch_bounds__(PfShape<HD>::THREADS) k_pf_attention(const PfA
     }
   };
   const int ntiles = (nkeys + BK - 1) / BK;
-  load_kv(0, 0);
-  cp_commit();
+#pragma unroll
+  for (int st = 0; st < ST - 1; st++) { /* the queries ride with the first tile's group */
+    if (st < ntiles) load_kv(st, st);
+    cp_commit();
+  }
+  uint32_t qf[HD / 16][4];
 
   float o[ND][4];
 #pragma unroll
@@ -105,25 +113,27 @@ __global__ void __launch_bounds__(PfShape<HD>::THREADS) k_pf_attention(const PfA
   const int mi = lane >> 3, rr = lane & 7;        /* ldmatrix: the matrix and row this lane addresses */
 
   for (int kt = 0; kt < ntiles; kt++) {
-    if (kt + 1 < ntiles) load_kv(kt + 1, (kt + 1) & 1);
+    if (kt + ST - 1 < ntiles) load_kv(kt + ST - 1, (kt + ST - 1) % ST);
     cp_commit();
-    cp_wait<1>(); /* this tile (and the queries) landed; the next may still be in flight */
+    cp_wait<ST - 1>(); /* this tile (and the queries) landed; the next ones may still be in flight */
     __syncthreads();
-    const bf16 *Kt = Ks + (kt & 1) * BK * LDS, *Vt = Vs + (kt & 1) * BK * LDS;
+    if (kt == 0)
+#pragma unroll
+      for (int kk = 0; kk < HD / 16; kk++)
+        ldsm4(qf[kk][0], qf[kk][1], qf[kk][2], qf[kk][3], Qs + (warp * 16 + (lane & 15)) * LDS + kk * 16 + (lane >> 4) * 8);
+    const bf16 *Kt = Ks + (kt % ST) * BK * LDS, *Vt = Vs + (kt % ST) * BK * LDS;
 
     float s[NT][4];
 #pragma unroll
     for (int n = 0; n < NT; n++) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.f;
 #pragma unroll
     for (int kk = 0; kk < HD / 16; kk++) {
-      uint32_t a0, a1, a2, a3;
-      ldsm4(a0, a1, a2, a3, Qs + (warp * 16 + (lane & 15)) * LDS + kk * 16 + (lane >> 4) * 8);
 #pragma unroll
       for (int n = 0; n < NT; n += 2) {
         uint32_t b0, b1, b2, b3;
         ldsm4(b0, b1, b2, b3, Kt + ((n + (mi >> 1)) * 8 + rr) * LDS + kk * 16 + (mi & 1) * 8);
-        mma16816(s[n], a0, a1, a2, a3, b0, b1);
-        mma16816(s[n + 1], a0, a1, a2, a3, b2, b3);
+        mma16816(s[n], qf[kk][0], qf[kk][1], qf[kk][2], qf[kk][3], b0, b1);
+        mma16816(s[n + 1], qf[kk][0], qf[kk][1], qf[kk][2], qf[kk][3], b2, b3);
       }
     }
 
@@ -182,7 +192,7 @@ __global__ void __launch_bounds__(PfShape<HD>::THREADS) k_pf_attention(const PfA
         mma16816(o[n + 1], a0, a1, a2, a3, b2, b3);
       }
     }
-    __syncthreads(); /* this stage is refilled two tiles on */
+    __syncthreads(); /* this stage is refilled ST tiles on */
   }
   cp_wait<0>();
 
