@@ -1,5 +1,5 @@
 """libkccl.so for C users: it exports the API of kccl.h and nothing else, and the
-README's example builds against it through pkg-config and through CMake, and runs."""
+docs/kccl.md's example builds against it through pkg-config and through CMake, and runs."""
 import os
 import shutil
 import subprocess

@@ -12,8 +12,8 @@ torch; importing this subpackage does.
 Each backend joins a KCCL host communicator: rank 0 puts the unique id in the c10d
 store torch hands the backend, the others read it (waiting at most the group's
 timeout).  The KCCL_* settings apply as for kccl.Communicator; KCCL_TIMEOUT_MS and
-KCCL_INIT_TIMEOUT_MS, when not set, are the group's timeout (init_process_group(timeout=...)).  See the
-README ("PyTorch") for what each collective does and what is refused."""
+KCCL_INIT_TIMEOUT_MS, when not set, are the group's timeout (init_process_group(timeout=...)).
+See docs/torch.md for what each collective does and what is refused."""
 import atexit
 import datetime
 import os

@@ -373,7 +373,7 @@ c10::intrusive_ptr<c10d::Work> KcclBackend::scatter(std::vector<at::Tensor>& out
 // mismatch is found, and raised, on every rank), then every rank's whole send buffer
 // padded to the largest; each rank copies out the blocks addressed to it.  Moves
 // world-size times the bytes a real all-to-all would: right for the small messages of
-// inference, a known cost for large ones (README).
+// inference, a known cost for large ones (docs/torch.md).
 void KcclBackend::alltoallv_bytes(const uint8_t* in, const std::vector<int64_t>& send_bytes, uint8_t* out,
                                   const std::vector<int64_t>& recv_bytes, const char* what) {
   const int n = size_;

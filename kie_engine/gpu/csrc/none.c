@@ -37,3 +37,5 @@ int kie_wait_token(kie_engine *e, int step, int timeout_ms, int32_t *token) {
 int kie_logits(kie_engine *e, float *out, size_t n) { (void)e; (void)out; (void)n; return KIE_E_NOCUDA; }
 int kie_sync(kie_engine *e) { (void)e; return KIE_E_NOCUDA; }
 int kie_get_info(kie_engine *e, kie_info *info) { (void)e; (void)info; return KIE_E_NOCUDA; }
+int kie_blas_load(const char *path) { (void)path; return KIE_E_NOCUDA; }
+const char *kie_blas_path(void) { return ""; }
