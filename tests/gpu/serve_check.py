@@ -6,8 +6,8 @@ On checkpoints made here with `kie_engine init`:
   generate   `python -m kie_engine generate --device cuda` on the --config checkpoint: exit 0,
              the tokens asked for, a tokens/s line; and with two lanes under mpiexec (a GPU each,
              or both on GPU 0 under MPS when the caller started it)
-  serve      `serve --device cuda`: a streamed chat completion (SSE chunks, then [DONE]), a plain
-             completion, /metrics, then SIGTERM: exit 0
+  serve      `serve --device cuda`: a streamed completion (SSE chunks, then [DONE]; an init
+             checkpoint has no chat template), a plain completion, /metrics, then SIGTERM: exit 0
   nan        a checkpoint whose final norm is 3e38 (finite, but the logits overflow): the
              request gets a clean JSON error naming non-finite logits, and the server still
              answers after it
@@ -76,14 +76,15 @@ def check_generate(ckpt, lanes):
 def check_serve(ckpt):
     s = ServerProcess("--device", "cuda", model=ckpt)
     try:
-        body = {"model": s.name, "messages": [{"role": "user", "content": "hello"}], "max_tokens": 24,
-                "stream": True, "temperature": 0}
-        st, _, text = post(s, "/v1/chat/completions", body)
+        # an init checkpoint has no chat template (chat requests get 400 no_chat_template): completions
+        body = {"model": s.name, "prompt": "hello", "max_tokens": 24, "stream": True, "temperature": 0,
+                "ignore_eos": True}
+        st, _, text = post(s, "/v1/completions", body)
         ev = parse_sse(text) if isinstance(text, str) else []
         chunks = [e for e in ev if isinstance(e, dict)]
-        ok = st == 200 and ev and ev[-1] == "[DONE]" and chunks and all(e.get("object") == "chat.completion.chunk"
+        ok = st == 200 and ev and ev[-1] == "[DONE]" and chunks and all(e.get("object") == "text_completion"
                                                                          for e in chunks)
-        record("serve --device cuda: streamed chat completion", bool(ok), f"status {st}, {len(chunks)} chunks")
+        record("serve --device cuda: streamed completion", bool(ok), f"status {st}, {len(chunks)} chunks")
         st, _, js = post(s, "/v1/completions", {"model": s.name, "prompt": "abc", "max_tokens": 8, "temperature": 0})
         record("serve --device cuda: completion", st == 200 and js["usage"]["completion_tokens"] == 8,
                f"status {st}: {str(js)[:160]}")
