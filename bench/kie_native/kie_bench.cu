@@ -128,7 +128,7 @@ int kb_bench_gemv(kie_engine *e, int rows, int cols, int iters, double *us_per_c
 int kb_bench_layer_gemvs(kie_engine *e, int iters, double *us_per_layer) {
   if (!e) return fail(KIE_E_ARG, "%s: no engine (closed?)", __func__);
   TRY(own_kernels_ready());
-  TRY(ready(e));
+  TRY(weights_loaded(e));
   if (iters < 1) return fail(KIE_E_ARG, "iters >= 1");
   if (e->pos_h >= e->s.max_seq) return fail(KIE_E_STATE, "the context is full");
   CU(cudaSetDevice(e->device));

@@ -5,9 +5,10 @@ sampler use, and a fast generate() in which the device picks every token and
 the host only reads them from a ring, launching a few steps ahead.
 
 Lanes (tensor parallelism) follow tp.py's plan exactly; their sums go through
-a GPU kccl.Communicator, whose C functions the engine calls from its own
+a GPU kccl.Communicator, whose kccl.h functions the engine calls from its own
 stream (also inside the captured graph), or, with the monokernel, through
-KCCL's device API from inside the kernel."""
+KCCL's device API from inside the kernel.  The module links the libkccl.so that
+the kccl package loads, so the engine and Python share the communicator."""
 import re
 
 import numpy as np
@@ -96,17 +97,10 @@ def require_gpu():
     return n
 
 
-def _kccl_functions(comm):
-    """The addresses of the KCCL calls the engine makes, and the communicator handle."""
+def _kccl_handle(comm):
+    """The kcclComm_t of a kccl.Communicator, as kie_create takes it."""
     from kccl import capi
-    c = ffi.new("kie_comm *")
-    c.comm = ffi.cast("void *", capi.handle(comm))
-    for field, name in (("all_reduce", "kcclAllReduce"), ("start", "kcclAllReduceStartStream"),
-                        ("wait", "kcclAllReduceWaitStream"), ("all_gather", "kcclAllGather"),
-                        ("async_error", "kcclCommGetAsyncError"), ("last_error", "kcclGetLastError"),
-                        ("dev_comm", "kcclCommGetDevComm")):
-        setattr(c, field, ffi.cast("void *", capi.function(name)))
-    return c
+    return ffi.cast("kcclComm_t", capi.handle(comm))
 
 
 def native_function(name):
@@ -178,7 +172,7 @@ class GpuModel(OwnsNativeEngine):
         for k, v in (tuning or {}).items():
             setattr(s, k, int(v))
         self._shape = s
-        kcomm = _kccl_functions(comm) if size > 1 else ffi.NULL
+        kcomm = _kccl_handle(comm) if size > 1 else ffi.NULL
         self._comm = comm
         out = ffi.new("kie_engine **")
         _check(lib.kie_create(s, kcomm, device, out))

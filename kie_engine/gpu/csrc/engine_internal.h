@@ -36,7 +36,7 @@
 
 #include <vector>
 
-#include "kie_kernels.h" /* and through it kccl.h: the KCCL calls below are typed by it */
+#include "kie_kernels.h" /* and through it kccl.h, whose functions the lanes' sums call */
 
 namespace kie_host {
 
@@ -63,16 +63,6 @@ inline int fail(int code, const char *fmt, ...) {
     if (rc_ != KIE_OK) return rc_; \
   } while (0)
 
-/* KCCL's functions, called through the addresses the caller passed (kie_comm). */
-typedef decltype(&kcclAllReduce) fn_all_reduce;
-typedef decltype(&kcclAllReduceStartStream) fn_start;
-typedef decltype(&kcclAllReduceWaitStream) fn_wait;
-typedef decltype(&kcclAllGather) fn_all_gather;
-typedef decltype(&kcclCommGetAsyncError) fn_async_error;
-typedef decltype(&kcclGetLastError) fn_last_error;
-typedef decltype(&kcclCommGetDevComm) fn_dev_comm;
-
-
 const size_t XS_MAX = 64 * 1024;   /* shared memory for x in a GEMV block: two blocks per SM still fit */
 
 /* The monokernel's lanes: floats a reducer block sums per call (an 8-byte line
@@ -93,7 +83,7 @@ struct Layer {
 
 struct kie_engine {
   kie_shape s;
-  kie_comm c;
+  kcclComm_t comm;                /* the lanes' (NULL when tp_size == 1) */
   int device, sms;
   int hid_pad, qdim, kvdim, qkv_rows, inter_pad, tmax;
   int g, gper, hgroups, nsplit, att_chunk, gemv_grid_max, gemv_u;
@@ -139,11 +129,8 @@ struct kie_engine {
 
 namespace kie_host {
 
-/* The lanes' communicator, as kccl.h types it. */
-inline kcclComm_t kcomm(const kie_engine *e) { return (kcclComm_t)e->c.comm; }
-
 /* KIE_OK once every weight has been uploaded. */
-inline int ready(kie_engine *e) {
+inline int weights_loaded(kie_engine *e) {
   for (size_t i = 0; i < e->have.size(); i++)
     if (!e->have[i]) return fail(KIE_E_STATE, "weights are missing (upload %zu of %zu not done)", i, e->have.size());
   return KIE_OK;

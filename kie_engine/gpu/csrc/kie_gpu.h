@@ -22,6 +22,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "kccl.h" /* kcclComm_t: the lanes' communicator */
+
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -93,16 +95,6 @@ typedef struct {
   int prefill_chunk;           /* tokens of a batched pass at most (0: auto, 1024; at most max_seq) */
 } kie_shape;
 
-/* KCCL's entry points for the lanes' sums (all NULL when tp_size == 1); void *
- * so that this module need not link KCCL: the caller passes the addresses of
- * kcclAllReduce, kcclAllReduceStartStream, kcclAllReduceWaitStream,
- * kcclAllGather, kcclCommGetAsyncError, kcclGetLastError and
- * kcclCommGetDevComm (the monokernel's handle on the device API). */
-typedef struct {
-  void *comm;
-  void *all_reduce, *start, *wait, *all_gather, *async_error, *last_error, *dev_comm;
-} kie_comm;
-
 typedef struct {
   int sms, nsplit, prefill_tokens, gemv_blocks;
   int pos, step;               /* after a kie_sync */
@@ -128,7 +120,9 @@ const char *kie_last_error(void);
 /* Bytes of device memory an engine of this shape allocates on `device`
  * (kie_create checks them against the free memory before allocating). */
 int kie_plan_bytes(const kie_shape *s, int device, size_t *bytes);
-int kie_create(const kie_shape *s, const kie_comm *c, int device, kie_engine **out);
+/* comm: the lanes' GPU communicator (NULL when tp_size == 1), made by the one
+ * libkccl.so this module links (the Python package's: kccl.capi.handle). */
+int kie_create(const kie_shape *s, kcclComm_t comm, int device, kie_engine **out);
 void kie_destroy(kie_engine *e);
 /* Copies a weight in: bf16 bits for matrices (rows x cols), f32 for the rest;
  * src in host memory, or device memory when on_device. */

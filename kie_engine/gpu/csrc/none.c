@@ -12,8 +12,8 @@ int kie_built(void) { return 0; }
 int kie_device_count(int *n) { *n = 0; return KIE_OK; }
 const char *kie_last_error(void) { return why; }
 int kie_plan_bytes(const kie_shape *s, int device, size_t *bytes) { (void)s; (void)device; *bytes = 0; return KIE_E_NOCUDA; }
-int kie_create(const kie_shape *s, const kie_comm *c, int device, kie_engine **out) {
-  (void)s; (void)c; (void)device;
+int kie_create(const kie_shape *s, kcclComm_t comm, int device, kie_engine **out) {
+  (void)s; (void)comm; (void)device;
   *out = NULL;
   return KIE_E_NOCUDA;
 }
