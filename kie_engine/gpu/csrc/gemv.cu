@@ -106,8 +106,8 @@ __global__ void __launch_bounds__(GEMV_THREADS) k_gemv(const GemvArgs a) {
       preloaded = true;
     }
   }
-  kgpu_pdl_wait();
-  kgpu_pdl_trigger();
+  kcclDevPdlWait();
+  kcclDevPdlTrigger();
 
   __shared__ float rope[EPI == EPI_QKV && NT == 1 ? 2 * ROPE_MAX_HALF : 1];
   if (XS) {
@@ -194,10 +194,10 @@ template <int NT, int XS, int U, int PIPE>
 cudaError_t launch_epi(const GemvArgs &a, int epi, int grid, size_t smem, cudaStream_t st, int pdl) {
   const dim3 g(grid), b(GEMV_THREADS);
   switch (epi) {
-    case EPI_STORE: return kgpu_launch_ex(k_gemv<NT, XS, EPI_STORE, U, PIPE>, g, b, smem, st, pdl, a);
-    case EPI_QKV: return kgpu_launch_ex(k_gemv<NT, XS, EPI_QKV, U, PIPE>, g, b, smem, st, pdl, a);
-    case EPI_SWIGLU: return kgpu_launch_ex(k_gemv<NT, XS, EPI_SWIGLU, U, PIPE>, g, b, smem, st, pdl, a);
-    case EPI_HEAD: return kgpu_launch_ex(k_gemv<1, XS, EPI_HEAD, U, PIPE>, g, b, smem, st, pdl, a);
+    case EPI_STORE: return kcclLaunch(k_gemv<NT, XS, EPI_STORE, U, PIPE>, g, b, smem, st, pdl, a);
+    case EPI_QKV: return kcclLaunch(k_gemv<NT, XS, EPI_QKV, U, PIPE>, g, b, smem, st, pdl, a);
+    case EPI_SWIGLU: return kcclLaunch(k_gemv<NT, XS, EPI_SWIGLU, U, PIPE>, g, b, smem, st, pdl, a);
+    case EPI_HEAD: return kcclLaunch(k_gemv<1, XS, EPI_HEAD, U, PIPE>, g, b, smem, st, pdl, a);
   }
   return cudaErrorInvalidValue;
 }

@@ -10,6 +10,7 @@
 #include <type_traits>
 
 #include "kccl_device.cuh" /* kcclDevComm: the monokernel's lanes sum through KCCL's device API */
+#include "kccl_launch.cuh" /* kcclLaunch and the PDL waits: kernels launched as KCCL launches its own */
 #include "kie_gpu.h"
 
 typedef __nv_bfloat16 bf16;
@@ -276,10 +277,10 @@ static inline R kie_with_hd(int hd, R other, F f) {
 
 #ifdef __CUDACC__
 /* Every kernel waits for its predecessor before reading what it wrote
- * (kgpu_pdl_wait, kccl_device/gpu_compat.h), then lets its own successor start
- * launching (kgpu_pdl_trigger): triggering only after the wait keeps at most two
+ * (kcclDevPdlWait, kccl_launch.cuh), then lets its own successor start
+ * launching (kcclDevPdlTrigger): triggering only after the wait keeps at most two
  * kernels of the stream resident, so a chain of early-launched kernels never
- * holds the SMs that the running one needs.  Launches: kgpu_launch_ex. */
+ * holds the SMs that the running one needs.  Launches: kcclLaunch. */
 __device__ __forceinline__ void kie_set_error(HostRing *ring, int code, int arg) {
   if (atomicCAS(&ring->err, 0, code) == 0) ring->err_arg = arg;
   __threadfence_system();
