@@ -81,6 +81,15 @@ def build(root, cuda_objects, cuda_libdirs, cuda_libs, defines):
     return out
 
 
+def handle_cdef(root):
+    """kccl.h's communicator handle (typedef struct kcclComm *kcclComm_t;) for the cffi cdef
+    of a module whose header takes one: cffi's cdef reads no #include."""
+    import re
+    with open(os.path.join(root, "kccl_native", "include", "kccl.h")) as f:
+        (line,) = re.findall(r"^typedef struct \w+ \*kcclComm_t;$", f.read(), flags=re.M)
+    return line + "\n"
+
+
 def link_args(root, module_dir):
     """set_source keyword arguments that link an extension module landing in
     `module_dir` (a folder of this source tree, e.g. kie_engine/gpu) against

@@ -91,7 +91,8 @@ def build(verbose=False):
             fh.write(obj_stamp + "\n")
     ffi = FFI()
     ffi.cdef(CDEF)
-    ffi.set_source(MODULE, "#include <stddef.h>\n#include <stdint.h>", extra_objects=objects,
+    # the prototypes too: called undeclared, kb_last_error's pointer would be cut to an int
+    ffi.set_source(MODULE, "#include <stddef.h>\n#include <stdint.h>\n" + CDEF, extra_objects=objects,
                    library_dirs=[_build_cuda.cuda_libdir(nvcc)], libraries=["cudart_static", "dl", "stdc++", "rt", "pthread"])
     ffi.compile(tmpdir=OUT, verbose=verbose)
     stamp = _stamp(" ".join(FLAGS), _inputs())

@@ -25,14 +25,12 @@ def cdef_from_header(path):
     """kie_gpu.h as cffi's cdef wants it: no comments, no preprocessor or C++ guards;
     the #defines become `#define NAME ...` (cffi reads the values from the header);
     kccl.h's communicator handle, which it takes, first."""
-    (handle,) = re.findall(r"^typedef struct \w+ \*kcclComm_t;$", open(os.path.join(KCCL_INCLUDE, "kccl.h")).read(),
-                           flags=re.M)
     raw = open(path).read()
     text = re.sub(r"/\*.*?\*/", "", raw, flags=re.S)
     text = re.sub(r"#ifdef __cplusplus.*?#endif", "", text, flags=re.S)
     names = re.findall(r"^#define (KIE_\w+) ", text, flags=re.M)
     body = "\n".join(l for l in text.splitlines() if not l.lstrip().startswith("#"))
-    return handle + "\n" + body + "\n" + "\n".join(f"#define {n} ..." for n in names) + "\n"
+    return _build_lib.handle_cdef(ROOT) + body + "\n" + "\n".join(f"#define {n} ..." for n in names) + "\n"
 
 
 DECISION = _build_cuda.decide("the CUDA engine")
