@@ -236,18 +236,24 @@ def torch_fast_baseline(cfg, w, ctx, tokens, rounds, group):
         graphs[L] = g
     warm_s = time.perf_counter() - t0
     order = [graphs[-(-(p + 1) // B) * B] for p in range(ctx, ctx + tokens)]
+    return replay_us(order, pos, ctx, rounds), warm_s
+
+
+def replay_us(graphs, pos, ctx, rounds):
+    """us per token of replaying `graphs` (one per token, each advancing pos) from position
+    ctx: the median of rounds, timed with events."""
     times = []
     for _ in range(rounds):
         pos.fill_(ctx)
         torch.cuda.synchronize()
         a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         a.record()
-        for g in order:
+        for g in graphs:
             g.replay()
         b.record()
         b.synchronize()
-        times.append(a.elapsed_time(b) * 1000.0 / tokens)
-    return statistics.median(times), warm_s
+        times.append(a.elapsed_time(b) * 1000.0 / len(graphs))
+    return statistics.median(times)
 
 
 def torch_prefill_ms(cfg, w, T, rounds, compile_it):
@@ -349,18 +355,7 @@ def torch_baseline(cfg, w, ctx, tokens, rounds, compile_it, group):
         out = fn(tok, pos)
         tok.copy_(out)
         pos.add_(1)
-    times = []
-    for _ in range(rounds):
-        pos.fill_(ctx)
-        torch.cuda.synchronize()
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        for _ in range(tokens):
-            g.replay()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b) * 1000.0 / tokens)
-    return statistics.median(times), warm_s
+    return replay_us([g] * tokens, pos, ctx, rounds), warm_s
 
 
 # -- measurements ----------------------------------------------------------------------------

@@ -115,19 +115,9 @@ int enqueue_prefill(kie_engine *e, int T, int mode) {
   if (tp > 1 && d > 0) TRY(sum_wait(e, e->req[(size_t)nsub - 1]));
   if (mode == KIE_MODE_ADVANCE) return enqueue_pick(e, T, mode);
   const size_t last_row = (size_t)(T - 1) * hp;
-  GemvArgs h = normed(e, 1, R + last_row, nullptr, e->normf);
+  GemvArgs h = head_args(e, R + last_row);
   if (!direct)
     for (int j = std::max(0, nsub - 1 - d); j < nsub; j++) h.adds[h.nadd++] = pf_sum_buf(e, j) + last_row;
-  h.w = e->head;
-  h.rows = s.vocab_part;
-  h.out = e->logits;
-  h.valid_rows = s.vocab_valid;
-  h.row_off = s.vocab_off;
-  h.tp = tp;
-  h.rank = s.tp_rank;
-  h.amax = e->amax;
-  h.cnt = e->head_cnt;
-  h.cand = e->cand;
   TRY(gemv(e, h, EPI_HEAD));
   return enqueue_pick(e, T, mode);
 }
