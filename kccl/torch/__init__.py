@@ -13,9 +13,9 @@ subpackage does.
 Each backend joins a KCCL host communicator: rank 0 puts the unique id in the c10d
 store torch hands the backend, the others read it (waiting at most the group's
 timeout); the first collective on CUDA tensors makes a GPU communicator beside it the
-same way.  The KCCL_* settings apply as for kccl.Communicator; KCCL_TIMEOUT_MS, when
-not set, is the group's timeout (init_process_group(timeout=...)).  See the README
-("PyTorch") for what each collective does and what is refused."""
+same way.  The KCCL_* settings apply as for kccl.Communicator; KCCL_TIMEOUT_MS and
+KCCL_INIT_TIMEOUT_MS, when not set, are the group's timeout (init_process_group(timeout=...)).
+See docs/torch.md for what each collective does and what is refused."""
 import atexit
 import datetime
 import os
@@ -75,7 +75,8 @@ def _timeout_ms(timeout):
 def _create(store, rank, size, timeout):
     """Backend.register_backend's creator: called by torch for every group this rank is in."""
     ms = _timeout_ms(timeout)
-    overrides = {} if "KCCL_TIMEOUT_MS" in os.environ else {"KCCL_TIMEOUT_MS": ms}
+    # the group's timeout bounds its join as well as its collectives, as for torch's own backends
+    overrides = {k: ms for k in ("KCCL_TIMEOUT_MS", "KCCL_INIT_TIMEOUT_MS") if k not in os.environ}
     settings = _config.resolve(overrides)
     cfg = _config.native_from(_ffi, settings)
     pl, _note = _placement.native(_ffi, size, rank, settings["KCCL_TOPO"][0], settings["KCCL_TOPO_FILE"][0])

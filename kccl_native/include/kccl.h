@@ -96,7 +96,7 @@ typedef enum { kcclAlgoAuto = 0, kcclAlgoOneShot = 1, kcclAlgoTwoShot = 2 } kccl
  */
 typedef struct {
   size_t size;             /* sizeof(kcclConfig_t), checked for ABI safety */
-  int timeout_ms;          /* KCCL_TIMEOUT_MS: bound on any wait; 0 = wait forever */
+  int timeout_ms;          /* KCCL_TIMEOUT_MS: bound on any wait of a collective; 0 = wait forever */
   int algo;                /* KCCL_ALGO: kcclAlgo_t */
   size_t oneshot_max_bytes;/* KCCL_ONESHOT_MAX_BYTES: all-reduce crossover */
   size_t buffer_bytes;     /* KCCL_BUFFER_BYTES: bytes per slot */
@@ -127,6 +127,7 @@ typedef struct {
                               large messages (at most buffer_bytes) */
   int slot_stores;         /* KCCL_SLOT_STORES: 0 auto, 1 plain, 2 streaming stores into this rank's
                               shared slots */
+  int init_timeout_ms;     /* KCCL_INIT_TIMEOUT_MS: bound on joining the communicator; 0 = wait forever */
   size_t p2p_bytes;        /* KCCL_P2P_BYTES: shared-memory bytes per peer for point-to-point */
 } kcclConfig_t;
 

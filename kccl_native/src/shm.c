@@ -175,8 +175,8 @@ static kcclResult_t map_peer(struct kcclComm *c, int p, int64_t deadline) {
     if (errno != ENOENT) return kccl_err(kcclSystemError, "shm_open(%s): %s", c->names[p], strerror(errno));
     if (kccl_now_ns() > deadline)
       return kccl_err(kcclTimeout,
-                      "rank %d: rank %d did not join within KCCL_TIMEOUT_MS=%d (all ranks must run on "
-                      "one host and use the same unique id)", c->rank, p, c->cfg.timeout_ms);
+                      "rank %d: rank %d did not join within KCCL_INIT_TIMEOUT_MS=%d (all ranks must run on "
+                      "one host and use the same unique id)", c->rank, p, c->cfg.init_timeout_ms);
     kccl_sleep_us(backoff);
     if (backoff < 2000) backoff *= 2;
   }
@@ -244,7 +244,8 @@ kcclResult_t kccl_shm_connect(struct kcclComm *c) {
   kcclResult_t res = create_own(c);
   if (res != kcclSuccess) return res;
 
-  int64_t deadline = c->cfg.timeout_ms > 0 ? kccl_now_ns() + (int64_t)c->cfg.timeout_ms * 1000000 : INT64_MAX;
+  const int bound_ms = c->cfg.init_timeout_ms;
+  int64_t deadline = bound_ms > 0 ? kccl_now_ns() + (int64_t)bound_ms * 1000000 : INT64_MAX;
   for (int p = 0; p < c->nranks && res == kcclSuccess; p++)
     if (p != c->rank) res = map_peer(c, p, deadline);
   int refused = 0;
@@ -269,8 +270,8 @@ kcclResult_t kccl_shm_connect(struct kcclComm *c) {
           break;
         }
         if (kccl_now_ns() > deadline) {
-          res = kccl_err(kcclTimeout, "rank %d never finished mapping its peers (KCCL_TIMEOUT_MS=%d)", p,
-                         c->cfg.timeout_ms);
+          res = kccl_err(kcclTimeout, "rank %d never finished mapping its peers (KCCL_INIT_TIMEOUT_MS=%d)", p,
+                         bound_ms);
           break;
         }
         kccl_sleep_us(backoff);

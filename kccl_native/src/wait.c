@@ -253,7 +253,7 @@ static kcclResult_t mismatch(struct kcclComm *c, int peer, uint32_t seq, uint32_
   return kccl_comm_fail(c, kcclRemoteError, "%s", buf);
 }
 
-static inline int ready(_Atomic uint64_t *flag, uint32_t seq, uint64_t *v) {
+static inline int seq_arrived(_Atomic uint64_t *flag, uint32_t seq, uint64_t *v) {
   *v = atomic_load_explicit(flag, memory_order_acquire);
   return (uint32_t)(*v >> 32) == seq;
 }
@@ -299,7 +299,7 @@ static int machine_oversubscribed(void) {
 kcclResult_t kccl_wait_flag(struct kcclComm *c, int peer, _Atomic uint64_t *flag, uint32_t seq,
                             uint32_t sig) {
   uint64_t v;
-  if (__builtin_expect(ready(flag, seq, &v), 1)) goto got;
+  if (__builtin_expect(seq_arrived(flag, seq, &v), 1)) goto got;
 
   int64_t t0 = kccl_now_ns(), now = t0, last = t0;
   const int adaptive = c->cfg.spin_us < 0 && c->cfg.yield_us < 0;
@@ -313,7 +313,7 @@ kcclResult_t kccl_wait_flag(struct kcclComm *c, int peer, _Atomic uint64_t *flag
   /* Phase 1: spin.  The clock is read every 64 polls (a vDSO call, ~20 ns). */
   for (unsigned i = 1; now < spin_end; i++) {
     cpu_relax();
-    if (ready(flag, seq, &v)) goto got;
+    if (seq_arrived(flag, seq, &v)) goto got;
     if ((i & 63) == 0) {
       if (c->idle_work) c->idle_work(c);
       now = kccl_now_ns();
@@ -340,19 +340,19 @@ kcclResult_t kccl_wait_flag(struct kcclComm *c, int peer, _Atomic uint64_t *flag
         saw_contention(c, now, "sched_yield ran another thread on this core");
     } else {
       atomic_fetch_add_explicit(sleepers, 1, memory_order_seq_cst);
-      if (!ready(flag, seq, &v)) {
+      if (!seq_arrived(flag, seq, &v)) {
         struct timespec ts = {0, 1000000};
         kccl_futex_wait(kccl_seq_word(flag), (uint32_t)(v >> 32), &ts);
       }
       atomic_fetch_sub_explicit(sleepers, 1, memory_order_seq_cst);
     }
-    if (ready(flag, seq, &v)) goto got;
+    if (seq_arrived(flag, seq, &v)) goto got;
     now = kccl_now_ns();
     if (now >= next_check || now >= yield_end) {
       next_check = now + 1000000;
       char why[480];
       kcclResult_t r = check_peers(c, seq, sig, why, sizeof why);
-      if (ready(flag, seq, &v)) goto got;
+      if (seq_arrived(flag, seq, &v)) goto got;
       if (r != kcclSuccess) return kccl_comm_fail(c, r, "%s", why);
       if (now >= deadline)
         return kccl_comm_fail(c, kcclTimeout,
