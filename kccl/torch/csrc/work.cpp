@@ -168,7 +168,10 @@ bool CudaWork::wait(std::chrono::milliseconds) {
   return true;
 }
 
-void CudaWork::synchronize() { done_.block(current_stream(stream_.device())); }
+void CudaWork::synchronize() {
+  const c10::Stream now = current_stream(stream_.device());
+  if (now != stream_) done_.block(now);  // on the collective's own stream, stream order already waits
+}
 
 c10::intrusive_ptr<c10::ivalue::Future> CudaWork::getFuture() {
   std::lock_guard<std::mutex> lock(future_mu_);
