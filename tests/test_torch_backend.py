@@ -103,8 +103,10 @@ def test_unsupported_ops_raise_at_once_and_the_group_still_works(runs):
         assert res["complex_max"][0] == "ValueError"
         assert res["bool_avg"][0] == "ValueError" and "bool" in res["bool_avg"][1]
         assert res["kccl_tag"][0] == "ValueError" and "kccl's own" in res["kccl_tag"][1]
-        if res["gpu_comm"] != "made":  # a CPU-only build: the init of a GPU communicator fails alike everywhere
-            assert res["gpu_comm"][0] == "DistBackendError" and "GPU communicator" in res["gpu_comm"][1], res
+        if res["gpu_comm"] != "made":  # no GPU here: the init of a GPU communicator fails alike everywhere,
+            # DistBackendError where KCCL was built without CUDA, ValueError (no such device) where it was
+            assert res["gpu_comm"][0] in ("DistBackendError", "ValueError"), res
+            assert "GPU communicator" in res["gpu_comm"][1], res
         assert res["after"] == [1.0, 1.0, 1.0]
         assert res["shm"] == []
 
