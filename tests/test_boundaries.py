@@ -242,7 +242,8 @@ def test_include_holds_the_public_headers_and_marked_internals_only():
 
 # The rooms outside the core that use KCCL: which of its public headers each may include,
 # and which families of other libraries' headers (C, C++, POSIX and Linux headers are
-# everyone's).  None may include anything else of KCCL's, nor name its internals.
+# everyone's).  None may include anything else of KCCL's, nor name its internals, and each
+# calls kccl.h's functions directly (it links libkccl.so), never through their addresses.
 ROOMS = {
     "kccl_native/nccl": ({"kccl.h", "kccl_settings.def"}, {"cuda"}),
     "bench/native": ({"kccl.h", "kccl_device.cuh"}, {"cuda"}),
@@ -290,6 +291,12 @@ def kccl_h_names():
     return names | set(re.findall(r"^\s*#\s*define\s+(KCCL_\w+)", text, re.M))
 
 
+def kccl_h_functions():
+    """The functions kccl.h declares."""
+    toks = _tokens(_split_preprocessor(read(os.path.join(INCLUDE, "kccl.h")))[0])
+    return {t for t, nxt in zip(toks, toks[1:]) if re.fullmatch(r"kccl[A-Z]\w*", t) and nxt == "("}
+
+
 def public_kccl_names():
     """Names of KCCL's public form (kccl[A-Z]..., KCCL_...) that its public headers define or
     document; the kgpu*, kccl_* and kccl_detail names behind them are internals."""
@@ -311,6 +318,7 @@ def room_breaks(folder):
     all_kccl = PUBLIC_HEADERS | {"kccl_device/" + f for f in os.listdir(os.path.join(INCLUDE, "kccl_device"))}
     core = owners(core_files() + gpu_files())
     public, kccl_h = public_kccl_names(), {re.sub("_", "", n).lower(): n for n in kccl_h_names()}
+    functions = kccl_h_functions()
     room_defs = set()
     files = [f for f in sorted(glob.glob(os.path.join(d, "*"))) if f.endswith((".c", ".h", ".cu", ".cuh", ".cpp"))]
     for f in files:
@@ -333,6 +341,13 @@ def room_breaks(folder):
         toks = _tokens(text)
         # a name pasted with ## is the start of one the room defines
         names = {t for t, nxt in zip(toks, toks[1:] + [""]) if _IDENT.fullmatch(t) and nxt != "#"}
+        # a room links libkccl.so and calls kccl.h: a function named but not called is one taken
+        # by its address, a member of that name one called through a table of such addresses
+        bad += [f"{rel(f)} names kccl.h's {n} without calling it"
+                for n in sorted({t for t, nxt in zip(toks, toks[1:] + [""]) if t in functions and nxt != "("})]
+        bad += [f"{rel(f)} calls kccl.h's {n} through a pointer"
+                for n in sorted({t for i, t in enumerate(toks) if t in functions and i >= 1
+                                 and (toks[i - 1] == "." or toks[i - 2:i] == ["-", ">"])})]
         also = MAY_ALSO_NAME.get(folder)
         bad += [f"{rel(f)} names KCCL's internal {n}" for n in sorted(names - room_defs)
                 if _KCCL_FORM.match(n) and n not in public and not (also and also.match(n))]
@@ -347,8 +362,9 @@ def room_breaks(folder):
 def test_code_outside_the_core_uses_kccl_h_only(folder):
     """The NCCL shim, the benchmarks, the examples, KIE's engines and the torch backend
     include KCCL's public headers that their room may (ROOMS) or their own, call kccl.h's
-    functions, never the core's kccl_* / kgpu_* helpers, name nothing of KCCL's internals,
-    and take kccl.h's types and enums from kccl.h rather than spelling them again."""
+    functions (directly, never through their addresses), never the core's kccl_* / kgpu_*
+    helpers, name nothing of KCCL's internals, and take kccl.h's types and enums from kccl.h
+    rather than spelling them again."""
     bad = [b for b in room_breaks(folder) if b not in PENDING]
     assert not bad, "\n".join(bad)
 
@@ -359,12 +375,15 @@ def test_room_rules_see_a_break(tmp_path, monkeypatch):
     room.mkdir()
     (room / "a.c").write_text('#include "kccl_device/gpu_compat.h"\n#include <torch/all.h>\n'
                               '#include "../other.h"\n#define KCCL_FLOAT32 7\n'
-                              "int f(void) { return kgpu_launch_ex(0) + kccl_comm_rank(0); }\n")
+                              "int f(void) { return kgpu_launch_ex(0) + kccl_comm_rank(0); }\n"
+                              "static void *table[] = {(void *)kcclAllReduce};\n"
+                              "int g(struct api *a) { return a->kcclBarrier(0, 0); }\n")
     folder = rel(str(room))
     monkeypatch.setitem(ROOMS, folder, ({"kccl.h"}, set()))
     got = room_breaks(folder)
     for want in ("includes kccl_device/gpu_compat.h", "includes torch/all.h", "includes ../other.h",
-                 "names KCCL's internal kgpu_launch_ex", "retypes kccl.h's kcclFloat32 as KCCL_FLOAT32"):
+                 "names KCCL's internal kgpu_launch_ex", "retypes kccl.h's kcclFloat32 as KCCL_FLOAT32",
+                 "names kccl.h's kcclAllReduce without calling it", "calls kccl.h's kcclBarrier through a pointer"):
         assert any(want in b for b in got), (want, got)
 
 

@@ -1,6 +1,6 @@
 """libkccl.so, the one copy of KCCL's core in a process: it exports the API of kccl.h
-and nothing else, Python's module and KIE's engines link it, and docs/kccl.md's example
-builds against it through pkg-config and through CMake, and runs."""
+and nothing else, Python's module, KIE's engines and the torch backend link it, and
+docs/kccl.md's example builds against it through pkg-config and through CMake, and runs."""
 import os
 import re
 import shutil
@@ -49,16 +49,25 @@ def _defined_api(path):
 
 
 def test_one_copy_of_kccl_per_process():
-    """The C core is compiled once, into libkccl.so: the Python package's cffi module and
-    KIE's engines define no kccl.h function of their own (they link the library), and a
-    process that loads them all maps one libkccl.so, the package's."""
+    """The C core is compiled once, into libkccl.so: the Python package's cffi module, KIE's
+    engines and (where torch is installed) the torch backend define no kccl.h function of
+    their own (they link the library), and a process that loads them all maps one
+    libkccl.so, the package's."""
     if shutil.which("nm") is None:
         pytest.skip("nm not found")
     import kccl._kccl_cffi
     from kie_engine.cpu import _kie_cpu_cffi
     from kie_engine.gpu import _kie_gpu_cffi
-    for mod in (kccl._kccl_cffi, _kie_cpu_cffi, _kie_gpu_cffi):
-        assert not _defined_api(mod.__file__), mod.__file__
+    files = [mod.__file__ for mod in (kccl._kccl_cffi, _kie_cpu_cffi, _kie_gpu_cffi)]
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        pass
+    else:
+        import kccl.torch
+        files.append(kccl.torch._ext.__file__)
+    for f in files:
+        assert not _defined_api(f), f
     assert _defined_api(LIB)
     with open("/proc/self/maps") as f:
         mapped = {line.split()[-1] for line in f if line.rstrip().endswith("/libkccl.so")}

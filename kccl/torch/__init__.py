@@ -3,12 +3,12 @@
     import kccl.torch                              # registers "kccl"
     torch.distributed.init_process_group("kccl")   # or "cpu:kccl,cuda:nccl"
 
-The backend is C++ (kccl/torch/csrc): a c10d::Backend that calls kccl.h in this
-process's copy of KCCL, with no Python on a collective's path.  It is built when the
-package is (pip install, where torch is installed then), or by `python -m kccl.torch
---build`; failing both, on the first import into a cache folder (KCCL_TORCH_CACHE; a
-progress line says so).  The core kccl package never needs torch; importing this
-subpackage does.
+The backend is C++ (kccl/torch/csrc): a c10d::Backend that links libkccl.so, the one
+copy of KCCL in the process (kccl's own module links it too), and calls kccl.h with no
+Python on a collective's path.  It is built when the package is (pip install, where
+torch is installed then), or by `python -m kccl.torch --build`; failing both, on the
+first import into a cache folder (KCCL_TORCH_CACHE; a progress line says so).  The
+core kccl package never needs torch; importing this subpackage does.
 
 Each backend joins a KCCL host communicator: rank 0 puts the unique id in the c10d
 store torch hands the backend, the others read it (waiting at most the group's
@@ -22,8 +22,6 @@ import os
 
 import torch.distributed as _dist
 
-from .. import communicator as _communicator  # noqa: F401  (loads the cffi module)
-from .. import capi as _capi
 from .. import config as _config
 from .. import placement as _placement
 from .._native import ffi as _ffi
@@ -37,7 +35,6 @@ _LAUNCHER_VARS = (("PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID"),
 _MAX_TIMEOUT_MS = 86_400_000  # KCCL_TIMEOUT_MS's upper bound (kccl_settings.def)
 
 _ext = _build.load()
-_ext.bind_api({name: _capi.function(name) for name in _ext.api_names()})
 # A future's completion may run on the backend's completer thread and touch Python objects;
 # before the interpreter finalizes (when such a thread would be ended mid-call), stop that
 # and wait for what is under way (kccl/torch/csrc/host_comm.h quiesce_callbacks).

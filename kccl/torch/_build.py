@@ -1,20 +1,26 @@
 """Builds the C++ c10d backend (kccl/torch/csrc) with torch's C++-extension machinery and
-imports it.  A build is named for a fingerprint of the sources, kccl.h, the torch and
-the Python version, so an edit or another torch is a different build and an unchanged
-one imports at once.  Where a build is looked for, in order:
+imports it.  It links libkccl.so, the package's (kccl.paths.LIB), which kccl's own module
+links too: one copy of KCCL in the process.  A build is named for a fingerprint of the
+sources, kccl.h, the torch, the Python version and where it finds libkccl.so at run time,
+so an edit, another torch or another install of kccl is a different build and an
+unchanged one imports at once.  Where a build is looked for, in order:
 
   1. the package (kccl/torch/_prebuilt/): made when the package is built (setup.py's
      build_ext, i.e. `pip install` or `setup.py build_ext --inplace`, where torch is
-     installed then) or by `python -m kccl.torch --build`;
+     installed then) or by `python -m kccl.torch --build`.  It finds libkccl.so relative
+     to itself ($ORIGIN/../../lib), as the package's folders keep their places when
+     installed (a wheel built in a temporary folder included);
   2. the cache folder (KCCL_TORCH_CACHE, default ~/.cache/kccl/torch-ext), where the first
      import builds it when neither has one (a progress line says so; ranks that import
-     together build once, behind a lock).
+     together build once, behind a lock).  It finds libkccl.so by its absolute path, so
+     each install of kccl has its own build there.
 
 This file also runs as a script, for setup.py: `python kccl/torch/_build.py --out DIR`
 builds into DIR with the interpreter's torch, importing nothing of kccl (which may not
 be importable in the middle of its own build)."""
 import argparse
 import contextlib
+import functools
 import glob
 import hashlib
 import importlib.util
@@ -29,6 +35,21 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 CSRC = os.path.join(HERE, "csrc")
 PREBUILT = os.path.join(HERE, "_prebuilt")
 FLAGS = ["-O2", "-g0", "-Wall", "-Wno-unused-function"]
+
+
+@functools.lru_cache(maxsize=None)
+def lib_dir():
+    """kccl.paths.LIB, read from kccl/paths.py without importing kccl (this file also runs
+    in the middle of kccl's build, before the package can be imported)."""
+    return _import("_kccl_paths", os.path.join(os.path.dirname(HERE), "paths.py")).LIB
+
+
+def run_path(folder):
+    """Where a build in `folder` finds libkccl.so at run time: the package's own folder
+    relative to itself, a cache folder by the absolute path."""
+    if os.path.abspath(folder) == PREBUILT:
+        return "$ORIGIN/" + os.path.relpath(lib_dir(), PREBUILT)
+    return lib_dir()
 
 
 def include_dir():
@@ -52,10 +73,12 @@ def sources():
     return sorted(glob.glob(os.path.join(CSRC, "*.cpp")))
 
 
-def module_name(include):
-    """kccl_torch_<fingerprint of the sources, kccl.h, the flags, torch and Python>."""
+def module_name(include, folder):
+    """kccl_torch_<fingerprint of the sources, kccl.h, the flags, torch, Python and the run
+    path to libkccl.so of a build in `folder`>."""
     import torch
-    h = hashlib.sha256(torch.__version__.encode() + sys.version.encode() + " ".join(FLAGS).encode())
+    h = hashlib.sha256(torch.__version__.encode() + sys.version.encode() + " ".join(FLAGS).encode()
+                       + run_path(folder).encode())
     for f in sorted(glob.glob(os.path.join(CSRC, "*"))) + [os.path.join(include, "kccl.h")]:
         h.update(os.path.basename(f).encode())
         with open(f, "rb") as fh:
@@ -75,15 +98,20 @@ def _import(name, path):
 
 
 def compile_into(folder, name, include, verbose=False):
-    """Compiles the extension `name` into folder (atomically: a reader sees the whole file
-    or none) and returns its path.  Uses ninja for parallel compiles when it is there;
-    plain setuptools otherwise.  The compiler's output goes to folder/build.log (and to
-    stderr when verbose); a failure raises ImportError with its end."""
+    """Compiles the extension `name`, linked against libkccl.so, into folder (atomically: a
+    reader sees the whole file or none) and returns its path.  Uses ninja for parallel
+    compiles when it is there; plain setuptools otherwise.  The compiler's output goes to
+    folder/build.log (and to stderr when verbose); a failure raises ImportError with its end."""
     from setuptools import Distribution
     from torch.utils import cpp_extension
     os.makedirs(folder, exist_ok=True)
+    lib = lib_dir()
+    if not os.path.exists(os.path.join(lib, "libkccl.so")):
+        raise ImportError(f"kccl.torch: {lib}/libkccl.so is missing (reinstall kccl: pip install -e .)")
     ninja = shutil.which("ninja") is not None
-    ext = cpp_extension.CppExtension(name, sources(), include_dirs=[include, CSRC], extra_compile_args=FLAGS)
+    ext = cpp_extension.CppExtension(name, sources(), include_dirs=[include, CSRC], extra_compile_args=FLAGS,
+                                     library_dirs=[lib], libraries=["kccl"],
+                                     extra_link_args=[f"-Wl,-rpath,{run_path(folder)}"])
     log_path = os.path.join(folder, "build.log")
     with tempfile.TemporaryDirectory(prefix=name + "-", dir=folder) as tmp, open(log_path, "w") as log:
         dist = Distribution({"name": name, "ext_modules": [ext], "script_args": [],
@@ -137,32 +165,24 @@ def _locked(path):
             fcntl.flock(fh, fcntl.LOCK_UN)
 
 
-def find(name):
-    """The path of a build of `name` (package first, then cache), or None."""
-    for folder in (PREBUILT, os.path.join(cache_root(), name)):
-        path = _file(folder, name)
-        if os.path.exists(path):
-            return path
-    return None
-
-
 def load(verbose=False):
     """The extension module: a build for these sources and this torch from the package or
     the cache, else built into the cache now."""
     import torch  # noqa: F401  (the extension links against the loaded torch)
     include = include_dir()
-    name = module_name(include)
-    path = find(name)
-    if path is None:
+    name = module_name(include, PREBUILT)
+    path = _file(PREBUILT, name)
+    if not os.path.exists(path):
+        name = module_name(include, cache_root())
         folder = os.path.join(cache_root(), name)
+        path = _file(folder, name)
         os.makedirs(folder, exist_ok=True)
         with _locked(folder + ".lock"):
-            path = find(name)  # a rank that held the lock may have built it meanwhile
-            if path is None:
+            if not os.path.exists(path):  # a rank that held the lock may have built it meanwhile
                 print(f"kccl.torch: building the c10d backend (first import, ~1-4 min) in {folder} ...",
                       file=sys.stderr, flush=True)
                 t0 = time.monotonic()
-                path = compile_into(folder, name, include, verbose)
+                compile_into(folder, name, include, verbose)
                 print(f"kccl.torch: built in {time.monotonic() - t0:.0f} s", file=sys.stderr, flush=True)
     return _import(name, path)
 
@@ -170,7 +190,7 @@ def load(verbose=False):
 def build_prebuilt(folder=PREBUILT, verbose=False):
     """Builds into the package's folder (or `folder`) unless it has this build; the path."""
     include = include_dir()
-    name = module_name(include)
+    name = module_name(include, folder)
     path = _file(folder, name)
     if not os.path.exists(path):
         for old in glob.glob(os.path.join(folder, "kccl_torch_*")):  # builds of other sources or torches

@@ -26,7 +26,6 @@ KcclBackend::KcclBackend(const c10::intrusive_ptr<c10d::Store>& store, int rank,
                          std::chrono::milliseconds timeout, const kcclConfig_t& config,
                          const kcclPlacement_t& placement)
     : c10d::Backend(rank, size), store_(store), config_(config), timeout_(timeout), p2p_min_bytes_(kP2PMinBytes) {
-  TORCH_CHECK(api_bound(), "kccl: the kccl.h table is not bound (import kccl.torch, which binds it)");
   host_ = std::make_shared<HostComm>(rank, size, exchange_id("kccl/unique_id"), config, placement);
 }
 
@@ -35,10 +34,10 @@ KcclBackend::~KcclBackend() = default;  // the communicators go with their last 
 kcclUniqueId KcclBackend::exchange_id(const std::string& key) {
   kcclUniqueId id;
   if (rank_ == 0) {
-    kcclResult_t rc = api.kcclGetUniqueId(&id);
+    kcclResult_t rc = kcclGetUniqueId(&id);
     if (rc != kcclSuccess)
       C10_THROW_ERROR(DistBackendError, std::string("kccl: rank 0 could not make a unique id: ") +
-                                            api.kcclGetLastError(nullptr));
+                                            kcclGetLastError(nullptr));
     store_->set(key, std::vector<uint8_t>(id.internal, id.internal + sizeof id.internal));
     return id;
   }

@@ -1,5 +1,5 @@
-// The Python module of the backend: binds the kccl.h table, makes backends for
-// kccl/torch/__init__.py's creator function.
+// The Python module of the backend: makes backends for kccl/torch/__init__.py's
+// creator function.
 #include <pybind11/chrono.h>
 #include <torch/python.h>
 
@@ -30,12 +30,6 @@ kccl_torch::KcclBackend* kccl(const c10::intrusive_ptr<c10d::Backend>& b) {
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "KCCL's c10d backend for CPU and CUDA tensors (see kccl.torch)";
-  m.def("api_names", [] {
-    std::vector<std::string> out;
-    for (auto p = kccl_torch::api_names(); *p; ++p) out.emplace_back(*p);
-    return out;
-  });
-  m.def("bind_api", &kccl_torch::bind_api);
   m.def(
       "create_backend",
       [](const c10::intrusive_ptr<c10d::Store>& store, int rank, int size, int64_t timeout_ms,

@@ -21,7 +21,7 @@ GpuComm::GpuComm(int rank, int size, c10::Device device, const kcclUniqueId& id,
   c10::OptionalDeviceGuard guard;
   if (c10::impl::hasDeviceGuardImpl(c10::DeviceType::CUDA)) guard.reset_device(device_);
   kcclComm_t c = nullptr;
-  kcclResult_t rc = api.kcclCommInitRankPlacement(&c, size, id, rank, &config, &one);
+  kcclResult_t rc = kcclCommInitRankPlacement(&c, size, id, rank, &config, &one);
   if (rc != kcclSuccess) throw_result(rc, rank_, "init of the GPU communicator");
   comm_ = c;
   why_closed_.clear();
@@ -46,21 +46,21 @@ kcclComm_t GpuComm::handle(const char* what) {
 
 void GpuComm::all_reduce(const void* send, void* recv, size_t count, kcclDataType_t type, kcclRedOp_t op,
                          const char* what) {
-  KCCL_TORCH_GPU_CALL(what, api.kcclAllReduce(send, recv, count, type, op, c, stream));
+  KCCL_TORCH_GPU_CALL(what, kcclAllReduce(send, recv, count, type, op, c, stream));
 }
 
 void GpuComm::all_gather(const void* send, void* recv, size_t sendcount, kcclDataType_t type, const char* what) {
-  KCCL_TORCH_GPU_CALL(what, api.kcclAllGather(send, recv, sendcount, type, c, stream));
+  KCCL_TORCH_GPU_CALL(what, kcclAllGather(send, recv, sendcount, type, c, stream));
 }
 
 void GpuComm::reduce_scatter(const void* send, void* recv, size_t recvcount, kcclDataType_t type, kcclRedOp_t op,
                              const char* what) {
-  KCCL_TORCH_GPU_CALL(what, api.kcclReduceScatter(send, recv, recvcount, type, op, c, stream));
+  KCCL_TORCH_GPU_CALL(what, kcclReduceScatter(send, recv, recvcount, type, op, c, stream));
 }
 
 void GpuComm::broadcast(const void* send, void* recv, size_t count, kcclDataType_t type, int root,
                         const char* what) {
-  KCCL_TORCH_GPU_CALL(what, api.kcclBroadcast(send, recv, count, type, root, c, stream));
+  KCCL_TORCH_GPU_CALL(what, kcclBroadcast(send, recv, count, type, root, c, stream));
 }
 
 #undef KCCL_TORCH_GPU_CALL
@@ -69,14 +69,14 @@ kcclResult_t GpuComm::async_error() {
   std::lock_guard<std::mutex> lock(mu_);
   if (!comm_) return kcclInvalidUsage;
   kcclResult_t e = kcclSuccess;
-  api.kcclCommGetAsyncError(comm_, &e);
+  kcclCommGetAsyncError(comm_, &e);
   return e;
 }
 
 void GpuComm::abort() {
   std::lock_guard<std::mutex> lock(mu_);
   if (!comm_) return;
-  api.kcclCommAbort(comm_);
+  kcclCommAbort(comm_);
   comm_ = nullptr;
   why_closed_ = "aborted";
 }
@@ -85,7 +85,7 @@ void GpuComm::destroy() {
   std::lock_guard<std::mutex> lock(mu_);
   if (!comm_) return;
   c10::DeviceGuard guard(device_);
-  api.kcclCommDestroy(comm_);
+  kcclCommDestroy(comm_);
   comm_ = nullptr;
   why_closed_ = "destroyed (destroy_process_group or shutdown)";
 }

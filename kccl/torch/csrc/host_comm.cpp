@@ -9,7 +9,7 @@ namespace kccl_torch {
 
 void throw_result(kcclResult_t rc, int rank, const char* what) {
   std::string msg = std::string("kccl: ") + what + " failed on rank " + std::to_string(rank) + ": " +
-                    api.kcclGetLastError(nullptr) + " (" + api.kcclGetErrorString(rc) + ")";
+                    kcclGetLastError(nullptr) + " (" + kcclGetErrorString(rc) + ")";
   if (rc == kcclInvalidArgument) C10_THROW_ERROR(ValueError, msg);
   C10_THROW_ERROR(DistBackendError, msg);
 }
@@ -22,7 +22,7 @@ HostComm::HostComm(int rank, int size, const kcclUniqueId& id, const kcclConfig_
       max_outstanding_(config.max_outstanding),
       timeout_ms_(config.timeout_ms) {
   kcclComm_t c = nullptr;
-  kcclResult_t rc = api.kcclCommInitRankPlacement(&c, size, id, rank, &config, &placement);
+  kcclResult_t rc = kcclCommInitRankPlacement(&c, size, id, rank, &config, &placement);
   if (rc != kcclSuccess) fail(rc, "init");
   comm_ = c;
   why_closed_.clear();
@@ -56,24 +56,24 @@ kcclComm_t HostComm::handle(const char* what) {
 
 void HostComm::all_reduce(const void* send, void* recv, size_t count, kcclDataType_t type, kcclRedOp_t op,
                           const char* what) {
-  KCCL_TORCH_CALL(what, api.kcclAllReduce(send, recv, count, type, op, c, nullptr));
+  KCCL_TORCH_CALL(what, kcclAllReduce(send, recv, count, type, op, c, nullptr));
 }
 
 void HostComm::all_gather(const void* send, void* recv, size_t sendcount, kcclDataType_t type, const char* what) {
-  KCCL_TORCH_CALL(what, api.kcclAllGather(send, recv, sendcount, type, c, nullptr));
+  KCCL_TORCH_CALL(what, kcclAllGather(send, recv, sendcount, type, c, nullptr));
 }
 
 void HostComm::reduce_scatter(const void* send, void* recv, size_t recvcount, kcclDataType_t type, kcclRedOp_t op,
                               const char* what) {
-  KCCL_TORCH_CALL(what, api.kcclReduceScatter(send, recv, recvcount, type, op, c, nullptr));
+  KCCL_TORCH_CALL(what, kcclReduceScatter(send, recv, recvcount, type, op, c, nullptr));
 }
 
 void HostComm::broadcast(const void* send, void* recv, size_t count, kcclDataType_t type, int root,
                          const char* what) {
-  KCCL_TORCH_CALL(what, api.kcclBroadcast(send, recv, count, type, root, c, nullptr));
+  KCCL_TORCH_CALL(what, kcclBroadcast(send, recv, count, type, root, c, nullptr));
 }
 
-void HostComm::barrier(const char* what) { KCCL_TORCH_CALL(what, api.kcclBarrier(c, nullptr)); }
+void HostComm::barrier(const char* what) { KCCL_TORCH_CALL(what, kcclBarrier(c, nullptr)); }
 
 #undef KCCL_TORCH_CALL
 
@@ -83,7 +83,7 @@ std::shared_ptr<PendingOp> HostComm::start_all_reduce(const void* send, void* re
   kcclComm_t c = handle("all_reduce (async)");
   if ((int)pending_.size() >= max_outstanding_) complete_locked(pending_.front());
   auto p = std::make_shared<PendingOp>();
-  kcclResult_t rc = api.kcclAllReduceStart(send, recv, count, type, op, c, &p->request);
+  kcclResult_t rc = kcclAllReduceStart(send, recv, count, type, op, c, &p->request);
   if (rc != kcclSuccess) fail(rc, "all_reduce (async start)");
   pending_.push_back(p);
   return p;
@@ -94,11 +94,11 @@ std::shared_ptr<PendingOp> HostComm::start_send(const void* buf, size_t bytes, i
   kcclComm_t c = handle(what);
   auto p = std::make_shared<PendingOp>();
   p->kind = PendingOp::kP2P;
-  kcclResult_t rc = api.kcclSendStart(buf, bytes, kcclUint8, peer, tag, c, &p->request);
+  kcclResult_t rc = kcclSendStart(buf, bytes, kcclUint8, peer, tag, c, &p->request);
   if (rc != kcclSuccess) fail(rc, what);
   // A message that fits the ring's free slots is all there now: done, nothing to keep moving.
   int done = 0;
-  rc = api.kcclP2PTest(c, p->request, &done, nullptr);
+  rc = kcclP2PTest(c, p->request, &done, nullptr);
   if (rc != kcclSuccess) fail(rc, what);
   if (done) {
     p->done = true;
@@ -116,7 +116,7 @@ std::shared_ptr<PendingOp> HostComm::start_recv(void* buf, size_t bytes, int pee
   auto p = std::make_shared<PendingOp>();
   p->kind = PendingOp::kP2P;
   p->on_data = std::move(on_data);
-  kcclResult_t rc = api.kcclRecvStart(buf, bytes, kcclUint8, peer, tag, c, &p->request);
+  kcclResult_t rc = kcclRecvStart(buf, bytes, kcclUint8, peer, tag, c, &p->request);
   if (rc != kcclSuccess) fail(rc, what);
   p2p_.push_back(p);
   ensure_background_locked();
@@ -127,14 +127,14 @@ kcclResult_t HostComm::async_error() {
   std::lock_guard<std::mutex> lock(mu_);
   if (!comm_) return kcclInvalidUsage;
   kcclResult_t e = kcclSuccess;
-  api.kcclCommGetAsyncError(comm_, &e);
+  kcclCommGetAsyncError(comm_, &e);
   return e;
 }
 
 void HostComm::abort() {
   Guard guard(*this);
   if (!comm_) return;
-  api.kcclCommAbort(comm_);
+  kcclCommAbort(comm_);
   closed_locked("aborted");
 }
 
@@ -145,7 +145,7 @@ void HostComm::destroy() {
     drain_locked();
   } catch (...) {
   }
-  api.kcclCommDestroy(comm_);
+  kcclCommDestroy(comm_);
   closed_locked("destroyed (destroy_process_group or shutdown)");
 }
 

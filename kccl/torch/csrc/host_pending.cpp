@@ -83,12 +83,12 @@ void HostComm::complete_locked(const std::shared_ptr<PendingOp>& op) {
   kcclComm_t c = handle(op->kind == PendingOp::kP2P ? "send / recv wait" : "all_reduce (async) wait");
   if (op->kind == PendingOp::kP2P) {
     int source = -1;
-    kcclResult_t rc = api.kcclP2PWait(c, op->request, &source);
+    kcclResult_t rc = kcclP2PWait(c, op->request, &source);
     op->source = source;
     finish_p2p(op, rc == kcclSuccess ? nullptr : error_of(rc, "send / recv"));
     return;
   }
-  kcclResult_t rc = api.kcclAllReduceWait(c, op->request);
+  kcclResult_t rc = kcclAllReduceWait(c, op->request);
   finish_through(op->request, rc == kcclSuccess ? nullptr : error_of(rc, "all_reduce (async)"));
 }
 
@@ -126,7 +126,7 @@ bool HostComm::test_locked(const std::shared_ptr<PendingOp>& op) {
   int done = 0;
   if (op->kind == PendingOp::kP2P) {
     int source = -1;
-    kcclResult_t rc = api.kcclP2PTest(comm_, op->request, &done, &source);
+    kcclResult_t rc = kcclP2PTest(comm_, op->request, &done, &source);
     if (rc != kcclSuccess) {
       finish_p2p(op, error_of(rc, "send / recv"));
       return true;
@@ -137,7 +137,7 @@ bool HostComm::test_locked(const std::shared_ptr<PendingOp>& op) {
     }
     return done != 0;
   }
-  kcclResult_t rc = api.kcclAllReduceTest(comm_, op->request, &done);
+  kcclResult_t rc = kcclAllReduceTest(comm_, op->request, &done);
   if (rc != kcclSuccess) {
     finish_through(op->request, error_of(rc, "all_reduce (async)"));
     return true;
@@ -224,7 +224,7 @@ void HostComm::background() {
       }
       if (!p2p_.empty() && comm_) {
         int pieces = 0;
-        if (api.kcclP2PProgress(comm_, &pieces) == kcclSuccess && pieces) moved = true;
+        if (kcclP2PProgress(comm_, &pieces) == kcclSuccess && pieces) moved = true;
         for (const auto& op : std::vector<std::shared_ptr<PendingOp>>(p2p_)) {
           if (!comm_) break;
           const bool watched = static_cast<bool>(op->on_done);

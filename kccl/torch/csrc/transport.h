@@ -7,7 +7,7 @@
 #include <cstddef>
 #include <string>
 
-#include "kccl_api.h"
+#include "kccl.h"
 
 namespace kccl_torch {
 

@@ -13,7 +13,7 @@ c10::intrusive_ptr<c10::ivalue::Future> new_future(std::vector<c10::Device> devi
   return c10::make_intrusive<c10::ivalue::Future>(c10::ListType::create(c10::TensorType::get()), std::move(devices));
 }
 
-void settle(const c10::intrusive_ptr<c10::ivalue::Future>& f, const std::vector<at::Tensor>& outputs,
+void complete_future(const c10::intrusive_ptr<c10::ivalue::Future>& f, const std::vector<at::Tensor>& outputs,
             std::exception_ptr error) {
   if (error)
     f->setError(error);
@@ -35,7 +35,7 @@ struct Countdown {
       if (e && !error) error = e;
       last = --left == 0;
     }
-    if (last) settle(fut, outputs, error);
+    if (last) complete_future(fut, outputs, error);
   }
 };
 
@@ -144,7 +144,7 @@ c10::intrusive_ptr<c10::ivalue::Future> KcclWork::getFuture() {
   }
   // Settled outside work_mu_: completing a future runs its callbacks, which may use this Work.
   if (ops.empty()) {
-    settle(fut, outputs_, error);
+    complete_future(fut, outputs_, error);
     return fut;
   }
   auto count = std::make_shared<Countdown>();
