@@ -16,20 +16,24 @@ PREFIX = "/dev/shm/mpich_shm_"
 
 
 def mapped_mpi_segments():
-    """The names of the MPICH segments this process maps that are still in /dev/shm."""
+    """The names of the MPICH segments this process maps, also those a peer on the same
+    node has unlinked already (the map then says "(deleted)")."""
     names = set()
     with open("/proc/self/maps") as f:
         for line in f:
             fields = line.split(None, 5)
             path = fields[5].strip() if len(fields) == 6 else ""
-            if path.startswith(PREFIX) and not path.endswith("(deleted)"):
+            if path.endswith(" (deleted)"):
+                path = path[:-len(" (deleted)")]
+            if path.startswith(PREFIX):
                 names.add(path)
     return sorted(names)
 
 
 def forget_mpi_segments():
-    """Unlinks the MPICH segments this process maps and returns their names; call it on
-    every rank once all of them have attached (after a collective over MPI_COMM_WORLD)."""
+    """Unlinks the MPICH segments this process maps and returns their names (whichever rank
+    of a node gets there first unlinks them); call it on every rank once all of them have
+    attached (after a collective over MPI_COMM_WORLD)."""
     names = mapped_mpi_segments()
     for path in names:
         try:
