@@ -30,6 +30,35 @@ def nccl_shim_runs():
     return [("nccl", []), ("kccl_nccl", ["env", f"LD_PRELOAD={NCCL_SHIM}", "KCCL_DEBUG=INFO"])]
 
 
+def launch_local_ranks(script, world, args):
+    """Runs `script` as `world` processes on this machine with torch's env:// variables set
+    (MASTER_ADDR / MASTER_PORT on a free port, RANK, WORLD_SIZE; OMP_NUM_THREADS=1) and
+    `args` after it; passes rank 0's output through and returns the JSON of its last
+    "RESULT " line.  Exits naming the code when a rank fails."""
+    import json
+    import socket
+    import subprocess
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    procs = []
+    for r in range(world):
+        env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(r), WORLD_SIZE=str(world),
+                   OMP_NUM_THREADS="1")
+        procs.append(subprocess.Popen([sys.executable, os.path.abspath(script)] + list(args), env=env,
+                                      stdout=subprocess.PIPE if r == 0 else subprocess.DEVNULL, text=True))
+    result = None
+    for line in procs[0].stdout:
+        if line.startswith("RESULT "):
+            result = json.loads(line[7:])
+        else:
+            print(line, end="", flush=True)
+    for p in procs:
+        if p.wait():
+            raise SystemExit(f"a rank exited with {p.returncode}")
+    return result
+
+
 # -- sizes ------------------------------------------------------------------------------------
 
 

@@ -1,8 +1,8 @@
 """Benchmarks and the device-API self-test of a kccl.Communicator, for bench/ and tests/.
 
 Each function calls the benchmark extension of bench/native (built on first import:
-bench/native/build.py), which works on the communicator through kccl.h only, via
-kccl.capi.  None of this is part of kccl.
+bench/native/build.py), which links libkccl.so and works on the communicator (its
+kccl.capi handle) through kccl.h only.  None of this is part of kccl.
 
 The device-side ones take GPU arrays whatever the communicator: a host communicator
 is refused by the library (KcclInvalidUsage)."""
@@ -19,9 +19,6 @@ import build as _native_build  # noqa: E402  (bench/native/build.py)
 
 _native = _native_build.load()
 _ffi, _lib = _native.ffi, _native.lib
-for _name in _native_build.FUNCTIONS:
-    if not _lib.kb_bind(_name.encode(), capi.function(_name)):
-        raise ImportError(f"kccl_bench: the extension has no slot for {_name}")
 sys.path.pop(0)
 
 # Python's int for the names an argument may give an op (kccl.SUM, 0, "sum").

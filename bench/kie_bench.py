@@ -70,20 +70,68 @@ def bench_steps(model, iters, sampling=Sampling()):
 
 
 def mono_profile(model):
-    """Where the monokernel's last step went, as block 0 saw it: for each kind of stage
-    (qkv, attention, o, gate_up, down, head) the microseconds summed over the layers
-    from its wait's end to its share written ("run") and from the previous stage's end
-    to its wait's end ("wait"); "total": the step from the first stage's start to the
-    head's end."""
-    n = model.info()["mono_stages"]
-    marks = np.zeros(2 * n, np.uint64)
+    """Where the monokernel's last step went, from every block's clocks.  For each kind of
+    stage (qkv, attention, o, gate_up, down, head), microseconds summed over the layers:
+      crit     the step's critical path: the stage's last block done, less the previous
+               stage's (the kinds' crit add up to the step);
+      wait     per block, from its previous stage's end to this stage's start (its wait
+               for the stage's inputs), the mean over blocks;
+      stage_x  per block, staging the input (norm or copy of x), mean;
+      run      per block, from the input staged to its share written (tiles waited for and
+               used), mean; spread: the last block's end less the first block's;
+      lead     per block, how long before the consumers started the stage the producer
+               had issued the stage's first tile (negative: issued after), mean;
+    for attention stages, in place of stage_x / run / lead: scores, values and rest, thread
+    0's first item from its start to its scores and softmax done, to its values done, and
+    on to the block's end (the combine, further items), mean over blocks with items; and
+    "total": the first stage's first start to the head's last end."""
+    info = model.info()
+    n, grid = info["mono_stages"], info["mono_blocks"]
+    marks = np.zeros(4 * n * grid, np.uint64)
     _check(_lib.kb_mono_marks(_engine(model), _ffi.cast("uint64_t *", _ffi.from_buffer(marks)), marks.size))
-    t = marks.astype(np.int64).reshape(n, 2)
+    t = marks.astype(np.float64).reshape(n, 4, grid) / 1e3  # us
+    start, staged, end, issued = t[:, 0], t[:, 1], t[:, 2], t[:, 3]
+    has = end > 0  # blocks with a share of the stage (the others never mark it)
     kinds = ["qkv", "attention", "o", "gate_up", "down"] * model.cfg.num_hidden_layers + ["head"]
-    out = {k: {"run": 0.0, "wait": 0.0} for k in dict.fromkeys(kinds)}
+    keys = ("crit", "wait", "stage_x", "run", "spread", "lead")
+    out = {k: dict.fromkeys(keys, 0.0) for k in dict.fromkeys(kinds)}
+    prev_end_all = None
+    prev_end = None
     for i, k in enumerate(kinds):
-        out[k]["run"] += (t[i, 1] - t[i, 0]) / 1e3
-        out[k]["wait"] += (t[i, 0] - t[i - 1, 1]) / 1e3 if i else 0.0
+        h = has[i]
+        if not h.any():
+            continue
+        last = end[i][h].max()
+        o = out[k]
+        o["crit"] += last - (prev_end_all if prev_end_all is not None else start[i][h].min())
+        if prev_end is not None:
+            hb = h & (prev_end > 0)
+            if hb.any():
+                o["wait"] += float(np.mean(start[i][hb] - prev_end[hb]))
+        o["stage_x"] += float(np.mean(staged[i][h] - start[i][h]))
+        o["run"] += float(np.mean(end[i][h] - staged[i][h]))
+        o["spread"] += last - end[i][h].min()
+        hi = h & (issued[i] > 0)
+        if hi.any():
+            o["lead"] += float(np.mean(start[i][hi] - issued[i][hi]))
+        prev_end_all = last
+        prev_end = np.where(h, end[i], prev_end if prev_end is not None else 0)
+    # attention: thread 0's first item, split into scores + softmax, values, and the rest
+    # (the combine, further items, the block's wait for its other half), over blocks with items
+    att = {"scores": 0.0, "values": 0.0, "rest": 0.0}
+    for i, k in enumerate(kinds):
+        if k != "attention":
+            continue
+        hi = has[i] & (issued[i] > 0) & (staged[i] > 0)
+        if hi.any():
+            att["scores"] += float(np.mean(staged[i][hi] - start[i][hi]))
+            att["values"] += float(np.mean(issued[i][hi] - staged[i][hi]))
+            att["rest"] += float(np.mean(end[i][hi] - issued[i][hi]))
+    if "attention" in out:
+        out["attention"]["stage_x"] = 0.0  # its STAGED mark is the item's clock, not an input staged
+        out["attention"]["run"] = out["attention"]["lead"] = 0.0
+        out["attention"].update(att)
     out = {k: {a: round(float(b), 1) for a, b in v.items()} for k, v in out.items()}
-    out["total"] = round(float(t[-1, 1] - t[0, 0]) / 1e3, 1)
+    first = start[0][has[0]].min()
+    out["total"] = round(float(end[-1][has[-1]].max() - first), 1) if has[-1].any() else None
     return out

@@ -13,19 +13,12 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import time
 
-from benchlib import write_json
+from benchlib import launch_local_ranks, parse_size, write_json
 
 SIZES = [4, 64, 1 << 10, 4 << 10, 16 << 10, 64 << 10, 256 << 10, 1 << 20, 4 << 20, 16 << 20, 64 << 20]
-
-
-def parse_size(text):
-    text = text.strip().upper()
-    mult = {"K": 1 << 10, "M": 1 << 20}.get(text[-1:], 1)
-    return int(text[:-1] if mult > 1 else text) * mult
 
 
 def rank_main(args):
@@ -74,27 +67,8 @@ def rank_main(args):
 
 
 def launch(world, args):
-    import socket
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    procs = []
-    for r in range(world):
-        env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(r), WORLD_SIZE=str(world),
-                   OMP_NUM_THREADS="1")
-        cmd = [sys.executable, os.path.abspath(__file__), "--rank-main", "--max", str(args.max), "--rounds",
-               str(args.rounds), "--target", str(args.target), "--max-iters", str(args.max_iters)]
-        procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE if r == 0 else subprocess.DEVNULL, text=True))
-    result = None
-    for line in procs[0].stdout:
-        if line.startswith("RESULT "):
-            result = json.loads(line[7:])
-        else:
-            print(line, end="", flush=True)
-    for p in procs:
-        if p.wait():
-            raise SystemExit(f"a rank exited with {p.returncode}")
-    return result
+    return launch_local_ranks(__file__, world, ["--rank-main", "--max", str(args.max), "--rounds", str(args.rounds),
+                                                "--target", str(args.target), "--max-iters", str(args.max_iters)])
 
 
 def main():

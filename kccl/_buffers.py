@@ -7,6 +7,7 @@ bytes/bytearray/memoryview/array.array), and CPU tensors that speak DLPack
 lacks such as torch.bfloat16, through the DLPack description itself).  numpy has
 no bfloat16: pass an ml_dtypes.bfloat16 array, or uint16 storage with
 dtype="bfloat16"."""
+import sys
 import weakref
 
 import numpy as np
@@ -23,11 +24,18 @@ NAMES = {INT8: "int8", UINT8: "uint8", INT32: "int32", UINT32: "uint32", INT64: 
 
 # numpy dtype -> code (keys are np.dtype objects: a dict lookup is the fast path)
 NUMPY_CODES = {np.dtype(n): c for c, n in NAMES.items() if n != "bfloat16"}
-try:  # optional: ml_dtypes gives numpy a real bfloat16
-    import ml_dtypes
-    NUMPY_CODES[np.dtype(ml_dtypes.bfloat16)] = BFLOAT16
-except ImportError:  # pragma: no cover - ml_dtypes is in the [dev] extra
-    ml_dtypes = None
+
+
+def numpy_code(dt):
+    """The code of numpy dtype dt, or None.  ml_dtypes' bfloat16 joins NUMPY_CODES when the
+    first such array comes: importing ml_dtypes takes about half a second, and a process
+    that has a bfloat16 array has imported it already."""
+    code = NUMPY_CODES.get(dt)
+    if code is None and dt.name == "bfloat16":
+        ml = sys.modules.get("ml_dtypes")
+        if ml is not None and dt == np.dtype(ml.bfloat16):
+            NUMPY_CODES[dt] = code = BFLOAT16
+    return code
 
 # struct-module format characters of plain buffers -> code
 _FORMAT_CODES = {"b": INT8, "B": UINT8, "i": INT32, "I": UINT32, "q": INT64, "Q": UINT64,
@@ -50,7 +58,7 @@ def resolve_dtype(dtype):
         if key in _ALIASES:
             return _ALIASES[key]
     try:
-        code = NUMPY_CODES.get(np.dtype(dtype))
+        code = numpy_code(np.dtype(dtype))
     except TypeError:
         code = None
     if code is None:
@@ -140,7 +148,7 @@ def resolve_host_buffer(obj, dtype, writable, what):
                                       "pass np.ascontiguousarray(...)")
         if writable and not arr.flags.writeable:
             raise KcclInvalidArgument(f"{what} is read-only")
-        native = NUMPY_CODES.get(arr.dtype)
+        native = numpy_code(arr.dtype)
         itemsize, nbytes = arr.dtype.itemsize, arr.nbytes
     else:
         if not arr.c_contiguous:
@@ -164,7 +172,7 @@ _from_buffer = ffi.from_buffer
 def prepare_numpy_pair(send, recv):
     """(send, recv, dtype, send ptr, recv ptr, count, code) for a numpy send and recv that
     need no further check, else NO_PAIR (the general path then says what is wrong)."""
-    code = NUMPY_CODES.get(send.dtype)
+    code = NUMPY_CODES.get(send.dtype) or numpy_code(send.dtype)
     if code is None or type(recv) is not _ndarray or not recv.flags.writeable:
         return NO_PAIR
     try:

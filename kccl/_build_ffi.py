@@ -1,6 +1,8 @@
-"""cffi out-of-line API-mode builder: compiles kccl_native/src/*.c into the
-extension module kccl._kccl_cffi (run by setup.py through cffi_modules)."""
-import glob
+"""cffi out-of-line API-mode builder of kccl._kccl_cffi, Python's door into
+libkccl.so (run by setup.py through cffi_modules).  The C core is compiled once,
+into libkccl.so (kccl/_build_lib.py); this module links it, as every native
+consumer in the package does, so that a process holds one copy of KCCL however
+many of them it loads."""
 import os
 import re
 import sys
@@ -27,7 +29,7 @@ def _cdef_from_header(path):
     # results several times faster than enum-typed ones, which matters on the
     # sub-microsecond path; C converts them implicitly at the call.
     text = re.sub(r"\b(kcclResult_t|kcclDataType_t|kcclRedOp_t)(?=\s+\w+\s*[,)(])", "int", text)
-    return text + "\n#define KCCL_UNIQUE_ID_BYTES ...\n#define KCCL_VERSION_CODE ...\n#define KCCL_DEV_COMM_BYTES ...\n#define KCCL_MAX_DOMAINS ...\n"
+    return text + "\n#define KCCL_UNIQUE_ID_BYTES ...\n#define KCCL_VERSION_CODE ...\n#define KCCL_DEV_COMM_BYTES ...\n#define KCCL_MAX_DOMAINS ...\n#define KCCL_ANY_SOURCE ...\n"
 
 
 ROOT = os.path.dirname(HERE)
@@ -37,21 +39,18 @@ import _build_cuda  # noqa: E402  (sibling module; kccl itself is not importable
 _cuda_decision = _build_cuda.decide()
 _cu_objects, _cu_libdirs, _cu_libs, _cu_macros = _build_cuda.build(ROOT, _cuda_decision)
 import _build_lib  # noqa: E402
-_build_lib.build(ROOT, _cu_objects, _cu_libdirs, _cu_libs, _cu_macros)
+
+LIB = _build_lib.build(ROOT, _cu_objects, _cu_libdirs, _cu_libs, _cu_macros)
 
 ffibuilder = FFI()
 ffibuilder.cdef(_cdef_from_header(HEADER) + "const char *kccl_cuda_build_plan(void);\n")
 ffibuilder.set_source(
     "kccl._kccl_cffi",
     '#include "kccl.h"\n' + _build_cuda.plan_as_c("kccl_cuda_build_plan", _cuda_decision),
-    sources=sorted(os.path.relpath(p, ROOT) for p in glob.glob(os.path.join(NATIVE, "src", "*.c"))),
     include_dirs=[os.path.relpath(os.path.join(NATIVE, "include"), ROOT)],
     extra_compile_args=["-O3", "-std=gnu11", "-Wall", "-fvisibility=hidden"],
-    define_macros=_cu_macros,
-    extra_objects=_cu_objects,
-    depends=_cu_objects,  # relink when an object changes (build_ext compares only sources and depends)
-    library_dirs=_cu_libdirs,
-    libraries=["rt", "pthread"] + _cu_libs,
+    depends=[os.path.relpath(LIB, ROOT)],  # relink when the library is rebuilt
+    **_build_lib.link_args(ROOT, os.path.join(ROOT, "kccl")),
 )
 
 if __name__ == "__main__":

@@ -1,13 +1,17 @@
-"""Builds libkccl.so for C and C++ programs (the cffi extension is Python's copy):
-the C core plus the CUDA objects when they were built, exporting only the API of
-kccl.h (kccl* names), with a pkg-config file and a CMake package config beside it.
+"""Builds libkccl.so, the one copy of KCCL's C core in a process: the Python
+package's cffi module links it, and so does native code that works on the
+communicators Python makes (KIE's GPU engine, bench/native; link_args says how
+a module of this package links it), as C programs do.  It holds the C core plus
+the CUDA objects when they were built and exports only the API of kccl.h
+(kccl* names), with a pkg-config file and a CMake package config beside it.
 
     kccl/lib/libkccl.so
     kccl/lib/pkgconfig/kccl.pc            pkg-config --cflags --libs kccl
     kccl/lib/cmake/kccl/kcclConfig.cmake  find_package(kccl) -> target kccl::kccl
-    kccl/include/kccl.h, kccl_device.cuh, kccl_settings.def   (copies of kccl_native/include:
-    kccl/include/kccl_device/...                                the public headers, and the
-                                                                device API's internals)
+    kccl/include/                         copies of kccl_native/include: the public headers
+                                          (kccl.h, kccl_device.cuh, kccl_launch.cuh,
+                                          kccl_settings.def) and kccl_device/, the device
+                                          API's internals
 
 `python -m kccl.paths` prints the directories to point PKG_CONFIG_PATH or
 CMAKE_PREFIX_PATH at.  Run by setup.py through kccl/_build_ffi.py."""
@@ -33,7 +37,7 @@ def build(root, cuda_objects, cuda_libdirs, cuda_libs, defines):
     objdir = os.path.join(root, "build", "libkccl")
     for d in (libdir, incdir, objdir, os.path.join(libdir, "pkgconfig"), os.path.join(libdir, "cmake", "kccl")):
         os.makedirs(d, exist_ok=True)
-    # The public headers (kccl.h, kccl_device.cuh, the settings table) and kccl_device/,
+    # The public headers (kccl.h, kccl_device.cuh, kccl_launch.cuh, the settings table) and kccl_device/,
     # the internals kccl_device.cuh includes; a fresh copy, so that a header moved or
     # removed in the sources is not shipped from an older build.
     shutil.rmtree(incdir, ignore_errors=True)
@@ -42,7 +46,10 @@ def build(root, cuda_objects, cuda_libdirs, cuda_libs, defines):
     objs = []
     for src in sorted(glob.glob(os.path.join(native, "src", "*.c"))):
         obj = os.path.join(objdir, os.path.basename(src)[:-2] + ".o")
-        _run([cc, "-O3", "-std=gnu11", "-fPIC", "-Wall", *[f"-D{k}={v}" for k, v in defines],
+        # -fno-semantic-interposition: calls inside the library may be inlined and bound
+        # directly, as if the API were not exported (nothing interposes on kccl.h).
+        _run([cc, "-O3", "-std=gnu11", "-fPIC", "-fno-semantic-interposition", "-Wall",
+              *[f"-D{k}={v}" for k, v in defines],
               "-I", os.path.join(native, "include"), "-c", src, "-o", obj])
         objs.append(obj)
     # Only the API leaves the library: kccl followed by a capital (kcclAllReduce...);
@@ -72,6 +79,25 @@ def build(root, cuda_objects, cuda_libdirs, cuda_libs, defines):
     build_nccl_shim(root, cc, libdir, objdir, objs, [os.path.join(root, o) for o in cuda_objects], cuda_libdirs,
                     cuda_libs, defines)
     return out
+
+
+def handle_cdef(root):
+    """kccl.h's communicator handle (typedef struct kcclComm *kcclComm_t;) for the cffi cdef
+    of a module whose header takes one: cffi's cdef reads no #include."""
+    import re
+    with open(os.path.join(root, "kccl_native", "include", "kccl.h")) as f:
+        (line,) = re.findall(r"^typedef struct \w+ \*kcclComm_t;$", f.read(), flags=re.M)
+    return line + "\n"
+
+
+def link_args(root, module_dir):
+    """set_source keyword arguments that link an extension module landing in
+    `module_dir` (a folder of this source tree, e.g. kie_engine/gpu) against
+    libkccl.so: found at run time relative to the module ($ORIGIN), so that an
+    installed package, whose folders keep their places, finds it too."""
+    libdir = os.path.join(root, "kccl", "lib")
+    return {"library_dirs": [os.path.relpath(libdir, root)], "libraries": ["kccl"],
+            "extra_link_args": [f"-Wl,-rpath,$ORIGIN/{os.path.relpath(libdir, module_dir)}"]}
 
 
 def nccl_shim_functions(root):

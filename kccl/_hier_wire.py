@@ -11,7 +11,7 @@ import numpy as np
 from mpi4py import MPI
 
 from ._buffers import BFLOAT16, FLOAT16, FLOAT32, FLOAT64, INT8, INT32, INT64, ITEMSIZE, NAMES, NUMPY_CODES, UINT8, \
-    UINT32, UINT64, resolve_host_buffer
+    UINT32, UINT64, numpy_code, resolve_host_buffer
 from ._native import ffi, lib
 
 # numpy storage of each KCCL type (bfloat16 as its 16 bits)
@@ -41,7 +41,7 @@ def plain_view(obj, dtype, writable):
     resolution (a few microseconds per buffer, on the small all-reduce's critical path)."""
     if dtype is None and type(obj) is np.ndarray and obj.flags.c_contiguous and (obj.flags.writeable or
                                                                                  not writable):
-        code = NUMPY_CODES.get(obj.dtype)
+        code = NUMPY_CODES.get(obj.dtype) or numpy_code(obj.dtype)
         if code is not None:
             flat = obj.reshape(-1)
             return (flat.view(np.uint16) if code == BFLOAT16 else flat), code

@@ -1,12 +1,12 @@
 """kccl.h for native code that works on communicators made in Python.
 
-A C or CUDA extension (KCCL's own benchmarks in bench/native are one) that calls
-kccl.h functions on a kccl.Communicator must call them in this package's copy of
-the library: a communicator's state, its CUDA kernels and the last-error text
-live in the copy that made it, so a second copy (libkccl.so) cannot serve it.
+A C or CUDA extension (KIE's GPU engine and KCCL's benchmarks in bench/native are
+two) links libkccl.so (kccl.paths.LIB), the library this package's module links
+too: the loader maps it once, so the extension's kccl.h calls reach the copy that
+made the communicator (its state, CUDA kernels and last-error text).
 
-    fn = kccl.capi.function("kcclAllReduce")   # address of the function, an int
     h = kccl.capi.handle(comm)                  # the kcclComm_t, an int
+    fn = kccl.capi.function("kcclAllReduce")   # for code that cannot link: the address, an int
     ptr, count, dtype, lib = kccl.capi.buffer(comm, x, writable=True)
     kccl.capi.check(rc)                         # KcclError for a failed kccl.h result
     code = kccl.capi.dtype_code("bfloat16")     # the kcclDataType_t of a name, numpy dtype or code

@@ -188,6 +188,50 @@ class GpuAllReduceHandle:
         return f"<kccl.GpuAllReduceHandle {self._req} {'waited' if self._waited else 'pending'}>"
 
 
+ANY_SOURCE = lib.KCCL_ANY_SOURCE
+
+
+class P2PHandle:
+    """A send or receive started by Communicator.send_start / recv_start.  wait() blocks
+    until it has completed and returns its buffer; test() never blocks and says whether
+    it has (both move every outstanding send and receive of the communicator along).
+    source: the rank a completed receive came from (the sender for a send).  A peer
+    that died, aborted or failed raises KcclRemoteError; after close() or abort() of
+    the communicator they raise KcclInvalidUsage."""
+    __slots__ = ("_owner", "_comm", "_req", "buf", "source", "_finished")
+
+    def __init__(self, owner, comm, req, buf):
+        self._owner, self._comm, self._req, self.buf = owner, comm, req, buf
+        self.source, self._finished = None, False
+
+    def _live(self):
+        if self._owner._comm is not self._comm:
+            raise KcclInvalidUsage(f"the communicator of this send / receive is {self._owner._why_closed}")
+        return self._comm
+
+    def wait(self):
+        if not self._finished:
+            src = self._owner._source
+            _check(lib.kcclP2PWait(self._live(), self._req, src))
+            self.source, self._finished = int(src[0]), True
+        return self.buf
+
+    def test(self):
+        if not self._finished:
+            done, src = self._owner._done, self._owner._source
+            _check(lib.kcclP2PTest(self._live(), self._req, done, src))
+            if done[0]:
+                self.source, self._finished = int(src[0]), True
+        return self._finished
+
+    @property
+    def done(self):
+        return self.test()
+
+    def __repr__(self):
+        return f"<kccl.P2PHandle {self._req} {'done' if self._finished else 'pending'}>"
+
+
 class Communicator:
     """A group of `nranks` processes on one host, this process being `rank`.
 
@@ -244,6 +288,7 @@ class Communicator:
         self._pid = os.getpid()
         self._req = ffi.new("uint64_t *")
         self._done = ffi.new("int *")
+        self._source = ffi.new("int *")
 
     @classmethod
     def from_mpi(cls, mpi_comm, *, config=None, device=None):
@@ -445,6 +490,54 @@ class Communicator:
         starts once every rank's stream reached it)."""
         comm = self._handle()
         _check(lib.kcclBarrier(comm, self._buffers.resolve_stream(stream, None)))
+
+    # -- point-to-point (host communicators) -------------------------------------------
+    def _peer(self, peer, any_ok):
+        if any_ok and peer is None:
+            return ANY_SOURCE
+        peer = _as_int(peer, "peer")
+        if not (0 <= peer < self._size or (any_ok and peer == ANY_SOURCE)):
+            raise KcclInvalidArgument(f"peer {peer} out of range for size={self._size}")
+        return peer
+
+    def _p2p_buffer(self, buf, dtype, writable):
+        """A message moves bytes: a buffer of a type KCCL does not reduce (uint16, bool, ...)
+        goes as its bytes."""
+        try:
+            return self._buffers.resolve_buffer(buf, dtype, writable, "buf")
+        except KcclInvalidArgument:
+            if dtype is not None:
+                raise
+            return self._buffers.resolve_buffer(buf, "uint8", writable, "buf")
+
+    def send_start(self, buf, peer, *, tag=0, dtype=None):
+        """Starts sending buf to rank `peer` and returns a P2PHandle at once.  buf must
+        stay unchanged until the handle completes (its last piece is in the peer's ring:
+        that may be before the peer receives it).  Messages from one rank to another
+        are received in the order they were sent, matched by tag."""
+        comm = self._handle()
+        p, n, code, _ = self._p2p_buffer(buf, dtype, False)
+        _check(lib.kcclSendStart(p, n, code, self._peer(peer, False), _as_int(tag, "tag"), comm, self._req))
+        return P2PHandle(self, comm, self._req[0], buf)
+
+    def recv_start(self, buf, peer=None, *, tag=0, dtype=None):
+        """Starts receiving into buf the next message with `tag` from rank `peer` (None or
+        kccl.ANY_SOURCE: from any rank; the handle's source says which) and returns a
+        P2PHandle at once.  The message must have buf's byte count (else
+        KcclRemoteError on both sides)."""
+        comm = self._handle()
+        p, n, code, _ = self._p2p_buffer(buf, dtype, True)
+        _check(lib.kcclRecvStart(p, n, code, self._peer(peer, True), _as_int(tag, "tag"), comm, self._req))
+        return P2PHandle(self, comm, self._req[0], buf)
+
+    def send(self, buf, peer, *, tag=0, dtype=None):
+        """Sends buf to rank `peer` (blocking: returns once buf may be reused).  Returns buf."""
+        return self.send_start(buf, peer, tag=tag, dtype=dtype).wait()
+
+    def recv(self, buf, peer=None, *, tag=0, dtype=None):
+        """Receives the next message with `tag` from rank `peer` (None: any rank) into buf,
+        blocking.  Returns buf."""
+        return self.recv_start(buf, peer, tag=tag, dtype=dtype).wait()
 
     # -- device-side API (GPU communicators) ----------------------------------------------
     def dev_comm(self):

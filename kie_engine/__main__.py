@@ -8,7 +8,9 @@
     python -m kie_engine convert --model FILE.gguf|smollm2 --out DIR [--dtype bfloat16|float32]
     python -m kie_engine convert --model FILE.gguf|smollm2 --quantize q8_0|q4_0|q4_1|q4_k --out FILE.gguf
     [mpiexec -n N] python -m kie_engine serve --model DIR|FILE.gguf|smollm2 [--host 127.0.0.1] [--port 8000]
-        [--max-queue 32] [--device cpu|cuda] (an OpenAI-compatible HTTP server; README "Serving")
+        [--max-queue 32] [--device cpu|cuda] (an OpenAI-compatible HTTP server; docs/serving.md)
+    [mpiexec -n N] python -m kie_engine perplexity --model M --file TEXT [--tokens 512] [--kernel ...] [--reference]
+        (docs/numerics.md)
 
 Under mpiexec every rank is a lane (tensor parallelism over KCCL); N = 1 needs no
 mpiexec.  Rank 0 streams the text and prints the timing line."""
@@ -74,7 +76,7 @@ def cmd_convert(a):
 
 
 def cmd_generate(a):
-    from .generate import Sampling, check_request, generate, printable
+    from .generate import Sampling, SamplingError, check_request, generate, printable
     from .sources import open_checkpoint
     from .threads import choose, my_cpus, override, parse_override, set_blas_threads
     from .tokenizer import StreamDecoder
@@ -82,7 +84,10 @@ def cmd_generate(a):
     from .tp import comm_config, plan, prefill_chunk
     size, rank = _world()
     # Everything that can be refused is checked before the first byte of output.
-    sampling = Sampling(a.temperature, a.top_k, a.top_p, a.seed)
+    try:
+        sampling = Sampling(a.temperature, a.top_k, a.top_p, a.seed)
+    except SamplingError as e:  # named as the flag the user typed
+        raise ValueError(f"--{e.param.replace('_', '-')} {e.rule}, got {e.value}") from None
     ckpt = open_checkpoint(a.model)
     cfg = ckpt.config
     tok = ckpt.tokenizer()
@@ -168,6 +173,59 @@ def cmd_generate(a):
             if not res.stopped_on_eos and not a.ignore_eos:  # say so: the text ends mid-answer
                 cut = f"; cut at --max-new-tokens {a.max_new_tokens} before the end of {'turn' if a.chat else 'text'}"
             print(f"[{res.summary()}{cut}; dtp_delay={cfg.dtp_delay}{lanes}, {where}]", flush=True)
+    finally:
+        if model is not None:
+            model.close()
+        if comm is not None:
+            comm.close()
+    return 0
+
+
+def cmd_perplexity(a):
+    import json
+    from .backend import check_kernel, load_backend
+    from .perplexity import check_file, describe_engine, reference_logprobs, report_lines, score, text_ids
+    from .sources import open_checkpoint
+    from .threads import choose, my_cpus, override
+    from .tp import comm_config, plan
+    size, rank = _world()
+    check_file(a.file)
+    ckpt = open_checkpoint(a.model)
+    cfg = ckpt.config
+    ids = text_ids(ckpt.tokenizer(), a.file, a.tokens)
+    if max(ids) >= cfg.vocab_size:
+        raise KieError(f"the tokenizer produced id {max(ids)}, outside the model's vocab_size={cfg.vocab_size}")
+    if len(ids) > cfg.max_position_embeddings:
+        raise ValueError(f"--tokens {a.tokens}: the model's context holds {cfg.max_position_embeddings}")
+    gpu = a.device == "cuda"
+    kernel = check_kernel(a.device, a.kernel)
+    plan(cfg, size, uneven=not gpu)
+    override(a.threads, flag_name="--threads")
+    if kernel == "native":
+        from .cpu.engine import require_native
+        require_native()
+    if gpu:
+        from .gpu.engine import require_gpu
+        require_gpu()
+    comm, node_cpus = None, None
+    if size > 1:
+        from mpi4py import MPI
+        import kccl
+        node_cpus = MPI.COMM_WORLD.allgather(sorted(my_cpus()))
+        comm = kccl.Communicator.from_mpi(MPI.COMM_WORLD, config=comm_config(cfg), device="local" if gpu else None)
+    threads = choose(a.threads, node_cpus, flag_name="--threads")[0]
+    model = None
+    try:
+        ref = reference_logprobs(ckpt, ids) if a.reference and rank == 0 else None
+        model = load_backend(ckpt, comm, a.device, kernel, max_seq=len(ids), threads=threads, node_cpu_sets=node_cpus)
+        s = score(model, ids, ref, source=ckpt.dir).summary()
+        if rank == 0:
+            for line in report_lines(s, a.reference):
+                print(line, flush=True)
+            if a.json:
+                s.update(model=a.model, file=a.file, kernel=describe_engine(model, kernel, size), lanes=size)
+                with open(a.json, "w") as f:
+                    json.dump(s, f, indent=1)
     finally:
         if model is not None:
             model.close()
@@ -267,9 +325,26 @@ def main(argv=None):
                    help="as for generate (native on the CPU, graph with --device cuda, by default)")
     s.add_argument("--log-level", choices=["critical", "error", "warning", "info", "debug"], default="warning",
                    help="uvicorn's log level; info and debug also log every request (default warning)")
+    q = sub.add_parser("perplexity", help="how well the model predicts a text file, and (--reference) how far this "
+                                          "engine is from the float32 reference",
+                       description="The first --tokens tokens of the file (with BOS where the tokenizer adds one) "
+                                   "in one teacher-forced pass; prints 'perplexity X over N-1 tokens'.  Under "
+                                   "mpiexec -n N every rank is a lane.")
+    q.add_argument("--model", required=True, help="as for generate: a checkpoint directory, a .gguf file, or smollm2")
+    q.add_argument("--file", required=True, help="a UTF-8 text file")
+    q.add_argument("--tokens", type=int, default=512, help="tokens of the file to use, N (default 512): N - 1 "
+                                                           "predictions are scored")
+    q.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="as for generate")
+    q.add_argument("--kernel", choices=["native", "numpy", "graph", "mono"], default=None, help="as for generate")
+    q.add_argument("--threads", metavar="N", help="as for generate")
+    q.add_argument("--reference", action="store_true",
+                   help="also the mean KL divergence and top-1 agreement against the float32 reference (the numpy "
+                        "engine at TP = 1, on rank 0)")
+    q.add_argument("--json", metavar="FILE", help="also write the figures to FILE (JSON)")
     a = p.parse_args(argv)
     try:
-        return {"init": cmd_init, "generate": cmd_generate, "convert": cmd_convert, "serve": cmd_serve}[a.cmd](a)
+        return {"init": cmd_init, "generate": cmd_generate, "convert": cmd_convert, "serve": cmd_serve,
+                "perplexity": cmd_perplexity}[a.cmd](a)
     except (KieError, ValueError, FileNotFoundError, OSError) as e:
         try:
             rank = _world()[1]

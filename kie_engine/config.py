@@ -8,7 +8,7 @@ from typing import Optional
 from . import jsonfile
 from .errors import CheckpointNotFoundError, ConfigError
 
-# The one formulation of DTP this engine implements (see shared/DESIGN.md): a "block"
+# The one formulation of DTP this engine implements (docs/kie.md, "DTP"): a "block"
 # is a sublayer (attention or MLP); with delay d, sublayer i reads the residual
 # without the outputs of sublayers i-d .. i-1, whose all-reduces are in flight.
 DTP_FORMULATION = "ladder-residual/sublayer"

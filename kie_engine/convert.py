@@ -9,7 +9,16 @@ import numpy as np
 
 from .checkpoint import expected_shapes
 from .errors import CheckpointError
+from .quant import check_finite
 from .safetensors_io import float32_to_bf16_bits, write
+
+
+def _tensor_name(ckpt, name):
+    """`name` as an error names it: with the file's own name when that differs (GGUF)."""
+    if hasattr(ckpt, "raw_tensor"):  # a GGUF file
+        from .gguf_io import gguf_name
+        return f"{gguf_name(name)} ({name})"
+    return name
 
 
 def convert(ckpt, out_dir, dtype="bfloat16"):
@@ -21,11 +30,12 @@ def convert(ckpt, out_dir, dtype="bfloat16"):
     cfg = ckpt.config.replace(torch_dtype=dtype)
     tokenizer = ckpt.tokenizer()  # before writing anything: a model without one fails here
     template = ckpt.chat_template()
-    os.makedirs(out_dir, exist_ok=True)
     stored = {}
-    for name in expected_shapes(cfg):
+    for name in expected_shapes(cfg):  # every tensor read and checked before anything is written
         w = ckpt.tensor(name)
+        check_finite(w, ckpt.dir, _tensor_name(ckpt, name))
         stored[name] = ("BF16", float32_to_bf16_bits(w)) if dtype == "bfloat16" else ("F32", w.astype(np.float32))
+    os.makedirs(out_dir, exist_ok=True)
     write(os.path.join(out_dir, "model.safetensors"), stored, metadata={"format": "pt"})
     with open(os.path.join(out_dir, "config.json"), "w") as f:
         json.dump(cfg.to_hf(), f, indent=2)

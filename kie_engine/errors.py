@@ -23,6 +23,12 @@ class NonFiniteLogitsError(CheckpointError):
     float32), so every later token would be garbage; generation stops instead."""
 
 
+class NonFiniteWeightsError(CheckpointError):
+    """A tensor holds a NaN or an infinity: the file is corrupt.  convert refuses to write
+    it (rounding or quantizing would hide the damage: int8 blocks drop a NaN, bf16 may turn
+    it into a plain number)."""
+
+
 class CheckpointNotFoundError(KieError, FileNotFoundError):
     """The checkpoint directory, or a file it needs, does not exist."""
 

@@ -9,20 +9,35 @@ import numpy as np
 from .errors import NonFiniteLogitsError, PromptTooLongError
 
 
+SEED_MAX = (1 << 64) - 1  # every engine's sampler takes a 64-bit seed (the GPU engine's is a uint64_t)
+
+
+class SamplingError(ValueError):
+    """A sampling parameter out of range; `param` names it (the CLI says --top-k where
+    the API says top_k)."""
+
+    def __init__(self, param, rule, value):
+        super().__init__(f"{param} {rule}, got {value!r}")
+        self.param, self.rule, self.value = param, rule, value
+
+
 @dataclass(frozen=True)
 class Sampling:
     temperature: float = 0.0   # 0 = greedy
     top_k: int = 0             # 0 = off
     top_p: float = 1.0         # 1 = off
-    seed: int = 0
+    seed: int = 0              # 0..SEED_MAX, the same rule for the CLI and the HTTP API
 
     def __post_init__(self):
         if not self.temperature >= 0:
-            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+            raise SamplingError("temperature", "must be >= 0", self.temperature)
         if self.top_k < 0:
-            raise ValueError(f"top_k must be >= 0, got {self.top_k}")
+            raise SamplingError("top_k", "must be >= 0", self.top_k)
         if not 0 < self.top_p <= 1:
-            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+            raise SamplingError("top_p", "must be in (0, 1]", self.top_p)
+        if isinstance(self.seed, bool) or not isinstance(self.seed, (int, np.integer)) \
+                or not 0 <= self.seed <= SEED_MAX:
+            raise SamplingError("seed", f"must be an integer in 0..{SEED_MAX}", self.seed)
 
 
 def sample(logits, s: Sampling, rng):

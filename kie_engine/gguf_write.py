@@ -107,10 +107,9 @@ def quantize_gguf(src_path, out_path, scheme, progress=None):
             cols = dims[0]
             rows = int(np.prod(dims[1:], dtype=np.int64)) if len(dims) > 1 else 1
             raw = np.asarray(raw).reshape(rows, -1)
-            if target == t:
-                data = np.array(raw)
-            else:
-                data = Q.quantize(Q.dequantize(raw, t, cols), target)
+            values = Q.dequantize(raw, t, cols)
+            Q.check_finite(values, src_path, name)  # a copied tensor too: its blocks would carry the damage
+            data = np.array(raw) if target == t else Q.quantize(values, target)
             if len(dims) == 1:
                 data = data.reshape(-1)
                 if target == Q.F32:

@@ -22,6 +22,7 @@ from typing import List
 import numpy as np
 
 from .errors import KieError, PromptTooLongError
+from .safetensors_io import float32_to_bf16_bits
 
 
 class _Ready:
@@ -166,10 +167,8 @@ def softmax(s):
 # -- the model -------------------------------------------------------------------------------
 
 def round_bf16(x):
-    """x rounded to the nearest bfloat16 (ties to even), kept as float32."""
-    u = np.ascontiguousarray(x, np.float32).view(np.uint32)
-    u = (u + (np.uint32(0x7FFF) + ((u >> 16) & np.uint32(1)))) & np.uint32(0xFFFF0000)
-    return u.view(np.float32)
+    """x rounded to the nearest bfloat16 (ties to even; NaN stays NaN), kept as float32."""
+    return (float32_to_bf16_bits(x).astype(np.uint32) << 16).view(np.float32).reshape(np.shape(x))
 
 
 class Model:

@@ -27,6 +27,17 @@ def _f16(a):
     return np.ascontiguousarray(a).view(np.float16).astype(np.float32)
 
 
+def check_finite(values, source, tensor):
+    """Raises NonFiniteWeightsError naming `source` (the file) and `tensor` when `values`
+    (a float array) holds a NaN or an infinity."""
+    if not np.isfinite(np.add.reduce(values, axis=None, dtype=np.float64)):  # finite iff every value is
+        from .errors import NonFiniteWeightsError
+        bad = int(np.count_nonzero(~np.isfinite(values)))
+        raise NonFiniteWeightsError(f"{source}: tensor {tensor} holds {bad} NaN or infinite weight"
+                                    f"{'s' if bad != 1 else ''} of {values.size}: the file is corrupt; nothing "
+                                    f"was written")
+
+
 # -- dequantization ------------------------------------------------------------------------------
 
 def dequantize(raw, t, cols):
@@ -119,9 +130,8 @@ def quantize(x, t):
     if t == F16:
         return x.astype(np.float16).view(np.uint8).reshape(rows, -1)
     if t == BF16:  # round to nearest even, as torch and llama.cpp do
-        u = x.view(np.uint32).astype(np.uint64)
-        u = ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)
-        return u.view(np.uint8).reshape(rows, -1)
+        from .safetensors_io import float32_to_bf16_bits
+        return float32_to_bf16_bits(x).view(np.uint8).reshape(rows, -1)
     if t in (Q8_0, Q4_0, Q4_1):
         import gguf
         return np.ascontiguousarray(gguf.quants.quantize(x, gguf.GGMLQuantizationType(t))).reshape(rows, -1)

@@ -94,10 +94,17 @@ def to_float32(stored, dtype_name):
 
 
 def float32_to_bf16_bits(x):
-    """Round-to-nearest-even bfloat16 bit patterns (uint16) of a float32 array."""
+    """Round-to-nearest-even bfloat16 bit patterns (uint16) of a float32 array; every
+    float-to-bf16 rounding of the engine goes through here.  A NaN stays a NaN (its top
+    half with the quiet bit set: rounding its low half could carry into the exponent and
+    make an infinity, or leave a zero mantissa); finite values past bf16's largest round
+    to infinity, as in torch and ml_dtypes."""
     u = np.ascontiguousarray(x, np.float32).view(np.uint32)
-    rounded = u + (np.uint32(0x7FFF) + ((u >> 16) & np.uint32(1)))
-    return (rounded >> 16).astype(np.uint16)
+    rounded = ((u + (np.uint32(0x7FFF) + ((u >> 16) & np.uint32(1)))) >> 16).astype(np.uint16)
+    nan = (u & np.uint32(0x7FFFFFFF)) > np.uint32(0x7F800000)
+    if nan.any():
+        rounded[nan] = ((u[nan] >> 16) | np.uint32(0x40)).astype(np.uint16)
+    return rounded
 
 
 def write(path, tensors, metadata=None):

@@ -1,7 +1,10 @@
 """Every KIE_* environment variable, one entry each: the only place where a setting's
 name, type, default, range and meaning are written (as kccl_settings.def is for
 KCCL_*).  The engines read them through value(); the CUDA engine gets them in its
-kie_shape, so its C code reads no environment.  A name that starts with KIE_ and is
+kie_shape, so its C code reads no environment.  The one the C code of the CPU kernels
+reads itself, KIE_CPU_HIDE (its dispatcher picks a level at the first kernel call, in
+any program that links it), is checked here when Python loads those kernels
+(kie_engine/cpu/_native.py), so a bad value is refused before it can be misread.  A name that starts with KIE_ and is
 no setting (a misspelling) is ignored, with one line on stderr per process (per job
 where the launcher tells the ranks apart) naming the closest setting.
 
@@ -18,7 +21,8 @@ from .errors import GpuArgumentError, SettingError
 @dataclass(frozen=True)
 class Setting:
     name: str
-    kind: str                  # "int" (lo..hi, or one of `values`), "flag" (0 or 1), "choice", "count" (>= 1)
+    kind: str                  # "int" (lo..hi, or one of `values`), "flag" (0 or 1), "choice", "count" (>= 1),
+    #                            "names" (a comma-separated set of `values`, any order; given in `values`' order)
     default: object            # None: decided at run time, as `doc` says
     doc: str
     lo: int = 0
@@ -30,6 +34,11 @@ class Setting:
 _GPU = dict(error=GpuArgumentError)
 
 SETTINGS = (
+    Setting("KIE_CPU_HIDE", "names", "",
+            "CPU engine: instruction sets its kernels must not use, as if the CPU lacked them: avx512, avx2, or "
+            "both, comma-separated (hiding avx2 also hides avx512, which needs it). Shows what an older CPU gets; "
+            "read by the kernels' dispatcher (kie_engine/cpu/csrc/kq_dispatch.c) at their first use. Unset: the "
+            "fastest level this CPU runs.", values=("avx512", "avx2")),
     Setting("KIE_BLAS_THREADS", "count", None,
             "Threads of each rank's BLAS pool (the CPU engine's products). Unset: OPENBLAS_NUM_THREADS, "
             "MKL_NUM_THREADS or OMP_NUM_THREADS when set, else the rank's CPUs over the ranks sharing them, "
@@ -57,8 +66,15 @@ SETTINGS = (
             "CUDA engine: 1 has the o and down GEMVs read x through L1 (0: staged in shared memory).", 0, 1,
             **_GPU),
     Setting("KIE_GPU_MONO_PREFETCH", "int", -1,
-            "Monokernel: weight tiles past its shared-memory ring asked of L2 ahead of use; -1 = auto (the "
-            "ring's size).", -1, 64, **_GPU),
+            "Monokernel: weight tiles past its shared-memory ring asked of L2 ahead of use; -1 = auto (none: "
+            "5 and 16 tiles were 11 % and 30 % slower on the 2b shape, bench/RESULTS.md).", -1, 64, **_GPU),
+    Setting("KIE_GPU_PREFILL", "choice", "auto",
+            "CUDA engine: how a prompt runs: gemm (each weight matrix one cuBLAS product over a chunk of tokens), "
+            "gemv (decode-shaped passes of a few tokens), or auto (gemm where cuBLAS can be loaded, else gemv).",
+            values=("auto", "gemm", "gemv"), **_GPU),
+    Setting("KIE_GPU_PREFILL_CHUNK", "int", 0,
+            "CUDA engine: tokens of one batched prefill pass at most (its activations are allocated for them); "
+            "0 = auto (1024, at most the context).", 0, 1 << 20, **_GPU),
     Setting("KIE_GPU_MONO_BLOCKS", "int", 0,
             "Monokernel: blocks of its grid; 0 = auto (every SM, or a share of them when lanes share the GPU).",
             0, 1 << 16, **_GPU),
@@ -73,6 +89,12 @@ def parse(setting, text):
         if s.lower() in setting.values:
             return s.lower()
         raise setting.error(f"{setting.name}={text!r}: expected one of {', '.join(setting.values)}")
+    if setting.kind == "names":
+        given = {part.strip().lower() for part in s.split(",")} - {""}
+        if not given <= set(setting.values):
+            raise setting.error(f"{setting.name}={text!r}: expected some of {', '.join(setting.values)}, "
+                                f"comma-separated")
+        return ",".join(v for v in setting.values if v in given)
     v = int(s, 10) if s.isascii() and s.lstrip("+-").isdigit() and len(s) <= 12 else None
     if setting.kind == "count":
         return parse_count(text, setting.name, setting.error)
@@ -178,7 +200,7 @@ def describe(environ=None):
     lines = [f"{'setting':<{w}}  {'value':>8}  {'source':<8}  meaning"]
     for s in SETTINGS:
         v = _read(s, environ)
-        shown = str(v if v is not None else "auto" if s.default is None else s.default)
+        shown = str(v if v is not None else "auto" if s.default is None else s.default) or '""'
         lines.append(f"{s.name:<{w}}  {shown:>8}  {'env' if v is not None else 'default':<8}  {s.doc}")
     extra = warning_line(environ)
     return "\n".join(lines + ([extra] if extra else []))

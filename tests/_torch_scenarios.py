@@ -35,269 +35,141 @@ def init(method, rank, world, backend="kccl", timeout=30.0):
     dist.init_process_group(backend, init_method=method, timeout=datetime.timedelta(seconds=timeout), **kw)
 
 
-# ------------------------------------------------------------------------------------------
-# compare: hypothesis-drawn collectives on a kccl and a gloo group, same inputs
-
-DTYPES = {"bool": torch.bool, "int8": torch.int8, "uint8": torch.uint8, "int16": torch.int16,
-          "int32": torch.int32, "int64": torch.int64, "uint16": torch.uint16, "uint32": torch.uint32,
-          "uint64": torch.uint64, "float16": torch.float16, "bfloat16": torch.bfloat16,
-          "float32": torch.float32, "float64": torch.float64, "complex64": torch.complex64}
-OPS = {"SUM": R.SUM, "PRODUCT": R.PRODUCT, "MIN": R.MIN, "MAX": R.MAX, "AVG": R.AVG}
-COLLS = ("all_reduce", "reduce", "broadcast", "all_gather", "all_gather_into_tensor", "reduce_scatter",
-         "reduce_scatter_tensor", "gather", "scatter", "all_to_all_single", "all_to_all", "coalesced_all_reduce")
-REDUCING = {"all_reduce", "reduce", "reduce_scatter", "reduce_scatter_tensor", "coalesced_all_reduce"}
-
-
-def make(dtype, shape, op, seed, rank, idx=0, noncontig=False):
-    """Rank `rank`'s input: the same on every process for the same arguments."""
-    g = torch.Generator().manual_seed(hash((seed, rank, idx)) & 0x7FFFFFFF)
-    dt = DTYPES[dtype]
-    n = 1
-    for d in shape:
-        n *= d
-    if dt == torch.bool:
-        v = torch.rand(n, generator=g) < 0.5
-    elif dt.is_complex:
-        v = torch.complex(torch.randn(n, generator=g), torch.randn(n, generator=g))
-    elif dt.is_floating_point:
-        v = (torch.rand(n, generator=g) * 1.5 + 0.5) * torch.where(torch.rand(n, generator=g) < 0.5, -1.0, 1.0) \
-            if op == "PRODUCT" else torch.randn(n, generator=g) * 4
-        v = v.to(dt)
-    else:
-        lo, hi = (-3, 4) if op == "PRODUCT" else (-100, 100)
-        if dt in (torch.uint8, torch.uint16, torch.uint32, torch.uint64):
-            lo = 0
-        v = torch.randint(lo, hi, (n,), generator=g).to(dt)
-    if noncontig and len(shape) >= 2:
-        # the same values, laid out transposed: a non-contiguous view of shape `shape`
-        return v.reshape(shape).transpose(0, 1).contiguous().transpose(0, 1)
-    return v.reshape(shape)
-
-
-def reference_reduce(xs, dtype, op):
-    """The reduction of every rank's input in a wide type, cast back (KCCL's contract:
-    half types accumulate in float32; integer AVG truncates)."""
-    dt = DTYPES[dtype]
-    if dt == torch.bool:
-        s = torch.stack([x.to(torch.int64) for x in xs])
-        r = {"SUM": s.amax(0), "MAX": s.amax(0), "PRODUCT": s.amin(0), "MIN": s.amin(0)}[op]
-        return r.to(torch.bool)
-    wide = torch.float64 if (dt.is_floating_point or dt.is_complex) else torch.int64
-    if dt.is_complex:
-        wide = torch.complex128
-    s = torch.stack([x.to(wide) for x in xs])
-    if op == "SUM":
-        r = s.sum(0)
-    elif op == "PRODUCT":
-        r = s.prod(0)
-    elif op == "MIN":
-        r = s.amin(0)
-    elif op == "MAX":
-        r = s.amax(0)
-    else:
-        r = s.sum(0)
-        r = r / len(xs) if (dt.is_floating_point or dt.is_complex) else torch.div(r, len(xs), rounding_mode="trunc")
-    return r.to(dt)
-
-
-def close(a, b, dtype, op):
-    """None when a matches b for this dtype/op, else a short description."""
-    dt = DTYPES[dtype]
-    if a.shape != b.shape:
-        return f"shape {tuple(a.shape)} vs {tuple(b.shape)}"
-    if dt.is_floating_point or dt.is_complex:
-        rtol = {torch.float16: 4e-3, torch.bfloat16: 3e-2}.get(dt, 1e-5)
-        atol = rtol * (8 if op in ("SUM", "AVG", None) else 1)
-        ok = torch.allclose(a.to(torch.complex128 if dt.is_complex else torch.float64),
-                            b.to(torch.complex128 if dt.is_complex else torch.float64), rtol=rtol, atol=atol)
-    else:
-        ok = torch.equal(a, b)
-    if ok:
-        return None
-    return f"{a.flatten()[:6].tolist()} vs {b.flatten()[:6].tolist()}"
-
-
-def run_collective(case, group, rank, world, seed, use_kccl):
-    """(outputs, expected) of one drawn case on `group`; outputs a list of tensors."""
-    coll, dtype, shape, op, root, nc, splits = (case[k] for k in ("coll", "dtype", "shape", "op", "root", "nc",
-                                                                  "splits"))
-    inputs = [make(dtype, shape, op, seed, r, noncontig=nc) for r in range(world)]
-    mine = inputs[rank].clone() if not nc else make(dtype, shape, op, seed, rank, noncontig=True)
-    dt = DTYPES[dtype]
-    opv = OPS.get(op, R.SUM)
-    if coll == "all_reduce":
-        dist.all_reduce(mine, op=opv, group=group)
-        return [mine], [reference_reduce(inputs, dtype, op)]
-    if coll == "coalesced_all_reduce":
-        second = make(dtype, shape, op, seed, rank, idx=1)
-        with dist._coalescing_manager(group=group):
-            dist.all_reduce(mine, op=opv, group=group)
-            dist.all_reduce(second, op=opv, group=group)
-        return [mine, second], [reference_reduce(inputs, dtype, op),
-                                reference_reduce([make(dtype, shape, op, seed, r, idx=1) for r in range(world)],
-                                                 dtype, op)]
-    if coll == "reduce":
-        before = mine.clone()
-        dist.reduce(mine, dst=root, op=opv, group=group)
-        return [mine], [reference_reduce(inputs, dtype, op) if rank == root else before]
-    if coll == "broadcast":
-        dist.broadcast(mine, src=root, group=group)
-        return [mine], [inputs[root]]
-    if coll == "all_gather":
-        outs = [torch.empty(shape, dtype=dt) for _ in range(world)]
-        dist.all_gather(outs, mine, group=group)
-        return outs, inputs
-    if coll == "all_gather_into_tensor":
-        out = torch.empty((world * shape[0],) + tuple(shape[1:]), dtype=dt)
-        dist.all_gather_into_tensor(out, mine, group=group)
-        return [out], [torch.cat(inputs)]
-    if coll == "reduce_scatter":
-        ins = [make(dtype, shape, op, seed, rank, idx=2 + d) for d in range(world)]
-        out = torch.empty(shape, dtype=dt)
-        dist.reduce_scatter(out, ins, op=opv, group=group)
-        return [out], [reference_reduce([make(dtype, shape, op, seed, r, idx=2 + rank) for r in range(world)],
-                                        dtype, op)]
-    if coll == "reduce_scatter_tensor":
-        out = torch.empty((shape[0] // world,) + tuple(shape[1:]), dtype=dt)
-        dist.reduce_scatter_tensor(out, mine, op=opv, group=group)
-        full = reference_reduce(inputs, dtype, op)
-        return [out], [full.chunk(world)[rank]]
-    if coll == "gather":
-        outs = [torch.empty(shape, dtype=dt) for _ in range(world)] if rank == root else None
-        dist.gather(mine, outs, dst=root, group=group)
-        return (outs, inputs) if rank == root else ([], [])
-    if coll == "scatter":
-        ins = [make(dtype, shape, op, seed, root, idx=2 + d) for d in range(world)] if rank == root else None
-        out = torch.empty(shape, dtype=dt)
-        dist.scatter(out, ins, src=root, group=group)
-        return [out], [make(dtype, shape, op, seed, root, idx=2 + rank)]
-    if coll == "all_to_all_single":
-        # splits[s][d]: rows rank s sends to rank d (None: even split of shape[0] rows)
-        rows = (lambda s: sum(splits[s])) if splits else (lambda s: shape[0])
-        tail = tuple(shape[1:])
-        ins = [make(dtype, (rows(s),) + tail, op, seed, s, idx=7) for s in range(world)]
-        recv_rows = sum(splits[s][rank] for s in range(world)) if splits else shape[0]
-        out = torch.empty((recv_rows,) + tail, dtype=dt)
-        dist.all_to_all_single(out, ins[rank].clone(), output_split_sizes=[splits[s][rank] for s in range(world)]
-                               if splits else None, input_split_sizes=splits[rank] if splits else None, group=group)
-        pieces = []
-        for s in range(world):
-            sp = splits[s] if splits else [shape[0] // world] * world
-            pieces.append(ins[s][sum(sp[:rank]):sum(sp[:rank + 1])])
-        return [out], [torch.cat(pieces)]
-    if coll == "all_to_all":
-        ins = [make(dtype, shape, op, seed, rank, idx=10 + d) for d in range(world)]
-        outs = [torch.empty(shape, dtype=dt) for _ in range(world)]
-        dist.all_to_all(outs, ins, group=group)
-        return outs, [make(dtype, shape, op, seed, s, idx=10 + rank) for s in range(world)]
-    raise ValueError(coll)
-
-
-GLOO_LACKS = {"int16", "uint16", "uint32", "uint64"}
-
-
-def gloo_takes(case):
-    """Whether gloo runs this case (decided alike on every rank: gloo refuses some types
-    on one rank only, e.g. at a gather's root)."""
-    if case["dtype"] in GLOO_LACKS:
-        return False
-    dt = DTYPES[case["dtype"]]
-    return not (case["op"] == "AVG" and not (dt.is_floating_point or dt.is_complex))
-
-
 def scenario_compare(rank, world, method, args):
-    from hypothesis import HealthCheck, Phase, given, settings, strategies as st
-    init(method, rank, world)
-    gloo = dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=15))
-    problems, checked, gloo_checked = [], [0], [0]
-
-    @st.composite
-    def cases(draw):
-        coll = draw(st.sampled_from(COLLS))
-        dtype = draw(st.sampled_from(sorted(DTYPES)))
-        op = draw(st.sampled_from(sorted(OPS))) if coll in REDUCING else None
-        if op == "AVG" and dtype == "bool":
-            op = "SUM"
-        if DTYPES[dtype].is_complex and op in ("PRODUCT", "MIN", "MAX"):
-            op = "SUM"
-        big = draw(st.integers(0, 9)) == 0  # sometimes larger than the KCCL slot (the test sets it small)
-        if big:
-            shape = [draw(st.integers(1, 3)) * world * 1024]
-        else:
-            shape = draw(st.lists(st.integers(0, 4), min_size=1, max_size=3))
-        if coll in ("all_gather_into_tensor", "reduce_scatter_tensor"):
-            shape[0] = max(shape[0], 1) * world if coll == "reduce_scatter_tensor" else shape[0]
-        if coll == "all_to_all_single" and not draw(st.booleans()):
-            shape[0] = shape[0] * world
-            splits = None
-        elif coll == "all_to_all_single":
-            splits = draw(st.lists(st.lists(st.integers(0, 3), min_size=world, max_size=world),
-                                   min_size=world, max_size=world))
-        else:
-            splits = None
-        nc = len(shape) >= 2 and draw(st.booleans()) and coll not in ("all_to_all_single",)
-        return {"coll": coll, "dtype": dtype, "shape": shape, "op": op, "root": draw(st.integers(0, world - 1)),
-                "nc": nc, "splits": splits}
-
-    @settings(max_examples=args.get("examples", 60), derandomize=True, database=None, deadline=None,
-              phases=[Phase.generate], suppress_health_check=list(HealthCheck))
-    @given(case=cases(), seed=st.integers(0, 2**20))
-    def check(case, seed):
-        checked[0] += 1
-        try:
-            k_out, expected = run_collective(case, None, rank, world, seed, True)
-        except Exception as e:  # every rank raises alike (argument checks), or reports it
-            problems.append(f"{case}: kccl raised {type(e).__name__}: {e}")
-            dist.barrier()
-            return
-        for a, b in zip(k_out, expected):
-            why = close(a, b, case["dtype"], case["op"])
-            if why:
-                problems.append(f"{case} seed={seed}: kccl vs reference: {why}")
-        if not gloo_takes(case):  # a dtype/op gloo lacks: the reference alone
-            return
-        try:
-            g_out, _ = run_collective(case, gloo, rank, world, seed, False)
-        except Exception as e:
-            problems.append(f"{case}: gloo raised {type(e).__name__}: {e}")
-            raise
-        gloo_checked[0] += 1
-        for a, b in zip(k_out, g_out):
-            why = close(a, b, case["dtype"], case["op"])
-            if why:
-                problems.append(f"{case} seed={seed}: kccl vs gloo: {why}")
-
-    check()
-    dist.destroy_process_group()
-    return {"problems": problems[:20], "checked": checked[0], "gloo_checked": gloo_checked[0], "shm": shm_names()}
+    import _torch_compare
+    return _torch_compare.scenario_compare(rank, world, method, args, init)
 
 
 # ------------------------------------------------------------------------------------------
 
 def scenario_refusals(rank, world, method, args):
-    """Unsupported ops raise at once, on every rank, and the group still works after."""
+    """Unsupported ops raise at once, on every rank, and the group still works after; the
+    backend serves "cuda" too, and where no GPU communicator can be made (a CPU-only
+    build) the first CUDA collective's init fails alike on every rank."""
     init(method, rank, world)
-    out = {}
+    out = {"devices": sorted(d.type for d in dist.group.WORLD._device_types)}
     t = torch.ones(4)
     for name, fn in [("BAND", lambda: dist.all_reduce(t.to(torch.int32), op=R.BAND)),
                      ("PREMUL_SUM", lambda: dist.all_reduce(t, op=dist._make_nccl_premul_sum(2.0))),
-                     ("send", lambda: dist.send(t, dst=(rank + 1) % world)),
-                     ("recv", lambda: dist.recv(t, src=(rank + 1) % world)),
                      ("complex_max", lambda: dist.all_reduce(torch.ones(2, dtype=torch.complex64), op=R.MAX)),
                      ("bool_avg", lambda: dist.all_reduce(torch.ones(2, dtype=torch.bool), op=R.AVG)),
-                     ("float8", lambda: dist.all_reduce(torch.ones(2).to(torch.float8_e4m3fn)))]:
+                     ("float8", lambda: dist.all_reduce(torch.ones(2).to(torch.float8_e4m3fn))),
+                     ("kccl_tag", lambda: dist.send(t, dst=(rank + 1) % world, tag=-2**31))]:
         t0 = time.monotonic()
         try:
             fn()
             out[name] = "no error"
         except Exception as e:
             out[name] = [type(e).__name__, str(e).splitlines()[0][:300], time.monotonic() - t0]
+    t0 = time.monotonic()
+    try:
+        kccl.torch._ext.make_gpu_comm(dist.group.WORLD._get_backend(torch.device("cpu")), 0)
+        out["gpu_comm"] = "made"
+    except Exception as e:
+        out["gpu_comm"] = [type(e).__name__, str(e).splitlines()[0][:300], time.monotonic() - t0]
     x = torch.full((3,), float(rank))
     dist.all_reduce(x)
     out["after"] = x.tolist()
     dist.destroy_process_group()
     out["shm"] = shm_names()
     return out
+
+
+def scenario_p2p(rank, world, method, args):
+    """send / recv / isend / irecv / batch_isend_irecv / recv from any source / object
+    lists, with tags, any size and dtype, non-contiguous tensors, futures; a send left
+    unwaited still reaches its receiver (the background thread keeps it moving)."""
+    init(method, rank, world)
+    out = {}
+    nxt, prv = (rank + 1) % world, (rank - 1) % world
+    # tags: two messages to the next rank, received in the other order
+    a, b = torch.full((3,), 10.0 * rank + 1), torch.full((3,), 10.0 * rank + 2)
+    ws = [dist.isend(a, nxt, tag=1), dist.isend(b, nxt, tag=2)]
+    g1, g2 = torch.zeros(3), torch.zeros(3)
+    dist.recv(g2, prv, tag=2)
+    dist.recv(g1, prv, tag=1)
+    for w in ws:
+        w.wait()
+    out["tags"] = [g1[0].item(), g2[0].item()]
+    # any size and dtype, several rings, a non-contiguous receive
+    sizes = {"bool": (torch.bool, 5), "int16": (torch.int16, 1 << 20), "bfloat16": (torch.bfloat16, 70001),
+             "complex64": (torch.complex64, 3), "float64": (torch.float64, 0)}
+    ok = {}
+    for name, (dt, n) in sizes.items():
+        src = (torch.arange(n) % 7 + rank).to(dt) if dt != torch.complex64 else torch.full((n,), rank + 1j)
+        got = torch.empty(n, dtype=dt)
+        ws = [dist.irecv(got, prv), dist.isend(src, nxt)]
+        for w in ws:
+            w.wait()
+        want = (torch.arange(n) % 7 + prv).to(dt) if dt != torch.complex64 else torch.full((n,), prv + 1j)
+        ok[name] = bool(torch.equal(got, want))
+    m = torch.arange(12.0).reshape(3, 4) + rank
+    tgt = torch.zeros(4, 3).t()  # non-contiguous
+    ws = [dist.irecv(tgt, prv, tag=4), dist.isend(m, nxt, tag=4)]
+    for w in ws:
+        w.wait()
+    ok["noncontiguous"] = bool(torch.equal(tgt, torch.arange(12.0).reshape(3, 4) + prv))
+    out["sizes"] = ok
+    # a batch: every rank sends a large tensor to the next, receives the previous one's
+    big = torch.full((1 << 20,), float(rank))
+    got = torch.zeros(1 << 20)
+    works = dist.batch_isend_irecv([dist.P2POp(dist.isend, big, nxt), dist.P2POp(dist.irecv, got, prv)])
+    out["batch_works"] = len(works)
+    works[0].get_future().wait()
+    out["batch"] = got[0].item() == prv and got[-1].item() == prv
+    # any source: rank 0 receives from everyone
+    if rank == 0:
+        srcs = sorted(dist.recv(torch.zeros(2), tag=6) for _ in range(world - 1))
+        out["any"] = srcs
+    else:
+        dist.send(torch.ones(2), 0, tag=6)
+    # objects
+    if rank == 0:
+        dist.send_object_list([{"a": 1}, "two"], dst=1)
+    elif rank == 1:
+        lst = [None, None]
+        dist.recv_object_list(lst, src=0)
+        out["objects"] = lst
+    # an isend never waited while its sender sleeps: the receiver still gets it all
+    dist.barrier()
+    if rank == 0:
+        w = dist.isend(torch.ones(1 << 21), 1, tag=8)  # 8 MB: many rings
+        time.sleep(args.get("sleep", 1.5))
+        out["wait_started"] = time.time()
+        w.wait()
+    elif rank == 1:
+        t = torch.zeros(1 << 21)
+        dist.recv(t, 0, tag=8)
+        out["recv_done"] = time.time()
+        out["recv_ok"] = bool((t == 1).all())
+    dist.barrier()
+    dist.destroy_process_group()
+    out["shm"] = shm_names()
+    return out
+
+
+def scenario_p2p_dead(rank, world, method, args):
+    """The last rank dies; rank 0 waits in a receive from it, rank 1 in a send larger than
+    the ring to it (world 3), each must raise within 2 s, naming the rank."""
+    init(method, rank, world)
+    victim = world - 1
+    dist.barrier()
+    if rank == victim:
+        time.sleep(0.5)
+        with open(args["death_file"], "w") as f:
+            f.write(repr(time.time()))
+        os._exit(9)
+    try:
+        if rank == 0:
+            dist.recv(torch.zeros(4), victim)
+        else:
+            dist.send(torch.zeros(1 << 20), victim)
+        return {"raised": None}
+    except Exception as e:
+        raised_at = time.time()
+        with open(args["death_file"]) as f:
+            died_at = float(f.read())
+        return {"raised": type(e).__name__, "msg": str(e)[:500], "after_death": raised_at - died_at}
 
 
 def scenario_groups(rank, world, method, args):

@@ -82,20 +82,22 @@ def comm1():
     c.close()
 
 
-def make_pair(timeout_ms=3000):
-    """Two ranks of one communicator in this process (init of rank 0 runs in a thread)."""
+def make_pair(timeout_ms=3000, config=None):
+    """Two ranks of one communicator in this process (init of rank 0 runs in a thread);
+    config: further settings for both."""
     uid = kccl.get_unique_id()
     out, err = {}, {}
+    cfg = {"timeout_ms": timeout_ms, **(config or {})}
 
     def rank0():
         try:
-            out[0] = kccl.Communicator(2, uid, 0, config={"timeout_ms": timeout_ms})
+            out[0] = kccl.Communicator(2, uid, 0, config=cfg)
         except BaseException as e:  # noqa: BLE001
             err[0] = e
 
     t = threading.Thread(target=rank0)
     t.start()
-    c1 = kccl.Communicator(2, uid, 1, config={"timeout_ms": timeout_ms})
+    c1 = kccl.Communicator(2, uid, 1, config=cfg)
     t.join()
     if err:
         c1.close()

@@ -17,6 +17,8 @@ import zlib
 import numpy as np
 from mpi4py import MPI
 
+from _mpi_shm import forget_mpi_segments
+
 world = MPI.COMM_WORLD
 RANK, SIZE = world.Get_rank(), world.Get_size()
 if os.environ.get("HIER_HOSTS"):
@@ -40,8 +42,10 @@ def storage(dtype):
 
 
 def to_bf16_bits(f32):
+    """Round to nearest even; a NaN stays a (quiet) NaN."""
     u = np.asarray(f32, np.float32).view(np.uint32)
-    return ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)
+    rounded = ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)
+    return np.where((u & 0x7FFFFFFF) > 0x7F800000, ((u >> 16) | 0x40).astype(np.uint16), rounded)
 
 
 def values(case, rank, count):
@@ -162,6 +166,9 @@ def kill(victim):
     x = np.ones(int(os.environ.get("HIER_COUNT", "100")), np.float32)
     comm.all_reduce(x)  # everyone is in and working
     world.Barrier()
+    # every rank has attached MPICH's segments, and no rank here reaches MPI_Finalize
+    with open(os.path.join(os.environ["HIER_OUT"], f"mpi_shm{RANK}.json"), "w") as f:
+        json.dump(forget_mpi_segments(), f)
     if RANK == victim:
         os._exit(3)
     got = outcome(lambda: comm.all_reduce(x))

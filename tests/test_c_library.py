@@ -1,6 +1,8 @@
-"""libkccl.so for C users: it exports the API of kccl.h and nothing else, and the
-README's example builds against it through pkg-config and through CMake, and runs."""
+"""libkccl.so, the one copy of KCCL's core in a process: it exports the API of kccl.h
+and nothing else, Python's module, KIE's engines and the torch backend link it, and
+docs/kccl.md's example builds against it through pkg-config and through CMake, and runs."""
 import os
+import re
 import shutil
 import subprocess
 
@@ -39,6 +41,37 @@ def test_library_exports_only_the_api():
     header = open(os.path.join(paths.INCLUDE, "kccl.h")).read()
     for text in (" ".join(names), " ".join(dir(lib)), header):
         assert "kcclBench" not in text and "SelfTest" not in text
+
+
+def _defined_api(path):
+    out = subprocess.run(["nm", "-D", "--defined-only", path], capture_output=True, text=True, check=True).stdout
+    return [n for n in (line.split()[-1] for line in out.splitlines() if line.strip()) if re.match(r"kccl[A-Z]", n)]
+
+
+def test_one_copy_of_kccl_per_process():
+    """The C core is compiled once, into libkccl.so: the Python package's cffi module, KIE's
+    engines and (where torch is installed) the torch backend define no kccl.h function of
+    their own (they link the library), and a process that loads them all maps one
+    libkccl.so, the package's."""
+    if shutil.which("nm") is None:
+        pytest.skip("nm not found")
+    import kccl._kccl_cffi
+    from kie_engine.cpu import _kie_cpu_cffi
+    from kie_engine.gpu import _kie_gpu_cffi
+    files = [mod.__file__ for mod in (kccl._kccl_cffi, _kie_cpu_cffi, _kie_gpu_cffi)]
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        pass
+    else:
+        import kccl.torch
+        files.append(kccl.torch._ext.__file__)
+    for f in files:
+        assert not _defined_api(f), f
+    assert _defined_api(LIB)
+    with open("/proc/self/maps") as f:
+        mapped = {line.split()[-1] for line in f if line.rstrip().endswith("/libkccl.so")}
+    assert mapped == {os.path.realpath(LIB)}, mapped
 
 
 def test_example_builds_with_pkg_config(tmp_path):

@@ -244,6 +244,7 @@ def join_apart(envs):
     ([{"KCCL_BUFFER_BYTES": "64k"}, {}], "KCCL_BUFFER_BYTES"),
     ([{}, {"KCCL_MAX_OUTSTANDING": "2"}, {}], "KCCL_MAX_OUTSTANDING"),
     ([{"KCCL_CHUNK_BYTES": "64k"}, {}], "KCCL_CHUNK_BYTES"),
+    ([{}, {"KCCL_P2P_BYTES": "64k"}], "KCCL_P2P_BYTES"),
     ([{}, {}, {"KCCL_BUFFER_BYTES": "2M"}, {"KCCL_MAX_OUTSTANDING": "3"}], "KCCL_BUFFER_BYTES"),
 ])
 def test_unequal_settings_fail_every_rank_at_once_alike(envs, setting):
@@ -402,7 +403,7 @@ def test_table_equal_rule_matches_the_docs():
         assert s.equal in ("KCCL_EQUAL_NO", "KCCL_EQUAL_ALL", "KCCL_EQUAL_GPU"), s
         assert ("Must be equal on all ranks" in " ".join(s.doc.split())) == (s.equal != "KCCL_EQUAL_NO"), s.name
     assert {s.name for s in kconfig.SETTINGS if s.equal == "KCCL_EQUAL_ALL"} == \
-        {"KCCL_BUFFER_BYTES", "KCCL_CHUNK_BYTES", "KCCL_MAX_OUTSTANDING"}
+        {"KCCL_BUFFER_BYTES", "KCCL_CHUNK_BYTES", "KCCL_MAX_OUTSTANDING", "KCCL_P2P_BYTES"}
 
 
 def test_table_parser_reads_c_literals():

@@ -321,6 +321,19 @@ def test_peer_that_never_calls_times_out_three_ranks(farms):
 
 def test_init_times_out_when_a_rank_never_joins():
     t0 = time.monotonic()
-    with pytest.raises(kccl.KcclTimeout, match=r"rank 1|join"):
-        kccl.Communicator(2, kccl.get_unique_id(), 0, config={"timeout_ms": 300})
+    with pytest.raises(kccl.KcclTimeout, match=r"rank 1.*KCCL_INIT_TIMEOUT_MS"):
+        kccl.Communicator(2, kccl.get_unique_id(), 0, config={"init_timeout_ms": 300})
     assert 0.28 <= time.monotonic() - t0 < 5
+
+
+def test_short_collective_timeout_does_not_bound_init(spawn_farm):
+    """Joining has its own bound (KCCL_INIT_TIMEOUT_MS): a rank that comes 1.5 s after its
+    peer still joins under KCCL_TIMEOUT_MS=300, and the collective timeout applies after."""
+    farm = spawn_farm(2)
+    uid = bytes(kccl.get_unique_id())
+    cfg = {"timeout_ms": 300}
+    farm.submit(0, "init_group", key="late", nranks=2, rank=0, uids={"auto": uid}, config=cfg)
+    time.sleep(1.5)
+    farm.submit(1, "init_group", key="late", nranks=2, rank=1, uids={"auto": uid}, config=cfg)
+    pids = [farm.result(r) for r in (0, 1)]
+    assert all(isinstance(p, int) for p in pids), pids

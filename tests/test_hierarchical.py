@@ -34,6 +34,15 @@ MPIEXEC = find_mpiexec()
 pytestmark = pytest.mark.skipif(MPIEXEC is None, reason="mpiexec not found (pip install mpich)")
 
 
+def mpi_segments_left(out):
+    """The MPICH segments the ranks of a `kill` launch mapped (hier_ranks.py wrote their
+    names to `out`) that are still in /dev/shm; the names' count must be > 0, or the check
+    would prove nothing."""
+    names = {n for f in out.glob("mpi_shm*.json") for n in json.loads(f.read_text())}
+    assert names, "no rank saw MPICH's segments: the check below would prove nothing"
+    return sorted(n for n in names if os.path.exists(n))
+
+
 def kccl_segments():
     try:
         return {n for n in os.listdir("/dev/shm") if n.startswith("kccl-")}
@@ -175,7 +184,7 @@ def test_one_host_is_the_flat_communicator():
 
 def test_unique_id_from_another_machine_is_refused_at_once():
     """The unique id carries its maker's machine key (boot id, /dev/shm, pid namespace); a
-    rank elsewhere is refused at init instead of waiting KCCL_TIMEOUT_MS for segments it
+    rank elsewhere is refused at init instead of waiting KCCL_INIT_TIMEOUT_MS for segments it
     cannot see.  Here the key is forged (with a valid checksum) to stand for that rank."""
     import kccl
 
@@ -212,6 +221,7 @@ def _kill(tmp_path, nranks, hosts, victim, mpi_may_crash=False, **extra):
         assert r["shm"] == [], r
         assert r["after"][0] == "KcclInvalidUsage", r  # broken for good
     assert kccl_segments() <= before
+    assert mpi_segments_left(tmp_path) == []
     return got, elapsed
 
 
@@ -249,7 +259,7 @@ def test_lone_host_death_times_out_everywhere(tmp_path, count):
         # a leader's MPI wait times out; a peer of its host either times out in KCCL itself or,
         # when its leader closed first, sees that leader abort (a timeout sends no notice: see
         # kccl/hierarchical.py's _fail)
-        # (or, when MPI killed a rank on the way: README, "Failures", the death of that rank, seen
+        # (or, when MPI killed a rank on the way: docs/several-hosts.md, "Failures", the death of that rank, seen
         # by its KCCL peers)
         leader = rank % 3  # hosts are rank % 3, so a host's leader is its host number
         killed_by_mpi = [q for q in range(5) if q != 2 and q not in got]
@@ -267,6 +277,7 @@ def test_default_mpiexec_ends_the_job_when_a_rank_dies(tmp_path):
     assert p.returncode != 0
     assert time.monotonic() - t0 < 30
     assert kccl_segments() <= before
+    assert mpi_segments_left(tmp_path) == []  # the launcher SIGKILLed the survivors
 
 
 def test_mismatches_mpi_errors_abort_and_settings():

@@ -298,17 +298,30 @@ def _run_child(env_extra):
     return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
 
 
-def test_a_cpu_without_avx2_gets_scalar_and_one_notice():
+@pytest.mark.parametrize("hide", ["avx2", " AVX512 , avx2,"])
+def test_hidden_avx2_gets_scalar_and_one_notice_saying_it_was_hidden(hide):
     """KIE_CPU_HIDE masks features from the dispatcher: without AVX2 (and so without the
-    AVX-512 level, which needs it) the portable path runs, and stderr says so once."""
-    r = _run_child({"KIE_CPU_HIDE": "avx2"})
+    AVX-512 level, which needs it) the portable path runs, and stderr says once that the
+    setting hid them (not that the CPU lacks them); KIE's settings table knows the name."""
+    r = _run_child({"KIE_CPU_HIDE": hide})
     assert r.returncode == 0, r.stderr
     assert r.stdout.splitlines() == ["scalar", "['scalar']"]
     notice = [line for line in r.stderr.splitlines() if "AVX2" in line]
-    assert len(notice) == 1 and "scalar" in notice[0]
+    assert len(notice) == 1 and "scalar" in notice[0], r.stderr
+    if "avx2" in LEVELS:
+        assert f"KIE_CPU_HIDE={hide} hides AVX2" in notice[0] and "has no" not in notice[0], notice
+        assert ("AVX-512" in notice[0]) == ("avx512" in LEVELS), notice
+    assert "not a KIE setting" not in r.stderr, r.stderr
     if "avx512" in LEVELS:  # hiding only AVX-512 leaves AVX2, without a word
         r = _run_child({"KIE_CPU_HIDE": "avx512"})
         assert r.stdout.splitlines()[0] == "avx2" and "AVX2" not in r.stderr
+
+
+def test_a_bad_hide_value_is_refused_before_any_kernel_runs():
+    r = _run_child({"KIE_CPU_HIDE": "avx3"})
+    assert r.returncode != 0 and "SettingError: KIE_CPU_HIDE='avx3': expected some of avx512, avx2" in r.stderr, \
+        r.stderr
+    assert r.stdout == ""
 
 
 @pytest.mark.parametrize("t", TYPES)

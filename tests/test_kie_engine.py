@@ -249,8 +249,11 @@ def load_tokenizer_ids(d, prompt):
 @pytest.mark.parametrize("args,message", [
     (["--max-new-tokens", "0"], "max_new_tokens must be an integer >= 1"),
     (["--max-new-tokens", "600"], "context holds 512"),
-    (["--top-p", "0"], "top_p must be in (0, 1]"),
-    (["--temperature", "-1"], "temperature must be >= 0"),
+    (["--top-p", "0"], "--top-p must be in (0, 1], got 0.0"),
+    (["--temperature", "-1"], "--temperature must be >= 0"),
+    (["--top-k", "-1"], "--top-k must be >= 0"),
+    (["--seed", "-1"], f"--seed must be an integer in 0..{2**64 - 1}, got -1"),
+    (["--seed", str(2**64)], "--seed must be an integer in"),
     (["--blas-threads", "0"], "--blas-threads='0'"),
 ])
 def test_cli_refuses_before_printing(tiny, args, message):

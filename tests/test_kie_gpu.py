@@ -126,18 +126,13 @@ def test_kccl_stream_split_phase_on_a_host_communicator(comm1):
         comm1.all_reduce_start(x.copy(), stream=1)
 
 
-def test_kccl_functions_hand_the_engine_every_entry_it_calls(comm1):
-    """The addresses the engine calls KCCL through, the monokernel's device-API handle
-    (kcclCommGetDevComm) among them, and the shape fields that size its grid."""
-    from kccl._native import ffi as kffi, lib as klib
-    c = gpu_engine._kccl_functions(comm1)
+def test_the_engine_takes_the_communicators_handle(comm1):
+    """The engine gets the communicator's kcclComm_t (it links the libkccl.so the kccl
+    package loaded: tests/test_c_library.py checks that), and the shape fields that size
+    the monokernel's grid."""
+    from kccl import capi
     ffi = gpu_engine.ffi
-    want = {"all_reduce": "kcclAllReduce", "start": "kcclAllReduceStartStream", "wait": "kcclAllReduceWaitStream",
-            "all_gather": "kcclAllGather", "async_error": "kcclCommGetAsyncError",
-            "last_error": "kcclGetLastError", "dev_comm": "kcclCommGetDevComm"}
-    for field, name in want.items():
-        got = int(ffi.cast("uintptr_t", getattr(c, field)))
-        assert got == int(kffi.cast("uintptr_t", kffi.addressof(klib, name))), field
+    assert int(ffi.cast("uintptr_t", gpu_engine._kccl_handle(comm1))) == capi.handle(comm1)
     s = ffi.new("kie_shape *")
     assert s.lanes_per_device == 0 and s.mono_blocks == 0  # 0: a lane alone on its GPU, every SM
     i = ffi.new("kie_info *")

@@ -46,7 +46,9 @@ def test_chat_answer_cut_short_says_so_and_the_default_runs_to_the_end_of_turn()
     p = _cli("--model", "smollm2", "--chat", "--prompt", prompt, "--max-new-tokens", "4")
     assert p.returncode == 0, p.stderr
     assert "cut at --max-new-tokens 4 before the end of turn" in p.stdout.rsplit("\n[", 1)[1], p.stdout
-    p = _cli("--model", "smollm2", "--chat", "--prompt", "What is the capital of France?")
+    # a question every kernel level answers briefly ("... 4."): a near tie, such as the capital of
+    # France, makes the answer, and its length, change with the SIMD level
+    p = _cli("--model", "smollm2", "--chat", "--prompt", "What is 2 + 2?")
     assert p.returncode == 0, p.stderr
     answer, summary = p.stdout.rsplit("\n[", 1)
-    assert "Paris" in answer and "cut at" not in summary, p.stdout
+    assert "4" in answer and "cut at" not in summary, p.stdout

@@ -24,7 +24,9 @@ def clean_env(**extra):
 
 @pytest.mark.parametrize("name,text,want", [
     ("KIE_GPU_PREFETCH", " 1 ", 1), ("KIE_GPU_GEMV_U", "4", 4), ("KIE_GPU_MONO_PREFETCH", "-1", -1),
-    ("KIE_GPU_KERNEL", "Mono", "mono"), ("KIE_GPU_PDL", "0", 0), ("KIE_BLAS_THREADS", "3", 3)])
+    ("KIE_GPU_KERNEL", "Mono", "mono"), ("KIE_GPU_PDL", "0", 0), ("KIE_BLAS_THREADS", "3", 3),
+    ("KIE_CPU_HIDE", "avx2", "avx2"), ("KIE_CPU_HIDE", " AVX2 , avx512,", "avx512,avx2"),
+    ("KIE_CPU_HIDE", ",", "")])
 def test_good_values(name, text, want):
     assert settings.value(name, {name: text}) == want
 
@@ -33,7 +35,8 @@ def test_good_values(name, text, want):
     ("KIE_GPU_PREFETCH", "3", GpuArgumentError), ("KIE_GPU_GEMV_U", "5", GpuArgumentError),
     ("KIE_GPU_MONO_BLOCKS", "-1", GpuArgumentError), ("KIE_GPU_KERNEL", "fast", GpuArgumentError),
     ("KIE_GPU_PDL", "yes", GpuArgumentError), ("KIE_GPU_ATT_CHUNK", "1.5", GpuArgumentError),
-    ("KIE_BLAS_THREADS", "0", SettingError), ("KIE_BLAS_THREADS", "two", SettingError)])
+    ("KIE_BLAS_THREADS", "0", SettingError), ("KIE_BLAS_THREADS", "two", SettingError),
+    ("KIE_CPU_HIDE", "sse4", SettingError), ("KIE_CPU_HIDE", "avx2 avx512", SettingError)])
 def test_bad_values_are_refused_naming_the_variable(name, text, error):
     with pytest.raises(error, match=name) as ei:
         settings.value(name, {name: text})
@@ -50,6 +53,8 @@ def test_any_text_parses_or_is_refused_cleanly(text):
             continue
         if s.kind == "choice":
             assert v in s.values
+        elif s.kind == "names":
+            assert set(v.split(",")) - {""} <= set(s.values)
         elif s.values:
             assert v in s.values
         elif s.kind == "count":
@@ -74,6 +79,10 @@ def test_every_kie_variable_the_code_names_is_in_the_table():
         # names built from a prefix ("KIE_GPU_" + field.upper()) are checked where they reach C
         assert not re.search(r"[\"']KIE_[A-Z0-9_]*_[\"']\s*\+", text) or path.endswith(os.path.join("gpu", "engine.py")), path
     named.discard("KIE_GPU_")
+    for path in glob.glob(os.path.join(ROOT, "kie_engine", "**", "*.[ch]"), recursive=True) + \
+            glob.glob(os.path.join(ROOT, "kie_engine", "**", "*.cu"), recursive=True):  # C that reads one itself
+        named |= set(re.findall(r"getenv\(\s*\"(KIE_[A-Z0-9_]+)\"", open(path).read()))
+    assert "KIE_CPU_HIDE" in named
     assert named <= set(settings.BY_NAME), named - set(settings.BY_NAME)
 
 

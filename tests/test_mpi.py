@@ -219,6 +219,10 @@ SURVIVOR = textwrap.dedent("""
     x = np.ones(256, np.float32)
     comm.all_reduce(x)
     comm.barrier()
+    world.Barrier()
+    sys.path.insert(0, TESTS_DIR)
+    from _mpi_shm import forget_mpi_segments
+    mpi_shm = forget_mpi_segments()  # no rank reaches MPI_Finalize: MPICH's segments would outlive the job
     if rank == n - 1:
         os._exit(1)  # gone without MPI_Finalize or comm.close(); not a signal (see the test's docstring)
     t0 = time.monotonic()
@@ -228,10 +232,11 @@ SURVIVOR = textwrap.dedent("""
         out = {"rank": rank, "error": None}
     except kccl.KcclError as e:
         out = {"rank": rank, "error": type(e).__name__, "msg": str(e), "seconds": time.monotonic() - t0}
+    out["mpi_shm"] = mpi_shm
     with open(os.path.join(sys.argv[1], f"rank{rank}.json"), "w") as f:  # Hydra may drop stdout of ranks
         json.dump(out, f)                                                  # that end without MPI_Finalize
     os._exit(0)  # MPI_Finalize would wait for the dead rank
-""")
+""").replace("TESTS_DIR", repr(os.path.dirname(os.path.abspath(__file__))))
 
 
 def _launcher_has(flag):
@@ -242,7 +247,7 @@ def _launcher_has(flag):
 @needs_mpi
 def test_survivors_report_the_dead_rank_under_disable_auto_cleanup(tmp_path):
     """MPICH's Hydra kills every rank as soon as one dies; with -disable-auto-cleanup (the
-    README's advice) the survivors live on, and KCCL tells each which rank died.
+    docs/kccl.md's advice) the survivors live on, and KCCL tells each which rank died.
 
     The dead rank exits (os._exit, so neither MPI nor KCCL hears a goodbye) rather than being
     SIGKILLed: Hydra's proxy SIGKILLs all its other ranks when it reaps one that a signal
@@ -259,6 +264,8 @@ def test_survivors_report_the_dead_rank_under_disable_auto_cleanup(tmp_path):
         assert o["error"] == "KcclRemoteError", o
         assert "rank 2" in o["msg"] and "died" in o["msg"], o
         assert o["seconds"] < 5, o
+    # MPICH's segments, named until an MPI_Finalize that no rank here reaches (tests/_mpi_shm.py)
+    assert outs[0]["mpi_shm"] and not [n for o in outs for n in o["mpi_shm"] if os.path.exists(n)]
 
 
 @needs_mpi

@@ -26,7 +26,9 @@ from _serve import ROOT, OpenStream, ServerProcess, metric, parse_metrics, parse
 from kie_engine.gguf_io import GGUFCheckpoint  # noqa: E402
 from kie_engine.sources import short_name_path  # noqa: E402
 
-QUESTION = "What is the capital of France?"
+# Answered "... 4." and ended within 12 tokens by every kernel level and lane count (a question
+# whose answer sits on a near tie, such as the capital of France, changes with the SIMD level)
+QUESTION = "What is 2 + 2?"
 STORY = "Once upon a time"
 QUEUE = 2
 
@@ -96,7 +98,7 @@ def test_chat_greedy_equals_cli(server):
     status, _, j = chat(server, QUESTION, temperature=0, max_tokens=40)
     assert status == 200, j
     c = j["choices"][0]
-    assert c["message"] == {"role": "assistant", "content": want} and "Paris" in want
+    assert c["message"] == {"role": "assistant", "content": want} and "4" in want
     assert c["finish_reason"] == "stop" and j["object"] == "chat.completion" and j["id"].startswith("chatcmpl-")
     assert j["usage"]["completion_tokens"] == n < 40  # the end-of-turn token counts, as in the CLI
     assert j["usage"]["total_tokens"] == j["usage"]["prompt_tokens"] + n
@@ -228,6 +230,8 @@ def test_other_refusals(server):
     assert st == 400 and j["error"]["code"] == "context_length_exceeded"
     st, _, j = post(server, "/v1/completions", {"model": server.name, "prompt": ""})
     assert st == 400 and j["error"]["param"] == "prompt"
+    st, _, j = post(server, "/v1/chat/completions", None, raw=b"[" * 100_000 + b"]" * 100_000)  # json recurses
+    assert st == 400 and j["error"]["code"] == "invalid_json" and "nested too deeply" in j["error"]["message"]
     # a body declared too large is refused before it is read
     with socket.create_connection(server.host_port) as s:
         s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
@@ -249,11 +253,14 @@ def test_other_refusals(server):
 
 
 def test_bad_command_lines_fail_cleanly(server):
-    """Refused before serving, with `error: ...` and exit status 2: a port in use, the GPU
-    engine on a machine without one (or a build without CUDA), a GPU kernel on the CPU."""
+    """Refused before serving, with `error: ...` naming what is wrong and exit status 2: a port
+    in use or out of range, an address not this machine's, the GPU engine on a machine
+    without one (or a build without CUDA), a GPU kernel on the CPU."""
     port = str(server.host_port[1])
-    cases = [(["--port", port], "in use"), (["--kernel", "mono"], "--device cuda"),
-             (["--max-queue", "-1"], "--max-queue")]
+    cases = [(["--port", port], f"cannot listen on 127.0.0.1:{port}: Address already in use"),
+             (["--port", "99999"], "--port must be in 0..65535"), (["--port", "-1"], "--port must be in 0..65535"),
+             (["--host", "192.0.2.1"], "cannot listen on 192.0.2.1:8000"),
+             (["--kernel", "mono"], "--device cuda"), (["--max-queue", "-1"], "--max-queue")]
     try:
         from kie_engine.gpu.engine import require_gpu
         require_gpu()
@@ -273,7 +280,7 @@ def test_openai_client_plain_and_streamed(server):
     assert [m.id for m in client.models.list()] == [server.name]
     r = client.chat.completions.create(model=server.name, messages=[{"role": "user", "content": QUESTION}],
                                        temperature=0, max_tokens=40)
-    assert "Paris" in r.choices[0].message.content and r.choices[0].finish_reason == "stop"
+    assert "4" in r.choices[0].message.content and r.choices[0].finish_reason == "stop"
     parts, usage = [], None
     for chunk in client.chat.completions.create(model=server.name, messages=[{"role": "user", "content": QUESTION}],
                                                 temperature=0, max_tokens=40, stream=True,
@@ -355,7 +362,7 @@ def test_fifo_queue_and_429(server):
     assert all(j["usage"]["completion_tokens"] == 3 for _, _, j in done)
 
 
-def test_metrics(server):
+def test_metrics(server, tk):
     before = _metrics(server)
     assert chat(server, QUESTION, temperature=0, max_tokens=4)[0] == 200
     assert request(server, "GET", "/v1/nothing")[0] == 404
@@ -370,7 +377,8 @@ def test_metrics(server):
     grew = lambda name, **kw: metric(samples, name, **kw) - metric(before, name, **kw)  # noqa: E731
     assert grew("kie_requests_total", endpoint="/v1/chat/completions", code="200") == 1
     assert grew("kie_requests_total", code="404") == 1
-    assert grew("kie_generation_tokens_total") == 4 and grew("kie_prompt_tokens_total") == 37
+    n_prompt = len(tk[1].encode(tk[0], QUESTION))
+    assert grew("kie_generation_tokens_total") == 4 and grew("kie_prompt_tokens_total") == n_prompt
     assert grew("kie_requests_finished_total", reason="length") == 1
     assert grew("kie_time_to_first_token_seconds_count") == 1 and grew("kie_inter_token_latency_seconds_count") == 3
 

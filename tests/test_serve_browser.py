@@ -61,7 +61,7 @@ def test_chat_page_streams_and_keeps_the_conversation(server):
     _need("chromium (apt-get install chromium)", CHROMIUM is not None)
     _need("playwright (pip install playwright)", importlib.util.find_spec("playwright") is not None)
     from playwright.sync_api import sync_playwright
-    q1, q2 = "What is the capital of France?", "And of Germany?"
+    q1, q2 = "What is 2 + 2?", "And 3 + 3?"  # answers that no kernel level changes (test_serve_api.py)
     sent = []
     with tempfile.TemporaryDirectory() as profile, sync_playwright() as p:
         ctx = p.chromium.launch_persistent_context(profile, executable_path=CHROMIUM, headless=True, args=FLAGS)
@@ -86,7 +86,7 @@ def test_chat_page_streams_and_keeps_the_conversation(server):
             assert sent[0]["messages"] == [{"role": "user", "content": q1}] and sent[0]["temperature"] == 0
             _, _, j = post(server, "/v1/chat/completions", {k: v for k, v in sent[0].items() if k != "stream_options"}
                            | {"stream": False})
-            assert a1 == j["choices"][0]["message"]["content"] and "Paris" in a1
+            assert a1 == j["choices"][0]["message"]["content"] and "4" in a1
 
             page.fill("#input", q2)
             page.press("#input", "Enter")

@@ -69,10 +69,10 @@ def test_chat_defaults_and_fields():
     r = _chat()
     assert (r.temperature, r.top_p, r.top_k, r.seed, r.stop, r.stream, r.max_tokens) == \
         (1.0, 1.0, 0, None, [], False, None)
-    r = _chat(max_tokens=5, max_completion_tokens=7, temperature=0, top_p=0.5, top_k=-1, seed=-3, stop="x",
+    r = _chat(max_tokens=5, max_completion_tokens=7, temperature=0, top_p=0.5, top_k=-1, seed=2**64 - 1, stop="x",
               stream=True, stream_options={"include_usage": True}, ignore_eos=True, user="u", n=1)
     assert (r.max_tokens, r.temperature, r.top_p, r.top_k, r.seed, r.stop, r.include_usage, r.ignore_eos) == \
-        (7, 0.0, 0.5, 0, -3, ["x"], True, True)
+        (7, 0.0, 0.5, 0, 2**64 - 1, ["x"], True, True)
     parts = [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]
     r = _chat(messages=[{"role": "developer", "content": parts},
                         {"role": "assistant", "content": None}, {"role": "user", "content": "q"}])
@@ -86,7 +86,8 @@ def test_chat_defaults_and_fields():
     ({"temperature": True}, 400, "temperature"), ({"top_p": 0}, 400, "top_p"), ({"top_p": 1.5}, 400, "top_p"),
     ({"top_k": -2}, 400, "top_k"), ({"top_k": 1.5}, 400, "top_k"), ({"max_tokens": 0}, 400, "max_tokens"),
     ({"max_tokens": 2.0}, 400, "max_tokens"), ({"max_completion_tokens": "9"}, 400, "max_completion_tokens"),
-    ({"seed": 1.5}, 400, "seed"), ({"stop": 3}, 400, "stop"), ({"stop": [""]}, 400, "stop"),
+    ({"seed": 1.5}, 400, "seed"), ({"seed": -1}, 400, "seed"), ({"seed": 2**64}, 400, "seed"),
+    ({"stop": 3}, 400, "stop"), ({"stop": [""]}, 400, "stop"),
     ({"stop": ["a"] * 17}, 400, "stop"), ({"stream": "yes"}, 400, "stream"),
     ({"stream_options": {"include_usage": True}}, 400, "stream_options"),
     ({"stream": True, "stream_options": []}, 400, "stream_options"), ({"messages": "hi"}, 400, "messages"),
@@ -124,7 +125,8 @@ def test_completion_prompts():
 
 
 def test_json_and_context():
-    for raw in (b"{bad", b"[1]", b"\xff", b'{"temperature": NaN}', b"null"):
+    for raw in (b"{bad", b"[1]", b"\xff", b'{"temperature": NaN}', b"null", b"[" * 100_000 + b"]" * 100_000,
+                b'{"messages": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"):
         with pytest.raises(ApiError) as e:
             parse_json(raw)
         assert e.value.status == 400 and e.value.code == "invalid_json"

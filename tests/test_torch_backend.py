@@ -1,6 +1,7 @@
-"""torch.distributed's "kccl" backend (kccl.torch): every collective and dtype against
-the reference and gloo on the same inputs (hypothesis, inside the ranks), subgroups and
-mixed gloo / kccl groups, the init methods, async work and futures, failures, leaks.
+"""torch.distributed's "kccl" backend (kccl.torch): every call against gloo and a
+reference on the same inputs (hypothesis, inside the ranks: tests/_torch_compare.py),
+point-to-point, subgroups and mixed gloo / kccl groups, the init methods, async work and
+futures, failures, leaks.
 
 The ranks are real processes (tests/_torch_ranks.py launches them, the scenarios are in
 tests/_torch_scenarios.py).  Starting torch takes seconds per process, so every scenario
@@ -18,12 +19,13 @@ torch = pytest.importorskip("torch", reason="kccl.torch needs torch (pip install
 sys.path.insert(0, os.path.dirname(__file__))
 from _torch_ranks import launch, launch_mpiexec  # noqa: E402
 
-EXAMPLES = int(os.environ.get("KCCL_TORCH_TEST_EXAMPLES", "40"))
+EXAMPLES = int(os.environ.get("KCCL_TORCH_TEST_EXAMPLES", "80"))
 
 WAVE_A = {
     # hypothesis over collectives x dtypes x shapes x ops x roots; slots of 16 KB so that
     # the larger drawn tensors are chunked
-    "compare2": dict(scenario="compare", world=2, args={"examples": EXAMPLES}, env={"KCCL_BUFFER_BYTES": "16384"}),
+    "compare2": dict(scenario="compare", world=2, args={"examples": EXAMPLES},
+                     env={"KCCL_BUFFER_BYTES": "16384", "KCCL_P2P_BYTES": "4096"}),
     "compare3": dict(scenario="compare", world=3, args={"examples": EXAMPLES // 2}, init="file"),
     "refusals": dict(scenario="refusals", world=2),
     "groups_kccl": dict(scenario="groups", world=3),
@@ -33,6 +35,8 @@ WAVE_A = {
     "mpiexec": dict(scenario="env_init", world=2, mpiexec=True),
     "mixed_devices": dict(scenario="env_init", world=2, init="env", args={"backend": "cpu:kccl,cuda:nccl"}),
     "mismatch": dict(scenario="mismatch", world=2),
+    "p2p2": dict(scenario="p2p", world=2),
+    "p2p3": dict(scenario="p2p", world=3, init="file"),
 }
 WAVE_B = {
     "init_timeout_root": dict(scenario="init_timeout", world=2, args={"alone": 0, "timeout": 3}),
@@ -41,6 +45,7 @@ WAVE_B = {
     "async": dict(scenario="async", world=2, env={"KCCL_MAX_OUTSTANDING": "4"}),
     "dead": dict(scenario="dead_peer", world=3),
     "futures": dict(scenario="futures", world=2),
+    "p2p_dead": dict(scenario="p2p_dead", world=3),
 }
 
 
@@ -64,6 +69,7 @@ def runs(tmp_path_factory):
     import kccl.torch  # noqa: F401  (builds the extension once, before the ranks need it)
     WAVE_B["dead"]["args"] = {"death_file": str(tmp_path_factory.mktemp("dead") / "died_at")}
     WAVE_B["futures"]["args"] = {"death_file": str(tmp_path_factory.mktemp("futures") / "died_at")}
+    WAVE_B["p2p_dead"]["args"] = {"death_file": str(tmp_path_factory.mktemp("p2p_dead") / "died_at")}
     res = _wave(WAVE_A)
     res.update(_wave(WAVE_B))
     return res
@@ -77,24 +83,67 @@ def ok(rr):
 
 
 @pytest.mark.parametrize("name", ["compare2", "compare3"])
-def test_every_collective_and_dtype_matches_the_reference_and_gloo(runs, name):
-    for res in ok(runs[name]):
+def test_every_call_matches_gloo_and_the_reference(runs, name):
+    results = ok(runs[name])
+    for res in results:
         assert res["problems"] == []
-        assert res["checked"] >= min(EXAMPLES // 2, 10)
-        assert res["gloo_checked"] > 0
-        assert res["shm"] == []
+        assert res["checked"] >= min(EXAMPLES // 3, 10)
+        assert res["gloo_checked"] > 0 and res["exact"] > 0   # some compared bit for bit
+        assert res["async"] > 0
+    assert sum(res["sub"] for res in results) > 0  # some ran in a subgroup (not every rank is in it)
 
 
 def test_unsupported_ops_raise_at_once_and_the_group_still_works(runs):
     for res in ok(runs["refusals"]):
-        for name in ("BAND", "PREMUL_SUM", "send", "recv", "float8"):
+        assert res["devices"] == ["cpu", "cuda"]
+        for name in ("BAND", "PREMUL_SUM", "float8"):
             kind, msg, seconds = res[name]
             assert kind == "NotImplementedError" and "kccl" in msg and "not supported" in msg, (name, msg)
             assert seconds < 1.0
         assert res["complex_max"][0] == "ValueError"
         assert res["bool_avg"][0] == "ValueError" and "bool" in res["bool_avg"][1]
+        assert res["kccl_tag"][0] == "ValueError" and "kccl's own" in res["kccl_tag"][1]
+        if res["gpu_comm"] != "made":  # no GPU here: the init of a GPU communicator fails alike everywhere,
+            # DistBackendError where KCCL was built without CUDA, ValueError (no such device) where it was
+            assert res["gpu_comm"][0] in ("DistBackendError", "ValueError"), res
+            assert "GPU communicator" in res["gpu_comm"][1], res
         assert res["after"] == [1.0, 1.0, 1.0]
         assert res["shm"] == []
+
+
+@pytest.mark.parametrize("name", ["p2p2", "p2p3"])
+def test_send_recv_and_their_async_and_batch_forms(runs, name):
+    results = ok(runs[name])
+    world = len(results)
+    for rank, res in enumerate(results):
+        prv = (rank - 1) % world
+        assert res["tags"] == [10.0 * prv + 1, 10.0 * prv + 2]
+        assert all(res["sizes"].values()), res["sizes"]
+        assert res["batch_works"] == 1 and res["batch"]
+        assert res["shm"] == []
+    assert results[0]["any"] == list(range(1, world))
+    assert results[1]["objects"] == [{"a": 1}, "two"]
+    # the receive finished while the sender slept, before it waited for its send
+    assert results[1]["recv_ok"] and results[1]["recv_done"] < results[0]["wait_started"]
+
+
+def survivors(rr, victim=2):
+    """The results of the ranks before the victim (which died), after checking that each
+    raised DistBackendError naming it within 2 s of its death."""
+    assert rr[victim].rc != 0
+    out = []
+    for r in rr[:victim]:
+        assert r.rc == 0, r
+        res = r.result
+        assert res["raised"] == "DistBackendError", res
+        assert f"rank {victim}" in res["msg"] and "died" in res["msg"]
+        assert 0 <= res["after_death"] < 2.0
+        out.append(res)
+    return out
+
+
+def test_a_dead_peer_fails_sends_and_receives_within_2s(runs):
+    assert len(survivors(runs["p2p_dead"])) == 2
 
 
 @pytest.mark.parametrize("name,default,side", [("groups_kccl", "kccl", "gloo"), ("groups_gloo", "gloo", "kccl")])
@@ -168,14 +217,8 @@ def test_an_abort_or_a_dead_peer_fails_a_pending_future(runs):
 
 
 def test_a_dead_peer_makes_every_survivor_raise_within_2s_naming_it(runs):
-    rr = runs["dead"]
-    assert rr[2].rc != 0  # the victim
-    for r in rr[:2]:
-        assert r.rc == 0, r
-        res = r.result
-        assert res["raised"] == "DistBackendError" and "RuntimeError" in res["mro"]
-        assert "rank 2" in res["msg"] and "died" in res["msg"]
-        assert 0 <= res["after_death"] < 2.0
+    for res in survivors(runs["dead"]):
+        assert "RuntimeError" in res["mro"]
 
 
 def test_mismatched_calls_raise_on_every_rank(runs):

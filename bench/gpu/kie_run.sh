@@ -15,6 +15,11 @@
 #   bench2      bench/decode_gpu.py with 2 ranks (needs two GPUs)
 #   cli         python -m kie_engine generate --device cuda, one rank and two
 #   sanitize    compute-sanitizer memcheck and racecheck on the tiny preset (TP = 1), graph then mono
+#   serve       tests/gpu/serve_check.py: generate and serve --device cuda on an init checkpoint (SERVE_CONFIG,
+#               default 2b), streamed request, non-finite logits, a dead lane (two lanes under MPS)
+#   ncugraph    Nsight Compute's time and DRAM bytes of each kernel of one graph decode step (2b, context
+#               128 and 1024), summed by op (bench/gpu/kie_profile.py)
+#   ncumono     Nsight Compute's speed-of-light, memory and warp-state sections of one monokernel step
 # Logs and JSON go to $LOGS; after each step $OUT/kie_logs.tgz holds all of them.
 #   bash bench/gpu/kie_run.sh check1 bench check2
 set -u
@@ -73,6 +78,24 @@ for s in "$@"; do
         timeout 300 compute-sanitizer --tool $tool --print-limit 20 python3 tests/gpu/kie_check.py --presets tiny --steps 8 --no-hf 2>&1 | tee "$LOGS/sanitize_$tool.log" | grep -E "ERROR SUMMARY|RACECHECK SUMMARY|KIE GPU CHECK|Invalid|Race" | head -12
         timeout 300 compute-sanitizer --tool $tool --print-limit 20 python3 tests/gpu/mono_check.py --presets tiny --steps 8 2>&1 | tee "$LOGS/sanitize_mono_$tool.log" | grep -E "ERROR SUMMARY|RACECHECK SUMMARY|MONO CHECK|Invalid|Race" | head -12
       done ;;
+    serve) # generate and serve --device cuda end to end (tests/gpu/serve_check.py), MPS on for its two lanes
+      export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+      mps_on; timeout 500 python3 tests/gpu/serve_check.py --config ${SERVE_CONFIG:-2b} 2>&1 | tee "$LOGS/serve.log" | grep -E "^(PASS|FAIL)|KIE GPU SERVE"; mps_off ;;
+    ncugraph)
+      NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+      for ctx in 128 1024; do
+        timeout 300 "$NCU" --profile-from-start off --graph-profiling node --clock-control none --csv --page raw \
+          --metrics gpu__time_duration.sum,dram__bytes_read.sum python3 bench/gpu/kie_profile.py --kernel graph \
+          --context $ctx > "$LOGS/ncu_graph_ctx$ctx.csv" 2> "$LOGS/ncu_graph_ctx$ctx.err"
+        echo "graph step, context $ctx, each kernel alone:"; python3 bench/gpu/kie_profile.py --summarize "$LOGS/ncu_graph_ctx$ctx.csv"
+      done ;;
+    ncumono)
+      NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+      timeout 400 "$NCU" --profile-from-start off --clock-control none -k regex:k_mono --launch-count 1 \
+        --section SpeedOfLight --section MemoryWorkloadAnalysis --section WarpStateStats --section LaunchStats \
+        --section Occupancy --section SchedulerStats python3 bench/gpu/kie_profile.py --kernel mono --context 128 \
+        > "$LOGS/ncu_mono.txt" 2>&1
+      grep -E "Duration|DRAM Throughput|Memory Throughput|Stall|Warp Cycles|Registers|Shared Memory|Block Limit|Achieved|L2 Hit|Issued" "$LOGS/ncu_mono.txt" | head -40 ;;
     *) echo "unknown step $s" ;;
   esac
   tar czf "$OUT/kie_logs.tgz" -C "$LOGS" . 2>/dev/null

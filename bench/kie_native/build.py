@@ -9,6 +9,7 @@ engine's own build uses (kccl/_build_cuda.py's, sm_90 + PTX); the extension does
 link the engine: it works on a GpuModel's engine through its handle, and calls the
 engine's C functions through the addresses kie_engine.gpu.engine gives.  Needs CUDA."""
 import glob
+import hashlib
 import importlib
 import importlib.util
 import os
@@ -66,17 +67,32 @@ def build(verbose=False):
     if nvcc is None:
         raise SystemExit("kie_bench: nvcc is not on PATH, $CUDA_HOME/bin or /usr/local/cuda/bin")
     objects = []
+    # An object is reused while its own stamp (nvcc's version and flags, the sources and
+    # headers) holds: it does not depend on the Python version, so objects compiled on
+    # another machine with the same nvcc can be carried to skip nvcc.
+    obj_stamp = hashlib.sha256((_build_cuda._nvcc_version(nvcc) + " " + " ".join(FLAGS)).encode())
+    for f in _inputs():
+        obj_stamp.update(os.path.basename(f).encode() + b"\0" + open(f, "rb").read())
+    obj_stamp = obj_stamp.hexdigest()
     for src in (os.path.join(HERE, "kie_bench.cu"), os.path.join(CSRC, "gemv.cu")):
         obj = os.path.join(OUT, os.path.basename(src)[:-3] + ".o")
+        objects.append(obj)
+        try:
+            if open(obj + ".stamp").read().strip() == obj_stamp and os.path.exists(obj):
+                continue
+        except OSError:
+            pass
         cmd = [nvcc, *FLAGS, "-I", CSRC, "-I", KCCL_INCLUDE, "-c", src, "-o", obj]
         print("kie_bench: " + " ".join(cmd), file=sys.stderr)
         proc = subprocess.run(cmd, capture_output=True, text=True)
         if proc.returncode:
             raise SystemExit(f"kie_bench: nvcc failed\n{proc.stdout}{proc.stderr}")
-        objects.append(obj)
+        with open(obj + ".stamp", "w") as fh:
+            fh.write(obj_stamp + "\n")
     ffi = FFI()
     ffi.cdef(CDEF)
-    ffi.set_source(MODULE, "#include <stddef.h>\n#include <stdint.h>", extra_objects=objects,
+    # the prototypes too: called undeclared, kb_last_error's pointer would be cut to an int
+    ffi.set_source(MODULE, "#include <stddef.h>\n#include <stdint.h>\n" + CDEF, extra_objects=objects,
                    library_dirs=[_build_cuda.cuda_libdir(nvcc)], libraries=["cudart_static", "dl", "stdc++", "rt", "pthread"])
     ffi.compile(tmpdir=OUT, verbose=verbose)
     stamp = _stamp(" ".join(FLAGS), _inputs())

@@ -128,7 +128,7 @@ int kb_bench_gemv(kie_engine *e, int rows, int cols, int iters, double *us_per_c
 int kb_bench_layer_gemvs(kie_engine *e, int iters, double *us_per_layer) {
   if (!e) return fail(KIE_E_ARG, "%s: no engine (closed?)", __func__);
   TRY(own_kernels_ready());
-  TRY(ready(e));
+  TRY(weights_loaded(e));
   if (iters < 1) return fail(KIE_E_ARG, "iters >= 1");
   if (e->pos_h >= e->s.max_seq) return fail(KIE_E_STATE, "the context is full");
   CU(cudaSetDevice(e->device));
@@ -176,12 +176,15 @@ int kb_bench_steps(kie_engine *e, int iters, int mode, double *us_per_step) {
   return engine_rc(g_kie.sync(e)); /* a device or lane error of those steps */
 }
 
+/* The monokernel's clocks of its last step: [stages][4][grid] (mono.cu's MARK_*). */
 int kb_mono_marks(kie_engine *e, uint64_t *out, size_t n) {
   if (!e) return fail(KIE_E_ARG, "%s: no engine (closed?)", __func__);
-  if (n < 2 * (size_t)e->mono_n) return fail(KIE_E_ARG, "mono_marks: %zu slots, the step has %d", n, 2 * e->mono_n);
+  if (!e->mono_ready) return fail(KIE_E_STATE, "mono_marks: the monokernel has not run");
+  const size_t want = 4 * (size_t)e->mono_n * e->mono_grid;
+  if (n < want) return fail(KIE_E_ARG, "mono_marks: %zu slots, the step has %zu", n, want);
   CU(cudaSetDevice(e->device));
   CU(cudaStreamSynchronize(e->stream));
-  CU(cudaMemcpy(out, e->mono_marks, 2 * (size_t)e->mono_n * 8, cudaMemcpyDeviceToHost));
+  CU(cudaMemcpy(out, e->mono_marks, want * 8, cudaMemcpyDeviceToHost));
   return KIE_OK;
 }
 

@@ -8,8 +8,8 @@ this folder's sources, against the headers the kccl build installed (kccl.paths)
 the CUDA half (kccl_bench_gpu.cu, nvcc: about two minutes) when kccl itself was built
 with CUDA and kccl's build rule says CUDA code belongs here (a GPU driver present, or
 KCCL_CUDA=1: kccl/_build_cuda.plan), else kccl_bench_nogpu.c: a CPU-only run never
-waits for nvcc.  The extension does not link the library: it calls the
-copy inside Python's kccl package through the addresses kccl.capi gives."""
+waits for nvcc.  The extension links the installed libkccl.so, the copy of KCCL that
+Python's kccl package loads, and so works on its communicators (kccl.capi.handle)."""
 import fcntl
 import glob
 import hashlib
@@ -29,7 +29,6 @@ GENCODE = ["-gencode=arch=compute_90,code=sm_90", "-gencode=arch=compute_90,code
 
 # What Python calls; the rest of kccl_bench.h is shared by the two C halves only.
 CDEF = """
-int kb_bind(const char *name, uintptr_t fn);
 const char *kb_last_error(void);
 int kb_bench_all_reduce(const void *send, void *recv, size_t count, int dtype, int op, void *comm, int iters,
                         double *us_per_call);
@@ -44,20 +43,23 @@ int kb_bench_flag_hop(void *comm, int iters, int mode, double *us_per_hop);
 int kb_dev_group_selftest(int dtype, int op, int count, int calls, int blocks, int reducers, int barrier,
                           int global_data, int cancel, int cancel_after_us, void *comm, int *out, double *ms);
 """
-# The kccl.h functions kb_bind takes (kccl_bench.c's table).
-FUNCTIONS = ["kcclAllReduce", "kcclAllGather", "kcclBarrier", "kcclCommCount", "kcclCommUserRank", "kcclCommCuDevice",
-             "kcclCommGetDevComm", "kcclCommGetAsyncError", "kcclGetLastError"]
 
 
 def _inputs():
-    """(with CUDA, include directory, files the build depends on)."""
+    """(with CUDA, include directory, library directory, files the build depends on)."""
     import kccl
     import kccl.paths
     from kccl import _build_cuda
     cuda = kccl.gpu_support()[0] and _build_cuda.plan("the CUDA benchmark kernel")[0] is not None
     files = sorted(glob.glob(os.path.join(HERE, "*.[ch]")) + glob.glob(os.path.join(HERE, "*.cu"))
                    + [f for f in glob.glob(os.path.join(kccl.paths.INCLUDE, "**", "*"), recursive=True) if os.path.isfile(f)] + [os.path.abspath(__file__)])
-    return cuda, kccl.paths.INCLUDE, files
+    return cuda, kccl.paths.INCLUDE, kccl.paths.LIB, files
+
+
+def _key(cuda, kccl_lib):
+    """What the build depends on besides its files: CUDA or not, and the library it links
+    (its folder is the extension's run path: another kccl install needs another build)."""
+    return f"{cuda} {kccl_lib}"
 
 
 def _stamp(cuda, files):
@@ -71,7 +73,7 @@ def _stamp(cuda, files):
 
 def build(verbose=False):
     """Compiles the extension into OUT (nvcc first when kccl has CUDA); returns the stamp written."""
-    cuda, include, files = _inputs()
+    cuda, include, kccl_lib, files = _inputs()
     os.makedirs(OUT, exist_ok=True)
     objects, libdirs, libs, c_sources = [], [], [], [os.path.join(HERE, "kccl_bench.c")]
     if cuda:
@@ -109,9 +111,10 @@ def build(verbose=False):
     ffi.cdef(CDEF)
     ffi.set_source(MODULE, '#include "kccl_bench.h"', sources=c_sources, include_dirs=[include, HERE],
                    extra_compile_args=["-O2", "-std=gnu11", "-Wall", "-fvisibility=hidden"],
-                   extra_objects=objects, library_dirs=libdirs, libraries=libs)
+                   extra_objects=objects, library_dirs=[kccl_lib, *libdirs], libraries=["kccl", *libs],
+                   extra_link_args=[f"-Wl,-rpath,{kccl_lib}"])
     ffi.compile(tmpdir=OUT, verbose=verbose)
-    stamp = _stamp(cuda, files)
+    stamp = _stamp(_key(cuda, kccl_lib), files)
     with open(os.path.join(OUT, "stamp"), "w") as f:
         f.write(stamp + "\n")
     return stamp
@@ -120,8 +123,8 @@ def build(verbose=False):
 def load():
     """The extension module, built first when missing or out of date.  A file lock
     lets the ranks of one job start together: one builds, the others wait for it."""
-    cuda, _, files = _inputs()
-    return load_or_build(OUT, MODULE, _stamp(cuda, files), build)
+    cuda, _, kccl_lib, files = _inputs()
+    return load_or_build(OUT, MODULE, _stamp(_key(cuda, kccl_lib), files), build)
 
 
 def load_or_build(out, module, want, build_fn):

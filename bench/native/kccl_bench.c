@@ -1,6 +1,5 @@
 /* kccl_bench.c - the benchmarks' entry points: argument checks, the host
- * all-reduce loop, and the GPU half's callers (kccl_bench.h says why every
- * library call goes through `kb`). */
+ * all-reduce loop, and the GPU half's callers. */
 #include "kccl_bench.h"
 
 #include <stdarg.h>
@@ -9,7 +8,6 @@
 #include <string.h>
 #include <time.h>
 
-struct kb_api kb;
 static __thread char kb_msg[512];
 
 kcclResult_t kb_fail(kcclResult_t code, const char *fmt, ...) {
@@ -21,35 +19,12 @@ kcclResult_t kb_fail(kcclResult_t code, const char *fmt, ...) {
 }
 
 kcclResult_t kb_lib(kcclResult_t code) {
-  const char *text = kb.GetLastError ? kb.GetLastError(NULL) : NULL;
+  const char *text = kcclGetLastError(NULL);
   snprintf(kb_msg, sizeof kb_msg, "%s", text && *text ? text : "kccl call failed");
   return code;
 }
 
 const char *kb_last_error(void) { return kb_msg; }
-
-/* Binds one library function by its kccl.h name; 0 when the name is not one kb uses. */
-int kb_bind(const char *name, uintptr_t fn) {
-  static const struct {
-    const char *name;
-    size_t off;
-  } slots[] = {{"kcclAllReduce", offsetof(struct kb_api, AllReduce)},
-               {"kcclAllGather", offsetof(struct kb_api, AllGather)},
-               {"kcclBarrier", offsetof(struct kb_api, Barrier)},
-               {"kcclCommCount", offsetof(struct kb_api, CommCount)},
-               {"kcclCommUserRank", offsetof(struct kb_api, CommUserRank)},
-               {"kcclCommCuDevice", offsetof(struct kb_api, CommCuDevice)},
-               {"kcclCommGetDevComm", offsetof(struct kb_api, CommGetDevComm)},
-               {"kcclCommGetAsyncError", offsetof(struct kb_api, CommGetAsyncError)},
-               {"kcclGetLastError", offsetof(struct kb_api, GetLastError)}};
-  for (size_t i = 0; i < sizeof slots / sizeof slots[0]; i++)
-    if (!strcmp(name, slots[i].name)) {
-      void *p = (void *)fn;
-      memcpy((char *)&kb + slots[i].off, &p, sizeof p);
-      return 1;
-    }
-  return 0;
-}
 
 static int64_t now_ns(void) {
   struct timespec ts;
@@ -62,7 +37,7 @@ static int64_t now_ns(void) {
 static kcclResult_t after(kcclComm_t comm, kcclResult_t r) {
   if (r != kcclSuccess) return r;
   kcclResult_t async = kcclSuccess;
-  KB_LIB(kb.CommGetAsyncError(comm, &async));
+  KB_LIB(kcclCommGetAsyncError(comm, &async));
   return async == kcclSuccess ? kcclSuccess : kb_lib(async);
 }
 
@@ -71,9 +46,9 @@ kcclResult_t kb_bench_all_reduce(const void *send, void *recv, size_t count, int
   kb_msg[0] = 0;
   if (iters < 1 || !us_per_call) return kb_fail(kcclInvalidArgument, "iters must be >= 1 and usPerCall non-NULL");
   const int64_t t0 = now_ns();
-  for (int i = 0; i < iters; i++) KB_LIB(kb.AllReduce(send, recv, count, dtype, op, comm, NULL));
+  for (int i = 0; i < iters; i++) KB_LIB(kcclAllReduce(send, recv, count, dtype, op, comm, NULL));
   int device = -1;
-  KB_LIB(kb.CommCuDevice(comm, &device));
+  KB_LIB(kcclCommCuDevice(comm, &device));
   if (device >= 0) { /* GPU calls only enqueue: the time is the kernels' */
     kcclResult_t r = after(comm, kbg_sync(device));
     if (r != kcclSuccess) return r;
@@ -84,10 +59,10 @@ kcclResult_t kb_bench_all_reduce(const void *send, void *recv, size_t count, int
 
 /* The communicator as a GPU one (the library refuses a host or broken one). */
 static kcclResult_t gpu_comm(kcclComm_t comm, struct kb_gpu *g) {
-  KB_LIB(kb.CommGetDevComm(comm, g->dc, sizeof g->dc));
-  KB_LIB(kb.CommCuDevice(comm, &g->device));
-  KB_LIB(kb.CommUserRank(comm, &g->rank));
-  KB_LIB(kb.CommCount(comm, &g->nranks));
+  KB_LIB(kcclCommGetDevComm(comm, g->dc, sizeof g->dc));
+  KB_LIB(kcclCommCuDevice(comm, &g->device));
+  KB_LIB(kcclCommUserRank(comm, &g->rank));
+  KB_LIB(kcclCommCount(comm, &g->nranks));
   g->comm = comm;
   kcclResult_t r = kbg_load(g->device);
   return r;

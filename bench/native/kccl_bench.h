@@ -1,11 +1,10 @@
 /* kccl_bench.h - KCCL's benchmarks and device self-test, outside the library.
  *
- * Everything here calls the library through kccl.h only, and through the copy of
- * it that made the communicator (Python's kccl package): kb_bind fills `kb` with
- * that copy's functions (kccl.capi.function), since a communicator's state,
- * kernels and error text belong to the copy that made it.  The GPU half
- * (kccl_bench_gpu.cu; kccl_bench_nogpu.c without nvcc) uses the device API of
- * kccl_device.cuh on the kcclDevComm that kcclCommGetDevComm gives. */
+ * Everything here calls the library through kccl.h only: the extension links the
+ * libkccl.so that Python's kccl package loaded, so the communicators it is handed
+ * (kccl.capi.handle) are that library's.  The GPU half (kccl_bench_gpu.cu;
+ * kccl_bench_nogpu.c without nvcc) uses the device API of kccl_device.cuh on the
+ * kcclDevComm that kcclCommGetDevComm gives. */
 #ifndef KCCL_BENCH_H_
 #define KCCL_BENCH_H_
 #include <stddef.h>
@@ -15,19 +14,6 @@
 #ifdef __cplusplus
 extern "C" {
 #endif
-
-struct kb_api {
-  kcclResult_t (*AllReduce)(const void *, void *, size_t, kcclDataType_t, kcclRedOp_t, kcclComm_t, void *);
-  kcclResult_t (*AllGather)(const void *, void *, size_t, kcclDataType_t, kcclComm_t, void *);
-  kcclResult_t (*Barrier)(kcclComm_t, void *);
-  kcclResult_t (*CommCount)(const kcclComm_t, int *);
-  kcclResult_t (*CommUserRank)(const kcclComm_t, int *);
-  kcclResult_t (*CommCuDevice)(const kcclComm_t, int *);
-  kcclResult_t (*CommGetDevComm)(kcclComm_t, void *, size_t);
-  kcclResult_t (*CommGetAsyncError)(kcclComm_t, kcclResult_t *);
-  const char *(*GetLastError)(kcclComm_t);
-};
-extern struct kb_api kb;
 
 /* This extension's error text: kb_fail sets it; kb_lib copies the library's. */
 kcclResult_t kb_fail(kcclResult_t code, const char *fmt, ...);
@@ -40,7 +26,6 @@ kcclResult_t kb_lib(kcclResult_t code);
 
 /* The entry points (Python's, through cffi: bench/native/build.py's CDEF).  Each
  * returns a kcclResult_t; kb_last_error() says why when it is not kcclSuccess. */
-int kb_bind(const char *name, uintptr_t fn);
 const char *kb_last_error(void);
 kcclResult_t kb_bench_all_reduce(const void *send, void *recv, size_t count, int dtype, int op, kcclComm_t comm,
                                  int iters, double *us_per_call);

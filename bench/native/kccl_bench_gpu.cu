@@ -468,7 +468,7 @@ static kcclResult_t scratch_open(const struct kb_gpu *g, struct scratch *s) {
   if (e == cudaSuccess) e = cudaMemcpy(stage, &handles[g->rank], hb, cudaMemcpyHostToDevice);
   kcclResult_t r = kcclSuccess;
   if (e == cudaSuccess) {
-    r = kb.AllGather(stage, stage + hb, hb, kcclUint8, g->comm, NULL);
+    r = kcclAllGather(stage, stage + hb, hb, kcclUint8, g->comm, NULL);
     if (r != kcclSuccess) r = kb_lib(r);
     else if ((e = cudaMemcpy(handles, stage + hb, hb * g->nranks, cudaMemcpyDeviceToHost)) == cudaSuccess)
       for (int p = 0; p < g->nranks && e == cudaSuccess; p++)
@@ -484,7 +484,7 @@ static kcclResult_t scratch_open(const struct kb_gpu *g, struct scratch *s) {
 /* Every rank waits here until all are done with each other's scratch, then lets
  * go of its mappings and its words. */
 static kcclResult_t scratch_done(const struct kb_gpu *g, struct scratch *s, kcclResult_t r) {
-  kcclResult_t b = kb.Barrier(g->comm, NULL);
+  kcclResult_t b = kcclBarrier(g->comm, NULL);
   if (b != kcclSuccess && r == kcclSuccess) r = kb_lib(b);
   cudaDeviceSynchronize();
   scratch_close(s);

@@ -96,7 +96,7 @@ typedef enum { kcclAlgoAuto = 0, kcclAlgoOneShot = 1, kcclAlgoTwoShot = 2 } kccl
  */
 typedef struct {
   size_t size;             /* sizeof(kcclConfig_t), checked for ABI safety */
-  int timeout_ms;          /* KCCL_TIMEOUT_MS: bound on any wait; 0 = wait forever */
+  int timeout_ms;          /* KCCL_TIMEOUT_MS: bound on any wait of a collective; 0 = wait forever */
   int algo;                /* KCCL_ALGO: kcclAlgo_t */
   size_t oneshot_max_bytes;/* KCCL_ONESHOT_MAX_BYTES: all-reduce crossover */
   size_t buffer_bytes;     /* KCCL_BUFFER_BYTES: bytes per slot */
@@ -127,6 +127,8 @@ typedef struct {
                               large messages (at most buffer_bytes) */
   int slot_stores;         /* KCCL_SLOT_STORES: 0 auto, 1 plain, 2 streaming stores into this rank's
                               shared slots */
+  int init_timeout_ms;     /* KCCL_INIT_TIMEOUT_MS: bound on joining the communicator; 0 = wait forever */
+  size_t p2p_bytes;        /* KCCL_P2P_BYTES: shared-memory bytes per peer for point-to-point */
 } kcclConfig_t;
 
 kcclResult_t kcclConfigInit(kcclConfig_t *config);
@@ -279,6 +281,54 @@ kcclResult_t kcclAllReduceStartStream(const void *sendbuff, void *recvbuff, size
                                       kcclDataType_t datatype, kcclRedOp_t op, kcclComm_t comm, void *stream,
                                       uint64_t *request);
 kcclResult_t kcclAllReduceWaitStream(kcclComm_t comm, uint64_t request, void *stream);
+
+/*
+ * Point-to-point, host transport.  Each ordered pair of ranks has a ring of
+ * slots in the sender's segment (KCCL_P2P_BYTES per peer, 4 slots) with the
+ * collectives' flag protocol: the sender copies a piece of the message into
+ * the next free slot and publishes its flag; the receiver copies it out and
+ * publishes how far it has read, which frees the slot.  A message of any size
+ * goes through in pieces; a send completes once its last piece is in the ring
+ * (the buffer may then be reused), a receive once the message is in recvbuff.
+ *
+ * Matching is MPI's: messages from one sender arrive in the order they were
+ * sent, and each goes to the oldest posted receive from that sender (or from
+ * KCCL_ANY_SOURCE) with the same tag.  A message that no posted receive wants
+ * waits in the ring, unless a receive from that sender (or any source) is
+ * waiting for a later one: then it is read into a private buffer until a
+ * receive for its tag is posted.  Sizes must match: a receive of another byte
+ * count than the message's breaks the communicator (kcclRemoteError on both
+ * sides).  Waits are bounded by KCCL_TIMEOUT_MS (reset by every piece that
+ * moves) and end with kcclRemoteError when the peer dies, aborts or fails.
+ * While split-phase operations are outstanding, every wait of the
+ * communicator (the collectives' too) keeps them moving, so a large isend
+ * never waits on its sender's next call.  Blocking collectives and
+ * point-to-point may be interleaved freely.  stream must be NULL; a GPU
+ * communicator refuses both (kcclInvalidUsage).
+ */
+#define KCCL_ANY_SOURCE (-1)
+/* NCCL's shape: tag 0, blocking. */
+kcclResult_t kcclSend(const void *sendbuff, size_t count, kcclDataType_t datatype, int peer, kcclComm_t comm,
+                      void *stream);
+kcclResult_t kcclRecv(void *recvbuff, size_t count, kcclDataType_t datatype, int peer, kcclComm_t comm,
+                      void *stream);
+/* Split phase with a tag: Start returns at once with a request (*request != 0), and the
+ * buffer must stay valid until the request completes.  peer = KCCL_ANY_SOURCE receives
+ * from whichever rank's matching message comes first. */
+kcclResult_t kcclSendStart(const void *sendbuff, size_t count, kcclDataType_t datatype, int peer, int tag,
+                           kcclComm_t comm, uint64_t *request);
+kcclResult_t kcclRecvStart(void *recvbuff, size_t count, kcclDataType_t datatype, int peer, int tag,
+                           kcclComm_t comm, uint64_t *request);
+/* Wait: until the request completes; Test: never blocks, *done = 1 once it has.  Both
+ * move every outstanding operation along and, once they report a request complete,
+ * forget it (another Wait or Test on it is kcclInvalidArgument).  *source (may be
+ * NULL): the rank a completed receive came from. */
+kcclResult_t kcclP2PWait(kcclComm_t comm, uint64_t request, int *source);
+kcclResult_t kcclP2PTest(kcclComm_t comm, uint64_t request, int *done, int *source);
+/* Moves every outstanding send and receive along without blocking, as Wait and Test do
+ * first (*moved = 1 when a piece moved); for a thread that keeps them moving while the
+ * caller computes.  Reports nothing complete and checks no peer: Wait and Test do. */
+kcclResult_t kcclP2PProgress(kcclComm_t comm, int *moved);
 
 #ifdef __cplusplus
 }

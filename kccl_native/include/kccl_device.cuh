@@ -48,7 +48,7 @@
  *
  * How it works, by concept, in kccl_device/ (internal, as everything in that
  * folder: installed because this header includes it, not an API to include or
- * call; kccl.h and this file are the only public headers):
+ * call; kccl.h, this file and kccl_launch.cuh are the only public headers):
  *   gpu_compat.h  every CUDA / HIP name KCCL's GPU code uses (kgpu*)
  *   gpu_status.h  the host-mapped record of a failed wait
  *   groups.cuh    the threads that make a call: the whole block, or a group

@@ -214,7 +214,7 @@ static ncclResult_t scratch_copy(struct scratch *s, void *dst, const void *src, 
 
 /* A nonblocking communicator (config blocking = 0) answers ncclInProgress until
  * its operation is done: wait for that, as a blocking one would have. */
-static ncclResult_t settle(ncclComm_t comm, ncclResult_t rc) {
+static ncclResult_t finish_in_progress(ncclComm_t comm, ncclResult_t rc) {
   while (rc == ncclInProgress) {
     ncclResult_t state = ncclInProgress;
     rc = real_ncclCommGetAsyncError(comm, &state);
@@ -246,9 +246,9 @@ static ncclResult_t scratch_sync(struct scratch *s) {
 static ncclResult_t round_trip(ncclComm_t real, struct scratch *s, void *host, size_t bytes, int bcast) {
   ncclResult_t rc = scratch_copy(s, s->buf, host, bytes, 1);
   if (rc == ncclSuccess)
-    rc = settle(real, bcast ? ncclBroadcast(s->buf, s->buf, bytes, ncclUint8, 0, real, s->stream)
-                            : real_ncclAllReduce(s->buf, s->buf, bytes / sizeof(int64_t), ncclInt64, ncclMin, real,
-                                                 s->stream));
+    rc = finish_in_progress(real, bcast ? ncclBroadcast(s->buf, s->buf, bytes, ncclUint8, 0, real, s->stream)
+                                        : real_ncclAllReduce(s->buf, s->buf, bytes / sizeof(int64_t), ncclInt64,
+                                                             ncclMin, real, s->stream));
   if (rc == ncclSuccess) rc = scratch_copy(s, host, s->buf, bytes, 0);
   return rc;
 }
@@ -406,7 +406,7 @@ static ncclResult_t decline_together(ncclComm_t *comms, int n) {
     ncclResult_t end = real_ncclGroupEnd();
     if (rc == ncclSuccess) rc = end;
     for (int i = 0; i < n && (rc == ncclSuccess || rc == ncclInProgress); i++) {
-      rc = settle(comms[i], rc == ncclInProgress ? ncclInProgress : ncclSuccess);
+      rc = finish_in_progress(comms[i], rc == ncclInProgress ? ncclInProgress : ncclSuccess);
       if (rc == ncclSuccess) rc = scratch_sync(&s[i]);
     }
   }
@@ -452,7 +452,7 @@ static ncclResult_t after_init(ncclResult_t rc, ncclComm_t *comm) {
     ncclResult_t d = defer(*comm);
     return d == ncclSuccess ? rc : d;
   }
-  if ((rc = settle(*comm, rc)) != ncclSuccess) return rc;
+  if ((rc = finish_in_progress(*comm, rc)) != ncclSuccess) return rc;
   ncclResult_t a = attach(*comm);
   if (a != ncclSuccess) {
     real_ncclCommAbort(*comm);
@@ -467,7 +467,7 @@ static ncclResult_t attach_pending(ncclResult_t rc) {
   t_npending = 0;
   if (rc != ncclSuccess && rc != ncclInProgress) return rc;
   for (int i = 0; i < n; i++) {
-    ncclResult_t r = settle(t_pending[i], ncclInProgress);
+    ncclResult_t r = finish_in_progress(t_pending[i], ncclInProgress);
     if (r != ncclSuccess) return r;
   }
   if (n > 1) return decline_together(t_pending, n);

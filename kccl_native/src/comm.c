@@ -110,6 +110,8 @@ static kcclResult_t comm_init(kcclComm_t *out, int nranks, kcclUniqueId id, int 
   c->seg_bytes = kccl_round_up(KCCL_PAGE + (size_t)c->nsets * 2 * c->slot_stride, KCCL_PAGE);
   if ((r = kccl_replicas_alloc(c, placement)) != kcclSuccess) { free(c); return r; }
   c->seg_bytes += kccl_replicas_layout(c, c->seg_bytes);
+  c->p2p_off = c->seg_bytes;
+  c->seg_bytes += kccl_p2p_layout(c);
   c->names = calloc((size_t)nranks, sizeof *c->names);
   c->base = calloc((size_t)nranks, sizeof *c->base);
   c->hdr = calloc((size_t)nranks, sizeof *c->hdr);
@@ -124,7 +126,8 @@ static kcclResult_t comm_init(kcclComm_t *out, int nranks, kcclUniqueId id, int 
   for (int i = 0; i < nranks; i++) c->pidfd[i] = -1;
 
   kccl_shm_sweep_stale();
-  if ((r = kccl_shm_connect(c)) != kcclSuccess || (cfg.device >= 0 && (r = kccl_gpu_init(c)) != kcclSuccess)) {
+  if ((r = kccl_shm_connect(c)) != kcclSuccess || (cfg.device >= 0 && (r = kccl_gpu_init(c)) != kcclSuccess) ||
+      (r = kccl_p2p_init(c)) != kcclSuccess) {
     kccl_shm_release(c);
     free(c);
     return r;
@@ -158,6 +161,7 @@ static kcclResult_t finish(kcclComm_t c, uint32_t state) {
   if (cur == SEG_READY || state == SEG_ABORTED) atomic_store(&c->hdr[c->rank]->state, state);
   kccl_wake_all(c);
   kccl_gpu_release(c, state == SEG_ABORTED);
+  kccl_p2p_free(c);
   kccl_shm_release(c);
   c->magic = 0;
   free(c);

@@ -27,7 +27,8 @@
 
 /* Waits until every peer's gpu_state >= want, or a peer is gone, or time runs out. */
 static kcclResult_t wait_gpu_state(struct kcclComm *c, uint32_t want) {
-  int64_t deadline = c->cfg.timeout_ms > 0 ? kccl_now_ns() + (int64_t)c->cfg.timeout_ms * 1000000 : INT64_MAX;
+  const int bound_ms = c->cfg.init_timeout_ms; /* part of joining the communicator */
+  int64_t deadline = bound_ms > 0 ? kccl_now_ns() + (int64_t)bound_ms * 1000000 : INT64_MAX;
   long backoff = 10;
   for (;;) {
     int missing = -1;
@@ -41,8 +42,8 @@ static kcclResult_t wait_gpu_state(struct kcclComm *c, uint32_t want) {
     if (failed >= 0)
       return kccl_err(kcclRemoteError, "GPU setup: rank %d failed: %.200s", failed, c->hdr[failed]->error_text);
     if (kccl_now_ns() > deadline)
-      return kccl_err(kcclTimeout, "GPU setup: rank %d waited %d ms for rank %d to %s its GPU buffer", c->rank,
-                      c->cfg.timeout_ms, missing, want == 1 ? "export" : "map every peer's");
+      return kccl_err(kcclTimeout, "GPU setup: rank %d waited %d ms (KCCL_INIT_TIMEOUT_MS) for rank %d to %s its "
+                      "GPU buffer", c->rank, bound_ms, missing, want == 1 ? "export" : "map every peer's");
     kccl_sleep_us(backoff);
     if (backoff < 1000) backoff *= 2;
   }

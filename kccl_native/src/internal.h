@@ -16,11 +16,15 @@
  *   4. wait.c      publish and wait for flags, peer checks, kccl_comm_fail
  *   5. host.c      the host transport: collectives as steps over the segments
  *      gpu_host.c  the GPU transport's host side: bootstrap, watcher, kernel dispatch
+ *      p2p.c       point-to-point: per-pair rings of slots, matching, progress
  *   6. comm.c      communicator life cycle: unique id, init (with a placement or
  *                  not), destroy, abort, queries
  *   7. collectives.c  the public collectives: the shared checks, then the
  *                  communicator's transport (struct kccl_transport)
- *   8. nonblocking.c  the split-phase all-reduce, on collectives.c's checks */
+ *   8. nonblocking.c  the split-phase all-reduce, on collectives.c's checks
+ * One call goes upward, through a pointer: a wait of wait.c runs c->idle_work, which the
+ * point-to-point layer sets while its operations are outstanding, so that they keep
+ * moving while this rank waits in a collective. */
 #ifndef KCCL_INTERNAL_H_
 #define KCCL_INTERNAL_H_
 
@@ -200,6 +204,11 @@ struct kcclComm {
   const struct kccl_transport *tp; /* host or GPU, by config.device */
   struct kccl_gpu_host *gpu; /* GPU communicators only (gpu_host.c) */
   struct kccl_replicas *rep; /* per-domain replicas (replicas.h); NULL: one copy of everything */
+  size_t p2p_off;            /* where the point-to-point area starts in every segment (p2p.c); from
+                                there on the pages are touched only when used */
+  struct kccl_p2p *p2p;      /* point-to-point state (p2p.c); NULL for a GPU communicator */
+  /* Run by the waits of wait.c between looks at their flag, never blocking (see the layers above). */
+  void (*idle_work)(struct kcclComm *c);
 };
 
 #define KCCL_COMM_MAGIC 0x4b43434c434f4d4dull /* "KCCLCOMM" */
@@ -234,6 +243,14 @@ static inline int64_t kccl_now_ns(void) {
   return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
 }
 static inline size_t kccl_round_up(size_t x, size_t a) { return (x + a - 1) / a * a; }
+/* What a busy-wait does between two looks at a flag. */
+#if defined(__x86_64__) || defined(__i386__)
+#define cpu_relax() __builtin_ia32_pause()
+#elif defined(__aarch64__)
+#define cpu_relax() __asm__ __volatile__("yield" ::: "memory")
+#else
+#define cpu_relax() __asm__ __volatile__("" ::: "memory")
+#endif
 /* The sequence number is the high half of the 64-bit flag: on little-endian
  * machines that is the second 32-bit word, and sleepers wait on it. */
 static inline uint32_t *kccl_seq_word(_Atomic uint64_t *flag) {
@@ -291,6 +308,8 @@ kcclResult_t kccl_comm_fail(struct kcclComm *c, kcclResult_t code, const char *f
  * kcclSuccess when nothing is wrong (yet).  The text goes to why. */
 kcclResult_t kccl_peer_problem(struct kcclComm *c, uint32_t seq, uint32_t sig, char *why, size_t n);
 kcclResult_t kccl_peers_gone(struct kcclComm *c, char *why, size_t whylen, int *failed);
+/* Whether peer p is gone (aborted, closed, failed or dead): kcclRemoteError with the reason in why. */
+kcclResult_t kccl_peer_gone(struct kcclComm *c, int p, char *why, size_t whylen);
 
 /* shm.c */
 kcclResult_t kccl_shm_connect(struct kcclComm *c);
@@ -321,6 +340,11 @@ kcclResult_t kccl_replicas_check_rank(struct kcclComm *c, int r);
 void kccl_replicas_setup(struct kcclComm *c);    /* every peer mapped: who writes where */
 void kccl_replicas_wake_all(struct kcclComm *c);
 void kccl_replicas_free(struct kcclComm *c);
+
+/* p2p.c */
+size_t kccl_p2p_layout(struct kcclComm *c); /* bytes the area adds to a segment (0 for a GPU one) */
+kcclResult_t kccl_p2p_init(struct kcclComm *c); /* once every segment is mapped */
+void kccl_p2p_free(struct kcclComm *c);
 
 /* uniqueid.c */
 kcclResult_t kccl_uid_make(kcclUniqueId *id);

@@ -92,7 +92,16 @@ static kcclResult_t create_own(struct kcclComm *c) {
     return kccl_err(kcclSystemError, "ftruncate(%s, %zu): %s (is /dev/shm large enough? see KCCL_BUFFER_BYTES)",
                     name, c->seg_bytes, strerror(e));
   }
-  void *p = mmap(NULL, c->seg_bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
+  /* Every page up to the point-to-point area is populated now (first touch by this rank,
+   * and no fault inside a collective); the area's pages come when a pair first uses them. */
+  void *p = mmap(NULL, c->seg_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  if (p != MAP_FAILED && mmap(p, c->p2p_off, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED | MAP_POPULATE, fd, 0) ==
+                             MAP_FAILED) {
+    int e = errno;
+    munmap(p, c->seg_bytes);
+    p = MAP_FAILED;
+    errno = e;
+  }
   int e = errno;
   close(fd);
   if (p == MAP_FAILED) {
@@ -166,8 +175,8 @@ static kcclResult_t map_peer(struct kcclComm *c, int p, int64_t deadline) {
     if (errno != ENOENT) return kccl_err(kcclSystemError, "shm_open(%s): %s", c->names[p], strerror(errno));
     if (kccl_now_ns() > deadline)
       return kccl_err(kcclTimeout,
-                      "rank %d: rank %d did not join within KCCL_TIMEOUT_MS=%d (all ranks must run on "
-                      "one host and use the same unique id)", c->rank, p, c->cfg.timeout_ms);
+                      "rank %d: rank %d did not join within KCCL_INIT_TIMEOUT_MS=%d (all ranks must run on "
+                      "one host and use the same unique id)", c->rank, p, c->cfg.init_timeout_ms);
     kccl_sleep_us(backoff);
     if (backoff < 2000) backoff *= 2;
   }
@@ -235,7 +244,8 @@ kcclResult_t kccl_shm_connect(struct kcclComm *c) {
   kcclResult_t res = create_own(c);
   if (res != kcclSuccess) return res;
 
-  int64_t deadline = c->cfg.timeout_ms > 0 ? kccl_now_ns() + (int64_t)c->cfg.timeout_ms * 1000000 : INT64_MAX;
+  const int bound_ms = c->cfg.init_timeout_ms;
+  int64_t deadline = bound_ms > 0 ? kccl_now_ns() + (int64_t)bound_ms * 1000000 : INT64_MAX;
   for (int p = 0; p < c->nranks && res == kcclSuccess; p++)
     if (p != c->rank) res = map_peer(c, p, deadline);
   int refused = 0;
@@ -260,8 +270,8 @@ kcclResult_t kccl_shm_connect(struct kcclComm *c) {
           break;
         }
         if (kccl_now_ns() > deadline) {
-          res = kccl_err(kcclTimeout, "rank %d never finished mapping its peers (KCCL_TIMEOUT_MS=%d)", p,
-                         c->cfg.timeout_ms);
+          res = kccl_err(kcclTimeout, "rank %d never finished mapping its peers (KCCL_INIT_TIMEOUT_MS=%d)", p,
+                         bound_ms);
           break;
         }
         kccl_sleep_us(backoff);

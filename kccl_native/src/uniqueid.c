@@ -3,7 +3,7 @@
  * creator's machine key, and a checksum, so that bytes that did not come from
  * kcclGetUniqueId are refused instead of being used to rendezvous, and a rank
  * that cannot map the creator's segments (another machine, container or /dev/shm)
- * is refused at once instead of waiting KCCL_TIMEOUT_MS for them. */
+ * is refused at once instead of waiting KCCL_INIT_TIMEOUT_MS for them. */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <stdio.h>

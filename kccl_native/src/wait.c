@@ -46,14 +46,6 @@
 #include "internal.h"
 #include "replicas.h"
 
-#if defined(__x86_64__) || defined(__i386__)
-#define cpu_relax() __builtin_ia32_pause()
-#elif defined(__aarch64__)
-#define cpu_relax() __asm__ __volatile__("yield" ::: "memory")
-#else
-#define cpu_relax() __asm__ __volatile__("" ::: "memory")
-#endif
-
 void kccl_publish(struct kcclComm *c, _Atomic uint64_t *flag, uint32_t seq, uint32_t sig) {
   /* seq_cst store: orders the data before it (release) and the sleepers load
    * after it (store-load, against the sleeper's register-then-recheck). */
@@ -195,6 +187,35 @@ kcclResult_t kccl_peers_gone(struct kcclComm *c, char *why, size_t whylen, int *
   return kcclSuccess;
 }
 
+kcclResult_t kccl_peer_gone(struct kcclComm *c, int p, char *why, size_t whylen) {
+  uint32_t s = atomic_load_explicit(&c->hdr[p]->state, memory_order_acquire);
+  if (s == SEG_ABORTED || s == SEG_CLOSED) {
+    snprintf(why, whylen, "rank %d (pid %d) %s while rank %d waited for it", p, (int)c->pid[p], state_word(s),
+             c->rank);
+    return kcclRemoteError;
+  }
+  if (s != SEG_READY) {
+    char text[200];
+    snprintf(text, sizeof text, "%.199s", c->hdr[p]->error_text);
+    snprintf(why, whylen, "rank %d (pid %d) failed while rank %d waited for it: %s", p, (int)c->pid[p], c->rank,
+             text);
+    return kcclRemoteError;
+  }
+  int dead;
+  if (c->pidfd[p] >= 0) {
+    struct pollfd pfd = {c->pidfd[p], POLLIN, 0};
+    dead = poll(&pfd, 1, 0) > 0 && pfd.revents;
+  } else {
+    dead = !kccl_pid_alive(c->pid[p], c->hdr[p]->starttime);
+  }
+  /* a peer stores its state before it can exit: read it again after seeing the death */
+  if (dead && atomic_load_explicit(&c->hdr[p]->state, memory_order_acquire) == SEG_READY) {
+    snprintf(why, whylen, "rank %d (pid %d) died while rank %d waited for it", p, (int)c->pid[p], c->rank);
+    return kcclRemoteError;
+  }
+  return dead ? kccl_peer_gone(c, p, why, whylen) : kcclSuccess;
+}
+
 /* Why step `seq` cannot complete, if it cannot.  Only reports (into why): a
  * peer that finished the step may close or exit right after, so the caller
  * re-reads its flag before it declares the communicator broken.  The most
@@ -232,7 +253,7 @@ static kcclResult_t mismatch(struct kcclComm *c, int peer, uint32_t seq, uint32_
   return kccl_comm_fail(c, kcclRemoteError, "%s", buf);
 }
 
-static inline int ready(_Atomic uint64_t *flag, uint32_t seq, uint64_t *v) {
+static inline int seq_arrived(_Atomic uint64_t *flag, uint32_t seq, uint64_t *v) {
   *v = atomic_load_explicit(flag, memory_order_acquire);
   return (uint32_t)(*v >> 32) == seq;
 }
@@ -278,7 +299,7 @@ static int machine_oversubscribed(void) {
 kcclResult_t kccl_wait_flag(struct kcclComm *c, int peer, _Atomic uint64_t *flag, uint32_t seq,
                             uint32_t sig) {
   uint64_t v;
-  if (__builtin_expect(ready(flag, seq, &v), 1)) goto got;
+  if (__builtin_expect(seq_arrived(flag, seq, &v), 1)) goto got;
 
   int64_t t0 = kccl_now_ns(), now = t0, last = t0;
   const int adaptive = c->cfg.spin_us < 0 && c->cfg.yield_us < 0;
@@ -292,8 +313,9 @@ kcclResult_t kccl_wait_flag(struct kcclComm *c, int peer, _Atomic uint64_t *flag
   /* Phase 1: spin.  The clock is read every 64 polls (a vDSO call, ~20 ns). */
   for (unsigned i = 1; now < spin_end; i++) {
     cpu_relax();
-    if (ready(flag, seq, &v)) goto got;
+    if (seq_arrived(flag, seq, &v)) goto got;
     if ((i & 63) == 0) {
+      if (c->idle_work) c->idle_work(c);
       now = kccl_now_ns();
       if (adaptive && now - last > PREEMPT_GAP_NS) { /* descheduled mid-spin: yield from now on */
         saw_contention(c, now, "this rank lost its core while spinning");
@@ -311,25 +333,26 @@ kcclResult_t kccl_wait_flag(struct kcclComm *c, int peer, _Atomic uint64_t *flag
   /* Phases 2 and 3: yield, then sleep; both check peers and the deadline. */
   _Atomic uint32_t *sleepers = &c->hdr[peer]->sleepers;
   for (;;) {
+    if (c->idle_work) c->idle_work(c);
     if (now < yield_end) {
       sched_yield();
       if (adaptive && kccl_now_ns() - now > PREEMPT_GAP_NS) /* the yield ran someone else here */
         saw_contention(c, now, "sched_yield ran another thread on this core");
     } else {
       atomic_fetch_add_explicit(sleepers, 1, memory_order_seq_cst);
-      if (!ready(flag, seq, &v)) {
+      if (!seq_arrived(flag, seq, &v)) {
         struct timespec ts = {0, 1000000};
         kccl_futex_wait(kccl_seq_word(flag), (uint32_t)(v >> 32), &ts);
       }
       atomic_fetch_sub_explicit(sleepers, 1, memory_order_seq_cst);
     }
-    if (ready(flag, seq, &v)) goto got;
+    if (seq_arrived(flag, seq, &v)) goto got;
     now = kccl_now_ns();
     if (now >= next_check || now >= yield_end) {
       next_check = now + 1000000;
       char why[480];
       kcclResult_t r = check_peers(c, seq, sig, why, sizeof why);
-      if (ready(flag, seq, &v)) goto got;
+      if (seq_arrived(flag, seq, &v)) goto got;
       if (r != kcclSuccess) return kccl_comm_fail(c, r, "%s", why);
       if (now >= deadline)
         return kccl_comm_fail(c, kcclTimeout,

@@ -5,13 +5,15 @@ sampler use, and a fast generate() in which the device picks every token and
 the host only reads them from a ring, launching a few steps ahead.
 
 Lanes (tensor parallelism) follow tp.py's plan exactly; their sums go through
-a GPU kccl.Communicator, whose C functions the engine calls from its own
+a GPU kccl.Communicator, whose kccl.h functions the engine calls from its own
 stream (also inside the captured graph), or, with the monokernel, through
-KCCL's device API from inside the kernel."""
+KCCL's device API from inside the kernel.  The module links the libkccl.so that
+the kccl package loads, so the engine and Python share the communicator."""
 import re
 
 import numpy as np
 
+from . import blas as _blas
 from .. import settings as _settings, tp as _tp
 from ..errors import (GpuArgumentError, GpuError, GpuMemoryError, GpuTimeoutError, GpuUnavailableError,
                       PromptTooLongError)
@@ -95,17 +97,10 @@ def require_gpu():
     return n
 
 
-def _kccl_functions(comm):
-    """The addresses of the KCCL calls the engine makes, and the communicator handle."""
+def _kccl_handle(comm):
+    """The kcclComm_t of a kccl.Communicator, as kie_create takes it."""
     from kccl import capi
-    c = ffi.new("kie_comm *")
-    c.comm = ffi.cast("void *", capi.handle(comm))
-    for field, name in (("all_reduce", "kcclAllReduce"), ("start", "kcclAllReduceStartStream"),
-                        ("wait", "kcclAllReduceWaitStream"), ("all_gather", "kcclAllGather"),
-                        ("async_error", "kcclCommGetAsyncError"), ("last_error", "kcclGetLastError"),
-                        ("dev_comm", "kcclCommGetDevComm")):
-        setattr(c, field, ffi.cast("void *", capi.function(name)))
-    return c
+    return ffi.cast("kcclComm_t", capi.handle(comm))
 
 
 def native_function(name):
@@ -147,7 +142,7 @@ class GpuModel(OwnsNativeEngine):
         lib.kie_destroy(e)
 
     def __init__(self, cfg, comm=None, max_seq=None, device=None, pdl=None, prefetch=None, tuning=None,
-                 kernel=None):
+                 kernel=None, prefill=None):
         ndev = require_gpu()
         size, rank = (comm.size, comm.rank) if comm is not None else (1, 0)
         if comm is not None and size > 1 and comm.device is None:
@@ -173,10 +168,11 @@ class GpuModel(OwnsNativeEngine):
             setattr(s, field, _settings.value("KIE_GPU_" + field.upper()))
         s.lanes_per_device = -(-size // ndev) if shared else 1
         s.kernel = kernel_code(kernel if kernel is not None else _settings.value("KIE_GPU_KERNEL"))
+        self.prefill_note = self._prefill_mode(s, prefill)
         for k, v in (tuning or {}).items():
             setattr(s, k, int(v))
         self._shape = s
-        kcomm = _kccl_functions(comm) if size > 1 else ffi.NULL
+        kcomm = _kccl_handle(comm) if size > 1 else ffi.NULL
         self._comm = comm
         out = ffi.new("kie_engine **")
         _check(lib.kie_create(s, kcomm, device, out))
@@ -189,6 +185,25 @@ class GpuModel(OwnsNativeEngine):
         cos, sin = rope_tables(cfg.head_dim, self.max_seq, cfg.rope_theta)
         self._upload_f32(lib.KIE_F_ROPE_COS, 0, cos)
         self._upload_f32(lib.KIE_F_ROPE_SIN, 0, sin)
+
+    @staticmethod
+    def _prefill_mode(s, prefill):
+        """Sets the shape's prefill fields from `prefill` ("auto", "gemm", "gemv"; default
+        KIE_GPU_PREFILL); returns what was chosen and why, in words."""
+        mode = prefill if prefill is not None else _settings.value("KIE_GPU_PREFILL")
+        if mode not in ("auto", "gemm", "gemv"):
+            raise GpuArgumentError(f"prefill={mode!r}: choose one of auto, gemm, gemv")
+        s.prefill_chunk = _settings.value("KIE_GPU_PREFILL_CHUNK")
+        s.prefill = 0
+        if mode == "gemv":
+            return "gemv (asked for)"
+        ok, where = _blas.load(lib, ffi)
+        if ok:
+            s.prefill = 1
+            return f"gemm (cuBLAS: {where})"
+        if mode == "gemm":
+            raise GpuUnavailableError(f"prefill=gemm: {where}")
+        return f"gemv ({where})"
 
     def set_sampling(self, sampling):
         """The pick of the steps that follow: MODE_GREEDY for temperature 0, else MODE_SAMPLE
@@ -285,6 +300,23 @@ class GpuModel(OwnsNativeEngine):
         self.pos += int(ids.size)
         return self._read_logits()
 
+    def first_token(self, prompt_ids, sampling=Sampling()):
+        """From position 0: the prompt through the model and the first token picked on the
+        device (what a request waits for before its first token; no logits cross to the
+        host).  The position ends after the prompt."""
+        ids = np.ascontiguousarray(prompt_ids, np.int32)
+        if ids.size == 0:
+            raise ValueError("the prompt has no tokens")
+        check_request(int(ids.size), 1, self.max_seq)
+        e = self._handle()
+        mode = self.set_sampling(sampling)
+        self.reset()
+        tok = ffi.new("int32_t *")
+        _check(lib.kie_prefill(e, ffi.from_buffer("int32_t[]", ids), int(ids.size), mode))
+        wait_token_checked(lambda: lib.kie_wait_token(e, 0, TOKEN_TIMEOUT_MS, tok), 0, self.source)
+        self.pos = int(ids.size)
+        return int(tok[0])
+
     def decode_step(self, token):
         """One token in (through the captured graph), the next token's logits out."""
         if self.pos + 1 > self.max_seq:
@@ -354,7 +386,7 @@ class GpuModel(OwnsNativeEngine):
         return {k: int(getattr(i, k)) for k in ("sms", "nsplit", "prefill_tokens", "gemv_blocks", "pos", "step",
                                                  "device_bytes", "graph_nodes", "kernel", "mono_slots",
                                                  "mono_slot_bytes", "mono_smem", "mono_stages", "mono_blocks",
-                                                 "mono_reducers")}
+                                                 "mono_reducers", "prefill_chunk")}
 
     def weight_bytes_per_token(self):
         """Bytes of bf16 weights one decode step streams on this lane."""

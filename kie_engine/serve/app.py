@@ -54,8 +54,7 @@ def error_response(e: ApiError):
 
 def _sampling(req):
     seed = req.seed if req.seed is not None else secrets.randbits(63)
-    # numpy's generator takes seeds >= 0: any integer is folded into 64 bits
-    return Sampling(req.temperature, req.top_k, req.top_p, seed % (1 << 64))
+    return Sampling(req.temperature, req.top_k, req.top_p, seed)
 
 
 def build_app(st: ServeState):

@@ -8,6 +8,7 @@ import math
 from dataclasses import dataclass, field
 from typing import List, Optional
 
+from ..generate import SEED_MAX
 from .api_error import ApiError, bad
 
 MAX_STOP = 16
@@ -24,6 +25,8 @@ def parse_json(raw: bytes):
         body = json.loads(raw.decode("utf-8"), parse_constant=_reject_constant)
     except (UnicodeDecodeError, ValueError) as e:  # JSONDecodeError is a ValueError
         raise ApiError(400, f"the request body is not valid JSON: {e}", code="invalid_json") from None
+    except RecursionError:  # json's parser recurses once per nesting level
+        raise ApiError(400, "the request body is nested too deeply to read", code="invalid_json") from None
     if not isinstance(body, dict):
         raise ApiError(400, f"the request body must be a JSON object, not {_kind(body)}", code="invalid_json")
     return body
@@ -154,7 +157,7 @@ def _common(body, model_id, max_tokens_names):
                 temperature=_number(body, "temperature", 1.0, 0, 2),
                 top_p=_number(body, "top_p", 1.0, 0, 1, lo_open=True),
                 top_k=0 if top_k == -1 else top_k,  # -1: vLLM's spelling of "off"
-                seed=_int(body, "seed"), stop=stop, stream=stream, include_usage=include_usage,
+                seed=_int(body, "seed", lo=0, hi=SEED_MAX), stop=stop, stream=stream, include_usage=include_usage,
                 ignore_eos=_bool(body, "ignore_eos"))
 
 

@@ -23,11 +23,18 @@ def served_name(model):
 
 
 def _listen(host, port):
+    """A listening socket on host:port; an address that cannot be had (in use, not this
+    machine's, not an address) is an OSError naming it."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind((host, port))
-    sock.listen(256)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+        sock.listen(256)
+    except OSError as e:
+        sock.close()
+        where = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+        raise OSError(f"cannot listen on {where}: {e.strerror or e}") from None
     sock.setblocking(False)
     return sock
 
@@ -39,6 +46,8 @@ def serve(a, world):
     from ..tp import comm_config, plan, prefill_chunk
     from .engine_runner import EngineRunner
     size, rank = world
+    if not 0 <= a.port <= 65535:
+        raise ValueError(f"--port must be in 0..65535 (0 picks a free one), got {a.port}")
     if a.max_queue < 0:
         raise ValueError(f"--max-queue must be >= 0, got {a.max_queue}")
     if not a.shutdown_grace >= 0:

@@ -11,32 +11,46 @@ class StopMatcher:
         self.held = ""
         self.hit = False
 
-    def _held_back(self, buf):
-        """Length of the longest suffix of buf that is a proper prefix of a stop string."""
-        best = 0
-        for s in self.stops:
-            for k in range(min(len(s) - 1, len(buf)), best, -1):
-                if buf.endswith(s[:k]):
-                    best = k
-                    break
-        return best
+    def _pending(self, buf, limit):
+        """The first position before `limit` from which the rest of buf is a proper prefix
+        of a stop string (more text could still make it one there), or -1."""
+        for j in range(limit):
+            rest = buf[j:]
+            if any(len(s) > len(rest) and s.startswith(rest) for s in self.stops):
+                return j
+        return -1
+
+    def _first_stop(self, buf):
+        return min((i for i in (buf.find(s) for s in self.stops) if i >= 0), default=-1)
 
     def feed(self, piece):
-        """The text that can be given out now; after a stop string, nothing more."""
+        """The text that can be given out now; after a stop string, nothing more.  A stop
+        string found is final only once no stop string that would start earlier can still
+        complete: the text is cut where a stop string first starts, as if it came whole."""
         if self.hit:
             return ""
         buf = self.held + piece
-        cut = min((i for i in (buf.find(s) for s in self.stops) if i >= 0), default=-1)
+        cut = self._first_stop(buf)
+        pend = self._pending(buf, cut if cut >= 0 else len(buf))
+        if pend >= 0:
+            self.held = buf[pend:]
+            return buf[:pend]
+        self.held = ""
         if cut >= 0:
-            self.hit, self.held = True, ""
+            self.hit = True
             return buf[:cut]
-        keep = self._held_back(buf)
-        self.held = buf[len(buf) - keep:]
-        return buf[:len(buf) - keep]
+        return buf
 
     def flush(self):
-        """The end of the text: what was held back was no stop string after all."""
-        out, self.held = ("" if self.hit else self.held), ""
+        """The end of the text: what was held back is cut at a stop string it holds, and
+        given out before it."""
+        if self.hit:
+            return ""
+        out, self.held = self.held, ""
+        cut = self._first_stop(out)
+        if cut >= 0:
+            self.hit = True
+            out = out[:cut]
         return out
 
 

@@ -1,5 +1,5 @@
 /* A C program using only kccl.h: forks NRANKS processes that all-reduce,
- * all-gather and broadcast, and check the results.  Exit code 0 = all good.
+ * all-gather, broadcast and pass messages around a ring, and check the results.  Exit code 0 = all good.
  * Built and run by tests/test_c_api.py. */
 #include <stdio.h>
 #include <stdlib.h>
@@ -48,6 +48,26 @@ static int run_rank(kcclUniqueId id, int nranks, int rank) {
   CHECK(kcclBroadcast(b, b, 5, kcclFloat64, root, comm, NULL));
   for (int i = 0; i < 5; i++)
     if (b[i] != 0.5 * i) return 6;
+
+  /* point-to-point, NCCL's shape: each rank sends to the next and receives from the one
+   * before; even ranks send first, so a ring of blocking calls cannot deadlock, and the
+   * message spans several pieces of the ring of slots */
+  if (nranks > 1) {
+    enum { N = 200000 };
+    static int32_t out[N], in[N];
+    for (int i = 0; i < N; i++) out[i] = rank * N + i;
+    const int next = (rank + 1) % nranks, prev = (rank + nranks - 1) % nranks;
+    if (rank % 2 == 0) {
+      CHECK(kcclSend(out, N, kcclInt32, next, comm, NULL));
+      CHECK(kcclRecv(in, N, kcclInt32, prev, comm, NULL));
+    } else {
+      CHECK(kcclRecv(in, N, kcclInt32, prev, comm, NULL));
+      CHECK(kcclSend(out, N, kcclInt32, next, comm, NULL));
+    }
+    for (int i = 0; i < N; i++)
+      if (in[i] != prev * N + i) { fprintf(stderr, "rank %d: recv[%d] = %d\n", rank, i, (int)in[i]); return 9; }
+    if (kcclSend(out, 1, kcclInt32, rank, comm, NULL) != kcclInvalidArgument) return 13;
+  }
 
   /* a bad argument is a result code, not a crash */
   if (kcclAllReduce(send, recv, COUNT, (kcclDataType_t)42, kcclSum, comm, NULL) != kcclInvalidArgument) return 7;

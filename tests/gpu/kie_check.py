@@ -12,6 +12,8 @@ For each preset (random weights, bf16 checkpoint) and DTP delay 0 and 1:
   sampling  top_k=1 gives the greedy tokens; a seed gives the same tokens twice; with
             top_k=5 every token is among the 5 best of the reference logits at its step;
             top_p=1e-6 gives the greedy tokens
+  prefill   the batched prefill (GEMMs) against the token-by-token one: last logits within
+            PF_BOUND, the same argmax and the same greedy tokens after it, over chunk boundaries
   hf        (delay 0) logits against transformers' LlamaForCausalLM in float32 on the GPU
             within HF_BOUND (its KV cache is float32), and its greedy tokens
   errors    a token outside the vocabulary, a prompt longer than the context, a model
@@ -41,6 +43,7 @@ from kie_engine.tp import comm_config  # noqa: E402
 
 BOUND = 2e-3     # GPU vs numpy with the same bf16 KV rounding: float32 summation order only
 HF_BOUND = 2e-2  # GPU (bf16 KV cache) vs transformers (float32 KV cache)
+PF_BOUND = 3e-2  # batched prefill (bf16 activations into the GEMMs) vs token by token (f32 activations)
 
 try:
     from mpi4py import MPI
@@ -90,7 +93,9 @@ def check_model(tag, path, comm, steps, hf_ok):
     prompt = rng.integers(0, cfg.vocab_size, 9).tolist()
     max_seq = len(prompt) + steps + 8
     ref = Model(cfg, load_weights(ckpt), max_seq=max_seq, kv_bf16=True)
-    gpu = GpuModel(cfg, comm, max_seq=max_seq).load(ckpt)
+    # the token-by-token prefill: numpy's arithmetic up to summation order (check_prefill
+    # compares the batched one with it)
+    gpu = GpuModel(cfg, comm, max_seq=max_seq, prefill="gemv").load(ckpt)
     t0 = time.time()
     # numpy greedy tokens and its logits at every step
     ref.reset()
@@ -190,6 +195,42 @@ def check_hf(tag, path, prompt, toks, gpu, ref_logits):
     torch.cuda.empty_cache()
 
 
+def top2_margin(logits):
+    a = np.sort(logits)[-2:]
+    return float(a[1] - a[0])
+
+
+def check_prefill(tag, path, comm, steps):
+    """The batched prefill (cuBLAS GEMMs over a chunk, bf16 activations) against the
+    token-by-token one: the last logits within PF_BOUND and the same argmax, and the same
+    greedy tokens after it; prompts shorter than, equal to and longer than a chunk (64
+    tokens here, so that several chunks and a chunk boundary are crossed)."""
+    ckpt = Checkpoint(path)
+    cfg = ckpt.config
+    rng = np.random.default_rng(13)
+    lens = [9, 64, 150]
+    max_seq = max(lens) + steps + 8
+    gv = GpuModel(cfg, comm, max_seq=max_seq, prefill="gemv").load(ckpt)
+    gm = GpuModel(cfg, comm, max_seq=max_seq, prefill="gemm", tuning={"prefill_chunk": 64}).load(ckpt)
+    if gm.info()["prefill_chunk"] != 64:
+        record(f"{tag} batched prefill in use", False, info=gm.info()["prefill_chunk"])
+    for n in lens:
+        prompt = rng.integers(0, cfg.vocab_size, n).tolist()
+        gv.reset()
+        gm.reset()
+        want, got = gv.prefill(prompt), gm.prefill(prompt)
+        e = rel(got, want)
+        same = int(np.argmax(got)) == int(np.argmax(want))
+        record(f"{tag} prefill {n} tokens: batched vs token by token", e <= PF_BOUND and same, max_rel=e,
+               argmax_equal=same, top2_margin=top2_margin(want))
+        a = gv.generate(prompt, steps, Sampling())
+        b = gm.generate(prompt, steps, Sampling())
+        record(f"{tag} prefill {n} tokens: greedy tokens after it", a.tokens == b.tokens,
+               first_diff=first_diff(b.tokens, a.tokens), steps=len(a.tokens))
+    gv.close()
+    gm.close()
+
+
 def check_memory_error(comm):
     n = (1 << 21) * SIZE  # a lane's KV cache alone is past the GPU's memory
     cfg = preset("2b").replace(max_position_embeddings=n)
@@ -224,6 +265,7 @@ def main():
             tag = f"{name} d={d} tp={SIZE}"
             try:
                 secs = check_model(tag, path, comm, a.steps, hf_ok)
+                check_prefill(tag, path, comm, a.steps)
                 if RANK == 0:
                     print(f"  ({tag}: {secs:.1f} s)", flush=True)
             except Exception as e:  # a crash is a failed check, and the others still run

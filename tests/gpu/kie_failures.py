@@ -69,6 +69,10 @@ def lane(scenario, path, uid, rank, q):
             if rank == 1 and seen[0] == 10:
                 q.put({"rank": 1, "t_event": time.monotonic()})
                 if scenario.startswith("kill"):
+                    # the queue's feeder thread must have written the event to the pipe before
+                    # the kill, or the parent never sees it
+                    q.close()
+                    q.join_thread()
                     os.kill(os.getpid(), signal.SIGKILL)
                 if scenario.startswith("stall"):  # alive, but its steps stop coming
                     time.sleep(STALL_S)

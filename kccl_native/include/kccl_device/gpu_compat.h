@@ -1,9 +1,9 @@
 /*
  * kccl_device/gpu_compat.h - the only place where KCCL's GPU code names CUDA (or HIP).
  * Internal, as all of kccl_device/: installed because kccl_device.cuh includes it,
- * not an API (its kgpu* names may change in any release).  KIE's engine, built from
- * this repository, launches its kernels and waits for their predecessors through
- * kgpu_launch_ex / kgpu_pdl_wait / kgpu_pdl_trigger as KCCL does.
+ * not an API (its kgpu* names may change in any release).  Code outside KCCL that
+ * launches kernels as KCCL does (programmatic dependent launch) uses kccl_launch.cuh,
+ * the public names of kgpu_launch_ex / kgpu_pdl_wait / kgpu_pdl_trigger.
  *
  * Everything vendor-specific that the GPU transport uses is spelled here: the
  * runtime calls (kgpu*), the handle types, and the few memory operations whose
@@ -365,7 +365,7 @@ __device__ static inline void kgpu_pdl_trigger(void) {
 #endif
 }
 /* Launch, with programmatic dependent launch when pdl != 0: the one PDL launcher
- * of KCCL's kernels and of KIE's engine (kie_kernels.h). */
+ * of KCCL's kernels, and (as kcclLaunch, kccl_launch.cuh) of KIE's engine. */
 template <typename... Params, typename... Args>
 static inline kgpuError_t kgpu_launch_ex(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem,
                                          kgpuStream_t st, int pdl, Args... args) {

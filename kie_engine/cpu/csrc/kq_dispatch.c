@@ -5,13 +5,16 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 
 #include "kq_internal.h"
 
 static const kq_impl *kq_cur; /* set once, or by kq_set_level; read with atomics */
 
 /* KIE_CPU_HIDE=avx512,avx2 hides those features from the choice below, as if the CPU
- * lacked them (to see what an older CPU gets, and to test that path on this one). */
+ * lacked them (to see what an older CPU gets, and to test that path on this one).  The
+ * setting is KIE's (kie_engine/settings.py, which checks it when Python loads this
+ * module); parsed here as there: comma-separated, blanks around a name and case ignored. */
 static int hidden(const char *name)
 {
     const char *h = getenv("KIE_CPU_HIDE");
@@ -19,27 +22,42 @@ static int hidden(const char *name)
     while (h && *h) {
         const char *end = strchr(h, ',');
         size_t len = end ? (size_t)(end - h) : strlen(h);
-        if (len == n && !strncmp(h, name, n))
+        const char *p = h;
+        while (len && (*p == ' ' || *p == '\t')) {
+            p++;
+            len--;
+        }
+        while (len && (p[len - 1] == ' ' || p[len - 1] == '\t'))
+            len--;
+        if (len == n && !strncasecmp(p, name, n))
             return 1;
         h = end ? end + 1 : NULL;
     }
     return 0;
 }
 
-static int cpu_can(const char *name)
+/* Whether the CPU has what level `name` needs, KIE_CPU_HIDE aside. */
+static int cpu_has(const char *name)
 {
-    if (hidden(name))
-        return 0;
 #if defined(__x86_64__) || defined(__i386__)
     __builtin_cpu_init();
     if (!strcmp(name, "avx2"))
         return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
     if (!strcmp(name, "avx512")) /* VNNI is what makes this level worth having */
-        return cpu_can("avx2") && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+        return cpu_has("avx2") && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
                __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
                __builtin_cpu_supports("avx512vnni");
 #endif
     return !strcmp(name, "scalar");
+}
+
+/* Whether level `name` may run: the CPU has it and nothing it needs is hidden (AVX-512's
+ * kernels use AVX2's too). */
+static int cpu_can(const char *name)
+{
+    if (hidden(name) || (!strcmp(name, "avx512") && hidden("avx2")))
+        return 0;
+    return cpu_has(name);
 }
 
 static const kq_impl *impl_named(const char *name)
@@ -66,8 +84,15 @@ static const kq_impl *impl(void)
         p = &kq_impl_scalar;
 #if defined(__x86_64__) || defined(__i386__)
         static int told;
-        if (!__atomic_exchange_n(&told, 1, __ATOMIC_RELAXED))
-            fprintf(stderr, "kie_engine.cpu: this CPU has no AVX2/FMA; using the portable scalar kernels (slow)\n");
+        const char *hide = getenv("KIE_CPU_HIDE");
+        if (!__atomic_exchange_n(&told, 1, __ATOMIC_RELAXED)) {
+            if (hide && hidden("avx2") && cpu_has("avx2")) /* the CPU has them: the setting took them away */
+                fprintf(stderr, "kie_engine.cpu: KIE_CPU_HIDE=%s hides AVX2%s from the kernels; using the portable "
+                        "scalar kernels (slow)\n", hide, cpu_has("avx512") ? " and AVX-512" : "");
+            else
+                fprintf(stderr, "kie_engine.cpu: this CPU has no AVX2/FMA; using the portable scalar kernels "
+                        "(slow)\n");
+        }
 #endif
     }
     __atomic_store_n(&kq_cur, p, __ATOMIC_RELEASE);

@@ -12,9 +12,9 @@
 namespace kie_host {
 
 int check_comm(kie_engine *e) {
-  if (e->s.tp_size < 2 || !e->c.async_error) return KIE_OK;
+  if (e->s.tp_size < 2) return KIE_OK;
   kcclResult_t err = kcclSuccess;
-  ((fn_async_error)e->c.async_error)(kcomm(e), &err);
+  kcclCommGetAsyncError(e->comm, &err);
   return err ? comm_fail(e, err, "the lanes' communicator") : KIE_OK;
 }
 
@@ -23,8 +23,8 @@ int check_comm(kie_engine *e) {
  * failed, or a peer its watcher saw go), when it says anything. */
 int lanes_fail(kie_engine *e, const char *what) {
   kcclResult_t err = kcclSuccess;
-  if (e->s.tp_size > 1 && e->c.async_error) ((fn_async_error)e->c.async_error)(kcomm(e), &err);
-  const char *why = err && e->c.last_error ? ((fn_last_error)e->c.last_error)(kcomm(e)) : nullptr;
+  if (e->s.tp_size > 1) kcclCommGetAsyncError(e->comm, &err);
+  const char *why = err ? kcclGetLastError(e->comm) : nullptr;
   return fail(KIE_E_COMM, "%s%s%s", what, why ? ": " : "", why ? why : "");
 }
 
@@ -67,6 +67,10 @@ extern "C" {
 
 int kie_built(void) { return 1; }
 
+int kie_blas_load(const char *path) { return blas_load(path); }
+
+const char *kie_blas_path(void) { return blas_path(); }
+
 const char *kie_last_error(void) { return g_err; }
 
 int kie_device_count(int *n) {
@@ -90,23 +94,18 @@ int kie_plan_bytes(const kie_shape *s, int device, size_t *bytes) {
   return KIE_OK;
 }
 
-int kie_create(const kie_shape *s, const kie_comm *c, int device, kie_engine **out) {
+int kie_create(const kie_shape *s, kcclComm_t comm, int device, kie_engine **out) {
   *out = nullptr;
-  if (s->tp_size > 1 && (!c || !c->comm || !c->all_reduce || !c->start || !c->wait || !c->all_gather))
-    return fail(KIE_E_ARG, "tp_size=%d needs a KCCL communicator and its functions", s->tp_size);
+  if (s->tp_size > 1 && !comm) return fail(KIE_E_ARG, "tp_size=%d needs a KCCL communicator", s->tp_size);
+  if (s->prefill == 1 && !blas_loaded())
+    return fail(KIE_E_NOCUDA, "prefill=1 needs cuBLAS: kie_blas_load did not succeed in this process");
   size_t bytes = 0;
   TRY(kie_plan_bytes(s, device, &bytes));
   kcclDevComm dc;
   memset(&dc, 0, sizeof dc);
   if (s->tp_size > 1 && s->kernel == KIE_KERNEL_MONO) { /* the monokernel sums the lanes itself */
-    if (!c->dev_comm)
-      return fail(KIE_E_ARG, "the monokernel at tp_size=%d needs kcclCommGetDevComm (kie_comm.dev_comm)",
-                  s->tp_size);
-    const int rc = ((fn_dev_comm)c->dev_comm)((kcclComm_t)c->comm, &dc, sizeof dc);
-    if (rc) {
-      const char *why = c->last_error ? ((fn_last_error)c->last_error)((kcclComm_t)c->comm) : nullptr;
-      return fail(KIE_E_COMM, "kcclCommGetDevComm: KCCL error %d: %s", rc, why ? why : "");
-    }
+    const int rc = kcclCommGetDevComm(comm, &dc, sizeof dc);
+    if (rc) return fail(KIE_E_COMM, "kcclCommGetDevComm: KCCL error %d: %s", rc, kcclGetLastError(comm));
   }
   CU(cudaSetDevice(device));
   size_t free_b = 0, total_b = 0;
@@ -120,7 +119,7 @@ int kie_create(const kie_shape *s, const kie_comm *c, int device, kie_engine **o
   int sms = 0;
   cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
   derive(e, *s, sms);
-  if (c) e->c = *c;
+  e->comm = s->tp_size > 1 ? comm : nullptr;
   e->dc = dc;
   e->bytes = layout(e, nullptr);
   cudaError_t ce = cudaMalloc((void **)&e->arena, e->bytes);
@@ -138,8 +137,10 @@ int kie_create(const kie_shape *s, const kie_comm *c, int device, kie_engine **o
       (ce = cudaStreamSynchronize(e->stream)) != cudaSuccess ||
       (ce = cudaHostAlloc((void **)&e->ring_h, sizeof(HostRing), cudaHostAllocMapped)) != cudaSuccess ||
       (ce = cudaHostGetDevicePointer((void **)&e->ring_d, e->ring_h, 0)) != cudaSuccess ||
-      (ce = kie_gemv_attributes(XS_MAX)) != cudaSuccess)
+      (ce = kie_gemv_attributes(XS_MAX)) != cudaSuccess ||
+      (e->pf_chunk > 0 && (ce = kie_pf_attention_attributes()) != cudaSuccess))
     rc = fail(KIE_E_CUDA, "device %d setup: %s", device, cudaGetErrorString(ce));
+  if (rc == KIE_OK && e->pf_chunk > 0) rc = blas_create(e);
   if (rc != KIE_OK) {
     kie_destroy(e);
     return rc;
@@ -156,6 +157,7 @@ void kie_destroy(kie_engine *e) {
   if (e->stream) cudaStreamSynchronize(e->stream);
   for (int m = 0; m < 3; m++)
     if (e->graph[m]) cudaGraphExecDestroy(e->graph[m]);
+  blas_destroy(e);
   if (e->stream) cudaStreamDestroy(e->stream);
   if (e->arena) cudaFree(e->arena);
   if (e->ring_h) cudaFreeHost(e->ring_h);
@@ -212,7 +214,7 @@ static int check_mode(kie_engine *e, int mode) {
 int kie_prefill(kie_engine *e, const int32_t *tokens, int n, int mode) {
   if (!e) return fail(KIE_E_ARG, "%s: no engine (closed?)", __func__);
   TRY(check_mode(e, mode));
-  TRY(ready(e));
+  TRY(weights_loaded(e));
   if (n < 1) return fail(KIE_E_ARG, "prefill needs at least one token");
   if (e->pos_h + n > e->s.max_seq)
     return fail(KIE_E_STATE, "%d tokens from position %d do not fit the context of %d", n, e->pos_h, e->s.max_seq);
@@ -220,11 +222,18 @@ int kie_prefill(kie_engine *e, const int32_t *tokens, int n, int mode) {
     if (tokens[i] < 0 || tokens[i] >= e->s.vocab)
       return fail(KIE_E_ARG, "token %d at prompt index %d is outside the vocabulary of %d", tokens[i], i, e->s.vocab);
   CU(cudaSetDevice(e->device));
-  for (int at = 0; at < n; at += e->tmax) {
-    const int T = std::min(e->tmax, n - at);
-    const bool last = at + T == n;
-    CU(cudaMemcpyAsync(e->tokbuf, tokens + at, (size_t)T * 4, cudaMemcpyHostToDevice, e->stream));
-    TRY(enqueue_forward(e, T, last ? mode : KIE_MODE_ADVANCE));
+  const int chunk = e->pf_chunk > 0 ? e->pf_chunk : e->tmax;
+  for (int at = 0; at < n; at += chunk) {
+    const int T = std::min(chunk, n - at);
+    const int m = at + T == n ? mode : KIE_MODE_ADVANCE;
+    if (e->pf_chunk > 0) {
+      /* pf_tok feeds this pass's embedding rows; the pick writes the next token to tokbuf */
+      CU(cudaMemcpyAsync(e->pf_tok, tokens + at, (size_t)T * 4, cudaMemcpyHostToDevice, e->stream));
+      TRY(enqueue_prefill(e, T, m));
+    } else {
+      CU(cudaMemcpyAsync(e->tokbuf, tokens + at, (size_t)T * 4, cudaMemcpyHostToDevice, e->stream));
+      TRY(enqueue_forward(e, T, m));
+    }
     e->pos_h += T;
   }
   if (mode != KIE_MODE_ADVANCE) e->step_h++;
@@ -243,7 +252,7 @@ int kie_set_token(kie_engine *e, int32_t token) {
 int kie_decode(kie_engine *e, int n, int mode, int use_graph) {
   if (!e) return fail(KIE_E_ARG, "%s: no engine (closed?)", __func__);
   TRY(check_mode(e, mode));
-  TRY(ready(e));
+  TRY(weights_loaded(e));
   if (n < 0) return fail(KIE_E_ARG, "n=%d", n);
   if (e->pos_h + n > e->s.max_seq)
     return fail(KIE_E_STATE, "%d more steps from position %d do not fit the context of %d", n, e->pos_h, e->s.max_seq);
@@ -308,8 +317,8 @@ int kie_logits(kie_engine *e, float *out, size_t n) {
   TRY(device_error(e));
   const float *src = e->logits;
   if (e->s.tp_size > 1) {
-    const int rc = ((fn_all_gather)e->c.all_gather)(e->logits, e->logits_all, (size_t)e->s.vocab_part, kcclFloat32,
-                                                    kcomm(e), e->stream);
+    const int rc =
+        kcclAllGather(e->logits, e->logits_all, (size_t)e->s.vocab_part, kcclFloat32, e->comm, e->stream);
     if (rc) return comm_fail(e, rc, "all-gather of the logits");
     src = e->logits_all;
   }
@@ -343,6 +352,7 @@ int kie_get_info(kie_engine *e, kie_info *info) {
   info->mono_stages = e->mono_n;
   info->mono_blocks = e->mono_ready ? e->mono_grid : 0;
   info->mono_reducers = e->mono_ready ? e->mono_nred : 0;
+  info->prefill_chunk = e->pf_chunk;
   CU(cudaSetDevice(e->device));
   CU(cudaStreamSynchronize(e->stream));
   DevState st;

@@ -9,15 +9,15 @@ namespace {
 template <int HD>
 __global__ void __launch_bounds__(ATT_THREADS) k_attention(const AttnArgs a) {
   __shared__ AttSmem<HD> sm;
-  kgpu_pdl_wait();
-  kgpu_pdl_trigger();
+  kcclDevPdlWait();
+  kcclDevPdlTrigger();
   attend<HD, false>(a, blockIdx.x, blockIdx.y, blockIdx.z, threadIdx.x, sm, SyncBlock(), nullptr);
 }
 
 template <int HD>
 cudaError_t launch_hd(const AttnArgs &a, int T, cudaStream_t st, int pdl) {
   const dim3 grid((unsigned)(a.nh / a.g * a.hgroups), (unsigned)a.nsplit, (unsigned)T);
-  return kgpu_launch_ex(k_attention<HD>, grid, dim3(ATT_THREADS), 0, st, pdl, a);
+  return kcclLaunch(k_attention<HD>, grid, dim3(ATT_THREADS), 0, st, pdl, a);
 }
 
 }  // namespace

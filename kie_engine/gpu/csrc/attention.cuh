@@ -2,15 +2,22 @@
  * over the context so that a long context still spreads over the SMs.
  *
  * Item (KV head group, split, token): the query heads of one KV head (up to
- * ATT_MAXG of them share each key and value load) against positions [c0, c1)
- * of the keys token t may see (0 .. pos + t).  The context is cut into as many
- * splits as give each at least `min_chunk` keys (at most `nsplit`, the grid's
- * count, fixed when the graph is captured; the rest of the items end at
- * once).  An item (ATT_THREADS threads) walks its keys in tiles of ATT_TILE with an online softmax,
- * every thread issuing all its loads of a tile before using them.  One split
- * writes the output itself; otherwise each writes a partial result (max
- * score, sum of exponentials, weighted sum of values) and the last one of a
- * (token, group) to finish folds them together. */
+ * ATT_MAXG of them) against positions [c0, c1) of the keys token t may see
+ * (0 .. pos + t).  The context is cut into as many splits as give each at least
+ * `min_chunk` keys (at most `nsplit`, the grid's count, fixed when the graph is
+ * captured; the rest of the items end at once).  An item (ATT_THREADS threads)
+ * walks its keys in tiles of ATT_TILE with an online softmax.  One split writes
+ * the output itself; otherwise each writes a partial result (max score, sum of
+ * exponentials, weighted sum of values) and the last one of a (token, group) to
+ * finish folds them together.
+ *
+ * The work is laid out so that an item is a short chain of memory round trips
+ * and each thread holds little: a score is one thread's whole dot product of a
+ * query head with a key row (the query from shared memory, broadcast; no
+ * shuffles; the key row from L2 or L1, once per query head of the group), and a
+ * value chunk (DV dims of one head) is one thread's sum over a share of the
+ * tile's keys, read from shared memory, where the tile's values are copied
+ * (cp.async) while its scores are computed. */
 #ifndef KIE_ATTENTION_CUH_
 #define KIE_ATTENTION_CUH_
 #include <math.h>
@@ -21,14 +28,26 @@ namespace kie {
 
 
 #define ATT_TILE 64 /* keys per tile */
+#define ATT_DV 4     /* dims of a value chunk: one 8-byte load of bf16 */
+
+/* Value chunks a thread sums at most (all ATT_MAXG heads of a group). */
+template <int HD>
+struct AttShape {
+  static constexpr int KV8 = HD / 8;                                              /* 16-byte loads per key row */
+  static constexpr int KB = KV8 < 16 ? KV8 : 16;                                  /* of them in flight at once */
+  static constexpr int PPT = (ATT_MAXG * ATT_TILE + ATT_THREADS - 1) / ATT_THREADS; /* scores per thread */
+  static constexpr int CPT = (ATT_MAXG * HD / ATT_DV + ATT_THREADS - 1) / ATT_THREADS; /* value chunks per thread */
+  static constexpr int VB = 8;                                                     /* value loads in flight */
+};
 
 /* One (head group, split) item's shared memory. */
 template <int HD>
 struct __align__(16) AttSmem { /* 16: the queries are read as float4, and items sit side by side */
   float qs[ATT_MAXG * HD];
   float sc[ATT_MAXG * ATT_TILE];
-  float red[ATT_THREADS * ATT_MAXG * 8 > ATT_MAXG * 1024 ? ATT_THREADS * ATT_MAXG * 8 : ATT_MAXG * 1024];
-  float m_run[ATT_MAXG], l_run[ATT_MAXG], fac[ATT_MAXG];
+  float red[ATT_THREADS * ATT_DV]; /* the key phases' value sums (when a chunk has several threads) */
+  bf16 vs[ATT_TILE * HD];          /* the tile's value rows, copied in while the scores are computed */
+  float m_run[ATT_MAXG], l_run[ATT_MAXG], fac[ATT_MAXG], big_m[ATT_MAXG], big_l[ATT_MAXG];
   int last;
 };
 
@@ -54,29 +73,23 @@ __device__ __forceinline__ uint4 ld_kv(const void *p) {
     asm volatile("ld.global.nc.v4.u32 {%0,%1,%2,%3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
   return v;
 }
-
-__device__ __forceinline__ void bf8(const uint4 w, float *f) {
-  f[0] = __uint_as_float(w.x << 16);
-  f[1] = __uint_as_float(w.x & 0xffff0000u);
-  f[2] = __uint_as_float(w.y << 16);
-  f[3] = __uint_as_float(w.y & 0xffff0000u);
-  f[4] = __uint_as_float(w.z << 16);
-  f[5] = __uint_as_float(w.z & 0xffff0000u);
-  f[6] = __uint_as_float(w.w << 16);
-  f[7] = __uint_as_float(w.w & 0xffff0000u);
+__device__ __forceinline__ void att_cp16(void *dst, const void *src) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"((uint32_t)__cvta_generic_to_shared(dst)), "l"(src)
+               : "memory");
 }
 
+__device__ __forceinline__ void att_clock(unsigned long long *at) {
+  unsigned long long t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  *at = t;
+}
+
+/* clk (profiling, or NULL): thread 0 writes the time its scores and softmax were done
+ * to clk[0] and its values to clk[1], for the first tile. */
 template <int HD, bool CG, typename Sync>
 __device__ void attend(const AttnArgs &a, int grp, int split, int t, int tid, AttSmem<HD> &sm, Sync sync,
-                       unsigned *signal) {
-  constexpr int LPK = HD / 8;                        /* lanes per key (one 16-byte load each) */
-  constexpr int KPW = 32 / LPK;                      /* keys per warp per pass */
-  constexpr int KPP = (ATT_THREADS / 32) * KPW;      /* keys per pass */
-  constexpr int PASSES = ATT_TILE / KPP;             /* passes per tile */
-  constexpr int NPG = ATT_THREADS / LPK;             /* position groups of the value pass */
-  constexpr int VPT = ATT_TILE / NPG;                /* values per thread per tile */
-  static_assert(ATT_TILE % KPP == 0 && ATT_TILE % NPG == 0, "tile shape");
-  float *qs = sm.qs, *sc = sm.sc, *red = sm.red, *m_run = sm.m_run, *l_run = sm.l_run, *fac = sm.fac;
+                       unsigned *signal, unsigned long long *const *clk = nullptr) {
+  typedef AttShape<HD> AS;
   const int warp = tid >> 5, lane = tid & 31;
   const int kvh = grp / a.hgroups, hg = grp - kvh * a.hgroups, groups = a.nh / a.g * a.hgroups;
   const int h0 = kvh * a.g + hg * a.gper;
@@ -89,155 +102,181 @@ __device__ void attend(const AttnArgs &a, int grp, int split, int t, int tid, At
   const int c0 = min(S, split * len), c1 = min(S, c0 + len);
   const bf16 *K = a.kc + (size_t)kvh * a.max_seq * HD, *V = a.vc + (size_t)kvh * a.max_seq * HD;
 
-  const int sub = lane / LPK, sl = lane - sub * LPK;
-  const int d8 = tid % LPK, pg = tid / LPK;
-  /* A tile's key and value loads, all issued before any is used; the first
-   * tile's go out before the queries are staged, so the two overlap. */
-  uint4 kv[PASSES], vv[VPT];
-  auto load_tile = [&](int tile, int tend) {
+  /* The queries (G heads) into shared memory, every load issued before any store. */
+  {
+    constexpr int QB = (ATT_MAXG * HD / 4 + ATT_THREADS - 1) / ATT_THREADS;
+    const float4 *q4 = reinterpret_cast<const float4 *>(a.q + (size_t)t * a.q_ld + (size_t)h0 * HD);
+    float4 *qs4 = reinterpret_cast<float4 *>(sm.qs);
+    const int n4 = G * HD / 4;
+    float4 v[QB];
 #pragma unroll
-    for (int pp = 0; pp < PASSES; pp++) {
-      const int p = tile + pp * KPP + warp * KPW + sub;
-      kv[pp] = p < tend ? ld_kv<CG>(K + (size_t)p * HD + sl * 8) : make_uint4(0, 0, 0, 0);
+    for (int k = 0; k < QB; k++) {
+      const int i = tid + k * ATT_THREADS;
+      v[k] = i < n4 ? __ldcg(q4 + i) : f4_zero();
     }
 #pragma unroll
-    for (int k = 0; k < VPT; k++) {
-      const int p = tile + pg + k * NPG;
-      vv[k] = p < tend ? ld_kv<CG>(V + (size_t)p * HD + d8 * 8) : make_uint4(0, 0, 0, 0);
+    for (int k = 0; k < QB; k++) {
+      const int i = tid + k * ATT_THREADS;
+      if (i < n4) qs4[i] = v[k];
     }
-  };
-  if (c0 < c1) load_tile(c0, min(c1, c0 + ATT_TILE));
-
-  for (int i = tid; i < G * HD; i += ATT_THREADS) qs[i] = __ldcg(a.q + (size_t)t * a.q_ld + (size_t)h0 * HD + i);
-  if (tid < ATT_MAXG) {
-    m_run[tid] = -INFINITY;
-    l_run[tid] = 0.f;
   }
+  if (tid < ATT_MAXG) {
+    sm.m_run[tid] = -INFINITY;
+    sm.l_run[tid] = 0.f;
+  }
+
+  /* Value chunks: c = (head j, dims d .. d + ATT_DV) over nch chunks; with fewer
+   * chunks than threads, R threads share a chunk, each the keys r, r + R, ... */
+  const int nch = G * HD / ATT_DV;
+  const int R = nch >= ATT_THREADS ? 1 : ATT_THREADS / nch;
+  const int r = tid / min(nch, ATT_THREADS);
+  const bool vthread = r < R;
+  float acc[AS::CPT][ATT_DV];
+#pragma unroll
+  for (int ci = 0; ci < AS::CPT; ci++)
+#pragma unroll
+    for (int i = 0; i < ATT_DV; i++) acc[ci][i] = 0.f;
   sync();
 
-  float acc[ATT_MAXG][8];
-#pragma unroll
-  for (int j = 0; j < ATT_MAXG; j++)
-#pragma unroll
-    for (int i = 0; i < 8; i++) acc[j][i] = 0.f;
-
   for (int tile = c0; tile < c1; tile += ATT_TILE) {
-    const int tend = min(c1, tile + ATT_TILE);
-    if (tile != c0) load_tile(tile, tend);
-    /* Scores. */
+    const int nt = min(ATT_TILE, c1 - tile);
+    /* The tile's values into shared memory (through L2: another block of a monokernel may
+     * have written the last row), their round trip overlapping the keys'. */
+    for (int i = tid; i < nt * (HD / 8); i += ATT_THREADS) att_cp16(sm.vs + (size_t)i * 8, V + (size_t)tile * HD + (size_t)i * 8);
+    asm volatile("cp.async.commit_group;" ::: "memory");
+    /* Scores: pair p = (head p / ATT_TILE, key p % ATT_TILE), one thread's dot product each. */
 #pragma unroll
-    for (int pp = 0; pp < PASSES; pp++) {
-      const int p = tile + pp * KPP + warp * KPW + sub;
-      float kf[8];
-      bf8(kv[pp], kf);
-      float d[ATT_MAXG];
+    for (int pi = 0; pi < AS::PPT; pi++) {
+      const int p = tid + pi * ATT_THREADS, j = p / ATT_TILE, key = p - j * ATT_TILE;
+      if (j >= G || key >= nt) continue;
+      const uint4 *krow = reinterpret_cast<const uint4 *>(K + (size_t)(tile + key) * HD);
+      const float *qj = sm.qs + j * HD;
+      float d = 0.f;
 #pragma unroll
-      for (int j = 0; j < ATT_MAXG; j++) {
-        d[j] = 0.f;
-        if (j < G) {
-          const float4 qa = *reinterpret_cast<const float4 *>(qs + j * HD + sl * 8);
-          const float4 qb = *reinterpret_cast<const float4 *>(qs + j * HD + sl * 8 + 4);
-          d[j] = kf[0] * qa.x + kf[1] * qa.y + kf[2] * qa.z + kf[3] * qa.w + kf[4] * qb.x + kf[5] * qb.y +
-                 kf[6] * qb.z + kf[7] * qb.w;
+      for (int cb = 0; cb < AS::KV8; cb += AS::KB) {
+        uint4 kk[AS::KB];
+#pragma unroll
+        for (int c = 0; c < AS::KB; c++) kk[c] = ld_kv<CG>(krow + cb + c);
+#pragma unroll
+        for (int c = 0; c < AS::KB; c++) {
+          const float4 qa = *reinterpret_cast<const float4 *>(qj + (cb + c) * 8);
+          const float4 qb = *reinterpret_cast<const float4 *>(qj + (cb + c) * 8 + 4);
+          d = dot8(kk[c], qa, qb, d);
         }
       }
-#pragma unroll
-      for (int off = LPK / 2; off; off >>= 1)
-#pragma unroll
-        for (int j = 0; j < ATT_MAXG; j++) d[j] += __shfl_xor_sync(0xffffffffu, d[j], off);
-      if (sl == 0 && p < tend)
-#pragma unroll
-        for (int j = 0; j < ATT_MAXG; j++)
-          if (j < G) sc[j * ATT_TILE + (p - tile)] = d[j] * a.scale;
+      sm.sc[j * ATT_TILE + key] = d * a.scale;
     }
     sync();
     /* Online softmax: a warp per head rescales its running max and sum. */
-    const int nt = tend - tile;
     for (int j = warp; j < G; j += ATT_THREADS / 32) {
       float m = -INFINITY;
-      for (int i = lane; i < nt; i += 32) m = fmaxf(m, sc[j * ATT_TILE + i]);
+      for (int i = lane; i < nt; i += 32) m = fmaxf(m, sm.sc[j * ATT_TILE + i]);
       for (int off = 16; off; off >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, off));
-      const float m_new = fmaxf(m_run[j], m);
+      const float m_new = fmaxf(sm.m_run[j], m);
       float l = 0.f;
       for (int i = lane; i < nt; i += 32) {
-        const float e = expf(sc[j * ATT_TILE + i] - m_new);
-        sc[j * ATT_TILE + i] = e;
+        const float e = expf(sm.sc[j * ATT_TILE + i] - m_new);
+        sm.sc[j * ATT_TILE + i] = e;
         l += e;
       }
       for (int off = 16; off; off >>= 1) l += __shfl_xor_sync(0xffffffffu, l, off);
       if (lane == 0) {
-        const float f = m_run[j] == -INFINITY ? 0.f : expf(m_run[j] - m_new);
-        fac[j] = f;
-        l_run[j] = l_run[j] * f + l;
-        m_run[j] = m_new;
+        const float f = sm.m_run[j] == -INFINITY ? 0.f : expf(sm.m_run[j] - m_new);
+        sm.fac[j] = f;
+        sm.l_run[j] = sm.l_run[j] * f + l;
+        sm.m_run[j] = m_new;
       }
     }
+    asm volatile("cp.async.wait_group 0;" ::: "memory");
     sync();
+    if (clk && tid == 0 && tile == c0) att_clock(clk[0]);
+    /* Values: each chunk's running sum rescaled, then its keys added, AS::VB loads in flight. */
+    if (vthread) {
 #pragma unroll
-    for (int j = 0; j < ATT_MAXG; j++) {
-      if (j < G) {
-        const float f = fac[j];
+      for (int ci = 0; ci < AS::CPT; ci++) {
+        const int c = (R > 1 ? tid - r * nch : tid) + ci * ATT_THREADS;
+        if (c >= nch) continue;
+        const int j = c / (HD / ATT_DV), dd = (c - j * (HD / ATT_DV)) * ATT_DV;
+        const float f = sm.fac[j];
 #pragma unroll
-        for (int i = 0; i < 8; i++) acc[j][i] *= f;
-      }
-    }
+        for (int i = 0; i < ATT_DV; i++) acc[ci][i] *= f;
+        const bf16 *vcol = sm.vs + dd;
+        const float *e = sm.sc + j * ATT_TILE;
+        for (int k0 = r; k0 < nt; k0 += R * AS::VB) {
+          uint2 vv[AS::VB];
 #pragma unroll
-    for (int k = 0; k < VPT; k++) {
-      const int p = tile + pg + k * NPG;
-      if (p < tend) {
-        float vf[8];
-        bf8(vv[k], vf);
+          for (int k = 0; k < AS::VB; k++) {
+            const int key = k0 + k * R;
+            vv[k] = key < nt ? *reinterpret_cast<const uint2 *>(vcol + (size_t)key * HD) : make_uint2(0, 0);
+          }
 #pragma unroll
-        for (int j = 0; j < ATT_MAXG; j++) {
-          if (j < G) {
-            const float e = sc[j * ATT_TILE + (p - tile)];
-#pragma unroll
-            for (int i = 0; i < 8; i++) acc[j][i] = fmaf(e, vf[i], acc[j][i]);
+          for (int k = 0; k < AS::VB; k++) {
+            const int key = k0 + k * R;
+            if (key >= nt) break;
+            const float w = e[key];
+            acc[ci][0] = fmaf(w, bf_lo(vv[k].x), acc[ci][0]);
+            acc[ci][1] = fmaf(w, bf_hi(vv[k].x), acc[ci][1]);
+            acc[ci][2] = fmaf(w, bf_lo(vv[k].y), acc[ci][2]);
+            acc[ci][3] = fmaf(w, bf_hi(vv[k].y), acc[ci][3]);
           }
         }
       }
     }
-    sync(); /* sc is rewritten by the next tile */
+    sync(); /* sc and fac are rewritten by the next tile */
+    if (clk && tid == 0 && tile == c0) att_clock(clk[1]);
   }
 
-  /* The position groups' sums, in group order. */
+  /* The key phases of a chunk meet in phase order (R > 1): phase 0's threads hold the sums. */
+  if (R > 1) {
+    if (vthread)
 #pragma unroll
-  for (int j = 0; j < ATT_MAXG; j++)
-    if (j < G)
+      for (int i = 0; i < ATT_DV; i++) sm.red[tid * ATT_DV + i] = acc[0][i];
+    sync();
+    if (r == 0)
+      for (int q = 1; q < R; q++)
 #pragma unroll
-      for (int i = 0; i < 8; i++) red[((size_t)pg * ATT_MAXG + j) * HD + d8 * 8 + i] = acc[j][i];
-  sync();
+        for (int i = 0; i < ATT_DV; i++) acc[0][i] += sm.red[(tid + q * nch) * ATT_DV + i];
+  }
+  const bool owner = R > 1 ? r == 0 : true;
   const size_t pstride = (size_t)HD + 2;
-  if (ns == 1) { /* the whole context in this block: the output directly */
-    for (int i = tid; i < G * HD; i += ATT_THREADS) {
-      const int j = i / HD, dd = i - j * HD;
-      float s = 0.f;
-      for (int q = 0; q < NPG; q++) s += red[((size_t)q * ATT_MAXG + j) * HD + dd];
-      a.out[(size_t)t * a.out_ld + (size_t)(h0 + j) * HD + dd] = s / l_run[j];
-    }
+  if (ns == 1) { /* the whole context in this item: the output directly */
+    if (owner)
+#pragma unroll
+      for (int ci = 0; ci < AS::CPT; ci++) {
+        const int c = tid + ci * ATT_THREADS;
+        if (c >= nch) continue;
+        const int j = c / (HD / ATT_DV), dd = (c - j * (HD / ATT_DV)) * ATT_DV;
+        const float l = sm.l_run[j];
+        float4 o = make_float4(acc[ci][0] / l, acc[ci][1] / l, acc[ci][2] / l, acc[ci][3] / l);
+        *reinterpret_cast<float4 *>(a.out + (size_t)t * a.out_ld + (size_t)(h0 + j) * HD + dd) = o;
+      }
     att_signal(signal, tid, sync);
     return;
   }
-  for (int i = tid; i < G * HD; i += ATT_THREADS) {
-    const int j = i / HD, dd = i - j * HD;
-    float s = 0.f;
-    for (int q = 0; q < NPG; q++) s += red[((size_t)q * ATT_MAXG + j) * HD + dd];
-    a.part[(((size_t)t * a.nh + h0 + j) * a.nsplit + split) * pstride + dd] = s;
-  }
+  if (owner)
+#pragma unroll
+    for (int ci = 0; ci < AS::CPT; ci++) {
+      const int c = tid + ci * ATT_THREADS;
+      if (c >= nch) continue;
+      const int j = c / (HD / ATT_DV), dd = (c - j * (HD / ATT_DV)) * ATT_DV;
+      float *pp = a.part + (((size_t)t * a.nh + h0 + j) * a.nsplit + split) * pstride + dd;
+#pragma unroll
+      for (int i = 0; i < ATT_DV; i++) pp[i] = acc[ci][i];
+    }
   if (tid < G) {
     float *pp = a.part + (((size_t)t * a.nh + h0 + tid) * a.nsplit + split) * pstride;
-    pp[HD] = m_run[tid];
-    pp[HD + 1] = l_run[tid];
+    pp[HD] = sm.m_run[tid];
+    pp[HD + 1] = sm.l_run[tid];
   }
 
-  /* The last split block of this (token, group) combines. */
+  /* The last split item of this (token, group) combines. */
   __threadfence();
   sync();
   if (tid == 0) sm.last = atomicAdd(&a.cnt[(size_t)t * groups + grp], 1u) == (unsigned)ns - 1;
   sync();
   if (!sm.last) return;
   __threadfence();
-  float *wgt = red; /* [ATT_MAXG][ns]: exp(m_s - M) / L */
+  /* Per head: M = the largest split max, L = the sum of the splits' sums scaled to M. */
   for (int j = warp; j < G; j += ATT_THREADS / 32) {
     const float *pp = a.part + (((size_t)t * a.nh + h0 + j) * a.nsplit) * pstride;
     float M = -INFINITY;
@@ -246,27 +285,32 @@ __device__ void attend(const AttnArgs &a, int grp, int split, int t, int tid, At
     float L = 0.f;
     for (int s = lane; s < ns; s += 32) {
       const float l = __ldcg(pp + s * pstride + HD + 1);
-      const float w = l > 0.f ? expf(__ldcg(pp + s * pstride + HD) - M) : 0.f;
-      wgt[j * ns + s] = w;
-      L += l * w;
+      L += l > 0.f ? l * expf(__ldcg(pp + s * pstride + HD) - M) : 0.f;
     }
     for (int off = 16; off; off >>= 1) L += __shfl_xor_sync(0xffffffffu, L, off);
-    __syncwarp();
-    for (int s = lane; s < ns; s += 32) wgt[j * ns + s] /= L;
+    if (lane == 0) {
+      sm.big_m[j] = M;
+      sm.big_l[j] = L;
+    }
   }
   sync();
   for (int i = tid; i < G * HD; i += ATT_THREADS) {
     const int j = i / HD, dd = i - j * HD;
-    const float *pp = a.part + (((size_t)t * a.nh + h0 + j) * a.nsplit) * pstride + dd;
-    const float *w = wgt + j * ns;
+    const float *pp = a.part + (((size_t)t * a.nh + h0 + j) * a.nsplit) * pstride;
+    const float M = sm.big_m[j], invL = 1.f / sm.big_l[j];
     float o = 0.f;
-    for (int s0 = 0; s0 < ns; s0 += 8) { /* eight independent loads in flight */
-      float v[8];
+    for (int s0 = 0; s0 < ns; s0 += 8) { /* eight splits' loads in flight */
+      float v[8], m[8], l[8];
 #pragma unroll
-      for (int k = 0; k < 8; k++) v[k] = s0 + k < ns ? __ldcg(pp + (size_t)(s0 + k) * pstride) : 0.f;
+      for (int k = 0; k < 8; k++) {
+        const bool in = s0 + k < ns;
+        v[k] = in ? __ldcg(pp + (size_t)(s0 + k) * pstride + dd) : 0.f;
+        m[k] = in ? __ldcg(pp + (size_t)(s0 + k) * pstride + HD) : -INFINITY;
+        l[k] = in ? __ldcg(pp + (size_t)(s0 + k) * pstride + HD + 1) : 0.f;
+      }
 #pragma unroll
       for (int k = 0; k < 8; k++)
-        if (s0 + k < ns) o = fmaf(v[k], w[s0 + k], o);
+        if (l[k] > 0.f) o = fmaf(v[k], expf(m[k] - M) * invL, o);
     }
     a.out[(size_t)t * a.out_ld + (size_t)(h0 + j) * HD + dd] = o;
   }

@@ -6,8 +6,10 @@
  *   forward.cu      the per-sublayer path: launches, the lanes' sums, the pick
  *   graph.cu        a decode step by the engine's kernel, captured as a CUDA graph
  *   mono_host.cu    the monokernel's stage table, its sizing and its launch
+ *   prefill.cu      a batched prefill pass: a chunk of tokens through GEMMs (blas.cu: cuBLAS, loaded at run
+ *                   time) and the row kernels of prefill_kernels.cu / prefill_attention.cu
  *   api.cu          the C API of kie_gpu.h, its errors, the token ring
- * The kernels are in gemv.cu, attention.cu, pick.cu and mono.cu (kie_kernels.h).
+ * The kernels are in gemv.cu, attention.cu, pick.cu, mono.cu and prefill_*.cu (kie_kernels.h).
  *
  * One step for T tokens (decode: T = 1, captured; prefill: T <= tmax, eager):
  *
@@ -34,7 +36,7 @@
 
 #include <vector>
 
-#include "kie_kernels.h" /* and through it kccl.h: the KCCL calls below are typed by it */
+#include "kie_kernels.h" /* and through it kccl.h, whose functions the lanes' sums call */
 
 namespace kie_host {
 
@@ -61,16 +63,6 @@ inline int fail(int code, const char *fmt, ...) {
     if (rc_ != KIE_OK) return rc_; \
   } while (0)
 
-/* KCCL's functions, called through the addresses the caller passed (kie_comm). */
-typedef decltype(&kcclAllReduce) fn_all_reduce;
-typedef decltype(&kcclAllReduceStartStream) fn_start;
-typedef decltype(&kcclAllReduceWaitStream) fn_wait;
-typedef decltype(&kcclAllGather) fn_all_gather;
-typedef decltype(&kcclCommGetAsyncError) fn_async_error;
-typedef decltype(&kcclGetLastError) fn_last_error;
-typedef decltype(&kcclCommGetDevComm) fn_dev_comm;
-
-
 const size_t XS_MAX = 64 * 1024;   /* shared memory for x in a GEMV block: two blocks per SM still fit */
 
 /* The monokernel's lanes: floats a reducer block sums per call (an 8-byte line
@@ -91,7 +83,7 @@ struct Layer {
 
 struct kie_engine {
   kie_shape s;
-  kie_comm c;
+  kcclComm_t comm;                /* the lanes' (NULL when tp_size == 1) */
   int device, sms;
   int hid_pad, qdim, kvdim, qkv_rows, inter_pad, tmax;
   int g, gper, hgroups, nsplit, att_chunk, gemv_grid_max, gemv_u;
@@ -119,6 +111,15 @@ struct kie_engine {
   int mono_n, mono_ready, mono_slot, mono_nslots, mono_xbytes, mono_grid, mono_nred, mono_red_per;
   size_t mono_smem;
   kcclDevComm dc;                 /* tp > 1 and the monokernel: the communicator's device-API handle */
+  /* The batched prefill (pf_chunk > 0: tokens per pass; 0: prefill runs as decode-shaped
+   * passes of tmax tokens): its cuBLAS handle, workspace and activations. */
+  int pf_chunk;
+  void *blas;
+  char *pf_ws;
+  size_t pf_ws_bytes;
+  float *pf_R, *pf_sums, *pf_y;
+  bf16 *pf_x, *pf_q, *pf_att, *pf_gu, *pf_act;
+  int *pf_tok;
   std::vector<char> have; /* which uploads have arrived */
   std::vector<uint64_t> req;
   int pos_h, step_h;      /* the host's count of what it enqueued */
@@ -128,11 +129,8 @@ struct kie_engine {
 
 namespace kie_host {
 
-/* The lanes' communicator, as kccl.h types it. */
-inline kcclComm_t kcomm(const kie_engine *e) { return (kcclComm_t)e->c.comm; }
-
 /* KIE_OK once every weight has been uploaded. */
-inline int ready(kie_engine *e) {
+inline int weights_loaded(kie_engine *e) {
   for (size_t i = 0; i < e->have.size(); i++)
     if (!e->have[i]) return fail(KIE_E_STATE, "weights are missing (upload %zu of %zu not done)", i, e->have.size());
   return KIE_OK;
@@ -147,12 +145,27 @@ int upload(kie_engine *e, int kind, int layer, const void *src, size_t rows, siz
 
 /* forward.cu */
 int comm_fail(kie_engine *e, int rc, const char *what);
+int all_reduce(kie_engine *e, float *p, size_t count);
+int sum_start(kie_engine *e, float *p, size_t count, uint64_t *req);
+int sum_wait(kie_engine *e, uint64_t req);
 int enqueue_forward(kie_engine *e, int T, int mode);
 int enqueue_pick(kie_engine *e, int T, int mode);
 
 /* mono_host.cu */
 int mono_prepare(kie_engine *e);
 int enqueue_mono(kie_engine *e, int mode);
+
+/* blas.cu */
+int blas_load(const char *path);
+int blas_loaded();
+const char *blas_path();
+int blas_create(kie_engine *e);
+void blas_destroy(kie_engine *e);
+int blas_gemm(kie_engine *e, int T, int N, int K, const bf16 *x, int ldx, const bf16 *w, int ldw, void *y, int ldy,
+              bool y_f32, float beta);
+
+/* prefill.cu: one batched pass of T <= pf_chunk tokens (pf_tok) from the device position, ending with `mode` */
+int enqueue_prefill(kie_engine *e, int T, int mode);
 
 /* graph.cu */
 int enqueue_step(kie_engine *e, int mode);

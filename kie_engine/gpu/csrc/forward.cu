@@ -5,22 +5,22 @@
 namespace kie_host {
 
 int comm_fail(kie_engine *e, int rc, const char *what) {
-  const char *why = e->c.last_error ? ((fn_last_error)e->c.last_error)(kcomm(e)) : "";
+  const char *why = kcclGetLastError(e->comm);
   return fail(KIE_E_COMM, "%s: KCCL error %d: %s", what, rc, why ? why : "");
 }
 
 int all_reduce(kie_engine *e, float *p, size_t count) {
-  const int rc = ((fn_all_reduce)e->c.all_reduce)(p, p, count, kcclFloat32, kcclSum, kcomm(e), e->stream);
+  const int rc = kcclAllReduce(p, p, count, kcclFloat32, kcclSum, e->comm, e->stream);
   return rc ? comm_fail(e, rc, "all-reduce of a sublayer's sum") : KIE_OK;
 }
 
 int sum_start(kie_engine *e, float *p, size_t count, uint64_t *req) {
-  const int rc = ((fn_start)e->c.start)(p, p, count, kcclFloat32, kcclSum, kcomm(e), e->stream, req);
+  const int rc = kcclAllReduceStartStream(p, p, count, kcclFloat32, kcclSum, e->comm, e->stream, req);
   return rc ? comm_fail(e, rc, "split-phase all-reduce start") : KIE_OK;
 }
 
 int sum_wait(kie_engine *e, uint64_t req) {
-  const int rc = ((fn_wait)e->c.wait)(kcomm(e), req, e->stream);
+  const int rc = kcclAllReduceWaitStream(e->comm, req, e->stream);
   return rc ? comm_fail(e, rc, "split-phase all-reduce wait") : KIE_OK;
 }
 
@@ -70,8 +70,7 @@ int enqueue_pick(kie_engine *e, int T, int mode) {
   } else {
     const float *logits = e->logits;
     if (tp > 1) {
-      const int rc = ((fn_all_gather)e->c.all_gather)(e->logits, e->logits_all, (size_t)s.vocab_part, kcclFloat32,
-                                                      kcomm(e), e->stream);
+      const int rc = kcclAllGather(e->logits, e->logits_all, (size_t)s.vocab_part, kcclFloat32, e->comm, e->stream);
       if (rc) return comm_fail(e, rc, "all-gather of the logits");
       logits = e->logits_all;
     }

@@ -48,18 +48,8 @@ int walk_forward(kie_engine *e, int T, bool head, V &v) {
   if (tp > 1 && d > 0) TRY(v.wait(nsub - 1));
   if (!head) return KIE_OK;
   const size_t last_row = (size_t)(T - 1) * e->hid_pad;
-  GemvArgs h = normed(e, 1, e->R[cur] + last_row, nullptr, e->normf);
+  GemvArgs h = head_args(e, e->R[cur] + last_row);
   for (int j = std::max(0, nsub - 1 - d); j < nsub; j++) h.adds[h.nadd++] = sum_buf(e, j) + last_row;
-  h.w = e->head;
-  h.rows = s.vocab_part;
-  h.out = e->logits;
-  h.valid_rows = s.vocab_valid;
-  h.row_off = s.vocab_off;
-  h.tp = tp;
-  h.rank = s.tp_rank;
-  h.amax = e->amax;
-  h.cnt = e->head_cnt;
-  h.cand = e->cand;
   return v.gemv(h, EPI_HEAD);
 }
 

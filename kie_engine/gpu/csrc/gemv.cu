@@ -106,15 +106,18 @@ __global__ void __launch_bounds__(GEMV_THREADS) k_gemv(const GemvArgs a) {
       preloaded = true;
     }
   }
-  kgpu_pdl_wait();
-  kgpu_pdl_trigger();
+  kcclDevPdlWait();
+  kcclDevPdlTrigger();
 
+  __shared__ float rope[EPI == EPI_QKV && NT == 1 ? 2 * ROPE_MAX_HALF : 1];
   if (XS) {
     __shared__ float red[GEMV_WARPS];
+    if (EPI == EPI_QKV && NT == 1) stage_rope(a, rope, threadIdx.x, GEMV_THREADS);
     if (a.x) stage_plain(a, xs, threadIdx.x);
     else stage_norm(a, xs, threadIdx.x, blockIdx.x == 0, SyncBlock(), red);
     __syncthreads();
   }
+  const float *cs = EPI == EPI_QKV && NT == 1 && XS ? rope : nullptr;
   const float *xsrc = XS ? xs : a.x;
   const int xld = XS ? a.ld : a.x_ld;
   unsigned long long best = 0; /* EPI_HEAD: this lane's best key */
@@ -134,7 +137,7 @@ __global__ void __launch_bounds__(GEMV_THREADS) k_gemv(const GemvArgs a) {
 #pragma unroll
       for (int t = 0; t < NT; t++) acc0[t] = acc1[t] = 0.f;
       if (active) use_batch<NT, XS, U>(a, xsrc, xld, vb + lane, ve, wa, wb, acc0, acc1);
-      finish_unit<NT, EPI>(a, u, r0, r1, active, acc0, acc1, best, part, threadIdx.x, SyncBlock());
+      finish_unit<NT, EPI>(a, u, r0, r1, active, acc0, acc1, best, part, threadIdx.x, SyncBlock(), cs);
 #pragma unroll
       for (int k = 0; k < U; k++) {
         wa[k] = na[k];
@@ -158,7 +161,7 @@ __global__ void __launch_bounds__(GEMV_THREADS) k_gemv(const GemvArgs a) {
         }
       }
       preloaded = false;
-      finish_unit<NT, EPI>(a, u, r0, r1, active, acc0, acc1, best, part, threadIdx.x, SyncBlock());
+      finish_unit<NT, EPI>(a, u, r0, r1, active, acc0, acc1, best, part, threadIdx.x, SyncBlock(), cs);
     }
   }
 
@@ -191,10 +194,10 @@ template <int NT, int XS, int U, int PIPE>
 cudaError_t launch_epi(const GemvArgs &a, int epi, int grid, size_t smem, cudaStream_t st, int pdl) {
   const dim3 g(grid), b(GEMV_THREADS);
   switch (epi) {
-    case EPI_STORE: return kgpu_launch_ex(k_gemv<NT, XS, EPI_STORE, U, PIPE>, g, b, smem, st, pdl, a);
-    case EPI_QKV: return kgpu_launch_ex(k_gemv<NT, XS, EPI_QKV, U, PIPE>, g, b, smem, st, pdl, a);
-    case EPI_SWIGLU: return kgpu_launch_ex(k_gemv<NT, XS, EPI_SWIGLU, U, PIPE>, g, b, smem, st, pdl, a);
-    case EPI_HEAD: return kgpu_launch_ex(k_gemv<1, XS, EPI_HEAD, U, PIPE>, g, b, smem, st, pdl, a);
+    case EPI_STORE: return kcclLaunch(k_gemv<NT, XS, EPI_STORE, U, PIPE>, g, b, smem, st, pdl, a);
+    case EPI_QKV: return kcclLaunch(k_gemv<NT, XS, EPI_QKV, U, PIPE>, g, b, smem, st, pdl, a);
+    case EPI_SWIGLU: return kcclLaunch(k_gemv<NT, XS, EPI_SWIGLU, U, PIPE>, g, b, smem, st, pdl, a);
+    case EPI_HEAD: return kcclLaunch(k_gemv<1, XS, EPI_HEAD, U, PIPE>, g, b, smem, st, pdl, a);
   }
   return cudaErrorInvalidValue;
 }

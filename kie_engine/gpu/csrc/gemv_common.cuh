@@ -66,9 +66,24 @@ __device__ __forceinline__ void unit_rows(const GemvArgs &a, int u, int &r0, int
   }
 }
 
+#define ROPE_MAX_HALF 128 /* head_dim / 2 at most (derive admits up to 256) */
+
+/* The step's RoPE row (cos, then sin, of its one position) into shared memory, staged
+ * with the input by the block's `nthreads` threads, so that the QKV epilogue of each
+ * unit reads it there instead of making a round trip to memory per unit. */
+__device__ __forceinline__ void stage_rope(const GemvArgs &a, float *cs, int tid, int nthreads) {
+  const int half = a.hd >> 1, p = *a.pos;
+  if (p >= a.max_seq) return; /* the epilogue reports it */
+  for (int i = tid; i < half; i += nthreads) {
+    cs[i] = a.cosv[(size_t)p * half + i];
+    cs[half + i] = a.sinv[(size_t)p * half + i];
+  }
+}
+
+/* cs: stage_rope's row (one token), or NULL: the tables in memory. */
 template <int NT>
 __device__ __forceinline__ void epilogue_qkv(const GemvArgs &a, int u, int r0, const float *acc0,
-                                             const float *acc1, int lane) {
+                                             const float *acc1, int lane, const float *cs) {
   const int half = a.hd >> 1, nq = a.nh * half, nk = a.nkv * half;
   const int pos = *a.pos;
 #pragma unroll
@@ -82,7 +97,7 @@ __device__ __forceinline__ void epilogue_qkv(const GemvArgs &a, int u, int r0, c
     const float v0 = acc0[t], v1 = acc1[t];
     if (u < nq + nk) {
       const int h = u / half, j = u - h * half;
-      const float c = a.cosv[(size_t)p * half + j], s = a.sinv[(size_t)p * half + j];
+      const float c = cs ? cs[j] : a.cosv[(size_t)p * half + j], s = cs ? cs[half + j] : a.sinv[(size_t)p * half + j];
       const float o0 = v0 * c - v1 * s, o1 = v1 * c + v0 * s;
       if (u < nq) {
         float *q = a.q_out + (size_t)t * a.q_ld + (size_t)h * a.hd;
@@ -169,19 +184,31 @@ __device__ __forceinline__ float block_sum(float v, float *red, int tid, Sync sy
   return s;
 }
 
+/* x / root * gamma for the float4s of x at i (the same operations, element by element,
+ * whichever path computes them). */
+__device__ __forceinline__ float4 f4_norm(const float4 x, float root, const float4 g) {
+  return make_float4(x.x / root * g.x, x.y / root * g.y, x.z / root * g.z, x.w / root * g.w);
+}
+
 /* The residual update and the RMSNorm, token by token; `writer`: this block
  * stores the updated residual (one block of the grid does).  Each thread sums
- * the squares of its float4s in order, then the block's sums meet in warp order. */
+ * the squares of its float4s in order, then the block's sums meet in warp order.
+ * Every global load is issued in batches before its values are used: a row of
+ * up to GEMV_THREADS * STAGE_BATCH float4s stays in registers between the sum of
+ * squares and the scaling, so the scaling costs one batch of gamma loads, not a
+ * round trip per element. */
 template <typename Sync>
 __device__ void stage_norm(const GemvArgs &a, float *xs, int tid, bool writer, Sync sync, float *red) {
   const int hidden = a.in, n4 = a.ld >> 2;
+  const bool in_regs = n4 <= GEMV_THREADS * STAGE_BATCH;
+  const float4 *g4 = reinterpret_cast<const float4 *>(a.gamma);
   for (int t = 0; t < a.T; t++) {
     float ss = 0.f;
     const bf16 *erow = a.r_in ? nullptr : a.embed + (size_t)__ldcg(a.tokens + t) * a.ld;
     const size_t row = (size_t)t * a.r_ld;
     float4 *x4 = reinterpret_cast<float4 *>(xs + (size_t)t * a.ld);
+    float4 v[STAGE_BATCH];
     for (int i0 = tid; i0 < n4; i0 += GEMV_THREADS * STAGE_BATCH) {
-      float4 v[STAGE_BATCH];
 #pragma unroll
       for (int k = 0; k < STAGE_BATCH; k++) {
         const int i = i0 + k * GEMV_THREADS;
@@ -210,17 +237,45 @@ __device__ void stage_norm(const GemvArgs &a, float *xs, int tid, bool writer, S
         const int i = i0 + k * GEMV_THREADS;
         if (i >= n4) continue;
         const float4 c = f4_clip(v[k], i, hidden);
+        v[k] = c;
         if (a.r_out && writer && 4 * i < hidden) reinterpret_cast<float4 *>(a.r_out + row)[i] = c;
-        x4[i] = c;
+        if (!in_regs) x4[i] = c;
         ss = fmaf(c.x, c.x, ss);
         ss = fmaf(c.y, c.y, ss);
         ss = fmaf(c.z, c.z, ss);
         ss = fmaf(c.w, c.w, ss);
       }
     }
+    /* gamma's first batch is on its way while the block sums (it does not depend on the sum) */
+    float4 g[STAGE_BATCH];
+#pragma unroll
+    for (int k = 0; k < STAGE_BATCH; k++) {
+      const int i = tid + k * GEMV_THREADS;
+      g[k] = i < n4 && 4 * i < hidden ? __ldg(g4 + i) : f4_zero();
+    }
     const float ms = block_sum(ss, red, tid, sync) / (float)hidden;
     const float root = sqrtf(ms + a.eps);
-    for (int k = tid; k < hidden; k += GEMV_THREADS) xs[t * a.ld + k] = xs[t * a.ld + k] / root * a.gamma[k];
+    if (in_regs) {
+#pragma unroll
+      for (int k = 0; k < STAGE_BATCH; k++) {
+        const int i = tid + k * GEMV_THREADS;
+        if (i < n4) x4[i] = f4_norm(v[k], root, g[k]);
+      }
+      continue;
+    }
+    for (int i0 = tid; i0 < n4; i0 += GEMV_THREADS * STAGE_BATCH) {
+      if (i0 != tid)
+#pragma unroll
+        for (int k = 0; k < STAGE_BATCH; k++) {
+          const int i = i0 + k * GEMV_THREADS;
+          g[k] = i < n4 && 4 * i < hidden ? __ldg(g4 + i) : f4_zero();
+        }
+#pragma unroll
+      for (int k = 0; k < STAGE_BATCH; k++) {
+        const int i = i0 + k * GEMV_THREADS;
+        if (i < n4) x4[i] = f4_norm(x4[i], root, g[k]);
+      }
+    }
   }
 }
 
@@ -230,7 +285,7 @@ __device__ void stage_norm(const GemvArgs &a, float *xs, int tid, bool writer, S
 template <int NT, int EPI, typename Sync>
 __device__ __forceinline__ void finish_unit(const GemvArgs &a, int u, int r0, int r1, bool active, float *acc0,
                                             float *acc1, unsigned long long &best, float (*part)[2 * GEMV_MAX_T],
-                                            int tid, Sync sync) {
+                                            int tid, Sync sync, const float *rope = nullptr) {
   const int warp = tid >> 5, lane = tid & 31, segs = a.segs, seg = warp & (segs - 1);
 #pragma unroll
   for (int t = 0; t < NT; t++) {
@@ -276,7 +331,7 @@ __device__ __forceinline__ void finish_unit(const GemvArgs &a, int u, int r0, in
       a.out[(size_t)t * a.out_ld + u] = silu(acc0[t]) * acc1[t];
     }
   } else if (EPI == EPI_QKV) {
-    epilogue_qkv<NT>(a, u, r0, acc0, acc1, lane);
+    epilogue_qkv<NT>(a, u, r0, acc0, acc1, lane, NT == 1 ? rope : nullptr);
   } else { /* EPI_HEAD: one token */
     if (lane == 0) {
       a.out[r0] = acc0[0];

@@ -22,6 +22,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "kccl.h" /* kcclComm_t: the lanes' communicator */
+
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -84,21 +86,14 @@ typedef struct {
   int gemv_pipe;               /* 1: GEMVs load the next round's weights while using this round's */
   int gemv_x_l1;               /* 1: the o and down GEMVs read x through L1 instead of staging it */
   int kernel;                  /* KIE_KERNEL_GRAPH or KIE_KERNEL_MONO: how a decode step runs */
-  int mono_prefetch;           /* monokernel: weight tiles past its shared-memory ring asked of L2 (-1: auto) */
+  int mono_prefetch;           /* monokernel: weight tiles past its shared-memory ring asked of L2 (-1: auto: 0) */
   int lanes_per_device;        /* lanes sharing this GPU (under MPS); 0 or 1: this lane has it alone */
   int mono_blocks;             /* monokernel: blocks of its grid (0: auto: every SM, or a share of them when
                                   lanes share the GPU) */
+  int prefill;                 /* 1: a prompt runs as batched passes (cuBLAS GEMMs over a chunk of tokens; needs
+                                  kie_blas_load first); 0: as decode-shaped passes of a few tokens */
+  int prefill_chunk;           /* tokens of a batched pass at most (0: auto, 1024; at most max_seq) */
 } kie_shape;
-
-/* KCCL's entry points for the lanes' sums (all NULL when tp_size == 1); void *
- * so that this module need not link KCCL: the caller passes the addresses of
- * kcclAllReduce, kcclAllReduceStartStream, kcclAllReduceWaitStream,
- * kcclAllGather, kcclCommGetAsyncError, kcclGetLastError and
- * kcclCommGetDevComm (the monokernel's handle on the device API). */
-typedef struct {
-  void *comm;
-  void *all_reduce, *start, *wait, *all_gather, *async_error, *last_error, *dev_comm;
-} kie_comm;
 
 typedef struct {
   int sms, nsplit, prefill_tokens, gemv_blocks;
@@ -110,15 +105,24 @@ typedef struct {
   int mono_stages;             /* per layer QKV, attention, o, gate/up, down; then the head */
   int mono_blocks;             /* its grid (0 before its first step) */
   int mono_reducers;           /* of those, the blocks that sum the lanes' sublayer sums (tp > 1) */
+  int prefill_chunk;           /* tokens of a batched prefill pass (0: prefill runs as decode-shaped passes of
+                                  prefill_tokens) */
 } kie_info;
 
 int kie_built(void);
+/* Loads cuBLAS for the batched prefill (once per process): from `path`, or when
+ * it is NULL or empty from the loader's search path (libcublas.so.13, .12). */
+int kie_blas_load(const char *path);
+/* The cuBLAS file loaded ("" before). */
+const char *kie_blas_path(void);
 int kie_device_count(int *n);
 const char *kie_last_error(void);
 /* Bytes of device memory an engine of this shape allocates on `device`
  * (kie_create checks them against the free memory before allocating). */
 int kie_plan_bytes(const kie_shape *s, int device, size_t *bytes);
-int kie_create(const kie_shape *s, const kie_comm *c, int device, kie_engine **out);
+/* comm: the lanes' GPU communicator (NULL when tp_size == 1), made by the one
+ * libkccl.so this module links (the Python package's: kccl.capi.handle). */
+int kie_create(const kie_shape *s, kcclComm_t comm, int device, kie_engine **out);
 void kie_destroy(kie_engine *e);
 /* Copies a weight in: bf16 bits for matrices (rows x cols), f32 for the rest;
  * src in host memory, or device memory when on_device. */

@@ -10,6 +10,7 @@
 #include <type_traits>
 
 #include "kccl_device.cuh" /* kcclDevComm: the monokernel's lanes sum through KCCL's device API */
+#include "kccl_launch.cuh" /* kcclLaunch and the PDL waits: kernels launched as KCCL launches its own */
 #include "kie_gpu.h"
 
 typedef __nv_bfloat16 bf16;
@@ -174,7 +175,8 @@ struct MonoArgs {
   int prefetch;                 /* tiles past the ring's the producer asks L2 for */
   int ring_off, x_off;          /* dynamic shared memory: mbarriers at 0, then these */
   long long timeout_ns;         /* a wait longer than this ends the step with KIE_DERR_STALL */
-  unsigned long long *marks;    /* [2 nstages]: block 0's clock at each stage's start and end */
+  unsigned long long *marks;    /* [nstages][4][grid]: each block's clock at each stage's start, x staged,
+                                   end, and its producer's first copy (mono.cu's MARK_*) */
   /* Lanes (tp > 1 runs the kernel's TP copy, which alone reads what follows). */
   int tp;
   const MonoLink *links;        /* [nstages] */
@@ -187,6 +189,57 @@ struct MonoArgs {
 #define MONO_CONSUMERS GEMV_THREADS /* the GEMV's threads: the same reduction order */
 #define MONO_THREADS (MONO_CONSUMERS + 32) /* and a producer warp streaming the weights */
 #define MONO_SUBS_MAX (MONO_CONSUMERS / ATT_THREADS)
+
+/* A batched prefill pass (prefill.cu): the row-wise kernels around its GEMMs
+ * (prefill_kernels.cu) and its causal attention (prefill_attention.cu). */
+struct PfNormArgs {
+  const float *r_in;   /* [T][ld] residual, or NULL: the embedding rows of tokens */
+  const bf16 *embed;
+  const int *tokens;
+  const float *adds[KIE_MAX_ADDS]; /* [T][ld] sums due */
+  int nadd;
+  float *r_out;        /* [T][ld] updated residual (may be r_in) */
+  int ld, hidden, T;
+  const float *gamma;
+  float eps;
+  bf16 *x;             /* [T][x_ld] normed */
+  int x_ld;
+};
+
+struct PfRopeArgs {
+  const float *y;      /* [T][y_ld]: q rows, k rows, v rows of this lane */
+  int y_ld, T, nh, nkv, hd, max_seq;
+  const int *pos;
+  const float *cosv, *sinv;
+  bf16 *q;             /* [T][q_ld] */
+  int q_ld;
+  bf16 *kc, *vc;
+  HostRing *ring;
+};
+
+struct PfSwigluArgs {
+  const bf16 *gu;      /* [T][gu_ld]: cols gate columns, then cols up columns */
+  int gu_ld, cols, T;
+  bf16 *act;           /* [T][act_ld] */
+  int act_ld;
+};
+
+struct PfAttnArgs {
+  const bf16 *q;       /* [T][q_ld], head h at h * hd */
+  int q_ld;
+  const bf16 *kc, *vc; /* this layer's cache; the chunk's keys already written at pos .. pos + T - 1 */
+  int max_seq, hd, nh, g, T;
+  const int *pos;
+  float scale_log2;    /* 1 / sqrt(hd) * log2(e) */
+  bf16 *out;           /* [T][out_ld] */
+  int out_ld;
+};
+
+cudaError_t kie_launch_pf_norm(const PfNormArgs &a, cudaStream_t st);
+cudaError_t kie_launch_pf_rope(const PfRopeArgs &a, cudaStream_t st);
+cudaError_t kie_launch_pf_swiglu(const PfSwigluArgs &a, cudaStream_t st);
+cudaError_t kie_launch_pf_attention(const PfAttnArgs &a, cudaStream_t st);
+cudaError_t kie_pf_attention_attributes(void);
 
 /* Launchers: grid and dynamic shared memory chosen by the caller; pdl launches
  * with programmatic stream serialization (the kernel waits for its predecessor
@@ -224,10 +277,10 @@ static inline R kie_with_hd(int hd, R other, F f) {
 
 #ifdef __CUDACC__
 /* Every kernel waits for its predecessor before reading what it wrote
- * (kgpu_pdl_wait, kccl_device/gpu_compat.h), then lets its own successor start
- * launching (kgpu_pdl_trigger): triggering only after the wait keeps at most two
+ * (kcclDevPdlWait, kccl_launch.cuh), then lets its own successor start
+ * launching (kcclDevPdlTrigger): triggering only after the wait keeps at most two
  * kernels of the stream resident, so a chain of early-launched kernels never
- * holds the SMs that the running one needs.  Launches: kgpu_launch_ex. */
+ * holds the SMs that the running one needs.  Launches: kcclLaunch. */
 __device__ __forceinline__ void kie_set_error(HostRing *ring, int code, int arg) {
   if (atomicCAS(&ring->err, 0, code) == 0) ring->err_arg = arg;
   __threadfence_system();

@@ -65,6 +65,18 @@ __device__ __forceinline__ unsigned long long gtime() {
   return t;
 }
 
+/* Every block's clock at the points of stage k (MARK_*: where a step's time goes,
+ * read by bench/kie_native's kb_mono_marks), written by consumer thread 0 or, for
+ * MARK_ISSUED of a GEMV stage, by the producer's first lane.  An attention stage
+ * has no tiles: its STAGED and ISSUED are thread 0's first item's scores and values. */
+enum { MARK_START = 0, MARK_STAGED = 1, MARK_END = 2, MARK_ISSUED = 3, MARKS = 4 };
+__device__ __forceinline__ void mark(const MonoArgs &m, int k, int what) {
+  m.marks[((size_t)k * MARKS + what) * gridDim.x + blockIdx.x] = gtime();
+}
+__device__ __forceinline__ void mark0(const MonoArgs &m, int k, int what) {
+  if (threadIdx.x == 0) mark(m, k, what);
+}
+
 __device__ __forceinline__ uint32_t smem_u32(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }
 
 __device__ __forceinline__ void mbar_init(uint64_t *bar, unsigned count) {
@@ -249,6 +261,27 @@ __device__ void drain(const Block &b, int tiles) {
   }
 }
 
+/* The producer warp, for attention stage s ahead of the consumers: the keys and values
+ * of this block's items that earlier steps wrote, asked of L2 (HBM's latency then is
+ * paid while the consumers are still at the stages before it). */
+__device__ void prefetch_attention(const MonoArgs &m, const MonoStage &s) {
+  const AttnArgs &a = s.at;
+  const int lane = threadIdx.x & 31, groups = a.nh / a.g * a.hgroups, items = groups * a.nsplit;
+  const int S = *a.pos + 1, old = S - 1; /* keys 0 .. pos; the last is written in this step */
+  const int ns = min(a.nsplit, (S + a.min_chunk - 1) / a.min_chunk), len = (S + ns - 1) / ns;
+  const int per = gridDim.x * m.subs;
+  for (int i = lane; ; i += 32) {
+    const int it = (int)blockIdx.x * m.subs + (i >> 1) % m.subs + (i >> 1) / m.subs * per;
+    if (it >= items) break;
+    const int grp = it % groups, split = it / groups;
+    if (split >= ns) continue;
+    const int c0 = min(old, split * len), c1 = min(old, c0 + len);
+    if (c1 <= c0) continue;
+    const bf16 *base = ((i & 1) ? a.vc : a.kc) + ((size_t)(grp / a.hgroups) * a.max_seq + c0) * a.hd;
+    prefetch_l2(base, (unsigned)((c1 - c0) * a.hd * 2));
+  }
+}
+
 /* The producer warp: every weight tile of the step, in the consumers' order,
  * into the ring; the tile `prefetch` places further on asked of L2 meanwhile, so
  * that more of HBM's latency is covered than the ring alone holds. */
@@ -261,7 +294,7 @@ __device__ void produce(const Block &b) {
     tile_rows(p, nullptr, nullptr);
     ahead = cursor_next(m, p);
   }
-  int tile = 0;
+  int tile = 0, marked = -1;
   for (; more; tile++, more = cursor_next(m, c)) {
     const int slot = tile % m.nslots, use = tile / m.nslots;
     /* Before a slot's next copy: the consumers are done with its last tile
@@ -278,6 +311,12 @@ __device__ void produce(const Block &b) {
       if (!__all_sync(0xffffffffu, free)) break;
     }
     tile_rows(c, b.ring + (size_t)slot * m.slot_bytes, &b.full[slot]);
+    if (c.k != marked) {
+      if ((threadIdx.x & 31) == 0) mark(m, c.k, MARK_ISSUED);
+      for (int k = max(marked + 1, 0); k < c.k; k++)
+        if (m.stages[k].kind == MONO_ATTN) prefetch_attention(m, m.stages[k]);
+      marked = c.k;
+    }
     if (ahead) {
       tile_rows(p, nullptr, nullptr);
       ahead = cursor_next(m, p);
@@ -306,14 +345,9 @@ __device__ bool wait_stage(const Block &b, int k, unsigned epoch) {
   return !*b.quit;
 }
 
-/* Block 0's clock (where a step's time goes, read by bench/kie_native's kb_mono_marks). */
-__device__ __forceinline__ void mark(const MonoArgs &m, int i) {
-  if (blockIdx.x == 0 && threadIdx.x == 0) m.marks[i] = gtime();
-}
-
 __device__ void signal_stage(const MonoArgs &m, int k) {
   bar_consumers();
-  mark(m, 2 * k + 1);
+  mark0(m, k, MARK_END);
   if (threadIdx.x == 0) {
     __threadfence();
     atomicAdd(m.cnt + k, 1u);
@@ -415,7 +449,7 @@ __device__ __noinline__ bool lanes_pick(const Block &b, const MonoStage &h, int 
 /* One ring tile: warp w takes unit w / segs of it, segment w % segs of the row. */
 template <int EPI>
 __device__ void gemv_tile(const Block &b, const MonoStage &s, int tu, int n, int slot, const float *xs,
-                          float (*part)[2 * GEMV_MAX_T], unsigned long long &best) {
+                          float (*part)[2 * GEMV_MAX_T], unsigned long long &best, const float *rope) {
   const GemvArgs &a = s.g;
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const int segs = s.segs, j = warp / segs, seg = warp & (segs - 1);
@@ -439,7 +473,8 @@ __device__ void gemv_tile(const Block &b, const MonoStage &s, int tu, int n, int
   }
   __syncwarp();
   if (lane == 0) mbar_arrive(&b.empty[slot]); /* this warp is done with the slot */
-  finish_unit<1, EPI>(a, u, r0, r1, active, acc0, acc1, best, part, tid, SyncNamed{BAR_CONSUMERS, MONO_CONSUMERS});
+  finish_unit<1, EPI>(a, u, r0, r1, active, acc0, acc1, best, part, tid, SyncNamed{BAR_CONSUMERS, MONO_CONSUMERS},
+                      rope);
 }
 
 template <int HD, bool TP>
@@ -449,6 +484,7 @@ __device__ void consume(const Block &b, char *xunion) {
   __shared__ float part[2][GEMV_WARPS][2 * GEMV_MAX_T];
   __shared__ unsigned long long sbest[GEMV_WARPS];
   __shared__ unsigned s_epoch, s_head0;
+  __shared__ float rope[2 * ROPE_MAX_HALF];
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const bool picker = TP && m.pick && (int)blockIdx.x == (int)gridDim.x - m.nred; /* lanes_pick's block */
   if (tid == 0) {
@@ -469,17 +505,22 @@ __device__ void consume(const Block &b, char *xunion) {
     const MonoStage &s = cur;
     if (s.kind == MONO_ATTN) {
       if (!wait_stage(b, k - 1, epoch)) return;
-      mark(m, 2 * k);
+      mark0(m, k, MARK_START);
       const int groups = s.at.nh / s.at.g * s.at.hgroups, items = groups * s.at.nsplit;
       const int sub = tid / ATT_THREADS, subs = m.subs;
       if (sub < subs) {
         AttSmem<HD> *sm = reinterpret_cast<AttSmem<HD> *>(xunion) + sub;
+        /* thread 0's first item's clock: scores and softmax done (MARK_STAGED), values done
+         * (MARK_ISSUED, which the producer leaves alone for attention stages) */
+        unsigned long long *clk[2] = {m.marks + ((size_t)k * MARKS + MARK_STAGED) * gridDim.x + blockIdx.x,
+                                      m.marks + ((size_t)k * MARKS + MARK_ISSUED) * gridDim.x + blockIdx.x};
         for (int it = blockIdx.x * subs + sub; it < items; it += gridDim.x * subs)
           attend<HD, true>(s.at, it % groups, it / groups, 0, tid % ATT_THREADS, *sm,
-                           SyncNamed{BAR_CONSUMERS + 1 + sub, ATT_THREADS}, m.cnt + k);
+                           SyncNamed{BAR_CONSUMERS + 1 + sub, ATT_THREADS}, m.cnt + k,
+                           it == (int)blockIdx.x * subs + sub ? clk : nullptr);
       }
       bar_consumers();
-      mark(m, 2 * k + 1); /* this block's items done (the groups' last splits count the stage) */
+      mark0(m, k, MARK_END); /* this block's items done (the groups' last splits count the stage) */
       continue;
     }
     int u0, u1;
@@ -490,10 +531,12 @@ __device__ void consume(const Block &b, char *xunion) {
       } else if (k > 0 && !wait_stage(b, k - 1, epoch)) {
         return;
       }
-      mark(m, 2 * k);
+      mark0(m, k, MARK_START);
+      if (s.epi == EPI_QKV) stage_rope(s.g, rope, tid, MONO_CONSUMERS);
       if (s.g.x) stage_plain(s.g, xs, tid);
       else stage_norm(s.g, xs, tid, u0 == 0, SyncNamed{BAR_CONSUMERS, MONO_CONSUMERS}, red);
       bar_consumers();
+      mark0(m, k, MARK_STAGED);
       for (int tu = u0; tu < u1; tu += s.upt, tile++) {
         const int slot = tile % m.nslots, use = tile / m.nslots;
         /* Each consumer waits for the tile itself, so they can give up at different
@@ -502,10 +545,10 @@ __device__ void consume(const Block &b, char *xunion) {
         spin(b, k, [&] { return mbar_done(&b.full[slot], (unsigned)use & 1u); });
         const int n = min(s.upt, u1 - tu);
         switch (s.epi) {
-          case EPI_QKV: gemv_tile<EPI_QKV>(b, s, tu, n, slot, xs, part[tile & 1], best); break;
-          case EPI_SWIGLU: gemv_tile<EPI_SWIGLU>(b, s, tu, n, slot, xs, part[tile & 1], best); break;
-          case EPI_HEAD: gemv_tile<EPI_HEAD>(b, s, tu, n, slot, xs, part[tile & 1], best); break;
-          default: gemv_tile<EPI_STORE>(b, s, tu, n, slot, xs, part[tile & 1], best);
+          case EPI_QKV: gemv_tile<EPI_QKV>(b, s, tu, n, slot, xs, part[tile & 1], best, rope); break;
+          case EPI_SWIGLU: gemv_tile<EPI_SWIGLU>(b, s, tu, n, slot, xs, part[tile & 1], best, rope); break;
+          case EPI_HEAD: gemv_tile<EPI_HEAD>(b, s, tu, n, slot, xs, part[tile & 1], best, rope); break;
+          default: gemv_tile<EPI_STORE>(b, s, tu, n, slot, xs, part[tile & 1], best, rope);
         }
       }
       if (s.epi == EPI_HEAD) { /* the block's best key, then the grid's */

@@ -151,7 +151,7 @@ int enqueue_mono(kie_engine *e, int mode) {
   m.slot_bytes = e->mono_slot;
   m.nslots = e->mono_nslots;
   m.subs = MONO_SUBS_MAX;
-  m.prefetch = e->s.mono_prefetch >= 0 ? e->s.mono_prefetch : e->mono_nslots;
+  m.prefetch = e->s.mono_prefetch >= 0 ? e->s.mono_prefetch : 0;
   m.ring_off = 256;
   m.x_off = 256 + e->mono_nslots * e->mono_slot;
   m.timeout_ns = 2000000000LL;

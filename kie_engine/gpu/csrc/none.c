@@ -12,8 +12,8 @@ int kie_built(void) { return 0; }
 int kie_device_count(int *n) { *n = 0; return KIE_OK; }
 const char *kie_last_error(void) { return why; }
 int kie_plan_bytes(const kie_shape *s, int device, size_t *bytes) { (void)s; (void)device; *bytes = 0; return KIE_E_NOCUDA; }
-int kie_create(const kie_shape *s, const kie_comm *c, int device, kie_engine **out) {
-  (void)s; (void)c; (void)device;
+int kie_create(const kie_shape *s, kcclComm_t comm, int device, kie_engine **out) {
+  (void)s; (void)comm; (void)device;
   *out = NULL;
   return KIE_E_NOCUDA;
 }
@@ -37,3 +37,5 @@ int kie_wait_token(kie_engine *e, int step, int timeout_ms, int32_t *token) {
 int kie_logits(kie_engine *e, float *out, size_t n) { (void)e; (void)out; (void)n; return KIE_E_NOCUDA; }
 int kie_sync(kie_engine *e) { (void)e; return KIE_E_NOCUDA; }
 int kie_get_info(kie_engine *e, kie_info *info) { (void)e; (void)info; return KIE_E_NOCUDA; }
+int kie_blas_load(const char *path) { (void)path; return KIE_E_NOCUDA; }
+const char *kie_blas_path(void) { return ""; }

@@ -16,14 +16,14 @@
 namespace {
 
 __global__ void k_finalize(const FinalArgs a) {
-  kgpu_pdl_wait();
-  kgpu_pdl_trigger();
+  kcclDevPdlWait();
+  kcclDevPdlTrigger();
   if (threadIdx.x == 0) kie_finalize_pick(a.cand, a.tp, a.c);
 }
 
 __global__ void k_advance(const Commit c) {
-  kgpu_pdl_wait();
-  kgpu_pdl_trigger();
+  kcclDevPdlWait();
+  kcclDevPdlTrigger();
   if (threadIdx.x == 0) c.st->pos += c.T;
 }
 
@@ -140,8 +140,8 @@ __global__ void __launch_bounds__(SAMP_THREADS) k_sample(const SampleArgs a) {
   __shared__ Reduce red;
   __shared__ Select sel;
   __shared__ int picked;
-  kgpu_pdl_wait();
-  kgpu_pdl_trigger();
+  kcclDevPdlWait();
+  kcclDevPdlTrigger();
 
   const int tid = threadIdx.x, V = a.V;
   const float *L = a.logits;
@@ -252,13 +252,13 @@ __global__ void __launch_bounds__(SAMP_THREADS) k_sample(const SampleArgs a) {
 }  // namespace
 
 cudaError_t kie_launch_finalize(const FinalArgs &a, cudaStream_t st, int pdl) {
-  return kgpu_launch_ex(k_finalize, dim3(1), dim3(32), 0, st, pdl, a);
+  return kcclLaunch(k_finalize, dim3(1), dim3(32), 0, st, pdl, a);
 }
 
 cudaError_t kie_launch_advance(const Commit &c, cudaStream_t st, int pdl) {
-  return kgpu_launch_ex(k_advance, dim3(1), dim3(32), 0, st, pdl, c);
+  return kcclLaunch(k_advance, dim3(1), dim3(32), 0, st, pdl, c);
 }
 
 cudaError_t kie_launch_sample(const SampleArgs &a, cudaStream_t st, int pdl) {
-  return kgpu_launch_ex(k_sample, dim3(1), dim3(SAMP_THREADS), 0, st, pdl, a);
+  return kcclLaunch(k_sample, dim3(1), dim3(SAMP_THREADS), 0, st, pdl, a);
 }

@@ -136,6 +136,24 @@ inline AttnArgs attention_args(kie_engine *e, int l) {
   return a;
 }
 
+/* The final norm and the LM head on one token's residual row r_row (the sums still due
+ * are the caller's to add): this lane's logits, and its argmax candidate in cand. */
+inline GemvArgs head_args(kie_engine *e, const float *r_row) {
+  const kie_shape &s = e->s;
+  GemvArgs h = normed(e, 1, r_row, nullptr, e->normf);
+  h.w = e->head;
+  h.rows = s.vocab_part;
+  h.out = e->logits;
+  h.valid_rows = s.vocab_valid;
+  h.row_off = s.vocab_off;
+  h.tp = s.tp_size;
+  h.rank = s.tp_rank;
+  h.amax = e->amax;
+  h.cnt = e->head_cnt;
+  h.cand = e->cand;
+  return h;
+}
+
 /* Where a step's token goes (the device state, the host ring, the next input). */
 inline Commit commit_of(kie_engine *e, int T) {
   Commit c;

@@ -64,6 +64,9 @@ int derive(kie_engine *e, const kie_shape &s, int sms) {
   if (s.lanes_per_device < 0) return fail(KIE_E_ARG, "lanes_per_device=%d", s.lanes_per_device);
   if (s.mono_blocks < 0) return fail(KIE_E_ARG, "mono_blocks=%d: 0 (auto) or a block count", s.mono_blocks);
   e->mono_n = 5 * s.layers + 1; /* per layer QKV, attention, o, gate/up, down; the head */
+  if (s.prefill != 0 && s.prefill != 1) return fail(KIE_E_ARG, "prefill=%d: 0 or 1", s.prefill);
+  if (s.prefill_chunk < 0) return fail(KIE_E_ARG, "prefill_chunk=%d: 0 (auto) or a token count", s.prefill_chunk);
+  e->pf_chunk = s.prefill ? std::min(s.prefill_chunk ? s.prefill_chunk : 1024, s.max_seq) : 0;
   return KIE_OK;
 }
 
@@ -115,7 +118,21 @@ size_t layout(kie_engine *e, char *base) {
   e->mono_sync = (MonoSync *)take(sizeof(MonoSync));
   e->mono_cnt = (unsigned *)take((size_t)e->mono_n * 8);
   e->mono_links = (MonoLink *)take((size_t)e->mono_n * sizeof(MonoLink));
-  e->mono_marks = (unsigned long long *)take((size_t)e->mono_n * 16);
+  e->mono_marks = (unsigned long long *)take((size_t)e->mono_n * 4 * e->sms * 8);
+  if (e->pf_chunk > 0) {
+    const size_t P = (size_t)e->pf_chunk;
+    e->pf_ws_bytes = 32u << 20; /* cuBLAS's workspace: what its Hopper GEMMs ask for at most */
+    e->pf_ws = take(e->pf_ws_bytes);
+    e->pf_R = (float *)take(P * hp * 4);
+    e->pf_sums = s.tp_size > 1 || s.dtp_delay > 0 ? (float *)take((size_t)(s.dtp_delay + 1) * P * hp * 4) : nullptr;
+    e->pf_y = (float *)take(P * e->qkv_rows * 4);
+    e->pf_x = (bf16 *)take(P * hp * 2);
+    e->pf_q = (bf16 *)take(P * e->qdim * 2);
+    e->pf_att = (bf16 *)take(P * e->qdim * 2);
+    e->pf_gu = (bf16 *)take(P * 2 * s.inter * 2);
+    e->pf_act = (bf16 *)take(P * e->inter_pad * 2);
+    e->pf_tok = (int *)take(P * 4);
+  }
   return round_up(at, 256);
 }
 

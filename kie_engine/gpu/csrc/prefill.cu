@@ -1,0 +1,125 @@
+/* prefill.cu - a batched prefill pass: every token of a prompt chunk through each
+ * layer at once, each weight matrix one GEMM over the chunk (its weights read
+ * once per chunk, not once per token), with the decode step's sublayer order and
+ * its sums across the lanes:
+ *
+ *   per sublayer i:
+ *     k_pf_norm     residual R (+ the sums due, by the DTP schedule) -> R, RMSNorm -> x (bf16)
+ *     attention:    GEMM x Wqkv^T -> y (f32); k_pf_rope -> q (bf16), KV cache; k_pf_attention -> a (bf16);
+ *                   GEMM a Wo^T -> S_i
+ *     MLP:          GEMM x Wgu^T -> gu (bf16); k_pf_swiglu -> act (bf16); GEMM act Wd^T -> S_i
+ *     lanes:        KCCL all-reduce of S_i (delay 0) or its split phase (delay d)
+ *   the last token's final norm and LM head: the decode step's GEMV, then its pick
+ *
+ * With one lane and no delay, S_i is added by the GEMM itself (beta = 1 into R).
+ * The activations of a product are bf16 (the tensor cores' input), so the
+ * logits differ from the token-by-token path by bf16 rounding of activations. */
+#include "step_args.h"
+
+namespace kie_host {
+
+namespace {
+
+float *pf_sum_buf(kie_engine *e, int j) {
+  return e->pf_sums + (size_t)(j % (e->s.dtp_delay + 1)) * e->pf_chunk * e->hid_pad;
+}
+
+}  // namespace
+
+int enqueue_prefill(kie_engine *e, int T, int mode) {
+  const kie_shape &s = e->s;
+  const int nsub = 2 * s.layers, d = s.dtp_delay, tp = s.tp_size, hp = e->hid_pad;
+  const bool direct = tp == 1 && d == 0;
+  const size_t count = (size_t)T * hp;
+  float *R = e->pf_R;
+  e->req.assign((size_t)nsub, 0);
+  for (int i = 0; i < nsub; i++) {
+    const int l = i / 2, sub = i % 2;
+    const Layer &y = e->L[(size_t)l];
+    PfNormArgs n;
+    memset(&n, 0, sizeof n);
+    n.r_in = i == 0 ? nullptr : R;
+    n.embed = e->embed;
+    n.tokens = e->pf_tok;
+    n.r_out = R;
+    n.ld = hp;
+    n.hidden = s.hidden;
+    n.T = T;
+    n.gamma = sub ? y.n2 : y.n1;
+    n.eps = s.eps;
+    n.x = e->pf_x;
+    n.x_ld = hp;
+    const int j = i - 1 - d;
+    if (!direct && j >= 0) {
+      if (tp > 1 && d > 0) TRY(sum_wait(e, e->req[(size_t)j]));
+      n.adds[n.nadd++] = pf_sum_buf(e, j);
+    }
+    CU(kie_launch_pf_norm(n, e->stream));
+    float *S = direct ? R : pf_sum_buf(e, i);
+    const float beta = direct ? 1.f : 0.f;
+    if (sub == 0) {
+      TRY(blas_gemm(e, T, e->qkv_rows, s.hidden, e->pf_x, hp, y.wqkv, hp, e->pf_y, e->qkv_rows, true, 0.f));
+      PfRopeArgs r;
+      memset(&r, 0, sizeof r);
+      r.y = e->pf_y;
+      r.y_ld = e->qkv_rows;
+      r.T = T;
+      r.nh = s.heads;
+      r.nkv = s.kv_heads;
+      r.hd = s.head_dim;
+      r.max_seq = s.max_seq;
+      r.pos = &e->st->pos;
+      r.cosv = e->rcos;
+      r.sinv = e->rsin;
+      r.q = e->pf_q;
+      r.q_ld = e->qdim;
+      r.kc = y.kc;
+      r.vc = y.vc;
+      r.ring = e->ring_d;
+      CU(kie_launch_pf_rope(r, e->stream));
+      PfAttnArgs at;
+      memset(&at, 0, sizeof at);
+      at.q = e->pf_q;
+      at.q_ld = e->qdim;
+      at.kc = y.kc;
+      at.vc = y.vc;
+      at.max_seq = s.max_seq;
+      at.hd = s.head_dim;
+      at.nh = s.heads;
+      at.g = e->g;
+      at.T = T;
+      at.pos = &e->st->pos;
+      at.scale_log2 = (float)(1.4426950408889634 / sqrt((double)s.head_dim));
+      at.out = e->pf_att;
+      at.out_ld = e->qdim;
+      CU(kie_launch_pf_attention(at, e->stream));
+      TRY(blas_gemm(e, T, s.hidden, e->qdim, e->pf_att, e->qdim, y.wo, e->qdim, S, hp, true, beta));
+    } else {
+      TRY(blas_gemm(e, T, 2 * s.inter, s.hidden, e->pf_x, hp, y.wgu, hp, e->pf_gu, 2 * s.inter, false, 0.f));
+      PfSwigluArgs g;
+      g.gu = e->pf_gu;
+      g.gu_ld = 2 * s.inter;
+      g.cols = s.inter;
+      g.T = T;
+      g.act = e->pf_act;
+      g.act_ld = e->inter_pad;
+      CU(kie_launch_pf_swiglu(g, e->stream));
+      TRY(blas_gemm(e, T, s.hidden, s.inter, e->pf_act, e->inter_pad, y.wd, e->inter_pad, S, hp, true, beta));
+    }
+    if (tp > 1) {
+      if (d == 0) TRY(all_reduce(e, S, count));
+      else TRY(sum_start(e, S, count, &e->req[(size_t)i]));
+    }
+  }
+  /* The sums still in flight: the final norm adds them (a chunk without a head only joins them). */
+  if (tp > 1 && d > 0) TRY(sum_wait(e, e->req[(size_t)nsub - 1]));
+  if (mode == KIE_MODE_ADVANCE) return enqueue_pick(e, T, mode);
+  const size_t last_row = (size_t)(T - 1) * hp;
+  GemvArgs h = head_args(e, R + last_row);
+  if (!direct)
+    for (int j = std::max(0, nsub - 1 - d); j < nsub; j++) h.adds[h.nadd++] = pf_sum_buf(e, j) + last_row;
+  TRY(gemv(e, h, EPI_HEAD));
+  return enqueue_pick(e, T, mode);
+}
+
+}  // namespace kie_host

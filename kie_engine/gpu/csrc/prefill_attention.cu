@@ -1,0 +1,243 @@
+/* prefill_attention.cu - causal attention of a prefill chunk on the tensor cores.
+ *
+ * The chunk's queries (tokens pos .. pos + T - 1, bf16) attend to the KV cache
+ * up to their own position (the chunk's keys were written there first, so a
+ * later chunk sees every earlier one).  A block takes 64 queries of one head,
+ * four warps of 16 rows each, and walks the keys in tiles of 32 with an online
+ * softmax: scores S = Q K^T and the sum P V are bf16 mma.sync m16n8k16 products
+ * with f32 accumulation, the probabilities P rounded to bf16 as the product's
+ * input, the queries' fragments held in registers.  Tiles of K and V are copied
+ * into shared memory (cp.async, three stages: two tiles land while one is used;
+ * small tiles keep the shared memory at 70 KB for head size 128, so that three
+ * blocks share an SM and hide each other's waits) and read with ldmatrix, V
+ * transposed by it.  Rows are padded by 16
+ * bytes so that ldmatrix's eight rows fall in different banks.  Keys past the
+ * chunk's end are zero-filled, never read, so a stale cache cannot bring a NaN
+ * into the sum. */
+#include <math.h>
+
+#include "kie_kernels.h"
+
+namespace {
+
+template <int HD>
+struct PfShape {
+  static constexpr int BQ = 64;      /* queries per block */
+  static constexpr int BK = 32;      /* keys per tile */
+  static constexpr int STAGES = 3;   /* tiles in flight: two land while one is used */
+  static constexpr int LDS = HD + 8; /* shared-memory row stride (bf16) */
+  static constexpr int THREADS = 128;
+  static constexpr size_t SMEM = (size_t)(BQ + 2 * STAGES * BK) * LDS * 2; /* Q, then K and V per stage */
+};
+
+__device__ __forceinline__ uint32_t s_addr(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }
+
+__device__ __forceinline__ void cp16(void *dst, const void *src, bool valid) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(s_addr(dst)), "l"(src), "r"(valid ? 16 : 0)
+               : "memory");
+}
+__device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void cp_wait() { asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory"); }
+
+__device__ __forceinline__ void ldsm4(uint32_t &r0, uint32_t &r1, uint32_t &r2, uint32_t &r3, const void *p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+               : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
+               : "r"(s_addr(p)));
+}
+__device__ __forceinline__ void ldsm4t(uint32_t &r0, uint32_t &r1, uint32_t &r2, uint32_t &r3, const void *p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
+               : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
+               : "r"(s_addr(p)));
+}
+
+/* d += A (16 x 16, row) * B (16 x 8, col), bf16 in, f32 out. */
+__device__ __forceinline__ void mma16816(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
+                                         uint32_t b0, uint32_t b1) {
+  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+               "{%0,%1,%2,%3};"
+               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+               : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
+  const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<const uint32_t *>(&v);
+}
+
+template <int HD>
+__global__ void __launch_bounds__(PfShape<HD>::THREADS) k_pf_attention(const PfAttnArgs a) {
+  typedef PfShape<HD> SH;
+  constexpr int BQ = SH::BQ, BK = SH::BK, LDS = SH::LDS, CH = HD / 8, NT = BK / 8, ND = HD / 8;
+  constexpr int ST = SH::STAGES;
+  extern __shared__ __align__(16) unsigned char pf_smem[];
+  bf16 *Qs = reinterpret_cast<bf16 *>(pf_smem);
+  bf16 *Ks = Qs + BQ * LDS; /* [ST][BK][LDS] */
+  bf16 *Vs = Ks + ST * BK * LDS;
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+  const int q0 = blockIdx.x * BQ, h = blockIdx.y, kvh = h / a.g;
+  const int P0 = *a.pos;
+  const int qend = min(q0 + BQ, a.T);
+  const int nkeys = P0 + qend; /* keys 0 .. the block's last query position */
+  const bf16 *K = a.kc + (size_t)kvh * a.max_seq * HD, *V = a.vc + (size_t)kvh * a.max_seq * HD;
+
+  for (int i = tid; i < BQ * CH; i += SH::THREADS) {
+    const int r = i / CH, c = i - r * CH, t = q0 + r;
+    cp16(Qs + r * LDS + c * 8, a.q + (size_t)min(t, a.T - 1) * a.q_ld + (size_t)h * HD + c * 8, t < a.T);
+  }
+  auto load_kv = [&](int tile, int stage) {
+    const int k0 = tile * BK;
+    for (int i = tid; i < BK * CH; i += SH::THREADS) {
+      const int r = i / CH, c = i - r * CH, key = k0 + r;
+      const bool ok = key < nkeys;
+      const size_t off = (size_t)(ok ? key : 0) * HD + c * 8;
+      cp16(Ks + (stage * BK + r) * LDS + c * 8, K + off, ok);
+      cp16(Vs + (stage * BK + r) * LDS + c * 8, V + off, ok);
+    }
+  };
+  const int ntiles = (nkeys + BK - 1) / BK;
+#pragma unroll
+  for (int st = 0; st < ST - 1; st++) { /* the queries ride with the first tile's group */
+    if (st < ntiles) load_kv(st, st);
+    cp_commit();
+  }
+  uint32_t qf[HD / 16][4];
+
+  float o[ND][4];
+#pragma unroll
+  for (int n = 0; n < ND; n++) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
+  float mrow[2] = {-INFINITY, -INFINITY}, lrow[2] = {0.f, 0.f};
+  const int g = lane >> 2, tq = lane & 3;
+  const int row0 = q0 + warp * 16 + g;           /* this thread's rows: row0 and row0 + 8 */
+  const int qpos[2] = {P0 + row0, P0 + row0 + 8};
+  const int mi = lane >> 3, rr = lane & 7;        /* ldmatrix: the matrix and row this lane addresses */
+
+  for (int kt = 0; kt < ntiles; kt++) {
+    if (kt + ST - 1 < ntiles) load_kv(kt + ST - 1, (kt + ST - 1) % ST);
+    cp_commit();
+    cp_wait<ST - 1>(); /* this tile (and the queries) landed; the next ones may still be in flight */
+    __syncthreads();
+    if (kt == 0)
+#pragma unroll
+      for (int kk = 0; kk < HD / 16; kk++)
+        ldsm4(qf[kk][0], qf[kk][1], qf[kk][2], qf[kk][3], Qs + (warp * 16 + (lane & 15)) * LDS + kk * 16 + (lane >> 4) * 8);
+    const bf16 *Kt = Ks + (kt % ST) * BK * LDS, *Vt = Vs + (kt % ST) * BK * LDS;
+
+    float s[NT][4];
+#pragma unroll
+    for (int n = 0; n < NT; n++) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.f;
+#pragma unroll
+    for (int kk = 0; kk < HD / 16; kk++) {
+#pragma unroll
+      for (int n = 0; n < NT; n += 2) {
+        uint32_t b0, b1, b2, b3;
+        ldsm4(b0, b1, b2, b3, Kt + ((n + (mi >> 1)) * 8 + rr) * LDS + kk * 16 + (mi & 1) * 8);
+        mma16816(s[n], qf[kk][0], qf[kk][1], qf[kk][2], qf[kk][3], b0, b1);
+        mma16816(s[n + 1], qf[kk][0], qf[kk][1], qf[kk][2], qf[kk][3], b2, b3);
+      }
+    }
+
+    /* Causal mask and the online softmax, in base 2; a row's four threads (tq) meet by shuffles. */
+    const int kb = kt * BK;
+    float mx[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+    for (int n = 0; n < NT; n++)
+#pragma unroll
+      for (int e = 0; e < 4; e++) {
+        const int key = kb + n * 8 + 2 * tq + (e & 1), r = e >> 1;
+        const float v = key <= qpos[r] && key < nkeys ? s[n][e] * a.scale_log2 : -INFINITY;
+        s[n][e] = v;
+        mx[r] = fmaxf(mx[r], v);
+      }
+    float alpha[2], muse[2];
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+      mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
+      mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
+      const float mnew = fmaxf(mrow[r], mx[r]);
+      muse[r] = mnew == -INFINITY ? 0.f : mnew;
+      alpha[r] = exp2f(mrow[r] - muse[r]);
+      mrow[r] = mnew;
+    }
+    float lsum[2] = {0.f, 0.f};
+#pragma unroll
+    for (int n = 0; n < NT; n++)
+#pragma unroll
+      for (int e = 0; e < 4; e++) {
+        const float p = exp2f(s[n][e] - muse[e >> 1]);
+        s[n][e] = p;
+        lsum[e >> 1] += p;
+      }
+#pragma unroll
+    for (int r = 0; r < 2; r++) lrow[r] = lrow[r] * alpha[r] + lsum[r];
+#pragma unroll
+    for (int n = 0; n < ND; n++) {
+      o[n][0] *= alpha[0];
+      o[n][1] *= alpha[0];
+      o[n][2] *= alpha[1];
+      o[n][3] *= alpha[1];
+    }
+
+    /* O += P V: P's accumulators are the A fragments of the next product. */
+#pragma unroll
+    for (int k2 = 0; k2 < BK / 16; k2++) {
+      const uint32_t a0 = pack_bf16(s[2 * k2][0], s[2 * k2][1]), a1 = pack_bf16(s[2 * k2][2], s[2 * k2][3]);
+      const uint32_t a2 = pack_bf16(s[2 * k2 + 1][0], s[2 * k2 + 1][1]);
+      const uint32_t a3 = pack_bf16(s[2 * k2 + 1][2], s[2 * k2 + 1][3]);
+#pragma unroll
+      for (int n = 0; n < ND; n += 2) {
+        uint32_t b0, b1, b2, b3;
+        ldsm4t(b0, b1, b2, b3, Vt + (k2 * 16 + (mi & 1) * 8 + rr) * LDS + (n + (mi >> 1)) * 8);
+        mma16816(o[n], a0, a1, a2, a3, b0, b1);
+        mma16816(o[n + 1], a0, a1, a2, a3, b2, b3);
+      }
+    }
+    __syncthreads(); /* this stage is refilled ST tiles on */
+  }
+  cp_wait<0>();
+
+#pragma unroll
+  for (int r = 0; r < 2; r++) {
+    lrow[r] += __shfl_xor_sync(0xffffffffu, lrow[r], 1);
+    lrow[r] += __shfl_xor_sync(0xffffffffu, lrow[r], 2);
+  }
+#pragma unroll
+  for (int r = 0; r < 2; r++) {
+    const int t = row0 + 8 * r;
+    if (t >= a.T) continue;
+    const float inv = 1.f / lrow[r];
+    bf16 *dst = a.out + (size_t)t * a.out_ld + (size_t)h * HD + 2 * tq;
+#pragma unroll
+    for (int n = 0; n < ND; n++)
+      *reinterpret_cast<__nv_bfloat162 *>(dst + n * 8) = __floats2bfloat162_rn(o[n][2 * r] * inv, o[n][2 * r + 1] * inv);
+  }
+}
+
+template <int HD>
+cudaError_t launch_hd(const PfAttnArgs &a, cudaStream_t st) {
+  typedef PfShape<HD> SH;
+  const dim3 grid((unsigned)((a.T + SH::BQ - 1) / SH::BQ), (unsigned)a.nh);
+  k_pf_attention<HD><<<grid, SH::THREADS, SH::SMEM, st>>>(a);
+  return cudaGetLastError();
+}
+
+template <int HD>
+cudaError_t attr_hd() {
+  return cudaFuncSetAttribute(k_pf_attention<HD>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                              (int)PfShape<HD>::SMEM);
+}
+
+}  // namespace
+
+cudaError_t kie_launch_pf_attention(const PfAttnArgs &a, cudaStream_t st) {
+  return kie_with_hd(a.hd, cudaErrorInvalidValue, [&](auto h) { return launch_hd<decltype(h)::value>(a, st); });
+}
+
+cudaError_t kie_pf_attention_attributes(void) {
+  cudaError_t e = attr_hd<16>();
+  if (e == cudaSuccess) e = attr_hd<32>();
+  if (e == cudaSuccess) e = attr_hd<64>();
+  if (e == cudaSuccess) e = attr_hd<128>();
+  if (e == cudaSuccess) e = attr_hd<256>();
+  return e;
+}
