@@ -262,7 +262,7 @@ def main(argv=None):
         from cpu_serve_concurrent import rounds as serve_rounds
         sys.path.insert(0, os.path.join(ROOT, "tests"))
         from _serve import ServerProcess, metric, parse_metrics
-        srv = ServerProcess(model=a.model)
+        srv = ServerProcess("--blas-threads", str(a.threads), model=a.model)  # the engine's threads, as the rows above
         try:
             serve = serve_rounds(srv.url, srv.name, a.concurrent, a.serve_tokens, a.rounds,
                                  log=lambda m: print(m, flush=True))
