@@ -139,3 +139,34 @@ def test_layout_and_refusals():
     y[:] = 0
     lib.kq_matmul_mat(8 | K.PACKED, ffi.NULL, 2, 64, ffi.NULL, 2, ffi.cast("float *", y.ctypes.data), 4, 0, 4)
     assert np.isnan(y).all()
+
+
+def test_swiglu_gives_the_same_bits_at_every_level():
+    """The steps' SwiGLU (the AVX-512 level runs it in registers) against the portable
+    loop: every value, tails of every length, the clamps, infinities and NaNs."""
+    from kie_engine.cpu._native import ffi, lib
+    rng = np.random.default_rng(7)
+    gate = np.concatenate([rng.standard_normal(4000).astype(np.float32) * 8,
+                           np.float32([0, -0.0, 87, -87, 88.7, -88.7, 90, -90, 1e-40, -1e-40,
+                                       np.inf, -np.inf, np.nan, 3e38, -3e38, 15.5])])
+    up = rng.standard_normal(gate.size).astype(np.float32)
+
+    def run(n):
+        m = np.full(n, 7.0, np.float32)
+        lib.kie_cpu_swiglu(ffi.cast("float *", gate.ctypes.data), ffi.cast("float *", up.ctypes.data),
+                           ffi.cast("float *", m.ctypes.data), n)
+        return m
+    got, keep = {}, K.level()
+    for lv in LEVELS:
+        K.set_level(lv)
+        try:
+            got[lv] = [run(n) for n in (gate.size, 17, 15, 1)]
+        finally:
+            K.set_level(keep)
+    ref = got["scalar"]
+    for lv, ms in got.items():
+        for a, b in zip(ms, ref):
+            np.testing.assert_array_equal(a.view(np.uint32), b.view(np.uint32), err_msg=lv)
+    z = ref[0][:4000].astype(np.float64)
+    g = gate[:4000].astype(np.float64)
+    np.testing.assert_allclose(z, g / (1 + np.exp(-g)) * up[:4000], rtol=1e-5, atol=1e-30)

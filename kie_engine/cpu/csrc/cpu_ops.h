@@ -11,6 +11,7 @@
 
 #include "cpu_attn.h"
 #include "cpu_internal.h"
+#include "kq.h"
 
 static inline void kie_rms_norm(const float *x, const float *w, int n, float eps, float *out) {
   double ss = 0;
@@ -74,8 +75,14 @@ static inline void kie_exp16(float v[16]) {
   }
 }
 
-/* m[i] = silu(gate[i]) * up[i] for i in [r0, r1), 16 at a time (the tail's padding unused) */
+int kie_swiglu_avx512(const float *gate, const float *up, float *m, int r0, int r1); /* cpu_swiglu.c */
+
+/* m[i] = silu(gate[i]) * up[i] for i in [r0, r1), 16 at a time (the tail's padding unused);
+ * at the AVX-512 level the whole sixteens in registers, with the same bits */
 static inline void kie_swiglu(const float *gate, const float *up, float *m, int r0, int r1) {
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+  if (!strcmp(kq_level(), "avx512")) r0 = kie_swiglu_avx512(gate, up, m, r0, r1);
+#endif
   for (int i = r0; i < r1; i += 16) {
     int n = r1 - i < 16 ? r1 - i : 16;
     float t[16];
@@ -96,9 +103,13 @@ static inline void kie_add(float *x, const float *y, int n) {
  * pass).  Quantizing an input drops a NaN (the block's scale takes it, its codes do not),
  * so the steps look at every product's input and flag the row. */
 static inline int kie_nonfinite(const float *x, int n) {
-  float z = 0.0f;
-  for (int k = 0; k < n; k++) z += x[k] * 0.0f;
-  return z != z;
+  float z[16] = {0}, t = 0.0f; /* sixteen sums, so that it vectorizes: NaN in any order */
+  int k = 0;
+  for (; k + 16 <= n; k += 16)
+    for (int c = 0; c < 16; c++) z[c] += x[k + c] * 0.0f;
+  for (; k < n; k++) t += x[k] * 0.0f;
+  for (int c = 0; c < 16; c++) t += z[c];
+  return t != t;
 }
 
 /* The value the cache holds for x (f16: rounded to half) */

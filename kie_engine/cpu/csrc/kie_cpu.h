@@ -150,10 +150,13 @@ int kie_cpu_batch(kie_cpu *e, const int32_t *seqs, const int32_t *tokens, int n,
  * sums (waits included), 6 head (+ gather), 7 the rest; steps: how many.  Timing costs
  * a clock read per stage: on only after kie_cpu_set_profiling(e, 1). */
 int kie_cpu_set_profiling(kie_cpu *e, int on);
+int kie_cpu_profile(kie_cpu *e, double *seconds, int n, int *steps);
 /* Microseconds the pool's threads poll for the next call before they sleep (default
  * 2000: a decode loop's next call comes sooner; a server, whose own work between calls
  * needs the cores, sets less). */
 int kie_cpu_set_idle_spin(kie_cpu *e, int us);
-int kie_cpu_profile(kie_cpu *e, double *seconds, int n, int *steps);
+/* m = silu(gate) * up over n values as the steps compute it at the kernels' current
+ * level (kq_set_level); every level gives the same bits. */
+void kie_cpu_swiglu(const float *gate, const float *up, float *m, int n);
 
 #endif
