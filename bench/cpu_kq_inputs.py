@@ -19,7 +19,6 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from kie_engine import quant as Q  # noqa: E402
 from kie_engine.cpu import kernels as K  # noqa: E402
-from kie_engine.cpu._native import ffi, lib  # noqa: E402
 
 
 def _aligned(a):
@@ -30,16 +29,14 @@ def _aligned(a):
     return out
 
 
-def run_once(code, mats, rows, cols, acts, nt, y):
+def run_once(code, mats, rows, xs, acts, y):
+    nt = xs.shape[0]
     t = time.perf_counter()
     for w in mats:
-        p = ffi.cast("void *", w.ctypes.data)
         if nt == 1:
-            lib.kq_matvec_mat(code, p, rows, cols, ffi.cast("void *", acts.ctypes.data),
-                              ffi.cast("float *", y.ctypes.data), 0, rows)
+            K.matvec_packed(code, w, rows, xs[0], act=acts, out=y[0])
         else:
-            lib.kq_matmul_mat(code, p, rows, cols, ffi.cast("void *", acts.ctypes.data), nt,
-                              ffi.cast("float *", y.ctypes.data), rows, 0, rows)
+            K.matmul(code, w, rows, xs, out=y, acts=acts)
     return time.perf_counter() - t
 
 
@@ -60,14 +57,15 @@ def main(argv=None):
         code, packed = K.pack(t, Q.quantize(rng.standard_normal((rows, cols)).astype(np.float32), t), cols)
         copies = [_aligned(packed) for _ in range(max(1, (a.footprint << 20) // packed.nbytes))]
         where = {"memory": copies, "cache": [copies[0]] * len(copies)}
-        acts = {n: K.prepare_acts(code, rng.standard_normal((n, cols)).astype(np.float32)) for n in counts}
-        y = np.zeros((max(counts), rows), np.float32)
+        xs = {n: rng.standard_normal((n, cols)).astype(np.float32) for n in counts}
+        acts = {n: K.prepare_acts(code, xs[n]) if n > 1 else K.prepare_act(t, xs[n][0]) for n in counts}
         got = {(w, n): [] for w in where for n in counts}
         for w, mats in where.items():
-            run_once(code, mats, rows, cols, acts[counts[0]], counts[0], y)
+            ys = {n: np.zeros((n, rows), np.float32) for n in counts}
+            run_once(code, mats, rows, xs[counts[0]], acts[counts[0]], ys[counts[0]])
             for r in range(a.rounds):
                 for n in counts:
-                    got[w, n].append(run_once(code, mats, rows, cols, acts[n], n, y) / len(mats))
+                    got[w, n].append(run_once(code, mats, rows, xs[n], acts[n], ys[n]) / len(mats))
         for (w, n), ts in got.items():
             med = statistics.median(ts)
             gmac = sorted(rows * cols * n / s / 1e9 for s in ts)

@@ -137,10 +137,11 @@ def prepare_acts(t, xs):
     return acts
 
 
-def matmul(t, w, rows, xs, r0=0, r1=None, out=None):
+def matmul(t, w, rows, xs, r0=0, r1=None, out=None, acts=None):
     """w @ xs.T as (nt, rows) float32, rows [r0, r1) computed (the rest of `out` left as it
     is): w is the stored rows of type t (rows, row bytes) or, for a packed code, pack()'s
-    array; one pass over the weights for every input (kq_matmul_mat)."""
+    array; one pass over the weights for every input (kq_matmul_mat).  acts: xs already
+    prepared (prepare_acts), to time the product alone."""
     ffi, lib = native()
     xs = np.ascontiguousarray(xs, dtype=np.float32)
     nt, cols = xs.shape
@@ -148,7 +149,7 @@ def matmul(t, w, rows, xs, r0=0, r1=None, out=None):
     if not code & PACKED:
         w = _rows(w, t, cols)
     r1 = rows if r1 is None else r1
-    acts = prepare_acts(code, xs)
+    acts = prepare_acts(code, xs) if acts is None else acts
     y = np.zeros((nt, rows), np.float32) if out is None else out
     lib.kq_matmul_mat(code, ffi.cast("void *", w.ctypes.data), rows, cols, ffi.cast("void *", acts.ctypes.data), nt,
                       ffi.cast("float *", y.ctypes.data), rows, r0, r1)
