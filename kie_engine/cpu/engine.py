@@ -215,12 +215,7 @@ class CpuModel(OwnsNativeEngine):
         c = ffi.NULL
         if size > 1:
             import kccl.capi as capi
-            c = ffi.new("kie_cpu_comm *")
-            c.comm = ffi.cast("void *", capi.handle(comm))
-            for field, name in (("all_reduce", "kcclAllReduce"), ("start", "kcclAllReduceStart"),
-                                ("wait", "kcclAllReduceWait"), ("all_gather", "kcclAllGather"),
-                                ("last_error", "kcclGetLastError"), ("test", "kcclAllReduceTest")):
-                setattr(c, field, ffi.cast("void *", capi.function(name)))
+            c = ffi.cast("kcclComm_t", capi.handle(comm))
         out = ffi.new("kie_cpu **")
         _check(lib.kie_cpu_create(s, c, out))
         self._e, self._comm, self.threads, self.cpus, self.kv = out[0], comm, n, list(cpus or []), kv
