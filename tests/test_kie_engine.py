@@ -288,13 +288,45 @@ def _option_help(text):
     return out
 
 
-@pytest.mark.parametrize("cmd", ["init", "generate"])
+@pytest.mark.parametrize("cmd", ["init", "generate", "serve", "perplexity"])
 def test_every_cli_option_has_help(cmd):
     p = _cli(cmd, "--help")
     assert p.returncode == 0, p.stderr
     helps = _option_help(p.stdout)
     assert "--model" in helps or "--config" in helps, p.stdout
     assert all(helps.values()), {k: v for k, v in helps.items() if not v}
+
+
+def test_generate_serve_and_perplexity_take_the_same_engine_flags():
+    """One argparse group (lane.add_lane_args) says which model runs where, for all three."""
+    want = {"--model", "--device", "--kernel", "--threads", "--blas-threads", "--kv-cache"}
+    for cmd in ("generate", "serve", "perplexity"):
+        p = _cli(cmd, "--help")
+        assert p.returncode == 0, p.stderr
+        assert "model and engine:" in p.stdout and want <= set(_option_help(p.stdout)), (cmd, p.stdout)
+
+
+def test_a_lane_opens_with_its_flags(tiny):
+    """Lane takes the engine flags: the thread count (--threads over --blas-threads) and the
+    KV cache type reach the native engine; close() frees it."""
+    import argparse
+    from kie_engine.lane import Lane
+    try:
+        from kie_engine.cpu.engine import require_native
+        require_native()
+    except Exception as e:
+        pytest.skip(f"no native CPU engine: {e}")
+    a = argparse.Namespace(model=tiny, device="cpu", kernel=None, threads="1", blas_threads="2", kv_cache="f32")
+    lane = Lane(a, (1, 0))
+    assert lane.kernel == "native" and lane.model is None
+    model = lane.load(16)
+    try:
+        assert (model.threads, model.kv, model.max_seq) == (1, "f32", 16)
+        assert (lane.threads, lane.why) == (1, "--threads 1")
+    finally:
+        lane.close()
+    with pytest.raises(KieError, match="--threads='0'"):
+        Lane(argparse.Namespace(**{**vars(a), "threads": "0"}), (1, 0))
 
 
 def test_readme_says_what_laneformer_is():

@@ -259,7 +259,8 @@ def test_bad_command_lines_fail_cleanly(server):
     cases = [(["--port", port], f"cannot listen on 127.0.0.1:{port}: Address already in use"),
              (["--port", "99999"], "--port must be in 0..65535"), (["--port", "-1"], "--port must be in 0..65535"),
              (["--host", "192.0.2.1"], "cannot listen on 192.0.2.1:8000"),
-             (["--kernel", "mono"], "--device cuda"), (["--max-queue", "-1"], "--max-queue")]
+             (["--kernel", "mono"], "--device cuda"), (["--max-queue", "-1"], "--max-queue"),
+             (["--threads", "0"], "--threads='0'")]
     try:
         from kie_engine.gpu.engine import require_gpu
         require_gpu()
