@@ -34,6 +34,22 @@ def cdef_from_header(path):
     return body + "\n" + "\n".join(f"#define {n} ..." for n in names) + "\n"
 
 
+def check_types(table_file=os.path.join(ROOT, "kie_engine", "gguf_types.py"), csrc=CSRC):
+    """kq.h's type codes and kq_types.c's blocks must be kie_engine/gguf_types.py's table (read
+    from the file: the package is not importable while it builds)."""
+    import runpy
+    table = runpy.run_path(table_file)["TYPES"]
+    codes = {n: int(c) for n, c in re.findall(r"^#define KQ_(\w+) (\d+)\b", open(os.path.join(csrc, "kq.h")).read(),
+                                              flags=re.M)}
+    blocks = {n: (s, int(e), int(b)) for n, s, e, b in re.findall(r'\{KQ_(\w+), "(\w+)", (\d+), (\d+)\}',
+                                                                  open(os.path.join(csrc, "kq_types.c")).read())}
+    c_side = {codes[n]: (s, e, b) for n, (s, e, b) in blocks.items() if n in codes}
+    if c_side != table or len(blocks) != len(table):
+        raise SystemExit(f"kie_engine.cpu: the GGUF types of csrc/kq.h and csrc/kq_types.c {sorted(c_side.items())} "
+                         f"are not kie_engine/gguf_types.py's {sorted(table.items())}")
+
+
+check_types()
 _LINK = _build_lib.link_args(ROOT, HERE)
 _LINK["libraries"] += ["m", "pthread"]
 

@@ -23,13 +23,13 @@ import numpy as np
 
 from .. import tp as _tp
 from ..errors import CpuEngineError, KieError, PromptTooLongError, ShardingError, UnsupportedFormatError
+from ..gguf_types import CODES as TYPE_CODES, FLOATS, NAMES
 from ..native_engine import OwnsNativeEngine
 
 from ._native import ffi, lib, native
 
-# GGUF type codes (kq.h) and names; the kernels say which they take (kq_supported)
-TYPE_CODES = {"F32": 0, "F16": 1, "Q4_0": 2, "Q4_1": 3, "Q8_0": 8, "Q4_K": 12, "Q6_K": 14, "BF16": 30}
-_SAFETENSORS_TYPES = {"F32": 0, "F16": 1, "BF16": 30}
+# GGUF's types (gguf_types.TYPE_CODES); the kernels say which they take (kq_supported)
+_SAFETENSORS_TYPES = {NAMES[c]: c for c in FLOATS}
 KV_TYPES = ("f16", "f32")
 
 

@@ -5,9 +5,8 @@ and Python-side lookups; the decode step calls the C functions directly.
 from GGUFCheckpoint.raw_tensor()."""
 import numpy as np
 
+from ..gguf_types import CODES as TYPES
 from ._native import native  # noqa: F401  (re-exported for callers that need ffi, lib)
-
-TYPES = {"F32": 0, "F16": 1, "Q4_0": 2, "Q4_1": 3, "Q8_0": 8, "Q4_K": 12, "Q6_K": 14, "BF16": 30}
 
 
 def _code(t):
