@@ -84,12 +84,12 @@ class Lane:
         # thread, so that no idle BLAS pool competes with it.
         self.blas_reported = sorted(set(set_blas_threads(1 if self.native else self.threads).values()))
 
-    def load(self, max_seq):
+    def load(self, max_seq, **backend):
         """Connects the lanes if connect() has not, and builds this rank's backend for contexts
-        of max_seq tokens."""
+        of max_seq tokens (backend: more of load_backend's keyword arguments)."""
         self.connect()
         self.model = load_backend(self.ckpt, self.comm, self.device, self.kernel, max_seq=max_seq,
-                                  threads=self.threads, node_cpu_sets=self.node_cpus, kv=self.args.kv_cache)
+                                  threads=self.threads, node_cpu_sets=self.node_cpus, kv=self.args.kv_cache, **backend)
         return self.model
 
     def close(self):

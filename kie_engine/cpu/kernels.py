@@ -13,8 +13,12 @@ def _code(t):
     return TYPES[t] if isinstance(t, str) else int(t)
 
 
+# kq_dispatch.c's levels, fastest first; arm64 runs the portable one
+LEVELS = ("avx512", "avx2", "scalar")
+
+
 def level():
-    """The instruction set in use: 'avx512', 'avx2', 'neon' or 'scalar'."""
+    """The instruction set in use: 'avx512', 'avx2' or 'scalar' (kq.h's kq_level)."""
     ffi, lib = native()
     return ffi.string(lib.kq_level()).decode()
 
@@ -28,7 +32,7 @@ def set_level(name):
 def levels():
     """Every level this CPU and build can run, fastest first (the current one is kept)."""
     keep = level()
-    out = [n for n in ("avx512", "avx2", "neon", "scalar") if set_level(n)]
+    out = [n for n in LEVELS if set_level(n)]
     set_level(keep)
     return out
 

@@ -9,8 +9,9 @@
  * A step walks the model once: per layer RMSNorm, the q/k/v products, RoPE and the
  * cache write, attention, the o product, the lanes' sum, RMSNorm, gate/up with SwiGLU
  * in their epilogue, down, the lanes' sum; then the final norm and this lane's slice
- * of the LM head.  Lanes sum through KCCL's host all-reduce called from C (or its
- * split phase for the DTP delay), and join the vocabulary slices with its all-gather.
+ * of the LM head.  Lanes sum through KCCL's split-phase host all-reduce called from C
+ * (a lane waiting for a sum prefetches its next weights; with a DTP delay the sum is
+ * added sublayers later), and join the vocabulary slices with its all-gather.
  *
  * Every call returns KIE_CPU_OK or an error code; kie_cpu_last_error() gives the text
  * of the calling thread's last error. */
