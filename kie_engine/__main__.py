@@ -23,7 +23,7 @@ import os
 import sys
 
 from .errors import CheckpointError, KieError
-from .lane import add_lane_args
+from .lanes.start import add_lane_args
 
 COMPLETION_MAX_NEW_TOKENS = 64
 CHAT_MAX_NEW_TOKENS = 512  # an answer of a few paragraphs; most end earlier, at the end of turn
@@ -52,8 +52,8 @@ def default_max_new_tokens(chat, n_prompt, context):
 
 
 def cmd_init(a):
-    from .config import preset
-    from .init import Progress, checkpoint_bytes, write_checkpoint
+    from .formats.config import preset
+    from .formats.init import Progress, checkpoint_bytes, write_checkpoint
     cfg = preset(a.config, dtp_delay=a.dtp_delay)
     write_checkpoint(cfg, a.out, seed=a.seed, force=a.force,
                      progress=Progress(checkpoint_bytes(cfg), f"writing {a.out}"))
@@ -64,16 +64,16 @@ def cmd_init(a):
 
 def cmd_convert(a):
     if a.quantize:
-        from .gguf_write import quantize_gguf
-        from .sources import resolve
+        from .formats.gguf_write import quantize_gguf
+        from .formats.sources import resolve
         kinds = quantize_gguf(resolve(a.model), a.out, a.quantize)
         counts = {}
         for t in kinds.values():
             counts[t] = counts.get(t, 0) + 1
         print(f"wrote {a.out}: {len(kinds)} tensors, " + ", ".join(f"{n} {t}" for t, n in sorted(counts.items())))
         return 0
-    from .convert import convert
-    from .sources import open_checkpoint
+    from .formats.convert import convert
+    from .formats.sources import open_checkpoint
     ckpt = open_checkpoint(a.model)
     convert(ckpt, a.out, a.dtype)
     print(f"wrote {a.out}: {ckpt.config.n_params / 1e6:.1f} M parameters, {a.dtype}")
@@ -82,9 +82,9 @@ def cmd_convert(a):
 
 def cmd_generate(a):
     from .generate import Sampling, SamplingError, check_request, generate, printable
-    from .lane import Lane
-    from .tokenizer import StreamDecoder
-    from .tp import prefill_chunk
+    from .lanes.start import Lane
+    from .formats.tokenizer import StreamDecoder
+    from .lanes.plan import prefill_chunk
     # Everything that can be refused is checked before the first byte of output.
     try:
         sampling = Sampling(a.temperature, a.top_k, a.top_p, a.seed)
@@ -155,7 +155,7 @@ def cmd_generate(a):
 
 def cmd_perplexity(a):
     import json
-    from .lane import Lane
+    from .lanes.start import Lane
     from .perplexity import check_file, describe_engine, reference_logprobs, report_lines, score, text_ids
     check_file(a.file)
     lane = Lane(a, _world())

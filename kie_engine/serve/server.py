@@ -40,8 +40,8 @@ def _listen(host, port):
 
 
 def serve(a, world):
-    from ..lane import Lane
-    from ..tp import prefill_chunk
+    from ..lanes.start import Lane
+    from ..lanes.plan import prefill_chunk
     from .engine_runner import EngineRunner
     if not 0 <= a.port <= 65535:
         raise ValueError(f"--port must be in 0..65535 (0 picks a free one), got {a.port}")

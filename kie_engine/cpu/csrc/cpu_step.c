@@ -8,7 +8,7 @@
  * Per sublayer the lanes' partial sums go through KCCL (thread 0 calls it, the others
  * wait at the next barrier); with DTP delay d the sum of sublayer k is started at once
  * and added to the residual after sublayer k + d (ring of d + 1 buffers), as
- * kie_engine/model.py's reference does. */
+ * kie_engine/reference/model.py's reference does. */
 #define _GNU_SOURCE
 #include <math.h>
 #include <stdio.h>

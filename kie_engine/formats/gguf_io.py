@@ -3,7 +3,8 @@
 GGUFCheckpoint(path) has the interface of checkpoint.Checkpoint: `config` (a ModelConfig
 from the file's metadata), `tensor(name, rows, cols)` (float32, under the Hugging Face
 tensor names and layout), `tokenizer()` (a `tokenizers.Tokenizer` built from the
-metadata) and `chat_template()`; so tp.py, model.py and the GPU path load it unchanged.
+metadata) and `chat_template()`; so the lane plans, the reference model and the
+engines load it unchanged.
 
 Tensor types read: F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q4_K and Q6_K (dequantized here,
 block by block, only for the rows a lane asks for; `raw_tensor()` gives the stored
@@ -17,12 +18,12 @@ import numpy as np
 
 from .checkpoint import check_layer_count, expected_shapes
 from .config import ModelConfig
-from .errors import CheckpointError, CheckpointNotFoundError, ConfigError, UnsupportedFormatError
+from ..errors import CheckpointError, CheckpointNotFoundError, ConfigError, UnsupportedFormatError
 from .gguf_check import check_file
-# The types read here (gguf_types; Q4_0, Q4_K and Q6_K dequantized by kie_engine.quant);
+# The types read here (gguf_types; Q4_0, Q4_K and Q6_K dequantized by kie_engine.formats.quant);
 # anything else is refused by name.
-from .gguf_types import BF16, BLOCKS as _BLOCKS, F16, F32, FLOATS as _FLOATS, NAMES as _TYPE_NAMES, Q4_0, Q4_1, \
-    Q4_K, Q6_K, Q8_0
+from .gguf_types import (BF16, BLOCKS as _BLOCKS, F16, F32, FLOATS as _FLOATS, NAMES as _TYPE_NAMES, Q4_0, Q4_1,
+                         Q4_K, Q6_K, Q8_0)
 
 ARCHITECTURES = ("llama",)
 TOKENIZER_MODELS = ("gpt2",)  # byte-level BPE
@@ -61,7 +62,7 @@ def dequantize(raw, ggml_type, cols):
     Q4_1 block (32 values, 20 bytes): float16 scale d and minimum m, then 16 bytes whose
     low nibbles are values 0..15 and high nibbles values 16..31; value = d * q + m."""
     rows = raw.shape[0]
-    if ggml_type in (Q4_0, Q4_K, Q6_K):  # their layouts: kie_engine/quant.py
+    if ggml_type in (Q4_0, Q4_K, Q6_K):  # their layouts: kie_engine/formats/quant.py
         from .quant import dequantize as dequantize_blocks
         return dequantize_blocks(raw, ggml_type, cols)
     if ggml_type == F32:

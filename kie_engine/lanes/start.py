@@ -43,9 +43,9 @@ class Lane:
     and the rule that gave it), blas_reported (what the BLAS said it took)."""
 
     def __init__(self, a, world):
-        from .sources import open_checkpoint
+        from ..formats.sources import open_checkpoint
         from .threads import override
-        from .tp import plan
+        from .plan import plan
         self.args = a
         self.size, self.rank = world
         self.ckpt = open_checkpoint(a.model)
@@ -59,10 +59,10 @@ class Lane:
             (a.blas_threads, "--blas-threads")
         override(self.thread_flag, flag_name=self.thread_flag_name)  # a bad flag or thread variable fails here
         if self.native:
-            from .cpu.engine import require_native
+            from ..cpu.engine import require_native
             require_native()
         if self.gpu:
-            from .gpu.engine import require_gpu
+            from ..gpu.engine import require_gpu
             require_gpu()  # before any rank connects: every rank fails alike
         self.model = self.comm = self.node_cpus = None
         self.threads = self.why = self.blas_reported = None
@@ -70,7 +70,7 @@ class Lane:
     def connect(self):
         """Connects the lanes (once) and sizes the thread pools."""
         from .threads import choose, my_cpus, set_blas_threads
-        from .tp import comm_config
+        from .plan import comm_config
         if self.threads is not None:
             return
         if self.size > 1:

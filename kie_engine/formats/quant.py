@@ -26,7 +26,7 @@ def check_finite(values, source, tensor):
     """Raises NonFiniteWeightsError naming `source` (the file) and `tensor` when `values`
     (a float array) holds a NaN or an infinity."""
     if not np.isfinite(np.add.reduce(values, axis=None, dtype=np.float64)):  # finite iff every value is
-        from .errors import NonFiniteWeightsError
+        from ..errors import NonFiniteWeightsError
         bad = int(np.count_nonzero(~np.isfinite(values)))
         raise NonFiniteWeightsError(f"{source}: tensor {tensor} holds {bad} NaN or infinite weight"
                                     f"{'s' if bad != 1 else ''} of {values.size}: the file is corrupt; nothing "

@@ -11,7 +11,7 @@ import numpy as np
 
 from . import jsonfile
 from .config import ModelConfig
-from .errors import CheckpointError, CheckpointNotFoundError
+from ..errors import CheckpointError, CheckpointNotFoundError
 from .safetensors_io import SafetensorsFile, to_float32
 
 # Buffers some exporters store that carry no weights.
