@@ -10,9 +10,9 @@ each part lives.
     python -m kie_engine init --config tiny --dtp-delay 1 --out /tmp/tiny
     mpiexec -n 2 python -m kie_engine generate --model /tmp/tiny --prompt "def fib("
 """
+from .errors import CheckpointError, CheckpointNotFoundError, ConfigError, KieError, PromptTooLongError, ShardingError
 from .formats.checkpoint import Checkpoint
 from .formats.config import ModelConfig, preset
-from .errors import CheckpointError, CheckpointNotFoundError, ConfigError, KieError, PromptTooLongError, ShardingError
 from .generate import Sampling, generate
 from .reference.model import Model
 from .reference.sharded import load_model

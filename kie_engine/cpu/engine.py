@@ -21,10 +21,10 @@ import os
 
 import numpy as np
 
-from ..lanes.plan import head_split_plan, lane_plan
 from ..errors import CpuEngineError, KieError, PromptTooLongError, ShardingError, UnsupportedFormatError
 from ..formats.gguf_types import CODES as TYPE_CODES, FLOATS, NAMES
 from ..lanes.native_engine import OwnsNativeEngine
+from ..lanes.plan import head_split_plan, lane_plan
 
 from ._native import ffi, lib, native
 

@@ -16,9 +16,9 @@ import os
 
 import numpy as np
 
+from ..errors import CheckpointError, CheckpointNotFoundError, ConfigError, UnsupportedFormatError
 from .checkpoint import check_layer_count, expected_shapes
 from .config import ModelConfig
-from ..errors import CheckpointError, CheckpointNotFoundError, ConfigError, UnsupportedFormatError
 from .gguf_check import check_file
 # The types read here (gguf_types; Q4_0, Q4_K and Q6_K dequantized by kie_engine.formats.quant);
 # anything else is refused by name.

@@ -22,8 +22,8 @@ import re
 
 import numpy as np
 
-from . import quant as Q
 from ..errors import CheckpointError, UnsupportedFormatError
+from . import quant as Q
 
 SCHEMES = ("q8_0", "q4_0", "q4_1", "q4_k")
 # general.file_type (llama.cpp's LLAMA_FTYPE) of each scheme

@@ -13,15 +13,15 @@ import re
 
 import numpy as np
 
-from . import blas as _blas
 from .. import settings as _settings
 from ..lanes.plan import lane_plan
+from . import blas as _blas
 from ..errors import (GpuArgumentError, GpuError, GpuMemoryError, GpuTimeoutError, GpuUnavailableError,
                       PromptTooLongError)
-from ..generate import Sampling, check_request, non_finite_logits
-from ..reference.model import rope_tables
-from ..lanes.native_engine import OwnsNativeEngine
 from ..formats.safetensors_io import float32_to_bf16_bits
+from ..generate import Sampling, check_request, non_finite_logits
+from ..lanes.native_engine import OwnsNativeEngine
+from ..reference.model import rope_tables
 
 try:
     from ._kie_gpu_cffi import ffi, lib
