@@ -1,4 +1,4 @@
-"""Latency of one chat-template render (kie_engine/chat.py), as a server pays it before
+"""Latency of one chat-template render (kie_engine/formats/chat.py), as a server pays it before
 every chat request's prefill: SmolLM2's own template, a short conversation, renders of
 one ChatTemplate one after another (the first one, which starts the renderer, is not
 counted).  --with-torch imports torch first, as a process serving through torch would
@@ -9,7 +9,7 @@ have it loaded (a fork costs more the more the process maps).
 
 Each run merges {label: {with_torch|without_torch: min/median/max of the per-round
 medians, ms}} into --out (bench/results/chat_template_render_latency.json), so that
-runs of two versions of kie_engine/chat.py can be put side by side in one file."""
+runs of two versions of kie_engine/formats/chat.py can be put side by side in one file."""
 import argparse
 import json
 import os
@@ -33,7 +33,7 @@ def main():
     a = ap.parse_args()
     if a.with_torch:
         import torch  # noqa: F401
-    from kie_engine.sources import open_checkpoint
+    from kie_engine.formats.sources import open_checkpoint
     ckpt = open_checkpoint("smollm2")
     template = ckpt.chat_template()
     load = {"start": os.getloadavg()}

@@ -29,7 +29,7 @@ def main(argv=None):
     p.add_argument("--out", help="write the JSON here")
     a = p.parse_args(argv)
     from kie_engine.cpu.engine import CpuModel
-    from kie_engine.sources import open_checkpoint, resolve
+    from kie_engine.formats.sources import open_checkpoint, resolve
     sizes = [int(n) for n in a.sizes.split(",")]
     m = CpuModel(open_checkpoint(resolve(a.model)), max_seq=8, threads=a.threads)
     prompt = np.random.default_rng(0).integers(100, 40000, a.position)

@@ -24,7 +24,7 @@ import time
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from kie_engine import quant as Q  # noqa: E402
+from kie_engine.formats import quant as Q  # noqa: E402
 from kie_engine.cpu import kernels as K  # noqa: E402
 
 SHAPES = [(576, 576), (1536, 576), (576, 1536), (49152, 576)]  # (rows, cols): q/o, gate/up, down, vocab

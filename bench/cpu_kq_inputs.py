@@ -17,7 +17,7 @@ import time
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from kie_engine import quant as Q  # noqa: E402
+from kie_engine.formats import quant as Q  # noqa: E402
 from kie_engine.cpu import kernels as K  # noqa: E402
 
 

@@ -42,7 +42,7 @@ def _llama(path, threads, ids):
 
 def _kie(path, threads, ids):
     from kie_engine.cpu.engine import CpuModel
-    from kie_engine.sources import open_checkpoint
+    from kie_engine.formats.sources import open_checkpoint
     m = CpuModel(open_checkpoint(path), max_seq=len(ids) + DECODE + 16, threads=threads)
     m.prefill(ids[:8])
     m.reset()
@@ -60,7 +60,7 @@ def _parity(path, threads, ids):
     """KIE's chunked prefill against token by token on the same engine."""
     from kie_engine.cpu.engine import CpuModel
     from kie_engine.generate import generate
-    from kie_engine.sources import open_checkpoint
+    from kie_engine.formats.sources import open_checkpoint
     m = CpuModel(open_checkpoint(path), max_seq=len(ids) + 32, threads=threads)
     a = m.prefill(ids)
     m.reset()

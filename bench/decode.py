@@ -85,8 +85,9 @@ class _Timed:
 def _decode_worker(model_dir, delay, uid, nranks, rank, tokens, q):
     import numpy as np
     import kccl
-    from kie_engine.sources import open_checkpoint
-    from kie_engine.tp import comm_config, load_model
+    from kie_engine.formats.sources import open_checkpoint
+    from kie_engine.lanes.plan import comm_config
+    from kie_engine.reference.sharded import load_model
     ckpt = open_checkpoint(model_dir, dtp_delay=delay)
     comm = kccl.Communicator(nranks, kccl.UniqueId(uid), rank, config=comm_config(ckpt.config)) if nranks > 1 else None
     try:
@@ -116,8 +117,9 @@ def _paired_worker(model_dir, delays, uid, nranks, rank, tokens, rounds, q):
     weights, same memory placement, same communicator), rounds alternating the order."""
     import numpy as np
     import kccl
-    from kie_engine.sources import open_checkpoint
-    from kie_engine.tp import comm_config, load_model
+    from kie_engine.formats.sources import open_checkpoint
+    from kie_engine.lanes.plan import comm_config
+    from kie_engine.reference.sharded import load_model
     ckpt = open_checkpoint(model_dir, dtp_delay=max(delays))
     comm = kccl.Communicator(nranks, kccl.UniqueId(uid), rank, config=comm_config(ckpt.config)) if nranks > 1 else None
     try:
@@ -201,10 +203,10 @@ def main():
     ap.add_argument("--paired", action="store_true",
                     help="only compare the delays, each TP size in one set of processes that switches the delay")
     a = ap.parse_args()
-    from kie_engine.sources import SHORT_NAMES, open_checkpoint
+    from kie_engine.formats.sources import SHORT_NAMES, open_checkpoint
     if not os.path.exists(a.model) and a.model not in SHORT_NAMES:
-        from kie_engine.config import preset
-        from kie_engine.init import write_checkpoint
+        from kie_engine.formats.config import preset
+        from kie_engine.formats.init import write_checkpoint
         write_checkpoint(preset("small"), a.model, seed=0)
     ncores = len(os.sched_getaffinity(0))
     if a.paired:

@@ -173,7 +173,7 @@ def stream_bytes(path, tokens, prompt_len, threads):
     """(weight bytes a step reads, KV bytes read at the mean position, file size, profile);
     the profile also holds each weight stage's GB/s ("GBps": its bytes / its seconds)."""
     from kie_engine.cpu.engine import CpuModel
-    from kie_engine.sources import open_checkpoint
+    from kie_engine.formats.sources import open_checkpoint
     ck = open_checkpoint(path)
     cfg = ck.config
     m = CpuModel(ck, max_seq=prompt_len + tokens + 1, threads=threads)
@@ -216,7 +216,7 @@ def main(argv=None):
     p.add_argument("--out", help="write the JSON here")
     p.add_argument("--child", help=argparse.SUPPRESS)
     a = p.parse_args(argv)
-    from kie_engine.sources import resolve
+    from kie_engine.formats.sources import resolve
     a.model = resolve(a.model)
     if a.child:
         return _child(a)
@@ -226,7 +226,7 @@ def main(argv=None):
         except ImportError:
             raise SystemExit("--baseline llama.cpp needs llama-cpp-python: pip install -e '.[bench]'")
     load = os.getloadavg()
-    from kie_engine.sources import open_checkpoint
+    from kie_engine.formats.sources import open_checkpoint
     prompt_len = len(open_checkpoint(a.model).tokenizer().encode(a.prompt).ids)
     configs = []
     if a.baseline == "llama.cpp":
@@ -262,7 +262,7 @@ def main(argv=None):
         from cpu_serve_concurrent import rounds as serve_rounds
         sys.path.insert(0, os.path.join(ROOT, "tests"))
         from _serve import ServerProcess, metric, parse_metrics
-        srv = ServerProcess("--blas-threads", str(a.threads), model=a.model)  # the engine's threads, as the rows above
+        srv = ServerProcess("--threads", str(a.threads), model=a.model)  # the engine's threads, as the rows above
         try:
             serve = serve_rounds(srv.url, srv.name, a.concurrent, a.serve_tokens, a.rounds,
                                  log=lambda m: print(m, flush=True))

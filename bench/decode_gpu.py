@@ -31,11 +31,11 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-from kie_engine.config import preset  # noqa: E402
+from kie_engine.formats.config import preset  # noqa: E402
 from kie_engine.generate import Sampling  # noqa: E402
 from kie_engine.gpu.engine import GpuModel, lib as kielib  # noqa: E402
-from kie_engine.model import rope_tables  # noqa: E402
-from kie_engine.tp import comm_config, lane_plan  # noqa: E402
+from kie_engine.reference.model import rope_tables  # noqa: E402
+from kie_engine.lanes.plan import comm_config, lane_plan  # noqa: E402
 
 import kie_bench  # noqa: E402  (bench/kie_bench.py: the engine's benchmarks, built on first import)
 

@@ -67,7 +67,7 @@ def main():
     a = ap.parse_args()
     from kie_engine.cpu import kernels as K
     from kie_engine.perplexity import text_ids
-    from kie_engine.sources import open_checkpoint, resolve
+    from kie_engine.formats.sources import open_checkpoint, resolve
     src = resolve(a.model)
     ids = text_ids(open_checkpoint(a.model).tokenizer(), a.file, a.tokens)
     levels = K.levels()

@@ -25,7 +25,7 @@ import torch.nn.functional as F
 import kccl.torch  # noqa: F401  (registers "kccl")
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from kie_engine.sources import short_name_path  # noqa: E402
+from kie_engine.formats.sources import short_name_path  # noqa: E402
 from benchlib import write_json  # noqa: E402
 
 

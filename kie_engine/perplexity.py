@@ -95,7 +95,7 @@ def teacher_forced(model, ids, source=None):
 
 def reference_logprobs(ckpt, ids):
     """(len(ids) - 1, vocab) float32 log-probabilities of the float32 numpy reference (TP = 1)."""
-    from .tp import load_model
+    from .reference.sharded import load_model
     ref = load_model(ckpt, None, max_seq=len(ids))
     try:
         return np.stack([log_softmax(z).astype(np.float32) for z in teacher_forced(ref, ids, ckpt.dir)])

@@ -42,7 +42,7 @@ SETTINGS = (
     Setting("KIE_BLAS_THREADS", "count", None,
             "Threads of each rank's BLAS pool (the CPU engine's products). Unset: OPENBLAS_NUM_THREADS, "
             "MKL_NUM_THREADS or OMP_NUM_THREADS when set, else the rank's CPUs over the ranks sharing them, "
-            "capped by the idle ones (kie_engine/threads.py). `generate --blas-threads` wins over it."),
+            "capped by the idle ones (kie_engine/lanes/threads.py). `generate --blas-threads` wins over it."),
     Setting("KIE_GPU_KERNEL", "choice", "graph",
             "CUDA engine: how a decode step runs: graph (a kernel per GEMV and attention, replayed as a CUDA "
             "graph) or mono (one persistent kernel per step). `generate --kernel` wins over it.",

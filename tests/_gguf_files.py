@@ -11,8 +11,8 @@ import numpy as np
 import gguf
 from gguf import GGMLQuantizationType as T
 
-from kie_engine.checkpoint import expected_shapes
-from kie_engine.config import ModelConfig
+from kie_engine.formats.checkpoint import expected_shapes
+from kie_engine.formats.config import ModelConfig
 
 CFG = dict(vocab_size=288, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
            num_key_value_heads=2, head_dim=16, max_position_embeddings=64, rope_theta=5000.0, rms_norm_eps=1e-5)
@@ -39,7 +39,7 @@ def encode(x, qtype):
     if qtype == T.F16:
         return x.astype(np.float16)
     if qtype in (T.Q4_K, T.Q6_K):  # gguf-py dequantizes these but does not quantize them
-        from kie_engine import quant
+        from kie_engine.formats import quant
         return quant.quantize(x, int(qtype))
     return gguf.quants.quantize(x, qtype)
 

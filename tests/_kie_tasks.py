@@ -6,9 +6,10 @@ def kie_lane(ctx, uid, nranks, rank, model_dir, delay, prompt, new_tokens):
     """This rank's lane of the checkpoint: all prompt logits (chunked prefill), greedy
     tokens, and the logits of every decode step."""
     import kccl
-    from kie_engine.checkpoint import Checkpoint
+    from kie_engine.formats.checkpoint import Checkpoint
     from kie_engine.generate import generate
-    from kie_engine.tp import comm_config, load_model
+    from kie_engine.lanes.plan import comm_config
+    from kie_engine.reference.sharded import load_model
     ckpt = Checkpoint(model_dir, dtp_delay=delay)
     cfg = dict(comm_config(ckpt.config), timeout_ms=20000)
     with kccl.Communicator(nranks, kccl.UniqueId(uid), rank, config=cfg) as comm:
@@ -28,8 +29,8 @@ def kie_cpu_lane(ctx, uid, nranks, rank, path, delay, prompt, new_tokens, teache
     import kccl
     from kie_engine.cpu.engine import CpuModel
     from kie_engine.generate import generate
-    from kie_engine.gguf_io import GGUFCheckpoint
-    from kie_engine.tp import comm_config
+    from kie_engine.formats.gguf_io import GGUFCheckpoint
+    from kie_engine.lanes.plan import comm_config
     ck = GGUFCheckpoint(path, dtp_delay=delay)
     cfg = dict(comm_config(ck.config), timeout_ms=60000)
     with kccl.Communicator(nranks, kccl.UniqueId(uid), rank, config=cfg) as comm:
@@ -47,8 +48,8 @@ def kie_cpu_lane_chunks(ctx, uid, nranks, rank, path, delay, prompt):
     token and in chunks of 7 rows; and two sequences decoding together against alone."""
     import kccl
     from kie_engine.cpu.engine import CpuModel
-    from kie_engine.gguf_io import GGUFCheckpoint
-    from kie_engine.tp import comm_config
+    from kie_engine.formats.gguf_io import GGUFCheckpoint
+    from kie_engine.lanes.plan import comm_config
     ck = GGUFCheckpoint(path, dtp_delay=delay)
     cfg = dict(comm_config(ck.config), timeout_ms=60000)
     with kccl.Communicator(nranks, kccl.UniqueId(uid), rank, config=cfg) as comm:

@@ -1,4 +1,4 @@
-"""The chat template's renderer process (kie_engine/bounded.py Worker, kie_engine/chat.py):
+"""The chat template's renderer process (kie_engine/formats/bounded.py Worker, kie_engine/formats/chat.py):
 forked once per template and reused, not forked per render (a fork from a server with
 torch loaded cost ~80 ms of every request's time to first token); still bounded, and it
 leaves nothing behind.  The hostile templates themselves: tests/test_fuzz_chat.py."""
@@ -13,7 +13,7 @@ import pytest
 
 pytest.importorskip("jinja2")
 
-from kie_engine.chat import ChatTemplate, ChatTemplateError  # noqa: E402
+from kie_engine.formats.chat import ChatTemplate, ChatTemplateError  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ECHO = "{% for m in messages %}[{{ m.role }}:{{ m.content }}]{% endfor %}{% if add_generation_prompt %}>{% endif %}"
@@ -139,7 +139,7 @@ def test_the_renderer_keeps_no_inherited_descriptor_and_ends_with_its_template()
 
 
 def test_a_renderer_busy_when_its_parent_dies_ends_too():
-    code = ("import sys, threading; from kie_engine.chat import ChatTemplate; "
+    code = ("import sys, threading; from kie_engine.formats.chat import ChatTemplate; "
             f"t = ChatTemplate({LOOP!r}); t.time_limit = 600; "
             "t.render([{'role': 'user', 'content': 'a'}]); print(t._worker.pid, flush=True); "
             "t.render([{'role': 'user', 'content': 'loop'}])")

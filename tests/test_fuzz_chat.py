@@ -1,4 +1,4 @@
-"""Fuzzing chat templates (kie_engine/chat.py) and the conversations they render.
+"""Fuzzing chat templates (kie_engine/formats/chat.py) and the conversations they render.
 
 A template comes with the checkpoint, so it is untrusted code: whatever it is, rendering
 gives text or a ChatTemplateError naming the template's source, within the template's
@@ -16,7 +16,7 @@ from hypothesis import given, strategies as st
 pytest.importorskip("jinja2")
 
 from _fuzz import bounded, examples  # noqa: E402
-from kie_engine.chat import ChatTemplate, ChatTemplateError  # noqa: E402
+from kie_engine.formats.chat import ChatTemplate, ChatTemplateError  # noqa: E402
 
 LIMIT = 2.0  # seconds a test template may take (the engine's default is ChatTemplate.time_limit)
 

@@ -1,9 +1,9 @@
 """Fuzzing a Hugging Face-style checkpoint directory: the safetensors header
-(kie_engine/safetensors_io.py), config.json (kie_engine/config.py), tokenizer.json
-(kie_engine/tokenizer.py) and tokenizer_config.json (kie_engine/checkpoint.py: special
+(kie_engine/formats/safetensors_io.py), config.json (kie_engine/formats/config.py), tokenizer.json
+(kie_engine/formats/tokenizer.py) and tokenizer_config.json (kie_engine/formats/checkpoint.py: special
 tokens and the chat template).
 
-A small valid directory (kie_engine.init, the tiny preset) is mutated, one file per test:
+A small valid directory (kie_engine.formats.init, the tiny preset) is mutated, one file per test:
 JSON files by replacing or deleting a random node of their tree with random JSON (and by
 byte flips), the safetensors file through its header's JSON and its length field.  Then
 everything the engine reads from a directory is read (config, every tensor, tokenizer
@@ -23,10 +23,10 @@ pytest.importorskip("tokenizers")
 pytest.importorskip("jinja2")
 
 from _fuzz import bounded, examples  # noqa: E402
-from kie_engine.checkpoint import Checkpoint, expected_shapes  # noqa: E402
-from kie_engine.config import ModelConfig, preset  # noqa: E402
+from kie_engine.formats.checkpoint import Checkpoint, expected_shapes  # noqa: E402
+from kie_engine.formats.config import ModelConfig, preset  # noqa: E402
 from kie_engine.errors import ConfigError, CheckpointError, KieError  # noqa: E402
-from kie_engine.init import write_checkpoint  # noqa: E402
+from kie_engine.formats.init import write_checkpoint  # noqa: E402
 
 TEMPLATE = ("{{ bos_token }}{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}{{ eos_token }}{% endfor %}"
             "{% if add_generation_prompt %}<assistant>{% endif %}")

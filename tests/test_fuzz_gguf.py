@@ -1,4 +1,4 @@
-"""Fuzzing the GGUF reader (kie_engine/gguf_io.py, kie_engine/gguf_check.py).
+"""Fuzzing the GGUF reader (kie_engine/formats/gguf_io.py, kie_engine/formats/gguf_check.py).
 
 Every file, however malformed, must either load completely (config, every tensor, the
 tokenizer, the chat template rendered) or raise a KieError whose message starts with the
@@ -29,10 +29,10 @@ pytest.importorskip("jinja2")
 from _fuzz import bounded, examples  # noqa: E402
 from _gguf_files import (kv, kv_array, kv_string, kv_u32, raw_gguf, tensor_info, write_llama,  # noqa: E402
                          gguf_str)
-from kie_engine.checkpoint import expected_shapes  # noqa: E402
+from kie_engine.formats.checkpoint import expected_shapes  # noqa: E402
 from kie_engine.errors import CheckpointError, KieError, UnsupportedFormatError  # noqa: E402
-from kie_engine.gguf_io import GGUFCheckpoint  # noqa: E402
-from kie_engine.tokenizer import _bytes_to_unicode  # noqa: E402
+from kie_engine.formats.gguf_io import GGUFCheckpoint  # noqa: E402
+from kie_engine.formats.tokenizer import _bytes_to_unicode  # noqa: E402
 
 EDGE = [0, 1, 2, 3, 4, 7, 8, 9, 12, 13, 31, 32, 33, 255, 256, 4096, 2**31 - 1, 2**31, 2**32 - 1, 2**32, 2**40,
         2**60, 2**62, 2**63 - 1, 2**63, 2**64 - 1]
@@ -343,7 +343,7 @@ def test_claimed_context_without_max_seq(tmp_path):
     sequence, and a KV cache that cannot be had is a KieError, not a MemoryError."""
     from kie_engine.errors import KieError
     from kie_engine.generate import generate
-    from kie_engine.tp import load_model
+    from kie_engine.reference.sharded import load_model
     path = str(tmp_path / "long.gguf")
     write_llama(path, tokenizer=_write_tokenizer, cfg={"max_position_embeddings": 2**31 - 1})
     ck = GGUFCheckpoint(path)

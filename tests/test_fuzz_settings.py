@@ -96,7 +96,7 @@ def test_settings_found_by_fuzzing(text):
 @given(text=values)
 def test_kie_blas_threads(text):
     from kie_engine.errors import KieError
-    from kie_engine.threads import parse_override
+    from kie_engine.lanes.threads import parse_override
     try:
         n = parse_override(text, "KIE_BLAS_THREADS")
     except KieError as e:

@@ -1,11 +1,11 @@
-"""The one decode loop (generate.generate) over the backend protocol (kie_engine/backend.py):
+"""The one decode loop (generate.generate) over the backend protocol (kie_engine/lanes/backend.py):
 a backend that returns logits is sampled on the host; one with tokens() (the GPU engine)
 gives its own picks, and the loop closes that iterator when it stops (EOS or the limit),
 which is where a backend running ahead settles."""
 import numpy as np
 import pytest
 
-from kie_engine.backend import check_kernel
+from kie_engine.lanes.backend import check_kernel
 from kie_engine.errors import KieError
 from kie_engine.generate import Sampling, generate
 

@@ -26,7 +26,7 @@ from kie_engine.cpu import kernels as K  # noqa: E402
 from kie_engine.cpu.engine import CpuModel  # noqa: E402
 from kie_engine.errors import CpuEngineError, KvMemoryError, PromptTooLongError  # noqa: E402
 from kie_engine.generate import generate  # noqa: E402
-from kie_engine.gguf_io import GGUFCheckpoint  # noqa: E402
+from kie_engine.formats.gguf_io import GGUFCheckpoint  # noqa: E402
 
 from _gguf_files import write_llama  # noqa: E402
 
@@ -92,7 +92,7 @@ def test_smollm2_prefill_and_greedy_tokens(level):
     589-token prompt in chunks of 64 and token by token, the same logits, and the same 16
     greedy tokens after it (the AVX-512 and AVX2 levels; the portable one runs the tiny
     models above)."""
-    from kie_engine.sources import short_name_path
+    from kie_engine.formats.sources import short_name_path
     ck = GGUFCheckpoint(short_name_path("smollm2"))
     ids = _prompt(589, ck.config.vocab_size, seed=1)
     with CpuModel(ck, max_seq=640, threads=2) as m:

@@ -50,9 +50,9 @@ if _lib is None:
 from kie_engine.cpu.engine import CpuModel  # noqa: E402
 from kie_engine.errors import UnsupportedFormatError  # noqa: E402
 from kie_engine.generate import generate  # noqa: E402
-from kie_engine.gguf_io import GGUFCheckpoint  # noqa: E402
-from kie_engine.model import Model, load_weights  # noqa: E402
-from kie_engine.sources import short_name_path  # noqa: E402
+from kie_engine.formats.gguf_io import GGUFCheckpoint  # noqa: E402
+from kie_engine.reference.model import Model, load_weights  # noqa: E402
+from kie_engine.formats.sources import short_name_path  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PROMPTS = ["Explain how a bicycle works.", "Write a short poem about the sea.",
@@ -222,9 +222,9 @@ def test_f32_and_f16_cache_and_reset(path):
 
 def test_safetensors_float_weights_match_the_reference(tmp_path):
     """bf16 weights run in bf16 with float activations: the reference's tokens exactly."""
-    from kie_engine.checkpoint import Checkpoint
-    from kie_engine.config import ModelConfig
-    from kie_engine.init import write_checkpoint
+    from kie_engine.formats.checkpoint import Checkpoint
+    from kie_engine.formats.config import ModelConfig
+    from kie_engine.formats.init import write_checkpoint
     cfg = ModelConfig(vocab_size=300, hidden_size=64, intermediate_size=160, num_hidden_layers=2,
                       num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=64,
                       tie_word_embeddings=False, torch_dtype="bfloat16")
@@ -342,7 +342,7 @@ def test_memory_within_file_size_plus_kv_cache(path):
     code = r"""
 import json, os, resource, sys
 import numpy as np
-from kie_engine.gguf_io import GGUFCheckpoint
+from kie_engine.formats.gguf_io import GGUFCheckpoint
 from kie_engine.cpu.engine import CpuModel
 from kie_engine.generate import generate
 def rss():

@@ -9,7 +9,7 @@ from hypothesis import given, settings, strategies as st
 
 gguf = pytest.importorskip("gguf")  # the kie extra (CI installs it)
 
-from kie_engine import quant as Q  # noqa: E402
+from kie_engine.formats import quant as Q  # noqa: E402
 from kie_engine.cpu import kernels as K  # noqa: E402
 
 try:
@@ -354,3 +354,42 @@ def test_every_half_converts_exactly():
     finally:
         K.set_level(keep)
     np.testing.assert_array_equal(got.view(np.uint32), h.view(np.float16).astype(np.float32).view(np.uint32))
+
+
+# -- the GGUF type table: C's copy is Python's (kie_engine/formats/gguf_types.py) --------------------
+
+def test_the_kernels_type_table_is_gguf_types():
+    """kq.h's codes, kq_types.c's names and blocks, as the built library reports them, are
+    gguf_types.TYPES, and every type there is one the kernels take."""
+    from kie_engine.formats import gguf_types
+    ffi, lib = K.native()
+    for code, (name, elems, nbytes) in gguf_types.TYPES.items():
+        assert getattr(lib, f"KQ_{name}") == code, name
+        assert lib.kq_supported(code), name
+        assert ffi.string(lib.kq_type_name(code)).decode() == name
+        assert (lib.kq_block_elems(code), lib.kq_row_bytes(code, elems)) == (elems, nbytes), name
+    assert sorted(gguf_types.NAMES.values()) == sorted(TYPES)
+
+
+def test_the_build_refuses_a_type_table_that_disagrees(tmp_path):
+    """cpu/_build.py's check sees a block size, a code or a type that differs."""
+    import os
+    import runpy
+    import shutil
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    build = runpy.run_path(os.path.join(root, "kie_engine", "cpu", "_build.py"))
+    table = open(os.path.join(root, "kie_engine", "formats", "gguf_types.py")).read()
+    build["check_types"]()  # the tree's own agree
+    for old, new in (('("Q6_K", 256, 210)', '("Q6_K", 256, 211)'), ("Q4_K, Q6_K, BF16 = 0, 1, 2, 3, 8, 12, 14, 30",
+                                                                    "Q4_K, Q6_K, BF16 = 0, 1, 2, 3, 8, 13, 14, 30"),
+                     (', BF16: ("BF16", 1, 2)}', ', BF16: ("BF16", 1, 2), 31: ("X", 1, 1)}')):
+        assert old in table
+        bad = tmp_path / "gguf_types.py"
+        bad.write_text(table.replace(old, new))
+        with pytest.raises(SystemExit, match="are not kie_engine/formats/gguf_types.py's"):
+            build["check_types"](str(bad))
+    csrc = tmp_path / "csrc"
+    shutil.copytree(os.path.join(root, "kie_engine", "cpu", "csrc"), csrc)
+    (csrc / "kq.h").write_text((csrc / "kq.h").read_text().replace("#define KQ_BF16 30", "#define KQ_BF16 29"))
+    with pytest.raises(SystemExit):
+        build["check_types"](csrc=str(csrc))

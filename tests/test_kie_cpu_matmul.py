@@ -9,7 +9,7 @@ from hypothesis import given, settings, strategies as st
 
 pytest.importorskip("gguf")
 
-from kie_engine import quant as Q  # noqa: E402
+from kie_engine.formats import quant as Q  # noqa: E402
 from kie_engine.cpu import kernels as K  # noqa: E402
 
 try:

@@ -12,13 +12,13 @@ import pytest
 
 pytest.importorskip("tokenizers")  # the kie extra (CI installs it)
 
-from kie_engine.checkpoint import Checkpoint
-from kie_engine.config import ModelConfig, preset
+from kie_engine.formats.checkpoint import Checkpoint
+from kie_engine.formats.config import ModelConfig, preset
 from kie_engine.errors import (CheckpointError, CheckpointNotFoundError, ConfigError, KieError, PromptTooLongError)
 from kie_engine.generate import Sampling, generate, sample
-from kie_engine.init import write_checkpoint
-from kie_engine.safetensors_io import SafetensorsFile, float32_to_bf16_bits, to_float32, write
-from kie_engine.tp import load_model
+from kie_engine.formats.init import write_checkpoint
+from kie_engine.formats.safetensors_io import SafetensorsFile, float32_to_bf16_bits, to_float32, write
+from kie_engine.reference.sharded import load_model
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -191,7 +191,7 @@ def test_cli_errors(tiny, tmp_path):
 from hypothesis import given, strategies as st  # noqa: E402
 
 from kie_engine.generate import check_request, printable  # noqa: E402
-from kie_engine.tokenizer import StreamDecoder, byte_level_tokenizer  # noqa: E402
+from kie_engine.formats.tokenizer import StreamDecoder, byte_level_tokenizer  # noqa: E402
 
 _BYTE_TK = byte_level_tokenizer()
 # bytes that make and break UTF-8 sequences, often, plus <s> / </s> (skipped) and anything
@@ -240,7 +240,7 @@ def test_cli_streams_every_generated_token(tmp_path):
 
 
 def load_tokenizer_ids(d, prompt):
-    from kie_engine.tokenizer import load_tokenizer
+    from kie_engine.formats.tokenizer import load_tokenizer
     return load_tokenizer(os.path.join(d, "tokenizer.json")).encode(prompt).ids
 
 
@@ -288,13 +288,45 @@ def _option_help(text):
     return out
 
 
-@pytest.mark.parametrize("cmd", ["init", "generate"])
+@pytest.mark.parametrize("cmd", ["init", "generate", "serve", "perplexity"])
 def test_every_cli_option_has_help(cmd):
     p = _cli(cmd, "--help")
     assert p.returncode == 0, p.stderr
     helps = _option_help(p.stdout)
     assert "--model" in helps or "--config" in helps, p.stdout
     assert all(helps.values()), {k: v for k, v in helps.items() if not v}
+
+
+def test_generate_serve_and_perplexity_take_the_same_engine_flags():
+    """One argparse group (lane.add_lane_args) says which model runs where, for all three."""
+    want = {"--model", "--device", "--kernel", "--threads", "--blas-threads", "--kv-cache"}
+    for cmd in ("generate", "serve", "perplexity"):
+        p = _cli(cmd, "--help")
+        assert p.returncode == 0, p.stderr
+        assert "model and engine:" in p.stdout and want <= set(_option_help(p.stdout)), (cmd, p.stdout)
+
+
+def test_a_lane_opens_with_its_flags(tiny):
+    """Lane takes the engine flags: the thread count (--threads over --blas-threads) and the
+    KV cache type reach the native engine; close() frees it."""
+    import argparse
+    from kie_engine.lanes.start import Lane
+    try:
+        from kie_engine.cpu.engine import require_native
+        require_native()
+    except Exception as e:
+        pytest.skip(f"no native CPU engine: {e}")
+    a = argparse.Namespace(model=tiny, device="cpu", kernel=None, threads="1", blas_threads="2", kv_cache="f32")
+    lane = Lane(a, (1, 0))
+    assert lane.kernel == "native" and lane.model is None
+    model = lane.load(16)
+    try:
+        assert (model.threads, model.kv, model.max_seq) == (1, "f32", 16)
+        assert (lane.threads, lane.why) == (1, "--threads 1")
+    finally:
+        lane.close()
+    with pytest.raises(KieError, match="--threads='0'"):
+        Lane(argparse.Namespace(**{**vars(a), "threads": "0"}), (1, 0))
 
 
 def test_readme_says_what_laneformer_is():
@@ -324,7 +356,7 @@ def test_init_refuses_a_non_empty_directory_unless_forced(tmp_path):
 def test_streamed_checkpoint_holds_the_seeded_weights(tmp_path, dtype, monkeypatch):
     """Written a few rows at a time (blocks far smaller than a tensor), the file holds what
     random_tensors makes for the seed."""
-    import kie_engine.init as kinit
+    import kie_engine.formats.init as kinit
     monkeypatch.setattr(kinit, "BLOCK_BYTES", 4096)
     cfg = preset("tiny").replace(torch_dtype=dtype)
     d = write_checkpoint(cfg, str(tmp_path / "m"), seed=3)
@@ -352,7 +384,7 @@ def test_init_memory_stays_far_below_the_weights(tmp_path):
 
 def test_progress_bar_draws_on_terminals_only():
     import io
-    from kie_engine.init import Progress
+    from kie_engine.formats.init import Progress
     s = io.StringIO()
     pb = Progress(1000, "writing", stream=s, enabled=True)
     for _ in range(10):
@@ -368,7 +400,7 @@ def test_progress_bar_draws_on_terminals_only():
 
 # -- BLAS threads per rank: cores / ranks on the node, overridable ---------------------------------
 
-from kie_engine import threads as kthreads  # noqa: E402
+from kie_engine.lanes import threads as kthreads  # noqa: E402
 
 
 def test_plan_threads():
@@ -397,7 +429,7 @@ def test_choose_threads_overrides():
 
 def test_set_blas_threads_reaches_the_loaded_blas():
     """In a fresh process (the count is per process): numpy's BLAS reports what was set."""
-    code = ("import numpy, json; from kie_engine import threads as t; "
+    code = ("import numpy, json; from kie_engine.lanes import threads as t; "
             "print(json.dumps([t.set_blas_threads(1), t.set_blas_threads(3), t.blas_threads_now()]))")
     env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
     p = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
@@ -469,7 +501,7 @@ def test_choose_reads_the_standard_variables_library_specific_first():
 def test_choose_ignores_the_variables_the_engine_wrote_itself():
     """set_blas_threads exports its count for BLAS libraries loaded later; a later choose()
     (another pool sizing itself) must not read it back as the user's."""
-    code = ("import os; from kie_engine import threads as t; t.set_blas_threads(1); "
+    code = ("import os; from kie_engine.lanes import threads as t; t.set_blas_threads(1); "
             "print(t.choose(None, idle=len(t.my_cpus()), quota=len(t.my_cpus()))[0], os.environ['OMP_NUM_THREADS'])")
     env = {k: v for k, v in os.environ.items() if k not in ("KIE_BLAS_THREADS",) + kthreads.STANDARD_VARS}
     env["PYTHONPATH"] = ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")

@@ -16,13 +16,13 @@ pytest.importorskip("tokenizers")
 from gguf import GGMLQuantizationType as T  # noqa: E402
 
 from _gguf_files import CFG, encode, write_llama  # noqa: E402
-from kie_engine.checkpoint import Checkpoint  # noqa: E402
-from kie_engine.config import ModelConfig  # noqa: E402
+from kie_engine.formats.checkpoint import Checkpoint  # noqa: E402
+from kie_engine.formats.config import ModelConfig  # noqa: E402
 from kie_engine.errors import CheckpointError, KieError, UnsupportedFormatError  # noqa: E402
-from kie_engine.gguf_io import GGUFCheckpoint, dequantize, unpermute_rows  # noqa: E402
-from kie_engine.init import write_checkpoint  # noqa: E402
-from kie_engine.model import Model, load_weights  # noqa: E402
-from kie_engine.tp import load_lane_weights  # noqa: E402
+from kie_engine.formats.gguf_io import GGUFCheckpoint, dequantize, unpermute_rows  # noqa: E402
+from kie_engine.formats.init import write_checkpoint  # noqa: E402
+from kie_engine.reference.model import Model, load_weights  # noqa: E402
+from kie_engine.reference.sharded import load_lane_weights  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -202,7 +202,7 @@ def test_unsupported_tokenizer_and_bad_chat_templates(tmp_path):
     assert ck.chat_template() is None
 
     pytest.importorskip("jinja2")
-    from kie_engine.chat import ChatTemplate, ChatTemplateError
+    from kie_engine.formats.chat import ChatTemplate, ChatTemplateError
     with pytest.raises(ChatTemplateError, match="T.jinja: the chat template does not compile"):
         ChatTemplate("{% for m in messages %}", source="T.jinja").render([])
     with pytest.raises(ChatTemplateError, match="T.jinja: rendering failed: only user turns"):
@@ -214,7 +214,7 @@ def test_unsupported_tokenizer_and_bad_chat_templates(tmp_path):
 
 
 def test_short_name_without_its_package(monkeypatch, tmp_path):
-    from kie_engine import sources
+    from kie_engine.formats import sources
     from kie_engine.errors import CheckpointNotFoundError
     monkeypatch.chdir(tmp_path)  # no file called "smollm2" here
     monkeypatch.setattr(sources.importlib.util, "find_spec", lambda name: None)

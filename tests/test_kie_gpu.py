@@ -11,12 +11,12 @@ import numpy as np
 import pytest
 
 import kccl
-from kie_engine.config import preset
+from kie_engine.formats.config import preset
 from kie_engine.errors import GpuError, GpuUnavailableError, KieError
 from kie_engine.gpu import engine as gpu_engine
-from kie_engine.init import random_tensors
-from kie_engine.model import Model, round_bf16
-from kie_engine.safetensors_io import float32_to_bf16_bits
+from kie_engine.formats.init import random_tensors
+from kie_engine.reference.model import Model, round_bf16
+from kie_engine.formats.safetensors_io import float32_to_bf16_bits
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NO_GPU = gpu_engine.device_count() == 0
@@ -90,7 +90,7 @@ class _Dict:
 
 
 def test_bf16_kv_cache_reference_is_close_to_float32_and_not_equal():
-    from kie_engine.model import load_weights
+    from kie_engine.reference.model import load_weights
     cfg = preset("tiny")
     ck = _Dict(cfg, random_tensors(cfg, seed=3))
     a = Model(cfg, load_weights(ck), max_seq=64)
@@ -144,7 +144,7 @@ def test_every_wrapper_call_reaches_the_engine_with_the_right_types():
     with a typed error (so the argument conversions are right), never a TypeError."""
     from kie_engine.errors import GpuError
     from kie_engine.generate import Sampling
-    from kie_engine.tp import lane_plan
+    from kie_engine.lanes.plan import lane_plan
     cfg = preset("tiny")
     m = gpu_engine.GpuModel.__new__(gpu_engine.GpuModel)
     m.cfg, m.lane, m.size, m.rank, m.max_seq, m.pos = cfg, lane_plan(cfg, 0, 1), 1, 0, 64, 0

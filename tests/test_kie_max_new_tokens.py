@@ -30,8 +30,8 @@ def _cli(*args):
 
 
 def test_completion_says_when_cut(tmp_path):
-    from kie_engine.config import preset
-    from kie_engine.init import write_checkpoint
+    from kie_engine.formats.config import preset
+    from kie_engine.formats.init import write_checkpoint
     d = write_checkpoint(preset("tiny"), str(tmp_path / "m"), seed=1)
     p = _cli("--model", d, "--prompt", "x", "--max-new-tokens", "3")
     assert p.returncode == 0, p.stderr

@@ -87,7 +87,7 @@ needs_smollm2 = pytest.mark.skipif(
 def corrupt_gguf(tmp_path_factory):
     """4 KB of 0xFF at offset 60,000,000 of a copy of the SmolLM2 file: inside
     blk.2.ffn_up.weight, whose Q4_1 scales become NaN."""
-    from kie_engine.sources import short_name_path
+    from kie_engine.formats.sources import short_name_path
     bad = str(tmp_path_factory.mktemp("corrupt") / "smollm2-corrupt.gguf")
     shutil.copyfile(short_name_path("smollm2"), bad)
     with open(bad, "r+b") as f:
@@ -127,7 +127,7 @@ def test_convert_refuses_non_finite_weights_naming_the_tensor(corrupt_gguf, tmp_
 
 
 def test_check_finite_counts_and_passes_finite_values():
-    from kie_engine.quant import check_finite
+    from kie_engine.formats.quant import check_finite
     check_finite(np.full(1000, np.finfo(np.float32).max, np.float32), "f", "t")
     for v in (np.nan, np.inf, -np.inf):
         w = np.ones((4, 8), np.float32)
@@ -147,9 +147,9 @@ def test_every_bf16_rounding_keeps_nan_a_nan():
     """float32_to_bf16_bits (convert, init, the GPU engine's weights), round_bf16 (the
     reference's bf16 KV cache) and quant's BF16 blocks: a NaN must not become an infinity
     (a payload whose rounding carries into the exponent) or a number."""
-    from kie_engine import quant as Q
-    from kie_engine.model import round_bf16
-    from kie_engine.safetensors_io import float32_to_bf16_bits, to_float32
+    from kie_engine.formats import quant as Q
+    from kie_engine.reference.model import round_bf16
+    from kie_engine.formats.safetensors_io import float32_to_bf16_bits, to_float32
     nans = _nan_patterns()
     assert np.isnan(to_float32(float32_to_bf16_bits(nans), "BF16")).all()
     assert np.isnan(round_bf16(nans)).all()

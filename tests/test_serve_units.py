@@ -19,7 +19,7 @@ from kie_engine.serve.metrics import Histogram, Metrics  # noqa: E402
 from kie_engine.serve.scheduler import Job, Scheduler  # noqa: E402
 from kie_engine.serve.schemas import check_context, parse_chat, parse_completion, parse_json  # noqa: E402
 from kie_engine.serve.text import StopMatcher  # noqa: E402
-from kie_engine.tokenizer import byte_level_tokenizer  # noqa: E402
+from kie_engine.formats.tokenizer import byte_level_tokenizer  # noqa: E402
 
 
 # -- stop strings ------------------------------------------------------------------------

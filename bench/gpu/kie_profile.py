@@ -24,7 +24,7 @@ def run(a):
 
     import decode_gpu as dg
     import kie_bench
-    from kie_engine.config import preset
+    from kie_engine.formats.config import preset
 
     torch.cuda.set_device(0)
     cfg = preset(a.preset)
@@ -78,7 +78,7 @@ def main():
     ap.add_argument("--summarize", metavar="CSV")
     a = ap.parse_args()
     if a.summarize:
-        from kie_engine.config import preset
+        from kie_engine.formats.config import preset
         summarize(a.summarize, preset(a.preset).num_hidden_layers)
     else:
         run(a)

@@ -12,7 +12,7 @@ GGUF files keep llama.cpp's Q/K row order, so RoPE rotates adjacent pairs there
 (KIE_CPU_ROPE_PAIRS) and halves for safetensors; attention scores do not depend on
 the order as long as queries and keys share it.
 
-Lanes follow tp.lane_plan, or tp.head_split_plan where the KV groups do not split evenly
+Lanes follow lanes.plan's lane_plan, or its head_split_plan where the KV groups do not split evenly
 (SmolLM2's 9 query heads on 2 lanes: 5 + 4, KV group 1 on both, 768 + 768 MLP columns),
 so that each sublayer is about even: the lanes meet at every sum.  Their sums go
 through KCCL's host all-reduce, called from C by the step itself (split phase: a lane
@@ -21,16 +21,16 @@ import os
 
 import numpy as np
 
-from .. import tp as _tp
 from ..errors import CpuEngineError, KieError, PromptTooLongError, ShardingError, UnsupportedFormatError
-from ..native_engine import OwnsNativeEngine
+from ..formats.gguf_types import CODES as TYPE_CODES, FLOATS, NAMES
+from ..lanes.native_engine import OwnsNativeEngine
+from ..lanes.plan import head_split_plan, lane_plan
 
 from ._native import ffi, lib, native
 from .sequences import Sequences
 
-# GGUF type codes (kq.h) and names; the kernels say which they take (kq_supported)
-TYPE_CODES = {"F32": 0, "F16": 1, "Q4_0": 2, "Q4_1": 3, "Q8_0": 8, "Q4_K": 12, "Q6_K": 14, "BF16": 30}
-_SAFETENSORS_TYPES = {"F32": 0, "F16": 1, "BF16": 30}
+# GGUF's types (gguf_types.TYPE_CODES); the kernels say which they take (kq_supported)
+_SAFETENSORS_TYPES = {NAMES[c]: c for c in FLOATS}
 KV_TYPES = ("f16", "f32")
 
 
@@ -164,7 +164,7 @@ def default_cpus(threads, rank=0, node_cpu_sets=None):
 
 class CpuModel(Sequences, OwnsNativeEngine):
     """cfg from ckpt; comm: None (one lane) or a host kccl.Communicator whose ranks are the
-    lanes (made with tp.comm_config(cfg)); threads: the pool's size (default
+    lanes (made with lanes.plan.comm_config(cfg)); threads: the pool's size (default
     threads.choose()); kv: the KV cache's element type, "f16" (default) or "f32";
     cpus: CPUs to pin the pool's worker threads to (default default_cpus; [] or False:
     no pinning); node_cpu_sets: the CPU sets of every rank on this machine (default: gathered
@@ -182,7 +182,7 @@ class CpuModel(Sequences, OwnsNativeEngine):
     def __init__(self, ckpt, comm=None, max_seq=None, threads=None, kv="f16", cpus=None, node_cpu_sets=None,
                  pack=True, max_rows=64, kv_limit=0):
         require_native()
-        from ..threads import choose
+        from ..lanes.threads import choose
         cfg = ckpt.config
         size, rank = (comm.size, comm.rank) if comm is not None else (1, 0)
         if kv not in KV_TYPES:
@@ -195,15 +195,15 @@ class CpuModel(Sequences, OwnsNativeEngine):
         nh, nkv, hd = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
         q_group = q_first = 0
         if 1 < size <= nh and nkv % size:  # KV groups do not split evenly: split the query heads
-            lp = _tp.head_split_plan(cfg, size, align)[rank]
+            lp = head_split_plan(cfg, size, align)[rank]
             q_group = nh // nkv
             q_first = lp.q_rows.start // hd - lp.kv_rows.start // hd * q_group
         else:
-            lp = _tp.lane_plan(cfg, rank, size, uneven=True, align=align)
+            lp = lane_plan(cfg, rank, size, uneven=True, align=align)
         self.cfg, self.lane, self.size, self.rank = cfg, lp, size, rank
         self.max_seq = min(max_seq or cfg.max_position_embeddings, cfg.max_position_embeddings)
         if node_cpu_sets is None and size > 1:  # lanes made by a library caller: ask them
-            from ..threads import cpu_sets_through
+            from ..lanes.threads import cpu_sets_through
             node_cpu_sets = cpu_sets_through(comm)
         n = int(threads) if threads is not None else choose(None, node_cpu_sets)[0]
         if cpus is None:
@@ -223,12 +223,7 @@ class CpuModel(Sequences, OwnsNativeEngine):
         c = ffi.NULL
         if size > 1:
             import kccl.capi as capi
-            c = ffi.new("kie_cpu_comm *")
-            c.comm = ffi.cast("void *", capi.handle(comm))
-            for field, name in (("all_reduce", "kcclAllReduce"), ("start", "kcclAllReduceStart"),
-                                ("wait", "kcclAllReduceWait"), ("all_gather", "kcclAllGather"),
-                                ("last_error", "kcclGetLastError"), ("test", "kcclAllReduceTest")):
-                setattr(c, field, ffi.cast("void *", capi.function(name)))
+            c = ffi.cast("kcclComm_t", capi.handle(comm))
         out = ffi.new("kie_cpu **")
         _check(lib.kie_cpu_create(s, c, out))
         self._e, self._comm, self.threads, self.cpus, self.kv = out[0], comm, n, list(cpus or []), kv

@@ -5,17 +5,20 @@ and Python-side lookups; the decode step calls the C functions directly.
 from GGUFCheckpoint.raw_tensor()."""
 import numpy as np
 
+from ..formats.gguf_types import CODES as TYPES
 from ._native import native  # noqa: F401  (re-exported for callers that need ffi, lib)
-
-TYPES = {"F32": 0, "F16": 1, "Q4_0": 2, "Q4_1": 3, "Q8_0": 8, "Q4_K": 12, "Q6_K": 14, "BF16": 30}
 
 
 def _code(t):
     return TYPES[t] if isinstance(t, str) else int(t)
 
 
+# kq_dispatch.c's levels, fastest first; arm64 runs the portable one
+LEVELS = ("avx512", "avx2", "scalar")
+
+
 def level():
-    """The instruction set in use: 'avx512', 'avx2', 'neon' or 'scalar'."""
+    """The instruction set in use: 'avx512', 'avx2' or 'scalar' (kq.h's kq_level)."""
     ffi, lib = native()
     return ffi.string(lib.kq_level()).decode()
 
@@ -29,7 +32,7 @@ def set_level(name):
 def levels():
     """Every level this CPU and build can run, fastest first (the current one is kept)."""
     keep = level()
-    out = [n for n in ("avx512", "avx2", "neon", "scalar") if set_level(n)]
+    out = [n for n in LEVELS if set_level(n)]
     set_level(keep)
     return out
 

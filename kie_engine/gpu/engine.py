@@ -4,7 +4,7 @@ decode_step returning logits, max_seq), which the tests and the host-side
 sampler use, and a fast generate() in which the device picks every token and
 the host only reads them from a ring, launching a few steps ahead.
 
-Lanes (tensor parallelism) follow tp.py's plan exactly; their sums go through
+Lanes (tensor parallelism) follow lanes/plan.py's plan exactly; their sums go through
 a GPU kccl.Communicator, whose kccl.h functions the engine calls from its own
 stream (also inside the captured graph), or, with the monokernel, through
 KCCL's device API from inside the kernel.  The module links the libkccl.so that
@@ -13,14 +13,15 @@ import re
 
 import numpy as np
 
+from .. import settings as _settings
+from ..lanes.plan import lane_plan
 from . import blas as _blas
-from .. import settings as _settings, tp as _tp
 from ..errors import (GpuArgumentError, GpuError, GpuMemoryError, GpuTimeoutError, GpuUnavailableError,
                       PromptTooLongError)
+from ..formats.safetensors_io import float32_to_bf16_bits
 from ..generate import Sampling, check_request, non_finite_logits
-from ..model import rope_tables
-from ..native_engine import OwnsNativeEngine
-from ..safetensors_io import float32_to_bf16_bits
+from ..lanes.native_engine import OwnsNativeEngine
+from ..reference.model import rope_tables
 
 try:
     from ._kie_gpu_cffi import ffi, lib
@@ -147,7 +148,7 @@ class GpuModel(OwnsNativeEngine):
         size, rank = (comm.size, comm.rank) if comm is not None else (1, 0)
         if comm is not None and size > 1 and comm.device is None:
             raise GpuArgumentError("the GPU engine's lanes need a GPU communicator (kccl.Communicator(device=...))")
-        lp = _tp.lane_plan(cfg, rank, size)
+        lp = lane_plan(cfg, rank, size)
         self.cfg, self.lane, self.size, self.rank = cfg, lp, size, rank
         self.max_seq = min(max_seq or cfg.max_position_embeddings, cfg.max_position_embeddings)
         if device is None:

@@ -15,7 +15,7 @@ from starlette.requests import ClientDisconnect
 from starlette.responses import HTMLResponse, JSONResponse, Response
 from starlette.routing import Route
 
-from ..chat import ChatTemplateError
+from ..formats.chat import ChatTemplateError
 from ..generate import Sampling
 from .api_error import ApiError
 from .scheduler import Job
@@ -93,7 +93,7 @@ def build_app(st: ServeState):
         try:
             body = await read_body(request)
             req = parse_chat(body, st.model_id) if chat else parse_completion(body, st.model_id, st.vocab_size)
-            # off the event loop: a chat template renders in its renderer process (kie_engine/bounded.py)
+            # off the event loop: a chat template renders in its renderer process (kie_engine/formats/bounded.py)
             ids, stop_ids = await asyncio.to_thread(prompt_of, req, chat)
             if any(i >= st.vocab_size for i in ids):
                 raise ApiError(400, f"the tokenizer produced an id outside the model's vocabulary of {st.vocab_size}")

@@ -25,8 +25,8 @@ class RunResult:
 
 
 class EngineRunner:
-    """model: a kie_engine Model (numpy) or GpuModel; link: a lanes.LaneLink under
-    tensor parallelism (None for one process)."""
+    """model: a backend of backend.py (the numpy Model, the native CpuModel or GpuModel);
+    link: a lanes.LaneLink under tensor parallelism (None for one process)."""
 
     def __init__(self, model, context, gpu=False, prefill_chunk=256, link=None, source=None):
         self.model, self.context, self.gpu = model, context, gpu

@@ -40,12 +40,9 @@ def _listen(host, port):
 
 
 def serve(a, world):
-    from ..sources import open_checkpoint
-    from ..threads import choose, my_cpus, override, set_blas_threads
-    from ..backend import check_kernel, load_backend
-    from ..tp import comm_config, plan, prefill_chunk
+    from ..lanes.start import Lane
+    from ..lanes.plan import prefill_chunk
     from .engine_runner import EngineRunner
-    size, rank = world
     if not 0 <= a.port <= 65535:
         raise ValueError(f"--port must be in 0..65535 (0 picks a free one), got {a.port}")
     if a.max_queue < 0:
@@ -56,39 +53,24 @@ def serve(a, world):
         raise ValueError(f"--max-batch must be >= 1, got {a.max_batch}")
     if a.kv_memory is not None and not a.kv_memory > 0:
         raise ValueError(f"--kv-memory must be > 0 (MiB), got {a.kv_memory}")
-    ckpt = open_checkpoint(a.model)
-    cfg = ckpt.config
+    lane = Lane(a, world)
+    ckpt, cfg, size, rank = lane.ckpt, lane.cfg, lane.size, lane.rank
     tok = ckpt.tokenizer()
     template = ckpt.chat_template()
-    override(a.blas_threads)  # a bad --blas-threads or thread variable fails here
-    gpu = a.device == "cuda"
-    kernel = check_kernel(a.device, a.kernel)  # the CLI's default: the native engine on the CPU
-    max_batch = batch_size(a, kernel, size)
-    plan(cfg, size, uneven=not gpu)  # a bad split fails on every rank alike, before any rank connects
-    if gpu:
-        from ..gpu.engine import require_gpu
-        require_gpu()
+    max_batch = batch_size(a, lane.kernel, size)
     if rank == 0:  # before the model loads: a taken port fails at once
         sock = _listen(a.host, a.port)
-    comm, node_cpus, link = None, None, None
-    if size > 1:
-        from mpi4py import MPI
-        import kccl
-        from .lanes import LaneLink
-        node_cpus = MPI.COMM_WORLD.allgather(sorted(my_cpus()))
-        comm = kccl.Communicator.from_mpi(MPI.COMM_WORLD, config=comm_config(cfg), device="local" if gpu else None)
-        link = LaneLink(MPI.COMM_WORLD)
-    threads = choose(a.blas_threads, node_cpus)[0]
-    if kernel == "numpy":
-        set_blas_threads(threads)
-    runner = None
+    link, runner = None, None
     try:
+        lane.connect()
+        if size > 1:
+            from mpi4py import MPI
+            from .lanes import LaneLink
+            link = LaneLink(MPI.COMM_WORLD)
         context = cfg.max_position_embeddings
         kv_bytes = kv_limit(a)
-        native = {"kv_limit": kv_bytes} if max_batch > 1 else None
-        model = load_backend(ckpt, comm, a.device, kernel, max_seq=context, threads=threads,
-                             node_cpu_sets=node_cpus, native=native)
-        runner = EngineRunner(model, context, gpu, prefill_chunk(cfg), link, source=ckpt.dir)
+        model = lane.load(context, native={"kv_limit": kv_bytes} if max_batch > 1 else None)
+        runner = EngineRunner(model, context, lane.gpu, prefill_chunk(cfg), link, source=ckpt.dir)
         if rank != 0:
             link.follow(runner)
             return 0
@@ -105,13 +87,12 @@ def serve(a, world):
             link.finish()  # whatever happened on rank 0, the lanes must not wait forever
         if runner is not None:
             runner.close()
-        if comm is not None:
-            comm.close()
+        lane.close()
 
 
 # Sequences per step when --max-batch is not given, for the native CPU engine on one lane:
-# on the 2-core machine of bench/RESULTS.md a step of 8 sequences costs about what 2.5
-# single steps do (the weights are read once), and more gained little there.
+# on the 2-core machine of bench/RESULTS.md a step of 8 sequences costs about what 2.9
+# single steps do (the weights are read once), 4 about 1.9.
 DEFAULT_MAX_BATCH = 8
 
 

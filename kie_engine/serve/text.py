@@ -2,7 +2,7 @@
 cut at the first stop string.  A stop string may span tokens, so text that could still
 become one (a suffix of what came that is a prefix of some stop string) is held back
 until the next piece decides it."""
-from ..tokenizer import StreamDecoder
+from ..formats.tokenizer import StreamDecoder
 
 
 class StopMatcher:

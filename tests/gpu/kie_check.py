@@ -32,14 +32,14 @@ import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
 
-from kie_engine.checkpoint import Checkpoint  # noqa: E402
-from kie_engine.config import preset  # noqa: E402
+from kie_engine.formats.checkpoint import Checkpoint  # noqa: E402
+from kie_engine.formats.config import preset  # noqa: E402
 from kie_engine.errors import GpuMemoryError, KieError, PromptTooLongError  # noqa: E402
 from kie_engine.generate import Sampling, generate  # noqa: E402
 from kie_engine.gpu.engine import GpuArgumentError, GpuModel  # noqa: E402
-from kie_engine.init import write_checkpoint  # noqa: E402
-from kie_engine.model import Model, load_weights  # noqa: E402
-from kie_engine.tp import comm_config  # noqa: E402
+from kie_engine.formats.init import write_checkpoint  # noqa: E402
+from kie_engine.reference.model import Model, load_weights  # noqa: E402
+from kie_engine.lanes.plan import comm_config  # noqa: E402
 
 BOUND = 2e-3     # GPU vs numpy with the same bf16 KV rounding: float32 summation order only
 HF_BOUND = 2e-2  # GPU (bf16 KV cache) vs transformers (float32 KV cache)

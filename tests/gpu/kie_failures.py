@@ -46,11 +46,11 @@ LANES = {"kill": (1, "graph"), "abort": (1, "graph"), "kill_d0": (0, "graph"), "
 def lane(scenario, path, uid, rank, q):
     import torch
     import kccl
-    from kie_engine.checkpoint import Checkpoint
+    from kie_engine.formats.checkpoint import Checkpoint
     from kie_engine.errors import KieError
     from kie_engine.generate import Sampling
     from kie_engine.gpu.engine import GpuModel
-    from kie_engine.tp import comm_config
+    from kie_engine.lanes.plan import comm_config
     dev = rank % torch.cuda.device_count()  # a GPU per lane where there are two, else both on GPU 0 (MPS)
     torch.cuda.set_device(dev)
     ckpt = Checkpoint(path)
@@ -99,8 +99,8 @@ def lane(scenario, path, uid, rank, q):
 
 
 def two_lanes(scenario, root):
-    from kie_engine.config import preset
-    from kie_engine.init import write_checkpoint
+    from kie_engine.formats.config import preset
+    from kie_engine.formats.init import write_checkpoint
     path = os.path.join(root, f"tiny_{scenario}")
     delay, kernel = LANES[scenario]
     write_checkpoint(preset("tiny", dtp_delay=delay), path, seed=3)
@@ -127,12 +127,12 @@ def two_lanes(scenario, root):
 
 def nan_logits(kernel, root):
     import numpy as np
-    from kie_engine.checkpoint import Checkpoint
-    from kie_engine.config import preset
+    from kie_engine.formats.checkpoint import Checkpoint
+    from kie_engine.formats.config import preset
     from kie_engine.errors import GpuError
     from kie_engine.generate import Sampling
     from kie_engine.gpu.engine import GpuModel, lib
-    from kie_engine.init import write_checkpoint
+    from kie_engine.formats.init import write_checkpoint
     path = os.path.join(root, f"tiny_nan_{kernel}")
     cfg = preset("tiny")
     write_checkpoint(cfg, path, seed=3)

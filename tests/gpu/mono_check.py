@@ -31,12 +31,12 @@ ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")
 sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.join(ROOT, "bench"))
 
-from kie_engine.checkpoint import Checkpoint  # noqa: E402
-from kie_engine.config import preset  # noqa: E402
+from kie_engine.formats.checkpoint import Checkpoint  # noqa: E402
+from kie_engine.formats.config import preset  # noqa: E402
 from kie_engine.generate import Sampling  # noqa: E402
 from kie_engine.gpu.engine import GpuArgumentError, GpuModel  # noqa: E402
-from kie_engine.init import write_checkpoint  # noqa: E402
-from kie_engine.tp import comm_config  # noqa: E402
+from kie_engine.formats.init import write_checkpoint  # noqa: E402
+from kie_engine.lanes.plan import comm_config  # noqa: E402
 
 try:
     from mpi4py import MPI

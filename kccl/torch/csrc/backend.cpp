@@ -5,6 +5,7 @@
 #include <c10/util/Exception.h>
 
 #include <cstring>
+#include <type_traits>
 
 #include "cuda_stream.h"
 #include "tensors.h"
@@ -12,6 +13,19 @@
 namespace kccl_torch {
 
 namespace {
+
+// torch's OpType for reduce_scatter_tensor_coalesced: torch 2.11 has no such member (its
+// ProcessGroups report COALESCED there), later ones do.  Detected, not gated on a version
+// number, so that the one source builds against every torch the backend supports.
+template <typename E, typename = void>
+struct has_rs_coalesced : std::false_type {};
+template <typename E>
+struct has_rs_coalesced<E, std::void_t<decltype(E::REDUCE_SCATTER_TENSOR_COALESCED)>> : std::true_type {};
+template <typename E>
+constexpr E rs_coalesced_op() {
+  if constexpr (has_rs_coalesced<E>::value) return E::REDUCE_SCATTER_TENSOR_COALESCED;
+  else return E::COALESCED;
+}
 
 // From this many bytes per rank gather / scatter / all_to_all go point-to-point on the CPU
 // (backend_p2p.cpp), below it they are KCCL collectives (all-gather / broadcast).  Point-to-
@@ -287,7 +301,7 @@ c10::intrusive_ptr<c10d::Work> KcclBackend::reduce_scatter_tensor_coalesced(
   }
   Transport& tr = transport(inputs[0], what);
   for (size_t i = 0; i < inputs.size(); i++) reduce_scatter_tensor(tr, inputs[i], outputs[i], opts.reduceOp, what);
-  return done(tr, c10d::OpType::REDUCE_SCATTER_TENSOR_COALESCED, outputs);
+  return done(tr, rs_coalesced_op<c10d::OpType>(), outputs);
 }
 
 }  // namespace kccl_torch

@@ -20,9 +20,6 @@
 #include "cpu_ops.h"
 #include "kq.h"
 
-#define KCCL_FLOAT32 7 /* kcclFloat32 */
-#define KCCL_SUM 0     /* kcclSum */
-
 void kie_batch_free(kie_cpu *e) {
   kie_batch *b = &e->b;
   free(b->x);
@@ -194,17 +191,17 @@ static int batch_sum(kie_cpu *e, int k, int tid) {
   float *dst = b->ring + (size_t)slot * b->max_rows * s->hidden;
   int rc;
   if (d == 0) {
-    rc = ((kie_allreduce_fn)e->comm.all_reduce)(b->y, dst, count, KCCL_FLOAT32, KCCL_SUM, e->comm.comm, NULL);
+    rc = kcclAllReduce(b->y, dst, count, kcclFloat32, kcclSum, e->comm, NULL);
     if (rc) kie_comm_fail(e, "kcclAllReduce of a sublayer's output", rc);
     return due;
   }
-  rc = ((kie_start_fn)e->comm.start)(b->y, dst, count, KCCL_FLOAT32, KCCL_SUM, e->comm.comm, &b->req[slot]);
+  rc = kcclAllReduceStart(b->y, dst, count, kcclFloat32, kcclSum, e->comm, &b->req[slot]);
   if (rc) {
     kie_comm_fail(e, "kcclAllReduceStart of a sublayer's output", rc);
     return due;
   }
   if (due >= 0) {
-    rc = ((kie_wait_fn)e->comm.wait)(e->comm.comm, b->req[due]);
+    rc = kcclAllReduceWait(e->comm, b->req[due]);
     if (rc) kie_comm_fail(e, "kcclAllReduceWait", rc);
   }
   return due;
@@ -371,7 +368,7 @@ static void batch_all(void *arg, int tid, int nth) {
     int slot = k % (d + 1);
     if (tp > 1) {
       if (tid == 0 && !e->rc) {
-        int rc = ((kie_wait_fn)e->comm.wait)(e->comm.comm, b->req[slot]);
+        int rc = kcclAllReduceWait(e->comm, b->req[slot]);
         if (rc) kie_comm_fail(e, "kcclAllReduceWait", rc);
       }
       kpool_barrier(e->pool, tid);
@@ -403,7 +400,7 @@ static void batch_all(void *arg, int tid, int nth) {
   }
   if (tp > 1) {
     float *all = b->lg + (size_t)b->max_rows * vp; /* [lane][k][vp] */
-    int rc = ((kie_allgather_fn)e->comm.all_gather)(b->lg, all, K * vp, KCCL_FLOAT32, e->comm.comm, NULL);
+    int rc = kcclAllGather(b->lg, all, K * vp, kcclFloat32, e->comm, NULL);
     if (rc) {
       kie_comm_fail(e, "kcclAllGather of the logits", rc);
       return;

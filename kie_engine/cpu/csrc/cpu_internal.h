@@ -19,14 +19,6 @@ typedef struct {
   int r0[3], r1[3];
 } kie_share;
 
-/* kcclAllReduce & co., with int for the enums (same ABI) */
-typedef int (*kie_allreduce_fn)(const void *, void *, size_t, int, int, void *, void *);
-typedef int (*kie_start_fn)(const void *, void *, size_t, int, int, void *, uint64_t *);
-typedef int (*kie_wait_fn)(void *, uint64_t);
-typedef int (*kie_allgather_fn)(const void *, void *, size_t, int, void *, void *);
-typedef const char *(*kie_lasterr_fn)(void *);
-typedef int (*kie_test_fn)(void *, uint64_t, int *);
-
 /* Weight stages of a token, in the order a thread reads them: per layer q/k/v, o,
  * gate/up, down, then the LM head (KIE_STAGE(L, 0)). */
 #define KIE_STAGE(l, i) (4 * (l) + (i))
@@ -107,7 +99,7 @@ struct kie_cpu {
   kie_cpu_shape s;
   int cpus[KIE_MAX_THREADS];
   int has_cpus;
-  kie_cpu_comm comm;
+  kcclComm_t comm; /* NULL when tp_size == 1 */
   kie_cpu_layer *layers;
   int *layer_set;
   kie_cpu_mat embed, head;

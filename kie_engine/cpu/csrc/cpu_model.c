@@ -125,12 +125,12 @@ void kie_cpu_destroy(kie_cpu *e) {
   free(e);
 }
 
-int kie_cpu_create(const kie_cpu_shape *s, const kie_cpu_comm *c, kie_cpu **out) {
+int kie_cpu_create(const kie_cpu_shape *s, kcclComm_t comm, kie_cpu **out) {
   *out = NULL;
   int rc = check_shape(s);
   if (rc) return rc;
-  if (s->tp_size > 1 && (!c || !c->comm || !c->all_reduce || !c->start || !c->wait || !c->all_gather)) {
-    kie_set_error("tp_size=%d needs the communicator and KCCL's all-reduce, split phase and all-gather", s->tp_size);
+  if (s->tp_size > 1 && !comm) {
+    kie_set_error("tp_size=%d needs the lanes' communicator", s->tp_size);
     return KIE_CPU_E_ARG;
   }
   kie_cpu *e = calloc(1, sizeof *e);
@@ -146,7 +146,7 @@ int kie_cpu_create(const kie_cpu_shape *s, const kie_cpu_comm *c, kie_cpu **out)
     memcpy(e->cpus, s->cpus, sizeof(int) * s->threads);
     e->has_cpus = 1;
   }
-  if (c && s->tp_size > 1) e->comm = *c;
+  if (s->tp_size > 1) e->comm = comm;
   e->nthreads = s->threads;
   for (int i = 0; i < s->head_dim / 2; i++) e->inv_freq[i] = 1.0 / pow((double)s->rope_theta, 2.0 * i / s->head_dim);
   int H = s->hidden, hd = s->head_dim, L = s->layers;

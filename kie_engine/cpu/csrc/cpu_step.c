@@ -8,7 +8,7 @@
  * Per sublayer the lanes' partial sums go through KCCL (thread 0 calls it, the others
  * wait at the next barrier); with DTP delay d the sum of sublayer k is started at once
  * and added to the residual after sublayer k + d (ring of d + 1 buffers), as
- * kie_engine/model.py's reference does. */
+ * kie_engine/reference/model.py's reference does. */
 #define _GNU_SOURCE
 #include <math.h>
 #include <stdio.h>
@@ -19,8 +19,6 @@
 #include "cpu_ops.h"
 #include "kq.h"
 
-#define KCCL_FLOAT32 7 /* kcclFloat32 */
-#define KCCL_SUM 0     /* kcclSum */
 
 static void matvec(const kie_cpu_mat *m, const void *act, float *y, int r0, int r1) {
   if (r1 > r0) kq_matvec_mat(m->type, m->data, m->rows, m->cols, act, y, r0, r1);
@@ -73,19 +71,16 @@ static void wait_all(kie_cpu *e, kie_thread *th, int tid, int next) {
 
 /* Thread 0 waits for split-phase sum `req`, prefetching its next stage while it is not in. */
 static int wait_sum(kie_cpu *e, kie_thread *th, uint64_t req) {
-  if (e->comm.test) {
-    int done = 0;
-    while (!done && kie_prefetch_more(th)) {
-      int rc = ((kie_test_fn)e->comm.test)(e->comm.comm, req, &done);
-      if (rc) return rc;
-    }
+  int done = 0;
+  while (!done && kie_prefetch_more(th)) {
+    int rc = kcclAllReduceTest(e->comm, req, &done);
+    if (rc) return rc;
   }
-  return ((kie_wait_fn)e->comm.wait)(e->comm.comm, req);
+  return kcclAllReduceWait(e->comm, req);
 }
 
 void kie_comm_fail(kie_cpu *e, const char *what, int rc) {
-  const char *detail = "";
-  if (e->comm.last_error) detail = ((kie_lasterr_fn)e->comm.last_error)(e->comm.comm);
+  const char *detail = kcclGetLastError(e->comm);
   snprintf(e->err, sizeof e->err, "%s failed (KCCL result %d): %s", what, rc, detail ? detail : "");
   e->rc = KIE_CPU_E_COMM;
 }
@@ -99,14 +94,8 @@ static int lanes_sum(kie_cpu *e, int k, int tid, kie_thread *th) {
   int due = k >= d ? (k - d) % (d + 1) : -1;
   if (s->tp_size == 1 || tid != 0 || e->rc) return due;
   float *dst = e->ring + (size_t)slot * H;
-  int rc;
-  if (d == 0 && !e->comm.test) {
-    rc = ((kie_allreduce_fn)e->comm.all_reduce)(e->y, dst, H, KCCL_FLOAT32, KCCL_SUM, e->comm.comm, NULL);
-    if (rc) kie_comm_fail(e, "kcclAllReduce of a sublayer's output", rc);
-    return due;
-  }
-  /* split phase (also with no delay: the wait prefetches the next weights) */
-  rc = ((kie_start_fn)e->comm.start)(e->y, dst, H, KCCL_FLOAT32, KCCL_SUM, e->comm.comm, &e->req[slot]);
+  /* split phase, also with no delay: the wait prefetches the next weights */
+  int rc = kcclAllReduceStart(e->y, dst, H, kcclFloat32, kcclSum, e->comm, &e->req[slot]);
   if (rc) {
     kie_comm_fail(e, "kcclAllReduceStart of a sublayer's output", rc);
     return due;
@@ -235,7 +224,7 @@ static void one_token(kie_cpu *e, int tid, int n, int32_t tok, int pos, int want
     int slot = k % (d + 1);
     if (tp > 1) {
       if (tid == 0 && !e->rc) {
-        int rc = ((kie_wait_fn)e->comm.wait)(e->comm.comm, e->req[slot]);
+        int rc = kcclAllReduceWait(e->comm, e->req[slot]);
         if (rc) kie_comm_fail(e, "kcclAllReduceWait", rc);
       }
       kpool_barrier(e->pool, tid);
@@ -258,7 +247,7 @@ static void one_token(kie_cpu *e, int tid, int n, int32_t tok, int pos, int want
       for (int r = 0; r < s->vocab_part; r++) part[r] = NAN;
   }
   if (tp > 1 && tid == 0 && e->logits) {
-    int rc = ((kie_allgather_fn)e->comm.all_gather)(part, e->logits, s->vocab_part, KCCL_FLOAT32, e->comm.comm, NULL);
+    int rc = kcclAllGather(part, e->logits, s->vocab_part, kcclFloat32, e->comm, NULL);
     if (rc) kie_comm_fail(e, "kcclAllGather of the logits", rc);
   }
   STAMP(6);

@@ -9,8 +9,9 @@
  * A step walks the model once: per layer RMSNorm, the q/k/v products, RoPE and the
  * cache write, attention, the o product, the lanes' sum, RMSNorm, gate/up with SwiGLU
  * in their epilogue, down, the lanes' sum; then the final norm and this lane's slice
- * of the LM head.  Lanes sum through KCCL's host all-reduce called from C (or its
- * split phase for the DTP delay), and join the vocabulary slices with its all-gather.
+ * of the LM head.  Lanes sum through KCCL's split-phase host all-reduce called from C
+ * (a lane waiting for a sum prefetches its next weights; with a DTP delay the sum is
+ * added sublayers later), and join the vocabulary slices with its all-gather.
  *
  * Every call returns KIE_CPU_OK or an error code; kie_cpu_last_error() gives the text
  * of the calling thread's last error. */
@@ -19,6 +20,8 @@
 
 #include <stddef.h>
 #include <stdint.h>
+
+#include "kccl.h"
 
 #define KIE_CPU_OK 0
 #define KIE_CPU_E_ARG 1       /* a bad argument or shape */
@@ -77,17 +80,6 @@ typedef struct {
   const float *attn_norm, *mlp_norm;       /* hidden floats each */
 } kie_cpu_layer;
 
-/* KCCL's entry points for the lanes' sums (ignored when tp_size == 1); void * so that
- * this module need not link KCCL: the caller passes the addresses of kcclAllReduce,
- * kcclAllReduceStart, kcclAllReduceWait, kcclAllGather, kcclGetLastError and
- * kcclAllReduceTest of the library that made the communicator. */
-typedef struct {
-  void *comm;
-  void *all_reduce, *start, *wait, *all_gather, *last_error;
-  void *test; /* kcclAllReduceTest, or NULL: a lane waiting for a sum prefetches its next
-                 weights meanwhile, polling the sum with it */
-} kie_cpu_comm;
-
 typedef struct {
   int threads;                   /* the pool's */
   int pos;                       /* tokens in the KV cache of sequence 0 */
@@ -99,7 +91,9 @@ typedef struct {
 } kie_cpu_info;
 
 const char *kie_cpu_last_error(void);
-int kie_cpu_create(const kie_cpu_shape *s, const kie_cpu_comm *c, kie_cpu **out);
+/* comm: the lanes' host communicator (its ranks are the lanes), or NULL when tp_size == 1.
+ * The engine links libkccl.so, the library that made it, and calls kccl.h on it. */
+int kie_cpu_create(const kie_cpu_shape *s, kcclComm_t comm, kie_cpu **out);
 void kie_cpu_destroy(kie_cpu *e);
 /* Layer `layer`'s weights (pointers kept, nothing copied); checks shapes and types. */
 int kie_cpu_set_layer(kie_cpu *e, int layer, const kie_cpu_layer *w);

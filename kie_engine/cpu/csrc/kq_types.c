@@ -1,5 +1,6 @@
 /* kq_types.c: what each GGUF type is (name, block, bytes) and the sizes of the
- * prepared input; no arithmetic. */
+ * prepared input; no arithmetic.  The table is kie_engine/formats/gguf_types.py's: the build
+ * (../_build.py) refuses to compile when the two differ. */
 #include "kq_internal.h"
 
 typedef struct { int type; const char *name; int64_t elems; size_t bytes; } kq_type_info;

@@ -5,8 +5,8 @@ import os
 from dataclasses import dataclass
 from typing import Optional
 
+from ..errors import CheckpointNotFoundError, ConfigError
 from . import jsonfile
-from .errors import CheckpointNotFoundError, ConfigError
 
 # The one formulation of DTP this engine implements (docs/kie.md, "DTP"): a "block"
 # is a sublayer (attention or MLP); with delay d, sublayer i reads the residual

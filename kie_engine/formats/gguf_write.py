@@ -15,15 +15,15 @@ Which type each tensor gets (`plan_types`):
         does not read.)  SmolLM2's 576-wide matrices all fall back; only ffn_down (1536
         wide) holds K blocks there.
 Vectors (norms) stay F32.  A tensor already stored in its target type is copied as is;
-any other is dequantized (kie_engine.quant) and quantized again (gguf-py's quantizer for
+any other is dequantized (kie_engine.formats.quant) and quantized again (gguf-py's quantizer for
 Q8_0 / Q4_0 / Q4_1, ours for the K types)."""
 import os
 import re
 
 import numpy as np
 
+from ..errors import CheckpointError, UnsupportedFormatError
 from . import quant as Q
-from .errors import CheckpointError, UnsupportedFormatError
 
 SCHEMES = ("q8_0", "q4_0", "q4_1", "q4_k")
 # general.file_type (llama.cpp's LLAMA_FTYPE) of each scheme

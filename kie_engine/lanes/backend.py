@@ -14,7 +14,7 @@ when it picks tokens itself (the GPU engine samples on the device and runs steps
 ahead); generate() then takes the tokens from it instead of sampling logits.
 
 load_backend() picks and builds one for a checkpoint on this rank."""
-from .errors import KieError
+from ..errors import KieError
 
 CPU_KERNELS = ("native", "numpy")
 GPU_KERNELS = ("graph", "mono")
@@ -45,11 +45,11 @@ def load_backend(ckpt, comm=None, device="cpu", kernel=None, max_seq=None, threa
     keywords of the native engine (cpu.engine.CpuModel: max_rows, kv_limit)."""
     kernel = check_kernel(device, kernel)
     if kernel in GPU_KERNELS:
-        from .gpu.engine import load_gpu_model
+        from ..gpu.engine import load_gpu_model
         return load_gpu_model(ckpt, comm, max_seq=max_seq, kernel=kernel)
     if kernel == "native":
-        from .cpu.engine import load_cpu_model
+        from ..cpu.engine import load_cpu_model
         return load_cpu_model(ckpt, comm, max_seq=max_seq, threads=threads, node_cpu_sets=node_cpu_sets, kv=kv,
                               **(native or {}))
-    from .tp import load_model
+    from ..reference.sharded import load_model
     return load_model(ckpt, comm, max_seq=max_seq, uneven=True)

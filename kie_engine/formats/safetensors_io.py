@@ -11,8 +11,8 @@ import struct
 
 import numpy as np
 
+from ..errors import CheckpointError
 from . import jsonfile
-from .errors import CheckpointError
 
 _DTYPES = {"F32": np.float32, "F16": np.float16, "BF16": np.uint16, "F64": np.float64,
            "I64": np.int64, "I32": np.int32}

@@ -3,7 +3,7 @@ attention with a KV cache, SwiGLU MLP, optional tied embeddings, and the DTP
 residual schedule (config.dtp_delay; 0 = exactly Llama).
 
 This file knows nothing about parallelism.  A model holds some number of query/KV
-heads and MLP columns (all of them, or one lane's share: tp.py decides) and hands
+heads and MLP columns (all of them, or one lane's share: lanes/plan.py decides) and hands
 the partial output of every sublayer to `lanes`, an object with
     sum(y)        -> the sum of y over all lanes (y may be reused as the result)
     sum_start(y)  -> a handle whose wait() returns that sum later
@@ -21,8 +21,8 @@ from typing import List
 
 import numpy as np
 
-from .errors import KieError, PromptTooLongError
-from .safetensors_io import float32_to_bf16_bits
+from ..errors import KieError, PromptTooLongError
+from ..formats.safetensors_io import float32_to_bf16_bits
 
 
 class _Ready:

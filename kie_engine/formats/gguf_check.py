@@ -18,7 +18,7 @@ import mmap
 import os
 import struct
 
-from .errors import CheckpointError, UnsupportedFormatError
+from ..errors import CheckpointError, UnsupportedFormatError
 
 VERSIONS = (2, 3)            # version 1 had 32-bit counts; the gguf package reads 2 and 3
 MAX_DIMS = 4                 # GGML_MAX_DIMS

@@ -27,7 +27,7 @@ import math
 import os
 import time
 
-from . import settings as _settings
+from .. import settings as _settings
 
 ENV = "KIE_BLAS_THREADS"
 # The standard variables, library-specific first: OpenBLAS prefers OPENBLAS_NUM_THREADS

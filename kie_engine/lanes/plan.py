@@ -1,4 +1,7 @@
-"""Tensor parallelism over KCCL ranks ("lanes").
+"""How a model splits over KCCL ranks ("lanes"): what each lane holds, the communicator
+settings the lanes need, and whether a number of lanes fits a model.  Plans only: the
+engines (reference/sharded.py for the numpy model, cpu/ and gpu/) load their lane's
+weights from these plans, and this module imports none of them.
 
 Lane l of N holds:
   attention: query heads [l*H/N, (l+1)*H/N) and the KV heads they use: a contiguous
@@ -8,38 +11,17 @@ Lane l of N holds:
              as equal as the size allows (any size works);
   LM head:   a contiguous vocabulary slice, padded to ceil(V/N) rows;
   the embedding table and the norms whole.
-Row-parallel outputs (o_proj, down_proj) are partial sums: the model hands them to
-`Lanes.sum` / `Lanes.sum_start` (KCCL all-reduce, the only communication of a
-block); the vocabulary slices are joined with all_gather.  KCCL reduces in rank
-order on every rank, so all lanes hold bitwise-identical residuals and logits and
-pick the same tokens."""
+Row-parallel outputs (o_proj, down_proj) are partial sums, added up by KCCL's all-reduce
+(the only communication of a block); the vocabulary slices are joined with all_gather.
+KCCL reduces in rank order on every rank, so all lanes hold bitwise-identical residuals
+and logits and pick the same tokens."""
 from dataclasses import dataclass
 
 import numpy as np
 
-from .errors import ShardingError
-from .model import LayerWeights, Model, Weights, stack_t
+from ..errors import ShardingError
 
 SLOT_BYTES = 1 << 20  # KCCL_BUFFER_BYTES of the engine's communicator: bounds one split-phase sum
-
-
-class Lanes:
-    """The model's lane operations over a kccl.Communicator."""
-
-    def __init__(self, comm):
-        self.comm, self.size, self.rank = comm, comm.size, comm.rank
-
-    def sum(self, y):
-        return self.comm.all_reduce(y)
-
-    def sum_start(self, y):
-        return self.comm.all_reduce_start(y)
-
-    def vocab(self, logits):
-        t, part = logits.shape
-        out = np.empty((self.size, t, part), np.float32)
-        self.comm.all_gather(logits, out)
-        return out.transpose(1, 0, 2).reshape(t, self.size * part)
 
 
 def comm_config(cfg):
@@ -94,7 +76,7 @@ class LanePlan:
 
 
 def lane_plan(cfg, rank, size, uneven=False, align=1):
-    """Lane `rank`'s share: tp.plan's even split, or (uneven=True, when the KV heads are
+    """Lane `rank`'s share: plan's even split, or (uneven=True, when the KV heads are
     not a multiple of the lanes) kv_group_plan's."""
     if uneven and size <= cfg.num_key_value_heads and cfg.num_key_value_heads % size:
         return kv_group_plan(cfg, size, align)[rank]
@@ -166,37 +148,3 @@ def head_split_plan(cfg, size, align=1):
         out.append(LanePlan(n, k1 - k0, slice(h0 * hd, (h0 + n) * hd), slice(k0 * hd, k1 * hd), c0, c1, v0, v1, part))
         h0 += n
     return out
-
-
-def load_lane_weights(ckpt, rank, size, uneven=False):
-    """Lane `rank` of `size`'s share of a checkpoint (reads only those rows/columns)."""
-    cfg = ckpt.config
-    lp = lane_plan(cfg, rank, size, uneven)
-    nhl, nkvl, q_rows, kv_rows, c0, c1 = lp.n_heads, lp.n_kv_heads, lp.q_rows, lp.kv_rows, lp.c0, lp.c1
-    layers = []
-    for i in range(cfg.num_hidden_layers):
-        p = f"model.layers.{i}."
-        t = lambda n, rows=None, cols=None: ckpt.tensor(p + n, rows, cols)  # noqa: E731
-        layers.append(LayerWeights(
-            attn_norm=t("input_layernorm.weight"),
-            wqkv=stack_t(t("self_attn.q_proj.weight", q_rows), t("self_attn.k_proj.weight", kv_rows),
-                         t("self_attn.v_proj.weight", kv_rows)),
-            wo=stack_t(t("self_attn.o_proj.weight", cols=q_rows)), mlp_norm=t("post_attention_layernorm.weight"),
-            w_gate_up=stack_t(t("mlp.gate_proj.weight", slice(c0, c1)), t("mlp.up_proj.weight", slice(c0, c1))),
-            w_down=stack_t(t("mlp.down_proj.weight", cols=slice(c0, c1)))))
-    embed = ckpt.tensor("model.embed_tokens.weight")
-    part, v0, v1 = lp.part, lp.v0, lp.v1
-    head = embed[v0:v1] if cfg.tie_word_embeddings else ckpt.tensor("lm_head.weight", slice(v0, v1))
-    if v1 - v0 < part:  # the last slice: zero rows up to the common size (cut off after the gather)
-        head = np.concatenate([head, np.zeros((part - (v1 - v0), cfg.hidden_size), np.float32)])
-    return Weights(embed, layers, ckpt.tensor("model.norm.weight"), stack_t(head), nhl, nkvl)
-
-
-def load_model(ckpt, comm=None, max_seq=None, uneven=False):
-    """A Model of the checkpoint on this rank: whole without a communicator (or with one
-    of size 1), else this rank's lane (uneven: lane_plan's KV-group split where the even
-    one does not fit)."""
-    if comm is None or comm.size == 1:
-        from .model import load_weights
-        return Model(ckpt.config, load_weights(ckpt), max_seq=max_seq)
-    return Model(ckpt.config, load_lane_weights(ckpt, comm.rank, comm.size, uneven), Lanes(comm), max_seq=max_seq)

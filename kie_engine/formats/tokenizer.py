@@ -2,8 +2,8 @@
 byte-level one that `init` checkpoints carry (256 byte tokens + <s>, </s>)."""
 import os
 
+from ..errors import CheckpointError
 from .config import SPECIAL_TOKENS
-from .errors import CheckpointError
 
 
 def byte_level_tokenizer():

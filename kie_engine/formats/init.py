@@ -12,9 +12,9 @@ import time
 
 import numpy as np
 
+from ..errors import ConfigError, KieError
 from .checkpoint import expected_shapes
 from .config import BYTE_VOCAB
-from .errors import ConfigError, KieError
 from .safetensors_io import float32_to_bf16_bits, write_stream
 from .tokenizer import byte_level_tokenizer
 

@@ -7,8 +7,8 @@ import os
 
 import numpy as np
 
+from ..errors import CheckpointError
 from .checkpoint import expected_shapes
-from .errors import CheckpointError
 from .quant import check_finite
 from .safetensors_io import float32_to_bf16_bits, write
 

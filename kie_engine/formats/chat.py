@@ -8,7 +8,7 @@ as variables.  The rendered text is then tokenized without adding BOS/EOS (the t
 writes whatever special tokens it wants).
 
 A template is code that comes with the checkpoint: it is compiled and rendered in a child
-process with a time limit per render and a memory limit (kie_engine/bounded.py), so that
+process with a time limit per render and a memory limit (kie_engine/formats/bounded.py), so that
 one that loops without end or builds a gigabyte string fails with a ChatTemplateError.
 The child is long-lived (one per ChatTemplate, forked at its first render): it compiles
 the template once and renders request after request, so a render costs a pipe round trip
@@ -18,7 +18,7 @@ import json
 import threading
 from datetime import datetime
 
-from .errors import ConfigError
+from ..errors import ConfigError
 
 # A piece of text no template contains: rendering an assistant turn around it shows what
 # the template writes after a turn (its end-of-turn token).
@@ -30,7 +30,7 @@ class ChatTemplateError(ConfigError):
 
 
 class ChatTemplate:
-    # Bounds on compiling and rendering one conversation (kie_engine/bounded.py): a
+    # Bounds on compiling and rendering one conversation (kie_engine/formats/bounded.py): a
     # template is code from the checkpoint, and may try to loop or allocate without end.
     # memory_limit is taken when the renderer process starts (the first render).
     time_limit = 10.0
