@@ -90,7 +90,7 @@ setup(
         "torch": ["torch>=2.13", "ninja"],
         # bench/decode_cpu.py --baseline llama.cpp: llama.cpp through its Python binding (compiles
         # llama.cpp, ~8 min); a benchmark's baseline only, never a test's dependency.
-        "bench": ["llama-cpp-python>=0.3"],
+        "bench": ["llama-cpp-python>=0.3", "openai>=1.0"],
     },
     cffi_modules=["kccl/_build_ffi.py:ffibuilder", "kie_engine/gpu/_build.py:ffibuilder",
                   "kie_engine/cpu/_build.py:ffibuilder"],

@@ -233,14 +233,20 @@ def main(argv=None):
                         "safetensors directory (q4_k: llama.cpp's Q4_K_M mix of Q4_K and Q6_K)")
     s = sub.add_parser("serve", help="serve the model over HTTP (OpenAI-compatible API and a chat page)",
                        description="An OpenAI-compatible server: /v1/chat/completions, /v1/completions, /v1/models, "
-                                   "/health, /metrics, and a chat page at /.  One request runs at a time; the others "
-                                   "wait in a FIFO queue.  Under mpiexec -n N rank 0 serves and every rank is a lane.")
+                                   "/health, /metrics, and a chat page at /.  Up to --max-batch requests decode "
+                                   "together; the others wait in a FIFO queue.  Under mpiexec -n N rank 0 serves and every rank is a lane.")
     add_lane_args(s)
     s.add_argument("--served-model-name", help="the model id clients name (default: the --model name)")
     s.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     s.add_argument("--port", type=int, default=8000, help="port (default 8000; 0 picks a free one, printed)")
     s.add_argument("--max-queue", type=int, default=32,
                    help="requests that may wait behind the running one; more get 429 (default 32)")
+    s.add_argument("--max-batch", type=int, default=None, metavar="N",
+                   help="requests that decode together, one pass over the weights per step (continuous batching: "
+                        "the native CPU engine on one lane; default 8 there, else 1)")
+    s.add_argument("--kv-memory", type=float, default=None, metavar="MIB",
+                   help="MiB the running requests' KV caches may take together (default: half the memory "
+                        "available at start); a request that cannot fit even alone gets 400")
     s.add_argument("--shutdown-grace", type=float, default=1.0,
                    help="on SIGTERM, seconds the running request may still take before it is cut (default 1)")
     s.add_argument("--log-level", choices=["critical", "error", "warning", "info", "debug"], default="warning",

@@ -69,3 +69,8 @@ class UnsupportedFormatError(KieError, ValueError):
 class CpuEngineError(KieError, RuntimeError):
     """The native CPU engine failed: its module is missing, its thread pool, or the lanes'
     communicator."""
+
+
+class KvMemoryError(KieError, MemoryError):
+    """A sequence's KV cache does not fit the KV memory the engine was given (with what
+    the running sequences hold)."""

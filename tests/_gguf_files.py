@@ -38,6 +38,9 @@ def encode(x, qtype):
         return x
     if qtype == T.F16:
         return x.astype(np.float16)
+    if qtype in (T.Q4_K, T.Q6_K):  # gguf-py dequantizes these but does not quantize them
+        from kie_engine.formats import quant
+        return quant.quantize(x, int(qtype))
     return gguf.quants.quantize(x, qtype)
 
 

@@ -41,3 +41,28 @@ def kie_cpu_lane(ctx, uid, nranks, rank, path, delay, prompt, new_tokens, teache
             plan = (m.lane.n_heads, m.lane.c1 - m.lane.c0)
             cpus = m.cpus
     return {"tokens": res.tokens, "logits": np.stack(logits), "plan": plan, "cpus": cpus}
+
+
+def kie_cpu_lane_chunks(ctx, uid, nranks, rank, path, delay, prompt):
+    """This rank's lane of a GGUF file (one thread): the prompt's last logits token by
+    token and in chunks of 7 rows; and two sequences decoding together against alone."""
+    import kccl
+    from kie_engine.cpu.engine import CpuModel
+    from kie_engine.formats.gguf_io import GGUFCheckpoint
+    from kie_engine.lanes.plan import comm_config
+    ck = GGUFCheckpoint(path, dtp_delay=delay)
+    cfg = dict(comm_config(ck.config), timeout_ms=60000)
+    with kccl.Communicator(nranks, kccl.UniqueId(uid), rank, config=cfg) as comm:
+        with CpuModel(ck, comm, max_seq=len(prompt) + 8, threads=1, max_rows=16) as m:
+            tokens = m.prefill(prompt, chunk=1)
+            alone = [m.decode_step(5)]
+            m.reset()
+            m.prefill([9, 10], chunk=1)
+            alone.append(m.decode_step(11))
+            m.reset()
+            chunked = m.prefill(prompt, chunk=7)
+            a, b = m.new_sequence(len(prompt) + 2), m.new_sequence(4)
+            m.prefill_sequence(a, prompt)
+            m.run_rows([b, b], [9, 10], [0, 0])
+            together, _ = m.decode_rows([a, b], [5, 11])
+    return {"tokens": tokens, "chunked": chunked, "alone": np.stack(alone), "together": together}

@@ -35,7 +35,8 @@ QUEUE = 2
 
 @pytest.fixture(scope="module")
 def server():
-    s = ServerProcess("--max-queue", str(QUEUE))
+    # two requests decode together (continuous batching); more wait in the queue
+    s = ServerProcess("--max-queue", str(QUEUE), "--max-batch", "2")
     yield s
     s.kill()
 
@@ -334,9 +335,12 @@ def test_disconnect_cancels_at_the_next_token(server):
 
 
 def test_fifo_queue_and_429(server):
-    long = OpenStream(server, "/v1/completions", {"model": server.name, "prompt": STORY, "max_tokens": 2000,
-                                                  "ignore_eos": True, "stream": True})
-    assert long.next_event() is not None  # running
+    """Two long streams fill the batch; QUEUE requests wait, one more gets 429; one long
+    stream leaves and the waiting ones take its place one after the other, in order."""
+    longs = [OpenStream(server, "/v1/completions", {"model": server.name, "prompt": STORY, "max_tokens": 2000,
+                                                    "ignore_eos": True, "stream": True}) for _ in range(2)]
+    for long in longs:
+        assert long.next_event() is not None  # running
     done, threads = [], []
 
     def client(i):
@@ -350,9 +354,11 @@ def test_fifo_queue_and_429(server):
     assert metric(_metrics(server), "kie_queue_length") == QUEUE
     st, r, j = complete(server, max_tokens=1)
     assert st == 429 and j["error"]["type"] == "rate_limit_error" and j["error"]["code"] == "queue_full"
-    long.close()
+    longs[0].close()
     for t in threads:
         t.join(300)
+    longs[1].close()
+    _wait(lambda: request(server, "GET", "/health")[2]["running"] == 0)  # its end counted before the next test
     assert [(i, st) for i, st, _ in done] == [(i, 200) for i in range(QUEUE)]  # in arrival order
     assert all(j["usage"]["completion_tokens"] == 3 for _, _, j in done)
 

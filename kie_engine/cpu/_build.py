@@ -62,7 +62,7 @@ ffibuilder.set_source(
     depends=sorted(os.path.relpath(p, ROOT) for p in glob.glob(os.path.join(CSRC, "*.h")))
     + [os.path.relpath(os.path.join(KCCL_INCLUDE, "kccl.h"), ROOT)],
     include_dirs=[os.path.relpath(CSRC, ROOT), os.path.relpath(KCCL_INCLUDE, ROOT)],
-    extra_compile_args=["-O3", "-std=gnu11", "-fno-math-errno"],
+    extra_compile_args=["-O3", "-std=gnu11", "-fno-math-errno", "-ffp-contract=off"],
     **_LINK,
 )
 

@@ -27,6 +27,7 @@ from ..lanes.native_engine import OwnsNativeEngine
 from ..lanes.plan import head_split_plan, lane_plan
 
 from ._native import ffi, lib, native
+from .sequences import Sequences
 
 # GGUF's types (gguf_types.TYPE_CODES); the kernels say which they take (kq_supported)
 _SAFETENSORS_TYPES = {NAMES[c]: c for c in FLOATS}
@@ -161,20 +162,25 @@ def default_cpus(threads, rank=0, node_cpu_sets=None):
     return mine[first:first + threads]
 
 
-class CpuModel(OwnsNativeEngine):
+class CpuModel(Sequences, OwnsNativeEngine):
     """cfg from ckpt; comm: None (one lane) or a host kccl.Communicator whose ranks are the
     lanes (made with lanes.plan.comm_config(cfg)); threads: the pool's size (default
     threads.choose()); kv: the KV cache's element type, "f16" (default) or "f32";
     cpus: CPUs to pin the pool's worker threads to (default default_cpus; [] or False:
     no pinning); node_cpu_sets: the CPU sets of every rank on this machine (default: gathered
-    through comm, so that lanes neither oversubscribe nor pin to the same CPUs)."""
+    through comm, so that lanes neither oversubscribe nor pin to the same CPUs); max_rows:
+    rows per pass over the weights (a prompt's chunk, a batch of sequences: sequences.py);
+    kv_limit: bytes of KV cache the sequences made by new_sequence may hold together
+    (0: no limit but the machine's)."""
+
+    _check = staticmethod(_check)
 
     @staticmethod
     def _destroy(e):
         lib.kie_cpu_destroy(e)
 
     def __init__(self, ckpt, comm=None, max_seq=None, threads=None, kv="f16", cpus=None, node_cpu_sets=None,
-                 pack=True):
+                 pack=True, max_rows=64, kv_limit=0):
         require_native()
         from ..lanes.threads import choose
         cfg = ckpt.config
@@ -210,6 +216,8 @@ class CpuModel(OwnsNativeEngine):
         s.kv_type = lib.KIE_CPU_KV_F16 if kv == "f16" else lib.KIE_CPU_KV_F32
         s.dtp_delay, s.tp_size, s.tp_rank, s.threads = cfg.dtp_delay, size, rank, n
         s.q_group, s.q_first = q_group, q_first
+        s.max_rows, s.kv_limit = int(max_rows), int(kv_limit)
+        self.max_rows = int(max_rows)
         cpu_arr = ffi.new("int[]", list(cpus)) if cpus else ffi.NULL
         s.cpus = cpu_arr
         c = ffi.NULL
@@ -305,8 +313,9 @@ class CpuModel(OwnsNativeEngine):
         return self._logits[:self.cfg.vocab_size].copy()
 
     def prefill(self, tokens, chunk=None, all_logits=False):
-        """Runs the prompt from the current position (one step per token: decode speed is
-        what this engine is built for); returns the last token's logits."""
+        """Runs the prompt from the current position, `chunk` tokens per pass over the
+        weights (default and at most max_rows; 1: the token step, one pass per token, as
+        decode_step runs); returns the last token's logits, the same bits either way."""
         if all_logits:
             raise KieError("the native CPU engine returns the last token's logits only")
         ids = np.asarray(list(tokens), np.int64)
@@ -315,7 +324,11 @@ class CpuModel(OwnsNativeEngine):
         if self.pos + ids.size > self.max_seq:
             raise PromptTooLongError(f"the prompt has {ids.size} tokens; the context holds {self.max_seq}"
                                      + (f" ({self.pos} already used)" if self.pos else ""))
-        return self._run(ids)
+        if chunk == 1:
+            return self._run(ids)
+        logits = self.prefill_sequence(0, ids, chunk)
+        self.pos += int(ids.size)
+        return logits
 
     def decode_step(self, token):
         if self.pos + 1 > self.max_seq:
@@ -331,6 +344,11 @@ class CpuModel(OwnsNativeEngine):
                 "attn_simd": bool(i.attn_simd), "cpus": self.cpus, "kv": self.kv}
 
     STAGES = ("norm+qkv", "attention", "o", "gate_up", "down", "sums", "head", "rest")
+
+    def set_idle_spin(self, us):
+        """Microseconds the pool's threads poll for the next step before they sleep (default
+        2000; the server sets less: its own work between steps needs the cores)."""
+        _check(lib.kie_cpu_set_idle_spin(self._handle(), int(us)))
 
     def set_profiling(self, on):
         _check(lib.kie_cpu_set_profiling(self._handle(), int(bool(on))))

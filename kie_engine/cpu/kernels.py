@@ -121,3 +121,39 @@ def dequant(t, w, cols):
         lib.kq_dequant_row(_code(t), ffi.cast("void *", w[r].ctypes.data), cols,
                            ffi.cast("float *", out[r].ctypes.data))
     return out
+
+
+def prepare_acts(t, xs):
+    """The prepared inputs of the rows of xs (float32, (nt, cols)) for weights of type t
+    (packed or not), as one 64-byte aligned uint8 array (kq_acts_bytes)."""
+    ffi, lib = native()
+    xs = np.ascontiguousarray(xs, dtype=np.float32)
+    nt, cols = xs.shape
+    n = lib.kq_acts_bytes(_code(t), cols, nt)
+    if n == 0:
+        raise ValueError(f"type {t} does not take {nt} inputs of {cols} values")
+    buf = np.empty(n + 64, np.uint8)
+    off = (-buf.ctypes.data) % 64
+    acts = buf[off:off + n]
+    lib.kq_prepare_acts(_code(t), ffi.cast("float *", xs.ctypes.data), cols, cols, nt, 0, nt,
+                        ffi.cast("void *", acts.ctypes.data))
+    return acts
+
+
+def matmul(t, w, rows, xs, r0=0, r1=None, out=None, acts=None):
+    """w @ xs.T as (nt, rows) float32, rows [r0, r1) computed (the rest of `out` left as it
+    is): w is the stored rows of type t (rows, row bytes) or, for a packed code, pack()'s
+    array; one pass over the weights for every input (kq_matmul_mat).  acts: xs already
+    prepared (prepare_acts), to time the product alone."""
+    ffi, lib = native()
+    xs = np.ascontiguousarray(xs, dtype=np.float32)
+    nt, cols = xs.shape
+    code = _code(t)
+    if not code & PACKED:
+        w = _rows(w, t, cols)
+    r1 = rows if r1 is None else r1
+    acts = prepare_acts(code, xs) if acts is None else acts
+    y = np.zeros((nt, rows), np.float32) if out is None else out
+    lib.kq_matmul_mat(code, ffi.cast("void *", w.ctypes.data), rows, cols, ffi.cast("void *", acts.ctypes.data), nt,
+                      ffi.cast("float *", y.ctypes.data), rows, r0, r1)
+    return y

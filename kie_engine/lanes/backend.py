@@ -39,15 +39,17 @@ def check_kernel(device, kernel):
 
 
 def load_backend(ckpt, comm=None, device="cpu", kernel=None, max_seq=None, threads=None, node_cpu_sets=None,
-                 kv="f16"):
+                 kv="f16", native=None):
     """This rank's backend for `ckpt` (comm: None, or the lanes' kccl.Communicator).
-    threads: the native engine's pool size (default threads.choose())."""
+    threads: the native engine's pool size (default threads.choose()); native: more
+    keywords of the native engine (cpu.engine.CpuModel: max_rows, kv_limit)."""
     kernel = check_kernel(device, kernel)
     if kernel in GPU_KERNELS:
         from ..gpu.engine import load_gpu_model
         return load_gpu_model(ckpt, comm, max_seq=max_seq, kernel=kernel)
     if kernel == "native":
         from ..cpu.engine import load_cpu_model
-        return load_cpu_model(ckpt, comm, max_seq=max_seq, threads=threads, node_cpu_sets=node_cpu_sets, kv=kv)
+        return load_cpu_model(ckpt, comm, max_seq=max_seq, threads=threads, node_cpu_sets=node_cpu_sets, kv=kv,
+                              **(native or {}))
     from ..reference.sharded import load_model
     return load_model(ckpt, comm, max_seq=max_seq, uneven=True)

@@ -172,7 +172,7 @@ def build_app(st: ServeState):
         answered("/health", 200 if ok else 503)
         return _Json({"status": "ok" if ok else ("shutting down" if sch.fatal is None else "engine failed"),
                       "model": st.model_id, "lanes": st.lanes, "queue_length": len(sch.waiting),
-                      "running": int(sch.current is not None)}, status_code=200 if ok else 503)
+                      "running": sch.running()}, status_code=200 if ok else 503)
 
     async def metrics(request):
         answered("/metrics", 200)

@@ -6,6 +6,8 @@ import threading
 # Seconds; TTFT includes the wait in the queue.
 TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 ITL_BUCKETS = (0.005, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.15, 0.25, 0.5, 1, 2.5)
+# Sequences per engine step (continuous batching)
+BATCH_BUCKETS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
 
 
 class Histogram:
@@ -46,8 +48,12 @@ class Metrics:
         self.generation_tokens = 0
         self.ttft = Histogram(TTFT_BUCKETS)
         self.itl = Histogram(ITL_BUCKETS)
+        self.batch = Histogram(BATCH_BUCKETS)
+        self.batch_rows = 0      # rows (prompt and generated tokens) over all steps
         self.queue_length = lambda: 0
         self.running = lambda: 0
+        self.kv_bytes = lambda: 0  # KV cache the running requests hold (continuous batching)
+        self.sequences = lambda: 0  # the engine's live sequences (continuous batching)
 
     def request(self, endpoint, status):
         with self.lock:
@@ -67,6 +73,12 @@ class Metrics:
     def next_token(self, seconds):
         with self.lock:
             self.itl.observe(seconds)
+
+    def batch_step(self, sequences, rows):
+        """One engine step over `sequences` sequences and `rows` rows (batching only)."""
+        with self.lock:
+            self.batch.observe(sequences)
+            self.batch_rows += rows
 
     def render(self):
         m = f'model="{_label(self.model_id)}"'
@@ -91,10 +103,22 @@ class Metrics:
             out += ["# HELP kie_inter_token_latency_seconds Between consecutive generated tokens of a request.",
                     "# TYPE kie_inter_token_latency_seconds histogram"]
             out += [_with_label(x, m) for x in self.itl.lines("kie_inter_token_latency_seconds")]
+            out += ["# HELP kie_batch_size_per_step Sequences in each engine step (continuous batching; the mean "
+                    "over any window: the _sum's rate over the _count's).",
+                    "# TYPE kie_batch_size_per_step histogram"]
+            out += [_with_label(x, m) for x in self.batch.lines("kie_batch_size_per_step")]
+            out += ["# HELP kie_batch_rows_total Rows (prompt and generated tokens) the engine steps ran.",
+                    "# TYPE kie_batch_rows_total counter", f"kie_batch_rows_total{{{m}}} {self.batch_rows}"]
         out += ["# HELP kie_queue_length Requests waiting for the engine (not counting the one running).",
                 "# TYPE kie_queue_length gauge", f"kie_queue_length{{{m}}} {self.queue_length()}",
-                "# HELP kie_requests_running Requests the engine is running (batch 1: 0 or 1).",
-                "# TYPE kie_requests_running gauge", f"kie_requests_running{{{m}}} {self.running()}"]
+                "# HELP kie_requests_running Requests the engine is running (up to --max-batch).",
+                "# TYPE kie_requests_running gauge", f"kie_requests_running{{{m}}} {self.running()}",
+                "# HELP kie_batch_size Sequences in the engine's batch now (the requests running; 0 when idle).",
+                "# TYPE kie_batch_size gauge", f"kie_batch_size{{{m}}} {self.running()}",
+                "# HELP kie_kv_cache_bytes KV cache the running requests hold (continuous batching).",
+                "# TYPE kie_kv_cache_bytes gauge", f"kie_kv_cache_bytes{{{m}}} {self.kv_bytes()}",
+                "# HELP kie_engine_sequences Sequences (KV caches) the engine holds for requests.",
+                "# TYPE kie_engine_sequences gauge", f"kie_engine_sequences{{{m}}} {self.sequences()}"]
         return "\n".join(out) + "\n"
 
 

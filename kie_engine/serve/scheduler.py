@@ -48,10 +48,13 @@ class Scheduler:
         self.fatal = None
         self.thread = threading.Thread(target=self._work, name="kie-engine", daemon=True)
         metrics.queue_length = lambda: len(self.waiting)
-        metrics.running = lambda: int(self.current is not None)
+        metrics.running = self.running
 
     def start(self):
         self.thread.start()
+
+    def running(self):
+        return int(self.current is not None)
 
     # -- the event loop's side -------------------------------------------------------------
     def submit(self, job):

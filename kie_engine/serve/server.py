@@ -49,10 +49,15 @@ def serve(a, world):
         raise ValueError(f"--max-queue must be >= 0, got {a.max_queue}")
     if not a.shutdown_grace >= 0:
         raise ValueError(f"--shutdown-grace must be >= 0, got {a.shutdown_grace}")
+    if a.max_batch is not None and a.max_batch < 1:
+        raise ValueError(f"--max-batch must be >= 1, got {a.max_batch}")
+    if a.kv_memory is not None and not a.kv_memory > 0:
+        raise ValueError(f"--kv-memory must be > 0 (MiB), got {a.kv_memory}")
     lane = Lane(a, world)
     ckpt, cfg, size, rank = lane.ckpt, lane.cfg, lane.size, lane.rank
     tok = ckpt.tokenizer()
     template = ckpt.chat_template()
+    max_batch = batch_size(a, lane.kernel, size)
     if rank == 0:  # before the model loads: a taken port fails at once
         sock = _listen(a.host, a.port)
     link, runner = None, None
@@ -63,7 +68,8 @@ def serve(a, world):
             from .lanes import LaneLink
             link = LaneLink(MPI.COMM_WORLD)
         context = cfg.max_position_embeddings
-        model = lane.load(context)
+        kv_bytes = kv_limit(a)
+        model = lane.load(context, native={"kv_limit": kv_bytes} if max_batch > 1 else None)
         runner = EngineRunner(model, context, lane.gpu, prefill_chunk(cfg), link, source=ckpt.dir)
         if rank != 0:
             link.follow(runner)
@@ -74,7 +80,8 @@ def serve(a, world):
             eot = template.end_of_turn(tok)
             if eot is not None:
                 chat_stop.add(eot)
-        return _serve_http(a, sock, size, cfg, tok, template, stop, chat_stop, runner, context)
+        return _serve_http(a, sock, size, cfg, tok, template, stop, chat_stop, runner, context, max_batch, ckpt.dir,
+                           kv_bytes)
     finally:
         if link is not None and link.leader:
             link.finish()  # whatever happened on rank 0, the lanes must not wait forever
@@ -83,7 +90,36 @@ def serve(a, world):
         lane.close()
 
 
-def _serve_http(a, sock, size, cfg, tok, template, stop, chat_stop, runner, context):
+# Sequences per step when --max-batch is not given, for the native CPU engine on one lane:
+# on the 2-core machine of bench/RESULTS.md a step of 8 sequences costs about what 2.9
+# single steps do (the weights are read once), 4 about 1.9.
+DEFAULT_MAX_BATCH = 8
+
+
+def batch_size(a, kernel, lanes):
+    """--max-batch, checked: continuous batching needs the native CPU engine on one lane."""
+    if a.max_batch is None:
+        return DEFAULT_MAX_BATCH if kernel == "native" and lanes == 1 else 1
+    if a.max_batch > 1 and (kernel != "native" or lanes > 1):
+        raise ValueError(f"--max-batch {a.max_batch}: several requests per step run on the native CPU engine on one "
+                         f"lane (this server: --kernel {kernel}, {lanes} lanes); use --max-batch 1")
+    return a.max_batch
+
+
+def kv_limit(a):
+    """Bytes the requests' KV caches may take together: --kv-memory MiB, else half of the
+    memory available now."""
+    if a.kv_memory is not None:
+        return int(a.kv_memory * (1 << 20))
+    try:
+        with open("/proc/meminfo") as f:
+            avail = next(int(line.split()[1]) * 1024 for line in f if line.startswith("MemAvailable:"))
+    except (OSError, StopIteration, ValueError):
+        avail = 8 << 30
+    return avail // 2
+
+
+def _serve_http(a, sock, size, cfg, tok, template, stop, chat_stop, runner, context, max_batch, source, kv_bytes):
     import uvicorn
     from .app import ServeState, build_app
     from .metrics import Metrics
@@ -97,7 +133,12 @@ def _serve_http(a, sock, size, cfg, tok, template, stop, chat_stop, runner, cont
             server_box[0].failed = e
             server_box[0].should_exit = True
 
-    scheduler = Scheduler(runner, tok, metrics, a.max_queue, on_fatal=fatal)
+    if max_batch > 1:
+        from .batcher import BatchScheduler
+        scheduler = BatchScheduler(runner.model, tok, metrics, max_batch, a.max_queue, source=source, on_fatal=fatal,
+                                   kv_limit=kv_bytes)
+    else:
+        scheduler = Scheduler(runner, tok, metrics, a.max_queue, on_fatal=fatal)
     st = ServeState(model_id, context, cfg.vocab_size, tok, template, frozenset(stop), frozenset(chat_stop),
                     scheduler, metrics, size, int(time.time()))
     app = build_app(st)
@@ -121,7 +162,8 @@ def _serve_http(a, sock, size, cfg, tok, template, stop, chat_stop, runner, cont
     host, port = sock.getsockname()[:2]
     where = f"[{host}]" if ":" in host else host
     lanes = f", {size} lanes" if size > 1 else ""
-    print(f"KIE serving {model_id} ({a.device}{lanes}, context {context}) at http://{where}:{port}", flush=True)
+    batch = f", batches of up to {max_batch}" if max_batch > 1 else ""
+    print(f"KIE serving {model_id} ({a.device}{lanes}, context {context}{batch}) at http://{where}:{port}", flush=True)
     try:
         asyncio.run(server.serve(sockets=[sock]))
     finally:

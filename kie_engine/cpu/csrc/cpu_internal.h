@@ -12,6 +12,7 @@
 #define KIE_MAX_THREADS 256
 #define KIE_MAX_HEAD_DIM 512
 #define KIE_ROW_ALIGN 4 /* a thread's share of a product starts on a multiple of this row */
+#define KIE_MAX_ROWS 512 /* rows of a batch step, at most */
 
 /* A thread's share of one stage: rows [r0, r1) of up to three matrices. */
 typedef struct {
@@ -41,15 +42,58 @@ typedef struct {
 
 /* Per thread: its copy of the residual (every thread applies the same updates, so no
  * stage writes a shared residual), the normed input, the prepared inputs of the
- * products, and attention scratch. */
+ * products, and attention scratch (the token's roped queries, its keys and values as
+ * the cache holds them, kie_attn's tiles). */
 typedef struct {
-  float *x, *h, *scores, *q, *kcur, *vcur;
+  float *x, *h, *attn, *q, *kcur, *vcur;
   float *gu;             /* gate outputs [0, inter), up outputs [inter, 2 inter): this thread's rows */
   unsigned char *act[3]; /* one per distinct weight type of a stage */
   int act_type[3];
   int bad;               /* a product's input held a NaN or an infinity (this run) */
   kie_prefetch pf;
+  /* the batch step with a few rows: the thread's own residuals, inputs and prepared inputs */
+  float *bx, *bh;
+  unsigned char *bact[3];
 } kie_thread;
+
+/* A sequence: its KV cache ([layer][kv_head][cap] positions, cpu_attn.h's layouts) and
+ * how far it is. */
+typedef struct {
+  void *k, *v;
+  int cap;       /* positions allocated, a multiple of 16 */
+  int limit;     /* positions asked for (<= cap): rows past it are refused */
+  int pos;
+  int bad;       /* one of its rows met a NaN or an infinity: its logits are NaN from then on */
+  int live;
+  size_t bytes;  /* of k and v together */
+} kie_seq;
+
+#define KIE_MAX_SEQS 1024
+
+/* The batch step's state (cpu_batch.c): buffers for max_rows rows, and the current call */
+typedef struct {
+  int max_rows;
+  float *x;      /* [row][hidden] residuals */
+  float *h;      /* [row][max(hidden, inter)] a product's input */
+  float *qkv;    /* [row][q rows, k rows, v rows] */
+  float *q;      /* [row][heads * head_dim] roped queries */
+  float *cs;     /* [row][head_dim] cos then sin of the row's position (kie_rope_angles) */
+  float *att;    /* [row][heads * head_dim] */
+  float *gu;     /* [row][2 * inter]: gate then up outputs */
+  float *m;      /* [row][inter] SwiGLU */
+  float *y;      /* [row][hidden] a sublayer's output (this lane's partial sum when tp > 1) */
+  float *ring;   /* [dtp_delay + 1][row][hidden] sums not yet added */
+  float *lg;     /* [row][vocab_part] this lane's logits, then [tp][row][vocab_part] gathered */
+  unsigned char *act[3]; /* prepared inputs, one per distinct weight type of a stage */
+  size_t act_bytes, own_act_bytes;
+  /* the call */
+  int n, nlog;
+  int seq[KIE_MAX_ROWS], pos[KIE_MAX_ROWS], tok[KIE_MAX_ROWS], bad[KIE_MAX_ROWS];
+  int logrow[KIE_MAX_ROWS];  /* the rows whose logits are wanted, in order */
+  int arow[KIE_MAX_THREADS + 1]; /* attention: thread t's rows [arow[t], arow[t + 1]) */
+  float *logits;
+  uint64_t req[KIE_CPU_MAX_DELAY + 1];
+} kie_batch;
 
 struct kie_cpu {
   kie_cpu_shape s;
@@ -71,9 +115,9 @@ struct kie_cpu {
   float *y;      /* a sublayer's output (this lane's partial sum) */
   float *ring;   /* (dtp_delay + 1) * hidden: sublayer sums not yet added */
   float *logits_part; /* vocab_part scratch when the caller wants no logits */
-  void *kc, *vc; /* KV cache: [layer][kv_head][max_seq][head_dim] */
-  size_t kv_bytes, work_bytes, act_bytes;
-  int pos;
+  kie_seq *seqs;  /* [KIE_MAX_SEQS]; 0 is the engine's own (kie_cpu_run) */
+  size_t kv_bytes, kv_reserved, work_bytes, act_bytes;
+  kie_batch b;
   /* shares, set by plan_shares once the weights are in */
   kie_share *sh_qkv, *sh_o, *sh_gu, *sh_down, *sh_head; /* [layer * nthreads + tid] (head: [tid]) */
   int *head0;    /* [tid]: first query head of each thread, [nthreads] = heads */
@@ -81,6 +125,7 @@ struct kie_cpu {
   /* the current run */
   const int32_t *tokens;
   int ntokens;
+  int run_seq;   /* the sequence the token step runs */
   float *logits;
   int rc;        /* set by thread 0 when a collective fails */
   char err[512];
@@ -93,6 +138,21 @@ struct kie_cpu {
 };
 
 void kie_set_error(const char *fmt, ...);
+/* a sequence's cache of `cap` positions (cpu_seq.c); 0 or KIE_CPU_E_MEMORY */
+int kie_seq_alloc(kie_cpu *e, kie_seq *q, int cap);
+void kie_seq_release(kie_cpu *e, kie_seq *q);
+/* where layer l, KV head j of sequence q starts, in elements */
+static inline size_t kie_seq_head(const kie_cpu *e, const kie_seq *q, int l, int j) {
+  return ((size_t)l * e->s.kv_heads + j) * (size_t)q->cap * e->s.head_dim;
+}
+void kie_batch_free(kie_cpu *e);
+/* The token step (cpu_step.c): n tokens of sequence seq, one pass each; the last one's
+ * logits (NaN when the sequence met a non-finite value) unless logits is NULL */
+int kie_token_run(kie_cpu *e, int seq, const int32_t *tokens, int n, float *logits);
+/* records a failed KCCL call as the run's error (e->rc, e->err) */
+void kie_comm_fail(kie_cpu *e, const char *what, int rc);
+/* Splits the rows of up to three matrices between n threads (cpu_model.c) */
+void kie_share_rows(const kie_cpu_mat *const *mats, int nm, int n, kie_share *out);
 void kie_step_all(void *arg, int tid, int n);
 int kie_plan_shares(kie_cpu *e);
 /* Prefetches the next piece of thread th's weights from stage `next` on; 0 when there

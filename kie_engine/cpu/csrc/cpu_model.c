@@ -62,6 +62,10 @@ static int check_shape(const kie_cpu_shape *s) {
     kie_set_error("tp_rank=%d of tp_size=%d", s->tp_rank, s->tp_size);
     return KIE_CPU_E_ARG;
   }
+  if (s->max_rows < 0 || s->max_rows > KIE_MAX_ROWS) {
+    kie_set_error("max_rows=%d: 1..%d (0: 64)", s->max_rows, KIE_MAX_ROWS);
+    return KIE_CPU_E_ARG;
+  }
   if (s->threads < 1 || s->threads > KIE_MAX_THREADS) {
     kie_set_error("threads=%d: 1..%d", s->threads, KIE_MAX_THREADS);
     return KIE_CPU_E_ARG;
@@ -84,13 +88,14 @@ static int check_shape(const kie_cpu_shape *s) {
 void kie_cpu_destroy(kie_cpu *e) {
   if (!e) return;
   kpool_destroy(e->pool);
+  kie_batch_free(e); /* before the threads' state: it holds their batch buffers */
   if (e->th) {
     for (int t = 0; t < e->nthreads; t++) {
       kie_thread *th = &e->th[t];
       free(th->x);
       free(th->h);
       free(th->gu);
-      free(th->scores);
+      free(th->attn);
       free(th->q);
       free(th->kcur);
       free(th->vcur);
@@ -108,8 +113,9 @@ void kie_cpu_destroy(kie_cpu *e) {
   free(e->y);
   free(e->ring);
   free(e->logits_part);
-  free(e->kc);
-  free(e->vc);
+  if (e->seqs)
+    for (int i = 0; i < KIE_MAX_SEQS; i++) kie_seq_release(e, &e->seqs[i]);
+  free(e->seqs);
   free(e->sh_qkv);
   free(e->sh_o);
   free(e->sh_gu);
@@ -134,6 +140,7 @@ int kie_cpu_create(const kie_cpu_shape *s, kcclComm_t comm, kie_cpu **out) {
   }
   e->s = *s;
   if (!e->s.q_group) e->s.q_group = s->heads / s->kv_heads; /* q_first is 0 then */
+  if (!e->s.max_rows) e->s.max_rows = 64;
   e->s.cpus = NULL; /* copied below: the caller's array need not outlive this call */
   if (s->cpus) {
     memcpy(e->cpus, s->cpus, sizeof(int) * s->threads);
@@ -160,28 +167,23 @@ int kie_cpu_create(const kie_cpu_shape *s, kcclComm_t comm, kie_cpu **out) {
     th->x = zalloc(sizeof(float) * H, &wb);
     th->h = zalloc(sizeof(float) * (H > s->inter ? H : s->inter), &wb);
     th->gu = zalloc(sizeof(float) * 2 * s->inter, &wb);
-    th->scores = zalloc(sizeof(float) * s->max_seq, &wb);
-    th->q = zalloc(sizeof(float) * hd, &wb);
+    th->attn = zalloc(sizeof(float) * kie_attn_scratch_floats(hd), &wb);
+    th->q = zalloc(sizeof(float) * s->heads * hd, &wb);
     th->kcur = zalloc(sizeof(float) * s->kv_heads * hd, &wb);
     th->vcur = zalloc(sizeof(float) * s->kv_heads * hd, &wb);
-    ok = th->x && th->h && th->gu && th->scores && th->q && th->kcur && th->vcur;
+    ok = th->x && th->h && th->gu && th->attn && th->q && th->kcur && th->vcur;
     for (int i = 0; i < 3; i++) th->act_type[i] = -1;
   }
-  /* The cache is calloc'ed: the kernel maps its pages as positions fill, so a long
-   * context costs only what is used. */
-  size_t esz = s->kv_type == KIE_CPU_KV_F16 ? 2 : 4;
-  e->kv_bytes = 2 * (size_t)L * s->kv_heads * s->max_seq * hd * esz;
-  if (ok) {
-    e->kc = calloc(e->kv_bytes / 2, 1);
-    e->vc = calloc(e->kv_bytes / 2, 1);
-    ok = e->kc && e->vc;
-  }
+  e->seqs = calloc(KIE_MAX_SEQS, sizeof(kie_seq));
   e->work_bytes = wb;
-  if (!ok) {
-    size_t kvb = e->kv_bytes;
+  if (!ok || !e->seqs) {
     kie_cpu_destroy(e);
-    kie_set_error("out of memory (a KV cache of %zu bytes and buffers)", kvb);
+    kie_set_error("out of memory (buffers of %zu bytes)", wb);
     return KIE_CPU_E_MEMORY;
+  }
+  if ((rc = kie_seq_alloc(e, &e->seqs[0], s->max_seq))) { /* sets the error */
+    kie_cpu_destroy(e);
+    return rc;
   }
   const char *why = NULL;
   if (kpool_create(e->nthreads, e->has_cpus ? e->cpus : NULL, &e->pool, &why)) {
@@ -260,17 +262,14 @@ int kie_cpu_set_globals(kie_cpu *e, const kie_cpu_mat *embed, const float *final
   return KIE_CPU_OK;
 }
 
-int kie_cpu_reset(kie_cpu *e) {
-  e->pos = 0;
-  return KIE_CPU_OK;
-}
+int kie_cpu_reset(kie_cpu *e) { return kie_cpu_seq_reset(e, 0); }
 
 /* -- sharing rows out ----------------------------------------------------------------------- */
 
 /* Splits the rows of up to three matrices (one input) between n threads so that each
  * reads about the same number of weight bytes; a share starts on a multiple of
  * KIE_ROW_ALIGN rows. */
-static void share_rows(const kie_cpu_mat *const *mats, int nm, int n, kie_share *out) {
+void kie_share_rows(const kie_cpu_mat *const *mats, int nm, int n, kie_share *out) {
   size_t rb[3], total = 0;
   for (int i = 0; i < nm; i++) {
     rb[i] = kq_row_bytes(mats[i]->type, mats[i]->cols);
@@ -393,10 +392,10 @@ int kie_plan_shares(kie_cpu *e) {
   for (int l = 0; l < L; l++) {
     kie_cpu_layer *w = &e->layers[l];
     const kie_cpu_mat *qkv[3] = {&w->q, &w->k, &w->v}, *o[1] = {&w->o}, *gu[1] = {&w->gate}, *dn[1] = {&w->down};
-    share_rows(qkv, 3, n, &e->sh_qkv[(size_t)l * n]);
-    share_rows(o, 1, n, &e->sh_o[(size_t)l * n]);
-    share_rows(gu, 1, n, &e->sh_gu[(size_t)l * n]); /* up takes the same rows: SwiGLU pairs them */
-    share_rows(dn, 1, n, &e->sh_down[(size_t)l * n]);
+    kie_share_rows(qkv, 3, n, &e->sh_qkv[(size_t)l * n]);
+    kie_share_rows(o, 1, n, &e->sh_o[(size_t)l * n]);
+    kie_share_rows(gu, 1, n, &e->sh_gu[(size_t)l * n]); /* up takes the same rows: SwiGLU pairs them */
+    kie_share_rows(dn, 1, n, &e->sh_down[(size_t)l * n]);
     const kie_cpu_mat *all[7] = {&w->q, &w->k, &w->v, &w->o, &w->gate, &w->up, &w->down};
     for (int i = 0; i < 7; i++) {
       size_t b = kq_act_bytes(all[i]->type, all[i]->cols);
@@ -404,7 +403,7 @@ int kie_plan_shares(kie_cpu *e) {
     }
   }
   const kie_cpu_mat *hd[1] = {&e->head};
-  share_rows(hd, 1, n, e->sh_head);
+  kie_share_rows(hd, 1, n, e->sh_head);
   size_t b = kq_act_bytes(e->head.type, e->head.cols);
   if (b > act) act = b;
   if (act > e->act_bytes) {
@@ -434,7 +433,7 @@ int kie_plan_shares(kie_cpu *e) {
 int kie_cpu_get_info(kie_cpu *e, kie_cpu_info *info) {
   memset(info, 0, sizeof *info);
   info->threads = e->nthreads;
-  info->pos = e->pos;
+  info->pos = e->seqs[0].pos;
   info->kv_bytes = e->kv_bytes;
   info->work_bytes = e->work_bytes;
   size_t wb = 0;
@@ -448,6 +447,11 @@ int kie_cpu_get_info(kie_cpu *e, kie_cpu_info *info) {
   info->weight_bytes = wb;
   info->kernels = kq_level();
   info->attn_simd = kie_attn_simd();
+  return KIE_CPU_OK;
+}
+
+int kie_cpu_set_idle_spin(kie_cpu *e, int us) {
+  kpool_set_idle_spin(e->pool, 1000LL * us);
   return KIE_CPU_OK;
 }
 

@@ -33,7 +33,7 @@
 
 #define LINE 64
 #define SPIN_BEFORE_YIELD 20000     /* polls in a barrier before each sched_yield */
-#define IDLE_SPIN_NS 2000000        /* a worker polls this long after a run before it sleeps */
+#define IDLE_SPIN_NS 2000000        /* by default a worker polls this long after a run before it sleeps */
 
 struct kpool {
   int n;
@@ -46,6 +46,7 @@ struct kpool {
   _Alignas(LINE) atomic_int arrived;    /* barrier */
   _Alignas(LINE) atomic_uint bar_gen;
   _Alignas(LINE) int quit;
+  long long idle_spin_ns;               /* kpool_set_idle_spin */
   int cpu_of[];                         /* -1: not pinned */
 };
 
@@ -109,7 +110,7 @@ static void *worker(void *v) {
       polls = 0;
       long long t = now_ns();
       if (!idle_from) idle_from = t;
-      if (t - idle_from < IDLE_SPIN_NS) {
+      if (t - idle_from < p->idle_spin_ns) {
         sched_yield();
         continue;
       }
@@ -137,6 +138,7 @@ int kpool_create(int n, const int *cpus, kpool **out, const char **err) {
   }
   memset(p, 0, sizeof *p);
   p->n = n;
+  p->idle_spin_ns = IDLE_SPIN_NS;
   for (int i = 0; i < n; i++) p->cpu_of[i] = cpus ? cpus[i] : -1;
   p->threads = calloc(n, sizeof(pthread_t));
   if (!p->threads) {
@@ -175,6 +177,8 @@ void kpool_destroy(kpool *p) {
 }
 
 int kpool_size(const kpool *p) { return p->n; }
+
+void kpool_set_idle_spin(kpool *p, long long ns) { p->idle_spin_ns = ns < 0 ? 0 : ns; }
 
 void kpool_run(kpool *p, kpool_fn fn, void *arg) {
   if (p->n == 1) {

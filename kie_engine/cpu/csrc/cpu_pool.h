@@ -14,6 +14,10 @@ typedef void (*kpool_fn)(void *arg, int tid, int nthreads);
 int kpool_create(int n, const int *cpus, kpool **out, const char **err);
 void kpool_destroy(kpool *p);
 int kpool_size(const kpool *p);
+/* How long a worker polls for the next run before it sleeps (default 2 ms: a decode
+ * loop's next token comes sooner; a caller with more work of its own between runs sets
+ * less, so that polling does not take the cores that work needs). */
+void kpool_set_idle_spin(kpool *p, long long ns);
 /* fn(arg, tid, n) on every thread; returns when all have returned. */
 void kpool_run(kpool *p, kpool_fn fn, void *arg);
 /* Every thread of the current run waits here until all have arrived. */

@@ -13,41 +13,12 @@
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
-#include <time.h>
 
 #include "cpu_attn.h"
 #include "cpu_internal.h"
+#include "cpu_ops.h"
 #include "kq.h"
 
-static double now_s(void) {
-  struct timespec t;
-  clock_gettime(CLOCK_MONOTONIC, &t);
-  return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
-}
-
-static void rms_norm(const float *x, const float *w, int n, float eps, float *out) {
-  double ss = 0;
-  for (int i = 0; i < n; i++) ss += (double)x[i] * x[i];
-  float r = (float)(1.0 / sqrt(ss / n + (double)eps));
-  for (int i = 0; i < n; i++) out[i] = x[i] * r * w[i];
-}
-
-static void rope(const float *x, float *out, int hd, int mode, const float *c, const float *s) {
-  int half = hd / 2;
-  if (mode == KIE_CPU_ROPE_PAIRS) {
-    for (int i = 0; i < half; i++) {
-      float a = x[2 * i], b = x[2 * i + 1];
-      out[2 * i] = a * c[i] - b * s[i];
-      out[2 * i + 1] = b * c[i] + a * s[i];
-    }
-  } else {
-    for (int i = 0; i < half; i++) {
-      float a = x[i], b = x[i + half];
-      out[i] = a * c[i] - b * s[i];
-      out[i + half] = b * c[i] + a * s[i];
-    }
-  }
-}
 
 static void matvec(const kie_cpu_mat *m, const void *act, float *y, int r0, int r1) {
   if (r1 > r0) kq_matvec_mat(m->type, m->data, m->rows, m->cols, act, y, r0, r1);
@@ -60,13 +31,7 @@ static const void *act_for(kie_thread *th, int *used, const kie_cpu_mat *m, cons
     if (th->act_type[i] == m->type) return th->act[i];
   int i = (*used)++;
   th->act_type[i] = m->type;
-  /* Quantizing drops a NaN (fmaxf skips it, the cast of NaN gives some code), so a
-   * corrupt weight would give finite, wrong logits: note any non-finite input here (x * 0
-   * is NaN exactly for those; one vectorized pass over a few kB) and the step returns NaN
-   * logits, which the decode loop refuses. */
-  float z = 0.0f;
-  for (int k = 0; k < m->cols; k++) z += x[k] * 0.0f;
-  if (z != z) th->bad = 1;
+  if (kie_nonfinite(x, m->cols)) th->bad = 1;
   kq_prepare_act(m->type, x, m->cols, th->act[i]);
   return th->act[i];
 }
@@ -114,11 +79,7 @@ static int wait_sum(kie_cpu *e, kie_thread *th, uint64_t req) {
   return kcclAllReduceWait(e->comm, req);
 }
 
-static void add(float *x, const float *y, int n) {
-  for (int i = 0; i < n; i++) x[i] += y[i];
-}
-
-static void comm_fail(kie_cpu *e, const char *what, int rc) {
+void kie_comm_fail(kie_cpu *e, const char *what, int rc) {
   const char *detail = kcclGetLastError(e->comm);
   snprintf(e->err, sizeof e->err, "%s failed (KCCL result %d): %s", what, rc, detail ? detail : "");
   e->rc = KIE_CPU_E_COMM;
@@ -136,24 +97,15 @@ static int lanes_sum(kie_cpu *e, int k, int tid, kie_thread *th) {
   /* split phase, also with no delay: the wait prefetches the next weights */
   int rc = kcclAllReduceStart(e->y, dst, H, kcclFloat32, kcclSum, e->comm, &e->req[slot]);
   if (rc) {
-    comm_fail(e, "kcclAllReduceStart of a sublayer's output", rc);
+    kie_comm_fail(e, "kcclAllReduceStart of a sublayer's output", rc);
     return due;
   }
   if (due >= 0) {
     rc = wait_sum(e, th, e->req[due]);
-    if (rc) comm_fail(e, "kcclAllReduceWait", rc);
+    if (rc) kie_comm_fail(e, "kcclAllReduceWait", rc);
   }
   return due;
 }
-
-#define STAMP(i)                          \
-  do {                                    \
-    if (prof) {                           \
-      double t_ = now_s();                \
-      e->prof[i] += t_ - t_prev;          \
-      t_prev = t_;                        \
-    }                                     \
-  } while (0)
 
 static void one_token(kie_cpu *e, int tid, int n, int32_t tok, int pos, int want_logits) {
   const kie_cpu_shape *s = &e->s;
@@ -164,15 +116,11 @@ static void one_token(kie_cpu *e, int tid, int n, int32_t tok, int pos, int want
   size_t esz = kv16 ? 2 : 4;
   float scale = 1.0f / sqrtf((float)hd);
   int prof = e->profiling && tid == 0;
-  double t_prev = prof ? now_s() : 0;
+  double t_prev = prof ? kie_now_s() : 0;
 
   float cs[KIE_MAX_HEAD_DIM]; /* cos then sin of this position */
-  for (int i = 0; i < hd / 2; i++) {
-    double a = (double)pos * e->inv_freq[i];
-    cs[i] = (float)cos(a);
-    cs[hd / 2 + i] = (float)sin(a);
-  }
-  const float *cosv = cs, *sinv = cs + hd / 2;
+  kie_rope_angles(e, pos, cs);
+  kie_seq *sq = &e->seqs[e->run_seq];
 
   th->pf.at = 0; /* the prefetch cursor starts the token again */
   th->pf.off = 0;
@@ -187,7 +135,7 @@ static void one_token(kie_cpu *e, int tid, int n, int32_t tok, int pos, int want
       float *y = tp > 1 ? e->y : e->ring + (size_t)(k % (d + 1)) * H;
       if (sub == 0) {
         /* q, k, v */
-        rms_norm(th->x, w->attn_norm, H, s->eps, th->h);
+        kie_rms_norm(th->x, w->attn_norm, H, s->eps, th->h);
         int used = 0;
         const void *aq = act_for(th, &used, &w->q, th->h), *ak = act_for(th, &used, &w->k, th->h),
                    *av = act_for(th, &used, &w->v, th->h);
@@ -197,38 +145,40 @@ static void one_token(kie_cpu *e, int tid, int n, int32_t tok, int pos, int want
         matvec(&w->v, av, e->qkv + qrows + kvrows, sh->r0[2], sh->r1[2]);
         wait_all(e, th, tid, KIE_STAGE(l, 1));
         STAMP(0);
-        /* attention: this thread's query heads */
-        int cur = -1;
-        for (int h = e->head0[tid]; h < e->head0[tid + 1]; h++) {
+        /* attention: this thread's query heads, those of one KV head together */
+        for (int h = e->head0[tid]; h < e->head0[tid + 1];) {
           int j = (h + qf) / g; /* this lane's KV head of query head h */
           float *kcur = th->kcur + (size_t)j * hd, *vcur = th->vcur + (size_t)j * hd;
-          size_t off = (((size_t)l * s->kv_heads + j) * s->max_seq) * hd;
-          if (j != cur) {
-            cur = j;
-            rope(e->qkv + qrows + (size_t)j * hd, kcur, hd, s->rope_mode, cosv, sinv);
-            memcpy(vcur, e->qkv + qrows + kvrows + (size_t)j * hd, sizeof(float) * hd);
-            /* the thread of the group's first query head writes the cache at pos; every
-             * thread uses its own kcur / vcur for pos, rounded as the cache holds them */
-            int lead = j * g - qf > 0 ? j * g - qf : 0; /* the group's first query head here */
-            int writer = lead >= e->head0[tid] && lead < e->head0[tid + 1];
-            for (int i = 0; i < hd; i++) {
-              if (kv16) {
-                uint16_t kh = kie_float_to_half(kcur[i]), vh = kie_float_to_half(vcur[i]);
-                kcur[i] = kie_half_to_float(kh);
-                vcur[i] = kie_half_to_float(vh);
-                if (writer) {
-                  ((uint16_t *)e->kc)[off + (size_t)pos * hd + i] = kh;
-                  ((uint16_t *)e->vc)[off + (size_t)pos * hd + i] = vh;
-                }
-              } else if (writer) {
-                ((float *)e->kc)[off + (size_t)pos * hd + i] = kcur[i];
-                ((float *)e->vc)[off + (size_t)pos * hd + i] = vcur[i];
-              }
+          size_t off = kie_seq_head(e, sq, l, j);
+          kie_rope(e->qkv + qrows + (size_t)j * hd, kcur, hd, s->rope_mode, cs);
+          memcpy(vcur, e->qkv + qrows + kvrows + (size_t)j * hd, sizeof(float) * hd);
+          /* the thread of the group's first query head writes the cache at pos; every
+           * thread uses its own kcur / vcur for pos, rounded as the cache holds them */
+          int lead = j * g - qf > 0 ? j * g - qf : 0; /* the group's first query head here */
+          int writer = lead >= e->head0[tid] && lead < e->head0[tid + 1];
+          for (int i = 0; i < hd; i++) {
+            kcur[i] = kie_cache_round(kcur[i], kv16);
+            vcur[i] = kie_cache_round(vcur[i], kv16);
+            if (!writer) continue;
+            size_t ki = off + kie_k_index(pos, i, hd), vi = off + kie_v_index(pos, hd) + i;
+            if (kv16) {
+              ((uint16_t *)sq->k)[ki] = kie_float_to_half(kcur[i]);
+              ((uint16_t *)sq->v)[vi] = kie_float_to_half(vcur[i]);
+            } else {
+              ((float *)sq->k)[ki] = kcur[i];
+              ((float *)sq->v)[vi] = vcur[i];
             }
           }
-          rope(e->qkv + (size_t)h * hd, th->q, hd, s->rope_mode, cosv, sinv);
-          kie_attend(th->q, (const char *)e->kc + off * esz, (const char *)e->vc + off * esz, kv16, kcur, vcur,
-                     pos + 1, hd, scale, th->scores, e->att + (size_t)h * hd);
+          kie_attn_job job = {.k = (const char *)sq->k + off * esz, .v = (const char *)sq->v + off * esz,
+                              .f16 = kv16, .hd = hd, .scale = scale, .kcur = kcur, .vcur = vcur, .cur = pos};
+          for (; h < e->head0[tid + 1] && (h + qf) / g == j; h++, job.nq++) {
+            float *qh = th->q + (size_t)job.nq * hd;
+            kie_rope(e->qkv + (size_t)h * hd, qh, hd, s->rope_mode, cs);
+            job.q[job.nq] = qh;
+            job.n[job.nq] = pos + 1;
+            job.out[job.nq] = e->att + (size_t)h * hd;
+          }
+          kie_attn(&job, th->attn);
         }
         wait_all(e, th, tid, KIE_STAGE(l, 1));
         STAMP(1);
@@ -241,17 +191,14 @@ static void one_token(kie_cpu *e, int tid, int n, int32_t tok, int pos, int want
         STAMP(2);
       } else {
         /* gate / up with SwiGLU on this thread's rows, then down */
-        rms_norm(th->x, w->mlp_norm, H, s->eps, th->h);
+        kie_rms_norm(th->x, w->mlp_norm, H, s->eps, th->h);
         int used = 0;
         const void *ag = act_for(th, &used, &w->gate, th->h), *au = act_for(th, &used, &w->up, th->h);
         const kie_share *sh = &e->sh_gu[(size_t)l * n + tid];
         int r0 = sh->r0[0], r1 = sh->r1[0];
         matvec(&w->gate, ag, th->gu, r0, r1);
         matvec(&w->up, au, th->gu + s->inter, r0, r1);
-        for (int r = r0; r < r1; r++) {
-          float a = th->gu[r];
-          e->m[r] = a / (1.0f + expf(-a)) * th->gu[s->inter + r];
-        }
+        kie_swiglu(th->gu, th->gu + s->inter, e->m, r0, r1);
         wait_all(e, th, tid, KIE_STAGE(l, 3));
         STAMP(3);
         used = 0;
@@ -268,7 +215,7 @@ static void one_token(kie_cpu *e, int tid, int n, int32_t tok, int pos, int want
       int due = lanes_sum(e, k, tid, th);
       if (tp > 1 && due >= 0) wait_all(e, th, tid, th->pf.next); /* thread 0's sum is in */
       if (e->rc) return;
-      if (due >= 0) add(th->x, e->ring + (size_t)due * H, H);
+      if (due >= 0) kie_add(th->x, e->ring + (size_t)due * H, H);
       STAMP(5);
     }
   }
@@ -278,44 +225,45 @@ static void one_token(kie_cpu *e, int tid, int n, int32_t tok, int pos, int want
     if (tp > 1) {
       if (tid == 0 && !e->rc) {
         int rc = kcclAllReduceWait(e->comm, e->req[slot]);
-        if (rc) comm_fail(e, "kcclAllReduceWait", rc);
+        if (rc) kie_comm_fail(e, "kcclAllReduceWait", rc);
       }
       kpool_barrier(e->pool, tid);
       if (e->rc) return;
     }
-    add(th->x, e->ring + (size_t)slot * H, H);
+    kie_add(th->x, e->ring + (size_t)slot * H, H);
   }
   STAMP(5);
   if (!want_logits) return;
-  rms_norm(th->x, e->final_norm, H, s->eps, th->h);
+  kie_rms_norm(th->x, e->final_norm, H, s->eps, th->h);
   int used = 0;
   const void *ah = act_for(th, &used, &e->head, th->h);
   float *part = e->logits ? e->logits + (size_t)s->tp_rank * s->vocab_part : e->logits_part;
   matvec(&e->head, ah, part, e->sh_head[tid].r0[0], e->sh_head[tid].r1[0]);
   kpool_barrier(e->pool, tid);
   if (tid == 0) {
-    int bad = 0;
+    int bad = e->seqs[e->run_seq].bad;
     for (int t = 0; t < n; t++) bad |= e->th[t].bad;
     if (bad) /* this lane's slice, before the gather: every lane then sees NaN logits */
       for (int r = 0; r < s->vocab_part; r++) part[r] = NAN;
   }
   if (tp > 1 && tid == 0 && e->logits) {
     int rc = kcclAllGather(part, e->logits, s->vocab_part, kcclFloat32, e->comm, NULL);
-    if (rc) comm_fail(e, "kcclAllGather of the logits", rc);
+    if (rc) kie_comm_fail(e, "kcclAllGather of the logits", rc);
   }
   STAMP(6);
 }
 
 void kie_step_all(void *arg, int tid, int n) {
   kie_cpu *e = arg;
+  int pos = e->seqs[e->run_seq].pos;
   for (int i = 0; i < e->ntokens; i++) {
-    one_token(e, tid, n, e->tokens[i], e->pos + i, i == e->ntokens - 1 && e->logits != NULL);
+    one_token(e, tid, n, e->tokens[i], pos + i, i == e->ntokens - 1 && e->logits != NULL);
     if (e->rc) return;
     if (tid == 0 && e->profiling) e->prof_steps++;
   }
 }
 
-int kie_cpu_run(kie_cpu *e, const int32_t *tokens, int n, float *logits) {
+int kie_token_run(kie_cpu *e, int seq, const int32_t *tokens, int n, float *logits) {
   if (n < 1 || !tokens) {
     kie_set_error("kie_cpu_run needs at least one token");
     return KIE_CPU_E_ARG;
@@ -324,8 +272,9 @@ int kie_cpu_run(kie_cpu *e, const int32_t *tokens, int n, float *logits) {
     int rc = kie_plan_shares(e);
     if (rc) return rc;
   }
-  if (e->pos + n > e->s.max_seq) {
-    kie_set_error("%d more tokens do not fit the context of %d (%d used)", n, e->s.max_seq, e->pos);
+  kie_seq *q = &e->seqs[seq];
+  if (q->pos + n > q->limit) {
+    kie_set_error("%d more tokens do not fit the context of %d (%d used)", n, q->limit, q->pos);
     return KIE_CPU_E_STATE;
   }
   for (int i = 0; i < n; i++)
@@ -333,6 +282,7 @@ int kie_cpu_run(kie_cpu *e, const int32_t *tokens, int n, float *logits) {
       kie_set_error("token id %d is outside the embedding table (%d rows)", tokens[i], e->embed.rows);
       return KIE_CPU_E_ARG;
     }
+  e->run_seq = seq;
   e->tokens = tokens;
   e->ntokens = n;
   e->logits = logits;
@@ -345,6 +295,11 @@ int kie_cpu_run(kie_cpu *e, const int32_t *tokens, int n, float *logits) {
     kie_set_error("%s", e->err);
     return e->rc;
   }
-  e->pos += n;
+  for (int t = 0; t < e->nthreads; t++) q->bad |= e->th[t].bad;
+  q->pos += n;
   return KIE_CPU_OK;
+}
+
+int kie_cpu_run(kie_cpu *e, const int32_t *tokens, int n, float *logits) {
+  return kie_token_run(e, 0, tokens, n, logits);
 }

@@ -62,6 +62,9 @@ typedef struct {
                                      group size, for a lane whose query heads start inside a group */
   int q_first;                    /* (q_group > 0) the lane's first query head's place in its first
                                      KV group; the lane's KV heads are the groups its heads use */
+  int max_rows;                   /* rows of one kie_cpu_batch call, at most (0: 64) */
+  size_t kv_limit;                /* bytes of KV cache all sequences may hold together (0: no limit
+                                     but the machine's) */
 } kie_cpu_shape;
 
 /* One matrix: rows x cols in block format `type`, rows packed kq_row_bytes(type, cols)
@@ -79,8 +82,8 @@ typedef struct {
 
 typedef struct {
   int threads;                   /* the pool's */
-  int pos;                       /* tokens in the KV cache */
-  size_t kv_bytes;               /* the KV cache's size */
+  int pos;                       /* tokens in the KV cache of sequence 0 */
+  size_t kv_bytes;               /* the KV caches' size, every sequence's */
   size_t work_bytes;             /* activations and other buffers */
   size_t weight_bytes;           /* bytes of weights one decode step reads */
   const char *kernels;           /* kq_level() */
@@ -104,11 +107,50 @@ int kie_cpu_reset(kie_cpu *e);
  * is NULL.  Earlier tokens skip the LM head. */
 int kie_cpu_run(kie_cpu *e, const int32_t *tokens, int n, float *logits);
 int kie_cpu_get_info(kie_cpu *e, kie_cpu_info *info);
+
+/* -- several sequences, many tokens per pass over the weights --------------------------------
+ *
+ * Sequence 0 is the engine's own (max_seq positions; kie_cpu_run and kie_cpu_reset use
+ * it).  Others are made and freed at will, each with its own KV cache and position, up
+ * to kv_limit bytes of caches in all.  kie_cpu_batch runs rows of any of them in one pass
+ * over the weights: a prompt's chunk, a decode step of several sequences, or both.  Every
+ * row gets the bits it would get run alone, token by token through kie_cpu_run. */
+
+/* A new sequence with room for `positions` tokens: its id in *seq (> 0).  KIE_CPU_E_MEMORY
+ * when its cache would pass kv_limit (with what the live sequences hold) or cannot be
+ * allocated; its pages are taken as positions fill. */
+int kie_cpu_seq_new(kie_cpu *e, int positions, int *seq);
+/* Frees sequence seq's cache (sequence 0 is only reset). */
+int kie_cpu_seq_free(kie_cpu *e, int seq);
+/* Back to position 0 (and its NaN flag cleared). */
+int kie_cpu_seq_reset(kie_cpu *e, int seq);
+/* Its position (tokens in its cache), or -1 when seq is not a live sequence. */
+int kie_cpu_seq_pos(kie_cpu *e, int seq);
+/* Live sequences other than 0 */
+int kie_cpu_seq_count(kie_cpu *e);
+/* KV cache bytes a sequence of `positions` tokens takes */
+size_t kie_cpu_seq_bytes(kie_cpu *e, int positions);
+/* n rows (1..max_rows): row i is token tokens[i] of sequence seqs[i] at its next position
+ * (a sequence's rows, in their order, take consecutive positions).  For each row with
+ * want[i] != 0, in row order, the whole vocabulary's logits (vocab_part * tp_size floats)
+ * into logits; bad[i] (when bad is not NULL) set to 1 when row i's sequence met a NaN or
+ * an infinity, now or in an earlier call: its logits are NaN, the other rows'
+ * unaffected.  Fails as a whole (KIE_CPU_E_ARG, KIE_CPU_E_STATE: a sequence's cache is
+ * full) before any row runs. */
+int kie_cpu_batch(kie_cpu *e, const int32_t *seqs, const int32_t *tokens, int n, const uint8_t *want, float *logits,
+                  int32_t *bad);
 /* Seconds per stage summed over the steps since the last call (then zeroed), as the
  * calling thread saw them: 0 norm+q/k/v, 1 attention, 2 o, 3 gate/up, 4 down, 5 lanes'
  * sums (waits included), 6 head (+ gather), 7 the rest; steps: how many.  Timing costs
  * a clock read per stage: on only after kie_cpu_set_profiling(e, 1). */
 int kie_cpu_set_profiling(kie_cpu *e, int on);
 int kie_cpu_profile(kie_cpu *e, double *seconds, int n, int *steps);
+/* Microseconds the pool's threads poll for the next call before they sleep (default
+ * 2000: a decode loop's next call comes sooner; a server, whose own work between calls
+ * needs the cores, sets less). */
+int kie_cpu_set_idle_spin(kie_cpu *e, int us);
+/* m = silu(gate) * up over n values as the steps compute it at the kernels' current
+ * level (kq_set_level); every level gives the same bits. */
+void kie_cpu_swiglu(const float *gate, const float *up, float *m, int n);
 
 #endif

@@ -44,12 +44,15 @@ void kq_matvec(int type, const void *w, int64_t cols, const void *act, float *y,
 /* The four-row packed layout of Q8_0, Q4_0 and Q4_1 (type | KQ_PACKED).  A matrix of R
  * rows is padded with zero rows to R4 = R rounded up to 4; groups of four rows are
  * interleaved block by block, quants and scales in two regions:
- *   quants  [R4 / 4][cols / 32][4 rows][qb]     qb = 32 (Q8_0) or 16 (the nibbles)
+ *   quants  [R4 / 4][cols / 32][qb / 4 pieces][4 rows][4 bytes]
+ *                                               qb = 32 (Q8_0) or 16 (the nibbles)
  *   scales  [R4 / 4][cols / 32][4 rows][sb]     sb = 2 (d) or 4 (d, m for Q4_1)
  * the same bytes as the GGUF rows (R4 * kq_row_bytes), reordered so that a thread's
- * share of rows is one sequential stream of full 64-byte lines: the GGUF rows (34 or
- * 20-byte blocks, a kernel reading four rows at once) streamed at a third of the
- * machine's read bandwidth, the packed layout at nearly all of it (bench/RESULTS.md). */
+ * share of rows is one sequential stream of full 64-byte lines (the GGUF rows, 34 or
+ * 20-byte blocks, a kernel reading four rows at once, streamed at a third of the
+ * machine's read bandwidth, the packed layout at nearly all of it: bench/RESULTS.md),
+ * and the four rows' 4-byte pieces j side by side: one 16-byte load, repeated across a
+ * register, meets four inputs' pieces j in one VNNI product (kq_avx512_mm.c). */
 #define KQ_PACKED 0x100
 /* bytes of the packed form of a rows x cols matrix of `type`; 0 when the type has no
  * packed form (or the rows are too long for the portable path: > 16 kB) */
@@ -65,6 +68,20 @@ void kq_matvec_mat(int type, const void *w, int64_t rows, int64_t cols, const vo
  * how many (0 for an empty range or a type the kernels do not take). */
 int kq_share_spans(int type, const void *w, int64_t rows, int64_t cols, int64_t r0, int64_t r1, const void **p,
                    size_t *n);
+/* Several inputs per pass over the weights (a prompt's tokens, a batch of sequences):
+ * each weight block is read once and applied to every input.  The nt prepared inputs
+ * lie kq_act_bytes(type, cols) apart, followed (quantized types) by the same inputs
+ * laid out four by four for the kernels (kq_internal.h).  kq_acts_bytes: the whole
+ * buffer. */
+size_t kq_acts_bytes(int type, int64_t cols, int nt);
+/* Inputs [t0, t1) of the nt, row t of x at x + t * ldx floats, into acts (64-byte
+ * aligned, kq_acts_bytes): threads may prepare disjoint ranges of one buffer at once. */
+void kq_prepare_acts(int type, const float *x, size_t ldx, int64_t cols, int nt, int t0, int t1, void *acts);
+/* y[t * ldy + r] = dot(row r of w, input t) for t in [0, nt), r in [r0, r1): for each
+ * input, bit for bit what kq_matvec_mat gives on that input alone (the tests hold every
+ * level to that), so a batch computes what its members compute one at a time. */
+void kq_matmul_mat(int type, const void *w, int64_t rows, int64_t cols, const void *acts, int nt, float *y,
+                   size_t ldy, int64_t r0, int64_t r1);
 /* one row to floats (embedding lookups, tests) */
 void kq_dequant_row(int type, const void *row, int64_t cols, float *out);
 

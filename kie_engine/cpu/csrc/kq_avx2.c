@@ -328,6 +328,20 @@ static inline void store_group(float *y, int64_t g, int64_t r0, int64_t r1, cons
             y[g + k] = t[k];
 }
 
+/* The packed layout's four 16-byte chunks of pieces (chunk j: piece j of rows 0-3) back
+ * into the four rows' 16 bytes (a 4 x 4 transpose of 32-bit pieces), into rows[64] */
+static inline void rows_of_pieces(const uint8_t *p, uint8_t rows[64])
+{
+    __m128i c0 = _mm_loadu_si128((const __m128i *)p), c1 = _mm_loadu_si128((const __m128i *)(p + 16));
+    __m128i c2 = _mm_loadu_si128((const __m128i *)(p + 32)), c3 = _mm_loadu_si128((const __m128i *)(p + 48));
+    __m128i t0 = _mm_unpacklo_epi32(c0, c1), t1 = _mm_unpackhi_epi32(c0, c1);
+    __m128i t2 = _mm_unpacklo_epi32(c2, c3), t3 = _mm_unpackhi_epi32(c2, c3);
+    _mm_storeu_si128((__m128i *)rows, _mm_unpacklo_epi64(t0, t2));
+    _mm_storeu_si128((__m128i *)(rows + 16), _mm_unpackhi_epi64(t0, t2));
+    _mm_storeu_si128((__m128i *)(rows + 32), _mm_unpacklo_epi64(t1, t3));
+    _mm_storeu_si128((__m128i *)(rows + 48), _mm_unpackhi_epi64(t1, t3));
+}
+
 static inline void q4x4(const void *w, int64_t rows, int64_t cols, const void *act, float *y, int64_t r0,
                         int64_t r1, int has_min)
 {
@@ -346,7 +360,9 @@ static inline void q4x4(const void *w, int64_t rows, int64_t cols, const void *a
             else
                 dm = _mm_unpacklo_epi16(_mm_loadl_epi64((const __m128i *)(sc4 + 8 * b)),
                                         _mm_loadl_epi64((const __m128i *)(sc4 + 8 * b)));
-            const uint8_t *qk[4] = {q + 64 * b, q + 64 * b + 16, q + 64 * b + 32, q + 64 * b + 48};
+            uint8_t r[64];
+            rows_of_pieces(q + 64 * b, r);
+            const uint8_t *qk[4] = {r, r + 16, r + 32, r + 48};
             q4_block4(qk, dm, &a, b, acc, &accm);
         }
         store_group(y, g, r0, r1, acc, q4_extra4(accm, has_min));
@@ -377,8 +393,12 @@ static void mv_q8_0x4(const void *w, int64_t rows, int64_t cols, const void *act
             __m128i dh = _mm_loadl_epi64((const __m128i *)(d + 4 * b));
             __m256 sc4 = _mm256_castps128_ps256(_mm_mul_ps(_mm_cvtph_ps(dh), _mm_set1_ps(a.dds[2 * b])));
             __m256i xq = _mm256_loadu_si256((const __m256i *)(a.q + 32 * b));
+            uint8_t lo[64], hi[64]; /* bytes 0-15 and 16-31 of the four rows */
+            rows_of_pieces((const uint8_t *)q + 128 * b, lo);
+            rows_of_pieces((const uint8_t *)q + 128 * b + 64, hi);
             for (int k = 0; k < 4; k++) {
-                __m256i wq = _mm256_loadu_si256((const __m256i *)(q + 128 * b + 32 * k));
+                __m256i wq = _mm256_setr_m128i(_mm_loadu_si128((const __m128i *)(lo + 16 * k)),
+                                               _mm_loadu_si128((const __m128i *)(hi + 16 * k)));
                 __m256i dot = dot4(_mm256_sign_epi8(wq, wq), _mm256_sign_epi8(xq, wq));
                 __m256 sc = _mm256_permutevar8x32_ps(sc4, _mm256_set1_epi32(k));
                 acc[k] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), sc, acc[k]);

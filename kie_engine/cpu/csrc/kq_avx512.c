@@ -16,6 +16,8 @@
 #pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")
 #include <immintrin.h>
 
+#include "kq_x512.h"
+
 #define ROW(w, rb, r) ((const char *)(w) + (size_t)(r) * (rb))
 
 /* Software prefetch, on top of the hardware's: a pass over four rows reads four streams
@@ -48,14 +50,6 @@ static inline int ld16(const void *p)
     uint16_t v;
     memcpy(&v, p, 2);
     return v;
-}
-
-/* The sums of each 4-lane group of v, in the 4 lanes of the result (group k -> lane k) */
-static inline __m128 sum_groups4(__m512 v)
-{
-    v = _mm512_add_ps(v, _mm512_shuffle_ps(v, v, _MM_SHUFFLE(2, 3, 0, 1)));
-    v = _mm512_add_ps(v, _mm512_shuffle_ps(v, v, _MM_SHUFFLE(1, 0, 3, 2)));
-    return _mm512_castps512_ps128(_mm512_permutexvar_ps(_mm512_setr_epi32(0, 4, 8, 12, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0), v));
 }
 
 /* The four rows' results of a Q4_0 / Q4_1 pass: the integer-dot sums (acc0 + acc1, one
@@ -404,77 +398,50 @@ static void mv_q6_k(const void *w, size_t rb, int64_t cols, const void *act, flo
     }
 }
 
-/* -- the packed layout (kq.h): four rows' blocks side by side, one sequential stream ------- */
+/* -- the packed layout (kq.h): one 64-byte load per block holds the four rows' pieces ------- */
 
-/* Group g's four rows into y[g..g+3], only those in [r0, r1) */
-static inline void store_group(float *y, int64_t g, int64_t r0, int64_t r1, __m128 v)
+/* The exact dots of the four rows with the input's block: lanes 4j + r of dot hold row
+ * r's piece j against the input's piece j (x1: the pieces repeated), summed over j. */
+static inline __m128i rows4_dots(__m512i dot)
 {
-    if (g >= r0 && g + 4 <= r1) {
-        _mm_storeu_ps(y + g, v);
-    } else {
-        float t[4];
-        _mm_storeu_ps(t, v);
-        for (int k = 0; k < 4; k++)
-            if (g + k >= r0 && g + k < r1)
-                y[g + k] = t[k];
-    }
+    __m256i t = _mm256_add_epi32(_mm512_castsi512_si256(dot), _mm512_extracti64x4_epi64(dot, 1));
+    return _mm_add_epi32(_mm256_castsi256_si128(t), _mm256_extracti128_si256(t, 1));
 }
 
-/* Q8_0: per block, two full registers (rows 0-1, rows 2-3) and the four rows' scales in
- * one 8-byte load.  The sign flip's bias (128 x the input's sum) is taken out once per
- * row at the end, from the (d_w, d_x * sum q_x) products accumulated per block. */
-static void mv_q8_0x4(const void *w, int64_t rows, int64_t cols, const void *act, float *y, int64_t r0, int64_t r1)
-{
-    kq_act8 a = kq_act8_view(act, cols);
-    const __m512i flip = _mm512_set1_epi8((char)0x80);
-    const __m512i lanes01 = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
-    const __m512i lanes23 = _mm512_setr_epi32(2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3);
-    const int64_t nb = cols / 32, r4 = (rows + 3) / 4 * 4;
-    const int8_t *qs = (const int8_t *)w;
-    const uint16_t *ds = (const uint16_t *)(qs + (size_t)r4 * cols);
-    for (int64_t g = r0 / 4 * 4; g < r1; g += 4) {
-        const int8_t *q = qs + (size_t)g * cols;
-        const uint16_t *d = ds + (size_t)g * nb;
-        __m512 acc01 = _mm512_setzero_ps(), acc23 = _mm512_setzero_ps();
-        __m128 bias = _mm_setzero_ps();
-        for (int64_t b = 0; b < nb; b++) {
-            __m512i ax = _mm512_broadcast_i64x4(_mm256_load_si256((const __m256i *)(a.q + 32 * b)));
-            __m512i w01 = _mm512_loadu_si512(q + 128 * b), w23 = _mm512_loadu_si512(q + 128 * b + 64);
-            __m512i d01 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_xor_si512(w01, flip), ax);
-            __m512i d23 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_xor_si512(w23, flip), ax);
-            __m128 dw = _mm_cvtph_ps(_mm_loadl_epi64((const __m128i *)(d + 4 * b)));
-            bias = _mm_fmadd_ps(dw, _mm_set1_ps(a.dds[2 * b + 1]), bias);
-            __m512 sc = _mm512_castps128_ps512(_mm_mul_ps(dw, _mm_set1_ps(a.dds[2 * b])));
-            acc01 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d01), _mm512_permutexvar_ps(lanes01, sc), acc01);
-            acc23 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d23), _mm512_permutexvar_ps(lanes23, sc), acc23);
-        }
-        __m512 t = _mm512_add_ps(_mm512_shuffle_f32x4(acc01, acc23, _MM_SHUFFLE(2, 0, 2, 0)),
-                                 _mm512_shuffle_f32x4(acc01, acc23, _MM_SHUFFLE(3, 1, 3, 1)));
-        store_group(y, g, r0, r1, _mm_fnmadd_ps(bias, _mm_set1_ps(128.0f), sum_groups4(t)));
-    }
-}
-
-/* Q4_0 / Q4_1 packed: per block one register of the four rows' nibbles (a 128-bit lane
- * each) and their scales in one load: (d) x 4 for Q4_0, (d, m) x 4 for Q4_1 (q4_block4). */
+/* Q4_0 / Q4_1 and Q8_0 on the packed layout, one input: per block the four rows' exact
+ * integer dots, then per row (lane) acc += dot * (d_w * d_x) and the minimum / offset /
+ * sign-flip term's own sum acc2 += (m_w or d_w) * (d_x * sum q_x), block after block;
+ * kq_avx512_mm.c's kernels do the same for four inputs at a time (the same bits). */
 static inline void q4x4(const void *w, int64_t rows, int64_t cols, const void *act, float *y, int64_t r0,
                         int64_t r1, int has_min)
 {
     kq_act8 a = kq_act8_view(act, cols);
+    const __m512i nib = _mm512_set1_epi8(0x0f);
+    const __m256i lanes_d = _mm256_setr_epi32(0, 2, 4, 6, 0, 2, 4, 6), lanes_m = _mm256_setr_epi32(1, 3, 5, 7, 1, 3, 5, 7);
     const int64_t nb = cols / 32, r4 = (rows + 3) / 4 * 4;
     const size_t sb = has_min ? 4 : 2;
     const uint8_t *qs = (const uint8_t *)w, *ss = qs + (size_t)r4 * (size_t)nb * 16;
     for (int64_t g = r0 / 4 * 4; g < r1; g += 4) {
         const uint8_t *q = qs + (size_t)g * (size_t)nb * 16, *s = ss + (size_t)g * (size_t)nb * sb;
-        __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();
-        __m256 accm = _mm256_setzero_ps();
-        __m128 acc4 = _mm_setzero_ps();
+        __m128 acc = _mm_setzero_ps(), acc2 = _mm_setzero_ps();
         for (int64_t b = 0; b < nb; b++) {
-            __m128i sc = has_min ? _mm_loadu_si128((const __m128i *)(s + 16 * b))
-                                 : _mm_loadl_epi64((const __m128i *)(s + 8 * b));
-            q4_block4(_mm512_loadu_si512(q + 64 * b), sc, &a, b, has_min, &acc0, &acc1, &accm, &acc4);
+            __m512i qw = _mm512_loadu_si512(q + 64 * b);
+            __m512i lo = _mm512_and_si512(qw, nib), hi = _mm512_and_si512(_mm512_srli_epi16(qw, 4), nib);
+            __m512i dot = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), lo,
+                                                                  _mm512_load_si512(a.x1 + 128 * b)),
+                                              hi, _mm512_load_si512(a.x1 + 128 * b + 64));
+            __m128 d4, e4; /* d_w, and m_w (Q4_1) or d_w (Q4_0) */
+            if (has_min) {
+                __m256 dm = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(s + 16 * b)));
+                d4 = _mm256_castps256_ps128(_mm256_permutevar8x32_ps(dm, lanes_d));
+                e4 = _mm256_castps256_ps128(_mm256_permutevar8x32_ps(dm, lanes_m));
+            } else {
+                d4 = e4 = _mm_cvtph_ps(_mm_loadl_epi64((const __m128i *)(s + 8 * b)));
+            }
+            acc = _mm_fmadd_ps(_mm_cvtepi32_ps(rows4_dots(dot)), _mm_mul_ps(d4, _mm_set1_ps(a.dds[2 * b])), acc);
+            acc2 = _mm_fmadd_ps(e4, _mm_set1_ps(a.dds[2 * b + 1]), acc2);
         }
-        __m128 out = q4_total4(acc0, acc1, accm, acc4, has_min);
-        store_group(y, g, r0, r1, out);
+        store_group(y, g, r0, r1, has_min ? _mm_add_ps(acc, acc2) : _mm_fmadd_ps(acc2, _mm_set1_ps(-8.0f), acc));
     }
 }
 
@@ -488,9 +455,36 @@ static void mv_q4_1x4(const void *w, int64_t rows, int64_t cols, const void *act
     q4x4(w, rows, cols, act, y, r0, r1, 1);
 }
 
+/* Q8_0: pieces 0-3 and 4-7 of the four rows in two registers, sign-flipped (+128, for the
+ * unsigned operand); 128 * d_w * (d_x * sum q_x) taken out at the end. */
+static void mv_q8_0x4(const void *w, int64_t rows, int64_t cols, const void *act, float *y, int64_t r0, int64_t r1)
+{
+    kq_act8 a = kq_act8_view(act, cols);
+    const __m512i flip = _mm512_set1_epi8((char)0x80);
+    const int64_t nb = cols / 32, r4 = (rows + 3) / 4 * 4;
+    const int8_t *qs = (const int8_t *)w;
+    const uint16_t *ds = (const uint16_t *)(qs + (size_t)r4 * cols);
+    for (int64_t g = r0 / 4 * 4; g < r1; g += 4) {
+        const int8_t *q = qs + (size_t)g * (size_t)cols;
+        const uint16_t *d = ds + (size_t)g * (size_t)nb;
+        __m128 acc = _mm_setzero_ps(), bias = _mm_setzero_ps();
+        for (int64_t b = 0; b < nb; b++) {
+            __m512i w03 = _mm512_xor_si512(_mm512_loadu_si512(q + 128 * b), flip);
+            __m512i w47 = _mm512_xor_si512(_mm512_loadu_si512(q + 128 * b + 64), flip);
+            __m512i dot = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), w03,
+                                                                  _mm512_load_si512(a.x1 + 128 * b)),
+                                              w47, _mm512_load_si512(a.x1 + 128 * b + 64));
+            __m128 dw = _mm_cvtph_ps(_mm_loadl_epi64((const __m128i *)(d + 4 * b)));
+            acc = _mm_fmadd_ps(_mm_cvtepi32_ps(rows4_dots(dot)), _mm_mul_ps(dw, _mm_set1_ps(a.dds[2 * b])), acc);
+            bias = _mm_fmadd_ps(dw, _mm_set1_ps(a.dds[2 * b + 1]), bias);
+        }
+        store_group(y, g, r0, r1, _mm_fnmadd_ps(bias, _mm_set1_ps(128.0f), acc));
+    }
+}
+
 static const kq_impl kq_avx512 = {
     "avx512", quantize_act, mv_f32, mv_f16, mv_bf16, mv_q8_0, mv_q4_0, mv_q4_1, mv_q4_k, mv_q6_k,
-    mv_q8_0x4, mv_q4_0x4, mv_q4_1x4,
+    mv_q8_0x4, mv_q4_0x4, mv_q4_1x4, &kq_mm_avx512,
 };
 const kq_impl *const kq_impl_avx512 = &kq_avx512;
 

@@ -101,6 +101,8 @@ static const kq_impl *impl(void)
 
 const char *kq_level(void) { return impl()->name; }
 
+const kq_impl *kq_current(void) { return impl(); }
+
 int kq_set_level(const char *name)
 {
     if (!name)
@@ -127,14 +129,28 @@ static kq_matvec_fn kernel_of(const kq_impl *p, int type)
     }
 }
 
+void kq_expand_x1(void *act, int64_t cols)
+{
+    kq_act8 a = kq_act8_view(act, cols);
+    int8_t *x1 = (int8_t *)a.x1;
+    for (int64_t i = 0; i < cols / 4; i++) { /* piece i, four times: one 16-byte store */
+        uint32_t p, four[4];
+        memcpy(&p, a.q + 4 * i, 4);
+        four[0] = four[1] = four[2] = four[3] = p;
+        memcpy(x1 + 16 * i, four, 16);
+    }
+}
+
 void kq_prepare_act(int type, const float *x, int64_t cols, void *act)
 {
     if (!kq_act_bytes(type, cols))
         return;
-    if (type == KQ_F32 || type == KQ_F16 || type == KQ_BF16)
+    if (type == KQ_F32 || type == KQ_F16 || type == KQ_BF16) {
         memcpy(act, x, (size_t)cols * sizeof(float));
-    else
+    } else {
         impl()->quantize_act(x, cols, act);
+        kq_expand_x1(act, cols);
+    }
 }
 
 void kq_matvec(int type, const void *w, int64_t cols, const void *act, float *y, int64_t r0, int64_t r1)
@@ -173,10 +189,32 @@ size_t kq_packed_bytes(int type, int64_t rows, int64_t cols)
     return (size_t)((rows + 3) / 4 * 4) * rb;
 }
 
-/* Where row r's block b lives in the packed layout: its quants and its scale bytes */
-static inline size_t packed_q(int64_t r, int64_t b, int64_t nb, size_t qb)
+/* Where row r's block b lives in the packed layout: its scale bytes (sb of them) */
+static inline size_t packed_s(int64_t r, int64_t b, int64_t nb, size_t sb)
 {
-    return ((size_t)(r / 4) * (size_t)nb + (size_t)b) * 4 * qb + (size_t)(r % 4) * qb;
+    return ((size_t)(r / 4) * (size_t)nb + (size_t)b) * 4 * sb + (size_t)(r % 4) * sb;
+}
+
+/* ... and byte i of its quants (qb of them): 4-byte piece i / 4 of the four rows side by side */
+static inline size_t packed_q(int64_t r, int64_t b, int64_t nb, size_t qb, size_t i)
+{
+    return ((size_t)(r / 4) * (size_t)nb + (size_t)b) * 4 * qb + (i / 4) * 16 + (size_t)(r % 4) * 4 + i % 4;
+}
+
+/* One row's block between its GGUF form (scales, then quants) and the packed layout */
+static void block_to_packed(const char *blk, char *q, char *s, int64_t r, int64_t b, int64_t nb, size_t qb, size_t sb)
+{
+    memcpy(s + packed_s(r, b, nb, sb), blk, sb); /* every block starts with its scales */
+    for (size_t i = 0; i < qb; i += 4)
+        memcpy(q + packed_q(r, b, nb, qb, i), blk + sb + i, 4);
+}
+
+static void block_from_packed(char *blk, const char *q, const char *s, int64_t r, int64_t b, int64_t nb, size_t qb,
+                              size_t sb)
+{
+    memcpy(blk, s + packed_s(r, b, nb, sb), sb);
+    for (size_t i = 0; i < qb; i += 4)
+        memcpy(blk + sb + i, q + packed_q(r, b, nb, qb, i), 4);
 }
 
 int kq_pack(int type, const void *src, int64_t rows, int64_t cols, void *dst)
@@ -189,11 +227,8 @@ int kq_pack(int type, const void *src, int64_t rows, int64_t cols, void *dst)
     char *q = (char *)dst, *s = q + (size_t)r4 * (size_t)nb * qb;
     memset(dst, 0, n); /* the padding rows: zero scales and quants, a zero product */
     for (int64_t r = 0; r < rows; r++)
-        for (int64_t b = 0; b < nb; b++) {
-            const char *blk = (const char *)src + (size_t)r * rb + (size_t)b * bs;
-            memcpy(s + packed_q(r, b, nb, sb), blk, sb); /* every block starts with its scales */
-            memcpy(q + packed_q(r, b, nb, qb), blk + sb, qb);
-        }
+        for (int64_t b = 0; b < nb; b++)
+            block_to_packed((const char *)src + (size_t)r * rb + (size_t)b * bs, q, s, r, b, nb, qb, sb);
     return type | KQ_PACKED;
 }
 
@@ -210,11 +245,8 @@ static void packed_via_rows(kq_matvec_fn f, int base, const void *w, int64_t row
     _Alignas(64) char buf[4 * KQ_PACK_MAX_ROW];
     for (int64_t g = r0 / 4 * 4; g < r1; g += 4) {
         for (int k = 0; k < 4; k++)
-            for (int64_t b = 0; b < nb; b++) {
-                char *blk = buf + (size_t)k * rb + (size_t)b * bs;
-                memcpy(blk, s + packed_q(g + k, b, nb, sb), sb);
-                memcpy(blk + sb, q + packed_q(g + k, b, nb, qb), qb);
-            }
+            for (int64_t b = 0; b < nb; b++)
+                block_from_packed(buf + (size_t)k * rb + (size_t)b * bs, q, s, g + k, b, nb, qb, sb);
         int64_t a = g > r0 ? g : r0, e = g + 4 < r1 ? g + 4 : r1;
         f(buf, rb, cols, act, y + g, a - g, e - g); /* row r of the group at buf + (r - g) * rb */
     }

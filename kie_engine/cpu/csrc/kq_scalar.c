@@ -90,10 +90,10 @@ static void mv_f16(const void *w, size_t rb, int64_t cols, const void *act, floa
         int64_t i = 0;
         for (; i + 8 <= cols; i += 8)
             for (int k = 0; k < 8; k++)
-                acc[k] += kq_h2f(row[i + k]) * x[i + k];
+                acc[k] += kie_h2f(row[i + k]) * x[i + k];
         float s = ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
         for (; i < cols; i++)
-            s += kq_h2f(row[i]) * x[i];
+            s += kie_h2f(row[i]) * x[i];
         y[r] = s;
     }
 }
@@ -123,7 +123,7 @@ static void mv_q8_0(const void *w, size_t rb, int64_t cols, const void *act, flo
         float s = 0.0f;
         for (int64_t b = 0; b < cols / 32; b++) {
             int dot = dot32(bl[b].qs, a.q + b * 32);
-            s += kq_h2f(bl[b].d) * a.dds[2 * b] * (float)dot;
+            s += kie_h2f(bl[b].d) * a.dds[2 * b] * (float)dot;
         }
         y[r] = s;
     }
@@ -138,7 +138,7 @@ static void mv_q4_0(const void *w, size_t rb, int64_t cols, const void *act, flo
         float s = 0.0f;
         for (int64_t b = 0; b < cols / 32; b++) {
             int dot = dot32(nibbles32(bl[b].qs, 8, v), a.q + b * 32);
-            s += kq_h2f(bl[b].d) * a.dds[2 * b] * (float)dot;
+            s += kie_h2f(bl[b].d) * a.dds[2 * b] * (float)dot;
         }
         y[r] = s;
     }
@@ -153,7 +153,7 @@ static void mv_q4_1(const void *w, size_t rb, int64_t cols, const void *act, flo
         float s = 0.0f;
         for (int64_t b = 0; b < cols / 32; b++) {
             int dot = dot32(nibbles32(bl[b].qs, 0, v), a.q + b * 32);
-            s += kq_h2f(bl[b].d) * a.dds[2 * b] * (float)dot + kq_h2f(bl[b].m) * a.dds[2 * b + 1];
+            s += kie_h2f(bl[b].d) * a.dds[2 * b] * (float)dot + kie_h2f(bl[b].m) * a.dds[2 * b + 1];
         }
         y[r] = s;
     }
@@ -168,7 +168,7 @@ static void mv_q4_k(const void *w, size_t rb, int64_t cols, const void *act, flo
         for (int64_t b = 0; b < cols / 256; b++) {
             uint8_t sm[16];
             kq_q4k_scales(bl[b].scales, sm);
-            float d = kq_h2f(bl[b].d), dmin = kq_h2f(bl[b].dmin);
+            float d = kie_h2f(bl[b].d), dmin = kie_h2f(bl[b].dmin);
             int8_t v[256];
             for (int c = 0; c < 4; c++) /* sub-blocks 2c, 2c+1: low, high nibbles of bytes 32c.. */
                 for (int i = 0; i < 32; i++) {
@@ -215,7 +215,7 @@ static void mv_q6_k(const void *w, size_t rb, int64_t cols, const void *act, flo
         const kq_block_q6_k *bl = (const kq_block_q6_k *)ROW(w, rb, r);
         float s = 0.0f;
         for (int64_t b = 0; b < cols / 256; b++) {
-            float d = kq_h2f(bl[b].d);
+            float d = kie_h2f(bl[b].d);
             int8_t v[256];
             q6k_values(&bl[b], v);
             for (int g = 0; g < 16; g++) {
@@ -238,7 +238,7 @@ void kq_scalar_dequant_row(int type, const void *row, int64_t cols, float *out)
         return;
     case KQ_F16:
         for (int64_t i = 0; i < cols; i++)
-            out[i] = kq_h2f(((const uint16_t *)row)[i]);
+            out[i] = kie_h2f(((const uint16_t *)row)[i]);
         return;
     case KQ_BF16:
         for (int64_t i = 0; i < cols; i++)
@@ -247,7 +247,7 @@ void kq_scalar_dequant_row(int type, const void *row, int64_t cols, float *out)
     case KQ_Q8_0:
         for (int64_t b = 0; b < cols / 32; b++) {
             const kq_block_q8_0 *bl = (const kq_block_q8_0 *)row + b;
-            float d = kq_h2f(bl->d);
+            float d = kie_h2f(bl->d);
             for (int i = 0; i < 32; i++)
                 out[b * 32 + i] = d * (float)bl->qs[i];
         }
@@ -255,7 +255,7 @@ void kq_scalar_dequant_row(int type, const void *row, int64_t cols, float *out)
     case KQ_Q4_0:
         for (int64_t b = 0; b < cols / 32; b++) {
             const kq_block_q4_0 *bl = (const kq_block_q4_0 *)row + b;
-            float d = kq_h2f(bl->d);
+            float d = kie_h2f(bl->d);
             for (int i = 0; i < 16; i++) {
                 out[b * 32 + i] = d * (float)((bl->qs[i] & 15) - 8);
                 out[b * 32 + i + 16] = d * (float)((bl->qs[i] >> 4) - 8);
@@ -265,7 +265,7 @@ void kq_scalar_dequant_row(int type, const void *row, int64_t cols, float *out)
     case KQ_Q4_1:
         for (int64_t b = 0; b < cols / 32; b++) {
             const kq_block_q4_1 *bl = (const kq_block_q4_1 *)row + b;
-            float d = kq_h2f(bl->d), m = kq_h2f(bl->m);
+            float d = kie_h2f(bl->d), m = kie_h2f(bl->m);
             for (int i = 0; i < 16; i++) {
                 out[b * 32 + i] = d * (float)(bl->qs[i] & 15) + m;
                 out[b * 32 + i + 16] = d * (float)(bl->qs[i] >> 4) + m;
@@ -277,7 +277,7 @@ void kq_scalar_dequant_row(int type, const void *row, int64_t cols, float *out)
             const kq_block_q4_k *bl = (const kq_block_q4_k *)row + b;
             uint8_t sm[16];
             kq_q4k_scales(bl->scales, sm);
-            float d = kq_h2f(bl->d), dmin = kq_h2f(bl->dmin);
+            float d = kie_h2f(bl->d), dmin = kie_h2f(bl->dmin);
             for (int j = 0; j < 8; j++) {
                 const uint8_t *qs = bl->qs + 32 * (j / 2);
                 float dj = d * (float)sm[j], mj = dmin * (float)sm[8 + j];
@@ -289,7 +289,7 @@ void kq_scalar_dequant_row(int type, const void *row, int64_t cols, float *out)
     case KQ_Q6_K:
         for (int64_t b = 0; b < cols / 256; b++) {
             const kq_block_q6_k *bl = (const kq_block_q6_k *)row + b;
-            float d = kq_h2f(bl->d);
+            float d = kie_h2f(bl->d);
             for (int e = 0; e < 256; e++)
                 out[b * 256 + e] = d * (float)bl->scales[e / 16] * (float)(q6k_value(bl, e) - 32);
         }

@@ -1,0 +1,502 @@
+/* cpu_batch.c: the batch step (kie_cpu.h's kie_cpu_batch): rows of one or several
+ * sequences through the model together, each weight matrix applied to every row in one
+ * pass (kq_matmul_mat).
+ *
+ * The threads split each product by weight rows, as the token step does, and the work
+ * per row (the embedding, RMSNorm, preparing a product's input, RoPE and the cache
+ * writes, the residual) by rows, meeting at a barrier between stages; attention goes by
+ * rows too, cut where the positions attended balance, and each thread prepares the o
+ * product's input of its own rows.  Every row's arithmetic is the token step's
+ * (cpu_ops.h, the kernels' bit-for-bit batch products, kie_attn's per-query results), so
+ * a row gets the bits it would get alone. */
+#define _GNU_SOURCE
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cpu_attn.h"
+#include "cpu_internal.h"
+#include "cpu_ops.h"
+#include "kq.h"
+
+void kie_batch_free(kie_cpu *e) {
+  kie_batch *b = &e->b;
+  free(b->x);
+  free(b->h);
+  free(b->qkv);
+  free(b->q);
+  free(b->cs);
+  free(b->att);
+  free(b->gu);
+  free(b->m);
+  free(b->y);
+  free(b->ring);
+  free(b->lg);
+  for (int i = 0; i < 3; i++) free(b->act[i]);
+  for (int t = 0; e->th && t < e->nthreads; t++) {
+    kie_thread *th = &e->th[t];
+    free(th->bx);
+    free(th->bh);
+    for (int i = 0; i < 3; i++) free(th->bact[i]);
+    th->bx = th->bh = NULL;
+    memset(th->bact, 0, sizeof th->bact);
+  }
+  memset(b, 0, sizeof *b);
+}
+
+/* Rows that the threads run in their own buffers: fewer than four per thread */
+static int own_rows(const kie_cpu *e) { return e->nthreads > 1 ? 4 * e->nthreads - 1 : 0; }
+
+/* Every buffer is written before it is read: left untouched, its pages cost nothing
+ * until rows use them. */
+static float *falloc(size_t n) { return aligned_alloc(64, (n * sizeof(float) + 63) / 64 * 64); }
+
+/* Bytes of the prepared inputs of nt rows for the largest matrix input */
+static size_t acts_need(const kie_cpu *e, int nt) {
+  size_t need = kq_acts_bytes(e->head.type, e->head.cols, nt);
+  for (int l = 0; l < e->s.layers; l++) {
+    const kie_cpu_layer *w = &e->layers[l];
+    const kie_cpu_mat *all[7] = {&w->q, &w->k, &w->v, &w->o, &w->gate, &w->up, &w->down};
+    for (int i = 0; i < 7; i++) {
+      size_t n = kq_acts_bytes(all[i]->type, all[i]->cols, nt);
+      if (n > need) need = n;
+    }
+  }
+  return need;
+}
+
+static int realloc_acts(unsigned char **act, size_t need) {
+  for (int i = 0; i < 3; i++) {
+    free(act[i]);
+    act[i] = aligned_alloc(64, (need + 63) / 64 * 64);
+    if (!act[i]) return -1;
+  }
+  return 0;
+}
+
+/* The prepared-input buffers (shared, and each thread's), as large as the weights loaded
+ * now need */
+static int ensure_acts(kie_cpu *e) {
+  kie_batch *b = &e->b;
+  size_t need = acts_need(e, b->max_rows), own = own_rows(e) ? acts_need(e, own_rows(e)) : 0;
+  if (need > b->act_bytes) {
+    if (realloc_acts(b->act, need)) return -1;
+    e->work_bytes += (need - b->act_bytes) * 3;
+    b->act_bytes = need;
+  }
+  if (own > b->own_act_bytes) {
+    for (int t = 0; t < e->nthreads; t++)
+      if (realloc_acts(e->th[t].bact, own)) return -1;
+    e->work_bytes += (own - b->own_act_bytes) * 3 * e->nthreads;
+    b->own_act_bytes = own;
+  }
+  return 0;
+}
+
+static int alloc_batch(kie_cpu *e) {
+  const kie_cpu_shape *s = &e->s;
+  kie_batch *b = &e->b;
+  size_t R = (size_t)s->max_rows, H = s->hidden, I = s->inter, hd = s->head_dim;
+  size_t qrows = (size_t)s->heads * hd, qkv = qrows + 2 * (size_t)s->kv_heads * hd, vp = s->vocab_part;
+  b->max_rows = (int)R;
+  b->x = falloc(R * H);
+  b->h = falloc(R * (H > I ? H : I));
+  b->qkv = falloc(R * qkv);
+  b->q = falloc(R * qrows);
+  b->cs = falloc(R * hd);
+  b->att = falloc(R * qrows);
+  b->gu = falloc(R * 2 * I);
+  b->m = falloc(R * I);
+  b->y = falloc(R * H);
+  b->ring = falloc((size_t)(s->dtp_delay + 1) * R * H);
+  b->lg = s->tp_size > 1 ? falloc(R * vp * (size_t)(s->tp_size + 1)) : NULL; /* one lane: the caller's array */
+  if (!b->x || !b->h || !b->qkv || !b->q || !b->cs || !b->att || !b->gu || !b->m || !b->y || !b->ring ||
+      (s->tp_size > 1 && !b->lg))
+    return -1;
+  size_t own = (size_t)own_rows(e);
+  for (int t = 0; own && t < e->nthreads; t++) {
+    kie_thread *th = &e->th[t];
+    th->bx = falloc(own * H);
+    th->bh = falloc(own * (H > I ? H : I));
+    if (!th->bx || !th->bh) return -1;
+  }
+  e->work_bytes += sizeof(float) * (R * I + own * (H + (H > I ? H : I)) * (size_t)e->nthreads);
+  e->work_bytes += sizeof(float) * (R * H * (3 + (size_t)s->dtp_delay + 1) + R * (H > I ? H : I) + R * qkv +
+                                    2 * R * qrows + R * hd + 2 * R * I + (s->tp_size > 1 ? R * vp * (size_t)(s->tp_size + 1) : 0));
+  return 0;
+}
+
+/* The distinct weight types of a stage's matrices -> act slots: slot[i] for matrix i */
+static void stage_slots(const kie_cpu_mat *const *m, int nm, int *slot) {
+  for (int i = 0; i < nm; i++) {
+    slot[i] = i;
+    for (int k = 0; k < i; k++)
+      if (m[k]->type == m[i]->type) {
+        slot[i] = slot[k];
+        break;
+      }
+  }
+}
+
+/* Where a thread does its per-row work (the embedding, norms, inputs of the products, the
+ * residual): with many rows, its share of them in the shared buffers, whole groups of four
+ * (a group's inputs are laid out together, kq's records of four, and two threads writing
+ * one record's cache lines would pass them back and forth), a barrier after each such
+ * stage; with a few rows (a batch of sequences decoding), every row in its own buffers,
+ * as every thread of the token step does for its one token, and no barrier: that work is
+ * cheap next to a meeting. */
+typedef struct {
+  float *x, *h;         /* residual rows (hidden apart), a product's input rows */
+  unsigned char **act;  /* the prepared inputs, one per distinct type of a stage */
+  int w0, w1;           /* the rows */
+  int own;              /* every row, in the thread's own buffers */
+  int flags;            /* this thread records non-finite rows (own: thread 0 alone) */
+} rowwork;
+
+/* Inputs [r0, r1) of nt (x rows ld floats apart) prepared for each distinct type of the
+ * stage; a non-finite input flags its row (input i is row rows[i], or row i without rows). */
+static void prepare(kie_cpu *e, const rowwork *rw, const kie_cpu_mat *const *m, int nm, const float *x, size_t ld,
+                    int nt, int r0, int r1, const int *rows) {
+  kie_batch *b = &e->b;
+  int slot[3];
+  stage_slots(m, nm, slot);
+  for (int r = r0; r < r1 && rw->flags; r++)
+    if (kie_nonfinite(x + (size_t)r * ld, m[0]->cols)) b->bad[rows ? rows[r] : r] = 1;
+  for (int i = 0; i < nm; i++)
+    if (slot[i] == i) kq_prepare_acts(m[i]->type, x, ld, m[i]->cols, nt, r0, r1, rw->act[i]);
+}
+
+static void product(const rowwork *rw, const kie_cpu_mat *const *m, int nm, int i, float *y, size_t ldy, int r0,
+                    int r1, int nt) {
+  int slot[3];
+  stage_slots(m, nm, slot);
+  if (r1 > r0) kq_matmul_mat(m[i]->type, m[i]->data, m[i]->rows, m[i]->cols, rw->act[slot[i]], nt, y, ldy, r0, r1);
+}
+
+/* A meeting that only the shared buffers need */
+static void after_rows(kie_cpu *e, const rowwork *rw, int tid) {
+  if (!rw->own) kpool_barrier(e->pool, tid);
+}
+
+/* Thread 0, once sublayer k's output is complete: its lanes' sum started (and the due
+ * one waited for), as the token step's lanes_sum does for one row.  Returns the ring
+ * slot whose sum the residual takes now, or -1. */
+static int batch_sum(kie_cpu *e, int k, int tid) {
+  const kie_cpu_shape *s = &e->s;
+  kie_batch *b = &e->b;
+  int d = s->dtp_delay, slot = k % (d + 1), due = k >= d ? (k - d) % (d + 1) : -1;
+  size_t count = (size_t)b->n * s->hidden;
+  if (s->tp_size == 1 || tid != 0 || e->rc) return due;
+  float *dst = b->ring + (size_t)slot * b->max_rows * s->hidden;
+  int rc;
+  if (d == 0) {
+    rc = kcclAllReduce(b->y, dst, count, kcclFloat32, kcclSum, e->comm, NULL);
+    if (rc) kie_comm_fail(e, "kcclAllReduce of a sublayer's output", rc);
+    return due;
+  }
+  rc = kcclAllReduceStart(b->y, dst, count, kcclFloat32, kcclSum, e->comm, &b->req[slot]);
+  if (rc) {
+    kie_comm_fail(e, "kcclAllReduceStart of a sublayer's output", rc);
+    return due;
+  }
+  if (due >= 0) {
+    rc = kcclAllReduceWait(e->comm, b->req[due]);
+    if (rc) kie_comm_fail(e, "kcclAllReduceWait", rc);
+  }
+  return due;
+}
+
+/* The output of sublayer k: the lane's partial sum (tp > 1) or its ring slot */
+static float *sublayer_out(kie_cpu *e, int k) {
+  const kie_cpu_shape *s = &e->s;
+  if (s->tp_size > 1) return e->b.y;
+  return e->b.ring + (size_t)(k % (s->dtp_delay + 1)) * e->b.max_rows * s->hidden;
+}
+
+/* After sublayer k's product: the sum, then the due ring slot added to the thread's rows */
+static void residual(kie_cpu *e, const rowwork *rw, int k, int tid) {
+  const kie_cpu_shape *s = &e->s;
+  int due = batch_sum(e, k, tid);
+  if (s->tp_size > 1 && due >= 0) kpool_barrier(e->pool, tid);
+  if (due < 0 || e->rc) return;
+  const float *sum = e->b.ring + (size_t)due * e->b.max_rows * s->hidden;
+  for (int r = rw->w0; r < rw->w1; r++) kie_add(rw->x + (size_t)r * s->hidden, sum + (size_t)r * s->hidden, s->hidden);
+}
+
+/* RoPE of rows [r0, r1): their keys and values into their sequences' caches, their
+ * queries into b->q */
+static void rope_rows(kie_cpu *e, int l, int r0, int r1) {
+  const kie_cpu_shape *s = &e->s;
+  kie_batch *b = &e->b;
+  int hd = s->head_dim, qrows = s->heads * hd, kvrows = s->kv_heads * hd, QKV = qrows + 2 * kvrows;
+  int kv16 = s->kv_type == KIE_CPU_KV_F16;
+  float k[KIE_MAX_HEAD_DIM];
+  for (int r = r0; r < r1; r++) {
+    const float *row = b->qkv + (size_t)r * QKV, *cs = b->cs + (size_t)r * hd;
+    kie_seq *sq = &e->seqs[b->seq[r]];
+    int pos = b->pos[r];
+    for (int j = 0; j < s->kv_heads; j++) {
+      size_t off = kie_seq_head(e, sq, l, j);
+      kie_rope(row + qrows + (size_t)j * hd, k, hd, s->rope_mode, cs);
+      const float *v = row + qrows + kvrows + (size_t)j * hd;
+      for (int i = 0; i < hd; i++) {
+        size_t ki = off + kie_k_index(pos, i, hd), vi = off + kie_v_index(pos, hd) + i;
+        if (kv16) {
+          ((uint16_t *)sq->k)[ki] = kie_float_to_half(k[i]);
+          ((uint16_t *)sq->v)[vi] = kie_float_to_half(v[i]);
+        } else {
+          ((float *)sq->k)[ki] = k[i];
+          ((float *)sq->v)[vi] = v[i];
+        }
+      }
+    }
+    for (int h = 0; h < s->heads; h++)
+      kie_rope(row + (size_t)h * hd, b->q + (size_t)r * qrows + (size_t)h * hd, hd, s->rope_mode, cs);
+  }
+}
+
+/* Attention of rows [r0, r1): per run of rows of one sequence and per KV head, its query
+ * heads of those rows in calls of up to KIE_ATTN_MAXQ queries. */
+static void attend_rows(kie_cpu *e, kie_thread *th, int l, int r0, int r1) {
+  const kie_cpu_shape *s = &e->s;
+  kie_batch *b = &e->b;
+  int hd = s->head_dim, qrows = s->heads * hd, g = s->q_group, qf = s->q_first;
+  int kv16 = s->kv_type == KIE_CPU_KV_F16;
+  size_t esz = kv16 ? 2 : 4;
+  float scale = 1.0f / sqrtf((float)hd);
+  for (int a = r0; a < r1;) {
+    int z = a;
+    while (z < r1 && b->seq[z] == b->seq[a]) z++;
+    const kie_seq *sq = &e->seqs[b->seq[a]];
+    for (int j = 0; j < s->kv_heads; j++) {
+      size_t off = kie_seq_head(e, sq, l, j);
+      kie_attn_job job = {.k = (const char *)sq->k + off * esz, .v = (const char *)sq->v + off * esz, .f16 = kv16,
+                          .hd = hd, .scale = scale, .cur = -1};
+      for (int r = a; r < z; r++)
+        for (int h = 0; h < s->heads; h++) {
+          if ((h + qf) / g != j) continue;
+          job.q[job.nq] = b->q + (size_t)r * qrows + (size_t)h * hd;
+          job.n[job.nq] = b->pos[r] + 1;
+          job.out[job.nq] = b->att + (size_t)r * qrows + (size_t)h * hd;
+          if (++job.nq == KIE_ATTN_MAXQ) {
+            kie_attn(&job, th->attn);
+            job.nq = 0;
+          }
+        }
+      if (job.nq) kie_attn(&job, th->attn);
+    }
+    a = z;
+  }
+}
+
+static void batch_all(void *arg, int tid, int nth) {
+  kie_cpu *e = arg;
+  const kie_cpu_shape *s = &e->s;
+  kie_batch *b = &e->b;
+  kie_thread *th = &e->th[tid];
+  int R = b->n, H = s->hidden, I = s->inter, L = s->layers, d = s->dtp_delay, tp = s->tp_size;
+  int hd = s->head_dim, qrows = s->heads * hd, kvrows = s->kv_heads * hd, QKV = qrows + 2 * kvrows;
+  int G = (R + 3) / 4, r0 = 4 * (G * tid / nth), r1 = 4 * (G * (tid + 1) / nth); /* the cache writes' rows */
+  r1 = r1 < R ? r1 : R;
+  r0 = r0 < R ? r0 : R;
+  rowwork rw = {b->x, b->h, b->act, r0, r1, 0, 1};
+  if (nth > 1 && R < 4 * nth) { /* a few rows: all of them, in the thread's own buffers */
+    rowwork own = {th->bx, th->bh, th->bact, 0, R, 1, tid == 0};
+    rw = own;
+  }
+  int prof = e->profiling && tid == 0;
+  double t_prev = prof ? kie_now_s() : 0;
+  size_t rb_embed = kq_row_bytes(e->embed.type, H);
+  for (int r = rw.w0; r < rw.w1; r++)
+    kq_dequant_row(e->embed.type, (const char *)e->embed.data + (size_t)b->tok[r] * rb_embed, H, rw.x + (size_t)r * H);
+  for (int r = r0; r < r1; r++) kie_rope_angles(e, b->pos[r], b->cs + (size_t)r * hd); /* rope_rows' rows */
+  for (int l = 0; l < L; l++) {
+    const kie_cpu_layer *w = &e->layers[l];
+    const kie_cpu_mat *qkv[3] = {&w->q, &w->k, &w->v}, *o[1] = {&w->o}, *gu[2] = {&w->gate, &w->up},
+                      *dn[1] = {&w->down};
+    /* q, k, v */
+    for (int r = rw.w0; r < rw.w1; r++) kie_rms_norm(rw.x + (size_t)r * H, w->attn_norm, H, s->eps, rw.h + (size_t)r * H);
+    prepare(e, &rw, qkv, 3, rw.h, H, R, rw.w0, rw.w1, NULL);
+    after_rows(e, &rw, tid);
+    const kie_share *sh = &e->sh_qkv[(size_t)l * nth + tid];
+    product(&rw, qkv, 3, 0, b->qkv, QKV, sh->r0[0], sh->r1[0], R);
+    product(&rw, qkv, 3, 1, b->qkv + qrows, QKV, sh->r0[1], sh->r1[1], R);
+    product(&rw, qkv, 3, 2, b->qkv + qrows + kvrows, QKV, sh->r0[2], sh->r1[2], R);
+    kpool_barrier(e->pool, tid);
+    STAMP(0);
+    rope_rows(e, l, r0, r1);
+    kpool_barrier(e->pool, tid);
+    /* attention, then (many rows) the o product's input of the same rows */
+    attend_rows(e, th, l, b->arow[tid], b->arow[tid + 1]);
+    if (!rw.own) prepare(e, &rw, o, 1, b->att, qrows, R, b->arow[tid], b->arow[tid + 1], NULL);
+    kpool_barrier(e->pool, tid);
+    if (rw.own) prepare(e, &rw, o, 1, b->att, qrows, R, 0, R, NULL);
+    STAMP(1);
+    sh = &e->sh_o[(size_t)l * nth + tid];
+    product(&rw, o, 1, 0, sublayer_out(e, 2 * l), H, sh->r0[0], sh->r1[0], R);
+    kpool_barrier(e->pool, tid);
+    STAMP(2);
+    residual(e, &rw, 2 * l, tid);
+    if (e->rc) return;
+    STAMP(5);
+    /* gate / up with SwiGLU into b->m, then down */
+    for (int r = rw.w0; r < rw.w1; r++) kie_rms_norm(rw.x + (size_t)r * H, w->mlp_norm, H, s->eps, rw.h + (size_t)r * H);
+    prepare(e, &rw, gu, 2, rw.h, H, R, rw.w0, rw.w1, NULL);
+    after_rows(e, &rw, tid);
+    sh = &e->sh_gu[(size_t)l * nth + tid];
+    product(&rw, gu, 2, 0, b->gu, 2 * (size_t)I, sh->r0[0], sh->r1[0], R);
+    product(&rw, gu, 2, 1, b->gu + I, 2 * (size_t)I, sh->r0[0], sh->r1[0], R);
+    for (int t = 0; t < R; t++) {
+      const float *gt = b->gu + (size_t)t * 2 * I;
+      kie_swiglu(gt, gt + I, b->m + (size_t)t * I, sh->r0[0], sh->r1[0]);
+    }
+    kpool_barrier(e->pool, tid);
+    prepare(e, &rw, dn, 1, b->m, I, R, rw.w0, rw.w1, NULL);
+    after_rows(e, &rw, tid);
+    STAMP(3);
+    sh = &e->sh_down[(size_t)l * nth + tid];
+    product(&rw, dn, 1, 0, sublayer_out(e, 2 * l + 1), H, sh->r0[0], sh->r1[0], R);
+    kpool_barrier(e->pool, tid);
+    STAMP(4);
+    residual(e, &rw, 2 * l + 1, tid);
+    if (e->rc) return;
+    STAMP(5);
+  }
+  /* the sums still in flight (d > 0) */
+  for (int k = 2 * L - d; k < 2 * L; k++) {
+    int slot = k % (d + 1);
+    if (tp > 1) {
+      if (tid == 0 && !e->rc) {
+        int rc = kcclAllReduceWait(e->comm, b->req[slot]);
+        if (rc) kie_comm_fail(e, "kcclAllReduceWait", rc);
+      }
+      kpool_barrier(e->pool, tid);
+      if (e->rc) return;
+    }
+    const float *sum = b->ring + (size_t)slot * b->max_rows * H;
+    for (int r = rw.w0; r < rw.w1; r++) kie_add(rw.x + (size_t)r * H, sum + (size_t)r * H, H);
+  }
+  /* the logits of the rows that want them: row k of the head's input is row logrow[k] */
+  int K = b->nlog;
+  if (!K) return;
+  after_rows(e, &rw, tid);
+  int k0 = rw.own ? 0 : K * tid / nth, k1 = rw.own ? K : K * (tid + 1) / nth;
+  for (int k = k0; k < k1; k++)
+    kie_rms_norm(rw.x + (size_t)b->logrow[k] * H, e->final_norm, H, s->eps, rw.h + (size_t)k * H);
+  const kie_cpu_mat *hm[1] = {&e->head};
+  prepare(e, &rw, hm, 1, rw.h, H, K, k0, k1, b->logrow);
+  after_rows(e, &rw, tid);
+  size_t vp = s->vocab_part, ld = tp > 1 ? vp : vp * tp;
+  float *part = tp > 1 ? b->lg : b->logits;
+  product(&rw, hm, 1, 0, part, ld, e->sh_head[tid].r0[0], e->sh_head[tid].r1[0], K);
+  kpool_barrier(e->pool, tid);
+  if (tid != 0) return;
+  STAMP(6);
+  for (int k = 0; k < K; k++) { /* this lane's slice, before the gather: every lane sees the NaN */
+    int r = b->logrow[k];
+    if (b->bad[r] || e->seqs[b->seq[r]].bad)
+      for (size_t i = 0; i < vp; i++) part[(size_t)k * ld + i] = NAN;
+  }
+  if (tp > 1) {
+    float *all = b->lg + (size_t)b->max_rows * vp; /* [lane][k][vp] */
+    int rc = kcclAllGather(b->lg, all, K * vp, kcclFloat32, e->comm, NULL);
+    if (rc) {
+      kie_comm_fail(e, "kcclAllGather of the logits", rc);
+      return;
+    }
+    for (int k = 0; k < K; k++)
+      for (int t = 0; t < tp; t++)
+        memcpy(b->logits + ((size_t)k * tp + t) * vp, all + ((size_t)t * K + k) * vp, vp * sizeof(float));
+  }
+}
+
+/* Attention's rows per thread: contiguous, cut where the positions attended balance */
+static void split_attention(kie_cpu *e) {
+  kie_batch *b = &e->b;
+  int nth = e->nthreads;
+  double total = 0, acc = 0;
+  for (int r = 0; r < b->n; r++) total += b->pos[r] + 1;
+  b->arow[0] = 0;
+  int t = 1;
+  for (int r = 0; r < b->n && t < nth; r++) {
+    acc += b->pos[r] + 1;
+    while (t < nth && acc >= total * t / nth) b->arow[t++] = r + 1;
+  }
+  while (t <= nth) b->arow[t++] = b->n;
+}
+
+int kie_cpu_batch(kie_cpu *e, const int32_t *seqs, const int32_t *tokens, int n, const uint8_t *want, float *logits,
+                  int32_t *bad) {
+  kie_batch *b = &e->b;
+  if (!e->planned) {
+    int rc = kie_plan_shares(e);
+    if (rc) return rc;
+  }
+  int R = e->s.max_rows;
+  if (n < 1 || n > R || !seqs || !tokens) {
+    kie_set_error("kie_cpu_batch takes 1..%d rows, not %d", R, n);
+    return KIE_CPU_E_ARG;
+  }
+  for (int i = 0; i < n; i++) {
+    if (seqs[i] < 0 || seqs[i] >= KIE_MAX_SEQS || !e->seqs[seqs[i]].live) {
+      kie_set_error("row %d: sequence %d does not exist", i, seqs[i]);
+      return KIE_CPU_E_ARG;
+    }
+    if (tokens[i] < 0 || tokens[i] >= e->embed.rows) {
+      kie_set_error("token id %d is outside the embedding table (%d rows)", tokens[i], e->embed.rows);
+      return KIE_CPU_E_ARG;
+    }
+  }
+  /* positions: each sequence's rows, in order, from its current position */
+  for (int i = 0; i < n; i++) {
+    kie_seq *q = &e->seqs[seqs[i]];
+    int before = 0;
+    for (int k = 0; k < i; k++) before += seqs[k] == seqs[i];
+    b->pos[i] = q->pos + before;
+    if (b->pos[i] >= q->limit) {
+      kie_set_error("sequence %d: %d more tokens do not fit its context of %d (%d used)", seqs[i], before + 1,
+                    q->limit, q->pos);
+      return KIE_CPU_E_STATE;
+    }
+  }
+  /* one row: the token step, its bits and its speed (weights streamed with prefetching,
+   * fewer meetings per layer) */
+  if (n == 1) {
+    int rc = kie_token_run(e, seqs[0], tokens, 1, want && want[0] ? logits : NULL);
+    if (!rc && bad) bad[0] = e->seqs[seqs[0]].bad;
+    return rc;
+  }
+  if (!b->x && alloc_batch(e)) {
+    kie_batch_free(e);
+    kie_set_error("out of memory (the batch step's buffers for %d rows)", R);
+    return KIE_CPU_E_MEMORY;
+  }
+  if (ensure_acts(e)) {
+    kie_set_error("out of memory (the batch step's prepared inputs for %d rows)", R);
+    return KIE_CPU_E_MEMORY;
+  }
+  b->n = n;
+  b->nlog = 0;
+  for (int i = 0; i < n; i++) {
+    b->seq[i] = seqs[i];
+    b->tok[i] = tokens[i];
+    b->bad[i] = 0;
+    if (want && want[i] && logits) b->logrow[b->nlog++] = i;
+  }
+  b->logits = logits;
+  split_attention(e);
+  e->rc = 0;
+  e->err[0] = 0;
+  kpool_run(e->pool, batch_all, e);
+  if (e->rc) {
+    kie_set_error("%s", e->err);
+    return e->rc;
+  }
+  if (e->profiling) e->prof_steps++;
+  for (int i = 0; i < n; i++) e->seqs[seqs[i]].bad |= b->bad[i];
+  for (int i = 0; i < n; i++) e->seqs[seqs[i]].pos++;
+  if (bad)
+    for (int i = 0; i < n; i++) bad[i] = e->seqs[seqs[i]].bad;
+  return KIE_CPU_OK;
+}
