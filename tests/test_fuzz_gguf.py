@@ -141,6 +141,22 @@ def test_the_valid_file_loads(valid, tmp_path):
     assert check_refused_or_loads(_write(tmp_path, raw)) is None
 
 
+@pytest.mark.parametrize("merge, missing", [("a Z", "'Z'"), ("a b", "'ab'")])
+def test_merge_of_tokens_outside_the_vocabulary(tmp_path, merge, missing):
+    """A merge whose parts or result have no id is refused by name (the tokenizers library
+    would raise a bare Exception)."""
+    def tokenizer(w):
+        chars = [_bytes_to_unicode()[b] for b in range(256)]
+        tokens = [c for c in chars if c != "Z"] + ["<|im_start|>", "<|im_end|>"]
+        w.add_string("tokenizer.ggml.model", "gpt2")
+        w.add_array("tokenizer.ggml.tokens", tokens)
+        w.add_array("tokenizer.ggml.merges", [merge])
+    path = str(tmp_path / "m.gguf")
+    write_llama(path, tokenizer=tokenizer)
+    with pytest.raises(CheckpointError, match=f"merges'\\[0\\] = '{merge}': {missing} is not in"):
+        GGUFCheckpoint(path).tokenizer()
+
+
 # -- structure-aware files -----------------------------------------------------------------------
 
 def _refused(tmp_path, data, *words, cls=CheckpointError):

@@ -479,7 +479,15 @@ def gguf_tokenizer(meta):
     vocab = {}
     for i, t in enumerate(tokens):
         vocab.setdefault(t, i)  # a duplicate spelling keeps its first id, as a dict lookup would
-    tk = Tokenizer(models.BPE(vocab=vocab, merges=merges, fuse_unk=False))
+    for i, (x, y) in enumerate(merges):
+        for part in (x, y, x + y):  # the BPE model refuses a merge whose parts or result have no id
+            if part not in vocab:
+                raise CheckpointError(f"{path}: metadata 'tokenizer.ggml.merges'[{i}] = '{x} {y}': {part!r} is not in "
+                                      f"'tokenizer.ggml.tokens'")
+    try:
+        tk = Tokenizer(models.BPE(vocab=vocab, merges=merges, fuse_unk=False))
+    except Exception as e:  # the tokenizers library raises a bare Exception; what the check above missed
+        raise CheckpointError(f"{path}: the tokenizer metadata does not make a BPE tokenizer: {e}") from None
     prefix = bool(meta.get("tokenizer.ggml.add_space_prefix", False, "a boolean"))
     byte_level = pre_tokenizers.ByteLevel(add_prefix_space=prefix, use_regex=True)
     if pre == "smollm":
