@@ -13,15 +13,14 @@ A request fails alone: NaN logits (its own), a prompt past the context (refused 
 it waits), a KV cache that cannot fit even with nothing else running.  A request whose
 cache does not fit beside the running ones waits for them to leave."""
 import sys
-import threading
 import time
-from collections import deque
 
 import numpy as np
 
 from ..errors import KvMemoryError, NonFiniteLogitsError
 from ..generate import check_logits, sample
 from .api_error import ApiError
+from .scheduler import EngineQueue, _breaks_engine
 from .text import TextStream
 
 
@@ -48,22 +47,15 @@ def _deliver(events):
         job.events.put_nowait(event)
 
 
-class BatchScheduler:
+class BatchScheduler(EngineQueue):
     """The Scheduler's interface (submit, cancel, shutdown, join, start) over a model with
     new_sequence / free_sequence / run_rows and max_rows."""
 
     def __init__(self, model, tokenizer, metrics, max_batch, max_queue=32, source=None, on_fatal=None, kv_limit=0):
-        self.model, self.tokenizer, self.metrics, self.kv_limit = model, tokenizer, metrics, kv_limit
-        self.max_batch, self.max_queue, self.source, self.on_fatal = max_batch, max_queue, source, on_fatal
-        self.cv = threading.Condition()
-        self.waiting = deque()
+        self.model, self.tokenizer, self.kv_limit = model, tokenizer, kv_limit
+        self.max_batch, self.source = max_batch, source
         self.active = []
-        self.closing = False
-        self.deadline = None
-        self.fatal = None
-        self.thread = threading.Thread(target=self._work, name="kie-engine", daemon=True)
-        metrics.queue_length = lambda: len(self.waiting)
-        metrics.running = self.running
+        super().__init__(metrics, max_queue, on_fatal)
         metrics.kv_bytes = lambda: sum(r.kv_bytes for r in list(self.active))
         self.engine_sequences = 0  # the engine's own count, read on the engine thread after each change
         metrics.sequences = lambda: self.engine_sequences
@@ -71,11 +63,11 @@ class BatchScheduler:
         if hasattr(model, "set_idle_spin"):
             model.set_idle_spin(IDLE_SPIN_US)
 
-    def start(self):
-        self.thread.start()
-
     def running(self):
         return len(self.active)
+
+    def _room(self):
+        return max(0, self.max_batch - len(self.active))
 
     # -- the event loop's side -------------------------------------------------------------
     def submit(self, job):
@@ -84,43 +76,7 @@ class BatchScheduler:
             raise ApiError(400, f"this request's KV cache ({need} bytes for {len(job.prompt_ids)} prompt tokens and "
                                 f"{job.max_tokens} more) does not fit the server's KV memory ({self.kv_limit} bytes) "
                                 f"even alone: ask for fewer tokens", param="max_tokens", code="kv_memory_exceeded")
-        with self.cv:
-            if self.closing:
-                raise ApiError(503, "the server is shutting down", type="server_error", code="server_shutdown")
-            free = max(0, self.max_batch - len(self.active))
-            if len(self.waiting) >= self.max_queue + free:
-                raise ApiError(429, f"the queue is full ({len(self.waiting)} requests wait for the engine; the "
-                                    f"limit is {self.max_queue}): retry later", type="rate_limit_error",
-                               code="queue_full")
-            self.waiting.append(job)
-            self.cv.notify()
-
-    def cancel(self, job):
-        """The client is gone: a waiting job leaves the queue, a running one leaves the batch
-        before the next step."""
-        with self.cv:
-            job.cancelled = True
-            if job in self.waiting:
-                self.waiting.remove(job)
-                self.metrics.finish("cancelled", 0, 0)
-                job.post("done", "cancelled", 0)
-
-    def shutdown(self, grace_s):
-        with self.cv:
-            if self.closing:
-                return
-            self.closing = True
-            self.deadline = time.perf_counter() + grace_s
-            for job in self.waiting:
-                self.metrics.finish("shutdown", 0, 0)
-                job.post("error", ApiError(503, "the server is shutting down", type="server_error",
-                                           code="server_shutdown"))
-            self.waiting.clear()
-            self.cv.notify_all()
-
-    def join(self, timeout=None):
-        self.thread.join(timeout)
-        return not self.thread.is_alive()
+        super().submit(job)
 
     # -- the engine thread -----------------------------------------------------------------
     def _work(self):
@@ -206,7 +162,6 @@ class BatchScheduler:
             for r in list(self.active):
                 self._end(r, "error", ApiError(500, f"the engine failed on this request: {type(e).__name__}: {e}",
                                                type="server_error", code="engine_error"))
-            from .scheduler import _breaks_engine
             if _breaks_engine(e):
                 self.fatal = e
                 with self.cv:

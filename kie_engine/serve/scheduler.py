@@ -35,16 +35,19 @@ class Job:
             pass
 
 
-class Scheduler:
-    def __init__(self, runner, tokenizer, metrics, max_queue=32, on_fatal=None):
-        self.runner, self.tokenizer, self.metrics = runner, tokenizer, metrics
-        self.max_queue = max_queue
+class EngineQueue:
+    """What both schedulers share: the FIFO of waiting requests with its limit, cancellation
+    and shutdown on the event loop's side, and the engine thread that runs the subclass's
+    _work.  A subclass says how many requests the engine could take now (_room) and how
+    many it runs (running)."""
+
+    def __init__(self, metrics, max_queue, on_fatal):
+        self.metrics, self.max_queue = metrics, max_queue
         self.on_fatal = on_fatal          # called (from the engine thread) when the engine is unusable
         self.cv = threading.Condition()
         self.waiting = deque()
-        self.current = None
         self.closing = False
-        self.deadline = None              # at shutdown: the running request is cut at this time
+        self.deadline = None              # at shutdown: running requests are cut at this time
         self.fatal = None
         self.thread = threading.Thread(target=self._work, name="kie-engine", daemon=True)
         metrics.queue_length = lambda: len(self.waiting)
@@ -53,16 +56,17 @@ class Scheduler:
     def start(self):
         self.thread.start()
 
-    def running(self):
-        return int(self.current is not None)
+    def join(self, timeout=None):
+        self.thread.join(timeout)
+        return not self.thread.is_alive()
 
     # -- the event loop's side -------------------------------------------------------------
     def submit(self, job):
         with self.cv:
             if self.closing:
                 raise ApiError(503, "the server is shutting down", type="server_error", code="server_shutdown")
-            # max_queue counts the requests behind a running one: an idle engine takes one more
-            if len(self.waiting) >= self.max_queue + (self.current is None):
+            # max_queue counts the requests behind running ones: room in the engine takes more
+            if len(self.waiting) >= self.max_queue + self._room():
                 raise ApiError(429, f"the queue is full ({len(self.waiting)} requests wait for the engine; the "
                                     f"limit is {self.max_queue}): retry later", type="rate_limit_error",
                                code="queue_full")
@@ -70,8 +74,8 @@ class Scheduler:
             self.cv.notify()
 
     def cancel(self, job):
-        """The client is gone: a waiting job leaves the queue, a running one stops at its
-        next token."""
+        """The client is gone: a waiting job leaves the queue; a running one is dropped by
+        the engine thread before its next token."""
         with self.cv:
             job.cancelled = True
             if job in self.waiting:
@@ -80,8 +84,8 @@ class Scheduler:
                 job.post("done", "cancelled", 0)
 
     def shutdown(self, grace_s):
-        """No new requests; the waiting ones get 503; the running one may finish within
-        grace_s seconds, else it is cut."""
+        """No new requests; the waiting ones get 503; running ones may finish within grace_s
+        seconds, else they are cut."""
         with self.cv:
             if self.closing:
                 return
@@ -94,9 +98,18 @@ class Scheduler:
             self.waiting.clear()
             self.cv.notify_all()
 
-    def join(self, timeout=None):
-        self.thread.join(timeout)
-        return not self.thread.is_alive()
+
+class Scheduler(EngineQueue):
+    def __init__(self, runner, tokenizer, metrics, max_queue=32, on_fatal=None):
+        self.runner, self.tokenizer = runner, tokenizer
+        self.current = None
+        super().__init__(metrics, max_queue, on_fatal)
+
+    def running(self):
+        return int(self.current is not None)
+
+    def _room(self):
+        return int(self.current is None)
 
     # -- the engine thread -----------------------------------------------------------------
     def _work(self):
