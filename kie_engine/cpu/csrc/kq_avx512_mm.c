@@ -46,7 +46,7 @@ INLINE void weights(int T, const uint8_t *q, const uint8_t *s, int64_t b, __m512
         for (int j = 0; j < 4; j++) {
             __m512i B = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)(q + 64 * b + 16 * j)));
             W[j] = _mm512_and_si512(B, nib);
-            W[4 + j] = _mm512_and_si512(_mm512_srli_epi16(B, 4), nib);
+            W[4 + j] = _mm512_andnot_si512(nib, B); /* 16 times the high nibble: no shift */
         }
     }
     if (T == Q4_1) {
@@ -96,6 +96,8 @@ INLINE void tile(int T, int NG, const uint8_t *qs, const uint8_t *ss, int64_t nb
                         hi = _mm512_dpbusd_epi32(hi, W[4 + j], _mm512_load_si512(rec + 256 + 64 * j));
                     }
                     __m512 dx = _mm512_load_ps((const float *)(rec + 512)), ds = _mm512_load_ps((const float *)(rec + 576));
+                    if (T != Q8_0) /* exact: every product of hi is a multiple of 16 */
+                        hi = _mm512_srai_epi32(hi, 4);
                     acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(lo, hi)), _mm512_mul_ps(d16, dx), acc[i]);
                     acc2[i] = _mm512_fmadd_ps(e16, ds, acc2[i]);
                 }
