@@ -43,9 +43,10 @@ def kie_cpu_lane(ctx, uid, nranks, rank, path, delay, prompt, new_tokens, teache
     return {"tokens": res.tokens, "logits": np.stack(logits), "plan": plan, "cpus": cpus}
 
 
-def kie_cpu_lane_chunks(ctx, uid, nranks, rank, path, delay, prompt):
-    """This rank's lane of a GGUF file (one thread): the prompt's last logits token by
-    token and in chunks of 7 rows; and two sequences decoding together against alone."""
+def kie_cpu_lane_chunks(ctx, uid, nranks, rank, path, delay, prompt, threads=1):
+    """This rank's lane of a GGUF file: the prompt's last logits token by token and in
+    chunks of 7 rows; and two sequences decoding together against alone (with threads > 1,
+    the batch step's threads take its work in pieces)."""
     import kccl
     from kie_engine.cpu.engine import CpuModel
     from kie_engine.formats.gguf_io import GGUFCheckpoint
@@ -53,7 +54,7 @@ def kie_cpu_lane_chunks(ctx, uid, nranks, rank, path, delay, prompt):
     ck = GGUFCheckpoint(path, dtp_delay=delay)
     cfg = dict(comm_config(ck.config), timeout_ms=60000)
     with kccl.Communicator(nranks, kccl.UniqueId(uid), rank, config=cfg) as comm:
-        with CpuModel(ck, comm, max_seq=len(prompt) + 8, threads=1, max_rows=16) as m:
+        with CpuModel(ck, comm, max_seq=len(prompt) + 8, threads=threads, max_rows=16) as m:
             tokens = m.prefill(prompt, chunk=1)
             alone = [m.decode_step(5)]
             m.reset()

@@ -219,14 +219,15 @@ def test_a_nan_in_one_sequence_stays_there(tmp_path):
         assert list(bad) == [False, True, False] and np.isnan(z[1]).all() and np.isfinite(z[[0, 2]]).all()
 
 
-@pytest.mark.parametrize("n,delay", [(2, 0), (3, 0), (2, 1)])
-def test_lanes_prefill_in_chunks_as_token_by_token(farms, tiny, n, delay):
-    """TP = 2, 3 (uneven: 4 query heads on 3 lanes) and DTP delay 1: on every lane the
-    chunked prefill's logits are the token step's, bit for bit, and the lanes agree."""
+@pytest.mark.parametrize("n,delay,threads", [(2, 0, 1), (3, 0, 1), (2, 1, 1), (2, 1, 2), (3, 0, 2)])
+def test_lanes_prefill_in_chunks_as_token_by_token(farms, tiny, n, delay, threads):
+    """TP = 2, 3 (uneven: 4 query heads on 3 lanes) and DTP delay 1, lanes of one and two
+    threads: on every lane the chunked prefill's logits are the token step's, bit for bit,
+    sequences decoding together get their logits alone, and the lanes agree."""
     ids = _prompt(90, 288, seed=3)
     res = farms.farm().run("call", range(n), per_worker=[{"rank": r} for r in range(n)], module="_kie_tasks",
                            func="kie_cpu_lane_chunks", uid=bytes(kccl.get_unique_id()), nranks=n, path=tiny,
-                           delay=delay, prompt=ids)
+                           delay=delay, prompt=ids, threads=threads)
     for r, out in enumerate(res):
         assert np.array_equal(out["chunked"], out["tokens"]), (r, float(np.abs(out["chunked"] - out["tokens"]).max()))
         assert np.array_equal(out["together"], out["alone"]), r

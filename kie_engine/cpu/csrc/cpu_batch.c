@@ -20,6 +20,12 @@
 #include "cpu_ops.h"
 #include "kq.h"
 
+/* The batch step's work counters (see claim): KIE_STAGE(l, i) for the products, then
+ * attention per layer */
+#define CLAIM_STAGES(L) (5 * (L) + 1)
+#define CLAIM_ATTN(L, l) (4 * (L) + 1 + (l))
+#define PIECES_PER_THREAD 2 /* pieces of a product per thread (more cost more calls than they save) */
+
 void kie_batch_free(kie_cpu *e) {
   kie_batch *b = &e->b;
   free(b->x);
@@ -33,6 +39,7 @@ void kie_batch_free(kie_cpu *e) {
   free(b->y);
   free(b->ring);
   free(b->lg);
+  free(b->claim);
   for (int i = 0; i < 3; i++) free(b->act[i]);
   for (int t = 0; e->th && t < e->nthreads; t++) {
     kie_thread *th = &e->th[t];
@@ -111,6 +118,9 @@ static int alloc_batch(kie_cpu *e) {
   b->y = falloc(R * H);
   b->ring = falloc((size_t)(s->dtp_delay + 1) * R * H);
   b->lg = s->tp_size > 1 ? falloc(R * vp * (size_t)(s->tp_size + 1)) : NULL; /* one lane: the caller's array */
+  b->nclaim = CLAIM_STAGES(s->layers);
+  b->claim = calloc((size_t)b->nclaim, sizeof(atomic_int));
+  if (!b->claim) return -1;
   if (!b->x || !b->h || !b->qkv || !b->q || !b->cs || !b->att || !b->gu || !b->m || !b->y || !b->ring ||
       (s->tp_size > 1 && !b->lg))
     return -1;
@@ -174,6 +184,44 @@ static void product(const rowwork *rw, const kie_cpu_mat *const *m, int nm, int 
   if (r1 > r0) kq_matmul_mat(m[i]->type, m[i]->data, m[i]->rows, m[i]->cols, rw->act[slot[i]], nt, y, ldy, r0, r1);
 }
 
+/* A few rows (a batch of sequences decoding): the threads take a stage's work in pieces
+ * from a counter instead of fixed shares.  On a machine whose cores the threads share
+ * with other work (the server's HTTP side, its clients), a thread that loses its core for
+ * a while holds up only the piece it is in; the others take the rest.  A piece of a
+ * product is a run of output rows (a multiple of KIE_ROW_ALIGN: the kernels' bits do not
+ * depend on where a share starts), of attention one row and KV head. */
+static int claim(kie_cpu *e, int stage) { return atomic_fetch_add_explicit(&e->b.claim[stage], 1, memory_order_relaxed); }
+
+/* Rows per piece of a stage whose matrices have `rows` output rows in all */
+static int piece_rows(int rows, int nth) {
+  int c = (rows + PIECES_PER_THREAD * nth - 1) / (PIECES_PER_THREAD * nth);
+  c = (c + KIE_ROW_ALIGN - 1) / KIE_ROW_ALIGN * KIE_ROW_ALIGN;
+  return c < 16 ? 16 : c;
+}
+
+/* Products of the stage's matrices m (matrix i into y[i], rows ldy floats apart) for nt
+ * inputs, by pieces taken from the stage's counter.  swiglu: m is gate and up, pieces
+ * cut gate's rows, and each piece's SwiGLU goes into m_out (rows m_ld apart). */
+static void claimed_products(kie_cpu *e, const rowwork *rw, const kie_cpu_mat *const *m, int nm, float *const *y,
+                             size_t ldy, int nt, int stage, int nth, float *m_out, size_t m_ld) {
+  int parts = m_out ? 1 : nm, total = 0;
+  for (int i = 0; i < parts; i++) total += m[i]->rows;
+  int c = piece_rows(total, nth);
+  for (int k = claim(e, stage);; k = claim(e, stage)) {
+    int i = 0, rest = k;
+    while (i < parts && rest >= (m[i]->rows + c - 1) / c) rest -= (m[i]->rows + c - 1) / c, i++;
+    if (i == parts) return;
+    int r0 = rest * c, r1 = r0 + c < m[i]->rows ? r0 + c : m[i]->rows;
+    product(rw, m, nm, i, y[i], ldy, r0, r1, nt);
+    if (!m_out) continue;
+    product(rw, m, nm, 1, y[1], ldy, r0, r1, nt);
+    for (int t = 0; t < nt; t++) {
+      const float *gt = y[0] + (size_t)t * ldy;
+      kie_swiglu(gt, y[1] + (size_t)t * ldy, m_out + (size_t)t * m_ld, r0, r1);
+    }
+  }
+}
+
 /* A meeting that only the shared buffers need */
 static void after_rows(kie_cpu *e, const rowwork *rw, int tid) {
   if (!rw->own) kpool_barrier(e->pool, tid);
@@ -224,69 +272,98 @@ static void residual(kie_cpu *e, const rowwork *rw, int k, int tid) {
   for (int r = rw->w0; r < rw->w1; r++) kie_add(rw->x + (size_t)r * s->hidden, sum + (size_t)r * s->hidden, s->hidden);
 }
 
-/* RoPE of rows [r0, r1): their keys and values into their sequences' caches, their
- * queries into b->q */
-static void rope_rows(kie_cpu *e, int l, int r0, int r1) {
+/* RoPE of row r's KV head j: its key, and its value, into its sequence's cache */
+static void rope_kv(kie_cpu *e, int l, int r, int j) {
   const kie_cpu_shape *s = &e->s;
   kie_batch *b = &e->b;
   int hd = s->head_dim, qrows = s->heads * hd, kvrows = s->kv_heads * hd, QKV = qrows + 2 * kvrows;
-  int kv16 = s->kv_type == KIE_CPU_KV_F16;
+  int kv16 = s->kv_type == KIE_CPU_KV_F16, pos = b->pos[r];
+  const float *row = b->qkv + (size_t)r * QKV, *v = row + qrows + kvrows + (size_t)j * hd;
+  kie_seq *sq = &e->seqs[b->seq[r]];
+  size_t off = kie_seq_head(e, sq, l, j);
   float k[KIE_MAX_HEAD_DIM];
-  for (int r = r0; r < r1; r++) {
-    const float *row = b->qkv + (size_t)r * QKV, *cs = b->cs + (size_t)r * hd;
-    kie_seq *sq = &e->seqs[b->seq[r]];
-    int pos = b->pos[r];
-    for (int j = 0; j < s->kv_heads; j++) {
-      size_t off = kie_seq_head(e, sq, l, j);
-      kie_rope(row + qrows + (size_t)j * hd, k, hd, s->rope_mode, cs);
-      const float *v = row + qrows + kvrows + (size_t)j * hd;
-      for (int i = 0; i < hd; i++) {
-        size_t ki = off + kie_k_index(pos, i, hd), vi = off + kie_v_index(pos, hd) + i;
-        if (kv16) {
-          ((uint16_t *)sq->k)[ki] = kie_float_to_half(k[i]);
-          ((uint16_t *)sq->v)[vi] = kie_float_to_half(v[i]);
-        } else {
-          ((float *)sq->k)[ki] = k[i];
-          ((float *)sq->v)[vi] = v[i];
-        }
-      }
+  kie_rope(row + qrows + (size_t)j * hd, k, hd, s->rope_mode, b->cs + (size_t)r * hd);
+  for (int i = 0; i < hd; i++) {
+    size_t ki = off + kie_k_index(pos, i, hd), vi = off + kie_v_index(pos, hd) + i;
+    if (kv16) {
+      ((uint16_t *)sq->k)[ki] = kie_float_to_half(k[i]);
+      ((uint16_t *)sq->v)[vi] = kie_float_to_half(v[i]);
+    } else {
+      ((float *)sq->k)[ki] = k[i];
+      ((float *)sq->v)[vi] = v[i];
     }
-    for (int h = 0; h < s->heads; h++)
-      kie_rope(row + (size_t)h * hd, b->q + (size_t)r * qrows + (size_t)h * hd, hd, s->rope_mode, cs);
   }
 }
 
-/* Attention of rows [r0, r1): per run of rows of one sequence and per KV head, its query
- * heads of those rows in calls of up to KIE_ATTN_MAXQ queries. */
-static void attend_rows(kie_cpu *e, kie_thread *th, int l, int r0, int r1) {
+/* RoPE of row r's query head h into b->q */
+static void rope_q(kie_cpu *e, int r, int h) {
+  const kie_cpu_shape *s = &e->s;
+  int hd = s->head_dim, qrows = s->heads * hd, QKV = qrows + 2 * s->kv_heads * hd;
+  const float *row = e->b.qkv + (size_t)r * QKV;
+  kie_rope(row + (size_t)h * hd, e->b.q + (size_t)r * qrows + (size_t)h * hd, hd, s->rope_mode,
+           e->b.cs + (size_t)r * hd);
+}
+
+/* RoPE of rows [r0, r1): their keys and values into their sequences' caches, their
+ * queries into b->q */
+static void rope_rows(kie_cpu *e, int l, int r0, int r1) {
+  for (int r = r0; r < r1; r++) {
+    for (int j = 0; j < e->s.kv_heads; j++) rope_kv(e, l, r, j);
+    for (int h = 0; h < e->s.heads; h++) rope_q(e, r, h);
+  }
+}
+
+/* Attention of rows [a, z) of one sequence for KV head j: its query heads of those rows
+ * in calls of up to KIE_ATTN_MAXQ queries. */
+static void attend_head(kie_cpu *e, kie_thread *th, int l, int a, int z, int j) {
   const kie_cpu_shape *s = &e->s;
   kie_batch *b = &e->b;
   int hd = s->head_dim, qrows = s->heads * hd, g = s->q_group, qf = s->q_first;
   int kv16 = s->kv_type == KIE_CPU_KV_F16;
-  size_t esz = kv16 ? 2 : 4;
-  float scale = 1.0f / sqrtf((float)hd);
+  size_t esz = kv16 ? 2 : 4, off = kie_seq_head(e, &e->seqs[b->seq[a]], l, j);
+  const kie_seq *sq = &e->seqs[b->seq[a]];
+  kie_attn_job job = {.k = (const char *)sq->k + off * esz, .v = (const char *)sq->v + off * esz, .f16 = kv16,
+                      .hd = hd, .scale = 1.0f / sqrtf((float)hd), .cur = -1};
+  for (int r = a; r < z; r++)
+    for (int h = 0; h < s->heads; h++) {
+      if ((h + qf) / g != j) continue;
+      job.q[job.nq] = b->q + (size_t)r * qrows + (size_t)h * hd;
+      job.n[job.nq] = b->pos[r] + 1;
+      job.out[job.nq] = b->att + (size_t)r * qrows + (size_t)h * hd;
+      if (++job.nq == KIE_ATTN_MAXQ) {
+        kie_attn(&job, th->attn);
+        job.nq = 0;
+      }
+    }
+  if (job.nq) kie_attn(&job, th->attn);
+}
+
+/* Attention of rows [r0, r1): per run of rows of one sequence, per KV head */
+static void attend_rows(kie_cpu *e, kie_thread *th, int l, int r0, int r1) {
+  kie_batch *b = &e->b;
   for (int a = r0; a < r1;) {
     int z = a;
     while (z < r1 && b->seq[z] == b->seq[a]) z++;
-    const kie_seq *sq = &e->seqs[b->seq[a]];
-    for (int j = 0; j < s->kv_heads; j++) {
-      size_t off = kie_seq_head(e, sq, l, j);
-      kie_attn_job job = {.k = (const char *)sq->k + off * esz, .v = (const char *)sq->v + off * esz, .f16 = kv16,
-                          .hd = hd, .scale = scale, .cur = -1};
-      for (int r = a; r < z; r++)
-        for (int h = 0; h < s->heads; h++) {
-          if ((h + qf) / g != j) continue;
-          job.q[job.nq] = b->q + (size_t)r * qrows + (size_t)h * hd;
-          job.n[job.nq] = b->pos[r] + 1;
-          job.out[job.nq] = b->att + (size_t)r * qrows + (size_t)h * hd;
-          if (++job.nq == KIE_ATTN_MAXQ) {
-            kie_attn(&job, th->attn);
-            job.nq = 0;
-          }
-        }
-      if (job.nq) kie_attn(&job, th->attn);
-    }
+    for (int j = 0; j < e->s.kv_heads; j++) attend_head(e, th, l, a, z, j);
     a = z;
+  }
+}
+
+/* Attention of every row, by pieces (a row and a KV head) taken from layer l's counter;
+ * with rope, each piece first writes its row's key and value of that head into the cache
+ * and ropes the row's query heads of that group: only when every row is a different
+ * sequence's, so that no row attends a position another piece writes. */
+static void attend_claimed(kie_cpu *e, kie_thread *th, int l, int rope) {
+  const kie_cpu_shape *s = &e->s;
+  int nkv = s->kv_heads, n = e->b.n * nkv, stage = CLAIM_ATTN(s->layers, l);
+  for (int k = claim(e, stage); k < n; k = claim(e, stage)) {
+    int r = k / nkv, j = k % nkv;
+    if (rope) {
+      rope_kv(e, l, r, j);
+      for (int h = 0; h < s->heads; h++)
+        if ((h + s->q_first) / s->q_group == j) rope_q(e, r, h);
+    }
+    attend_head(e, th, l, r, r + 1, j);
   }
 }
 
@@ -320,21 +397,38 @@ static void batch_all(void *arg, int tid, int nth) {
     prepare(e, &rw, qkv, 3, rw.h, H, R, rw.w0, rw.w1, NULL);
     after_rows(e, &rw, tid);
     const kie_share *sh = &e->sh_qkv[(size_t)l * nth + tid];
-    product(&rw, qkv, 3, 0, b->qkv, QKV, sh->r0[0], sh->r1[0], R);
-    product(&rw, qkv, 3, 1, b->qkv + qrows, QKV, sh->r0[1], sh->r1[1], R);
-    product(&rw, qkv, 3, 2, b->qkv + qrows + kvrows, QKV, sh->r0[2], sh->r1[2], R);
+    if (rw.own) {
+      float *yq[3] = {b->qkv, b->qkv + qrows, b->qkv + qrows + kvrows};
+      claimed_products(e, &rw, qkv, 3, yq, QKV, R, KIE_STAGE(l, 0), nth, NULL, 0);
+    } else {
+      product(&rw, qkv, 3, 0, b->qkv, QKV, sh->r0[0], sh->r1[0], R);
+      product(&rw, qkv, 3, 1, b->qkv + qrows, QKV, sh->r0[1], sh->r1[1], R);
+      product(&rw, qkv, 3, 2, b->qkv + qrows + kvrows, QKV, sh->r0[2], sh->r1[2], R);
+    }
     kpool_barrier(e->pool, tid);
     STAMP(0);
-    rope_rows(e, l, r0, r1);
-    kpool_barrier(e->pool, tid);
-    /* attention, then (many rows) the o product's input of the same rows */
-    attend_rows(e, th, l, b->arow[tid], b->arow[tid + 1]);
+    /* RoPE and the cache writes, attention, then (many rows) the o product's input of the
+     * same rows */
+    if (rw.own && b->distinct) {
+      attend_claimed(e, th, l, 1);
+    } else {
+      rope_rows(e, l, r0, r1);
+      kpool_barrier(e->pool, tid);
+      if (rw.own)
+        attend_claimed(e, th, l, 0);
+      else
+        attend_rows(e, th, l, b->arow[tid], b->arow[tid + 1]);
+    }
     if (!rw.own) prepare(e, &rw, o, 1, b->att, qrows, R, b->arow[tid], b->arow[tid + 1], NULL);
     kpool_barrier(e->pool, tid);
     if (rw.own) prepare(e, &rw, o, 1, b->att, qrows, R, 0, R, NULL);
     STAMP(1);
     sh = &e->sh_o[(size_t)l * nth + tid];
-    product(&rw, o, 1, 0, sublayer_out(e, 2 * l), H, sh->r0[0], sh->r1[0], R);
+    float *yo[1] = {sublayer_out(e, 2 * l)};
+    if (rw.own)
+      claimed_products(e, &rw, o, 1, yo, H, R, KIE_STAGE(l, 1), nth, NULL, 0);
+    else
+      product(&rw, o, 1, 0, yo[0], H, sh->r0[0], sh->r1[0], R);
     kpool_barrier(e->pool, tid);
     STAMP(2);
     residual(e, &rw, 2 * l, tid);
@@ -345,18 +439,27 @@ static void batch_all(void *arg, int tid, int nth) {
     prepare(e, &rw, gu, 2, rw.h, H, R, rw.w0, rw.w1, NULL);
     after_rows(e, &rw, tid);
     sh = &e->sh_gu[(size_t)l * nth + tid];
-    product(&rw, gu, 2, 0, b->gu, 2 * (size_t)I, sh->r0[0], sh->r1[0], R);
-    product(&rw, gu, 2, 1, b->gu + I, 2 * (size_t)I, sh->r0[0], sh->r1[0], R);
-    for (int t = 0; t < R; t++) {
-      const float *gt = b->gu + (size_t)t * 2 * I;
-      kie_swiglu(gt, gt + I, b->m + (size_t)t * I, sh->r0[0], sh->r1[0]);
+    float *ygu[2] = {b->gu, b->gu + I};
+    if (rw.own) {
+      claimed_products(e, &rw, gu, 2, ygu, 2 * (size_t)I, R, KIE_STAGE(l, 2), nth, b->m, I);
+    } else {
+      product(&rw, gu, 2, 0, b->gu, 2 * (size_t)I, sh->r0[0], sh->r1[0], R);
+      product(&rw, gu, 2, 1, b->gu + I, 2 * (size_t)I, sh->r0[0], sh->r1[0], R);
+      for (int t = 0; t < R; t++) {
+        const float *gt = b->gu + (size_t)t * 2 * I;
+        kie_swiglu(gt, gt + I, b->m + (size_t)t * I, sh->r0[0], sh->r1[0]);
+      }
     }
     kpool_barrier(e->pool, tid);
     prepare(e, &rw, dn, 1, b->m, I, R, rw.w0, rw.w1, NULL);
     after_rows(e, &rw, tid);
     STAMP(3);
     sh = &e->sh_down[(size_t)l * nth + tid];
-    product(&rw, dn, 1, 0, sublayer_out(e, 2 * l + 1), H, sh->r0[0], sh->r1[0], R);
+    float *yd[1] = {sublayer_out(e, 2 * l + 1)};
+    if (rw.own)
+      claimed_products(e, &rw, dn, 1, yd, H, R, KIE_STAGE(l, 3), nth, NULL, 0);
+    else
+      product(&rw, dn, 1, 0, yd[0], H, sh->r0[0], sh->r1[0], R);
     kpool_barrier(e->pool, tid);
     STAMP(4);
     residual(e, &rw, 2 * l + 1, tid);
@@ -389,7 +492,10 @@ static void batch_all(void *arg, int tid, int nth) {
   after_rows(e, &rw, tid);
   size_t vp = s->vocab_part, ld = tp > 1 ? vp : vp * tp;
   float *part = tp > 1 ? b->lg : b->logits;
-  product(&rw, hm, 1, 0, part, ld, e->sh_head[tid].r0[0], e->sh_head[tid].r1[0], K);
+  if (rw.own)
+    claimed_products(e, &rw, hm, 1, &part, ld, K, KIE_STAGE(L, 0), nth, NULL, 0);
+  else
+    product(&rw, hm, 1, 0, part, ld, e->sh_head[tid].r0[0], e->sh_head[tid].r1[0], K);
   kpool_barrier(e->pool, tid);
   if (tid != 0) return;
   STAMP(6);
@@ -485,7 +591,11 @@ int kie_cpu_batch(kie_cpu *e, const int32_t *seqs, const int32_t *tokens, int n,
     if (want && want[i] && logits) b->logrow[b->nlog++] = i;
   }
   b->logits = logits;
+  b->distinct = 1;
+  for (int i = 0; i < n; i++)
+    for (int k = 0; k < i; k++) b->distinct &= seqs[k] != seqs[i];
   split_attention(e);
+  for (int i = 0; i < b->nclaim; i++) atomic_store_explicit(&b->claim[i], 0, memory_order_relaxed);
   e->rc = 0;
   e->err[0] = 0;
   kpool_run(e->pool, batch_all, e);
