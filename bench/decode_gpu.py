@@ -404,9 +404,7 @@ MONO_VARIANTS = [dict(att_chunk=64), dict(att_chunk=128), dict(att_chunk=256), d
 
 # The batched prefill's attention: keys per split of a query tile (default 256; 1 << 20: one
 # block walks all of a tile's keys).
-# prefill_qkv_bf16: the QKV product in bf16 (half the bytes RoPE reads; one more rounding of q and k).
-PREFILL_VARIANTS = [dict(prefill_split=1 << 20), dict(prefill_split=128), dict(prefill_split=512),
-                    dict(prefill_qkv_bf16=1)]
+PREFILL_VARIANTS = [dict(prefill_split=1 << 20), dict(prefill_split=128), dict(prefill_split=512)]
 
 
 def kie_decode(m, ctx, tokens, rounds, vocab):

@@ -95,8 +95,6 @@ typedef struct {
   int prefill_chunk;           /* tokens of a batched pass at most (0: auto, 1024; at most max_seq) */
   int l2_ahead;                /* graph path: MiB of the o and gate/up weights that attention asks L2 to fetch
                                   (0: none) */
-  int prefill_qkv_bf16;        /* 1: a batched prefill's QKV product is bf16 (half the bytes to RoPE; q and k rounded
-                                  once more), 0: f32 */
   int prefill_split;           /* prefill attention: keys of one query tile's split at most (0: auto, 256), so
                                   that a long causal row is several blocks' work, folded by the last one */
 } kie_shape;

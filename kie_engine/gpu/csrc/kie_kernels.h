@@ -209,8 +209,7 @@ struct PfNormArgs {
 };
 
 struct PfRopeArgs {
-  const float *y;      /* [T][y_ld]: q rows, k rows, v rows of this lane (f32), or */
-  const bf16 *y16;     /* the same in bf16 (when y is NULL) */
+  const float *y;      /* [T][y_ld]: q rows, k rows, v rows of this lane */
   int y_ld, T, nh, nkv, hd, max_seq;
   const int *pos;
   const float *cosv, *sinv;

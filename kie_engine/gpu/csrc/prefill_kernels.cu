@@ -93,12 +93,8 @@ __global__ void __launch_bounds__(32 * PF_NORM_ROWS) k_pf_norm(const PfNormArgs 
   }
 }
 
-__device__ __forceinline__ float y_at(const float *y, int i) { return y[i]; }
-__device__ __forceinline__ float y_at(const bf16 *y, int i) { return __bfloat162float(y[i]); }
-
 /* One block per token row: RoPE pairs (j, j + hd/2) of q and k, and v pairs. */
-template <typename Y>
-__global__ void __launch_bounds__(PF_THREADS) k_pf_rope(const PfRopeArgs a, const Y *yall) {
+__global__ void __launch_bounds__(PF_THREADS) k_pf_rope(const PfRopeArgs a) {
   const int t = blockIdx.x, half = a.hd >> 1, nq = a.nh * half, nk = a.nkv * half;
   const int units = nq + nk + a.nkv * half;
   const int p = *a.pos + t;
@@ -106,11 +102,11 @@ __global__ void __launch_bounds__(PF_THREADS) k_pf_rope(const PfRopeArgs a, cons
     if (threadIdx.x == 0) kie_set_error(a.ring, KIE_DERR_POS, p);
     return;
   }
-  const Y *y = yall + (size_t)t * a.y_ld;
+  const float *y = a.y + (size_t)t * a.y_ld;
   for (int u = threadIdx.x; u < units; u += PF_THREADS) {
     if (u < nq + nk) {
       const int h = u / half, j = u - h * half;
-      const float v0 = y_at(y, h * a.hd + j), v1 = y_at(y, h * a.hd + j + half);
+      const float v0 = y[h * a.hd + j], v1 = y[h * a.hd + j + half];
       const float c = a.cosv[(size_t)p * half + j], s = a.sinv[(size_t)p * half + j];
       const float o0 = v0 * c - v1 * s, o1 = v1 * c + v0 * s;
       if (u < nq) {
@@ -124,9 +120,9 @@ __global__ void __launch_bounds__(PF_THREADS) k_pf_rope(const PfRopeArgs a, cons
       }
     } else {
       const int vr = 2 * (u - nq - nk), h = vr / a.hd, j = vr - h * a.hd;
-      const int at = (a.nh + a.nkv) * a.hd + vr;
+      const float *yv = y + (a.nh + a.nkv) * a.hd + vr;
       bf16 *v = a.vc + ((size_t)h * a.max_seq + p) * a.hd;
-      *reinterpret_cast<__nv_bfloat162 *>(v + j) = __floats2bfloat162_rn(y_at(y, at), y_at(y, at + 1));
+      *reinterpret_cast<__nv_bfloat162 *>(v + j) = __floats2bfloat162_rn(yv[0], yv[1]);
     }
   }
 }
@@ -178,8 +174,7 @@ cudaError_t kie_launch_pf_norm(const PfNormArgs &a, cudaStream_t st) {
 }
 
 cudaError_t kie_launch_pf_rope(const PfRopeArgs &a, cudaStream_t st) {
-  if (a.y) k_pf_rope<float><<<a.T, PF_THREADS, 0, st>>>(a, a.y);
-  else k_pf_rope<bf16><<<a.T, PF_THREADS, 0, st>>>(a, a.y16);
+  k_pf_rope<<<a.T, PF_THREADS, 0, st>>>(a);
   return cudaGetLastError();
 }
 
