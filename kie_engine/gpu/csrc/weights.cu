@@ -66,7 +66,6 @@ int derive(kie_engine *e, const kie_shape &s, int sms) {
   e->mono_n = 5 * s.layers + 1; /* per layer QKV, attention, o, gate/up, down; the head */
   if (s.prefill != 0 && s.prefill != 1) return fail(KIE_E_ARG, "prefill=%d: 0 or 1", s.prefill);
   if (s.prefill_chunk < 0) return fail(KIE_E_ARG, "prefill_chunk=%d: 0 (auto) or a token count", s.prefill_chunk);
-  if (s.l2_ahead < 0 || s.l2_ahead > 1024) return fail(KIE_E_ARG, "l2_ahead=%d: 0..1024 MiB", s.l2_ahead);
   if (s.prefill_split != 0 && s.prefill_split < PF_NSPLIT_MAX * PF_BK)
     return fail(KIE_E_ARG, "prefill_split=%d: 0 (auto) or at least %d keys", s.prefill_split, PF_NSPLIT_MAX * PF_BK);
   e->pf_chunk = s.prefill ? std::min(s.prefill_chunk ? s.prefill_chunk : 1024, s.max_seq) : 0;
