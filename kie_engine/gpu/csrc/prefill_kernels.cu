@@ -2,7 +2,7 @@
  * the matrix products are cuBLAS GEMMs on bf16 activations (blas.cu), and these
  * kernels prepare their inputs and take their outputs, one row per token:
  *
- *   k_pf_norm    the residual plus the sums due -> residual; its RMSNorm * gamma -> bf16 (a warp a row)
+ *   k_pf_norm    the residual plus the sums due -> residual; its RMSNorm * gamma -> bf16
  *   k_pf_rope    the QKV product (f32): q rotated -> bf16 queries; k rotated and v -> the
  *                bf16 KV cache at pos + t (decode reads the same cache)
  *   k_pf_swiglu  silu(gate) * up of the gate/up product -> bf16
@@ -19,28 +19,33 @@ namespace {
 
 #define PF_THREADS 256
 
-#define PF_NORM_ROWS 8 /* token rows per block of k_pf_norm, a warp each */
-#define PF_NORM_B 16   /* float4s a lane holds: a row of up to 2,048 floats is read once */
+__device__ __forceinline__ float block_sum_pf(float v, float *red) {
+  for (int off = 16; off; off >>= 1) v += __shfl_xor_sync(0xffffffffu, v, off);
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  if (lane == 0) red[warp] = v;
+  __syncthreads();
+  float s = 0.f;
+  for (int w = 0; w < PF_THREADS / 32; w++) s += red[w];
+  return s;
+}
 
-/* A warp per token row (no block-wide barrier between the sum of squares and the
- * scaling), each lane PF_NORM_B float4s of it, their loads issued together. */
-__global__ void __launch_bounds__(32 * PF_NORM_ROWS) k_pf_norm(const PfNormArgs a) {
-  const int t = blockIdx.x * PF_NORM_ROWS + (threadIdx.x >> 5), lane = threadIdx.x & 31;
-  if (t >= a.T) return;
-  const int n4 = a.ld >> 2;
+/* One block per token row; each thread a float4 at a time, its loads batched. */
+__global__ void __launch_bounds__(PF_THREADS) k_pf_norm(const PfNormArgs a) {
+  __shared__ float red[PF_THREADS / 32];
+  const int t = blockIdx.x, n4 = a.ld >> 2;
   const size_t row = (size_t)t * a.ld;
   const bf16 *erow = a.r_in ? nullptr : a.embed + (size_t)a.tokens[t] * a.ld;
   /* the residual is written back only when it changes (the embedding, or sums added) */
   const bool write = a.r_out && (a.r_out != a.r_in || a.nadd > 0);
-  constexpr int B = PF_NORM_B;
+  constexpr int B = 4;
   float ss = 0.f;
-  /* the row is read twice (sum of squares, then scaling) only past B * 32 float4s */
+  /* the row is read twice (sum of squares, then scaling) only past B * PF_THREADS float4s */
   float4 keep[B];
-  for (int i0 = lane, pass = 0; i0 < n4; i0 += B * 32, pass++) {
+  for (int i0 = threadIdx.x, pass = 0; i0 < n4; i0 += B * PF_THREADS, pass++) {
     float4 v[B];
 #pragma unroll
     for (int k = 0; k < B; k++) {
-      const int i = i0 + k * 32;
+      const int i = i0 + k * PF_THREADS;
       v[k] = f4_zero();
       if (i < n4 && 4 * i < a.hidden) {
         if (a.r_in) {
@@ -54,13 +59,13 @@ __global__ void __launch_bounds__(32 * PF_NORM_ROWS) k_pf_norm(const PfNormArgs 
     for (int j = 0; j < a.nadd; j++) {
 #pragma unroll
       for (int k = 0; k < B; k++) {
-        const int i = i0 + k * 32;
+        const int i = i0 + k * PF_THREADS;
         if (i < n4 && 4 * i < a.hidden) f4_add(v[k], reinterpret_cast<const float4 *>(a.adds[j] + row)[i]);
       }
     }
 #pragma unroll
     for (int k = 0; k < B; k++) {
-      const int i = i0 + k * 32;
+      const int i = i0 + k * PF_THREADS;
       if (i >= n4) continue;
       const float4 c = f4_clip(v[k], i, a.hidden);
       if (write && 4 * i < a.hidden) reinterpret_cast<float4 *>(a.r_out + row)[i] = c;
@@ -71,16 +76,15 @@ __global__ void __launch_bounds__(32 * PF_NORM_ROWS) k_pf_norm(const PfNormArgs 
       ss = fmaf(c.w, c.w, ss);
     }
   }
-  for (int off = 16; off; off >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, off);
-  const float root = sqrtf(ss / (float)a.hidden + a.eps);
+  const float root = sqrtf(block_sum_pf(ss, red) / (float)a.hidden + a.eps);
   const float4 *g4 = reinterpret_cast<const float4 *>(a.gamma);
-  for (int i0 = lane, pass = 0; i0 < n4; i0 += B * 32, pass++) {
+  for (int i0 = threadIdx.x, pass = 0; i0 < n4; i0 += B * PF_THREADS, pass++) {
 #pragma unroll
     for (int k = 0; k < B; k++) {
-      const int i = i0 + k * 32;
+      const int i = i0 + k * PF_THREADS;
       if (i >= n4) continue;
       float4 c = keep[k];
-      if (pass > 0) { /* a row longer than the registers hold: read back what this lane wrote */
+      if (pass > 0) { /* a row longer than the registers hold: read back what this thread wrote */
         c = f4_zero();
         if (4 * i < a.hidden) c = f4_clip(reinterpret_cast<const float4 *>((write ? a.r_out : a.r_in) + row)[i], i, a.hidden);
       }
@@ -169,7 +173,7 @@ __global__ void __launch_bounds__(PF_THREADS) k_pf_swiglu(const PfSwigluArgs a) 
 }  // namespace
 
 cudaError_t kie_launch_pf_norm(const PfNormArgs &a, cudaStream_t st) {
-  k_pf_norm<<<(a.T + PF_NORM_ROWS - 1) / PF_NORM_ROWS, 32 * PF_NORM_ROWS, 0, st>>>(a);
+  k_pf_norm<<<a.T, PF_THREADS, 0, st>>>(a);
   return cudaGetLastError();
 }
 
