@@ -335,15 +335,6 @@ def kie_prefill_ms(m, ctx, rounds):
     return min(ms), statistics.median(ms), max(ms)
 
 
-def kie_prefill_logits(m, ctx):
-    """The last logits of the bench's prompt of ctx tokens (the one kie_prefill_ms times)."""
-    ids = np.random.default_rng(ctx + 1).integers(0, m.cfg.vocab_size, ctx).tolist()
-    m.reset()
-    out = m.prefill(ids)
-    m.reset()
-    return out
-
-
 def torch_baseline(cfg, w, ctx, tokens, rounds, compile_it, group):
     dev = w["embed"].device
     dec = TorchDecoder(cfg, w, ctx + tokens + 8, group)
@@ -398,11 +389,6 @@ VARIANTS = [dict(gemv_x_l1=0, gemv_pipe=0), dict(gemv_x_l1=0), dict(gemv_pipe=0)
 # producer asks L2 for weights (default: as many tiles as the ring holds).
 MONO_VARIANTS = [dict(att_chunk=64), dict(att_chunk=128), dict(att_chunk=256), dict(mono_prefetch=0),
                  dict(mono_prefetch=16)]
-
-
-# The batched prefill's attention: keys per split of a query tile (default 256; 1 << 20: one
-# block walks all of a tile's keys).
-PREFILL_VARIANTS = [dict(prefill_split=1 << 20), dict(prefill_split=128), dict(prefill_split=512)]
 
 
 def kie_decode(m, ctx, tokens, rounds, vocab):
@@ -479,9 +465,6 @@ def main():
                     help="also KIE with the launch and kernel variants of VARIANTS (delay 0, every context)")
     ap.add_argument("--mono-variants", action="store_true",
                     help="also the monokernel with the variants of MONO_VARIANTS (delay 0, every context)")
-    ap.add_argument("--prefill-variants", action="store_true",
-                    help="also KIE's batched prefill with the variants of PREFILL_VARIANTS (their last logits "
-                         "against the default's)")
     ap.add_argument("--profile", action="store_true",
                     help="also the GPU time of each kernel of a prefill and of 8 graph decode steps (PyTorch profiler)")
     ap.add_argument("--json")
@@ -564,18 +547,6 @@ def main():
                 kie_prefill[ctx] = kie_prefill_ms(m, ctx, a.prefill_rounds)
                 add_prefill("kie", "prefill " + ("gemm" if m.info()["prefill_chunk"] else "gemv"), ctx,
                             kie_prefill[ctx], {"prefill": m.prefill_note})
-            if a.prefill_variants and m.info()["prefill_chunk"]:
-                ref = {ctx: kie_prefill_logits(m, ctx) for ctx in contexts}
-                for v in PREFILL_VARIANTS:
-                    mv = kie_engine(cfg, w, comm, max_seq, tuning=v)
-                    for ctx in contexts:
-                        got = kie_prefill_logits(mv, ctx)
-                        rel = float(np.abs(got - ref[ctx]).max() / np.abs(ref[ctx]).max())
-                        add_prefill("kie", "prefill gemm", ctx, kie_prefill_ms(mv, ctx, a.prefill_rounds),
-                                    {"variant": ",".join(f"{k}={x}" for k, x in v.items()),
-                                     "logits_rel_diff_vs_default": rel,
-                                     "same_argmax": int(got.argmax()) == int(ref[ctx].argmax())})
-                    mv.close()
             if a.profile:  # where a prefill's and a decode step's GPU time goes, kernel by kernel
                 for ctx in contexts:
                     ids = np.random.default_rng(ctx).integers(0, cfg.vocab_size, ctx).tolist()

@@ -75,9 +75,6 @@ SETTINGS = (
     Setting("KIE_GPU_PREFILL_CHUNK", "int", 0,
             "CUDA engine: tokens of one batched prefill pass at most (its activations are allocated for them); "
             "0 = auto (1024, at most the context).", 0, 1 << 20, **_GPU),
-    Setting("KIE_GPU_PREFILL_SPLIT", "int", 0,
-            "CUDA engine: a batched prefill's attention cuts each query tile's keys into splits of at most this "
-            "many (up to 4 splits, one block each, folded by the last); 0 = auto (256).", 0, 1 << 20, **_GPU),
     Setting("KIE_GPU_MONO_BLOCKS", "int", 0,
             "Monokernel: blocks of its grid; 0 = auto (every SM, or a share of them when lanes share the GPU).",
             0, 1 << 16, **_GPU),

@@ -119,8 +119,6 @@ struct kie_engine {
   size_t pf_ws_bytes;
   float *pf_R, *pf_sums, *pf_y;
   bf16 *pf_x, *pf_q, *pf_att, *pf_gu, *pf_act;
-  float *pf_part;          /* the prefill attention's partial sums (kie_kernels.h PfAttnArgs) */
-  unsigned *pf_cnt;
   int *pf_tok;
   std::vector<char> have; /* which uploads have arrived */
   std::vector<uint64_t> req;

@@ -93,8 +93,6 @@ typedef struct {
   int prefill;                 /* 1: a prompt runs as batched passes (cuBLAS GEMMs over a chunk of tokens; needs
                                   kie_blas_load first); 0: as decode-shaped passes of a few tokens */
   int prefill_chunk;           /* tokens of a batched pass at most (0: auto, 1024; at most max_seq) */
-  int prefill_split;           /* prefill attention: keys of one query tile's split at most (0: auto, 256), so
-                                  that a long causal row is several blocks' work, folded by the last one */
 } kie_shape;
 
 typedef struct {

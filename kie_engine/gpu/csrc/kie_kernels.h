@@ -233,14 +233,7 @@ struct PfAttnArgs {
   float scale_log2;    /* 1 / sqrt(hd) * log2(e) */
   bf16 *out;           /* [T][out_ld] */
   int out_ld;
-  int split_keys;      /* keys of one split at most (a multiple of the key tile) */
-  int nsplit;          /* splits per query tile in the grid (1: no partial sums) */
-  float *part;         /* [nh][query tiles][nsplit][PF_BQ][hd + 2]: the splits' unnormalized sums, max, sum */
-  unsigned *cnt;       /* [nh][query tiles]: splits done; the last one folds them and zeroes it */
 };
-#define PF_BQ 64       /* queries per prefill attention block */
-#define PF_BK 32       /* keys per tile */
-#define PF_NSPLIT_MAX 4
 
 cudaError_t kie_launch_pf_norm(const PfNormArgs &a, cudaStream_t st);
 cudaError_t kie_launch_pf_rope(const PfRopeArgs &a, cudaStream_t st);

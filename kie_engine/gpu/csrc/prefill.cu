@@ -33,10 +33,6 @@ int enqueue_prefill(kie_engine *e, int T, int mode) {
   const size_t count = (size_t)T * hp;
   float *R = e->pf_R;
   e->req.assign((size_t)nsub, 0);
-  /* The attention's splits: as many as give each query tile's longest row split_keys keys at most. */
-  const int split_keys = s.prefill_split > 0 ? s.prefill_split : 256;
-  const int nsplit = std::min(PF_NSPLIT_MAX, (e->pos_h + T + split_keys - 1) / split_keys);
-  if (nsplit > 1) CU(cudaMemsetAsync(e->pf_cnt, 0, (size_t)s.heads * ((T + PF_BQ - 1) / PF_BQ) * 4, e->stream));
   for (int i = 0; i < nsub; i++) {
     const int l = i / 2, sub = i % 2;
     const Layer &y = e->L[(size_t)l];
@@ -96,10 +92,6 @@ int enqueue_prefill(kie_engine *e, int T, int mode) {
       at.scale_log2 = (float)(1.4426950408889634 / sqrt((double)s.head_dim));
       at.out = e->pf_att;
       at.out_ld = e->qdim;
-      at.split_keys = nsplit > 1 ? split_keys : 1 << 30;
-      at.nsplit = nsplit;
-      at.part = e->pf_part;
-      at.cnt = e->pf_cnt;
       CU(kie_launch_pf_attention(at, e->stream));
       TRY(blas_gemm(e, T, s.hidden, e->qdim, e->pf_att, e->qdim, y.wo, e->qdim, S, hp, true, beta));
     } else {

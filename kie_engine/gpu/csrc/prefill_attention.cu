@@ -3,25 +3,17 @@
  * The chunk's queries (tokens pos .. pos + T - 1, bf16) attend to the KV cache
  * up to their own position (the chunk's keys were written there first, so a
  * later chunk sees every earlier one).  A block takes 64 queries of one head,
- * four warps of 16 rows each, and walks a range of keys in tiles of 32 with an
- * online softmax: scores S = Q K^T and the sum P V are bf16 mma.sync m16n8k16
- * products with f32 accumulation, the probabilities P rounded to bf16 as the
- * product's input, the queries' fragments held in registers.  Tiles of K and V
- * are copied into shared memory (cp.async, three stages: two tiles land while
- * one is used; small tiles keep the shared memory at 70 KB for head size 128, so
- * that three blocks share an SM and hide each other's waits) and read with
- * ldmatrix, V transposed by it.  Rows are padded by 16 bytes so that ldmatrix's
- * eight rows fall in different banks.  Keys past the range are zero-filled,
- * never read, so a stale cache cannot bring a NaN into the sum.
- *
- * Causality makes the last query tiles the longest: a tile at the end of a
- * 1,024-token chunk walks 32 key tiles, one after another, while the first walks
- * two.  So a tile's keys are cut into splits of at most `split_keys` (up to
- * `nsplit` of them), one block each, the longest tiles' blocks first; a split
- * writes its unnormalized sum, max and exponential sum per row, and the last
- * split of the tile to finish folds them into the output.  Within a split, only
- * tiles that cross a warp's diagonal or the range's end are masked, and a warp
- * whose rows all precede a tile skips its products. */
+ * four warps of 16 rows each, and walks the keys in tiles of 32 with an online
+ * softmax: scores S = Q K^T and the sum P V are bf16 mma.sync m16n8k16 products
+ * with f32 accumulation, the probabilities P rounded to bf16 as the product's
+ * input, the queries' fragments held in registers.  Tiles of K and V are copied
+ * into shared memory (cp.async, three stages: two tiles land while one is used;
+ * small tiles keep the shared memory at 70 KB for head size 128, so that three
+ * blocks share an SM and hide each other's waits) and read with ldmatrix, V
+ * transposed by it.  Rows are padded by 16
+ * bytes so that ldmatrix's eight rows fall in different banks.  Keys past the
+ * chunk's end are zero-filled, never read, so a stale cache cannot bring a NaN
+ * into the sum. */
 #include <math.h>
 
 #include "kie_kernels.h"
@@ -30,8 +22,8 @@ namespace {
 
 template <int HD>
 struct PfShape {
-  static constexpr int BQ = PF_BQ;   /* queries per block */
-  static constexpr int BK = PF_BK;   /* keys per tile */
+  static constexpr int BQ = 64;      /* queries per block */
+  static constexpr int BK = 32;      /* keys per tile */
   static constexpr int STAGES = 3;   /* tiles in flight: two land while one is used */
   static constexpr int LDS = HD + 8; /* shared-memory row stride (bf16) */
   static constexpr int THREADS = 128;
@@ -83,16 +75,10 @@ __global__ void __launch_bounds__(PfShape<HD>::THREADS) k_pf_attention(const PfA
   bf16 *Ks = Qs + BQ * LDS; /* [ST][BK][LDS] */
   bf16 *Vs = Ks + ST * BK * LDS;
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
-  const int nq = (a.T + BQ - 1) / BQ;
-  const int qt = nq - 1 - (int)blockIdx.x / a.nsplit, split = (int)blockIdx.x % a.nsplit; /* longest first */
-  const int q0 = qt * BQ, h = blockIdx.y, kvh = h / a.g;
+  const int q0 = blockIdx.x * BQ, h = blockIdx.y, kvh = h / a.g;
   const int P0 = *a.pos;
   const int qend = min(q0 + BQ, a.T);
   const int nkeys = P0 + qend; /* keys 0 .. the block's last query position */
-  const int ns = min(a.nsplit, (nkeys + a.split_keys - 1) / a.split_keys);
-  if (split >= ns) return;
-  const int len = ((nkeys + ns - 1) / ns + BK - 1) / BK * BK;
-  const int c0 = min(nkeys, split * len), c1 = min(nkeys, c0 + len); /* this split's keys */
   const bf16 *K = a.kc + (size_t)kvh * a.max_seq * HD, *V = a.vc + (size_t)kvh * a.max_seq * HD;
 
   for (int i = tid; i < BQ * CH; i += SH::THREADS) {
@@ -100,16 +86,16 @@ __global__ void __launch_bounds__(PfShape<HD>::THREADS) k_pf_attention(const PfA
     cp16(Qs + r * LDS + c * 8, a.q + (size_t)min(t, a.T - 1) * a.q_ld + (size_t)h * HD + c * 8, t < a.T);
   }
   auto load_kv = [&](int tile, int stage) {
-    const int k0 = c0 + tile * BK;
+    const int k0 = tile * BK;
     for (int i = tid; i < BK * CH; i += SH::THREADS) {
       const int r = i / CH, c = i - r * CH, key = k0 + r;
-      const bool ok = key < c1;
+      const bool ok = key < nkeys;
       const size_t off = (size_t)(ok ? key : 0) * HD + c * 8;
       cp16(Ks + (stage * BK + r) * LDS + c * 8, K + off, ok);
       cp16(Vs + (stage * BK + r) * LDS + c * 8, V + off, ok);
     }
   };
-  const int ntiles = (c1 - c0 + BK - 1) / BK;
+  const int ntiles = (nkeys + BK - 1) / BK;
 #pragma unroll
   for (int st = 0; st < ST - 1; st++) { /* the queries ride with the first tile's group */
     if (st < ntiles) load_kv(st, st);
@@ -124,7 +110,6 @@ __global__ void __launch_bounds__(PfShape<HD>::THREADS) k_pf_attention(const PfA
   const int g = lane >> 2, tq = lane & 3;
   const int row0 = q0 + warp * 16 + g;           /* this thread's rows: row0 and row0 + 8 */
   const int qpos[2] = {P0 + row0, P0 + row0 + 8};
-  const int wfirst = P0 + q0 + warp * 16; /* the position of this warp's first row */
   const int mi = lane >> 3, rr = lane & 7;        /* ldmatrix: the matrix and row this lane addresses */
 
   for (int kt = 0; kt < ntiles; kt++) {
@@ -137,11 +122,6 @@ __global__ void __launch_bounds__(PfShape<HD>::THREADS) k_pf_attention(const PfA
       for (int kk = 0; kk < HD / 16; kk++)
         ldsm4(qf[kk][0], qf[kk][1], qf[kk][2], qf[kk][3], Qs + (warp * 16 + (lane & 15)) * LDS + kk * 16 + (lane >> 4) * 8);
     const bf16 *Kt = Ks + (kt % ST) * BK * LDS, *Vt = Vs + (kt % ST) * BK * LDS;
-    const int kb = c0 + kt * BK;
-    if (kb > wfirst + 15) { /* every key of the tile is after this warp's rows: nothing to add */
-      __syncthreads();
-      continue;
-    }
 
     float s[NT][4];
 #pragma unroll
@@ -157,16 +137,15 @@ __global__ void __launch_bounds__(PfShape<HD>::THREADS) k_pf_attention(const PfA
       }
     }
 
-    /* Causal mask (where the tile crosses the warp's diagonal or the range's end) and the
-     * online softmax, in base 2; a row's four threads (tq) meet by shuffles. */
-    const bool whole = kb + BK <= c1 && kb + BK - 1 <= wfirst;
+    /* Causal mask and the online softmax, in base 2; a row's four threads (tq) meet by shuffles. */
+    const int kb = kt * BK;
     float mx[2] = {-INFINITY, -INFINITY};
 #pragma unroll
     for (int n = 0; n < NT; n++)
 #pragma unroll
       for (int e = 0; e < 4; e++) {
         const int key = kb + n * 8 + 2 * tq + (e & 1), r = e >> 1;
-        const float v = whole || (key <= qpos[r] && key < c1) ? s[n][e] * a.scale_log2 : -INFINITY;
+        const float v = key <= qpos[r] && key < nkeys ? s[n][e] * a.scale_log2 : -INFINITY;
         s[n][e] = v;
         mx[r] = fmaxf(mx[r], v);
       }
@@ -222,79 +201,22 @@ __global__ void __launch_bounds__(PfShape<HD>::THREADS) k_pf_attention(const PfA
     lrow[r] += __shfl_xor_sync(0xffffffffu, lrow[r], 1);
     lrow[r] += __shfl_xor_sync(0xffffffffu, lrow[r], 2);
   }
-  if (ns == 1) {
-#pragma unroll
-    for (int r = 0; r < 2; r++) {
-      const int t = row0 + 8 * r;
-      if (t >= a.T) continue;
-      const float inv = 1.f / lrow[r];
-      bf16 *dst = a.out + (size_t)t * a.out_ld + (size_t)h * HD + 2 * tq;
-#pragma unroll
-      for (int n = 0; n < ND; n++)
-        *reinterpret_cast<__nv_bfloat162 *>(dst + n * 8) = __floats2bfloat162_rn(o[n][2 * r] * inv, o[n][2 * r + 1] * inv);
-    }
-    return;
-  }
-
-  /* A split: its rows' unnormalized sums, max and exponential sum, for the last split to fold. */
-  constexpr size_t PS = (size_t)BQ * (HD + 2); /* one split's floats */
-  const size_t tile_at = ((size_t)h * nq + qt) * a.nsplit;
-  float *pp = a.part + (tile_at + split) * PS;
 #pragma unroll
   for (int r = 0; r < 2; r++) {
-    const int lr = warp * 16 + g + 8 * r;
+    const int t = row0 + 8 * r;
+    if (t >= a.T) continue;
+    const float inv = 1.f / lrow[r];
+    bf16 *dst = a.out + (size_t)t * a.out_ld + (size_t)h * HD + 2 * tq;
 #pragma unroll
     for (int n = 0; n < ND; n++)
-      *reinterpret_cast<float2 *>(pp + (size_t)lr * HD + n * 8 + 2 * tq) = make_float2(o[n][2 * r], o[n][2 * r + 1]);
-    if (tq == 0) {
-      pp[(size_t)BQ * HD + lr] = mrow[r];
-      pp[(size_t)BQ * HD + BQ + lr] = lrow[r];
-    }
+      *reinterpret_cast<__nv_bfloat162 *>(dst + n * 8) = __floats2bfloat162_rn(o[n][2 * r] * inv, o[n][2 * r + 1] * inv);
   }
-  __shared__ int last;
-  __threadfence();
-  __syncthreads();
-  if (tid == 0) last = atomicAdd(a.cnt + (size_t)h * nq + qt, 1u) == (unsigned)ns - 1;
-  __syncthreads();
-  if (!last) return;
-  __threadfence();
-  /* Per row: M the largest split max, and 1 / L, L the splits' sums scaled to M (in Qs's place). */
-  float *rowM = reinterpret_cast<float *>(pf_smem), *rowInvL = rowM + BQ;
-  const float *p0 = a.part + tile_at * PS;
-  for (int lr = tid; lr < BQ; lr += SH::THREADS) {
-    float M = -INFINITY;
-    for (int sp = 0; sp < ns; sp++) M = fmaxf(M, __ldcg(p0 + sp * PS + BQ * HD + lr));
-    float L = 0.f;
-    for (int sp = 0; sp < ns; sp++) {
-      const float l = __ldcg(p0 + sp * PS + BQ * HD + BQ + lr);
-      if (l > 0.f) L += l * exp2f(__ldcg(p0 + sp * PS + BQ * HD + lr) - M);
-    }
-    rowM[lr] = M;
-    rowInvL[lr] = 1.f / L;
-  }
-  __syncthreads();
-  for (int i = tid; i < BQ * HD / 2; i += SH::THREADS) {
-    const int lr = i / (HD / 2), c = 2 * (i - lr * (HD / 2)), t = q0 + lr;
-    if (t >= a.T) continue;
-    float2 acc = make_float2(0.f, 0.f);
-    for (int sp = 0; sp < ns; sp++) {
-      const float l = __ldcg(p0 + sp * PS + BQ * HD + BQ + lr);
-      if (!(l > 0.f)) continue; /* a split after every key this row sees */
-      const float f = exp2f(__ldcg(p0 + sp * PS + BQ * HD + lr) - rowM[lr]);
-      const float2 v = __ldcg(reinterpret_cast<const float2 *>(p0 + sp * PS + (size_t)lr * HD + c));
-      acc.x = fmaf(v.x, f, acc.x);
-      acc.y = fmaf(v.y, f, acc.y);
-    }
-    *reinterpret_cast<__nv_bfloat162 *>(a.out + (size_t)t * a.out_ld + (size_t)h * HD + c) =
-        __floats2bfloat162_rn(acc.x * rowInvL[lr], acc.y * rowInvL[lr]);
-  }
-  if (tid == 0) a.cnt[(size_t)h * nq + qt] = 0;
 }
 
 template <int HD>
 cudaError_t launch_hd(const PfAttnArgs &a, cudaStream_t st) {
   typedef PfShape<HD> SH;
-  const dim3 grid((unsigned)((a.T + SH::BQ - 1) / SH::BQ * a.nsplit), (unsigned)a.nh);
+  const dim3 grid((unsigned)((a.T + SH::BQ - 1) / SH::BQ), (unsigned)a.nh);
   k_pf_attention<HD><<<grid, SH::THREADS, SH::SMEM, st>>>(a);
   return cudaGetLastError();
 }

@@ -66,8 +66,6 @@ int derive(kie_engine *e, const kie_shape &s, int sms) {
   e->mono_n = 5 * s.layers + 1; /* per layer QKV, attention, o, gate/up, down; the head */
   if (s.prefill != 0 && s.prefill != 1) return fail(KIE_E_ARG, "prefill=%d: 0 or 1", s.prefill);
   if (s.prefill_chunk < 0) return fail(KIE_E_ARG, "prefill_chunk=%d: 0 (auto) or a token count", s.prefill_chunk);
-  if (s.prefill_split != 0 && s.prefill_split < PF_NSPLIT_MAX * PF_BK)
-    return fail(KIE_E_ARG, "prefill_split=%d: 0 (auto) or at least %d keys", s.prefill_split, PF_NSPLIT_MAX * PF_BK);
   e->pf_chunk = s.prefill ? std::min(s.prefill_chunk ? s.prefill_chunk : 1024, s.max_seq) : 0;
   return KIE_OK;
 }
@@ -134,9 +132,6 @@ size_t layout(kie_engine *e, char *base) {
     e->pf_gu = (bf16 *)take(P * 2 * s.inter * 2);
     e->pf_act = (bf16 *)take(P * e->inter_pad * 2);
     e->pf_tok = (int *)take(P * 4);
-    const size_t qtiles = (P + PF_BQ - 1) / PF_BQ;
-    e->pf_part = (float *)take((size_t)s.heads * qtiles * PF_NSPLIT_MAX * PF_BQ * (hd + 2) * 4);
-    e->pf_cnt = (unsigned *)take((size_t)s.heads * qtiles * 4);
   }
   return round_up(at, 256);
 }
