@@ -20,7 +20,7 @@ import numpy as np
 from ..errors import KvMemoryError, NonFiniteLogitsError
 from ..generate import check_logits, sample
 from .api_error import ApiError
-from .scheduler import EngineQueue, _breaks_engine
+from .scheduler import EngineQueue
 from .text import TextStream
 
 
@@ -162,12 +162,7 @@ class BatchScheduler(EngineQueue):
             for r in list(self.active):
                 self._end(r, "error", ApiError(500, f"the engine failed on this request: {type(e).__name__}: {e}",
                                                type="server_error", code="engine_error"))
-            if _breaks_engine(e):
-                self.fatal = e
-                with self.cv:
-                    self.closing = True
-                if self.on_fatal is not None:
-                    self.on_fatal(e)
+            self._engine_failed(e)
             return
         self.metrics.batch_step(len(set(seqs)), len(seqs))
         finite = np.isfinite(np.add.reduce(logits, axis=1, dtype=np.float64))  # generate.check_logits, per row

@@ -98,6 +98,18 @@ class EngineQueue:
             self.waiting.clear()
             self.cv.notify_all()
 
+    # -- the engine thread's side ----------------------------------------------------------
+    def _engine_failed(self, e):
+        """After a request (or a batch step) failed with e: if e left the lanes out of step,
+        no later request can run, so the queue closes and on_fatal hears of it."""
+        if not _breaks_engine(e):
+            return
+        self.fatal = e
+        with self.cv:
+            self.closing = True
+        if self.on_fatal is not None:
+            self.on_fatal(e)
+
 
 class Scheduler(EngineQueue):
     def __init__(self, runner, tokenizer, metrics, max_queue=32, on_fatal=None):
@@ -161,12 +173,7 @@ class Scheduler(EngineQueue):
             job.post("error", ApiError(500, f"the engine failed on this request: {type(e).__name__}: {e}",
                                        type="server_error", code="engine_error"))
             print(f"kie serve: a request failed: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
-            if _breaks_engine(e):
-                self.fatal = e
-                with self.cv:
-                    self.closing = True
-                if self.on_fatal is not None:
-                    self.on_fatal(e)
+            self._engine_failed(e)
             return
         n = len(res.tokens)
         if text.hit or res.reason == "eos":
