@@ -222,6 +222,17 @@ static void claimed_products(kie_cpu *e, const rowwork *rw, const kie_cpu_mat *c
   }
 }
 
+/* The stage's products of m (matrix i into y[i]) without SwiGLU: by pieces from the
+ * stage's counter (rw->own: a few rows), else this thread's fixed share sh. */
+static void stage_products(kie_cpu *e, const rowwork *rw, const kie_cpu_mat *const *m, int nm, float *const *y,
+                           size_t ldy, int nt, int stage, int nth, const kie_share *sh) {
+  if (rw->own) {
+    claimed_products(e, rw, m, nm, y, ldy, nt, stage, nth, NULL, 0);
+    return;
+  }
+  for (int i = 0; i < nm; i++) product(rw, m, nm, i, y[i], ldy, sh->r0[i], sh->r1[i], nt);
+}
+
 /* A meeting that only the shared buffers need */
 static void after_rows(kie_cpu *e, const rowwork *rw, int tid) {
   if (!rw->own) kpool_barrier(e->pool, tid);
@@ -397,14 +408,8 @@ static void batch_all(void *arg, int tid, int nth) {
     prepare(e, &rw, qkv, 3, rw.h, H, R, rw.w0, rw.w1, NULL);
     after_rows(e, &rw, tid);
     const kie_share *sh = &e->sh_qkv[(size_t)l * nth + tid];
-    if (rw.own) {
-      float *yq[3] = {b->qkv, b->qkv + qrows, b->qkv + qrows + kvrows};
-      claimed_products(e, &rw, qkv, 3, yq, QKV, R, KIE_STAGE(l, 0), nth, NULL, 0);
-    } else {
-      product(&rw, qkv, 3, 0, b->qkv, QKV, sh->r0[0], sh->r1[0], R);
-      product(&rw, qkv, 3, 1, b->qkv + qrows, QKV, sh->r0[1], sh->r1[1], R);
-      product(&rw, qkv, 3, 2, b->qkv + qrows + kvrows, QKV, sh->r0[2], sh->r1[2], R);
-    }
+    float *yq[3] = {b->qkv, b->qkv + qrows, b->qkv + qrows + kvrows};
+    stage_products(e, &rw, qkv, 3, yq, QKV, R, KIE_STAGE(l, 0), nth, sh);
     kpool_barrier(e->pool, tid);
     STAMP(0);
     /* RoPE and the cache writes, attention, then (many rows) the o product's input of the
@@ -425,10 +430,7 @@ static void batch_all(void *arg, int tid, int nth) {
     STAMP(1);
     sh = &e->sh_o[(size_t)l * nth + tid];
     float *yo[1] = {sublayer_out(e, 2 * l)};
-    if (rw.own)
-      claimed_products(e, &rw, o, 1, yo, H, R, KIE_STAGE(l, 1), nth, NULL, 0);
-    else
-      product(&rw, o, 1, 0, yo[0], H, sh->r0[0], sh->r1[0], R);
+    stage_products(e, &rw, o, 1, yo, H, R, KIE_STAGE(l, 1), nth, sh);
     kpool_barrier(e->pool, tid);
     STAMP(2);
     residual(e, &rw, 2 * l, tid);
@@ -456,10 +458,7 @@ static void batch_all(void *arg, int tid, int nth) {
     STAMP(3);
     sh = &e->sh_down[(size_t)l * nth + tid];
     float *yd[1] = {sublayer_out(e, 2 * l + 1)};
-    if (rw.own)
-      claimed_products(e, &rw, dn, 1, yd, H, R, KIE_STAGE(l, 3), nth, NULL, 0);
-    else
-      product(&rw, dn, 1, 0, yd[0], H, sh->r0[0], sh->r1[0], R);
+    stage_products(e, &rw, dn, 1, yd, H, R, KIE_STAGE(l, 3), nth, sh);
     kpool_barrier(e->pool, tid);
     STAMP(4);
     residual(e, &rw, 2 * l + 1, tid);
@@ -492,10 +491,7 @@ static void batch_all(void *arg, int tid, int nth) {
   after_rows(e, &rw, tid);
   size_t vp = s->vocab_part, ld = tp > 1 ? vp : vp * tp;
   float *part = tp > 1 ? b->lg : b->logits;
-  if (rw.own)
-    claimed_products(e, &rw, hm, 1, &part, ld, K, KIE_STAGE(L, 0), nth, NULL, 0);
-  else
-    product(&rw, hm, 1, 0, part, ld, e->sh_head[tid].r0[0], e->sh_head[tid].r1[0], K);
+  stage_products(e, &rw, hm, 1, &part, ld, K, KIE_STAGE(L, 0), nth, &e->sh_head[tid]);
   kpool_barrier(e->pool, tid);
   if (tid != 0) return;
   STAMP(6);
