@@ -93,7 +93,7 @@ for s in "$@"; do
       done ;;
     ncupf)
       NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
-      timeout 300 "$NCU" --profile-from-start off --clock-control none -k regex:k_pf_attention --launch-skip 27 \
+      timeout 300 "$NCU" --profile-from-start off --clock-control none -k regex:"k_pf_(attention|wide)" --launch-skip 27 \
         --launch-count 1 --section SpeedOfLight --section MemoryWorkloadAnalysis --section WarpStateStats \
         --section LaunchStats --section Occupancy --section SchedulerStats --section ComputeWorkloadAnalysis \
         --section InstructionStats python3 bench/gpu/kie_profile.py --prefill --context ${PF_CONTEXT:-1024} \
