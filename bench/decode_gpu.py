@@ -396,9 +396,10 @@ L2_VARIANTS = [dict(l2_ahead=8), dict(l2_ahead=24), dict(l2_ahead=40)]
 
 
 # The batched prefill's attention kernel (default: wide, key tiles of 64, splits of 256 keys):
-# the narrow one, and the wide one's tile and split lengths.
+# the narrow one, the wide one's tile and split lengths, and the row kernels launched without
+# programmatic dependent launch.
 PREFILL_VARIANTS = [dict(prefill_attn=1), dict(prefill_attn=3), dict(prefill_split=128), dict(prefill_split=512),
-                    dict(prefill_split=1 << 20)]
+                    dict(prefill_split=1 << 20), dict(pdl=0)]
 
 
 # The monokernel's variants: keys per attention split at least (default 32: fewer, longer
@@ -573,7 +574,8 @@ def main():
             if a.prefill_variants and m.info()["prefill_chunk"]:
                 ref = {ctx: kie_prefill_logits(m, ctx) for ctx in contexts}
                 for v in PREFILL_VARIANTS:
-                    mv = kie_engine(cfg, w, comm, max_seq, tuning=v)
+                    kw = dict(v)
+                    mv = kie_engine(cfg, w, comm, max_seq, pdl=kw.pop("pdl", None), tuning=kw)
                     for ctx in contexts:
                         got = kie_prefill_logits(mv, ctx)
                         rel = float(np.abs(got - ref[ctx]).max() / np.abs(ref[ctx]).max())

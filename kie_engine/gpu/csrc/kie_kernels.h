@@ -250,12 +250,15 @@ struct PfAttnArgs {
 #define PF_WIDE_HD_MAX 128 /* a warp's 32 rows of output stay in registers up to this head size */
 #define PF_NSPLIT_MAX 4
 
-cudaError_t kie_launch_pf_norm(const PfNormArgs &a, cudaStream_t st);
-cudaError_t kie_launch_pf_rope(const PfRopeArgs &a, cudaStream_t st);
-cudaError_t kie_launch_pf_swiglu(const PfSwigluArgs &a, cudaStream_t st);
-cudaError_t kie_launch_pf_attention(const PfAttnArgs &a, cudaStream_t st);
+/* The prefill's row and attention kernels wait for their predecessor with
+ * griddepcontrol.wait (pdl: launched with programmatic stream serialization, so that
+ * a launch overlaps the end of the cuBLAS product before it); none triggers early. */
+cudaError_t kie_launch_pf_norm(const PfNormArgs &a, cudaStream_t st, int pdl);
+cudaError_t kie_launch_pf_rope(const PfRopeArgs &a, cudaStream_t st, int pdl);
+cudaError_t kie_launch_pf_swiglu(const PfSwigluArgs &a, cudaStream_t st, int pdl);
+cudaError_t kie_launch_pf_attention(const PfAttnArgs &a, cudaStream_t st, int pdl);
 cudaError_t kie_pf_attention_attributes(void);
-cudaError_t kie_launch_pf_attention_wide(const PfAttnArgs &a, cudaStream_t st);
+cudaError_t kie_launch_pf_attention_wide(const PfAttnArgs &a, cudaStream_t st, int pdl);
 cudaError_t kie_pf_attention_wide_attributes(void);
 
 /* Launchers: grid and dynamic shared memory chosen by the caller; pdl launches

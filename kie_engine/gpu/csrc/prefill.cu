@@ -62,7 +62,7 @@ int enqueue_prefill(kie_engine *e, int T, int mode) {
       if (tp > 1 && d > 0) TRY(sum_wait(e, e->req[(size_t)j]));
       n.adds[n.nadd++] = pf_sum_buf(e, j);
     }
-    CU(kie_launch_pf_norm(n, e->stream));
+    CU(kie_launch_pf_norm(n, e->stream, e->s.pdl));
     float *S = direct ? R : pf_sum_buf(e, i);
     const float beta = direct ? 1.f : 0.f;
     if (sub == 0) {
@@ -84,7 +84,7 @@ int enqueue_prefill(kie_engine *e, int T, int mode) {
       r.kc = y.kc;
       r.vc = y.vc;
       r.ring = e->ring_d;
-      CU(kie_launch_pf_rope(r, e->stream));
+      CU(kie_launch_pf_rope(r, e->stream, e->s.pdl));
       PfAttnArgs at;
       memset(&at, 0, sizeof at);
       at.q = e->pf_q;
@@ -106,7 +106,7 @@ int enqueue_prefill(kie_engine *e, int T, int mode) {
       at.nsplit = nsplit;
       at.part = e->pf_part;
       at.cnt = e->pf_cnt;
-      CU(kie_launch_pf_attention(at, e->stream));
+      CU(kie_launch_pf_attention(at, e->stream, e->s.pdl));
       TRY(blas_gemm(e, T, s.hidden, e->qdim, e->pf_att, e->qdim, y.wo, e->qdim, S, hp, true, beta));
     } else {
       TRY(blas_gemm(e, T, 2 * s.inter, s.hidden, e->pf_x, hp, y.wgu, hp, e->pf_gu, 2 * s.inter, false, 0.f));
@@ -117,7 +117,7 @@ int enqueue_prefill(kie_engine *e, int T, int mode) {
       g.T = T;
       g.act = e->pf_act;
       g.act_ld = e->inter_pad;
-      CU(kie_launch_pf_swiglu(g, e->stream));
+      CU(kie_launch_pf_swiglu(g, e->stream, e->s.pdl));
       TRY(blas_gemm(e, T, s.hidden, s.inter, e->pf_act, e->inter_pad, y.wd, e->inter_pad, S, hp, true, beta));
     }
     if (tp > 1) {

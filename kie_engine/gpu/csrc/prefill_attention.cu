@@ -35,6 +35,7 @@ struct PfShape {
 
 template <int HD>
 __global__ void __launch_bounds__(PfShape<HD>::THREADS) k_pf_attention(const PfAttnArgs a) {
+  kcclDevPdlWait();
   typedef PfShape<HD> SH;
   constexpr int BQ = SH::BQ, BK = SH::BK, LDS = SH::LDS, CH = HD / 8, NT = BK / 8, ND = HD / 8;
   constexpr int ST = SH::STAGES;
@@ -182,11 +183,10 @@ __global__ void __launch_bounds__(PfShape<HD>::THREADS) k_pf_attention(const PfA
 }
 
 template <int HD>
-cudaError_t launch_hd(const PfAttnArgs &a, cudaStream_t st) {
+cudaError_t launch_hd(const PfAttnArgs &a, cudaStream_t st, int pdl) {
   typedef PfShape<HD> SH;
   const dim3 grid((unsigned)((a.T + SH::BQ - 1) / SH::BQ), (unsigned)a.nh);
-  k_pf_attention<HD><<<grid, SH::THREADS, SH::SMEM, st>>>(a);
-  return cudaGetLastError();
+  return kcclLaunch(k_pf_attention<HD>, grid, dim3(SH::THREADS), SH::SMEM, st, pdl, a);
 }
 
 template <int HD>
@@ -197,9 +197,9 @@ cudaError_t attr_hd() {
 
 }  // namespace
 
-cudaError_t kie_launch_pf_attention(const PfAttnArgs &a, cudaStream_t st) {
-  if (a.kind != PF_ATT_NARROW) return kie_launch_pf_attention_wide(a, st);
-  return kie_with_hd(a.hd, cudaErrorInvalidValue, [&](auto h) { return launch_hd<decltype(h)::value>(a, st); });
+cudaError_t kie_launch_pf_attention(const PfAttnArgs &a, cudaStream_t st, int pdl) {
+  if (a.kind != PF_ATT_NARROW) return kie_launch_pf_attention_wide(a, st, pdl);
+  return kie_with_hd(a.hd, cudaErrorInvalidValue, [&](auto h) { return launch_hd<decltype(h)::value>(a, st, pdl); });
 }
 
 cudaError_t kie_pf_attention_attributes(void) {

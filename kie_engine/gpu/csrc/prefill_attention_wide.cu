@@ -40,6 +40,7 @@ struct PfWide {
 
 template <int HD, int BK>
 __global__ void __launch_bounds__(128, 2) k_pf_wide(const PfAttnArgs a) {
+  kcclDevPdlWait();
   typedef PfWide<HD, BK> SH;
   constexpr int R = SH::R, MT = SH::MT, ST = SH::ST, LDS = SH::LDS;
   constexpr int CH = HD / 8, NT = BK / 8, ND = HD / 8, KK = HD / 16;
@@ -286,20 +287,19 @@ __global__ void __launch_bounds__(128, 2) k_pf_wide(const PfAttnArgs a) {
 }
 
 template <int HD, int BK>
-cudaError_t launch(const PfAttnArgs &a, cudaStream_t st) {
+cudaError_t launch(const PfAttnArgs &a, cudaStream_t st, int pdl) {
   typedef PfWide<HD, BK> SH;
   const int QB = SH::R / a.hb;
   const dim3 grid((unsigned)(a.nh / a.hb), (unsigned)a.nsplit, (unsigned)((a.T + QB - 1) / QB));
-  k_pf_wide<HD, BK><<<grid, SH::THREADS, SH::SMEM, st>>>(a);
-  return cudaGetLastError();
+  return kcclLaunch(k_pf_wide<HD, BK>, grid, dim3(SH::THREADS), SH::SMEM, st, pdl, a);
 }
 
 template <int HD>
-cudaError_t launch_hd(const PfAttnArgs &a, cudaStream_t st) {
+cudaError_t launch_hd(const PfAttnArgs &a, cudaStream_t st, int pdl) {
   if constexpr (HD > PF_WIDE_HD_MAX) {
     return cudaErrorInvalidValue;
   } else {
-    return a.kind == PF_ATT_WIDE32 ? launch<HD, 32>(a, st) : launch<HD, 64>(a, st);
+    return a.kind == PF_ATT_WIDE32 ? launch<HD, 32>(a, st, pdl) : launch<HD, 64>(a, st, pdl);
   }
 }
 
@@ -311,9 +311,9 @@ cudaError_t attr() {
 
 }  // namespace
 
-cudaError_t kie_launch_pf_attention_wide(const PfAttnArgs &a, cudaStream_t st) {
+cudaError_t kie_launch_pf_attention_wide(const PfAttnArgs &a, cudaStream_t st, int pdl) {
   if (a.hb < 1 || a.hb > 2 || a.g % a.hb || a.nsplit < 1) return cudaErrorInvalidValue;
-  return kie_with_hd(a.hd, cudaErrorInvalidValue, [&](auto h) { return launch_hd<decltype(h)::value>(a, st); });
+  return kie_with_hd(a.hd, cudaErrorInvalidValue, [&](auto h) { return launch_hd<decltype(h)::value>(a, st, pdl); });
 }
 
 cudaError_t kie_pf_attention_wide_attributes(void) {
