@@ -391,15 +391,11 @@ def copy_bandwidth(dev, nbytes=2 << 30, reps=10):
 # lane), x of the o and down GEMVs through L1, 32 keys per attention split at least).
 VARIANTS = [dict(gemv_x_l1=0, gemv_pipe=0), dict(gemv_x_l1=0), dict(gemv_pipe=0), dict(pdl=0, prefetch=0),
             dict(att_chunk=64), dict(att_chunk=128)]
-# The attention kernel asking L2 for the next GEMVs' first weights (MiB; default none).
-L2_VARIANTS = [dict(l2_ahead=8), dict(l2_ahead=24), dict(l2_ahead=40)]
 
 
-# The batched prefill's attention kernel (default: wide, key tiles of 64, splits of 256 keys):
-# the narrow one, the wide one's tile and split lengths, and the row kernels launched without
-# programmatic dependent launch.
-PREFILL_VARIANTS = [dict(prefill_attn=1), dict(prefill_attn=3), dict(prefill_split=128), dict(prefill_split=512),
-                    dict(prefill_split=1 << 20), dict(pdl=0)]
+# The batched prefill against its default (attention blocks in zigzag order, kernels launched
+# with programmatic dependent launch): the attention blocks in launch order, and no PDL.
+PREFILL_VARIANTS = [dict(prefill_attn=1), dict(pdl=0)]
 
 
 # The monokernel's variants: keys per attention split at least (default 32: fewer, longer
@@ -479,9 +475,8 @@ def main():
     ap.add_argument("--kernels", default="graph,mono",
                     help="KIE's step kernels to time, of graph,mono (default: both; at TP > 1 the monokernel sums "
                          "the lanes inside its kernel)")
-    ap.add_argument("--variants", nargs="?", const="all", choices=["all", "l2"],
-                    help="also KIE with the launch and kernel variants of VARIANTS (all) or L2_VARIANTS (l2) "
-                         "(delay 0, every context)")
+    ap.add_argument("--variants", action="store_true",
+                    help="also KIE with the launch and kernel variants of VARIANTS (delay 0, every context)")
     ap.add_argument("--mono-variants", action="store_true",
                     help="also the monokernel with the variants of MONO_VARIANTS (delay 0, every context)")
     ap.add_argument("--prefill-variants", action="store_true",
@@ -633,7 +628,7 @@ def main():
                                                     "same_tokens_as_graph": toks == graph_tokens.get(ctx)})
                 mv.close()
         if a.variants and d == delays[0]:
-            for v in VARIANTS if a.variants == "all" else L2_VARIANTS:
+            for v in VARIANTS:
                 kw = dict(v)
                 pdl, pf = kw.pop("pdl", None), kw.pop("prefetch", None)
                 mv = kie_engine(cfg, w, comm, max_seq, pdl=pdl, prefetch=pf, tuning=kw)

@@ -76,16 +76,9 @@ SETTINGS = (
             "CUDA engine: tokens of one batched prefill pass at most (its activations are allocated for them); "
             "0 = auto (1024, at most the context).", 0, 1 << 20, **_GPU),
     Setting("KIE_GPU_PREFILL_ATTN", "int", 0,
-            "CUDA engine: the batched prefill's attention kernel: 0 = auto (wide where the head size is at most 128, "
-            "else narrow), 1 = narrow (64 queries of a head a block, 16 rows a warp), 2 = wide (128 rows a block, 32 a "
-            "warp, the two query heads of a KV head together, keys in tiles of 64), 3 = wide with tiles of 32 keys.",
-            0, 3, **_GPU),
-    Setting("KIE_GPU_PREFILL_SPLIT", "int", 0,
-            "CUDA engine: the wide prefill attention cuts a query block's keys into splits of at most this many (up "
-            "to 4, a block each, folded by the last); 0 = auto (256).", 0, 1 << 20, **_GPU),
-    Setting("KIE_GPU_L2_AHEAD", "int", 0,
-            "CUDA engine, graph path: MiB of the o and gate/up weights the attention kernel asks L2 to fetch while "
-            "HBM would idle (0 = none).", 0, 1024, **_GPU),
+            "CUDA engine: the order of the batched prefill's attention blocks: 0 = auto (zigzag), 1 = launch order "
+            "(a head's query tiles in turn), 2 = zigzag (the longest tiles first, then the shortest, so that the "
+            "blocks an SM runs together add up to similar work).", 0, 2, **_GPU),
     Setting("KIE_GPU_MONO_BLOCKS", "int", 0,
             "Monokernel: blocks of its grid; 0 = auto (every SM, or a share of them when lanes share the GPU).",
             0, 1 << 16, **_GPU),

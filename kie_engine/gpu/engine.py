@@ -165,7 +165,7 @@ class GpuModel(OwnsNativeEngine):
         s.pdl = _settings.value("KIE_GPU_PDL", default=0 if shared else 1) if pdl is None else int(bool(pdl))
         s.prefetch = _settings.value("KIE_GPU_PREFETCH") if prefetch is None else int(prefetch)
         for field in ("gemv_blocks_per_sm", "gemv_u", "att_chunk", "gemv_pipe", "gemv_x_l1", "mono_prefetch",
-                      "mono_blocks", "l2_ahead"):
+                      "mono_blocks"):
             setattr(s, field, _settings.value("KIE_GPU_" + field.upper()))
         s.lanes_per_device = -(-size // ndev) if shared else 1
         s.kernel = kernel_code(kernel if kernel is not None else _settings.value("KIE_GPU_KERNEL"))
@@ -196,7 +196,6 @@ class GpuModel(OwnsNativeEngine):
             raise GpuArgumentError(f"prefill={mode!r}: choose one of auto, gemm, gemv")
         s.prefill_chunk = _settings.value("KIE_GPU_PREFILL_CHUNK")
         s.prefill_attn = _settings.value("KIE_GPU_PREFILL_ATTN")
-        s.prefill_split = _settings.value("KIE_GPU_PREFILL_SPLIT")
         s.prefill = 0
         if mode == "gemv":
             return "gemv (asked for)"

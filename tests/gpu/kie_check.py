@@ -200,12 +200,9 @@ def top2_margin(logits):
     return float(a[1] - a[0])
 
 
-# The batched prefill's passes and attention kernels: the default (the wide kernel where the
-# head size allows; a 300-token prompt in passes of 64 has later passes whose 320 keys split in
-# two), the wide kernel with tiles of 32 keys and splits of 64 (four splits a query block) in
-# passes of 256, and the narrow kernel.
-PREFILL_TUNINGS = [{"prefill_chunk": 64}, {"prefill_chunk": 256, "prefill_attn": 3, "prefill_split": 64},
-                   {"prefill_chunk": 64, "prefill_attn": 1}]
+# The batched prefill's passes and the order of its attention blocks: the default (zigzag) in
+# passes of 64 and of 256, and launch order.
+PREFILL_TUNINGS = [{"prefill_chunk": 64}, {"prefill_chunk": 256}, {"prefill_chunk": 64, "prefill_attn": 1}]
 
 
 def check_prefill(tag, path, comm, steps):
@@ -281,8 +278,8 @@ def main():
             except Exception as e:  # a crash is a failed check, and the others still run
                 record(f"{tag} crashed", False, error=f"{type(e).__name__}: {e}")
                 traceback.print_exc()
-        # the prefill attention's other shapes: a query head per KV head (a block takes one head's
-        # 128 queries) and the head size of the 2b preset (128)
+        # the prefill attention's other shapes: a query head per KV head, and the head size of the
+        # 2b preset (128)
         for name, kw in (("tiny g=1", dict(num_key_value_heads=4)), ("tiny hd=128", dict(head_dim=128))):
             p = os.path.join(root, name.replace(" ", "_").replace("=", ""))
             if RANK == 0:

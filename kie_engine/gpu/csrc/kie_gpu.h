@@ -93,12 +93,8 @@ typedef struct {
   int prefill;                 /* 1: a prompt runs as batched passes (cuBLAS GEMMs over a chunk of tokens; needs
                                   kie_blas_load first); 0: as decode-shaped passes of a few tokens */
   int prefill_chunk;           /* tokens of a batched pass at most (0: auto, 1024; at most max_seq) */
-  int l2_ahead;                /* graph path: MiB of the o and gate/up weights that attention asks L2 to fetch
-                                  (0: none) */
-  int prefill_attn;            /* the batched prefill's attention kernel: 0 auto (wide, tiles of 64 keys, where the
-                                  head size allows), 1 narrow (16 rows a warp), 2 wide with tiles of 64 keys,
-                                  3 wide with tiles of 32 */
-  int prefill_split;           /* wide prefill attention: keys of one split at most (0: auto, 256) */
+  int prefill_attn;            /* the order of the batched prefill's attention blocks: 0 auto (zigzag),
+                                  1 launch order (a head's query tiles in turn), 2 zigzag (kie_kernels.h) */
 } kie_shape;
 
 typedef struct {

@@ -235,20 +235,14 @@ struct PfAttnArgs {
   float scale_log2;    /* 1 / sqrt(hd) * log2(e) */
   bf16 *out;           /* [T][out_ld] */
   int out_ld;
-  int kind;            /* PF_ATT_*: which kernel (prefill_attention*.cu) */
-  int hb;              /* wide kernels: query heads of one KV head that a block takes (1 or 2) */
-  int split_keys;      /* wide kernels: keys of one split at most (a multiple of the key tile) */
-  int nsplit;          /* splits per query block in the grid (1: no partial sums) */
-  float *part;         /* [query blocks][head blocks][nsplit][PF_WIDE_ROWS][hd + 2]: the splits' unnormalized
-                          sums, max and exponential sum per row */
-  unsigned *cnt;       /* [query blocks][head blocks]: splits done; the last one folds them and zeroes it */
+  int order;           /* PF_ORDER_*: which block takes which (query tile, head) */
 };
-#define PF_ATT_NARROW 1 /* 64 queries of one head a block, 16 rows a warp, keys in tiles of 32 */
-#define PF_ATT_WIDE64 2 /* 128 rows (queries x heads of one KV head) a block, 32 a warp, keys in tiles of 64 */
-#define PF_ATT_WIDE32 3 /* the same, keys in tiles of 32 */
-#define PF_WIDE_ROWS 128
-#define PF_WIDE_HD_MAX 128 /* a warp's 32 rows of output stay in registers up to this head size */
-#define PF_NSPLIT_MAX 4
+/* Causality makes a query tile's work grow with its index.  Launch order gives block b
+ * head b / tiles, tile b % tiles; zigzag gives the first half of the blocks the longest
+ * tiles, longest first, and the second half the shortest first, so that the blocks the
+ * scheduler puts together on an SM (b and about b + SMs) add up to similar work. */
+#define PF_ORDER_LAUNCH 1
+#define PF_ORDER_ZIGZAG 2
 
 /* The prefill's row and attention kernels wait for their predecessor with
  * griddepcontrol.wait (pdl: launched with programmatic stream serialization, so that
@@ -258,8 +252,6 @@ cudaError_t kie_launch_pf_rope(const PfRopeArgs &a, cudaStream_t st, int pdl);
 cudaError_t kie_launch_pf_swiglu(const PfSwigluArgs &a, cudaStream_t st, int pdl);
 cudaError_t kie_launch_pf_attention(const PfAttnArgs &a, cudaStream_t st, int pdl);
 cudaError_t kie_pf_attention_attributes(void);
-cudaError_t kie_launch_pf_attention_wide(const PfAttnArgs &a, cudaStream_t st, int pdl);
-cudaError_t kie_pf_attention_wide_attributes(void);
 
 /* Launchers: grid and dynamic shared memory chosen by the caller; pdl launches
  * with programmatic stream serialization (the kernel waits for its predecessor

@@ -33,14 +33,6 @@ int enqueue_prefill(kie_engine *e, int T, int mode) {
   const size_t count = (size_t)T * hp;
   float *R = e->pf_R;
   e->req.assign((size_t)nsub, 0);
-  /* The wide attention's splits: as many as give each query block's longest row split_keys keys at most. */
-  const int split_keys = s.prefill_split > 0 ? s.prefill_split : 256;
-  int nsplit = 1;
-  if (e->pf_attn != PF_ATT_NARROW) {
-    nsplit = std::min(PF_NSPLIT_MAX, (e->pos_h + T + split_keys - 1) / split_keys);
-    const size_t blocks = (size_t)(T + PF_WIDE_ROWS / e->pf_hb - 1) / (PF_WIDE_ROWS / e->pf_hb) * (s.heads / e->pf_hb);
-    if (nsplit > 1) CU(cudaMemsetAsync(e->pf_cnt, 0, blocks * 4, e->stream));
-  }
   for (int i = 0; i < nsub; i++) {
     const int l = i / 2, sub = i % 2;
     const Layer &y = e->L[(size_t)l];
@@ -100,12 +92,7 @@ int enqueue_prefill(kie_engine *e, int T, int mode) {
       at.scale_log2 = (float)(1.4426950408889634 / sqrt((double)s.head_dim));
       at.out = e->pf_att;
       at.out_ld = e->qdim;
-      at.kind = e->pf_attn;
-      at.hb = e->pf_hb;
-      at.split_keys = nsplit > 1 ? split_keys : 1 << 30;
-      at.nsplit = nsplit;
-      at.part = e->pf_part;
-      at.cnt = e->pf_cnt;
+      at.order = e->pf_attn;
       CU(kie_launch_pf_attention(at, e->stream, e->s.pdl));
       TRY(blas_gemm(e, T, s.hidden, e->qdim, e->pf_att, e->qdim, y.wo, e->qdim, S, hp, true, beta));
     } else {

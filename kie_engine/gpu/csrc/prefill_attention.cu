@@ -2,7 +2,8 @@
  *
  * The chunk's queries (tokens pos .. pos + T - 1, bf16) attend to the KV cache
  * up to their own position (the chunk's keys were written there first, so a
- * later chunk sees every earlier one).  A block takes 64 queries of one head,
+ * later chunk sees every earlier one).  A block takes 64 queries of one head
+ * (which block takes which: PfAttnArgs.order),
  * four warps of 16 rows each, and walks the keys in tiles of 32 with an online
  * softmax: scores S = Q K^T and the sum P V are bf16 mma.sync m16n8k16 products
  * with f32 accumulation, the probabilities P rounded to bf16 as the product's
@@ -44,7 +45,14 @@ __global__ void __launch_bounds__(PfShape<HD>::THREADS) k_pf_attention(const PfA
   bf16 *Ks = Qs + BQ * LDS; /* [ST][BK][LDS] */
   bf16 *Vs = Ks + ST * BK * LDS;
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
-  const int q0 = blockIdx.x * BQ, h = blockIdx.y, kvh = h / a.g;
+  const int nq = (a.T + BQ - 1) / BQ, nb = nq * a.nh, b = (int)blockIdx.x;
+  int qt = b % nq, h = b / nq;
+  if (a.order == PF_ORDER_ZIGZAG) { /* r: the block's rank by work, heaviest first */
+    const int half = (nb + 1) / 2, r = b < half ? b : nb - 1 - (b - half);
+    qt = nq - 1 - r / a.nh;
+    h = r % a.nh;
+  }
+  const int q0 = qt * BQ, kvh = h / a.g;
   const int P0 = *a.pos;
   const int qend = min(q0 + BQ, a.T);
   const int nkeys = P0 + qend; /* keys 0 .. the block's last query position */
@@ -185,7 +193,7 @@ __global__ void __launch_bounds__(PfShape<HD>::THREADS) k_pf_attention(const PfA
 template <int HD>
 cudaError_t launch_hd(const PfAttnArgs &a, cudaStream_t st, int pdl) {
   typedef PfShape<HD> SH;
-  const dim3 grid((unsigned)((a.T + SH::BQ - 1) / SH::BQ), (unsigned)a.nh);
+  const dim3 grid((unsigned)((a.T + SH::BQ - 1) / SH::BQ * a.nh));
   return kcclLaunch(k_pf_attention<HD>, grid, dim3(SH::THREADS), SH::SMEM, st, pdl, a);
 }
 
@@ -198,7 +206,6 @@ cudaError_t attr_hd() {
 }  // namespace
 
 cudaError_t kie_launch_pf_attention(const PfAttnArgs &a, cudaStream_t st, int pdl) {
-  if (a.kind != PF_ATT_NARROW) return kie_launch_pf_attention_wide(a, st, pdl);
   return kie_with_hd(a.hd, cudaErrorInvalidValue, [&](auto h) { return launch_hd<decltype(h)::value>(a, st, pdl); });
 }
 
@@ -208,6 +215,5 @@ cudaError_t kie_pf_attention_attributes(void) {
   if (e == cudaSuccess) e = attr_hd<64>();
   if (e == cudaSuccess) e = attr_hd<128>();
   if (e == cudaSuccess) e = attr_hd<256>();
-  if (e == cudaSuccess) e = kie_pf_attention_wide_attributes();
   return e;
 }

@@ -133,12 +133,6 @@ inline AttnArgs attention_args(kie_engine *e, int l) {
   a.cnt = e->att_cnt;
   a.out = e->att;
   a.out_ld = e->qdim;
-  if (e->s.l2_ahead > 0) { /* the o projection, then gate/up: contiguous in the arena (weights.cu) */
-    const Layer &y = e->L[(size_t)l];
-    const size_t span = (size_t)((const char *)y.wgu - (const char *)y.wo) + 2 * (size_t)e->s.inter * e->hid_pad * 2;
-    a.l2_ahead = (const char *)y.wo;
-    a.l2_bytes = (unsigned)(std::min(span, (size_t)e->s.l2_ahead << 20) & ~(size_t)15);
-  }
   return a;
 }
 

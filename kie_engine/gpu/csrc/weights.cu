@@ -66,21 +66,10 @@ int derive(kie_engine *e, const kie_shape &s, int sms) {
   e->mono_n = 5 * s.layers + 1; /* per layer QKV, attention, o, gate/up, down; the head */
   if (s.prefill != 0 && s.prefill != 1) return fail(KIE_E_ARG, "prefill=%d: 0 or 1", s.prefill);
   if (s.prefill_chunk < 0) return fail(KIE_E_ARG, "prefill_chunk=%d: 0 (auto) or a token count", s.prefill_chunk);
-  if (s.l2_ahead < 0 || s.l2_ahead > 1024) return fail(KIE_E_ARG, "l2_ahead=%d: 0..1024 MiB", s.l2_ahead);
   e->pf_chunk = s.prefill ? std::min(s.prefill_chunk ? s.prefill_chunk : 1024, s.max_seq) : 0;
-  if (s.prefill_attn < 0 || s.prefill_attn > 3)
-    return fail(KIE_E_ARG, "prefill_attn=%d: 0 (auto), 1 (narrow), 2 or 3 (wide, key tiles of 64 or 32)",
-                s.prefill_attn);
-  const bool wide_ok = s.head_dim <= PF_WIDE_HD_MAX;
-  if (s.prefill_attn >= 2 && !wide_ok)
-    return fail(KIE_E_ARG, "prefill_attn=%d: the wide kernels take head sizes up to %d, not %d", s.prefill_attn,
-                PF_WIDE_HD_MAX, s.head_dim);
-  e->pf_attn = s.prefill_attn == 1 ? PF_ATT_NARROW
-               : s.prefill_attn == 3 ? PF_ATT_WIDE32
-               : s.prefill_attn == 2 || wide_ok ? PF_ATT_WIDE64 : PF_ATT_NARROW;
-  e->pf_hb = e->g % 2 == 0 ? 2 : 1; /* two query heads of a KV head share its tiles */
-  if (s.prefill_split != 0 && s.prefill_split < 64)
-    return fail(KIE_E_ARG, "prefill_split=%d: 0 (auto) or at least 64 keys", s.prefill_split);
+  if (s.prefill_attn < 0 || s.prefill_attn > 2)
+    return fail(KIE_E_ARG, "prefill_attn=%d: 0 (auto), 1 (launch order) or 2 (zigzag)", s.prefill_attn);
+  e->pf_attn = s.prefill_attn == 1 ? PF_ORDER_LAUNCH : PF_ORDER_ZIGZAG;
   return KIE_OK;
 }
 
@@ -146,11 +135,6 @@ size_t layout(kie_engine *e, char *base) {
     e->pf_gu = (bf16 *)take(P * 2 * s.inter * 2);
     e->pf_act = (bf16 *)take(P * e->inter_pad * 2);
     e->pf_tok = (int *)take(P * 4);
-    if (e->pf_attn != PF_ATT_NARROW) {
-      const size_t qb = (size_t)PF_WIDE_ROWS / e->pf_hb, blocks = (P + qb - 1) / qb * (s.heads / e->pf_hb);
-      e->pf_part = (float *)take(blocks * PF_NSPLIT_MAX * PF_WIDE_ROWS * (hd + 2) * 4);
-      e->pf_cnt = (unsigned *)take(blocks * 4);
-    }
   }
   return round_up(at, 256);
 }
