@@ -117,8 +117,6 @@ struct AttnArgs {
   unsigned *cnt; /* [T][nkv * hgroups] */
   float *out;
   int out_ld;
-  const char *l2_ahead; /* weights the next GEMVs read first, asked of L2 while attention leaves HBM idle */
-  unsigned l2_bytes;    /* (a multiple of 16; 0: none) */
 };
 
 struct FinalArgs {

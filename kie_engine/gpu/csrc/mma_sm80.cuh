@@ -1,6 +1,6 @@
-/* mma_sm80.cuh - the warp-level tensor-core pieces the prefill attention kernels
- * share: cp.async copies into shared memory, ldmatrix loads of 8 x 8 bf16 tiles,
- * and the bf16 m16n8k16 product with f32 accumulation. */
+/* mma_sm80.cuh - warp-level tensor-core pieces (prefill_attention.cu's): cp.async
+ * copies into shared memory, ldmatrix loads of 8 x 8 bf16 tiles, and the bf16
+ * m16n8k16 product with f32 accumulation. */
 #pragma once
 #include <cuda_bf16.h>
 #include <stdint.h>
