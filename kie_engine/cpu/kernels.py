@@ -82,7 +82,7 @@ def matvec(t, w, x, r0=0, r1=None, act=None, out=None):
     return y
 
 
-PACKED = 0x100  # kq.h's KQ_PACKED: type | PACKED is the four-row packed layout
+PACKED = 0x100  # kq.h's KQ_PACKED: type | PACKED is the sixteen-row packed layout
 
 
 def pack(t, w, cols):
