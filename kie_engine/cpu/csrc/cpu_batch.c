@@ -294,15 +294,16 @@ static void rope_kv(kie_cpu *e, int l, int r, int j) {
   size_t off = kie_seq_head(e, sq, l, j);
   float k[KIE_MAX_HEAD_DIM];
   kie_rope(row + qrows + (size_t)j * hd, k, hd, s->rope_mode, b->cs + (size_t)r * hd);
+  if (kv16) {
+    uint16_t kh[KIE_MAX_HEAD_DIM];
+    kie_halves(k, kh, hd);
+    kie_halves(v, (uint16_t *)sq->v + off + kie_v_index(pos, hd), hd);
+    for (int i = 0; i < hd; i++) ((uint16_t *)sq->k)[off + kie_k_index(pos, i, hd)] = kh[i];
+    return;
+  }
   for (int i = 0; i < hd; i++) {
-    size_t ki = off + kie_k_index(pos, i, hd), vi = off + kie_v_index(pos, hd) + i;
-    if (kv16) {
-      ((uint16_t *)sq->k)[ki] = kie_float_to_half(k[i]);
-      ((uint16_t *)sq->v)[vi] = kie_float_to_half(v[i]);
-    } else {
-      ((float *)sq->k)[ki] = k[i];
-      ((float *)sq->v)[vi] = v[i];
-    }
+    ((float *)sq->k)[off + kie_k_index(pos, i, hd)] = k[i];
+    ((float *)sq->v)[off + kie_v_index(pos, hd) + i] = v[i];
   }
 }
 
