@@ -165,10 +165,11 @@ class BatchScheduler(EngineQueue):
             self._engine_failed(e)
             return
         self.metrics.batch_step(len(set(seqs)), len(seqs))
-        # every logit of a row is finite exactly when its largest and smallest are (a NaN
-        # wins both): generate.check_logits's question, per row, at a third of a float64 sum
-        finite = np.isfinite(logits.max(axis=1)) & np.isfinite(logits.min(axis=1))
+        # every logit of a row is finite exactly when the one argmax picks (the first NaN
+        # if there is one) and the smallest are: generate.check_logits's question per row,
+        # in two passes over the logits (a float64 sum took three times as long)
         greedy = np.argmax(logits, axis=1)
+        finite = np.isfinite(logits[np.arange(len(greedy)), greedy]) & np.isfinite(logits.min(axis=1))
         for i, r in enumerate(owners):
             self._emit(r, logits[i], bool(finite[i]), int(greedy[i]))
 
