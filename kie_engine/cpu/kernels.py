@@ -87,7 +87,7 @@ PACKED = 0x100  # kq.h's KQ_PACKED: type | PACKED is the sixteen-row packed layo
 
 def pack(t, w, cols):
     """(packed type code, 64-byte aligned uint8 array) of stored rows w in the kernels'
-    four-row packed layout (csrc/kq.h); None when type t has no packed form."""
+    sixteen-row packed layout (csrc/kq.h); None when type t has no packed form."""
     ffi, lib = native()
     w = _rows(w, t, cols)
     n = lib.kq_packed_bytes(_code(t), w.shape[0], cols)
