@@ -335,6 +335,15 @@ def kie_prefill_ms(m, ctx, rounds):
     return min(ms), statistics.median(ms), max(ms)
 
 
+def kie_prefill_logits(m, ctx):
+    """The last logits of the bench's prompt of ctx tokens (the one kie_prefill_ms times)."""
+    ids = np.random.default_rng(ctx + 1).integers(0, m.cfg.vocab_size, ctx).tolist()
+    m.reset()
+    out = m.prefill(ids)
+    m.reset()
+    return out
+
+
 def torch_baseline(cfg, w, ctx, tokens, rounds, compile_it, group):
     dev = w["embed"].device
     dec = TorchDecoder(cfg, w, ctx + tokens + 8, group)
@@ -382,6 +391,11 @@ def copy_bandwidth(dev, nbytes=2 << 30, reps=10):
 # lane), x of the o and down GEMVs through L1, 32 keys per attention split at least).
 VARIANTS = [dict(gemv_x_l1=0, gemv_pipe=0), dict(gemv_x_l1=0), dict(gemv_pipe=0), dict(pdl=0, prefetch=0),
             dict(att_chunk=64), dict(att_chunk=128)]
+
+
+# The batched prefill against its default (attention blocks in zigzag order, kernels launched
+# with programmatic dependent launch): the attention blocks in launch order, and no PDL.
+PREFILL_VARIANTS = [dict(prefill_attn=1), dict(pdl=0)]
 
 
 # The monokernel's variants: keys per attention split at least (default 32: fewer, longer
@@ -465,6 +479,9 @@ def main():
                     help="also KIE with the launch and kernel variants of VARIANTS (delay 0, every context)")
     ap.add_argument("--mono-variants", action="store_true",
                     help="also the monokernel with the variants of MONO_VARIANTS (delay 0, every context)")
+    ap.add_argument("--prefill-variants", action="store_true",
+                    help="also KIE's batched prefill with the variants of PREFILL_VARIANTS (their last logits "
+                         "against the default's)")
     ap.add_argument("--profile", action="store_true",
                     help="also the GPU time of each kernel of a prefill and of 8 graph decode steps (PyTorch profiler)")
     ap.add_argument("--json")
@@ -520,6 +537,8 @@ def main():
         write_json(a, rows, meta_of(a, name, gpus, bw, engine_bytes, micro))
         log(f"{engine:5s} {kernel:13s} tp={SIZE} prompt={ctx:5d}  {ms:8.2f} ms (min {mmm[0]:.2f}, max {mmm[2]:.2f})  "
             f"{ctx / ms * 1e3:9.0f} tokens/s  {100 * row['floor_share']:5.1f} % of the compute floor"
+            + (f"  [{row['variant']}: logits {row['logits_rel_diff_vs_default']:.1e} from the default's, argmax "
+               f"{'same' if row['same_argmax'] else 'DIFFERENT'}]" if "variant" in row else "")
             + "".join(f"  {k}={v}" for k, v in (extra or {}).items()))
 
     engine_bytes = None
@@ -547,6 +566,19 @@ def main():
                 kie_prefill[ctx] = kie_prefill_ms(m, ctx, a.prefill_rounds)
                 add_prefill("kie", "prefill " + ("gemm" if m.info()["prefill_chunk"] else "gemv"), ctx,
                             kie_prefill[ctx], {"prefill": m.prefill_note})
+            if a.prefill_variants and m.info()["prefill_chunk"]:
+                ref = {ctx: kie_prefill_logits(m, ctx) for ctx in contexts}
+                for v in PREFILL_VARIANTS:
+                    kw = dict(v)
+                    mv = kie_engine(cfg, w, comm, max_seq, pdl=kw.pop("pdl", None), tuning=kw)
+                    for ctx in contexts:
+                        got = kie_prefill_logits(mv, ctx)
+                        rel = float(np.abs(got - ref[ctx]).max() / np.abs(ref[ctx]).max())
+                        add_prefill("kie", "prefill gemm", ctx, kie_prefill_ms(mv, ctx, a.prefill_rounds),
+                                    {"variant": ",".join(f"{k}={x}" for k, x in v.items()),
+                                     "logits_rel_diff_vs_default": rel,
+                                     "same_argmax": int(got.argmax()) == int(ref[ctx].argmax())})
+                    mv.close()
             if a.profile:  # where a prefill's and a decode step's GPU time goes, kernel by kernel
                 for ctx in contexts:
                     ids = np.random.default_rng(ctx).integers(0, cfg.vocab_size, ctx).tolist()

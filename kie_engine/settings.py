@@ -75,6 +75,10 @@ SETTINGS = (
     Setting("KIE_GPU_PREFILL_CHUNK", "int", 0,
             "CUDA engine: tokens of one batched prefill pass at most (its activations are allocated for them); "
             "0 = auto (1024, at most the context).", 0, 1 << 20, **_GPU),
+    Setting("KIE_GPU_PREFILL_ATTN", "int", 0,
+            "CUDA engine: the order of the batched prefill's attention blocks: 0 = auto (zigzag), 1 = launch order "
+            "(a head's query tiles in turn), 2 = zigzag (the longest tiles first, then the shortest, so that the "
+            "blocks an SM runs together add up to similar work).", 0, 2, **_GPU),
     Setting("KIE_GPU_MONO_BLOCKS", "int", 0,
             "Monokernel: blocks of its grid; 0 = auto (every SM, or a share of them when lanes share the GPU).",
             0, 1 << 16, **_GPU),

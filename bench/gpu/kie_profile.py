@@ -1,6 +1,7 @@
 """A few decode steps of KIE's GPU engine on random weights, between
 cudaProfilerStart and cudaProfilerStop, for Nsight Compute to time each kernel of
-the step (the rest of the run, weights and prefill included, is not profiled):
+the step (the rest of the run, weights and prefill included, is not profiled), or
+with --prefill the batched prefill of the context alone:
 
     ncu --profile-from-start off --graph-profiling node --csv --page raw \\
         --metrics gpu__time_duration.sum,dram__bytes_read.sum \\
@@ -30,6 +31,17 @@ def run(a):
     cfg = preset(a.preset)
     w = dg.lane_weights(cfg, torch.device("cuda", 0))
     m = dg.kie_engine(cfg, w, None, a.context + a.steps + 16, kernel=a.kernel)
+    if a.prefill:  # the batched prefill of the context, once warm, is what is profiled
+        ids = list(range(a.context))
+        m.prefill(ids)
+        m.reset()
+        torch.cuda.synchronize()
+        torch.cuda.profiler.start()
+        m.prefill(ids)
+        torch.cuda.synchronize()
+        torch.cuda.profiler.stop()
+        m.close()
+        return
     m.prefill(list(range(a.context)))
     kie_bench.bench_steps(m, 4)  # captures the step's graph, warms up
     torch.cuda.synchronize()
@@ -75,6 +87,7 @@ def main():
     ap.add_argument("--kernel", default="graph", choices=["graph", "mono"])
     ap.add_argument("--context", type=int, default=128)
     ap.add_argument("--steps", type=int, default=1)
+    ap.add_argument("--prefill", action="store_true", help="profile the batched prefill of the context instead")
     ap.add_argument("--summarize", metavar="CSV")
     a = ap.parse_args()
     if a.summarize:

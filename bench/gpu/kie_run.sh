@@ -19,6 +19,8 @@
 #               default 2b), streamed request, non-finite logits, a dead lane (two lanes under MPS)
 #   ncugraph    Nsight Compute's time and DRAM bytes of each kernel of one graph decode step (2b, context
 #               128 and 1024), summed by op (bench/gpu/kie_profile.py)
+#   ncupf       Nsight Compute's speed-of-light, memory, warp-state and occupancy sections of the batched
+#               prefill's attention kernel (2b, 1,024 tokens, the last layer's launch)
 #   ncumono     Nsight Compute's speed-of-light, memory and warp-state sections of one monokernel step
 # Logs and JSON go to $LOGS; after each step $OUT/kie_logs.tgz holds all of them.
 #   bash bench/gpu/kie_run.sh check1 bench check2
@@ -89,6 +91,14 @@ for s in "$@"; do
           --context $ctx > "$LOGS/ncu_graph_ctx$ctx.csv" 2> "$LOGS/ncu_graph_ctx$ctx.err"
         echo "graph step, context $ctx, each kernel alone:"; python3 bench/gpu/kie_profile.py --summarize "$LOGS/ncu_graph_ctx$ctx.csv"
       done ;;
+    ncupf)
+      NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+      timeout 300 "$NCU" --profile-from-start off --clock-control none -k regex:"k_pf_(attention|wide)" --launch-skip 27 \
+        --launch-count 1 --section SpeedOfLight --section MemoryWorkloadAnalysis --section WarpStateStats \
+        --section LaunchStats --section Occupancy --section SchedulerStats --section ComputeWorkloadAnalysis \
+        --section InstructionStats python3 bench/gpu/kie_profile.py --prefill --context ${PF_CONTEXT:-1024} \
+        > "$LOGS/ncu_pf_attention.txt" 2>&1
+      grep -E "Duration|Throughput|Stall|Warp Cycles|Registers|Shared Memory|Block Limit|Achieved|L2 Hit|L1/TEX Hit|Issued|Pipe|Bank|Eligible|Active Warps" "$LOGS/ncu_pf_attention.txt" | head -60 ;;
     ncumono)
       NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
       timeout 400 "$NCU" --profile-from-start off --clock-control none -k regex:k_mono --launch-count 1 \

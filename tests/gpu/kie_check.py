@@ -200,35 +200,42 @@ def top2_margin(logits):
     return float(a[1] - a[0])
 
 
+# The batched prefill's passes and the order of its attention blocks: the default (zigzag) in
+# passes of 64 and of 256, and launch order.
+PREFILL_TUNINGS = [{"prefill_chunk": 64}, {"prefill_chunk": 256}, {"prefill_chunk": 64, "prefill_attn": 1}]
+
+
 def check_prefill(tag, path, comm, steps):
     """The batched prefill (cuBLAS GEMMs over a chunk, bf16 activations) against the
     token-by-token one: the last logits within PF_BOUND and the same argmax, and the same
-    greedy tokens after it; prompts shorter than, equal to and longer than a chunk (64
-    tokens here, so that several chunks and a chunk boundary are crossed)."""
+    greedy tokens after it; prompts shorter than, equal to and longer than a pass, so that
+    several passes and a pass boundary are crossed, for each of PREFILL_TUNINGS."""
     ckpt = Checkpoint(path)
     cfg = ckpt.config
     rng = np.random.default_rng(13)
-    lens = [9, 64, 150]
+    lens = [9, 64, 150, 300]
     max_seq = max(lens) + steps + 8
     gv = GpuModel(cfg, comm, max_seq=max_seq, prefill="gemv").load(ckpt)
-    gm = GpuModel(cfg, comm, max_seq=max_seq, prefill="gemm", tuning={"prefill_chunk": 64}).load(ckpt)
-    if gm.info()["prefill_chunk"] != 64:
-        record(f"{tag} batched prefill in use", False, info=gm.info()["prefill_chunk"])
-    for n in lens:
-        prompt = rng.integers(0, cfg.vocab_size, n).tolist()
-        gv.reset()
-        gm.reset()
-        want, got = gv.prefill(prompt), gm.prefill(prompt)
-        e = rel(got, want)
-        same = int(np.argmax(got)) == int(np.argmax(want))
-        record(f"{tag} prefill {n} tokens: batched vs token by token", e <= PF_BOUND and same, max_rel=e,
-               argmax_equal=same, top2_margin=top2_margin(want))
-        a = gv.generate(prompt, steps, Sampling())
-        b = gm.generate(prompt, steps, Sampling())
-        record(f"{tag} prefill {n} tokens: greedy tokens after it", a.tokens == b.tokens,
-               first_diff=first_diff(b.tokens, a.tokens), steps=len(a.tokens))
+    for tuning in PREFILL_TUNINGS:
+        gm = GpuModel(cfg, comm, max_seq=max_seq, prefill="gemm", tuning=tuning).load(ckpt)
+        name = f"{tag} " + ",".join(f"{k}={v}" for k, v in tuning.items())
+        if gm.info()["prefill_chunk"] != tuning["prefill_chunk"]:
+            record(f"{name}: batched prefill in use", False, info=gm.info()["prefill_chunk"])
+        for n in lens:
+            prompt = rng.integers(0, cfg.vocab_size, n).tolist()
+            gv.reset()
+            gm.reset()
+            want, got = gv.prefill(prompt), gm.prefill(prompt)
+            e = rel(got, want)
+            same = int(np.argmax(got)) == int(np.argmax(want))
+            record(f"{name}: prefill {n} tokens, batched vs token by token", e <= PF_BOUND and same, max_rel=e,
+                   argmax_equal=same, top2_margin=top2_margin(want))
+            a = gv.generate(prompt, steps, Sampling())
+            b = gm.generate(prompt, steps, Sampling())
+            record(f"{name}: prefill {n} tokens, greedy tokens after it", a.tokens == b.tokens,
+                   first_diff=first_diff(b.tokens, a.tokens), steps=len(a.tokens))
+        gm.close()
     gv.close()
-    gm.close()
 
 
 def check_memory_error(comm):
@@ -270,6 +277,19 @@ def main():
                     print(f"  ({tag}: {secs:.1f} s)", flush=True)
             except Exception as e:  # a crash is a failed check, and the others still run
                 record(f"{tag} crashed", False, error=f"{type(e).__name__}: {e}")
+                traceback.print_exc()
+        # the prefill attention's other shapes: a query head per KV head, and the head size of the
+        # 2b preset (128)
+        for name, kw in (("tiny g=1", dict(num_key_value_heads=4)), ("tiny hd=128", dict(head_dim=128))):
+            p = os.path.join(root, name.replace(" ", "_").replace("=", ""))
+            if RANK == 0:
+                write_checkpoint(preset("tiny").replace(**kw), p, seed=7)
+            if WORLD is not None:
+                WORLD.Barrier()
+            try:
+                check_prefill(f"{name} tp={SIZE}", p, comm, a.steps)
+            except Exception as e:
+                record(f"{name} crashed", False, error=f"{type(e).__name__}: {e}")
                 traceback.print_exc()
         try:
             check_memory_error(comm)

@@ -120,6 +120,7 @@ struct kie_engine {
   float *pf_R, *pf_sums, *pf_y;
   bf16 *pf_x, *pf_q, *pf_att, *pf_gu, *pf_act;
   int *pf_tok;
+  int pf_attn;             /* the order of the prefill attention's blocks (PF_ORDER_*) */
   std::vector<char> have; /* which uploads have arrived */
   std::vector<uint64_t> req;
   int pos_h, step_h;      /* the host's count of what it enqueued */

@@ -93,6 +93,8 @@ typedef struct {
   int prefill;                 /* 1: a prompt runs as batched passes (cuBLAS GEMMs over a chunk of tokens; needs
                                   kie_blas_load first); 0: as decode-shaped passes of a few tokens */
   int prefill_chunk;           /* tokens of a batched pass at most (0: auto, 1024; at most max_seq) */
+  int prefill_attn;            /* the order of the batched prefill's attention blocks: 0 auto (zigzag),
+                                  1 launch order (a head's query tiles in turn), 2 zigzag (kie_kernels.h) */
 } kie_shape;
 
 typedef struct {

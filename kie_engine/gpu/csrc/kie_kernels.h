@@ -233,12 +233,22 @@ struct PfAttnArgs {
   float scale_log2;    /* 1 / sqrt(hd) * log2(e) */
   bf16 *out;           /* [T][out_ld] */
   int out_ld;
+  int order;           /* PF_ORDER_*: which block takes which (query tile, head) */
 };
+/* Causality makes a query tile's work grow with its index.  Launch order gives block b
+ * head b / tiles, tile b % tiles; zigzag gives the first half of the blocks the longest
+ * tiles, longest first, and the second half the shortest first, so that the blocks the
+ * scheduler puts together on an SM (b and about b + SMs) add up to similar work. */
+#define PF_ORDER_LAUNCH 1
+#define PF_ORDER_ZIGZAG 2
 
-cudaError_t kie_launch_pf_norm(const PfNormArgs &a, cudaStream_t st);
-cudaError_t kie_launch_pf_rope(const PfRopeArgs &a, cudaStream_t st);
-cudaError_t kie_launch_pf_swiglu(const PfSwigluArgs &a, cudaStream_t st);
-cudaError_t kie_launch_pf_attention(const PfAttnArgs &a, cudaStream_t st);
+/* The prefill's row and attention kernels wait for their predecessor with
+ * griddepcontrol.wait (pdl: launched with programmatic stream serialization, so that
+ * a launch overlaps the end of the cuBLAS product before it); none triggers early. */
+cudaError_t kie_launch_pf_norm(const PfNormArgs &a, cudaStream_t st, int pdl);
+cudaError_t kie_launch_pf_rope(const PfRopeArgs &a, cudaStream_t st, int pdl);
+cudaError_t kie_launch_pf_swiglu(const PfSwigluArgs &a, cudaStream_t st, int pdl);
+cudaError_t kie_launch_pf_attention(const PfAttnArgs &a, cudaStream_t st, int pdl);
 cudaError_t kie_pf_attention_attributes(void);
 
 /* Launchers: grid and dynamic shared memory chosen by the caller; pdl launches

@@ -54,7 +54,7 @@ int enqueue_prefill(kie_engine *e, int T, int mode) {
       if (tp > 1 && d > 0) TRY(sum_wait(e, e->req[(size_t)j]));
       n.adds[n.nadd++] = pf_sum_buf(e, j);
     }
-    CU(kie_launch_pf_norm(n, e->stream));
+    CU(kie_launch_pf_norm(n, e->stream, e->s.pdl));
     float *S = direct ? R : pf_sum_buf(e, i);
     const float beta = direct ? 1.f : 0.f;
     if (sub == 0) {
@@ -76,7 +76,7 @@ int enqueue_prefill(kie_engine *e, int T, int mode) {
       r.kc = y.kc;
       r.vc = y.vc;
       r.ring = e->ring_d;
-      CU(kie_launch_pf_rope(r, e->stream));
+      CU(kie_launch_pf_rope(r, e->stream, e->s.pdl));
       PfAttnArgs at;
       memset(&at, 0, sizeof at);
       at.q = e->pf_q;
@@ -92,7 +92,8 @@ int enqueue_prefill(kie_engine *e, int T, int mode) {
       at.scale_log2 = (float)(1.4426950408889634 / sqrt((double)s.head_dim));
       at.out = e->pf_att;
       at.out_ld = e->qdim;
-      CU(kie_launch_pf_attention(at, e->stream));
+      at.order = e->pf_attn;
+      CU(kie_launch_pf_attention(at, e->stream, e->s.pdl));
       TRY(blas_gemm(e, T, s.hidden, e->qdim, e->pf_att, e->qdim, y.wo, e->qdim, S, hp, true, beta));
     } else {
       TRY(blas_gemm(e, T, 2 * s.inter, s.hidden, e->pf_x, hp, y.wgu, hp, e->pf_gu, 2 * s.inter, false, 0.f));
@@ -103,7 +104,7 @@ int enqueue_prefill(kie_engine *e, int T, int mode) {
       g.T = T;
       g.act = e->pf_act;
       g.act_ld = e->inter_pad;
-      CU(kie_launch_pf_swiglu(g, e->stream));
+      CU(kie_launch_pf_swiglu(g, e->stream, e->s.pdl));
       TRY(blas_gemm(e, T, s.hidden, s.inter, e->pf_act, e->inter_pad, y.wd, e->inter_pad, S, hp, true, beta));
     }
     if (tp > 1) {

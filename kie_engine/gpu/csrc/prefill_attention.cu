@@ -2,7 +2,8 @@
  *
  * The chunk's queries (tokens pos .. pos + T - 1, bf16) attend to the KV cache
  * up to their own position (the chunk's keys were written there first, so a
- * later chunk sees every earlier one).  A block takes 64 queries of one head,
+ * later chunk sees every earlier one).  A block takes 64 queries of one head
+ * (which block takes which: PfAttnArgs.order),
  * four warps of 16 rows each, and walks the keys in tiles of 32 with an online
  * softmax: scores S = Q K^T and the sum P V are bf16 mma.sync m16n8k16 products
  * with f32 accumulation, the probabilities P rounded to bf16 as the product's
@@ -17,6 +18,9 @@
 #include <math.h>
 
 #include "kie_kernels.h"
+#include "mma_sm80.cuh"
+
+using namespace kie_mma;
 
 namespace {
 
@@ -30,43 +34,9 @@ struct PfShape {
   static constexpr size_t SMEM = (size_t)(BQ + 2 * STAGES * BK) * LDS * 2; /* Q, then K and V per stage */
 };
 
-__device__ __forceinline__ uint32_t s_addr(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }
-
-__device__ __forceinline__ void cp16(void *dst, const void *src, bool valid) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(s_addr(dst)), "l"(src), "r"(valid ? 16 : 0)
-               : "memory");
-}
-__device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
-template <int N>
-__device__ __forceinline__ void cp_wait() { asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory"); }
-
-__device__ __forceinline__ void ldsm4(uint32_t &r0, uint32_t &r1, uint32_t &r2, uint32_t &r3, const void *p) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
-               : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
-               : "r"(s_addr(p)));
-}
-__device__ __forceinline__ void ldsm4t(uint32_t &r0, uint32_t &r1, uint32_t &r2, uint32_t &r3, const void *p) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
-               : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
-               : "r"(s_addr(p)));
-}
-
-/* d += A (16 x 16, row) * B (16 x 8, col), bf16 in, f32 out. */
-__device__ __forceinline__ void mma16816(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
-                                         uint32_t b0, uint32_t b1) {
-  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-               "{%0,%1,%2,%3};"
-               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-               : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-}
-
-__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
-  const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-  return *reinterpret_cast<const uint32_t *>(&v);
-}
-
 template <int HD>
 __global__ void __launch_bounds__(PfShape<HD>::THREADS) k_pf_attention(const PfAttnArgs a) {
+  kcclDevPdlWait();
   typedef PfShape<HD> SH;
   constexpr int BQ = SH::BQ, BK = SH::BK, LDS = SH::LDS, CH = HD / 8, NT = BK / 8, ND = HD / 8;
   constexpr int ST = SH::STAGES;
@@ -75,7 +45,14 @@ __global__ void __launch_bounds__(PfShape<HD>::THREADS) k_pf_attention(const PfA
   bf16 *Ks = Qs + BQ * LDS; /* [ST][BK][LDS] */
   bf16 *Vs = Ks + ST * BK * LDS;
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
-  const int q0 = blockIdx.x * BQ, h = blockIdx.y, kvh = h / a.g;
+  const int nq = (a.T + BQ - 1) / BQ, nb = nq * a.nh, b = (int)blockIdx.x;
+  int qt = b % nq, h = b / nq;
+  if (a.order == PF_ORDER_ZIGZAG) { /* r: the block's rank by work, heaviest first */
+    const int half = (nb + 1) / 2, r = b < half ? b : nb - 1 - (b - half);
+    qt = nq - 1 - r / a.nh;
+    h = r % a.nh;
+  }
+  const int q0 = qt * BQ, kvh = h / a.g;
   const int P0 = *a.pos;
   const int qend = min(q0 + BQ, a.T);
   const int nkeys = P0 + qend; /* keys 0 .. the block's last query position */
@@ -214,11 +191,10 @@ __global__ void __launch_bounds__(PfShape<HD>::THREADS) k_pf_attention(const PfA
 }
 
 template <int HD>
-cudaError_t launch_hd(const PfAttnArgs &a, cudaStream_t st) {
+cudaError_t launch_hd(const PfAttnArgs &a, cudaStream_t st, int pdl) {
   typedef PfShape<HD> SH;
-  const dim3 grid((unsigned)((a.T + SH::BQ - 1) / SH::BQ), (unsigned)a.nh);
-  k_pf_attention<HD><<<grid, SH::THREADS, SH::SMEM, st>>>(a);
-  return cudaGetLastError();
+  const dim3 grid((unsigned)((a.T + SH::BQ - 1) / SH::BQ * a.nh));
+  return kcclLaunch(k_pf_attention<HD>, grid, dim3(SH::THREADS), SH::SMEM, st, pdl, a);
 }
 
 template <int HD>
@@ -229,8 +205,8 @@ cudaError_t attr_hd() {
 
 }  // namespace
 
-cudaError_t kie_launch_pf_attention(const PfAttnArgs &a, cudaStream_t st) {
-  return kie_with_hd(a.hd, cudaErrorInvalidValue, [&](auto h) { return launch_hd<decltype(h)::value>(a, st); });
+cudaError_t kie_launch_pf_attention(const PfAttnArgs &a, cudaStream_t st, int pdl) {
+  return kie_with_hd(a.hd, cudaErrorInvalidValue, [&](auto h) { return launch_hd<decltype(h)::value>(a, st, pdl); });
 }
 
 cudaError_t kie_pf_attention_attributes(void) {

@@ -31,6 +31,7 @@ __device__ __forceinline__ float block_sum_pf(float v, float *red) {
 
 /* One block per token row; each thread a float4 at a time, its loads batched. */
 __global__ void __launch_bounds__(PF_THREADS) k_pf_norm(const PfNormArgs a) {
+  kcclDevPdlWait();
   __shared__ float red[PF_THREADS / 32];
   const int t = blockIdx.x, n4 = a.ld >> 2;
   const size_t row = (size_t)t * a.ld;
@@ -99,6 +100,7 @@ __global__ void __launch_bounds__(PF_THREADS) k_pf_norm(const PfNormArgs a) {
 
 /* One block per token row: RoPE pairs (j, j + hd/2) of q and k, and v pairs. */
 __global__ void __launch_bounds__(PF_THREADS) k_pf_rope(const PfRopeArgs a) {
+  kcclDevPdlWait();
   const int t = blockIdx.x, half = a.hd >> 1, nq = a.nh * half, nk = a.nkv * half;
   const int units = nq + nk + a.nkv * half;
   const int p = *a.pos + t;
@@ -141,6 +143,7 @@ __device__ __forceinline__ uint32_t swiglu2(uint32_t g, uint32_t u) {
 /* act[t][c] = silu(gate) * up, gate and up the bf16 columns c and cols + c of gu: eight
  * columns a thread (16-byte loads and stores), where the rows' alignment allows it. */
 __global__ void __launch_bounds__(PF_THREADS) k_pf_swiglu8(const PfSwigluArgs a) {
+  kcclDevPdlWait();
   const int t = blockIdx.y;
   const uint4 *g = reinterpret_cast<const uint4 *>(a.gu + (size_t)t * a.gu_ld);
   const uint4 *u = reinterpret_cast<const uint4 *>(a.gu + (size_t)t * a.gu_ld + a.cols);
@@ -153,6 +156,7 @@ __global__ void __launch_bounds__(PF_THREADS) k_pf_swiglu8(const PfSwigluArgs a)
 
 /* act[t][c] = silu(gate) * up, gate and up the bf16 columns c and cols + c of gu. */
 __global__ void __launch_bounds__(PF_THREADS) k_pf_swiglu(const PfSwigluArgs a) {
+  kcclDevPdlWait();
   const int t = blockIdx.y;
   const bf16 *g = a.gu + (size_t)t * a.gu_ld;
   const bool pairs = (a.cols & 1) == 0; /* the up columns start 4-byte aligned */
@@ -172,23 +176,19 @@ __global__ void __launch_bounds__(PF_THREADS) k_pf_swiglu(const PfSwigluArgs a) 
 
 }  // namespace
 
-cudaError_t kie_launch_pf_norm(const PfNormArgs &a, cudaStream_t st) {
-  k_pf_norm<<<a.T, PF_THREADS, 0, st>>>(a);
-  return cudaGetLastError();
+cudaError_t kie_launch_pf_norm(const PfNormArgs &a, cudaStream_t st, int pdl) {
+  return kcclLaunch(k_pf_norm, dim3((unsigned)a.T), dim3(PF_THREADS), 0, st, pdl, a);
 }
 
-cudaError_t kie_launch_pf_rope(const PfRopeArgs &a, cudaStream_t st) {
-  k_pf_rope<<<a.T, PF_THREADS, 0, st>>>(a);
-  return cudaGetLastError();
+cudaError_t kie_launch_pf_rope(const PfRopeArgs &a, cudaStream_t st, int pdl) {
+  return kcclLaunch(k_pf_rope, dim3((unsigned)a.T), dim3(PF_THREADS), 0, st, pdl, a);
 }
 
-cudaError_t kie_launch_pf_swiglu(const PfSwigluArgs &a, cudaStream_t st) {
+cudaError_t kie_launch_pf_swiglu(const PfSwigluArgs &a, cudaStream_t st, int pdl) {
   if (a.cols % 8 == 0 && a.gu_ld % 8 == 0 && a.act_ld % 8 == 0) { /* 16-byte aligned rows */
     const int per_row = (a.cols / 8 + PF_THREADS - 1) / PF_THREADS;
-    k_pf_swiglu8<<<dim3((unsigned)per_row, (unsigned)a.T), PF_THREADS, 0, st>>>(a);
-    return cudaGetLastError();
+    return kcclLaunch(k_pf_swiglu8, dim3((unsigned)per_row, (unsigned)a.T), dim3(PF_THREADS), 0, st, pdl, a);
   }
   const int per_row = (a.cols + 2 * PF_THREADS - 1) / (2 * PF_THREADS);
-  k_pf_swiglu<<<dim3((unsigned)per_row, (unsigned)a.T), PF_THREADS, 0, st>>>(a);
-  return cudaGetLastError();
+  return kcclLaunch(k_pf_swiglu, dim3((unsigned)per_row, (unsigned)a.T), dim3(PF_THREADS), 0, st, pdl, a);
 }

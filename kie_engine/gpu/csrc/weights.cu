@@ -67,6 +67,9 @@ int derive(kie_engine *e, const kie_shape &s, int sms) {
   if (s.prefill != 0 && s.prefill != 1) return fail(KIE_E_ARG, "prefill=%d: 0 or 1", s.prefill);
   if (s.prefill_chunk < 0) return fail(KIE_E_ARG, "prefill_chunk=%d: 0 (auto) or a token count", s.prefill_chunk);
   e->pf_chunk = s.prefill ? std::min(s.prefill_chunk ? s.prefill_chunk : 1024, s.max_seq) : 0;
+  if (s.prefill_attn < 0 || s.prefill_attn > 2)
+    return fail(KIE_E_ARG, "prefill_attn=%d: 0 (auto), 1 (launch order) or 2 (zigzag)", s.prefill_attn);
+  e->pf_attn = s.prefill_attn == 1 ? PF_ORDER_LAUNCH : PF_ORDER_ZIGZAG;
   return KIE_OK;
 }
 
