@@ -1,5 +1,5 @@
 """GB/s of the CPU engine's Q8_0 and Q4_1 products streamed from memory, GGUF rows against
-the four-row packed layout the engine loads them into (csrc/kq.h), against a plain read
+the sixteen-row packed layout the engine loads them into (csrc/kq.h), against a plain read
 of the same bytes (the machine's read ceiling), on 1 and 2 threads, on SmolLM2's shapes.
 
 Builds bench/cpu_kq_stream.c with the worktree's kernels and runs it once per case

@@ -228,10 +228,10 @@ PACKABLE = ["Q8_0", "Q4_0", "Q4_1"]
 
 @pytest.mark.parametrize("lv", LEVELS)
 @settings(max_examples=100)
-@given(t=st.sampled_from(PACKABLE), rows=st.integers(1, 14), nb=st.integers(1, 20), cut=st.tuples(
-    st.integers(0, 14), st.integers(0, 14)), seed=st.integers(0, 2**32 - 1))
+@given(t=st.sampled_from(PACKABLE), rows=st.integers(1, 40), nb=st.integers(1, 20), cut=st.tuples(
+    st.integers(0, 40), st.integers(0, 40)), seed=st.integers(0, 2**32 - 1))
 def test_packed_layout_matches_the_rows(lv, t, rows, nb, cut, seed):
-    """The four-row packed layout (kq_pack, kq_matvec_mat) computes what the GGUF rows do:
+    """The sixteen-row packed layout (kq_pack, kq_matvec_mat) computes what the GGUF rows do:
     bit for bit on levels that go through the row kernels, up to summation order on
     those with packed kernels; any row range (not only multiples of 4), rows outside it
     left alone, padding rows never written."""
@@ -245,7 +245,7 @@ def test_packed_layout_matches_the_rows(lv, t, rows, nb, cut, seed):
     try:
         want = K.matvec(t, raw, x)
         code, p = K.pack(t, raw, cols)
-        assert code == K.TYPES[t] | K.PACKED and p.nbytes == -(-rows // 4) * 4 * K.row_bytes(t, cols)
+        assert code == K.TYPES[t] | K.PACKED and p.nbytes == -(-rows // 16) * 16 * K.row_bytes(t, cols)
         sentinel = np.float32(-7.5)
         y = K.matvec_packed(code, p, rows, x, r0, r1, out=np.full(rows, sentinel, np.float32))
     finally:
@@ -261,11 +261,11 @@ def test_packed_forms_exist_only_where_they_should():
     ffi, lib = __import__("kie_engine.cpu._native", fromlist=["native"]).native()
     for t in ("F32", "F16", "BF16", "Q4_K", "Q6_K"):
         assert lib.kq_packed_bytes(K.TYPES[t], 8, 256) == 0 and K.pack(t, np.zeros((8, K.row_bytes(t, 256)), np.uint8), 256) is None
-    assert lib.kq_packed_bytes(8, 5, 64) == 8 * 68
+    assert lib.kq_packed_bytes(8, 5, 64) == 16 * 68
     assert lib.kq_packed_bytes(8 | K.PACKED, 8, 64) == 0  # packing twice is refused
     assert lib.kq_packed_bytes(8, 4, 32 * 1000) == 0  # rows past 16 kB stay GGUF rows
     assert lib.kq_pack(12, ffi.NULL, 4, 256, ffi.NULL) == -1
-    assert ffi.string(lib.kq_type_name(8 | K.PACKED)) == b"Q8_0x4" and lib.kq_supported(3 | K.PACKED)
+    assert ffi.string(lib.kq_type_name(8 | K.PACKED)) == b"Q8_0x16" and lib.kq_supported(3 | K.PACKED)
     assert not lib.kq_supported(12 | K.PACKED)
     out = np.zeros(64, np.float32)  # a packed row is not a row: dequantizing one says so
     lib.kq_dequant_row(8 | K.PACKED, ffi.NULL, 64, ffi.cast("float *", out.ctypes.data))

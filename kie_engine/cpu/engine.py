@@ -6,7 +6,7 @@ the reference.
 Weights stay in their stored block format (GGUF: F32, F16, BF16, Q8_0, Q4_0, Q4_1,
 Q4_K, Q6_K as the kernels take them; safetensors: F32, F16, BF16): each lane's matrices
 are copied once into one buffer of anonymous memory (see _load), Q8_0, Q4_0 and Q4_1
-reordered on the way into the kernels' four-row packed layout (csrc/kq.h), which streams
+reordered on the way into the kernels' sixteen-row packed layout (csrc/kq.h), which streams
 from memory ~3x faster than the GGUF rows.
 GGUF files keep llama.cpp's Q/K row order, so RoPE rotates adjacent pairs there
 (KIE_CPU_ROPE_PAIRS) and halves for safetensors; attention scores do not depend on
@@ -273,7 +273,7 @@ class CpuModel(Sequences, OwnsNativeEngine):
         embed, head = ffi.new("kie_cpu_mat *"), ffi.new("kie_cpu_mat *")
         name = "model.embed_tokens.weight" if cfg.tie_word_embeddings else "lm_head.weight"
         todo.append((head, w.matrix(name, slice(lp.v0, lp.v1), pad_rows=lp.part - (lp.v1 - lp.v0))))
-        # Q8_0 / Q4_0 / Q4_1 go into the kernels' four-row packed layout (kq.h), the rest as stored
+        # Q8_0 / Q4_0 / Q4_1 go into the kernels' sixteen-row packed layout (kq.h), the rest as stored
         packed = [int(lib.kq_packed_bytes(a[0], a[1], a[2])) if self.packed else 0 for _m, a in todo]
         sizes = [((p or a[3].nbytes) + 63) // 64 * 64 for p, (_m, a) in zip(packed, todo)]
         pack = np.empty(sum(sizes) + 64, np.uint8)

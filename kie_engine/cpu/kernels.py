@@ -82,12 +82,12 @@ def matvec(t, w, x, r0=0, r1=None, act=None, out=None):
     return y
 
 
-PACKED = 0x100  # kq.h's KQ_PACKED: type | PACKED is the four-row packed layout
+PACKED = 0x100  # kq.h's KQ_PACKED: type | PACKED is the sixteen-row packed layout
 
 
 def pack(t, w, cols):
     """(packed type code, 64-byte aligned uint8 array) of stored rows w in the kernels'
-    four-row packed layout (csrc/kq.h); None when type t has no packed form."""
+    sixteen-row packed layout (csrc/kq.h); None when type t has no packed form."""
     ffi, lib = native()
     w = _rows(w, t, cols)
     n = lib.kq_packed_bytes(_code(t), w.shape[0], cols)

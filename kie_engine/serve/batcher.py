@@ -165,8 +165,11 @@ class BatchScheduler(EngineQueue):
             self._engine_failed(e)
             return
         self.metrics.batch_step(len(set(seqs)), len(seqs))
-        finite = np.isfinite(np.add.reduce(logits, axis=1, dtype=np.float64))  # generate.check_logits, per row
+        # every logit of a row is finite exactly when the one argmax picks (the first NaN
+        # if there is one) and the smallest are: generate.check_logits's question per row,
+        # in two passes over the logits (a float64 sum took three times as long)
         greedy = np.argmax(logits, axis=1)
+        finite = np.isfinite(logits[np.arange(len(greedy)), greedy]) & np.isfinite(logits.min(axis=1))
         for i, r in enumerate(owners):
             self._emit(r, logits[i], bool(finite[i]), int(greedy[i]))
 

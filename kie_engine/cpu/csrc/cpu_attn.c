@@ -45,9 +45,18 @@ size_t kie_attn_scratch_floats(int hd) {
 #undef ATTN_FMA
 
 void kie_attn_avx2(const kie_attn_job *a, float *scratch);   /* cpu_attn_x86.c (x86-64 builds) */
+int kie_halves_f16c(const float *x, uint16_t *out, int n);
 void kie_attn_avx512(const kie_attn_job *a, float *scratch);
 
 int kie_attn_simd(void) { return strcmp(kq_level(), "scalar") != 0; }
+
+void kie_halves(const float *x, uint16_t *out, int n) {
+  int i = 0;
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+  if (kie_attn_simd()) i = kie_halves_f16c(x, out, n);
+#endif
+  for (; i < n; i++) out[i] = kie_float_to_half(x[i]);
+}
 
 void kie_attn(const kie_attn_job *job, float *scratch) {
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))

@@ -19,6 +19,8 @@
 
 float kie_half_to_float(uint16_t h);
 uint16_t kie_float_to_half(float f);
+/* out[i] = kie_float_to_half(x[i]) for i < n (F16C where the kernels' level has it) */
+void kie_halves(const float *x, uint16_t *out, int n);
 
 /* 1 when a SIMD path is in use (the kernels' level is not the portable one). */
 int kie_attn_simd(void);

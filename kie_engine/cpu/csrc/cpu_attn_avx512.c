@@ -1,9 +1,9 @@
 /* cpu_attn_avx512.c: kie_attn (cpu_attn.h) in AVX-512 intrinsics.
  *
- * Per tile of 64 positions, the queries that reach it go by pairs: each key element
- * (widened from half precision in a register, never stored) serves the pair on the
- * tile's four 16-position blocks, and each value row the pair's running outputs.  A
- * query's arithmetic does not depend on its partner: its scores are two chains of fused
+ * Per tile of 64 positions, the queries that reach it go by threes (a KV head's query
+ * heads in SmolLM2): each key element (widened from half precision in a register, never
+ * stored) serves the group on the tile's four 16-position blocks, and each value row the
+ * group's running outputs.  A query's arithmetic does not depend on its partners: its scores are two chains of fused
  * multiply-adds per block (even and odd elements of the head, two chains so that one
  * query alone is not bound by the adds' latency), its softmax is online over the tiles
  * (running maximum, sum and output rescaled by exp(old max - new max)), its output adds
@@ -19,7 +19,7 @@
 #pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")
 #include <immintrin.h>
 
-#define QG 2 /* queries per group */
+#define QG 3 /* queries per group: a KV head's three query heads of SmolLM2 at once */
 
 /* exp(x) for x <= 0, as cpu_attn_core.h's: 2^n p(r), 0 below -87, NaN kept */
 static inline __m512 exp16(__m512 x)
@@ -194,12 +194,16 @@ INLINE void group(const void *K, const void *V, int F16, int hd, qstate *g, int 
 static void group_tile(const kie_attn_job *a, qstate *g, int qn, int t0, int tn)
 {
     if (a->f16) {
-        if (qn == 2)
+        if (qn == 3)
+            group(a->k, a->v, 1, a->hd, g, 3, t0, tn);
+        else if (qn == 2)
             group(a->k, a->v, 1, a->hd, g, 2, t0, tn);
         else
             group(a->k, a->v, 1, a->hd, g, 1, t0, tn);
     } else {
-        if (qn == 2)
+        if (qn == 3)
+            group(a->k, a->v, 0, a->hd, g, 3, t0, tn);
+        else if (qn == 2)
             group(a->k, a->v, 0, a->hd, g, 2, t0, tn);
         else
             group(a->k, a->v, 0, a->hd, g, 1, t0, tn);
@@ -267,7 +271,7 @@ void kie_attn_avx512(const kie_attn_job *a, float *scratch)
             t.f16 = 0;
             base = 0;
         }
-        /* the queries that reach this tile, four at a time */
+        /* the queries that reach this tile, QG at a time */
         qstate g[QG];
         int qn = 0;
         for (int i = 0; i < nq; i++) {

@@ -294,15 +294,16 @@ static void rope_kv(kie_cpu *e, int l, int r, int j) {
   size_t off = kie_seq_head(e, sq, l, j);
   float k[KIE_MAX_HEAD_DIM];
   kie_rope(row + qrows + (size_t)j * hd, k, hd, s->rope_mode, b->cs + (size_t)r * hd);
+  if (kv16) {
+    uint16_t kh[KIE_MAX_HEAD_DIM];
+    kie_halves(k, kh, hd);
+    kie_halves(v, (uint16_t *)sq->v + off + kie_v_index(pos, hd), hd);
+    for (int i = 0; i < hd; i++) ((uint16_t *)sq->k)[off + kie_k_index(pos, i, hd)] = kh[i];
+    return;
+  }
   for (int i = 0; i < hd; i++) {
-    size_t ki = off + kie_k_index(pos, i, hd), vi = off + kie_v_index(pos, hd) + i;
-    if (kv16) {
-      ((uint16_t *)sq->k)[ki] = kie_float_to_half(k[i]);
-      ((uint16_t *)sq->v)[vi] = kie_float_to_half(v[i]);
-    } else {
-      ((float *)sq->k)[ki] = k[i];
-      ((float *)sq->v)[vi] = v[i];
-    }
+    ((float *)sq->k)[off + kie_k_index(pos, i, hd)] = k[i];
+    ((float *)sq->v)[off + kie_v_index(pos, hd) + i] = v[i];
   }
 }
 
@@ -360,15 +361,30 @@ static void attend_rows(kie_cpu *e, kie_thread *th, int l, int r0, int r1) {
   }
 }
 
+/* Row r's cache of KV head j in layer l, keys and values up to its position, on its way
+ * into L2 (a piece of attention reads one sequence's cache, most likely from memory: the
+ * batch's caches together pass L2) */
+static void prefetch_kv(kie_cpu *e, int l, int r, int j) {
+  const kie_batch *b = &e->b;
+  const kie_seq *sq = &e->seqs[b->seq[r]];
+  size_t esz = e->s.kv_type == KIE_CPU_KV_F16 ? 2 : 4, off = kie_seq_head(e, sq, l, j) * esz;
+  size_t hd = (size_t)e->s.head_dim, pos = (size_t)b->pos[r];
+  size_t kb = (pos / 16 + 1) * 16 * hd * esz, vb = (pos + 1) * hd * esz;
+  for (size_t o = 0; o < kb; o += 64) __builtin_prefetch((const char *)sq->k + off + o, 0, 2);
+  for (size_t o = 0; o < vb; o += 64) __builtin_prefetch((const char *)sq->v + off + o, 0, 2);
+}
+
 /* Attention of every row, by pieces (a row and a KV head) taken from layer l's counter;
  * with rope, each piece first writes its row's key and value of that head into the cache
  * and ropes the row's query heads of that group: only when every row is a different
  * sequence's, so that no row attends a position another piece writes. */
 static void attend_claimed(kie_cpu *e, kie_thread *th, int l, int rope) {
   const kie_cpu_shape *s = &e->s;
-  int nkv = s->kv_heads, n = e->b.n * nkv, stage = CLAIM_ATTN(s->layers, l);
+  int nkv = s->kv_heads, n = e->b.n * nkv, stage = CLAIM_ATTN(s->layers, l), nth = e->nthreads;
   for (int k = claim(e, stage); k < n; k = claim(e, stage)) {
     int r = k / nkv, j = k % nkv;
+    if (k + nth < n) /* the piece this thread most likely takes next */
+      prefetch_kv(e, l, (k + nth) / nkv, (k + nth) % nkv);
     if (rope) {
       rope_kv(e, l, r, j);
       for (int h = 0; h < s->heads; h++)

@@ -12,7 +12,7 @@
 
 #define KIE_MAX_THREADS 256
 #define KIE_MAX_HEAD_DIM 512
-#define KIE_ROW_ALIGN 4 /* a thread's share of a product starts on a multiple of this row */
+#define KIE_ROW_ALIGN KQ_GROUP /* a thread's share of a product starts on a multiple of this row: a packed group */
 #define KIE_MAX_ROWS 512 /* rows of a batch step, at most */
 
 /* A thread's share of one stage: rows [r0, r1) of up to three matrices. */

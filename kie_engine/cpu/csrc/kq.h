@@ -41,22 +41,26 @@ void kq_prepare_act(int type, const float *x, int64_t cols, void *act);
 /* y[r] = dot(row r of w, x) for r in [r0, r1); w points at row 0, rows are
  * kq_row_bytes(type, cols) apart; act from kq_prepare_act with the same type and cols */
 void kq_matvec(int type, const void *w, int64_t cols, const void *act, float *y, int64_t r0, int64_t r1);
-/* The four-row packed layout of Q8_0, Q4_0 and Q4_1 (type | KQ_PACKED).  A matrix of R
- * rows is padded with zero rows to R4 = R rounded up to 4; groups of four rows are
+/* The sixteen-row packed layout of Q8_0, Q4_0 and Q4_1 (type | KQ_PACKED).  A matrix of
+ * R rows is padded with zero rows to R16 = R rounded up to 16; groups of sixteen rows are
  * interleaved block by block, quants and scales in two regions:
- *   quants  [R4 / 4][cols / 32][qb / 4 pieces][4 rows][4 bytes]
+ *   quants  [R16 / 16][cols / 32][qb / 4 pieces][16 rows][4 bytes]
  *                                               qb = 32 (Q8_0) or 16 (the nibbles)
- *   scales  [R4 / 4][cols / 32][4 rows][sb]     sb = 2 (d) or 4 (d, m for Q4_1)
- * the same bytes as the GGUF rows (R4 * kq_row_bytes), reordered so that a thread's
+ *   scales  [R16 / 16][cols / 32][sb / 2][16 rows] halves: d (and m for Q4_1: sb = 4)
+ * the same bytes as the GGUF rows (R16 * kq_row_bytes), reordered so that a thread's
  * share of rows is one sequential stream of full 64-byte lines (the GGUF rows, 34 or
  * 20-byte blocks, a kernel reading four rows at once, streamed at a third of the
  * machine's read bandwidth, the packed layout at nearly all of it: bench/RESULTS.md),
- * and the four rows' 4-byte pieces j side by side: one 16-byte load, repeated across a
- * register, meets four inputs' pieces j in one VNNI product (kq_avx512_mm.c). */
+ * and the sixteen rows' 4-byte pieces j side by side: one 64-byte register holds piece j
+ * of every row of the group, one VNNI product takes it against an input's piece j
+ * broadcast, and each lane is one row all along (no sums across lanes, no input laid out
+ * again per kernel: kq_avx512.c, kq_avx512_mm.c). */
 #define KQ_PACKED 0x100
 /* bytes of the packed form of a rows x cols matrix of `type`; 0 when the type has no
  * packed form (or the rows are too long for the portable path: > 16 kB) */
 size_t kq_packed_bytes(int type, int64_t rows, int64_t cols);
+/* rows per group of the packed layout */
+#define KQ_GROUP 16
 /* src (rows GGUF rows) -> dst (kq_packed_bytes bytes, 64-byte aligned); returns the
  * packed type code, or -1 when the type has no packed form */
 int kq_pack(int type, const void *src, int64_t rows, int64_t cols, void *dst);
@@ -70,9 +74,7 @@ int kq_share_spans(int type, const void *w, int64_t rows, int64_t cols, int64_t 
                    size_t *n);
 /* Several inputs per pass over the weights (a prompt's tokens, a batch of sequences):
  * each weight block is read once and applied to every input.  The nt prepared inputs
- * lie kq_act_bytes(type, cols) apart, followed (quantized types) by the same inputs
- * laid out four by four for the kernels (kq_internal.h).  kq_acts_bytes: the whole
- * buffer. */
+ * lie kq_act_bytes(type, cols) apart; kq_acts_bytes: the whole buffer. */
 size_t kq_acts_bytes(int type, int64_t cols, int nt);
 /* Inputs [t0, t1) of the nt, row t of x at x + t * ldx floats, into acts (64-byte
  * aligned, kq_acts_bytes): threads may prepare disjoint ranges of one buffer at once. */

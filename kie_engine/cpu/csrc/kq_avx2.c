@@ -328,12 +328,14 @@ static inline void store_group(float *y, int64_t g, int64_t r0, int64_t r1, cons
             y[g + k] = t[k];
 }
 
-/* The packed layout's four 16-byte chunks of pieces (chunk j: piece j of rows 0-3) back
- * into the four rows' 16 bytes (a 4 x 4 transpose of 32-bit pieces), into rows[64] */
+/* Four rows of a group of the packed layout (kq.h): their 16-byte chunks of pieces
+ * (chunk j: piece j of the four rows, KQ_GROUP * 4 bytes after chunk j - 1) back into the
+ * four rows' 16 bytes (a 4 x 4 transpose of 32-bit pieces), into rows[64] */
+#define CHUNK (4 * KQ_GROUP)
 static inline void rows_of_pieces(const uint8_t *p, uint8_t rows[64])
 {
-    __m128i c0 = _mm_loadu_si128((const __m128i *)p), c1 = _mm_loadu_si128((const __m128i *)(p + 16));
-    __m128i c2 = _mm_loadu_si128((const __m128i *)(p + 32)), c3 = _mm_loadu_si128((const __m128i *)(p + 48));
+    __m128i c0 = _mm_loadu_si128((const __m128i *)p), c1 = _mm_loadu_si128((const __m128i *)(p + CHUNK));
+    __m128i c2 = _mm_loadu_si128((const __m128i *)(p + 2 * CHUNK)), c3 = _mm_loadu_si128((const __m128i *)(p + 3 * CHUNK));
     __m128i t0 = _mm_unpacklo_epi32(c0, c1), t1 = _mm_unpackhi_epi32(c0, c1);
     __m128i t2 = _mm_unpacklo_epi32(c2, c3), t3 = _mm_unpackhi_epi32(c2, c3);
     _mm_storeu_si128((__m128i *)rows, _mm_unpacklo_epi64(t0, t2));
@@ -342,26 +344,27 @@ static inline void rows_of_pieces(const uint8_t *p, uint8_t rows[64])
     _mm_storeu_si128((__m128i *)(rows + 48), _mm_unpackhi_epi64(t1, t3));
 }
 
+/* Four rows at a time (k0: the first of them within its group of the packed layout) */
 static inline void q4x4(const void *w, int64_t rows, int64_t cols, const void *act, float *y, int64_t r0,
                         int64_t r1, int has_min)
 {
     kq_act8 a = kq_act8_view(act, cols);
-    const int64_t nb = cols / 32, r4 = (rows + 3) / 4 * 4;
+    const int64_t nb = cols / 32, r16 = (rows + KQ_GROUP - 1) / KQ_GROUP * KQ_GROUP;
     const size_t sb = has_min ? 4 : 2;
-    const uint8_t *qs = (const uint8_t *)w, *ss = qs + (size_t)r4 * (size_t)nb * 16;
+    const uint8_t *qs = (const uint8_t *)w, *ss = qs + (size_t)r16 * (size_t)nb * 16;
     for (int64_t g = r0 / 4 * 4; g < r1; g += 4) {
-        const uint8_t *q = qs + (size_t)g * (size_t)nb * 16, *sc4 = ss + (size_t)g * (size_t)nb * sb;
+        const int64_t k0 = g % KQ_GROUP, grp = g / KQ_GROUP;
+        const uint8_t *q = qs + (size_t)grp * (size_t)nb * 16 * KQ_GROUP + 4 * k0;
+        const uint8_t *sc = ss + (size_t)grp * (size_t)nb * sb * KQ_GROUP + 2 * k0;
         __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
         __m256 accm = _mm256_setzero_ps();
         for (int64_t b = 0; b < nb; b++) {
-            __m128i dm;
-            if (has_min) /* (d, m) of row k -> halves 2k, 2k+1, as stored */
-                dm = _mm_loadu_si128((const __m128i *)(sc4 + 16 * b));
-            else
-                dm = _mm_unpacklo_epi16(_mm_loadl_epi64((const __m128i *)(sc4 + 8 * b)),
-                                        _mm_loadl_epi64((const __m128i *)(sc4 + 8 * b)));
+            const uint8_t *sbk = sc + (size_t)b * sb * KQ_GROUP;
+            __m128i d4 = _mm_loadl_epi64((const __m128i *)sbk);
+            /* (d, m) of row k -> halves 2k, 2k+1 (Q4_0: d twice) */
+            __m128i dm = _mm_unpacklo_epi16(d4, has_min ? _mm_loadl_epi64((const __m128i *)(sbk + 2 * KQ_GROUP)) : d4);
             uint8_t r[64];
-            rows_of_pieces(q + 64 * b, r);
+            rows_of_pieces(q + (size_t)b * 16 * KQ_GROUP, r);
             const uint8_t *qk[4] = {r, r + 16, r + 32, r + 48};
             q4_block4(qk, dm, &a, b, acc, &accm);
         }
@@ -382,20 +385,20 @@ static void mv_q4_1x4(const void *w, int64_t rows, int64_t cols, const void *act
 static void mv_q8_0x4(const void *w, int64_t rows, int64_t cols, const void *act, float *y, int64_t r0, int64_t r1)
 {
     kq_act8 a = kq_act8_view(act, cols);
-    const int64_t nb = cols / 32, r4 = (rows + 3) / 4 * 4;
-    const int8_t *qs = (const int8_t *)w;
-    const uint16_t *ds = (const uint16_t *)(qs + (size_t)r4 * (size_t)cols);
+    const int64_t nb = cols / 32, r16 = (rows + KQ_GROUP - 1) / KQ_GROUP * KQ_GROUP;
+    const uint8_t *qs = (const uint8_t *)w, *ds = qs + (size_t)r16 * (size_t)cols;
     for (int64_t g = r0 / 4 * 4; g < r1; g += 4) {
-        const int8_t *q = qs + (size_t)g * (size_t)cols;
-        const uint16_t *d = ds + (size_t)g * (size_t)nb;
+        const int64_t k0 = g % KQ_GROUP, grp = g / KQ_GROUP;
+        const uint8_t *q = qs + (size_t)grp * (size_t)nb * 32 * KQ_GROUP + 4 * k0;
+        const uint8_t *d = ds + (size_t)grp * (size_t)nb * 2 * KQ_GROUP + 2 * k0;
         __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
         for (int64_t b = 0; b < nb; b++) {
-            __m128i dh = _mm_loadl_epi64((const __m128i *)(d + 4 * b));
+            __m128i dh = _mm_loadl_epi64((const __m128i *)(d + (size_t)b * 2 * KQ_GROUP));
             __m256 sc4 = _mm256_castps128_ps256(_mm_mul_ps(_mm_cvtph_ps(dh), _mm_set1_ps(a.dds[2 * b])));
             __m256i xq = _mm256_loadu_si256((const __m256i *)(a.q + 32 * b));
             uint8_t lo[64], hi[64]; /* bytes 0-15 and 16-31 of the four rows */
-            rows_of_pieces((const uint8_t *)q + 128 * b, lo);
-            rows_of_pieces((const uint8_t *)q + 128 * b + 64, hi);
+            rows_of_pieces(q + (size_t)b * 32 * KQ_GROUP, lo);
+            rows_of_pieces(q + (size_t)b * 32 * KQ_GROUP + 4 * CHUNK, hi);
             for (int k = 0; k < 4; k++) {
                 __m256i wq = _mm256_setr_m128i(_mm_loadu_si128((const __m128i *)(lo + 16 * k)),
                                                _mm_loadu_si128((const __m128i *)(hi + 16 * k)));

@@ -6,8 +6,9 @@
  * input's 4-sums (s4) back out of each lane; Q6_K (0..63) takes out 32 times s4.
  * The 32-byte types run four rows per pass, so each input load and scale broadcast
  * serves four rows, and each block's four half-precision scales convert in one
- * instruction.  Compiled for these instructions through the pragma below whatever
- * the build's flags; kq_dispatch.c calls in only when CPUID shows them. */
+ * instruction.  The packed layout's kernels are kq_avx512_mm.c's.  Compiled for these
+ * instructions through the pragma below whatever the build's flags; kq_dispatch.c calls
+ * in only when CPUID shows them. */
 #include "kq_internal.h"
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
@@ -175,7 +176,7 @@ FLOAT_KERNEL(mv_bf16, LOAD_BF16, 2)
 
 /* -- Q4_0 and Q4_1: four rows' 16 nibble bytes fill one register, one per 128-bit lane -------- */
 
-/* One block of four Q4 rows, for both layouts: qw holds row k's 16 nibble bytes in 128-bit
+/* One block of four Q4 rows: qw holds row k's 16 nibble bytes in 128-bit
  * lane k, sc their fp16 scales: (d, m) x 4 for Q4_1, d x 4 (low half) for Q4_0.  The dot
  * of row k with the input's q lands in lanes 4k..4k+3, scaled by d_w d_x, in acc0 or acc1
  * (alternate blocks: two dependency chains); m_w (sum of x) goes to accm for Q4_1, d_w (sum
@@ -398,93 +399,9 @@ static void mv_q6_k(const void *w, size_t rb, int64_t cols, const void *act, flo
     }
 }
 
-/* -- the packed layout (kq.h): one 64-byte load per block holds the four rows' pieces ------- */
-
-/* The exact dots of the four rows with the input's block: lanes 4j + r of dot hold row
- * r's piece j against the input's piece j (x1: the pieces repeated), summed over j. */
-static inline __m128i rows4_dots(__m512i dot)
-{
-    __m256i t = _mm256_add_epi32(_mm512_castsi512_si256(dot), _mm512_extracti64x4_epi64(dot, 1));
-    return _mm_add_epi32(_mm256_castsi256_si128(t), _mm256_extracti128_si256(t, 1));
-}
-
-/* Q4_0 / Q4_1 and Q8_0 on the packed layout, one input: per block the four rows' exact
- * integer dots, then per row (lane) acc += dot * (d_w * d_x) and the minimum / offset /
- * sign-flip term's own sum acc2 += (m_w or d_w) * (d_x * sum q_x), block after block;
- * kq_avx512_mm.c's kernels do the same for four inputs at a time (the same bits). */
-static inline void q4x4(const void *w, int64_t rows, int64_t cols, const void *act, float *y, int64_t r0,
-                        int64_t r1, int has_min)
-{
-    kq_act8 a = kq_act8_view(act, cols);
-    const __m512i nib = _mm512_set1_epi8(0x0f);
-    const __m256i lanes_d = _mm256_setr_epi32(0, 2, 4, 6, 0, 2, 4, 6), lanes_m = _mm256_setr_epi32(1, 3, 5, 7, 1, 3, 5, 7);
-    const int64_t nb = cols / 32, r4 = (rows + 3) / 4 * 4;
-    const size_t sb = has_min ? 4 : 2;
-    const uint8_t *qs = (const uint8_t *)w, *ss = qs + (size_t)r4 * (size_t)nb * 16;
-    for (int64_t g = r0 / 4 * 4; g < r1; g += 4) {
-        const uint8_t *q = qs + (size_t)g * (size_t)nb * 16, *s = ss + (size_t)g * (size_t)nb * sb;
-        __m128 acc = _mm_setzero_ps(), acc2 = _mm_setzero_ps();
-        for (int64_t b = 0; b < nb; b++) {
-            __m512i qw = _mm512_loadu_si512(q + 64 * b);
-            __m512i lo = _mm512_and_si512(qw, nib), hi = _mm512_and_si512(_mm512_srli_epi16(qw, 4), nib);
-            __m512i dot = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), lo,
-                                                                  _mm512_load_si512(a.x1 + 128 * b)),
-                                              hi, _mm512_load_si512(a.x1 + 128 * b + 64));
-            __m128 d4, e4; /* d_w, and m_w (Q4_1) or d_w (Q4_0) */
-            if (has_min) {
-                __m256 dm = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(s + 16 * b)));
-                d4 = _mm256_castps256_ps128(_mm256_permutevar8x32_ps(dm, lanes_d));
-                e4 = _mm256_castps256_ps128(_mm256_permutevar8x32_ps(dm, lanes_m));
-            } else {
-                d4 = e4 = _mm_cvtph_ps(_mm_loadl_epi64((const __m128i *)(s + 8 * b)));
-            }
-            acc = _mm_fmadd_ps(_mm_cvtepi32_ps(rows4_dots(dot)), _mm_mul_ps(d4, _mm_set1_ps(a.dds[2 * b])), acc);
-            acc2 = _mm_fmadd_ps(e4, _mm_set1_ps(a.dds[2 * b + 1]), acc2);
-        }
-        store_group(y, g, r0, r1, has_min ? _mm_add_ps(acc, acc2) : _mm_fmadd_ps(acc2, _mm_set1_ps(-8.0f), acc));
-    }
-}
-
-static void mv_q4_0x4(const void *w, int64_t rows, int64_t cols, const void *act, float *y, int64_t r0, int64_t r1)
-{
-    q4x4(w, rows, cols, act, y, r0, r1, 0);
-}
-
-static void mv_q4_1x4(const void *w, int64_t rows, int64_t cols, const void *act, float *y, int64_t r0, int64_t r1)
-{
-    q4x4(w, rows, cols, act, y, r0, r1, 1);
-}
-
-/* Q8_0: pieces 0-3 and 4-7 of the four rows in two registers, sign-flipped (+128, for the
- * unsigned operand); 128 * d_w * (d_x * sum q_x) taken out at the end. */
-static void mv_q8_0x4(const void *w, int64_t rows, int64_t cols, const void *act, float *y, int64_t r0, int64_t r1)
-{
-    kq_act8 a = kq_act8_view(act, cols);
-    const __m512i flip = _mm512_set1_epi8((char)0x80);
-    const int64_t nb = cols / 32, r4 = (rows + 3) / 4 * 4;
-    const int8_t *qs = (const int8_t *)w;
-    const uint16_t *ds = (const uint16_t *)(qs + (size_t)r4 * cols);
-    for (int64_t g = r0 / 4 * 4; g < r1; g += 4) {
-        const int8_t *q = qs + (size_t)g * (size_t)cols;
-        const uint16_t *d = ds + (size_t)g * (size_t)nb;
-        __m128 acc = _mm_setzero_ps(), bias = _mm_setzero_ps();
-        for (int64_t b = 0; b < nb; b++) {
-            __m512i w03 = _mm512_xor_si512(_mm512_loadu_si512(q + 128 * b), flip);
-            __m512i w47 = _mm512_xor_si512(_mm512_loadu_si512(q + 128 * b + 64), flip);
-            __m512i dot = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), w03,
-                                                                  _mm512_load_si512(a.x1 + 128 * b)),
-                                              w47, _mm512_load_si512(a.x1 + 128 * b + 64));
-            __m128 dw = _mm_cvtph_ps(_mm_loadl_epi64((const __m128i *)(d + 4 * b)));
-            acc = _mm_fmadd_ps(_mm_cvtepi32_ps(rows4_dots(dot)), _mm_mul_ps(dw, _mm_set1_ps(a.dds[2 * b])), acc);
-            bias = _mm_fmadd_ps(dw, _mm_set1_ps(a.dds[2 * b + 1]), bias);
-        }
-        store_group(y, g, r0, r1, _mm_fnmadd_ps(bias, _mm_set1_ps(128.0f), acc));
-    }
-}
-
 static const kq_impl kq_avx512 = {
     "avx512", quantize_act, mv_f32, mv_f16, mv_bf16, mv_q8_0, mv_q4_0, mv_q4_1, mv_q4_k, mv_q6_k,
-    mv_q8_0x4, mv_q4_0x4, mv_q4_1x4, &kq_mm_avx512,
+    kq_avx512_packed_q8_0, kq_avx512_packed_q4_0, kq_avx512_packed_q4_1, &kq_mm_avx512,
 };
 const kq_impl *const kq_impl_avx512 = &kq_avx512;
 

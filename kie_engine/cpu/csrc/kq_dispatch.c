@@ -129,18 +129,6 @@ static kq_matvec_fn kernel_of(const kq_impl *p, int type)
     }
 }
 
-void kq_expand_x1(void *act, int64_t cols)
-{
-    kq_act8 a = kq_act8_view(act, cols);
-    int8_t *x1 = (int8_t *)a.x1;
-    for (int64_t i = 0; i < cols / 4; i++) { /* piece i, four times: one 16-byte store */
-        uint32_t p, four[4];
-        memcpy(&p, a.q + 4 * i, 4);
-        four[0] = four[1] = four[2] = four[3] = p;
-        memcpy(x1 + 16 * i, four, 16);
-    }
-}
-
 void kq_prepare_act(int type, const float *x, int64_t cols, void *act)
 {
     if (!kq_act_bytes(type, cols))
@@ -149,7 +137,6 @@ void kq_prepare_act(int type, const float *x, int64_t cols, void *act)
         memcpy(act, x, (size_t)cols * sizeof(float));
     } else {
         impl()->quantize_act(x, cols, act);
-        kq_expand_x1(act, cols);
     }
 }
 
@@ -180,31 +167,33 @@ void kq_dequant_row(int type, const void *row, int64_t cols, float *out)
 /* -- the packed layout (kq.h) ------------------------------------------------------------ */
 
 #define KQ_PACK_MAX_ROW 16384 /* four such rows fit the fallback's stack buffer */
+#define G KQ_GROUP
 
 size_t kq_packed_bytes(int type, int64_t rows, int64_t cols)
 {
     size_t qb = 0, sb = 0, rb = kq_row_bytes(type, cols);
     if ((type & KQ_PACKED) || !kq_packed_parts(type, &qb, &sb) || !rb || rb > KQ_PACK_MAX_ROW || rows < 1)
         return 0;
-    return (size_t)((rows + 3) / 4 * 4) * rb;
+    return (size_t)((rows + G - 1) / G * G) * rb;
 }
 
-/* Where row r's block b lives in the packed layout: its scale bytes (sb of them) */
-static inline size_t packed_s(int64_t r, int64_t b, int64_t nb, size_t sb)
+/* Where row r's block b lives in the packed layout: its scale half k (d, then m) */
+static inline size_t packed_s(int64_t r, int64_t b, int64_t nb, size_t sb, size_t k)
 {
-    return ((size_t)(r / 4) * (size_t)nb + (size_t)b) * 4 * sb + (size_t)(r % 4) * sb;
+    return ((size_t)(r / G) * (size_t)nb + (size_t)b) * G * sb + k * 2 * G + (size_t)(r % G) * 2;
 }
 
-/* ... and byte i of its quants (qb of them): 4-byte piece i / 4 of the four rows side by side */
+/* ... and byte i of its quants (qb of them): 4-byte piece i / 4 of the group's rows side by side */
 static inline size_t packed_q(int64_t r, int64_t b, int64_t nb, size_t qb, size_t i)
 {
-    return ((size_t)(r / 4) * (size_t)nb + (size_t)b) * 4 * qb + (i / 4) * 16 + (size_t)(r % 4) * 4 + i % 4;
+    return ((size_t)(r / G) * (size_t)nb + (size_t)b) * G * qb + (i / 4) * 4 * G + (size_t)(r % G) * 4 + i % 4;
 }
 
 /* One row's block between its GGUF form (scales, then quants) and the packed layout */
 static void block_to_packed(const char *blk, char *q, char *s, int64_t r, int64_t b, int64_t nb, size_t qb, size_t sb)
 {
-    memcpy(s + packed_s(r, b, nb, sb), blk, sb); /* every block starts with its scales */
+    for (size_t k = 0; k < sb / 2; k++) /* every block starts with its scales */
+        memcpy(s + packed_s(r, b, nb, sb, k), blk + 2 * k, 2);
     for (size_t i = 0; i < qb; i += 4)
         memcpy(q + packed_q(r, b, nb, qb, i), blk + sb + i, 4);
 }
@@ -212,7 +201,8 @@ static void block_to_packed(const char *blk, char *q, char *s, int64_t r, int64_
 static void block_from_packed(char *blk, const char *q, const char *s, int64_t r, int64_t b, int64_t nb, size_t qb,
                               size_t sb)
 {
-    memcpy(blk, s + packed_s(r, b, nb, sb), sb);
+    for (size_t k = 0; k < sb / 2; k++)
+        memcpy(blk + 2 * k, s + packed_s(r, b, nb, sb, k), 2);
     for (size_t i = 0; i < qb; i += 4)
         memcpy(blk + sb + i, q + packed_q(r, b, nb, qb, i), 4);
 }
@@ -223,8 +213,8 @@ int kq_pack(int type, const void *src, int64_t rows, int64_t cols, void *dst)
     if (!n || !kq_packed_parts(type, &qb, &sb))
         return -1;
     const size_t rb = kq_row_bytes(type, cols), bs = qb + sb;
-    const int64_t nb = cols / 32, r4 = (rows + 3) / 4 * 4;
-    char *q = (char *)dst, *s = q + (size_t)r4 * (size_t)nb * qb;
+    const int64_t nb = cols / 32, r16 = (rows + G - 1) / G * G;
+    char *q = (char *)dst, *s = q + (size_t)r16 * (size_t)nb * qb;
     memset(dst, 0, n); /* the padding rows: zero scales and quants, a zero product */
     for (int64_t r = 0; r < rows; r++)
         for (int64_t b = 0; b < nb; b++)
@@ -232,16 +222,16 @@ int kq_pack(int type, const void *src, int64_t rows, int64_t cols, void *dst)
     return type | KQ_PACKED;
 }
 
-/* A level without a packed kernel: each group of four rows back into GGUF rows on the
- * stack, then the level's row kernel (so its results are the row kernel's, bit for bit). */
+/* A level without a packed kernel: four rows at a time back into GGUF rows on the stack,
+ * then the level's row kernel (so its results are the row kernel's, bit for bit). */
 static void packed_via_rows(kq_matvec_fn f, int base, const void *w, int64_t rows, int64_t cols, const void *act,
                             float *y, int64_t r0, int64_t r1)
 {
     size_t qb = 0, sb = 0;
     kq_packed_parts(base, &qb, &sb);
     const size_t rb = kq_row_bytes(base, cols), bs = qb + sb;
-    const int64_t nb = cols / 32, r4 = (rows + 3) / 4 * 4;
-    const char *q = (const char *)w, *s = q + (size_t)r4 * (size_t)nb * qb;
+    const int64_t nb = cols / 32, r16 = (rows + G - 1) / G * G;
+    const char *q = (const char *)w, *s = q + (size_t)r16 * (size_t)nb * qb;
     _Alignas(64) char buf[4 * KQ_PACK_MAX_ROW];
     for (int64_t g = r0 / 4 * 4; g < r1; g += 4) {
         for (int k = 0; k < 4; k++)
@@ -288,8 +278,8 @@ int kq_share_spans(int type, const void *w, int64_t rows, int64_t cols, int64_t 
     }
     if (!kq_packed_parts(type & ~KQ_PACKED, &qb, &sb))
         return 0;
-    const int64_t nb = cols / 32, r4 = (rows + 3) / 4 * 4, g0 = r0 / 4 * 4, g1 = (r1 + 3) / 4 * 4;
-    const char *q = (const char *)w, *s = q + (size_t)r4 * (size_t)nb * qb;
+    const int64_t nb = cols / 32, r16 = (rows + G - 1) / G * G, g0 = r0 / G * G, g1 = (r1 + G - 1) / G * G;
+    const char *q = (const char *)w, *s = q + (size_t)r16 * (size_t)nb * qb;
     p[0] = q + (size_t)g0 * (size_t)nb * qb;
     n[0] = (size_t)(g1 - g0) * (size_t)nb * qb;
     p[1] = s + (size_t)g0 * (size_t)nb * sb;

@@ -34,15 +34,11 @@ _Static_assert(sizeof(kq_block_q6_k) == 210, "Q6_K block");
  *   float dds[cols / 16] per block the pair (d, ds): d the block's scale, ds = d * (sum
  *                        of its q), the block's sum of x for the minimum terms; paired
  *                        so one 8-byte load serves both
- *   int8  x1[cols / 32][2][64]  per block, q's 4-byte pieces 0-3 then 4-7, each repeated
- *                        four times ([p0 p0 p0 p0 p1 ...]): in 32-bit lane 4j + r, piece j
- *                        meets row r's piece j of the packed layout (kq.h)
  * each part starting on a 64-byte boundary.  The float types take x itself. */
 typedef struct {
     const int8_t *q;
     const int32_t *s4;
     const float *dds;
-    const int8_t *x1;
 } kq_act8;
 
 static inline size_t kq_up64(size_t n) { return (n + 63) & ~(size_t)63; }
@@ -50,7 +46,7 @@ static inline size_t kq_up64(size_t n) { return (n + 63) & ~(size_t)63; }
 static inline size_t kq_act8_bytes(int64_t cols)
 {
     return kq_up64((size_t)cols) + kq_up64((size_t)cols) /* s4: 4 bytes per 4 q */
-         + kq_up64((size_t)(cols / 16) * sizeof(float)) + (size_t)(cols / 32) * 128;
+         + kq_up64((size_t)(cols / 16) * sizeof(float));
 }
 
 static inline kq_act8 kq_act8_view(const void *act, int64_t cols)
@@ -62,22 +58,8 @@ static inline kq_act8 kq_act8_view(const void *act, int64_t cols)
     a.s4 = (const int32_t *)p;
     p += kq_up64((size_t)cols);
     a.dds = (const float *)p;
-    p += kq_up64((size_t)(cols / 16) * sizeof(float));
-    a.x1 = (const int8_t *)p;
     return a;
 }
-
-/* The inputs of a multi-input product, four at a time (kq.h's kq_matmul_mat), after the
- * nt single inputs: per group of four inputs (the last padded with zeros) and per block
- * of 32, a record of
- *   int8  x[8][64]   piece j (4 bytes) of input k in 32-bit lane 4k + r, for r = 0..3
- *   float d[16]      input k's block scale d in lanes 4k..4k+3
- *   float ds[16]     input k's d * (sum of q), likewise
- * so that one product of a block's row piece j (the packed layout, its four rows
- * broadcast) with x[j] gives rows x inputs in one register. */
-#define KQ_X4_REC 640
-
-static inline size_t kq_x4_bytes(int64_t cols, int nt) { return (size_t)((nt + 3) / 4) * (size_t)(cols / 32) * KQ_X4_REC; }
 
 static inline float kq_bf2f(uint16_t b)
 {
@@ -109,10 +91,10 @@ typedef void (*kq_matvec_fn)(const void *w, size_t rb, int64_t cols, const void 
 typedef void (*kq_packed_fn)(const void *w, int64_t rows, int64_t cols, const void *act, float *y, int64_t r0,
                              int64_t r1);
 
-/* One kernel on the packed layout for nt inputs (kq.h's kq_matmul_mat): x4 their records
- * of four (above). */
-typedef void (*kq_packed_mm_fn)(const void *w, int64_t rows, int64_t cols, const char *x4, int nt, float *y,
-                                size_t ldy, int64_t r0, int64_t r1);
+/* One kernel on the packed layout for nt inputs (kq.h's kq_matmul_mat): input t's
+ * prepared form (the layout above) at acts + t * one. */
+typedef void (*kq_packed_mm_fn)(const void *w, int64_t rows, int64_t cols, const char *acts, size_t one, int nt,
+                                float *y, size_t ldy, int64_t r0, int64_t r1);
 
 /* A level's kernels for several inputs; NULL: kq_matmul.c runs the matvec kernel on a
  * few rows at a time for each input, those rows' weights staying in L1 meanwhile. */
@@ -129,7 +111,8 @@ typedef struct {
     const kq_mm_impl *mm; /* NULL: every type through the matvec kernels */
 } kq_impl;
 
-/* The packed layout's parts for a base type: quant and scale bytes per row and block */
+/* The packed layout's parts for a base type: quant and scale bytes per row and block
+ * (kq.h: a group's block is KQ_GROUP * qb quant bytes, KQ_GROUP * sb scale bytes) */
 static inline int kq_packed_parts(int base, size_t *qb, size_t *sb)
 {
     switch (base) {
@@ -144,13 +127,15 @@ extern const kq_impl kq_impl_scalar;
 /* NULL when the build's compiler cannot make that level (other architectures) */
 extern const kq_impl *const kq_impl_avx2;
 extern const kq_impl *const kq_impl_avx512;
-extern const kq_mm_impl kq_mm_avx512; /* (x86-64 builds) kq_avx512_mm.c */
+/* (x86-64 builds) kq_avx512_mm.c: the packed kernels, one input and several */
+extern const kq_mm_impl kq_mm_avx512;
+void kq_avx512_packed_q8_0(const void *w, int64_t rows, int64_t cols, const void *act, float *y, int64_t r0, int64_t r1);
+void kq_avx512_packed_q4_0(const void *w, int64_t rows, int64_t cols, const void *act, float *y, int64_t r0, int64_t r1);
+void kq_avx512_packed_q4_1(const void *w, int64_t rows, int64_t cols, const void *act, float *y, int64_t r0, int64_t r1);
 
 void kq_scalar_dequant_row(int type, const void *row, int64_t cols, float *out);
 /* the level kq_dispatch.c picked (or kq_set_level set) */
 const kq_impl *kq_current(void);
 
-/* act's x1 part from its q (every level prepares the same bytes: kq_dispatch.c) */
-void kq_expand_x1(void *act, int64_t cols);
 
 #endif

@@ -1,42 +1,14 @@
 /* kq_matmul.c: products of one matrix with several inputs (kq.h's kq_matmul_mat): the
- * inputs' layout, and the routing to a level's multi-input kernels, or, for the types
+ * inputs' buffer, and the routing to a level's multi-input kernels, or, for the types
  * and levels without one, to its matvec kernel over a few rows at a time. */
 #include <math.h>
-#include <string.h>
 
 #include "kq_internal.h"
-
-static int is_float(int type)
-{
-    int base = type & ~KQ_PACKED;
-    return base == KQ_F32 || base == KQ_F16 || base == KQ_BF16;
-}
 
 size_t kq_acts_bytes(int type, int64_t cols, int nt)
 {
     size_t one = kq_act_bytes(type & ~KQ_PACKED, cols);
-    if (!one || nt < 1)
-        return 0;
-    return one * (size_t)nt + (is_float(type) ? 0 : kq_x4_bytes(cols, nt));
-}
-
-/* Input t's part of the records of four (kq_internal.h) */
-static void to_x4(const void *act, int64_t cols, int t, char *x4)
-{
-    kq_act8 a = kq_act8_view(act, cols);
-    const int k = t % 4;
-    for (int64_t b = 0; b < cols / 32; b++) {
-        char *rec = x4 + ((size_t)(t / 4) * (size_t)(cols / 32) + (size_t)b) * KQ_X4_REC;
-        float d[4], ds[4];
-        for (int j = 0; j < 8; j++) /* piece j four times: the input's x1 */
-            memcpy(rec + 64 * j + 16 * k, a.x1 + 128 * b + 16 * j, 16);
-        for (int r = 0; r < 4; r++) {
-            d[r] = a.dds[2 * b];
-            ds[r] = a.dds[2 * b + 1];
-        }
-        memcpy(rec + 512 + 16 * k, d, 16);
-        memcpy(rec + 576 + 16 * k, ds, 16);
-    }
+    return one && nt >= 1 ? one * (size_t)nt : 0;
 }
 
 void kq_prepare_acts(int type, const float *x, size_t ldx, int64_t cols, int nt, int t0, int t1, void *acts)
@@ -45,23 +17,8 @@ void kq_prepare_acts(int type, const float *x, size_t ldx, int64_t cols, int nt,
     size_t one = kq_act_bytes(base, cols);
     if (!one || t0 < 0 || t1 > nt)
         return;
-    char *a = (char *)acts, *x4 = a + one * (size_t)nt;
-    for (int t = t0; t < t1; t++) {
-        kq_prepare_act(base, x + (size_t)t * ldx, cols, a + (size_t)t * one);
-        if (!is_float(base))
-            to_x4(a + (size_t)t * one, cols, t, x4);
-    }
-    /* the padding inputs of the last group of four: zeros (their results are dropped) */
-    if (!is_float(base) && t1 == nt && nt % 4)
-        for (int64_t b = 0; b < cols / 32; b++) {
-            char *rec = x4 + ((size_t)(nt / 4) * (size_t)(cols / 32) + (size_t)b) * KQ_X4_REC;
-            for (int k = nt % 4; k < 4; k++) {
-                for (int j = 0; j < 8; j++)
-                    memset(rec + 64 * j + 16 * k, 0, 16);
-                memset(rec + 512 + 16 * k, 0, 16);
-                memset(rec + 576 + 16 * k, 0, 16);
-            }
-        }
+    for (int t = t0; t < t1; t++)
+        kq_prepare_act(base, x + (size_t)t * ldx, cols, (char *)acts + (size_t)t * one);
 }
 
 /* Rows per pass of the fallback: their weights (at most a few kB for the widths of a
@@ -98,7 +55,7 @@ void kq_matmul_mat(int type, const void *w, int64_t rows, int64_t cols, const vo
     if (mm && (type & KQ_PACKED) && nt > 1) /* one input: the matvec kernel, whose bits these are */
         f = base == KQ_Q8_0 ? mm->q8_0x4 : base == KQ_Q4_0 ? mm->q4_0x4 : base == KQ_Q4_1 ? mm->q4_1x4 : NULL;
     if (f) {
-        f(w, rows, cols, (const char *)acts + one * (size_t)nt, nt, y, ldy, r0, r1);
+        f(w, rows, cols, (const char *)acts, one, nt, y, ldy, r0, r1);
         return;
     }
     by_matvec(type, w, rows, cols, (const char *)acts, one, nt, y, ldy, r0, r1);

@@ -31,7 +31,7 @@ const char *kq_type_name(int type)
 {
     const kq_type_info *t = kq_info(type);
     if (t && (type & KQ_PACKED))
-        return type == (KQ_Q8_0 | KQ_PACKED) ? "Q8_0x4" : type == (KQ_Q4_0 | KQ_PACKED) ? "Q4_0x4" : "Q4_1x4";
+        return type == (KQ_Q8_0 | KQ_PACKED) ? "Q8_0x16" : type == (KQ_Q4_0 | KQ_PACKED) ? "Q4_0x16" : "Q4_1x16";
     return t ? t->name : "?";
 }
 
