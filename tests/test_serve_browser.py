@@ -80,7 +80,9 @@ def test_chat_page_streams_and_keeps_the_conversation(server):
             stats.filter(has_text="finish").wait_for(timeout=240_000)
             a1 = page.locator(".msg.assistant .content").nth(0).inner_text()
             assert "tokens/s" in stats.inner_text(), stats.inner_text()
-            assert len(page.evaluate("window.__lengths[0]")) >= 3  # the answer came in pieces
+            # the answer came in pieces: at least two lengths shown (the page's reads may carry
+            # several of the ~12 chunks at once on a loaded machine, so not one length per chunk)
+            assert len(page.evaluate("window.__lengths[0]")) >= 2
 
             # the page's request (temperature 0, 256 tokens at most) through plain HTTP: same text
             assert sent[0]["messages"] == [{"role": "user", "content": q1}] and sent[0]["temperature"] == 0
