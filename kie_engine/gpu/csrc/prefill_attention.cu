@@ -3,24 +3,20 @@
  * The chunk's queries (tokens pos .. pos + T - 1, bf16) attend to the KV cache
  * up to their own position (the chunk's keys were written there first, so a
  * later chunk sees every earlier one).  A block takes 64 queries of one head
- * (which block takes which: PfAttnArgs.order),
- * four warps of 16 rows each, and walks the keys in tiles of 32 with an online
- * softmax: scores S = Q K^T and the sum P V are bf16 mma.sync m16n8k16 products
- * with f32 accumulation, the probabilities P rounded to bf16 as the product's
- * input, the queries' fragments held in registers.  Tiles of K and V are copied
- * into shared memory (cp.async, three stages: two tiles land while one is used;
- * small tiles keep the shared memory at 70 KB for head size 128, so that three
- * blocks share an SM and hide each other's waits) and read with ldmatrix, V
- * transposed by it.  Rows are padded by 16
- * bytes so that ldmatrix's eight rows fall in different banks.  Keys past the
- * chunk's end are zero-filled, never read, so a stale cache cannot bring a NaN
- * into the sum. */
+ * (which block takes which: PfAttnArgs.order), four warps of 16 rows each, and
+ * walks the keys in tiles of 32 with an online softmax: scores S = Q K^T and the
+ * sum P V are bf16 mma.sync m16n8k16 products with f32 accumulation, the
+ * probabilities P rounded to bf16 as the product's input, the queries' fragments
+ * held in registers.  Tiles of K and V are copied into shared memory (cp.async,
+ * three stages: two tiles land while one is used; small tiles keep the shared
+ * memory at 70 KB for head size 128, so that three blocks share an SM and hide
+ * each other's waits) and read with ldmatrix, V transposed by it.  Rows are
+ * padded by 16 bytes so that ldmatrix's eight rows fall in different banks.  Keys
+ * past the chunk's end are zero-filled, never read, so a stale cache cannot bring
+ * a NaN into the sum. */
 #include <math.h>
 
 #include "kie_kernels.h"
-#include "mma_sm80.cuh"
-
-using namespace kie_mma;
 
 namespace {
 
@@ -33,6 +29,42 @@ struct PfShape {
   static constexpr int THREADS = 128;
   static constexpr size_t SMEM = (size_t)(BQ + 2 * STAGES * BK) * LDS * 2; /* Q, then K and V per stage */
 };
+
+__device__ __forceinline__ uint32_t s_addr(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }
+
+/* 16 bytes from global to shared memory, zero-filled when !valid (src is not read then). */
+__device__ __forceinline__ void cp16(void *dst, const void *src, bool valid) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(s_addr(dst)), "l"(src), "r"(valid ? 16 : 0)
+               : "memory");
+}
+__device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void cp_wait() { asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory"); }
+
+__device__ __forceinline__ void ldsm4(uint32_t &r0, uint32_t &r1, uint32_t &r2, uint32_t &r3, const void *p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+               : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
+               : "r"(s_addr(p)));
+}
+__device__ __forceinline__ void ldsm4t(uint32_t &r0, uint32_t &r1, uint32_t &r2, uint32_t &r3, const void *p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
+               : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
+               : "r"(s_addr(p)));
+}
+
+/* d += A (16 x 16, row) * B (16 x 8, col), bf16 in, f32 out. */
+__device__ __forceinline__ void mma16816(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
+                                         uint32_t b0, uint32_t b1) {
+  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+               "{%0,%1,%2,%3};"
+               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+               : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
+  const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<const uint32_t *>(&v);
+}
 
 template <int HD>
 __global__ void __launch_bounds__(PfShape<HD>::THREADS) k_pf_attention(const PfAttnArgs a) {
