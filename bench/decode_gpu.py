@@ -82,6 +82,13 @@ def lane_weights(cfg, dev, seed=0):
     return w
 
 
+def kie_variant(cfg, w, comm, max_seq, v):
+    """kie_engine for a variant of VARIANTS or PREFILL_VARIANTS: its launch switches (pdl,
+    prefetch) as GpuModel's arguments, the rest as kie_shape fields."""
+    kw = dict(v)
+    return kie_engine(cfg, w, comm, max_seq, pdl=kw.pop("pdl", None), prefetch=kw.pop("prefetch", None), tuning=kw)
+
+
 def kie_engine(cfg, w, comm, max_seq, pdl=None, prefetch=None, tuning=None, kernel="graph", prefill=None):
     m = GpuModel(cfg, comm, max_seq=max_seq, pdl=pdl, prefetch=prefetch, tuning=tuning, kernel=kernel,
                  prefill=prefill)
@@ -569,8 +576,7 @@ def main():
             if a.prefill_variants and m.info()["prefill_chunk"]:
                 ref = {ctx: kie_prefill_logits(m, ctx) for ctx in contexts}
                 for v in PREFILL_VARIANTS:
-                    kw = dict(v)
-                    mv = kie_engine(cfg, w, comm, max_seq, pdl=kw.pop("pdl", None), tuning=kw)
+                    mv = kie_variant(cfg, w, comm, max_seq, v)
                     for ctx in contexts:
                         got = kie_prefill_logits(mv, ctx)
                         rel = float(np.abs(got - ref[ctx]).max() / np.abs(ref[ctx]).max())
@@ -629,9 +635,7 @@ def main():
                 mv.close()
         if a.variants and d == delays[0]:
             for v in VARIANTS:
-                kw = dict(v)
-                pdl, pf = kw.pop("pdl", None), kw.pop("prefetch", None)
-                mv = kie_engine(cfg, w, comm, max_seq, pdl=pdl, prefetch=pf, tuning=kw)
+                mv = kie_variant(cfg, w, comm, max_seq, v)
                 lay = kie_bench.bench_layer_gemvs(mv, iters=50)
                 down = kie_bench.bench_gemv(mv, 2048, 8192, iters=100)
                 for ctx in contexts:

@@ -23,6 +23,7 @@ failure.  --json FILE writes every check with its numbers."""
 import argparse
 import json
 import os
+import re
 import sys
 import tempfile
 import time
@@ -73,17 +74,25 @@ def first_diff(a, b):
     return -1 if len(a) == len(b) else min(len(a), len(b))
 
 
-def make_checkpoints(root, presets):
+def make_checkpoints(root, configs):
+    """{key: config} -> {key: path}: rank 0 writes each checkpoint, every rank waits for them."""
     paths = {}
-    for name in presets:
-        for d in (0, 1):
-            p = os.path.join(root, f"{name}_d{d}")
-            if RANK == 0:
-                write_checkpoint(preset(name, dtp_delay=d), p, seed=7)
-            paths[(name, d)] = p
+    for key, cfg in configs.items():
+        paths[key] = os.path.join(root, re.sub(r"\W+", "_", str(key)))
+        if RANK == 0:
+            write_checkpoint(cfg, paths[key], seed=7)
     if WORLD is not None:
         WORLD.Barrier()
     return paths
+
+
+def guarded(tag, check, *args):
+    """check(*args); a crash is a failed check, and the others still run."""
+    try:
+        return check(*args)
+    except Exception as e:
+        record(f"{tag} crashed", False, error=f"{type(e).__name__}: {e}")
+        traceback.print_exc()
 
 
 def check_model(tag, path, comm, steps, hf_ok):
@@ -238,6 +247,13 @@ def check_prefill(tag, path, comm, steps):
     gv.close()
 
 
+def check_checkpoint(tag, path, comm, steps, hf_ok):
+    secs = check_model(tag, path, comm, steps, hf_ok)
+    check_prefill(tag, path, comm, steps)
+    if RANK == 0:
+        print(f"  ({tag}: {secs:.1f} s)", flush=True)
+
+
 def check_memory_error(comm):
     n = (1 << 21) * SIZE  # a lane's KV cache alone is past the GPU's memory
     cfg = preset("2b").replace(max_position_embeddings=n)
@@ -267,30 +283,16 @@ def main():
             hf_ok = False
     with tempfile.TemporaryDirectory() as root:
         root = WORLD.bcast(root if RANK == 0 else None) if WORLD is not None else root
-        paths = make_checkpoints(root, a.presets.split(","))
-        for (name, d), path in paths.items():
+        configs = {(name, d): preset(name, dtp_delay=d) for name in a.presets.split(",") for d in (0, 1)}
+        for (name, d), path in make_checkpoints(root, configs).items():
             tag = f"{name} d={d} tp={SIZE}"
-            try:
-                secs = check_model(tag, path, comm, a.steps, hf_ok)
-                check_prefill(tag, path, comm, a.steps)
-                if RANK == 0:
-                    print(f"  ({tag}: {secs:.1f} s)", flush=True)
-            except Exception as e:  # a crash is a failed check, and the others still run
-                record(f"{tag} crashed", False, error=f"{type(e).__name__}: {e}")
-                traceback.print_exc()
+            guarded(tag, check_checkpoint, tag, path, comm, a.steps, hf_ok)
         # the prefill attention's other shapes: a query head per KV head, and the head size of the
         # 2b preset (128)
-        for name, kw in (("tiny g=1", dict(num_key_value_heads=4)), ("tiny hd=128", dict(head_dim=128))):
-            p = os.path.join(root, name.replace(" ", "_").replace("=", ""))
-            if RANK == 0:
-                write_checkpoint(preset("tiny").replace(**kw), p, seed=7)
-            if WORLD is not None:
-                WORLD.Barrier()
-            try:
-                check_prefill(f"{name} tp={SIZE}", p, comm, a.steps)
-            except Exception as e:
-                record(f"{name} crashed", False, error=f"{type(e).__name__}: {e}")
-                traceback.print_exc()
+        shapes = {"tiny g=1": preset("tiny").replace(num_key_value_heads=4),
+                  "tiny hd=128": preset("tiny").replace(head_dim=128)}
+        for name, path in make_checkpoints(root, shapes).items():
+            guarded(f"{name} tp={SIZE}", check_prefill, f"{name} tp={SIZE}", path, comm, a.steps)
         try:
             check_memory_error(comm)
         except Exception as e:
