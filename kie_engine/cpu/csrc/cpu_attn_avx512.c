@@ -3,12 +3,13 @@
  * Per tile of 64 positions, the queries that reach it go by threes (a KV head's query
  * heads in SmolLM2): each key element (widened from half precision in a register, never
  * stored) serves the group on the tile's four 16-position blocks, and each value row the
- * group's running outputs.  A query's arithmetic does not depend on its partners: its scores are two chains of fused
- * multiply-adds per block (even and odd elements of the head, two chains so that one
- * query alone is not bound by the adds' latency), its softmax is online over the tiles
- * (running maximum, sum and output rescaled by exp(old max - new max)), its output adds
- * even and odd positions in two sums, and positions past its own end never enter it.  So one query alone, a token's heads together, or a
- * prompt's rows get the same bits. */
+ * group's running outputs.  A query's arithmetic does not depend on its partners: its
+ * scores are two chains of fused multiply-adds per block (even and odd elements of the
+ * head, two chains so that one query alone is not bound by the adds' latency), its
+ * softmax is online over the tiles (running maximum, sum and output rescaled by
+ * exp(old max - new max)), its output adds even and odd positions in two sums, and
+ * positions past its own end never enter it.  So one query alone, a token's heads
+ * together, or a prompt's rows get the same bits. */
 #include "cpu_attn.h"
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))

@@ -8,7 +8,7 @@
  * input the exact integer dot of all sixteen rows needs no sum across lanes, and one
  * convert, one scale (d_w * d_x: one multiply) and one fused add finish the block; the
  * minimum / offset / sign-flip term adds up in its own register.  Per row and input that
- * is the order of the matvec kernels of every earlier layout: acc += dot * (d_w * d_x),
+ * is the order of the matvec kernels on GGUF rows (kq_avx512.c): acc += dot * (d_w * d_x),
  * acc2 += e_w * (d_x * sum q_x), block after block, then acc + acc2 (Q4_1), acc - 8 acc2
  * (Q4_0), acc - 128 acc2 (Q8_0).
  *
