@@ -395,9 +395,10 @@ def copy_bandwidth(dev, nbytes=2 << 30, reps=10):
 
 # Launch and kernel variants against the defaults (PDL on, prefetch 2: a GEMV's first
 # loads before its wait, 2 GEMV blocks per SM, pipelined GEMV loads (4 per row per
-# lane), x of the o and down GEMVs through L1, 32 keys per attention split at least).
-VARIANTS = [dict(gemv_x_l1=0, gemv_pipe=0), dict(gemv_x_l1=0), dict(gemv_pipe=0), dict(pdl=0, prefetch=0),
-            dict(att_chunk=64), dict(att_chunk=128)]
+# lane), x of the o and down GEMVs staged in shared memory, 32 keys per attention split
+# at least).  One block per SM leaves room for the next kernel's blocks under PDL.
+VARIANTS = [dict(gemv_x_l1=1), dict(gemv_pipe=0), dict(pdl=0, prefetch=0), dict(att_chunk=64),
+            dict(att_chunk=128), dict(gemv_blocks_per_sm=1)]
 
 
 # The batched prefill against its default (attention blocks in zigzag order, kernels launched

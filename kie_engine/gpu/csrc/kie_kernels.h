@@ -225,11 +225,12 @@ struct PfSwigluArgs {
 };
 
 struct PfAttnArgs {
-  const bf16 *q;       /* [T][q_ld], head h at h * hd */
+  const bf16 *q;       /* [T][q_ld], head h at h * hd: the chunk's rows first .. first + T - 1 */
   int q_ld;
-  const bf16 *kc, *vc; /* this layer's cache; the chunk's keys already written at pos .. pos + T - 1 */
+  const bf16 *kc, *vc; /* this layer's cache; the chunk's keys already written at pos .. */
   int max_seq, hd, nh, g, T;
   const int *pos;
+  int first;           /* q's row r is the chunk's row first + r, at position pos + first + r */
   float scale_log2;    /* 1 / sqrt(hd) * log2(e) */
   bf16 *out;           /* [T][out_ld] */
   int out_ld;

@@ -13,7 +13,12 @@
  *
  * With one lane and no delay, S_i is added by the GEMM itself (beta = 1 into R).
  * The activations of a product are bf16 (the tensor cores' input), so the
- * logits differ from the token-by-token path by bf16 rounding of activations. */
+ * logits differ from the token-by-token path by bf16 rounding of activations.
+ *
+ * The last layer's keys and values go into the cache for every token, but nothing
+ * reads its other outputs but the last token's (the LM head; a later chunk starts
+ * again from the embeddings): from its attention on, that layer runs one row, the
+ * last (its MLP alone is a fifth of a layer's FLOPs times the chunk). */
 #include "step_args.h"
 
 namespace kie_host {
@@ -30,21 +35,28 @@ int enqueue_prefill(kie_engine *e, int T, int mode) {
   const kie_shape &s = e->s;
   const int nsub = 2 * s.layers, d = s.dtp_delay, tp = s.tp_size, hp = e->hid_pad;
   const bool direct = tp == 1 && d == 0;
-  const size_t count = (size_t)T * hp;
   float *R = e->pf_R;
+  const size_t last_row = (size_t)(T - 1) * hp;
   e->req.assign((size_t)nsub, 0);
   for (int i = 0; i < nsub; i++) {
     const int l = i / 2, sub = i % 2;
     const Layer &y = e->L[(size_t)l];
+    /* Rows of this sublayer's output still needed (past the last layer's K and V: the
+     * last one), and where they start in the chunk's residual and sums. */
+    const bool trim = l == s.layers - 1 && T > 1;
+    const int rows = trim ? 1 : T;
+    const size_t off = trim ? last_row : 0;
     PfNormArgs n;
     memset(&n, 0, sizeof n);
-    n.r_in = i == 0 ? nullptr : R;
+    /* the attention sublayer's norm takes every row (its K and V go into the cache) */
+    const size_t noff = sub ? off : 0;
+    n.r_in = i == 0 ? nullptr : R + noff;
     n.embed = e->embed;
     n.tokens = e->pf_tok;
-    n.r_out = R;
+    n.r_out = R + noff;
     n.ld = hp;
     n.hidden = s.hidden;
-    n.T = T;
+    n.T = sub ? rows : T;
     n.gamma = sub ? y.n2 : y.n1;
     n.eps = s.eps;
     n.x = e->pf_x;
@@ -52,10 +64,10 @@ int enqueue_prefill(kie_engine *e, int T, int mode) {
     const int j = i - 1 - d;
     if (!direct && j >= 0) {
       if (tp > 1 && d > 0) TRY(sum_wait(e, e->req[(size_t)j]));
-      n.adds[n.nadd++] = pf_sum_buf(e, j);
+      n.adds[n.nadd++] = pf_sum_buf(e, j) + noff;
     }
     CU(kie_launch_pf_norm(n, e->stream, e->s.pdl));
-    float *S = direct ? R : pf_sum_buf(e, i);
+    float *S = (direct ? R : pf_sum_buf(e, i)) + off;
     const float beta = direct ? 1.f : 0.f;
     if (sub == 0) {
       TRY(blas_gemm(e, T, e->qkv_rows, s.hidden, e->pf_x, hp, y.wqkv, hp, e->pf_y, e->qkv_rows, true, 0.f));
@@ -79,7 +91,8 @@ int enqueue_prefill(kie_engine *e, int T, int mode) {
       CU(kie_launch_pf_rope(r, e->stream, e->s.pdl));
       PfAttnArgs at;
       memset(&at, 0, sizeof at);
-      at.q = e->pf_q;
+      at.first = rows == T ? 0 : T - 1;
+      at.q = e->pf_q + (size_t)at.first * e->qdim;
       at.q_ld = e->qdim;
       at.kc = y.kc;
       at.vc = y.vc;
@@ -87,27 +100,28 @@ int enqueue_prefill(kie_engine *e, int T, int mode) {
       at.hd = s.head_dim;
       at.nh = s.heads;
       at.g = e->g;
-      at.T = T;
+      at.T = rows;
       at.pos = &e->st->pos;
       at.scale_log2 = (float)(1.4426950408889634 / sqrt((double)s.head_dim));
       at.out = e->pf_att;
       at.out_ld = e->qdim;
       at.order = e->pf_attn;
       CU(kie_launch_pf_attention(at, e->stream, e->s.pdl));
-      TRY(blas_gemm(e, T, s.hidden, e->qdim, e->pf_att, e->qdim, y.wo, e->qdim, S, hp, true, beta));
+      TRY(blas_gemm(e, rows, s.hidden, e->qdim, e->pf_att, e->qdim, y.wo, e->qdim, S, hp, true, beta));
     } else {
-      TRY(blas_gemm(e, T, 2 * s.inter, s.hidden, e->pf_x, hp, y.wgu, hp, e->pf_gu, 2 * s.inter, false, 0.f));
+      TRY(blas_gemm(e, rows, 2 * s.inter, s.hidden, e->pf_x, hp, y.wgu, hp, e->pf_gu, 2 * s.inter, false, 0.f));
       PfSwigluArgs g;
       g.gu = e->pf_gu;
       g.gu_ld = 2 * s.inter;
       g.cols = s.inter;
-      g.T = T;
+      g.T = rows;
       g.act = e->pf_act;
       g.act_ld = e->inter_pad;
       CU(kie_launch_pf_swiglu(g, e->stream, e->s.pdl));
-      TRY(blas_gemm(e, T, s.hidden, s.inter, e->pf_act, e->inter_pad, y.wd, e->inter_pad, S, hp, true, beta));
+      TRY(blas_gemm(e, rows, s.hidden, s.inter, e->pf_act, e->inter_pad, y.wd, e->inter_pad, S, hp, true, beta));
     }
     if (tp > 1) {
+      const size_t count = (size_t)rows * hp;
       if (d == 0) TRY(all_reduce(e, S, count));
       else TRY(sum_start(e, S, count, &e->req[(size_t)i]));
     }
@@ -115,7 +129,6 @@ int enqueue_prefill(kie_engine *e, int T, int mode) {
   /* The sums still in flight: the final norm adds them (a chunk without a head only joins them). */
   if (tp > 1 && d > 0) TRY(sum_wait(e, e->req[(size_t)nsub - 1]));
   if (mode == KIE_MODE_ADVANCE) return enqueue_pick(e, T, mode);
-  const size_t last_row = (size_t)(T - 1) * hp;
   GemvArgs h = head_args(e, R + last_row);
   if (!direct)
     for (int j = std::max(0, nsub - 1 - d); j < nsub; j++) h.adds[h.nadd++] = pf_sum_buf(e, j) + last_row;

@@ -1,8 +1,9 @@
 /* prefill_attention.cu - causal attention of a prefill chunk on the tensor cores.
  *
- * The chunk's queries (tokens pos .. pos + T - 1, bf16) attend to the KV cache
- * up to their own position (the chunk's keys were written there first, so a
- * later chunk sees every earlier one).  A block takes 64 queries of one head
+ * The chunk's queries (tokens pos .. pos + T - 1, bf16; or of them only rows
+ * first .. : the last layer needs only the last row's) attend to the KV cache up
+ * to their own position (the chunk's keys were written there first, so a later
+ * chunk sees every earlier one).  A block takes 64 queries of one head
  * (which block takes which: PfAttnArgs.order), four warps of 16 rows each, and
  * walks the keys in tiles of 32 with an online softmax: scores S = Q K^T and the
  * sum P V are bf16 mma.sync m16n8k16 products with f32 accumulation, the
@@ -85,7 +86,7 @@ __global__ void __launch_bounds__(PfShape<HD>::THREADS) k_pf_attention(const PfA
     h = r % a.nh;
   }
   const int q0 = qt * BQ, kvh = h / a.g;
-  const int P0 = *a.pos;
+  const int P0 = *a.pos + a.first; /* the position of q's first row */
   const int qend = min(q0 + BQ, a.T);
   const int nkeys = P0 + qend; /* keys 0 .. the block's last query position */
   const bf16 *K = a.kc + (size_t)kvh * a.max_seq * HD, *V = a.vc + (size_t)kvh * a.max_seq * HD;
