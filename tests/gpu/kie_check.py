@@ -209,9 +209,10 @@ def top2_margin(logits):
     return float(a[1] - a[0])
 
 
-# The batched prefill's passes and the order of its attention blocks: the default (zigzag) in
-# passes of 64 and of 256, and launch order.
-PREFILL_TUNINGS = [{"prefill_chunk": 64}, {"prefill_chunk": 256}, {"prefill_chunk": 64, "prefill_attn": 1}]
+# The batched prefill's passes, the order of its attention blocks and the QKV product's type:
+# the default (zigzag, f32) in passes of 64 and of 256, launch order, and the product in bf16.
+PREFILL_TUNINGS = [{"prefill_chunk": 64}, {"prefill_chunk": 256}, {"prefill_chunk": 64, "prefill_attn": 1},
+                   {"prefill_chunk": 64, "prefill_qkv16": 1}]
 
 
 def check_prefill(tag, path, comm, steps):

@@ -207,7 +207,8 @@ struct PfNormArgs {
 };
 
 struct PfRopeArgs {
-  const float *y;      /* [T][y_ld]: q rows, k rows, v rows of this lane */
+  const void *y;       /* [T][y_ld]: q rows, k rows, v rows of this lane, f32 or (y16) bf16 */
+  int y16;
   int y_ld, T, nh, nkv, hd, max_seq;
   const int *pos;
   const float *cosv, *sinv;
