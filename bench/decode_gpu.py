@@ -326,11 +326,15 @@ def kernel_profile(fn, top=14):
     return out[:top]
 
 
+def prefill_prompt(m, ctx):
+    """The prompt of ctx tokens whose prefill the bench times and compares across variants."""
+    return np.random.default_rng(ctx + 1).integers(0, m.cfg.vocab_size, ctx).tolist()
+
+
 def kie_prefill_ms(m, ctx, rounds):
     """ms from the prompt going in to its next token picked on the device (GpuModel.first_token):
     (min, median, max) over rounds after one warm-up."""
-    rng = np.random.default_rng(ctx + 1)
-    ids = rng.integers(0, m.cfg.vocab_size, ctx).tolist()
+    ids = prefill_prompt(m, ctx)
     ms = []
     for r in range(rounds + 1):
         torch.cuda.synchronize()
@@ -344,9 +348,8 @@ def kie_prefill_ms(m, ctx, rounds):
 
 def kie_prefill_logits(m, ctx):
     """The last logits of the bench's prompt of ctx tokens (the one kie_prefill_ms times)."""
-    ids = np.random.default_rng(ctx + 1).integers(0, m.cfg.vocab_size, ctx).tolist()
     m.reset()
-    out = m.prefill(ids)
+    out = m.prefill(prefill_prompt(m, ctx))
     m.reset()
     return out
 

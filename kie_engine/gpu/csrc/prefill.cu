@@ -18,7 +18,7 @@
  * The last layer's keys and values go into the cache for every token, but nothing
  * reads its other outputs but the last token's (the LM head; a later chunk starts
  * again from the embeddings): from its attention on, that layer runs one row, the
- * last (its MLP alone is a fifth of a layer's FLOPs times the chunk). */
+ * last (its o and MLP products are most of a layer's FLOPs). */
 #include "step_args.h"
 
 namespace kie_host {
@@ -93,7 +93,7 @@ int enqueue_prefill(kie_engine *e, int T, int mode) {
       CU(kie_launch_pf_rope(r, e->stream, e->s.pdl));
       PfAttnArgs at;
       memset(&at, 0, sizeof at);
-      at.first = rows == T ? 0 : T - 1;
+      at.first = trim ? T - 1 : 0;
       at.q = e->pf_q + (size_t)at.first * e->qdim;
       at.q_ld = e->qdim;
       at.kc = y.kc;
