@@ -1,0 +1,93 @@
+"""Where the CPU goes while `kie_engine serve` streams N requests at once to the official
+openai client on the same machine: per completion token, the client's CPU (this process),
+the server's event-loop thread and its other threads (the engine's), and the wall time
+per engine step (from /metrics), for 1 and N requests at once, rounds alternating.  On a
+machine with as many cores as engine threads this shows whether the cores are full.
+
+    python bench/cpu_serve_cpu_split.py --concurrent 4 --rounds 5 --out bench/results/cpu_serve_cpu_split_4_streams.json
+"""
+import argparse
+import json
+import os
+import resource
+import statistics
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.join(os.path.dirname(HERE), "tests"))
+
+
+def thread_cpu(pid):
+    """{tid: CPU seconds} of a process's threads"""
+    tick = os.sysconf("SC_CLK_TCK")
+    out = {}
+    for t in os.listdir(f"/proc/{pid}/task"):
+        try:
+            s = open(f"/proc/{pid}/task/{t}/stat").read()
+        except OSError:  # the thread ended
+            continue
+        f = s[s.rindex(")") + 2:].split()
+        out[int(t)] = (int(f[11]) + int(f[12])) / tick
+    return out
+
+
+def own_cpu():
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
+
+
+def main():
+    from cpu_serve_concurrent import PROMPTS, _client, _stream, _together
+    from _serve import ServerProcess, metric, parse_metrics
+    from kie_engine.formats.sources import resolve
+
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--model", default="smollm2")
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--concurrent", type=int, default=4)
+    p.add_argument("--tokens", type=int, default=128)
+    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--out")
+    a = p.parse_args()
+    srv = ServerProcess("--threads", str(a.threads), model=resolve(a.model))
+    pid = srv.proc.pid
+
+    def steps():
+        c = srv.conn()
+        c.request("GET", "/metrics")
+        return metric(parse_metrics(c.getresponse().read().decode())[0], "kie_batch_size_per_step_count")
+
+    try:
+        client = _client(srv.url)
+        _stream(client, srv.name, PROMPTS[0], 16, {}, 0)  # warm-up
+        rows = {1: [], a.concurrent: []}
+        for r in range(a.rounds):
+            for n in ((1, a.concurrent) if r % 2 == 0 else (a.concurrent, 1)):
+                before, c0, s0, t0 = thread_cpu(pid), own_cpu(), steps(), time.perf_counter()
+                out = _together(client, srv.name, (PROMPTS * n)[:n], a.tokens)
+                wall, c1, s1, after = time.perf_counter() - t0, own_cpu(), steps(), thread_cpu(pid)
+                toks = sum(v[1] for v in out.values())
+                loop = after.get(pid, 0) - before.get(pid, 0)
+                rest = sum(v - before.get(t, 0) for t, v in after.items() if t != pid)
+                rows[n].append({"tokens_per_s": toks / wall, "client_ms_per_token": 1e3 * (c1 - c0) / toks,
+                                "event_loop_ms_per_token": 1e3 * loop / toks,
+                                "engine_ms_per_token": 1e3 * rest / toks,
+                                "wall_ms_per_step": 1e3 * wall / max(s1 - s0, 1), "steps": s1 - s0})
+                print(f"round {r}, {n} at once: " + ", ".join(f"{k} {v:.3g}" for k, v in rows[n][-1].items()),
+                      flush=True)
+    finally:
+        srv.terminate()
+    report = {"command": " ".join(["python"] + sys.argv), "threads": a.threads, "tokens": a.tokens,
+              "cpus": len(os.sched_getaffinity(0)), "loadavg": os.getloadavg(), "rounds": rows,
+              "median": {n: {k: statistics.median(x[k] for x in v) for k in v[0]} for n, v in rows.items()}}
+    for n, m in report["median"].items():
+        print(f"{n} at once, medians: " + ", ".join(f"{k} {v:.3g}" for k, v in m.items()))
+    if a.out:
+        with open(a.out, "w") as f:
+            json.dump(report, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
