@@ -263,10 +263,11 @@ def replay_us(graphs, pos, ctx, rounds):
     return statistics.median(times)
 
 
-def torch_prefill_ms(cfg, w, T, rounds, compile_it):
+def torch_prefill_ms(cfg, w, T, rounds, compile_it, profile=None):
     """ms of a plain PyTorch prefill of T tokens (bf16, F.linear GEMMs, causal SDPA over
     the prompt, the last token's logits), eager or torch.compile'd: (min, median, max)
-    over rounds after three warm-ups, and the warm-up s."""
+    over rounds after three warm-ups, and the warm-up s.  With a dict as profile, its
+    "kernels" gets one timed pass's GPU time by kernel (kernel_profile)."""
     dec = TorchDecoder(cfg, w, 8)
     dev = w["embed"].device
     nh, nkv, hd = dec.nh, dec.nkv, dec.hd
@@ -303,6 +304,8 @@ def torch_prefill_ms(cfg, w, T, rounds, compile_it):
             b.record()
             b.synchronize()
             ms.append(a.elapsed_time(b))
+        if profile is not None:
+            profile["kernels"] = kernel_profile(lambda: fn(tokens), top=24)
     return (min(ms), statistics.median(ms), max(ms)), warm
 
 
@@ -407,7 +410,8 @@ VARIANTS = [dict(gemv_x_l1=1), dict(gemv_pipe=0), dict(pdl=0, prefetch=0), dict(
 # The batched prefill against its default (attention blocks in zigzag order, kernels launched
 # with programmatic dependent launch, the QKV product in f32): the attention blocks in launch
 # order, no PDL, and the QKV product in bf16.
-PREFILL_VARIANTS = [dict(prefill_attn=1), dict(pdl=0), dict(prefill_qkv16=1)]
+PREFILL_VARIANTS = [dict(prefill_attn=1), dict(pdl=0), dict(prefill_qkv16=1), dict(prefill_ksplit=2),
+                    dict(prefill_ksplit=2, prefill_attn=1)]
 
 
 # The monokernel's variants: keys per attention split at least (default 32: fewer, longer
@@ -593,7 +597,7 @@ def main():
             if a.profile:  # where a prefill's and a decode step's GPU time goes, kernel by kernel
                 for ctx in contexts:
                     ids = np.random.default_rng(ctx).integers(0, cfg.vocab_size, ctx).tolist()
-                    micro[f"kernels_prefill_{ctx}"] = kernel_profile(lambda: m.first_token(ids))
+                    micro[f"kernels_prefill_{ctx}"] = kernel_profile(lambda: m.first_token(ids), top=24)
                     log(f"# prefill of {ctx} tokens, GPU us by kernel: {micro[f'kernels_prefill_{ctx}']}")
                 m.reset()
                 m.prefill(list(range(min(contexts))))
@@ -658,7 +662,11 @@ def main():
                 add_prefill("torch", "prefill eager", ctx, eager)
                 torch_pf[ctx] = eager
                 if comp:
-                    cmp_, warm = torch_prefill_ms(base, w, ctx, a.prefill_rounds, True)
+                    prof = {} if a.profile else None
+                    cmp_, warm = torch_prefill_ms(base, w, ctx, a.prefill_rounds, True, prof)
+                    if prof:
+                        micro[f"torch_compile_kernels_prefill_{ctx}"] = prof["kernels"]
+                        log(f"# torch.compile prefill of {ctx} tokens, GPU us by kernel: {prof['kernels']}")
                     add_prefill("torch", "prefill compile", ctx, cmp_, {"warmup_s": round(warm, 1)})
                     torch_pf[ctx] = min(eager, cmp_, key=lambda t: t[1])
             pf = {"prefill_ms": round(torch_pf[ctx][1], 2)} if ctx in torch_pf else {}

@@ -20,7 +20,8 @@
 #   ncugraph    Nsight Compute's time and DRAM bytes of each kernel of one graph decode step (2b, context
 #               128 and 1024), summed by op (bench/gpu/kie_profile.py)
 #   ncupf       Nsight Compute's speed-of-light, memory, warp-state and occupancy sections of the batched
-#               prefill's attention kernel (2b, 1,024 tokens, the last layer's launch)
+#               prefill's attention kernel (2b, 1,024 tokens, the middle layer's launch: the last one
+#               runs only the last row)
 #   ncumono     Nsight Compute's speed-of-light, memory and warp-state sections of one monokernel step
 # Logs and JSON go to $LOGS; after each step $OUT/kie_logs.tgz holds all of them.
 #   bash bench/gpu/kie_run.sh check1 bench check2
@@ -93,7 +94,7 @@ for s in "$@"; do
       done ;;
     ncupf)
       NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
-      timeout 300 "$NCU" --profile-from-start off --clock-control none -k regex:"k_pf_(attention|wide)" --launch-skip 27 \
+      timeout 300 "$NCU" --profile-from-start off --clock-control none -k regex:"k_pf_(attention|wide)" --launch-skip ${PF_LAUNCH_SKIP:-13} \
         --launch-count 1 --section SpeedOfLight --section MemoryWorkloadAnalysis --section WarpStateStats \
         --section LaunchStats --section Occupancy --section SchedulerStats --section ComputeWorkloadAnalysis \
         --section InstructionStats python3 bench/gpu/kie_profile.py --prefill --context ${PF_CONTEXT:-1024} \

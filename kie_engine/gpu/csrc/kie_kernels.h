@@ -236,6 +236,7 @@ struct PfAttnArgs {
   bf16 *out;           /* [T][out_ld] */
   int out_ld;
   int order;           /* PF_ORDER_*: which block takes which (query tile, head) */
+  int ksplit;          /* 1, or 2: two groups of warps split each query tile's keys (head size <= 128) */
 };
 /* Causality makes a query tile's work grow with its index.  Launch order gives block b
  * head b / tiles, tile b % tiles; zigzag gives the first half of the blocks the longest
