@@ -408,10 +408,8 @@ VARIANTS = [dict(gemv_x_l1=1), dict(gemv_pipe=0), dict(pdl=0, prefetch=0), dict(
 
 
 # The batched prefill against its default (attention blocks in zigzag order, kernels launched
-# with programmatic dependent launch, the QKV product in f32): the attention blocks in launch
-# order, no PDL, and the QKV product in bf16.
-PREFILL_VARIANTS = [dict(prefill_attn=1), dict(pdl=0), dict(prefill_qkv16=1), dict(prefill_ksplit=2),
-                    dict(prefill_ksplit=2, prefill_attn=1)]
+# with programmatic dependent launch): the attention blocks in launch order, and no PDL.
+PREFILL_VARIANTS = [dict(prefill_attn=1), dict(pdl=0)]
 
 
 # The monokernel's variants: keys per attention split at least (default 32: fewer, longer

@@ -79,13 +79,6 @@ SETTINGS = (
             "CUDA engine: the order of the batched prefill's attention blocks: 0 = auto (zigzag), 1 = launch order "
             "(a head's query tiles in turn), 2 = zigzag (the longest tiles first, then the shortest, so that the "
             "blocks an SM runs together add up to similar work).", 0, 2, **_GPU),
-    Setting("KIE_GPU_PREFILL_KSPLIT", "int", 0,
-            "CUDA engine: groups of warps that split each query tile's keys in the batched prefill's attention: "
-            "0 = auto (1), 1, or 2 (two groups of four warps, each half of every 64-key tile, for a walk half as "
-            "long; head sizes up to 128).", 0, 2, **_GPU),
-    Setting("KIE_GPU_PREFILL_QKV16", "flag", 0,
-            "CUDA engine: 1 has the batched prefill's QKV product come out in bf16 for RoPE (half the bytes "
-            "written and read again; q and k rounded once more); 0 = f32.", 0, 1, **_GPU),
     Setting("KIE_GPU_MONO_BLOCKS", "int", 0,
             "Monokernel: blocks of its grid; 0 = auto (every SM, or a share of them when lanes share the GPU).",
             0, 1 << 16, **_GPU),

@@ -196,8 +196,6 @@ class GpuModel(OwnsNativeEngine):
             raise GpuArgumentError(f"prefill={mode!r}: choose one of auto, gemm, gemv")
         s.prefill_chunk = _settings.value("KIE_GPU_PREFILL_CHUNK")
         s.prefill_attn = _settings.value("KIE_GPU_PREFILL_ATTN")
-        s.prefill_qkv16 = _settings.value("KIE_GPU_PREFILL_QKV16")
-        s.prefill_ksplit = _settings.value("KIE_GPU_PREFILL_KSPLIT")
         s.prefill = 0
         if mode == "gemv":
             return "gemv (asked for)"

@@ -209,12 +209,9 @@ def top2_margin(logits):
     return float(a[1] - a[0])
 
 
-# The batched prefill's passes, the order of its attention blocks, the QKV product's type and the
-# attention's key split: the default (zigzag, f32, one group of warps) in passes of 64 and of 256,
-# launch order, the product in bf16, and two groups of warps in passes of 64 and of 256.
-PREFILL_TUNINGS = [{"prefill_chunk": 64}, {"prefill_chunk": 256}, {"prefill_chunk": 64, "prefill_attn": 1},
-                   {"prefill_chunk": 64, "prefill_qkv16": 1}, {"prefill_chunk": 64, "prefill_ksplit": 2},
-                   {"prefill_chunk": 256, "prefill_ksplit": 2}]
+# The batched prefill's passes and the order of its attention blocks: the default (zigzag) in
+# passes of 64 and of 256, and launch order.
+PREFILL_TUNINGS = [{"prefill_chunk": 64}, {"prefill_chunk": 256}, {"prefill_chunk": 64, "prefill_attn": 1}]
 
 
 def check_prefill(tag, path, comm, steps):

@@ -121,7 +121,6 @@ struct kie_engine {
   bf16 *pf_x, *pf_q, *pf_att, *pf_gu, *pf_act;
   int *pf_tok;
   int pf_attn;             /* the order of the prefill attention's blocks (PF_ORDER_*) */
-  int pf_ksplit;           /* groups of warps splitting a prefill attention tile's keys (1 or 2) */
   std::vector<char> have; /* which uploads have arrived */
   std::vector<uint64_t> req;
   int pos_h, step_h;      /* the host's count of what it enqueued */

@@ -95,9 +95,6 @@ typedef struct {
   int prefill_chunk;           /* tokens of a batched pass at most (0: auto, 1024; at most max_seq) */
   int prefill_attn;            /* the order of the batched prefill's attention blocks: 0 auto (zigzag),
                                   1 launch order (a head's query tiles in turn), 2 zigzag (kie_kernels.h) */
-  int prefill_qkv16;           /* 1: the batched prefill's QKV product comes out in bf16 (0: f32) for RoPE */
-  int prefill_ksplit;          /* the batched prefill's attention: warp groups splitting a query tile's keys,
-                                  0 auto (1), 1 or 2 (head sizes up to 128; others take 1) */
 } kie_shape;
 
 typedef struct {

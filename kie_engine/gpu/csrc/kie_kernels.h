@@ -207,8 +207,7 @@ struct PfNormArgs {
 };
 
 struct PfRopeArgs {
-  const void *y;       /* [T][y_ld]: q rows, k rows, v rows of this lane, f32 or (y16) bf16 */
-  int y16;
+  const float *y;      /* [T][y_ld]: q rows, k rows, v rows of this lane */
   int y_ld, T, nh, nkv, hd, max_seq;
   const int *pos;
   const float *cosv, *sinv;
@@ -236,7 +235,6 @@ struct PfAttnArgs {
   bf16 *out;           /* [T][out_ld] */
   int out_ld;
   int order;           /* PF_ORDER_*: which block takes which (query tile, head) */
-  int ksplit;          /* 1, or 2: two groups of warps split each query tile's keys (head size <= 128) */
 };
 /* Causality makes a query tile's work grow with its index.  Launch order gives block b
  * head b / tiles, tile b % tiles; zigzag gives the first half of the blocks the longest

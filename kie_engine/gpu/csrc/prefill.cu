@@ -5,7 +5,7 @@
  *
  *   per sublayer i:
  *     k_pf_norm     residual R (+ the sums due, by the DTP schedule) -> R, RMSNorm -> x (bf16)
- *     attention:    GEMM x Wqkv^T -> y (f32, or bf16: prefill_qkv16); k_pf_rope -> q (bf16), KV cache; k_pf_attention -> a (bf16);
+ *     attention:    GEMM x Wqkv^T -> y (f32); k_pf_rope -> q (bf16), KV cache; k_pf_attention -> a (bf16);
  *                   GEMM a Wo^T -> S_i
  *     MLP:          GEMM x Wgu^T -> gu (bf16); k_pf_swiglu -> act (bf16); GEMM act Wd^T -> S_i
  *     lanes:        KCCL all-reduce of S_i (delay 0) or its split phase (delay d)
@@ -70,12 +70,10 @@ int enqueue_prefill(kie_engine *e, int T, int mode) {
     float *S = (direct ? R : pf_sum_buf(e, i)) + off;
     const float beta = direct ? 1.f : 0.f;
     if (sub == 0) {
-      const bool y16 = s.prefill_qkv16 != 0;
-      TRY(blas_gemm(e, T, e->qkv_rows, s.hidden, e->pf_x, hp, y.wqkv, hp, e->pf_y, e->qkv_rows, !y16, 0.f));
+      TRY(blas_gemm(e, T, e->qkv_rows, s.hidden, e->pf_x, hp, y.wqkv, hp, e->pf_y, e->qkv_rows, true, 0.f));
       PfRopeArgs r;
       memset(&r, 0, sizeof r);
       r.y = e->pf_y;
-      r.y16 = y16;
       r.y_ld = e->qkv_rows;
       r.T = T;
       r.nh = s.heads;
@@ -108,7 +106,6 @@ int enqueue_prefill(kie_engine *e, int T, int mode) {
       at.out = e->pf_att;
       at.out_ld = e->qdim;
       at.order = e->pf_attn;
-      at.ksplit = e->pf_ksplit;
       CU(kie_launch_pf_attention(at, e->stream, e->s.pdl));
       TRY(blas_gemm(e, rows, s.hidden, e->qdim, e->pf_att, e->qdim, y.wo, e->qdim, S, hp, true, beta));
     } else {

@@ -14,37 +14,21 @@
  * each other's waits) and read with ldmatrix, V transposed by it.  Rows are
  * padded by 16 bytes so that ldmatrix's eight rows fall in different banks.  Keys
  * past the chunk's end are zero-filled, never read, so a stale cache cannot bring
- * a NaN into the sum.
- *
- * Causality gives the last query tile a walk over every key while the first walks
- * one tile, and one wave holds all the blocks of a 1,024-token chunk: the kernel
- * lasts as long as its longest walk, one warp's chain of tiles.  With ksplit = 2 a
- * block has two groups of four warps over the same 64 queries, each group taking
- * one half of every 64-key tile: the walk is half as long and an SM has twice the
- * warps to hide latency with.  The queries' fragments are then read from shared
- * memory at each tile (registers for two blocks an SM), two stages of tiles fit
- * beside them, and at the end the second group's partial sums (its running max,
- * sum and output) meet the first's through shared memory.  Sub-tiles that lie
- * wholly past a warp's last query are skipped, and only the tile on the diagonal
- * (or past the chunk's end) is masked. */
+ * a NaN into the sum. */
 #include <math.h>
 
 #include "kie_kernels.h"
 
 namespace {
 
-template <int HD, int KS>
+template <int HD>
 struct PfShape {
-  static constexpr int BQ = 64;                  /* queries per block */
-  static constexpr int BK = 32;                  /* keys per warp per tile */
-  static constexpr int TK = BK * KS;             /* keys per tile (each group of four warps takes BK) */
-  static constexpr int STAGES = KS == 1 ? 3 : 2; /* tiles in flight beside the one used */
-  static constexpr int LDS = HD + 8;             /* shared-memory row stride (bf16) */
-  static constexpr int THREADS = 128 * KS;
-  static constexpr bool QREG = KS == 1;          /* the queries' fragments held in registers */
-  static constexpr size_t SMEM = (size_t)(BQ + 2 * STAGES * TK) * LDS * 2; /* Q, then K and V per stage */
-  /* the second group's partial sums at the end: its output, max and sum per thread */
-  static_assert(KS == 1 || (size_t)4 * 32 * (HD / 2 + 4) * 4 <= SMEM, "merge area");
+  static constexpr int BQ = 64;      /* queries per block */
+  static constexpr int BK = 32;      /* keys per tile */
+  static constexpr int STAGES = 3;   /* tiles in flight: two land while one is used */
+  static constexpr int LDS = HD + 8; /* shared-memory row stride (bf16) */
+  static constexpr int THREADS = 128;
+  static constexpr size_t SMEM = (size_t)(BQ + 2 * STAGES * BK) * LDS * 2; /* Q, then K and V per stage */
 };
 
 __device__ __forceinline__ uint32_t s_addr(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }
@@ -83,19 +67,17 @@ __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
   return *reinterpret_cast<const uint32_t *>(&v);
 }
 
-template <int HD, int KS>
-__global__ void __launch_bounds__(PfShape<HD, KS>::THREADS, KS == 2 ? 2 : HD <= 64 ? 4 : HD <= 128 ? 3 : 1) k_pf_attention(const PfAttnArgs a) {
+template <int HD>
+__global__ void __launch_bounds__(PfShape<HD>::THREADS) k_pf_attention(const PfAttnArgs a) {
   kcclDevPdlWait();
-  typedef PfShape<HD, KS> SH;
-  constexpr int BQ = SH::BQ, BK = SH::BK, TK = SH::TK, LDS = SH::LDS, CH = HD / 8, NT = BK / 8, ND = HD / 8;
+  typedef PfShape<HD> SH;
+  constexpr int BQ = SH::BQ, BK = SH::BK, LDS = SH::LDS, CH = HD / 8, NT = BK / 8, ND = HD / 8;
   constexpr int ST = SH::STAGES;
   extern __shared__ __align__(16) unsigned char pf_smem[];
   bf16 *Qs = reinterpret_cast<bf16 *>(pf_smem);
-  bf16 *Ks = Qs + BQ * LDS; /* [ST][TK][LDS] */
-  bf16 *Vs = Ks + ST * TK * LDS;
-  const int tid = threadIdx.x, lane = tid & 31;
-  /* the warp's 16 rows, and its group: which BK keys of a tile */
-  const int warp = KS == 1 ? tid >> 5 : (tid >> 5) & 3, kg = KS == 1 ? 0 : tid >> 7;
+  bf16 *Ks = Qs + BQ * LDS; /* [ST][BK][LDS] */
+  bf16 *Vs = Ks + ST * BK * LDS;
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const int nq = (a.T + BQ - 1) / BQ, nb = nq * a.nh, b = (int)blockIdx.x;
   int qt = b % nq, h = b / nq;
   if (a.order == PF_ORDER_ZIGZAG) { /* r: the block's rank by work, heaviest first */
@@ -114,22 +96,22 @@ __global__ void __launch_bounds__(PfShape<HD, KS>::THREADS, KS == 2 ? 2 : HD <= 
     cp16(Qs + r * LDS + c * 8, a.q + (size_t)min(t, a.T - 1) * a.q_ld + (size_t)h * HD + c * 8, t < a.T);
   }
   auto load_kv = [&](int tile, int stage) {
-    const int k0 = tile * TK;
-    for (int i = tid; i < TK * CH; i += SH::THREADS) {
+    const int k0 = tile * BK;
+    for (int i = tid; i < BK * CH; i += SH::THREADS) {
       const int r = i / CH, c = i - r * CH, key = k0 + r;
       const bool ok = key < nkeys;
       const size_t off = (size_t)(ok ? key : 0) * HD + c * 8;
-      cp16(Ks + (stage * TK + r) * LDS + c * 8, K + off, ok);
-      cp16(Vs + (stage * TK + r) * LDS + c * 8, V + off, ok);
+      cp16(Ks + (stage * BK + r) * LDS + c * 8, K + off, ok);
+      cp16(Vs + (stage * BK + r) * LDS + c * 8, V + off, ok);
     }
   };
-  const int ntiles = (nkeys + TK - 1) / TK;
+  const int ntiles = (nkeys + BK - 1) / BK;
 #pragma unroll
   for (int st = 0; st < ST - 1; st++) { /* the queries ride with the first tile's group */
     if (st < ntiles) load_kv(st, st);
     cp_commit();
   }
-  uint32_t qf[SH::QREG ? HD / 16 : 1][4];
+  uint32_t qf[HD / 16][4];
 
   float o[ND][4];
 #pragma unroll
@@ -141,99 +123,96 @@ __global__ void __launch_bounds__(PfShape<HD, KS>::THREADS, KS == 2 ? 2 : HD <= 
   /* the positions of the warp's first and last rows (rows past the chunk's end see no more keys) */
   const int wfirst = P0 + q0 + warp * 16, wlast = P0 + min(q0 + warp * 16 + 15, a.T - 1);
   const int mi = lane >> 3, rr = lane & 7;        /* ldmatrix: the matrix and row this lane addresses */
-  const bf16 *qrow = Qs + (warp * 16 + (lane & 15)) * LDS + (lane >> 4) * 8;
 
   for (int kt = 0; kt < ntiles; kt++) {
     if (kt + ST - 1 < ntiles) load_kv(kt + ST - 1, (kt + ST - 1) % ST);
     cp_commit();
     cp_wait<ST - 1>(); /* this tile (and the queries) landed; the next ones may still be in flight */
     __syncthreads();
-    if (SH::QREG && kt == 0)
+    if (kt == 0)
 #pragma unroll
-      for (int kk = 0; kk < HD / 16; kk++) ldsm4(qf[kk][0], qf[kk][1], qf[kk][2], qf[kk][3], qrow + kk * 16);
-    const int kb = kt * TK + kg * BK; /* this warp's first key of the tile */
-    /* a sub-tile wholly past the warp's last query (or the chunk's keys) adds nothing */
-    if (KS == 1 || kb <= wlast) {
-      const bf16 *Kt = Ks + ((kt % ST) * TK + kg * BK) * LDS, *Vt = Vs + ((kt % ST) * TK + kg * BK) * LDS;
+      for (int kk = 0; kk < HD / 16; kk++)
+        ldsm4(qf[kk][0], qf[kk][1], qf[kk][2], qf[kk][3], Qs + (warp * 16 + (lane & 15)) * LDS + kk * 16 + (lane >> 4) * 8);
+    const bf16 *Kt = Ks + (kt % ST) * BK * LDS, *Vt = Vs + (kt % ST) * BK * LDS;
+    const int kb = kt * BK;
+    /* a tile wholly past the warp's last query adds nothing (the diagonal of a 64-row block) */
+    if (kb > wlast) {
+      __syncthreads();
+      continue;
+    }
 
-      float s[NT][4];
+    float s[NT][4];
 #pragma unroll
-      for (int n = 0; n < NT; n++) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.f;
+    for (int n = 0; n < NT; n++) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.f;
 #pragma unroll
-      for (int kk = 0; kk < HD / 16; kk++) {
-        uint32_t q0r, q1r, q2r, q3r;
-        if (SH::QREG) {
-          q0r = qf[SH::QREG ? kk : 0][0];
-          q1r = qf[SH::QREG ? kk : 0][1];
-          q2r = qf[SH::QREG ? kk : 0][2];
-          q3r = qf[SH::QREG ? kk : 0][3];
-        } else {
-          ldsm4(q0r, q1r, q2r, q3r, qrow + kk * 16);
-        }
+    for (int kk = 0; kk < HD / 16; kk++) {
 #pragma unroll
-        for (int n = 0; n < NT; n += 2) {
-          uint32_t b0, b1, b2, b3;
-          ldsm4(b0, b1, b2, b3, Kt + ((n + (mi >> 1)) * 8 + rr) * LDS + kk * 16 + (mi & 1) * 8);
-          mma16816(s[n], q0r, q1r, q2r, q3r, b0, b1);
-          mma16816(s[n + 1], q0r, q1r, q2r, q3r, b2, b3);
-        }
+      for (int n = 0; n < NT; n += 2) {
+        uint32_t b0, b1, b2, b3;
+        ldsm4(b0, b1, b2, b3, Kt + ((n + (mi >> 1)) * 8 + rr) * LDS + kk * 16 + (mi & 1) * 8);
+        mma16816(s[n], qf[kk][0], qf[kk][1], qf[kk][2], qf[kk][3], b0, b1);
+        mma16816(s[n + 1], qf[kk][0], qf[kk][1], qf[kk][2], qf[kk][3], b2, b3);
       }
+    }
 
-      /* Causal mask (only where a key can lie past a row: the diagonal, the chunk's end) and the
-       * online softmax, in base 2; a row's four threads (tq) meet by shuffles. */
-      const bool mask = KS == 1 || kb + BK - 1 > wfirst;
-      float mx[2] = {-INFINITY, -INFINITY};
+    /* Causal mask (only where a key can lie past a row: the diagonal, the chunk's end) and the
+     * online softmax in base 2, on raw scores (the scale goes into one FMA with the max); a
+     * row's four threads (tq) meet by shuffles. */
+    if (kb + BK - 1 > wfirst) {
 #pragma unroll
       for (int n = 0; n < NT; n++)
 #pragma unroll
         for (int e = 0; e < 4; e++) {
-          const int key = kb + n * 8 + 2 * tq + (e & 1), r = e >> 1;
-          const float v = !mask || (key <= qpos[r] && key < nkeys) ? s[n][e] * a.scale_log2 : -INFINITY;
-          s[n][e] = v;
-          mx[r] = fmaxf(mx[r], v);
+          const int key = kb + n * 8 + 2 * tq + (e & 1);
+          if (key > qpos[e >> 1] || key >= nkeys) s[n][e] = -INFINITY;
         }
-      float alpha[2], muse[2];
+    }
+    float mx[2] = {-INFINITY, -INFINITY};
 #pragma unroll
-      for (int r = 0; r < 2; r++) {
-        mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
-        mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
-        const float mnew = fmaxf(mrow[r], mx[r]);
-        muse[r] = mnew == -INFINITY ? 0.f : mnew;
-        alpha[r] = exp2f(mrow[r] - muse[r]);
-        mrow[r] = mnew;
+    for (int n = 0; n < NT; n++)
+#pragma unroll
+      for (int e = 0; e < 4; e++) mx[e >> 1] = fmaxf(mx[e >> 1], s[n][e]);
+    float alpha[2], muse[2];
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+      mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
+      mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
+      const float mnew = fmaxf(mrow[r], mx[r] * a.scale_log2);
+      muse[r] = mnew == -INFINITY ? 0.f : mnew;
+      alpha[r] = exp2f(mrow[r] - muse[r]);
+      mrow[r] = mnew;
+    }
+    float lsum[2] = {0.f, 0.f};
+#pragma unroll
+    for (int n = 0; n < NT; n++)
+#pragma unroll
+      for (int e = 0; e < 4; e++) {
+        const float p = exp2f(fmaf(s[n][e], a.scale_log2, -muse[e >> 1]));
+        s[n][e] = p;
+        lsum[e >> 1] += p;
       }
-      float lsum[2] = {0.f, 0.f};
 #pragma unroll
-      for (int n = 0; n < NT; n++)
+    for (int r = 0; r < 2; r++) lrow[r] = lrow[r] * alpha[r] + lsum[r];
 #pragma unroll
-        for (int e = 0; e < 4; e++) {
-          const float p = exp2f(s[n][e] - muse[e >> 1]);
-          s[n][e] = p;
-          lsum[e >> 1] += p;
-        }
-#pragma unroll
-      for (int r = 0; r < 2; r++) lrow[r] = lrow[r] * alpha[r] + lsum[r];
-#pragma unroll
-      for (int n = 0; n < ND; n++) {
-        o[n][0] *= alpha[0];
-        o[n][1] *= alpha[0];
-        o[n][2] *= alpha[1];
-        o[n][3] *= alpha[1];
-      }
+    for (int n = 0; n < ND; n++) {
+      o[n][0] *= alpha[0];
+      o[n][1] *= alpha[0];
+      o[n][2] *= alpha[1];
+      o[n][3] *= alpha[1];
+    }
 
-      /* O += P V: P's accumulators are the A fragments of the next product. */
+    /* O += P V: P's accumulators are the A fragments of the next product. */
 #pragma unroll
-      for (int k2 = 0; k2 < BK / 16; k2++) {
-        const uint32_t a0 = pack_bf16(s[2 * k2][0], s[2 * k2][1]), a1 = pack_bf16(s[2 * k2][2], s[2 * k2][3]);
-        const uint32_t a2 = pack_bf16(s[2 * k2 + 1][0], s[2 * k2 + 1][1]);
-        const uint32_t a3 = pack_bf16(s[2 * k2 + 1][2], s[2 * k2 + 1][3]);
+    for (int k2 = 0; k2 < BK / 16; k2++) {
+      const uint32_t a0 = pack_bf16(s[2 * k2][0], s[2 * k2][1]), a1 = pack_bf16(s[2 * k2][2], s[2 * k2][3]);
+      const uint32_t a2 = pack_bf16(s[2 * k2 + 1][0], s[2 * k2 + 1][1]);
+      const uint32_t a3 = pack_bf16(s[2 * k2 + 1][2], s[2 * k2 + 1][3]);
 #pragma unroll
-        for (int n = 0; n < ND; n += 2) {
-          uint32_t b0, b1, b2, b3;
-          ldsm4t(b0, b1, b2, b3, Vt + (k2 * 16 + (mi & 1) * 8 + rr) * LDS + (n + (mi >> 1)) * 8);
-          mma16816(o[n], a0, a1, a2, a3, b0, b1);
-          mma16816(o[n + 1], a0, a1, a2, a3, b2, b3);
-        }
+      for (int n = 0; n < ND; n += 2) {
+        uint32_t b0, b1, b2, b3;
+        ldsm4t(b0, b1, b2, b3, Vt + (k2 * 16 + (mi & 1) * 8 + rr) * LDS + (n + (mi >> 1)) * 8);
+        mma16816(o[n], a0, a1, a2, a3, b0, b1);
+        mma16816(o[n + 1], a0, a1, a2, a3, b2, b3);
       }
     }
     __syncthreads(); /* this stage is refilled ST tiles on */
@@ -244,38 +223,6 @@ __global__ void __launch_bounds__(PfShape<HD, KS>::THREADS, KS == 2 ? 2 : HD <= 
   for (int r = 0; r < 2; r++) {
     lrow[r] += __shfl_xor_sync(0xffffffffu, lrow[r], 1);
     lrow[r] += __shfl_xor_sync(0xffffffffu, lrow[r], 2);
-  }
-  if (KS == 2) {
-    /* The second group hands its running max, sum and output to the first, thread for
-     * thread (both hold the same rows' fragments): [warp][value][lane], lanes adjacent. */
-    __syncthreads(); /* every tile's reads are done: the stages become the merge area */
-    float *mg = reinterpret_cast<float *>(Ks) + (size_t)warp * (4 * ND + 4) * 32 + lane;
-    if (kg == 1) {
-#pragma unroll
-      for (int n = 0; n < ND; n++)
-#pragma unroll
-        for (int e = 0; e < 4; e++) mg[(4 * n + e) * 32] = o[n][e];
-#pragma unroll
-      for (int r = 0; r < 2; r++) {
-        mg[(4 * ND + r) * 32] = mrow[r];
-        mg[(4 * ND + 2 + r) * 32] = lrow[r];
-      }
-    }
-    __syncthreads();
-    if (kg == 1) return;
-#pragma unroll
-    for (int r = 0; r < 2; r++) {
-      /* the first group always saw key 0, so its max is finite; the second's may be -inf */
-      const float m2 = mg[(4 * ND + r) * 32], l2 = mg[(4 * ND + 2 + r) * 32];
-      const float mnew = fmaxf(mrow[r], m2);
-      const float c1 = exp2f(mrow[r] - mnew), c2 = exp2f(m2 - mnew);
-      lrow[r] = lrow[r] * c1 + l2 * c2;
-#pragma unroll
-      for (int n = 0; n < ND; n++) {
-        o[n][2 * r] = o[n][2 * r] * c1 + mg[(4 * n + 2 * r) * 32] * c2;
-        o[n][2 * r + 1] = o[n][2 * r + 1] * c1 + mg[(4 * n + 2 * r + 1) * 32] * c2;
-      }
-    }
   }
 #pragma unroll
   for (int r = 0; r < 2; r++) {
@@ -289,35 +236,17 @@ __global__ void __launch_bounds__(PfShape<HD, KS>::THREADS, KS == 2 ? 2 : HD <= 
   }
 }
 
-/* The key split is taken for head sizes up to 128: at 256 the second group's output and
- * the two blocks an SM it counts on do not fit the registers. */
-template <int HD>
-constexpr int ks_of(int ksplit) {
-  return HD <= 128 && ksplit == 2 ? 2 : 1;
-}
-
-template <int HD, int KS>
-cudaError_t launch_ks(const PfAttnArgs &a, cudaStream_t st, int pdl) {
-  typedef PfShape<HD, KS> SH;
-  const dim3 grid((unsigned)((a.T + SH::BQ - 1) / SH::BQ * a.nh));
-  return kcclLaunch(k_pf_attention<HD, KS>, grid, dim3(SH::THREADS), SH::SMEM, st, pdl, a);
-}
-
 template <int HD>
 cudaError_t launch_hd(const PfAttnArgs &a, cudaStream_t st, int pdl) {
-  return ks_of<HD>(a.ksplit) == 2 ? launch_ks<HD, HD <= 128 ? 2 : 1>(a, st, pdl) : launch_ks<HD, 1>(a, st, pdl);
-}
-
-template <int HD, int KS>
-cudaError_t attr_ks() {
-  return cudaFuncSetAttribute(k_pf_attention<HD, KS>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                              (int)PfShape<HD, KS>::SMEM);
+  typedef PfShape<HD> SH;
+  const dim3 grid((unsigned)((a.T + SH::BQ - 1) / SH::BQ * a.nh));
+  return kcclLaunch(k_pf_attention<HD>, grid, dim3(SH::THREADS), SH::SMEM, st, pdl, a);
 }
 
 template <int HD>
 cudaError_t attr_hd() {
-  cudaError_t e = attr_ks<HD, 1>();
-  return e == cudaSuccess && HD <= 128 ? attr_ks<HD, HD <= 128 ? 2 : 1>() : e;
+  return cudaFuncSetAttribute(k_pf_attention<HD>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                              (int)PfShape<HD>::SMEM);
 }
 
 }  // namespace

@@ -3,7 +3,7 @@
  * kernels prepare their inputs and take their outputs, one row per token:
  *
  *   k_pf_norm    the residual plus the sums due -> residual; its RMSNorm * gamma -> bf16
- *   k_pf_rope    the QKV product (f32, or bf16): q rotated -> bf16 queries; k rotated and v -> the
+ *   k_pf_rope    the QKV product (f32): q rotated -> bf16 queries; k rotated and v -> the
  *                bf16 KV cache at pos + t (decode reads the same cache)
  *   k_pf_swiglu  silu(gate) * up of the gate/up product -> bf16
  *
@@ -98,15 +98,7 @@ __global__ void __launch_bounds__(PF_THREADS) k_pf_norm(const PfNormArgs a) {
   }
 }
 
-/* Element i of a QKV product row, f32 or bf16 (Y16) */
-template <bool Y16>
-__device__ __forceinline__ float pf_y(const void *row, int i) {
-  if (Y16) return __bfloat162float(reinterpret_cast<const bf16 *>(row)[i]);
-  return reinterpret_cast<const float *>(row)[i];
-}
-
 /* One block per token row: RoPE pairs (j, j + hd/2) of q and k, and v pairs. */
-template <bool Y16>
 __global__ void __launch_bounds__(PF_THREADS) k_pf_rope(const PfRopeArgs a) {
   kcclDevPdlWait();
   const int t = blockIdx.x, half = a.hd >> 1, nq = a.nh * half, nk = a.nkv * half;
@@ -116,11 +108,11 @@ __global__ void __launch_bounds__(PF_THREADS) k_pf_rope(const PfRopeArgs a) {
     if (threadIdx.x == 0) kie_set_error(a.ring, KIE_DERR_POS, p);
     return;
   }
-  const void *y = reinterpret_cast<const char *>(a.y) + (size_t)t * a.y_ld * (Y16 ? 2 : 4);
+  const float *y = a.y + (size_t)t * a.y_ld;
   for (int u = threadIdx.x; u < units; u += PF_THREADS) {
     if (u < nq + nk) {
       const int h = u / half, j = u - h * half;
-      const float v0 = pf_y<Y16>(y, h * a.hd + j), v1 = pf_y<Y16>(y, h * a.hd + j + half);
+      const float v0 = y[h * a.hd + j], v1 = y[h * a.hd + j + half];
       const float c = a.cosv[(size_t)p * half + j], s = a.sinv[(size_t)p * half + j];
       const float o0 = v0 * c - v1 * s, o1 = v1 * c + v0 * s;
       if (u < nq) {
@@ -134,9 +126,9 @@ __global__ void __launch_bounds__(PF_THREADS) k_pf_rope(const PfRopeArgs a) {
       }
     } else {
       const int vr = 2 * (u - nq - nk), h = vr / a.hd, j = vr - h * a.hd;
-      const int iv = (a.nh + a.nkv) * a.hd + vr;
+      const float *yv = y + (a.nh + a.nkv) * a.hd + vr;
       bf16 *v = a.vc + ((size_t)h * a.max_seq + p) * a.hd;
-      *reinterpret_cast<__nv_bfloat162 *>(v + j) = __floats2bfloat162_rn(pf_y<Y16>(y, iv), pf_y<Y16>(y, iv + 1));
+      *reinterpret_cast<__nv_bfloat162 *>(v + j) = __floats2bfloat162_rn(yv[0], yv[1]);
     }
   }
 }
@@ -189,8 +181,7 @@ cudaError_t kie_launch_pf_norm(const PfNormArgs &a, cudaStream_t st, int pdl) {
 }
 
 cudaError_t kie_launch_pf_rope(const PfRopeArgs &a, cudaStream_t st, int pdl) {
-  if (a.y16) return kcclLaunch(k_pf_rope<true>, dim3((unsigned)a.T), dim3(PF_THREADS), 0, st, pdl, a);
-  return kcclLaunch(k_pf_rope<false>, dim3((unsigned)a.T), dim3(PF_THREADS), 0, st, pdl, a);
+  return kcclLaunch(k_pf_rope, dim3((unsigned)a.T), dim3(PF_THREADS), 0, st, pdl, a);
 }
 
 cudaError_t kie_launch_pf_swiglu(const PfSwigluArgs &a, cudaStream_t st, int pdl) {

@@ -70,12 +70,6 @@ int derive(kie_engine *e, const kie_shape &s, int sms) {
   if (s.prefill_attn < 0 || s.prefill_attn > 2)
     return fail(KIE_E_ARG, "prefill_attn=%d: 0 (auto), 1 (launch order) or 2 (zigzag)", s.prefill_attn);
   e->pf_attn = s.prefill_attn == 1 ? PF_ORDER_LAUNCH : PF_ORDER_ZIGZAG;
-  if (s.prefill_qkv16 != 0 && s.prefill_qkv16 != 1)
-    return fail(KIE_E_ARG, "prefill_qkv16=%d: 0 (the QKV product in f32) or 1 (in bf16)", s.prefill_qkv16);
-  if (s.prefill_ksplit < 0 || s.prefill_ksplit > 2)
-    return fail(KIE_E_ARG, "prefill_ksplit=%d: 0 (auto), 1 or 2 (groups of warps splitting a query tile's keys)",
-                s.prefill_ksplit);
-  e->pf_ksplit = s.prefill_ksplit == 2 ? 2 : 1;
   return KIE_OK;
 }
 
