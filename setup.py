@@ -81,8 +81,10 @@ setup(
         # README): its own dependencies compile llama.cpp and are never used here.
         "kie": ["torch==2.13.0", "transformers", "safetensors", "tokenizers", "gguf>=0.17", "jinja2>=3.1.6",
                 "accelerate", "threadpoolctl", "ninja"],
-        # `python -m kie_engine serve`: the OpenAI-compatible HTTP server (ASGI on uvicorn).
-        "serve": ["starlette>=0.37", "uvicorn>=0.30"],
+        # `python -m kie_engine serve`: the OpenAI-compatible HTTP server (ASGI on uvicorn);
+        # httptools and uvloop cut the event loop's CPU per streamed token by ~40 %, CPU the
+        # engine shares (bench/RESULTS.md); the server runs without them (h11, asyncio).
+        "serve": ["starlette>=0.37", "uvicorn>=0.30", "httptools>=0.6", "uvloop>=0.19; sys_platform != 'win32'"],
         # torch.distributed's "kccl" backend (import kccl.torch): its C++ part is built with
         # torch's C++-extension machinery when this package is built where torch is installed
         # (setup.py's BuildExt), else ahead of time by `python -m kccl.torch --build`, else on

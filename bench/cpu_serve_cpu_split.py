@@ -3,8 +3,12 @@ openai client on the same machine: per completion token, the client's CPU (this 
 the server's event-loop thread and its other threads (the engine's), and the wall time
 per engine step (from /metrics), for 1 and N requests at once, rounds alternating.  On a
 machine with as many cores as engine threads this shows whether the cores are full.
+With --stacks, one server per HTTP stack (serve's --http and --loop), rounds alternating
+between them as well.
 
     python bench/cpu_serve_cpu_split.py --concurrent 4 --rounds 5 --out bench/results/cpu_serve_cpu_split_4_streams.json
+    python bench/cpu_serve_cpu_split.py --stacks h11/asyncio,httptools/uvloop --rounds 6 \
+        --out bench/results/cpu_serve_http_stack_h11_vs_httptools_uvloop.json
 """
 import argparse
 import json
@@ -50,8 +54,47 @@ def main():
     p.add_argument("--tokens", type=int, default=128)
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--out")
+    p.add_argument("--stacks", default="",
+                   help="comma-separated HTTP/LOOP pairs (e.g. h11/asyncio,httptools/uvloop): a server each, "
+                        "rounds alternating; default one server with serve's defaults")
     a = p.parse_args()
-    srv = ServerProcess("--threads", str(a.threads), model=resolve(a.model))
+    stacks = [x.split("/") for x in a.stacks.split(",")] if a.stacks else [None]
+    servers = {}
+    try:
+        for st in stacks:
+            args = ["--http", st[0], "--loop", st[1]] if st else []
+            servers["/".join(st) if st else "default"] = ServerProcess("--threads", str(a.threads), *args,
+                                                                       model=resolve(a.model))
+        rows = {name: {1: [], a.concurrent: []} for name in servers}
+        for name, srv in servers.items():  # warm-up
+            _stream(_client(srv.url), srv.name, PROMPTS[0], 16, {}, 0)
+        for r in range(a.rounds):
+            order = [(name, n) for name in servers for n in (1, a.concurrent)]
+            for name, n in (order if r % 2 == 0 else order[::-1]):
+                rows[name][n].append(measure(servers[name], n, a.tokens, PROMPTS, _client, _together, metric,
+                                             parse_metrics))
+                print(f"round {r}, {name}, {n} at once: "
+                      + ", ".join(f"{k} {v:.3g}" for k, v in rows[name][n][-1].items()), flush=True)
+    finally:
+        for srv in servers.values():
+            srv.terminate()
+    median = {name: {n: {k: statistics.median(x[k] for x in v) for k in v[0]} for n, v in by.items()}
+              for name, by in rows.items()}
+    report = {"command": " ".join(["python"] + sys.argv), "threads": a.threads, "tokens": a.tokens,
+              "cpus": len(os.sched_getaffinity(0)), "loadavg": os.getloadavg(),
+              "rounds": rows if a.stacks else rows["default"], "median": median if a.stacks else median["default"]}
+    for name, by in median.items():
+        for n, m in by.items():
+            print(f"{name}, {n} at once, medians: " + ", ".join(f"{k} {v:.3g}" for k, v in m.items()))
+    if a.out:
+        with open(a.out, "w") as f:
+            json.dump(report, f, indent=1)
+
+
+def measure(srv, n, tokens, prompts, client_of, together, metric, parse_metrics):
+    """n streamed requests at once against srv: tokens/s at the client and the CPU per token of
+    the client (this process), the server's event loop (its main thread) and its other threads
+    (the engine's), with the wall time per engine step"""
     pid = srv.proc.pid
 
     def steps():
@@ -59,34 +102,16 @@ def main():
         c.request("GET", "/metrics")
         return metric(parse_metrics(c.getresponse().read().decode())[0], "kie_batch_size_per_step_count")
 
-    try:
-        client = _client(srv.url)
-        _stream(client, srv.name, PROMPTS[0], 16, {}, 0)  # warm-up
-        rows = {1: [], a.concurrent: []}
-        for r in range(a.rounds):
-            for n in ((1, a.concurrent) if r % 2 == 0 else (a.concurrent, 1)):
-                before, c0, s0, t0 = thread_cpu(pid), own_cpu(), steps(), time.perf_counter()
-                out = _together(client, srv.name, (PROMPTS * n)[:n], a.tokens)
-                wall, c1, s1, after = time.perf_counter() - t0, own_cpu(), steps(), thread_cpu(pid)
-                toks = sum(v[1] for v in out.values())
-                loop = after.get(pid, 0) - before.get(pid, 0)
-                rest = sum(v - before.get(t, 0) for t, v in after.items() if t != pid)
-                rows[n].append({"tokens_per_s": toks / wall, "client_ms_per_token": 1e3 * (c1 - c0) / toks,
-                                "event_loop_ms_per_token": 1e3 * loop / toks,
-                                "engine_ms_per_token": 1e3 * rest / toks,
-                                "wall_ms_per_step": 1e3 * wall / max(s1 - s0, 1), "steps": s1 - s0})
-                print(f"round {r}, {n} at once: " + ", ".join(f"{k} {v:.3g}" for k, v in rows[n][-1].items()),
-                      flush=True)
-    finally:
-        srv.terminate()
-    report = {"command": " ".join(["python"] + sys.argv), "threads": a.threads, "tokens": a.tokens,
-              "cpus": len(os.sched_getaffinity(0)), "loadavg": os.getloadavg(), "rounds": rows,
-              "median": {n: {k: statistics.median(x[k] for x in v) for k in v[0]} for n, v in rows.items()}}
-    for n, m in report["median"].items():
-        print(f"{n} at once, medians: " + ", ".join(f"{k} {v:.3g}" for k, v in m.items()))
-    if a.out:
-        with open(a.out, "w") as f:
-            json.dump(report, f, indent=1)
+    client = client_of(srv.url)
+    before, c0, s0, t0 = thread_cpu(pid), own_cpu(), steps(), time.perf_counter()
+    out = together(client, srv.name, (prompts * n)[:n], tokens)
+    wall, c1, s1, after = time.perf_counter() - t0, own_cpu(), steps(), thread_cpu(pid)
+    toks = sum(v[1] for v in out.values())
+    loop = after.get(pid, 0) - before.get(pid, 0)
+    rest = sum(v - before.get(t, 0) for t, v in after.items() if t != pid)
+    return {"tokens_per_s": toks / wall, "client_ms_per_token": 1e3 * (c1 - c0) / toks,
+            "event_loop_ms_per_token": 1e3 * loop / toks, "engine_ms_per_token": 1e3 * rest / toks,
+            "wall_ms_per_step": 1e3 * wall / max(s1 - s0, 1), "steps": s1 - s0}
 
 
 if __name__ == "__main__":

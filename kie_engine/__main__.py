@@ -251,6 +251,10 @@ def main(argv=None):
                    help="on SIGTERM, seconds the running request may still take before it is cut (default 1)")
     s.add_argument("--log-level", choices=["critical", "error", "warning", "info", "debug"], default="warning",
                    help="uvicorn's log level; info and debug also log every request (default warning)")
+    s.add_argument("--http", choices=["auto", "h11", "httptools"], default="auto",
+                   help="uvicorn's HTTP implementation (default auto: httptools where installed, else h11)")
+    s.add_argument("--loop", choices=["auto", "asyncio", "uvloop"], default="auto",
+                   help="the event loop (default auto: uvloop where installed, else asyncio's)")
     q = sub.add_parser("perplexity", help="how well the model predicts a text file, and (--reference) how far this "
                                           "engine is from the float32 reference",
                        description="The first --tokens tokens of the file (with BOS where the tokenizer adds one) "

@@ -252,6 +252,24 @@ def test_other_refusals(server):
     assert request(server, "GET", "/health")[0] == 200
 
 
+def test_both_http_stacks_stream_the_same_text(server):
+    """The pure-Python stack (--http h11 --loop asyncio) and the default (httptools and uvloop
+    where installed) give the same greedy text, streamed, and both survive garbage."""
+    body = {"model": None, "prompt": STORY, "max_tokens": 24, "temperature": 0}
+    plain = ServerProcess("--http", "h11", "--loop", "asyncio")
+    try:
+        texts = []
+        for srv in (server, plain):
+            events = streamed(srv, "/v1/completions", {**body, "model": srv.name})
+            texts.append("".join(e["choices"][0]["text"] for e in events))
+            with socket.create_connection(srv.host_port) as s:
+                s.sendall(b"\x00\xff garbage \r\n\r\n")
+            assert request(srv, "GET", "/health")[0] == 200
+        assert texts[0] == texts[1] and texts[0]
+    finally:
+        plain.kill()
+
+
 def test_bad_command_lines_fail_cleanly(server):
     """Refused before serving, with `error: ...` naming what is wrong and exit status 2: a port
     in use or out of range, an address not this machine's, the GPU engine on a machine

@@ -266,3 +266,20 @@ def test_queue_limit_counts_requests_behind_the_running_one():
         sch.shutdown(0)
         assert await loop.run_in_executor(None, sch.join, 10)
     asyncio.run(main())
+
+
+# -- the HTTP stack's choices ------------------------------------------------------------
+def test_http_stack_choices_need_their_modules(monkeypatch):
+    """--http httptools / --loop uvloop without the module: a ValueError naming the flag
+    (before the model loads); auto and the built-in choices need nothing."""
+    import types
+    from kie_engine.serve import server
+    monkeypatch.setattr(server, "_installed", lambda name: False)
+    for http, loop, flag in (("httptools", "auto", "--http httptools"), ("auto", "uvloop", "--loop uvloop")):
+        with pytest.raises(ValueError, match=flag):
+            server.check_http_stack(types.SimpleNamespace(http=http, loop=loop))
+    server.check_http_stack(types.SimpleNamespace(http="h11", loop="asyncio"))
+    server.check_http_stack(types.SimpleNamespace(http="auto", loop="auto"))
+    assert server._loop_factory("auto") is None  # nothing installed: asyncio's own loop
+    monkeypatch.setattr(server, "_installed", lambda name: True)
+    assert server._loop_factory("asyncio") is None

@@ -53,6 +53,7 @@ def serve(a, world):
         raise ValueError(f"--max-batch must be >= 1, got {a.max_batch}")
     if a.kv_memory is not None and not a.kv_memory > 0:
         raise ValueError(f"--kv-memory must be > 0 (MiB), got {a.kv_memory}")
+    check_http_stack(a)
     lane = Lane(a, world)
     ckpt, cfg, size, rank = lane.ckpt, lane.cfg, lane.size, lane.rank
     tok = ckpt.tokenizer()
@@ -119,6 +120,28 @@ def kv_limit(a):
     return avail // 2
 
 
+def _installed(module):
+    import importlib.util
+    return importlib.util.find_spec(module) is not None
+
+
+def check_http_stack(a):
+    """--http httptools and --loop uvloop need their modules: a ValueError before the model
+    loads, not uvicorn's failure once it does."""
+    for flag, name in (("--http", getattr(a, "http", "auto")), ("--loop", getattr(a, "loop", "auto"))):
+        if name in ("httptools", "uvloop") and not _installed(name):
+            raise ValueError(f"{flag} {name}: {name} is not installed (pip install {name}, or {flag} auto)")
+
+
+def _loop_factory(name):
+    """The event loop's constructor for --loop (checked in serve): uvloop's where asked for or
+    (auto) installed; None is asyncio's own."""
+    if name == "asyncio" or not _installed("uvloop"):
+        return None
+    import uvloop
+    return uvloop.new_event_loop
+
+
 def _serve_http(a, sock, size, cfg, tok, template, stop, chat_stop, runner, context, max_batch, source, kv_bytes):
     import uvicorn
     from .app import ServeState, build_app
@@ -155,7 +178,8 @@ def _serve_http(a, sock, size, cfg, tok, template, stop, chat_stop, runner, cont
             self.should_exit = True
 
     config = uvicorn.Config(app, log_level=a.log_level, access_log=a.log_level in ("debug", "info"),
-                            timeout_graceful_shutdown=a.shutdown_grace + SHUTDOWN_CONNECTIONS_S, lifespan="off")
+                            timeout_graceful_shutdown=a.shutdown_grace + SHUTDOWN_CONNECTIONS_S, lifespan="off",
+                            http=getattr(a, "http", "auto"))
     server = Server(config)
     server_box.append(server)
     scheduler.start()
@@ -165,7 +189,8 @@ def _serve_http(a, sock, size, cfg, tok, template, stop, chat_stop, runner, cont
     batch = f", batches of up to {max_batch}" if max_batch > 1 else ""
     print(f"KIE serving {model_id} ({a.device}{lanes}, context {context}{batch}) at http://{where}:{port}", flush=True)
     try:
-        asyncio.run(server.serve(sockets=[sock]))
+        with asyncio.Runner(loop_factory=_loop_factory(getattr(a, "loop", "auto"))) as runner_:
+            runner_.run(server.serve(sockets=[sock]))
     finally:
         scheduler.shutdown(0)
         if not scheduler.join(timeout=60):
