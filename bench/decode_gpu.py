@@ -407,9 +407,11 @@ VARIANTS = [dict(gemv_x_l1=1), dict(gemv_pipe=0), dict(pdl=0, prefetch=0), dict(
             dict(att_chunk=128), dict(gemv_blocks_per_sm=1)]
 
 
-# The batched prefill against its default (attention blocks in zigzag order, kernels launched
-# with programmatic dependent launch): the attention blocks in launch order, and no PDL.
-PREFILL_VARIANTS = [dict(prefill_attn=1), dict(pdl=0)]
+# The batched prefill against its default (attention blocks in zigzag order, 32-key tiles, one
+# score chain, kernels launched with programmatic dependent launch): the attention blocks in
+# launch order, no PDL, 64-key tiles, two score chains, both.
+PREFILL_VARIANTS = [dict(prefill_attn=1), dict(pdl=0), dict(prefill_attn_keys=64), dict(prefill_attn_chains=2),
+                    dict(prefill_attn_keys=64, prefill_attn_chains=2)]
 
 
 # The monokernel's variants: keys per attention split at least (default 32: fewer, longer

@@ -97,7 +97,8 @@ for s in "$@"; do
       timeout 300 "$NCU" --profile-from-start off --clock-control none -k regex:"k_pf_(attention|wide)" --launch-skip ${PF_LAUNCH_SKIP:-13} \
         --launch-count 1 --section SpeedOfLight --section MemoryWorkloadAnalysis --section WarpStateStats \
         --section LaunchStats --section Occupancy --section SchedulerStats --section ComputeWorkloadAnalysis \
-        --section InstructionStats python3 bench/gpu/kie_profile.py --prefill --context ${PF_CONTEXT:-1024} \
+        --section InstructionStats --print-details all \
+        python3 bench/gpu/kie_profile.py --prefill --context ${PF_CONTEXT:-1024} \
         > "$LOGS/ncu_pf_attention.txt" 2>&1
       grep -E "Duration|Throughput|Stall|Warp Cycles|Registers|Shared Memory|Block Limit|Achieved|L2 Hit|L1/TEX Hit|Issued|Pipe|Bank|Eligible|Active Warps" "$LOGS/ncu_pf_attention.txt" | head -60 ;;
     ncumono)

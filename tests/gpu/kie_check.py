@@ -209,9 +209,11 @@ def top2_margin(logits):
     return float(a[1] - a[0])
 
 
-# The batched prefill's passes and the order of its attention blocks: the default (zigzag) in
-# passes of 64 and of 256, and launch order.
-PREFILL_TUNINGS = [{"prefill_chunk": 64}, {"prefill_chunk": 256}, {"prefill_chunk": 64, "prefill_attn": 1}]
+# The batched prefill's passes and its attention's shape: the default (zigzag, 32-key tiles, one
+# score chain) in passes of 64 and of 256, launch order, 64-key tiles, two score chains, both.
+PREFILL_TUNINGS = [{"prefill_chunk": 64}, {"prefill_chunk": 256}, {"prefill_chunk": 64, "prefill_attn": 1},
+                   {"prefill_chunk": 64, "prefill_attn_keys": 64}, {"prefill_chunk": 256, "prefill_attn_chains": 2},
+                   {"prefill_chunk": 256, "prefill_attn_keys": 64, "prefill_attn_chains": 2}]
 
 
 def check_prefill(tag, path, comm, steps):

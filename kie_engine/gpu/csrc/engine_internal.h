@@ -121,6 +121,7 @@ struct kie_engine {
   bf16 *pf_x, *pf_q, *pf_att, *pf_gu, *pf_act;
   int *pf_tok;
   int pf_attn;             /* the order of the prefill attention's blocks (PF_ORDER_*) */
+  int pf_keys, pf_chains;  /* its keys per tile (32, 64) and score chains (1, 2) */
   std::vector<char> have; /* which uploads have arrived */
   std::vector<uint64_t> req;
   int pos_h, step_h;      /* the host's count of what it enqueued */

@@ -95,6 +95,8 @@ typedef struct {
   int prefill_chunk;           /* tokens of a batched pass at most (0: auto, 1024; at most max_seq) */
   int prefill_attn;            /* the order of the batched prefill's attention blocks: 0 auto (zigzag),
                                   1 launch order (a head's query tiles in turn), 2 zigzag (kie_kernels.h) */
+  int prefill_attn_keys;       /* keys per tile of the batched prefill's attention: 0 auto (32), 32 or 64 */
+  int prefill_attn_chains;     /* its scores' accumulator chains: 0 auto (1), 1 or 2 */
 } kie_shape;
 
 typedef struct {

@@ -235,6 +235,8 @@ struct PfAttnArgs {
   bf16 *out;           /* [T][out_ld] */
   int out_ld;
   int order;           /* PF_ORDER_*: which block takes which (query tile, head) */
+  int keys;            /* keys per tile: 32, or 64 (head sizes 64 and 128) */
+  int chains;          /* the scores' accumulator chains: 1, or 2 (head sizes 64 and 128) */
 };
 /* Causality makes a query tile's work grow with its index.  Launch order gives block b
  * head b / tiles, tile b % tiles; zigzag gives the first half of the blocks the longest

@@ -21,15 +21,23 @@
 
 namespace {
 
-template <int HD>
+template <int HD, int KEYS>
 struct PfShape {
-  static constexpr int BQ = 64;      /* queries per block */
-  static constexpr int BK = 32;      /* keys per tile */
-  static constexpr int STAGES = 3;   /* tiles in flight: two land while one is used */
-  static constexpr int LDS = HD + 8; /* shared-memory row stride (bf16) */
+  static constexpr int BQ = 64;                    /* queries per block */
+  static constexpr int BK = KEYS;                  /* keys per tile: 32, or 64 (prefill_attn_keys) */
+  static constexpr int STAGES = KEYS == 32 ? 3 : 2; /* tiles in flight beside the one used */
+  static constexpr int LDS = HD + 8;               /* shared-memory row stride (bf16) */
   static constexpr int THREADS = 128;
   static constexpr size_t SMEM = (size_t)(BQ + 2 * STAGES * BK) * LDS * 2; /* Q, then K and V per stage */
 };
+
+/* Blocks an SM must hold for the default shape to keep its residency (registers capped to
+ * fit); the tuned shapes count on two (a 1,024-token chunk of 16 heads is 256 blocks: two an
+ * SM hold them all), which leaves them up to 255 registers. */
+template <int HD, int KEYS, int NC>
+constexpr int pf_min_blocks() {
+  return KEYS == 32 && NC == 1 ? (HD <= 64 ? 4 : HD <= 128 ? 3 : 1) : 2;
+}
 
 __device__ __forceinline__ uint32_t s_addr(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }
 
@@ -67,10 +75,12 @@ __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
   return *reinterpret_cast<const uint32_t *>(&v);
 }
 
-template <int HD>
-__global__ void __launch_bounds__(PfShape<HD>::THREADS) k_pf_attention(const PfAttnArgs a) {
+/* NC: independent accumulator chains of the scores (1, or 2: even and odd 16-element steps of
+ * the head, added at the end: half as long a chain of dependent MMAs per tile). */
+template <int HD, int KEYS, int NC>
+__global__ void __launch_bounds__(128, pf_min_blocks<HD, KEYS, NC>()) k_pf_attention(const PfAttnArgs a) {
   kcclDevPdlWait();
-  typedef PfShape<HD> SH;
+  typedef PfShape<HD, KEYS> SH;
   constexpr int BQ = SH::BQ, BK = SH::BK, LDS = SH::LDS, CH = HD / 8, NT = BK / 8, ND = HD / 8;
   constexpr int ST = SH::STAGES;
   extern __shared__ __align__(16) unsigned char pf_smem[];
@@ -141,19 +151,28 @@ __global__ void __launch_bounds__(PfShape<HD>::THREADS) k_pf_attention(const PfA
       continue;
     }
 
-    float s[NT][4];
+    float sc[NC][NT][4];
 #pragma unroll
-    for (int n = 0; n < NT; n++) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.f;
+    for (int c = 0; c < NC; c++)
+#pragma unroll
+      for (int n = 0; n < NT; n++) sc[c][n][0] = sc[c][n][1] = sc[c][n][2] = sc[c][n][3] = 0.f;
 #pragma unroll
     for (int kk = 0; kk < HD / 16; kk++) {
 #pragma unroll
       for (int n = 0; n < NT; n += 2) {
         uint32_t b0, b1, b2, b3;
         ldsm4(b0, b1, b2, b3, Kt + ((n + (mi >> 1)) * 8 + rr) * LDS + kk * 16 + (mi & 1) * 8);
-        mma16816(s[n], qf[kk][0], qf[kk][1], qf[kk][2], qf[kk][3], b0, b1);
-        mma16816(s[n + 1], qf[kk][0], qf[kk][1], qf[kk][2], qf[kk][3], b2, b3);
+        mma16816(sc[kk % NC][n], qf[kk][0], qf[kk][1], qf[kk][2], qf[kk][3], b0, b1);
+        mma16816(sc[kk % NC][n + 1], qf[kk][0], qf[kk][1], qf[kk][2], qf[kk][3], b2, b3);
       }
     }
+    float (&s)[NT][4] = sc[0];
+#pragma unroll
+    for (int c = 1; c < NC; c++)
+#pragma unroll
+      for (int n = 0; n < NT; n++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) s[n][e] += sc[c][n][e];
 
     /* Causal mask (only where a key can lie past a row: the diagonal, the chunk's end) and the
      * online softmax in base 2, on raw scores (the scale goes into one FMA with the max); a
@@ -236,17 +255,40 @@ __global__ void __launch_bounds__(PfShape<HD>::THREADS) k_pf_attention(const PfA
   }
 }
 
+template <int HD, int KEYS, int NC>
+cudaError_t launch_shape(const PfAttnArgs &a, cudaStream_t st, int pdl) {
+  typedef PfShape<HD, KEYS> SH;
+  const dim3 grid((unsigned)((a.T + SH::BQ - 1) / SH::BQ * a.nh));
+  return kcclLaunch(k_pf_attention<HD, KEYS, NC>, grid, dim3(SH::THREADS), SH::SMEM, st, pdl, a);
+}
+
+/* The tuned shapes (64-key tiles, two score chains) exist for head sizes 64 and 128, the
+ * models' own; other sizes take the default. */
+constexpr bool pf_tuned(int hd) { return hd == 64 || hd == 128; }
+
 template <int HD>
 cudaError_t launch_hd(const PfAttnArgs &a, cudaStream_t st, int pdl) {
-  typedef PfShape<HD> SH;
-  const dim3 grid((unsigned)((a.T + SH::BQ - 1) / SH::BQ * a.nh));
-  return kcclLaunch(k_pf_attention<HD>, grid, dim3(SH::THREADS), SH::SMEM, st, pdl, a);
+  constexpr bool T = pf_tuned(HD);
+  if (T && a.keys == 64)
+    return a.chains == 2 ? launch_shape<HD, T ? 64 : 32, T ? 2 : 1>(a, st, pdl) : launch_shape<HD, T ? 64 : 32, 1>(a, st, pdl);
+  if (T && a.chains == 2) return launch_shape<HD, 32, T ? 2 : 1>(a, st, pdl);
+  return launch_shape<HD, 32, 1>(a, st, pdl);
+}
+
+template <int HD, int KEYS, int NC>
+cudaError_t attr_shape() {
+  return cudaFuncSetAttribute(k_pf_attention<HD, KEYS, NC>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                              (int)PfShape<HD, KEYS>::SMEM);
 }
 
 template <int HD>
 cudaError_t attr_hd() {
-  return cudaFuncSetAttribute(k_pf_attention<HD>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                              (int)PfShape<HD>::SMEM);
+  constexpr bool T = pf_tuned(HD);
+  cudaError_t e = attr_shape<HD, 32, 1>();
+  if (T && e == cudaSuccess) e = attr_shape<HD, T ? 64 : 32, 1>();
+  if (T && e == cudaSuccess) e = attr_shape<HD, T ? 64 : 32, T ? 2 : 1>();
+  if (T && e == cudaSuccess) e = attr_shape<HD, 32, T ? 2 : 1>();
+  return e;
 }
 
 }  // namespace

@@ -70,6 +70,13 @@ int derive(kie_engine *e, const kie_shape &s, int sms) {
   if (s.prefill_attn < 0 || s.prefill_attn > 2)
     return fail(KIE_E_ARG, "prefill_attn=%d: 0 (auto), 1 (launch order) or 2 (zigzag)", s.prefill_attn);
   e->pf_attn = s.prefill_attn == 1 ? PF_ORDER_LAUNCH : PF_ORDER_ZIGZAG;
+  if (s.prefill_attn_keys != 0 && s.prefill_attn_keys != 32 && s.prefill_attn_keys != 64)
+    return fail(KIE_E_ARG, "prefill_attn_keys=%d: 0 (auto), 32 or 64 (keys per attention tile)", s.prefill_attn_keys);
+  if (s.prefill_attn_chains < 0 || s.prefill_attn_chains > 2)
+    return fail(KIE_E_ARG, "prefill_attn_chains=%d: 0 (auto), 1 or 2 (the scores' accumulator chains)",
+                s.prefill_attn_chains);
+  e->pf_keys = s.prefill_attn_keys == 64 ? 64 : 32;
+  e->pf_chains = s.prefill_attn_chains == 2 ? 2 : 1;
   return KIE_OK;
 }
 
