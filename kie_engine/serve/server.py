@@ -92,8 +92,8 @@ def serve(a, world):
 
 
 # Sequences per step when --max-batch is not given, for the native CPU engine on one lane:
-# on the 2-core machine of bench/RESULTS.md a step of 8 sequences costs about what 2.1
-# single steps do (the weights are read once), 4 about 1.45.
+# on the 2-core machine of bench/RESULTS.md a step of 8 sequences costs about what 2.5
+# single steps do (the weights are read once), 4 about 1.4-1.7.
 DEFAULT_MAX_BATCH = 8
 
 
