@@ -87,6 +87,10 @@ SETTINGS = (
             "CUDA engine: accumulator chains of the batched prefill attention's scores: 0 = auto (1), 1, or 2 "
             "(even and odd steps of the head apart, half as long a chain of dependent products; head sizes 64 "
             "and 128).", 0, 2, **_GPU),
+    Setting("KIE_GPU_PREFILL_ATTN_MMA", "int", 0,
+            "CUDA engine: the batched prefill attention's score products: 0 = auto (1), 1 = mma.sync, 2 = "
+            "Hopper's warpgroup MMA from shared memory (compute capability 9.0 only; head sizes 64 and 128).",
+            0, 2, **_GPU),
     Setting("KIE_GPU_MONO_BLOCKS", "int", 0,
             "Monokernel: blocks of its grid; 0 = auto (every SM, or a share of them when lanes share the GPU).",
             0, 1 << 16, **_GPU),

@@ -108,6 +108,7 @@ int enqueue_prefill(kie_engine *e, int T, int mode) {
       at.order = e->pf_attn;
       at.keys = e->pf_keys;
       at.chains = e->pf_chains;
+      at.mma = e->pf_mma;
       CU(kie_launch_pf_attention(at, e->stream, e->s.pdl));
       TRY(blas_gemm(e, rows, s.hidden, e->qdim, e->pf_att, e->qdim, y.wo, e->qdim, S, hp, true, beta));
     } else {

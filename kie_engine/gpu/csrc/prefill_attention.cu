@@ -34,9 +34,9 @@ struct PfShape {
 /* Blocks an SM must hold for the default shape to keep its residency (registers capped to
  * fit); the tuned shapes count on two (a 1,024-token chunk of 16 heads is 256 blocks: two an
  * SM hold them all), which leaves them up to 255 registers. */
-template <int HD, int KEYS, int NC>
+template <int HD, int KEYS, int NC, bool WG>
 constexpr int pf_min_blocks() {
-  return KEYS == 32 && NC == 1 ? (HD <= 64 ? 4 : HD <= 128 ? 3 : 1) : 2;
+  return KEYS == 32 && NC == 1 && !WG ? (HD <= 64 ? 4 : HD <= 128 ? 3 : 1) : 2;
 }
 
 __device__ __forceinline__ uint32_t s_addr(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }
@@ -75,10 +75,67 @@ __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
   return *reinterpret_cast<const uint32_t *>(&v);
 }
 
+/* Warpgroup MMA (sm_90) for the scores: S (64 x N, f32) = Q (64 x 16k) K^T, both operands
+ * in shared memory in the K-major layout without swizzle: 8 x 8 core matrices of 128
+ * contiguous bytes (row i of one at byte 16 i), the K direction's next one 128 bytes on
+ * (LBO), the next eight rows CH * 128 on (SBO).  The accumulators' layout is mma.sync's
+ * m16n8 one, warp w holding rows 16 w .. 16 w + 15: d[4 n + e] is s[n][e]. */
+__device__ __forceinline__ uint64_t wg_desc(const void *p, uint32_t sbo) {
+  const uint64_t a = (s_addr(p) & 0x3FFFFu) >> 4;
+  return a | ((uint64_t)(128u >> 4) << 16) | ((uint64_t)(sbo >> 4) << 32); /* swizzle bits 62-63: none */
+}
+/* (r, c): row r, 16-byte chunk c of a core-matrix tile of CH chunks a row, in bf16 elements */
+template <int CH>
+__device__ __forceinline__ int wg_off(int r, int c) {
+  return ((r >> 3) * CH + c) * 64 + (r & 7) * 8;
+}
+/* sm_90a has them; the PTX for other GPUs does not (the host refuses prefill_attn_mma=2 there) */
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define KIE_WGMMA(...) asm volatile(__VA_ARGS__)
+#else
+#define KIE_WGMMA(...) __trap()
+#endif
+__device__ __forceinline__ void wg_fence() { KIE_WGMMA("wgmma.fence.sync.aligned;" ::: "memory"); }
+__device__ __forceinline__ void wg_commit_wait() {
+  KIE_WGMMA("wgmma.commit_group.sync.aligned;" ::: "memory");
+  KIE_WGMMA("wgmma.wait_group.sync.aligned 0;" ::: "memory");
+}
+template <int NT>
+__device__ __forceinline__ void wg_keep(float (&d)[NT][4]) { /* no access moves across the MMA */
+#pragma unroll
+  for (int n = 0; n < NT; n++)
+#pragma unroll
+    for (int e = 0; e < 4; e++) asm volatile("" : "+f"(d[n][e])::"memory");
+}
+__device__ __forceinline__ void wg_mma(float (&d)[4][4], uint64_t da, uint64_t db, int acc) {
+  KIE_WGMMA(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15}, "
+      "%16, %17, p, 1, 1, 0, 0;\n}\n"
+      : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]),
+        "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]),
+        "+f"(d[3][2]), "+f"(d[3][3])
+      : "l"(da), "l"(db), "r"(acc));
+}
+__device__ __forceinline__ void wg_mma(float (&d)[8][4], uint64_t da, uint64_t db, int acc) {
+  KIE_WGMMA(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,"
+      "%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}, %32, %33, p, 1, 1, 0, 0;\n}\n"
+      : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]),
+        "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]),
+        "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]),
+        "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]), "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]),
+        "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3])
+      : "l"(da), "l"(db), "r"(acc));
+}
+
 /* NC: independent accumulator chains of the scores (1, or 2: even and odd 16-element steps of
- * the head, added at the end: half as long a chain of dependent MMAs per tile). */
-template <int HD, int KEYS, int NC>
-__global__ void __launch_bounds__(128, pf_min_blocks<HD, KEYS, NC>()) k_pf_attention(const PfAttnArgs a) {
+ * the head, added at the end: half as long a chain of dependent MMAs per tile).  WG: the
+ * scores by warpgroup MMA from shared memory (Q and K tiles then in its core-matrix layout,
+ * V as before for the mma.sync product with P). */
+template <int HD, int KEYS, int NC, bool WG>
+__global__ void __launch_bounds__(128, pf_min_blocks<HD, KEYS, NC, WG>()) k_pf_attention(const PfAttnArgs a) {
   kcclDevPdlWait();
   typedef PfShape<HD, KEYS> SH;
   constexpr int BQ = SH::BQ, BK = SH::BK, LDS = SH::LDS, CH = HD / 8, NT = BK / 8, ND = HD / 8;
@@ -101,17 +158,33 @@ __global__ void __launch_bounds__(128, pf_min_blocks<HD, KEYS, NC>()) k_pf_atten
   const int nkeys = P0 + qend; /* keys 0 .. the block's last query position */
   const bf16 *K = a.kc + (size_t)kvh * a.max_seq * HD, *V = a.vc + (size_t)kvh * a.max_seq * HD;
 
+  /* a 16-byte chunk index i to (row, chunk): for the core-matrix layout, consecutive threads take
+   * consecutive rows of one core matrix (128 contiguous bytes), else consecutive chunks of a row */
+  auto rc = [&](int i, int &r, int &c) {
+    if (WG) {
+      c = (i >> 3) % CH;
+      r = (i / (8 * CH)) * 8 + (i & 7);
+    } else {
+      r = i / CH;
+      c = i - r * CH;
+    }
+  };
   for (int i = tid; i < BQ * CH; i += SH::THREADS) {
-    const int r = i / CH, c = i - r * CH, t = q0 + r;
-    cp16(Qs + r * LDS + c * 8, a.q + (size_t)min(t, a.T - 1) * a.q_ld + (size_t)h * HD + c * 8, t < a.T);
+    int r, c;
+    rc(i, r, c);
+    const int t = q0 + r;
+    cp16(Qs + (WG ? wg_off<CH>(r, c) : r * LDS + c * 8), a.q + (size_t)min(t, a.T - 1) * a.q_ld + (size_t)h * HD + c * 8,
+         t < a.T);
   }
   auto load_kv = [&](int tile, int stage) {
     const int k0 = tile * BK;
     for (int i = tid; i < BK * CH; i += SH::THREADS) {
-      const int r = i / CH, c = i - r * CH, key = k0 + r;
+      int r, c;
+      rc(i, r, c);
+      const int key = k0 + r;
       const bool ok = key < nkeys;
       const size_t off = (size_t)(ok ? key : 0) * HD + c * 8;
-      cp16(Ks + (stage * BK + r) * LDS + c * 8, K + off, ok);
+      cp16(Ks + stage * BK * LDS + (WG ? wg_off<CH>(r, c) : r * LDS + c * 8), K + off, ok);
       cp16(Vs + (stage * BK + r) * LDS + c * 8, V + off, ok);
     }
   };
@@ -121,7 +194,7 @@ __global__ void __launch_bounds__(128, pf_min_blocks<HD, KEYS, NC>()) k_pf_atten
     if (st < ntiles) load_kv(st, st);
     cp_commit();
   }
-  uint32_t qf[HD / 16][4];
+  uint32_t qf[WG ? 1 : HD / 16][4];
 
   float o[ND][4];
 #pragma unroll
@@ -138,32 +211,47 @@ __global__ void __launch_bounds__(128, pf_min_blocks<HD, KEYS, NC>()) k_pf_atten
     if (kt + ST - 1 < ntiles) load_kv(kt + ST - 1, (kt + ST - 1) % ST);
     cp_commit();
     cp_wait<ST - 1>(); /* this tile (and the queries) landed; the next ones may still be in flight */
+    if (WG) asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); /* cp.async's writes, for the MMA's reads */
     __syncthreads();
-    if (kt == 0)
+    if (!WG && kt == 0)
 #pragma unroll
       for (int kk = 0; kk < HD / 16; kk++)
-        ldsm4(qf[kk][0], qf[kk][1], qf[kk][2], qf[kk][3], Qs + (warp * 16 + (lane & 15)) * LDS + kk * 16 + (lane >> 4) * 8);
+        ldsm4(qf[WG ? 0 : kk][0], qf[WG ? 0 : kk][1], qf[WG ? 0 : kk][2], qf[WG ? 0 : kk][3],
+              Qs + (warp * 16 + (lane & 15)) * LDS + kk * 16 + (lane >> 4) * 8);
     const bf16 *Kt = Ks + (kt % ST) * BK * LDS, *Vt = Vs + (kt % ST) * BK * LDS;
     const int kb = kt * BK;
+
+    float sc[NC][NT][4];
+    if (WG) { /* the whole warpgroup, whatever its warps' rows */
+      wg_keep(sc[0]);
+      wg_fence();
+#pragma unroll
+      for (int kk = 0; kk < HD / 16; kk++)
+        wg_mma(sc[0], wg_desc(Qs + wg_off<CH>(0, 2 * kk), CH * 128), wg_desc(Kt + wg_off<CH>(0, 2 * kk), CH * 128), kk);
+      wg_commit_wait();
+      wg_keep(sc[0]);
+    }
     /* a tile wholly past the warp's last query adds nothing (the diagonal of a 64-row block) */
     if (kb > wlast) {
       __syncthreads();
       continue;
     }
-
-    float sc[NC][NT][4];
+    if (!WG) {
 #pragma unroll
-    for (int c = 0; c < NC; c++)
+      for (int c = 0; c < NC; c++)
 #pragma unroll
-      for (int n = 0; n < NT; n++) sc[c][n][0] = sc[c][n][1] = sc[c][n][2] = sc[c][n][3] = 0.f;
+        for (int n = 0; n < NT; n++) sc[c][n][0] = sc[c][n][1] = sc[c][n][2] = sc[c][n][3] = 0.f;
 #pragma unroll
-    for (int kk = 0; kk < HD / 16; kk++) {
+      for (int kk = 0; kk < HD / 16; kk++) {
 #pragma unroll
-      for (int n = 0; n < NT; n += 2) {
-        uint32_t b0, b1, b2, b3;
-        ldsm4(b0, b1, b2, b3, Kt + ((n + (mi >> 1)) * 8 + rr) * LDS + kk * 16 + (mi & 1) * 8);
-        mma16816(sc[kk % NC][n], qf[kk][0], qf[kk][1], qf[kk][2], qf[kk][3], b0, b1);
-        mma16816(sc[kk % NC][n + 1], qf[kk][0], qf[kk][1], qf[kk][2], qf[kk][3], b2, b3);
+        for (int n = 0; n < NT; n += 2) {
+          uint32_t b0, b1, b2, b3;
+          ldsm4(b0, b1, b2, b3, Kt + ((n + (mi >> 1)) * 8 + rr) * LDS + kk * 16 + (mi & 1) * 8);
+          mma16816(sc[kk % NC][n], qf[WG ? 0 : kk][0], qf[WG ? 0 : kk][1], qf[WG ? 0 : kk][2], qf[WG ? 0 : kk][3], b0,
+                   b1);
+          mma16816(sc[kk % NC][n + 1], qf[WG ? 0 : kk][0], qf[WG ? 0 : kk][1], qf[WG ? 0 : kk][2],
+                   qf[WG ? 0 : kk][3], b2, b3);
+        }
       }
     }
     float (&s)[NT][4] = sc[0];
@@ -255,39 +343,45 @@ __global__ void __launch_bounds__(128, pf_min_blocks<HD, KEYS, NC>()) k_pf_atten
   }
 }
 
-template <int HD, int KEYS, int NC>
+template <int HD, int KEYS, int NC, bool WG = false>
 cudaError_t launch_shape(const PfAttnArgs &a, cudaStream_t st, int pdl) {
   typedef PfShape<HD, KEYS> SH;
   const dim3 grid((unsigned)((a.T + SH::BQ - 1) / SH::BQ * a.nh));
-  return kcclLaunch(k_pf_attention<HD, KEYS, NC>, grid, dim3(SH::THREADS), SH::SMEM, st, pdl, a);
+  return kcclLaunch(k_pf_attention<HD, KEYS, NC, WG>, grid, dim3(SH::THREADS), SH::SMEM, st, pdl, a);
 }
 
-/* The tuned shapes (64-key tiles, two score chains) exist for head sizes 64 and 128, the
- * models' own; other sizes take the default. */
+/* The tuned shapes (64-key tiles, two score chains, warpgroup MMA) exist for head sizes 64 and
+ * 128, the models' own; other sizes take the default. */
 constexpr bool pf_tuned(int hd) { return hd == 64 || hd == 128; }
 
 template <int HD>
 cudaError_t launch_hd(const PfAttnArgs &a, cudaStream_t st, int pdl) {
   constexpr bool T = pf_tuned(HD);
+  constexpr int K64 = T ? 64 : 32;
+  if (T && a.mma == 2) /* warpgroup MMA: one score chain by construction */
+    return a.keys == 64 ? launch_shape<HD, K64, 1, T>(a, st, pdl) : launch_shape<HD, 32, 1, T>(a, st, pdl);
   if (T && a.keys == 64)
-    return a.chains == 2 ? launch_shape<HD, T ? 64 : 32, T ? 2 : 1>(a, st, pdl) : launch_shape<HD, T ? 64 : 32, 1>(a, st, pdl);
+    return a.chains == 2 ? launch_shape<HD, K64, T ? 2 : 1>(a, st, pdl) : launch_shape<HD, K64, 1>(a, st, pdl);
   if (T && a.chains == 2) return launch_shape<HD, 32, T ? 2 : 1>(a, st, pdl);
   return launch_shape<HD, 32, 1>(a, st, pdl);
 }
 
-template <int HD, int KEYS, int NC>
+template <int HD, int KEYS, int NC, bool WG = false>
 cudaError_t attr_shape() {
-  return cudaFuncSetAttribute(k_pf_attention<HD, KEYS, NC>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+  return cudaFuncSetAttribute(k_pf_attention<HD, KEYS, NC, WG>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                               (int)PfShape<HD, KEYS>::SMEM);
 }
 
 template <int HD>
 cudaError_t attr_hd() {
   constexpr bool T = pf_tuned(HD);
+  constexpr int K64 = T ? 64 : 32;
   cudaError_t e = attr_shape<HD, 32, 1>();
-  if (T && e == cudaSuccess) e = attr_shape<HD, T ? 64 : 32, 1>();
-  if (T && e == cudaSuccess) e = attr_shape<HD, T ? 64 : 32, T ? 2 : 1>();
+  if (T && e == cudaSuccess) e = attr_shape<HD, K64, 1>();
+  if (T && e == cudaSuccess) e = attr_shape<HD, K64, T ? 2 : 1>();
   if (T && e == cudaSuccess) e = attr_shape<HD, 32, T ? 2 : 1>();
+  if (T && e == cudaSuccess) e = attr_shape<HD, 32, 1, T>();
+  if (T && e == cudaSuccess) e = attr_shape<HD, K64, 1, T>();
   return e;
 }
 
