@@ -14,7 +14,12 @@
  * each other's waits) and read with ldmatrix, V transposed by it.  Rows are
  * padded by 16 bytes so that ldmatrix's eight rows fall in different banks.  Keys
  * past the chunk's end are zero-filled, never read, so a stale cache cannot bring
- * a NaN into the sum. */
+ * a NaN into the sum.  Only the tiles a warp's rows can see past are masked, and
+ * a warp skips the tiles wholly past its last row.
+ *
+ * Three tuned shapes (PfAttnArgs keys, chains, mma; head sizes 64 and 128) are
+ * there to be measured against this one: 64-key tiles, the scores as two chains
+ * of MMAs, and the scores by Hopper's warpgroup MMA from shared memory. */
 #include <math.h>
 
 #include "kie_kernels.h"
@@ -75,7 +80,7 @@ __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
   return *reinterpret_cast<const uint32_t *>(&v);
 }
 
-/* Warpgroup MMA (sm_90) for the scores: S (64 x N, f32) = Q (64 x 16k) K^T, both operands
+/* Warpgroup MMA (sm_90a) for the scores: S (64 x N, f32) = Q (64 x 16k) K^T, both operands
  * in shared memory in the K-major layout without swizzle: 8 x 8 core matrices of 128
  * contiguous bytes (row i of one at byte 16 i), the K direction's next one 128 bytes on
  * (LBO), the next eight rows CH * 128 on (SBO).  The accumulators' layout is mma.sync's
