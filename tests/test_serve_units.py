@@ -283,3 +283,24 @@ def test_http_stack_choices_need_their_modules(monkeypatch):
     assert server._loop_factory("auto") is None  # nothing installed: asyncio's own loop
     monkeypatch.setattr(server, "_installed", lambda name: True)
     assert server._loop_factory("asyncio") is None
+
+
+def test_run_takes_the_loop_factory(monkeypatch):
+    """serve's loop runner: asyncio's own loop without a factory, the factory's otherwise,
+    with or without asyncio.Runner (Python 3.10 has none)."""
+    from kie_engine.serve import server
+
+    made = []
+
+    def factory():
+        loop = asyncio.new_event_loop()
+        made.append(loop)
+        return loop
+
+    async def which():
+        return asyncio.get_running_loop()
+
+    assert server._run(which(), None) not in made
+    assert server._run(which(), factory) is made[-1] and made[-1].is_closed()
+    monkeypatch.delattr(asyncio, "Runner", raising=False)
+    assert server._run(which(), factory) is made[-1] and made[-1].is_closed()

@@ -142,6 +142,26 @@ def _loop_factory(name):
     return uvloop.new_event_loop
 
 
+def _run(coro, factory):
+    """asyncio.run on factory's loop (None: asyncio's own): asyncio.Runner from Python 3.11, by
+    hand on 3.10."""
+    if factory is None:
+        return asyncio.run(coro)
+    if hasattr(asyncio, "Runner"):
+        with asyncio.Runner(loop_factory=factory) as runner:
+            return runner.run(coro)
+    loop = factory()
+    asyncio.set_event_loop(loop)
+    try:
+        return loop.run_until_complete(coro)
+    finally:
+        try:
+            loop.run_until_complete(loop.shutdown_asyncgens())
+        finally:
+            asyncio.set_event_loop(None)
+            loop.close()
+
+
 def _serve_http(a, sock, size, cfg, tok, template, stop, chat_stop, runner, context, max_batch, source, kv_bytes):
     import uvicorn
     from .app import ServeState, build_app
@@ -189,8 +209,7 @@ def _serve_http(a, sock, size, cfg, tok, template, stop, chat_stop, runner, cont
     batch = f", batches of up to {max_batch}" if max_batch > 1 else ""
     print(f"KIE serving {model_id} ({a.device}{lanes}, context {context}{batch}) at http://{where}:{port}", flush=True)
     try:
-        with asyncio.Runner(loop_factory=_loop_factory(getattr(a, "loop", "auto"))) as runner_:
-            runner_.run(server.serve(sockets=[sock]))
+        _run(server.serve(sockets=[sock]), _loop_factory(getattr(a, "loop", "auto")))
     finally:
         scheduler.shutdown(0)
         if not scheduler.join(timeout=60):
