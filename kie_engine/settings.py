@@ -88,9 +88,9 @@ SETTINGS = (
             "(even and odd steps of the head apart, half as long a chain of dependent products; head sizes 64 "
             "and 128).", 0, 2, **_GPU),
     Setting("KIE_GPU_PREFILL_ATTN_MMA", "int", 0,
-            "CUDA engine: the batched prefill attention's score products: 0 = auto (1), 1 = mma.sync, 2 = "
-            "Hopper's warpgroup MMA from shared memory (compute capability 9.0 only; head sizes 64 and 128).",
-            0, 2, **_GPU),
+            "CUDA engine: the batched prefill attention's products: 0 = auto (1), 1 = mma.sync, 2 = the scores "
+            "by Hopper's warpgroup MMA from shared memory, 3 = the scores and P V by it (compute capability 9.0 "
+            "only; head sizes 64 and 128).", 0, 3, **_GPU),
     Setting("KIE_GPU_MONO_BLOCKS", "int", 0,
             "Monokernel: blocks of its grid; 0 = auto (every SM, or a share of them when lanes share the GPU).",
             0, 1 << 16, **_GPU),

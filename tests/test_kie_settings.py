@@ -38,7 +38,7 @@ def test_good_values(name, text, want):
     ("KIE_GPU_MONO_BLOCKS", "-1", GpuArgumentError), ("KIE_GPU_KERNEL", "fast", GpuArgumentError),
     ("KIE_GPU_PDL", "yes", GpuArgumentError), ("KIE_GPU_ATT_CHUNK", "1.5", GpuArgumentError),
     ("KIE_GPU_PREFILL_ATTN", "3", GpuArgumentError), ("KIE_GPU_PREFILL_ATTN_CHAINS", "3", GpuArgumentError),
-    ("KIE_GPU_PREFILL_ATTN_KEYS", "65", GpuArgumentError), ("KIE_GPU_PREFILL_ATTN_MMA", "3", GpuArgumentError),
+    ("KIE_GPU_PREFILL_ATTN_KEYS", "65", GpuArgumentError), ("KIE_GPU_PREFILL_ATTN_MMA", "4", GpuArgumentError),
     ("KIE_BLAS_THREADS", "0", SettingError), ("KIE_BLAS_THREADS", "two", SettingError),
     ("KIE_CPU_HIDE", "sse4", SettingError), ("KIE_CPU_HIDE", "avx2 avx512", SettingError)])
 def test_bad_values_are_refused_naming_the_variable(name, text, error):

@@ -91,9 +91,9 @@ int kie_plan_bytes(const kie_shape *s, int device, size_t *bytes) {
   CU(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
   CU(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
   /* the warpgroup MMA is compiled for sm_90a alone (other GPUs run the PTX, which lacks it) */
-  if (s->prefill_attn_mma == 2 && (major != 9 || minor != 0))
-    return fail(KIE_E_ARG, "prefill_attn_mma=2 (warpgroup MMA) needs a compute capability 9.0 GPU (H100, H200); "
-                           "device %d is %d.%d", device, major, minor);
+  if (s->prefill_attn_mma >= 2 && (major != 9 || minor != 0))
+    return fail(KIE_E_ARG, "prefill_attn_mma=%d (warpgroup MMA) needs a compute capability 9.0 GPU (H100, H200); "
+                           "device %d is %d.%d", s->prefill_attn_mma, device, major, minor);
   kie_engine probe;
   TRY(derive(&probe, *s, sms));
   *bytes = layout(&probe, nullptr);

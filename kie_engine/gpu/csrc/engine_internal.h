@@ -122,7 +122,7 @@ struct kie_engine {
   int *pf_tok;
   int pf_attn;             /* the order of the prefill attention's blocks (PF_ORDER_*) */
   int pf_keys, pf_chains;  /* its keys per tile (32, 64) and score chains (1, 2) */
-  int pf_mma;              /* its scores by mma.sync (1) or warpgroup MMA (2) */
+  int pf_mma;              /* its products: mma.sync (1), the scores (2) or both (3) by warpgroup MMA */
   std::vector<char> have; /* which uploads have arrived */
   std::vector<uint64_t> req;
   int pos_h, step_h;      /* the host's count of what it enqueued */

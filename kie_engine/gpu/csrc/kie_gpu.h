@@ -97,7 +97,8 @@ typedef struct {
                                   1 launch order (a head's query tiles in turn), 2 zigzag (kie_kernels.h) */
   int prefill_attn_keys;       /* keys per tile of the batched prefill's attention: 0 auto (32), 32 or 64 */
   int prefill_attn_chains;     /* its scores' accumulator chains: 0 auto (1), 1 or 2 */
-  int prefill_attn_mma;        /* its scores' products: 0 auto (1), 1 mma.sync, 2 warpgroup MMA (sm_90a) */
+  int prefill_attn_mma;        /* its products: 0 auto (1), 1 mma.sync, 2 the scores by warpgroup MMA (sm_90a),
+                                  3 the scores and P V by it */
 } kie_shape;
 
 typedef struct {

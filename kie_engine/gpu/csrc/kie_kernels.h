@@ -237,7 +237,7 @@ struct PfAttnArgs {
   int order;           /* PF_ORDER_*: which block takes which (query tile, head) */
   int keys;            /* keys per tile: 32, or 64 (head sizes 64 and 128) */
   int chains;          /* the scores' accumulator chains: 1, or 2 (head sizes 64 and 128) */
-  int mma;             /* the scores' products: 1 mma.sync, 2 warpgroup MMA (head sizes 64 and 128) */
+  int mma;             /* 1 mma.sync, 2 the scores by warpgroup MMA, 3 both products (head sizes 64, 128) */
 };
 /* Causality makes a query tile's work grow with its index.  Launch order gives block b
  * head b / tiles, tile b % tiles; zigzag gives the first half of the blocks the longest

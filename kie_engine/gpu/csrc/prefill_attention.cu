@@ -17,9 +17,9 @@
  * a NaN into the sum.  Only the tiles a warp's rows can see past are masked, and
  * a warp skips the tiles wholly past its last row.
  *
- * Three tuned shapes (PfAttnArgs keys, chains, mma; head sizes 64 and 128) are
- * there to be measured against this one: 64-key tiles, the scores as two chains
- * of MMAs, and the scores by Hopper's warpgroup MMA from shared memory. */
+ * Tuned shapes (PfAttnArgs keys, chains, mma; head sizes 64 and 128) are there to
+ * be measured against this one: 64-key tiles, the scores as two chains of MMAs,
+ * and Hopper's warpgroup MMA for the scores, or for the scores and P V. */
 #include <math.h>
 
 #include "kie_kernels.h"
@@ -39,9 +39,9 @@ struct PfShape {
 /* Blocks an SM must hold for the default shape to keep its residency (registers capped to
  * fit); the tuned shapes count on two (a 1,024-token chunk of 16 heads is 256 blocks: two an
  * SM hold them all), which leaves them up to 255 registers. */
-template <int HD, int KEYS, int NC, bool WG>
+template <int HD, int KEYS, int NC, int WG>
 constexpr int pf_min_blocks() {
-  return KEYS == 32 && NC == 1 && !WG ? (HD <= 64 ? 4 : HD <= 128 ? 3 : 1) : 2;
+  return KEYS == 32 && NC == 1 && WG == 0 ? (HD <= 64 ? 4 : HD <= 128 ? 3 : 1) : 2;
 }
 
 __device__ __forceinline__ uint32_t s_addr(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }
@@ -85,9 +85,9 @@ __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
  * contiguous bytes (row i of one at byte 16 i), the K direction's next one 128 bytes on
  * (LBO), the next eight rows CH * 128 on (SBO).  The accumulators' layout is mma.sync's
  * m16n8 one, warp w holding rows 16 w .. 16 w + 15: d[4 n + e] is s[n][e]. */
-__device__ __forceinline__ uint64_t wg_desc(const void *p, uint32_t sbo) {
+__device__ __forceinline__ uint64_t wg_desc(const void *p, uint32_t lbo, uint32_t sbo) {
   const uint64_t a = (s_addr(p) & 0x3FFFFu) >> 4;
-  return a | ((uint64_t)(128u >> 4) << 16) | ((uint64_t)(sbo >> 4) << 32); /* swizzle bits 62-63: none */
+  return a | ((uint64_t)(lbo >> 4) << 16) | ((uint64_t)(sbo >> 4) << 32); /* swizzle bits 62-63: none */
 }
 /* (r, c): row r, 16-byte chunk c of a core-matrix tile of CH chunks a row, in bf16 elements */
 template <int CH>
@@ -135,11 +135,48 @@ __device__ __forceinline__ void wg_mma(float (&d)[8][4], uint64_t da, uint64_t d
       : "l"(da), "l"(db), "r"(acc));
 }
 
+/* O += P V with P (bf16) from registers, as mma.sync's A fragments of a warp's 16 rows, and V in
+ * shared memory MN-major (its 8 keys x 8 columns core matrices: LBO the next 8 keys, SBO the next
+ * 8 columns; imm-trans-b = 1) */
+__device__ __forceinline__ void wg_mma_rs(float (&d)[8][4], const uint32_t (&a)[4], uint64_t db, int acc) {
+  KIE_WGMMA(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {"
+      "%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,"
+      "%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31"
+      "}, {%32,%33,%34,%35}, %36, p, 1, 1, 1;\n}\n"
+      : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]),
+        "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]),
+        "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]),
+        "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(acc));
+}
+__device__ __forceinline__ void wg_mma_rs(float (&d)[16][4], const uint32_t (&a)[4], uint64_t db, int acc) {
+  KIE_WGMMA(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {"
+      "%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,"
+      "%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,"
+      "%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,"
+      "%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63"
+      "}, {%64,%65,%66,%67}, %68, p, 1, 1, 1;\n}\n"
+      : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]),
+        "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]),
+        "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]),
+        "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3]),
+        "+f"(d[8][0]), "+f"(d[8][1]), "+f"(d[8][2]), "+f"(d[8][3]), "+f"(d[9][0]), "+f"(d[9][1]), "+f"(d[9][2]), "+f"(d[9][3]),
+        "+f"(d[10][0]), "+f"(d[10][1]), "+f"(d[10][2]), "+f"(d[10][3]), "+f"(d[11][0]), "+f"(d[11][1]), "+f"(d[11][2]), "+f"(d[11][3]),
+        "+f"(d[12][0]), "+f"(d[12][1]), "+f"(d[12][2]), "+f"(d[12][3]), "+f"(d[13][0]), "+f"(d[13][1]), "+f"(d[13][2]), "+f"(d[13][3]),
+        "+f"(d[14][0]), "+f"(d[14][1]), "+f"(d[14][2]), "+f"(d[14][3]), "+f"(d[15][0]), "+f"(d[15][1]), "+f"(d[15][2]), "+f"(d[15][3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(acc));
+}
+
 /* NC: independent accumulator chains of the scores (1, or 2: even and odd 16-element steps of
- * the head, added at the end: half as long a chain of dependent MMAs per tile).  WG: the
+ * the head, added at the end: half as long a chain of dependent MMAs per tile).  WG: 1 the
  * scores by warpgroup MMA from shared memory (Q and K tiles then in its core-matrix layout,
- * V as before for the mma.sync product with P). */
-template <int HD, int KEYS, int NC, bool WG>
+ * V as before for the mma.sync product with P); 2 both products by warpgroup MMA (V in the
+ * core-matrix layout too, read MN-major; P from registers). */
+template <int HD, int KEYS, int NC, int WG>
 __global__ void __launch_bounds__(128, pf_min_blocks<HD, KEYS, NC, WG>()) k_pf_attention(const PfAttnArgs a) {
   kcclDevPdlWait();
   typedef PfShape<HD, KEYS> SH;
@@ -190,7 +227,7 @@ __global__ void __launch_bounds__(128, pf_min_blocks<HD, KEYS, NC, WG>()) k_pf_a
       const bool ok = key < nkeys;
       const size_t off = (size_t)(ok ? key : 0) * HD + c * 8;
       cp16(Ks + stage * BK * LDS + (WG ? wg_off<CH>(r, c) : r * LDS + c * 8), K + off, ok);
-      cp16(Vs + (stage * BK + r) * LDS + c * 8, V + off, ok);
+      cp16(Vs + stage * BK * LDS + (WG == 2 ? wg_off<CH>(r, c) : r * LDS + c * 8), V + off, ok);
     }
   };
   const int ntiles = (nkeys + BK - 1) / BK;
@@ -232,12 +269,14 @@ __global__ void __launch_bounds__(128, pf_min_blocks<HD, KEYS, NC, WG>()) k_pf_a
       wg_fence();
 #pragma unroll
       for (int kk = 0; kk < HD / 16; kk++)
-        wg_mma(sc[0], wg_desc(Qs + wg_off<CH>(0, 2 * kk), CH * 128), wg_desc(Kt + wg_off<CH>(0, 2 * kk), CH * 128), kk);
+        wg_mma(sc[0], wg_desc(Qs + wg_off<CH>(0, 2 * kk), 128, CH * 128), wg_desc(Kt + wg_off<CH>(0, 2 * kk), 128, CH * 128),
+               kk);
       wg_commit_wait();
       wg_keep(sc[0]);
     }
-    /* a tile wholly past the warp's last query adds nothing (the diagonal of a 64-row block) */
-    if (kb > wlast) {
+    /* a tile wholly past the warp's last query adds nothing (the diagonal of a 64-row block);
+     * with warpgroup MMA for P V every warp takes part (its masked scores add zeros) */
+    if (WG != 2 && kb > wlast) {
       __syncthreads();
       continue;
     }
@@ -314,17 +353,31 @@ __global__ void __launch_bounds__(128, pf_min_blocks<HD, KEYS, NC, WG>()) k_pf_a
     }
 
     /* O += P V: P's accumulators are the A fragments of the next product. */
+    if constexpr (WG == 2) { /* 16 keys a step, V's core matrices: the next 8 keys CH * 128 bytes on, columns 128 */
+      wg_keep(o);
+      wg_fence();
 #pragma unroll
-    for (int k2 = 0; k2 < BK / 16; k2++) {
-      const uint32_t a0 = pack_bf16(s[2 * k2][0], s[2 * k2][1]), a1 = pack_bf16(s[2 * k2][2], s[2 * k2][3]);
-      const uint32_t a2 = pack_bf16(s[2 * k2 + 1][0], s[2 * k2 + 1][1]);
-      const uint32_t a3 = pack_bf16(s[2 * k2 + 1][2], s[2 * k2 + 1][3]);
+      for (int k2 = 0; k2 < BK / 16; k2++) {
+        const uint32_t pa[4] = {pack_bf16(s[2 * k2][0], s[2 * k2][1]), pack_bf16(s[2 * k2][2], s[2 * k2][3]),
+                                pack_bf16(s[2 * k2 + 1][0], s[2 * k2 + 1][1]),
+                                pack_bf16(s[2 * k2 + 1][2], s[2 * k2 + 1][3])};
+        wg_mma_rs(o, pa, wg_desc(Vt + wg_off<CH>(16 * k2, 0), CH * 128, 128), 1);
+      }
+      wg_commit_wait();
+      wg_keep(o);
+    } else {
 #pragma unroll
-      for (int n = 0; n < ND; n += 2) {
-        uint32_t b0, b1, b2, b3;
-        ldsm4t(b0, b1, b2, b3, Vt + (k2 * 16 + (mi & 1) * 8 + rr) * LDS + (n + (mi >> 1)) * 8);
-        mma16816(o[n], a0, a1, a2, a3, b0, b1);
-        mma16816(o[n + 1], a0, a1, a2, a3, b2, b3);
+      for (int k2 = 0; k2 < BK / 16; k2++) {
+        const uint32_t a0 = pack_bf16(s[2 * k2][0], s[2 * k2][1]), a1 = pack_bf16(s[2 * k2][2], s[2 * k2][3]);
+        const uint32_t a2 = pack_bf16(s[2 * k2 + 1][0], s[2 * k2 + 1][1]);
+        const uint32_t a3 = pack_bf16(s[2 * k2 + 1][2], s[2 * k2 + 1][3]);
+#pragma unroll
+        for (int n = 0; n < ND; n += 2) {
+          uint32_t b0, b1, b2, b3;
+          ldsm4t(b0, b1, b2, b3, Vt + (k2 * 16 + (mi & 1) * 8 + rr) * LDS + (n + (mi >> 1)) * 8);
+          mma16816(o[n], a0, a1, a2, a3, b0, b1);
+          mma16816(o[n + 1], a0, a1, a2, a3, b2, b3);
+        }
       }
     }
     __syncthreads(); /* this stage is refilled ST tiles on */
@@ -348,7 +401,7 @@ __global__ void __launch_bounds__(128, pf_min_blocks<HD, KEYS, NC, WG>()) k_pf_a
   }
 }
 
-template <int HD, int KEYS, int NC, bool WG = false>
+template <int HD, int KEYS, int NC, int WG = 0>
 cudaError_t launch_shape(const PfAttnArgs &a, cudaStream_t st, int pdl) {
   typedef PfShape<HD, KEYS> SH;
   const dim3 grid((unsigned)((a.T + SH::BQ - 1) / SH::BQ * a.nh));
@@ -363,15 +416,18 @@ template <int HD>
 cudaError_t launch_hd(const PfAttnArgs &a, cudaStream_t st, int pdl) {
   constexpr bool T = pf_tuned(HD);
   constexpr int K64 = T ? 64 : 32;
-  if (T && a.mma == 2) /* warpgroup MMA: one score chain by construction */
-    return a.keys == 64 ? launch_shape<HD, K64, 1, T>(a, st, pdl) : launch_shape<HD, 32, 1, T>(a, st, pdl);
+  if (T && a.mma >= 2) { /* warpgroup MMA: one score chain by construction */
+    if (a.mma == 3)
+      return a.keys == 64 ? launch_shape<HD, K64, 1, T ? 2 : 0>(a, st, pdl) : launch_shape<HD, 32, 1, T ? 2 : 0>(a, st, pdl);
+    return a.keys == 64 ? launch_shape<HD, K64, 1, T ? 1 : 0>(a, st, pdl) : launch_shape<HD, 32, 1, T ? 1 : 0>(a, st, pdl);
+  }
   if (T && a.keys == 64)
     return a.chains == 2 ? launch_shape<HD, K64, T ? 2 : 1>(a, st, pdl) : launch_shape<HD, K64, 1>(a, st, pdl);
   if (T && a.chains == 2) return launch_shape<HD, 32, T ? 2 : 1>(a, st, pdl);
   return launch_shape<HD, 32, 1>(a, st, pdl);
 }
 
-template <int HD, int KEYS, int NC, bool WG = false>
+template <int HD, int KEYS, int NC, int WG = 0>
 cudaError_t attr_shape() {
   return cudaFuncSetAttribute(k_pf_attention<HD, KEYS, NC, WG>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                               (int)PfShape<HD, KEYS>::SMEM);
@@ -385,8 +441,10 @@ cudaError_t attr_hd() {
   if (T && e == cudaSuccess) e = attr_shape<HD, K64, 1>();
   if (T && e == cudaSuccess) e = attr_shape<HD, K64, T ? 2 : 1>();
   if (T && e == cudaSuccess) e = attr_shape<HD, 32, T ? 2 : 1>();
-  if (T && e == cudaSuccess) e = attr_shape<HD, 32, 1, T>();
-  if (T && e == cudaSuccess) e = attr_shape<HD, K64, 1, T>();
+  if (T && e == cudaSuccess) e = attr_shape<HD, 32, 1, T ? 1 : 0>();
+  if (T && e == cudaSuccess) e = attr_shape<HD, K64, 1, T ? 1 : 0>();
+  if (T && e == cudaSuccess) e = attr_shape<HD, 32, 1, T ? 2 : 0>();
+  if (T && e == cudaSuccess) e = attr_shape<HD, K64, 1, T ? 2 : 0>();
   return e;
 }
 

@@ -75,9 +75,10 @@ int derive(kie_engine *e, const kie_shape &s, int sms) {
   if (s.prefill_attn_chains < 0 || s.prefill_attn_chains > 2)
     return fail(KIE_E_ARG, "prefill_attn_chains=%d: 0 (auto), 1 or 2 (the scores' accumulator chains)",
                 s.prefill_attn_chains);
-  if (s.prefill_attn_mma < 0 || s.prefill_attn_mma > 2)
-    return fail(KIE_E_ARG, "prefill_attn_mma=%d: 0 (auto), 1 (mma.sync) or 2 (warpgroup MMA)", s.prefill_attn_mma);
-  e->pf_mma = s.prefill_attn_mma == 2 ? 2 : 1;
+  if (s.prefill_attn_mma < 0 || s.prefill_attn_mma > 3)
+    return fail(KIE_E_ARG, "prefill_attn_mma=%d: 0 (auto), 1 (mma.sync), 2 (the scores by warpgroup MMA) or 3 (both "
+                "products by it)", s.prefill_attn_mma);
+  e->pf_mma = s.prefill_attn_mma >= 2 ? s.prefill_attn_mma : 1;
   e->pf_keys = s.prefill_attn_keys == 64 ? 64 : 32;
   e->pf_chains = s.prefill_attn_chains == 2 ? 2 : 1;
   return KIE_OK;
