@@ -43,8 +43,8 @@ def own_cpu():
 
 
 def main():
-    from cpu_serve_concurrent import PROMPTS, _client, _stream, _together
-    from _serve import ServerProcess, metric, parse_metrics
+    from cpu_serve_concurrent import PROMPTS, _client, _stream
+    from _serve import ServerProcess
     from kie_engine.formats.sources import resolve
 
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
@@ -71,8 +71,7 @@ def main():
         for r in range(a.rounds):
             order = [(name, n) for name in servers for n in (1, a.concurrent)]
             for name, n in (order if r % 2 == 0 else order[::-1]):
-                rows[name][n].append(measure(servers[name], n, a.tokens, PROMPTS, _client, _together, metric,
-                                             parse_metrics))
+                rows[name][n].append(measure(servers[name], n, a.tokens, PROMPTS))
                 print(f"round {r}, {name}, {n} at once: "
                       + ", ".join(f"{k} {v:.3g}" for k, v in rows[name][n][-1].items()), flush=True)
     finally:
@@ -91,10 +90,12 @@ def main():
             json.dump(report, f, indent=1)
 
 
-def measure(srv, n, tokens, prompts, client_of, together, metric, parse_metrics):
+def measure(srv, n, tokens, prompts):
     """n streamed requests at once against srv: tokens/s at the client and the CPU per token of
     the client (this process), the server's event loop (its main thread) and its other threads
     (the engine's), with the wall time per engine step"""
+    from cpu_serve_concurrent import _client, _together
+    from _serve import metric, parse_metrics
     pid = srv.proc.pid
 
     def steps():
@@ -102,9 +103,9 @@ def measure(srv, n, tokens, prompts, client_of, together, metric, parse_metrics)
         c.request("GET", "/metrics")
         return metric(parse_metrics(c.getresponse().read().decode())[0], "kie_batch_size_per_step_count")
 
-    client = client_of(srv.url)
+    client = _client(srv.url)
     before, c0, s0, t0 = thread_cpu(pid), own_cpu(), steps(), time.perf_counter()
-    out = together(client, srv.name, (prompts * n)[:n], tokens)
+    out = _together(client, srv.name, (prompts * n)[:n], tokens)
     wall, c1, s1, after = time.perf_counter() - t0, own_cpu(), steps(), thread_cpu(pid)
     toks = sum(v[1] for v in out.values())
     loop = after.get(pid, 0) - before.get(pid, 0)

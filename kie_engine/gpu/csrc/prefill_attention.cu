@@ -236,7 +236,7 @@ __global__ void __launch_bounds__(128, pf_min_blocks<HD, KEYS, NC, WG>()) k_pf_a
     if (st < ntiles) load_kv(st, st);
     cp_commit();
   }
-  uint32_t qf[WG ? 1 : HD / 16][4];
+  uint32_t qf[HD / 16][4]; /* mma.sync's queries (unused, so not kept, with warpgroup MMA) */
 
   float o[ND][4];
 #pragma unroll
@@ -258,8 +258,7 @@ __global__ void __launch_bounds__(128, pf_min_blocks<HD, KEYS, NC, WG>()) k_pf_a
     if (!WG && kt == 0)
 #pragma unroll
       for (int kk = 0; kk < HD / 16; kk++)
-        ldsm4(qf[WG ? 0 : kk][0], qf[WG ? 0 : kk][1], qf[WG ? 0 : kk][2], qf[WG ? 0 : kk][3],
-              Qs + (warp * 16 + (lane & 15)) * LDS + kk * 16 + (lane >> 4) * 8);
+        ldsm4(qf[kk][0], qf[kk][1], qf[kk][2], qf[kk][3], Qs + (warp * 16 + (lane & 15)) * LDS + kk * 16 + (lane >> 4) * 8);
     const bf16 *Kt = Ks + (kt % ST) * BK * LDS, *Vt = Vs + (kt % ST) * BK * LDS;
     const int kb = kt * BK;
 
@@ -291,10 +290,8 @@ __global__ void __launch_bounds__(128, pf_min_blocks<HD, KEYS, NC, WG>()) k_pf_a
         for (int n = 0; n < NT; n += 2) {
           uint32_t b0, b1, b2, b3;
           ldsm4(b0, b1, b2, b3, Kt + ((n + (mi >> 1)) * 8 + rr) * LDS + kk * 16 + (mi & 1) * 8);
-          mma16816(sc[kk % NC][n], qf[WG ? 0 : kk][0], qf[WG ? 0 : kk][1], qf[WG ? 0 : kk][2], qf[WG ? 0 : kk][3], b0,
-                   b1);
-          mma16816(sc[kk % NC][n + 1], qf[WG ? 0 : kk][0], qf[WG ? 0 : kk][1], qf[WG ? 0 : kk][2],
-                   qf[WG ? 0 : kk][3], b2, b3);
+          mma16816(sc[kk % NC][n], qf[kk][0], qf[kk][1], qf[kk][2], qf[kk][3], b0, b1);
+          mma16816(sc[kk % NC][n + 1], qf[kk][0], qf[kk][1], qf[kk][2], qf[kk][3], b2, b3);
         }
       }
     }
@@ -412,19 +409,21 @@ cudaError_t launch_shape(const PfAttnArgs &a, cudaStream_t st, int pdl) {
  * 128, the models' own; other sizes take the default. */
 constexpr bool pf_tuned(int hd) { return hd == 64 || hd == 128; }
 
+/* The shape a launch asks for at one tile size: warpgroup MMA for both products (mma 3) or the
+ * scores (2), else mma.sync with one or two score chains. */
+template <int HD, int KEYS>
+cudaError_t launch_keys(const PfAttnArgs &a, cudaStream_t st, int pdl) {
+  constexpr bool T = pf_tuned(HD);
+  if (T && a.mma == 3) return launch_shape<HD, KEYS, 1, T ? 2 : 0>(a, st, pdl);
+  if (T && a.mma == 2) return launch_shape<HD, KEYS, 1, T ? 1 : 0>(a, st, pdl);
+  if (T && a.chains == 2) return launch_shape<HD, KEYS, T ? 2 : 1>(a, st, pdl);
+  return launch_shape<HD, KEYS, 1>(a, st, pdl);
+}
+
 template <int HD>
 cudaError_t launch_hd(const PfAttnArgs &a, cudaStream_t st, int pdl) {
   constexpr bool T = pf_tuned(HD);
-  constexpr int K64 = T ? 64 : 32;
-  if (T && a.mma >= 2) { /* warpgroup MMA: one score chain by construction */
-    if (a.mma == 3)
-      return a.keys == 64 ? launch_shape<HD, K64, 1, T ? 2 : 0>(a, st, pdl) : launch_shape<HD, 32, 1, T ? 2 : 0>(a, st, pdl);
-    return a.keys == 64 ? launch_shape<HD, K64, 1, T ? 1 : 0>(a, st, pdl) : launch_shape<HD, 32, 1, T ? 1 : 0>(a, st, pdl);
-  }
-  if (T && a.keys == 64)
-    return a.chains == 2 ? launch_shape<HD, K64, T ? 2 : 1>(a, st, pdl) : launch_shape<HD, K64, 1>(a, st, pdl);
-  if (T && a.chains == 2) return launch_shape<HD, 32, T ? 2 : 1>(a, st, pdl);
-  return launch_shape<HD, 32, 1>(a, st, pdl);
+  return T && a.keys == 64 ? launch_keys<HD, T ? 64 : 32>(a, st, pdl) : launch_keys<HD, 32>(a, st, pdl);
 }
 
 template <int HD, int KEYS, int NC, int WG = 0>
@@ -433,19 +432,22 @@ cudaError_t attr_shape() {
                               (int)PfShape<HD, KEYS>::SMEM);
 }
 
+/* Every shape launch_keys can pick at one tile size */
+template <int HD, int KEYS>
+cudaError_t attr_keys() {
+  constexpr bool T = pf_tuned(HD);
+  cudaError_t e = attr_shape<HD, KEYS, 1>();
+  if (T && e == cudaSuccess) e = attr_shape<HD, KEYS, T ? 2 : 1>();
+  if (T && e == cudaSuccess) e = attr_shape<HD, KEYS, 1, T ? 1 : 0>();
+  if (T && e == cudaSuccess) e = attr_shape<HD, KEYS, 1, T ? 2 : 0>();
+  return e;
+}
+
 template <int HD>
 cudaError_t attr_hd() {
   constexpr bool T = pf_tuned(HD);
-  constexpr int K64 = T ? 64 : 32;
-  cudaError_t e = attr_shape<HD, 32, 1>();
-  if (T && e == cudaSuccess) e = attr_shape<HD, K64, 1>();
-  if (T && e == cudaSuccess) e = attr_shape<HD, K64, T ? 2 : 1>();
-  if (T && e == cudaSuccess) e = attr_shape<HD, 32, T ? 2 : 1>();
-  if (T && e == cudaSuccess) e = attr_shape<HD, 32, 1, T ? 1 : 0>();
-  if (T && e == cudaSuccess) e = attr_shape<HD, K64, 1, T ? 1 : 0>();
-  if (T && e == cudaSuccess) e = attr_shape<HD, 32, 1, T ? 2 : 0>();
-  if (T && e == cudaSuccess) e = attr_shape<HD, K64, 1, T ? 2 : 0>();
-  return e;
+  cudaError_t e = attr_keys<HD, 32>();
+  return T && e == cudaSuccess ? attr_keys<HD, T ? 64 : 32>() : e;
 }
 
 }  // namespace
