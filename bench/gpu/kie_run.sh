@@ -99,15 +99,21 @@ for s in "$@"; do
           --context $ctx > "$LOGS/ncu_graph_ctx$ctx.csv" 2> "$LOGS/ncu_graph_ctx$ctx.err"
         echo "graph step, context $ctx, each kernel alone:"; python3 bench/gpu/kie_profile.py --summarize "$LOGS/ncu_graph_ctx$ctx.csv"
       done ;;
-    ncupf)
+    ncupf) # PF_SHAPES: shapes to profile beside the default, each settings joined by ':', e.g.
+           # PF_SHAPES="KIE_GPU_PREFILL_ATTN_MMA=3:KIE_GPU_PREFILL_ATTN_KEYS=64 KIE_GPU_PREFILL_ATTN_KEYS=64"
       NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
-      timeout 300 "$NCU" --profile-from-start off --clock-control none -k regex:"k_pf_(attention|wide)" --launch-skip ${PF_LAUNCH_SKIP:-13} \
-        --launch-count 1 --section SpeedOfLight --section MemoryWorkloadAnalysis --section WarpStateStats \
-        --section LaunchStats --section Occupancy --section SchedulerStats --section ComputeWorkloadAnalysis \
-        --section InstructionStats --print-details all \
-        python3 bench/gpu/kie_profile.py --prefill --context ${PF_CONTEXT:-1024} \
-        > "$LOGS/ncu_pf_attention.txt" 2>&1
-      grep -E "Duration|Throughput|Stall|Warp Cycles|Registers|Shared Memory|Block Limit|Achieved|L2 Hit|L1/TEX Hit|Issued|Pipe|Bank|Eligible|Active Warps" "$LOGS/ncu_pf_attention.txt" | head -60 ;;
+      for shape in default ${PF_SHAPES:-}; do
+        tag=${shape//[^A-Za-z0-9=]/_}
+        env $([ "$shape" = default ] || echo "${shape//:/ }") timeout 300 "$NCU" --profile-from-start off --clock-control none \
+          -k regex:"k_pf_(attention|wide)" --launch-skip ${PF_LAUNCH_SKIP:-13} --launch-count 1 --section SpeedOfLight \
+          --section MemoryWorkloadAnalysis --section WarpStateStats --section LaunchStats --section Occupancy \
+          --section SchedulerStats --section ComputeWorkloadAnalysis --section InstructionStats --print-details all \
+          --metrics "regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio" \
+          python3 bench/gpu/kie_profile.py --prefill --context ${PF_CONTEXT:-1024} > "$LOGS/ncu_pf_attention_$tag.txt" 2>&1
+        echo "--- $shape"
+        grep -E "Duration|Registers|Active Warps|Issued Warp|warps_issue_stalled" "$LOGS/ncu_pf_attention_$tag.txt" |
+          awk '$NF+0 >= 0.05 || !/stalled/' | head -40
+      done ;;
     ncumono)
       NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
       timeout 400 "$NCU" --profile-from-start off --clock-control none -k regex:k_mono --launch-count 1 \
