@@ -407,14 +407,10 @@ VARIANTS = [dict(gemv_x_l1=1), dict(gemv_pipe=0), dict(pdl=0, prefetch=0), dict(
             dict(att_chunk=128), dict(gemv_blocks_per_sm=1)]
 
 
-# The batched prefill against its default (attention blocks in zigzag order, 32-key tiles, one
-# score chain, kernels launched with programmatic dependent launch): the attention blocks in
-# launch order, no PDL, 64-key tiles, two score chains, both, the scores by warpgroup MMA and
-# both products by it (32- and 64-key tiles).
-PREFILL_VARIANTS = [dict(prefill_attn=1), dict(pdl=0), dict(prefill_attn_keys=64), dict(prefill_attn_chains=2),
-                    dict(prefill_attn_keys=64, prefill_attn_chains=2), dict(prefill_attn_mma=2),
-                    dict(prefill_attn_mma=2, prefill_attn_keys=64), dict(prefill_attn_mma=3),
-                    dict(prefill_attn_mma=3, prefill_attn_keys=64)]
+# The batched prefill against its default (the long query tiles' keys split across two attention
+# blocks, 32-key tiles, kernels launched with programmatic dependent launch): the attention blocks
+# in launch order or zigzag (no split), no PDL, 64-key tiles.
+PREFILL_VARIANTS = [dict(prefill_attn=1), dict(prefill_attn=2), dict(pdl=0), dict(prefill_attn_keys=64)]
 
 
 # The monokernel's variants: keys per attention split at least (default 32: fewer, longer

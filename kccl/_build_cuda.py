@@ -25,9 +25,6 @@ import time
 
 GENCODE = ["-gencode=arch=compute_90,code=sm_90",       # Hopper (H100 / H200) machine code
            "-gencode=arch=compute_90,code=compute_90"]  # PTX, compiled by the driver on newer GPUs
-# The same, with Hopper's machine code from sm_90a, which adds its warpgroup MMA (code that uses
-# it checks __CUDA_ARCH_FEAT_SM90_ALL: the PTX for newer GPUs goes without)
-GENCODE_90A = ["-gencode=arch=compute_90a,code=sm_90a", "-gencode=arch=compute_90,code=compute_90"]
 
 
 def _mode():
@@ -129,7 +126,7 @@ def _digest(parts, files):
     return h.hexdigest()
 
 
-def compile_cuda(root, nvcc, sources, include_dirs, deps, outdir, defines=(), label="kccl", gencode=None):
+def compile_cuda(root, nvcc, sources, include_dirs, deps, outdir, defines=(), label="kccl"):
     """Compiles each .cu source to outdir/NAME.o, all at once (one nvcc per source, and
     nvcc's own threads for the two targets): one after another they took about three
     minutes on the GPU machines.  An object is rebuilt only when a stamp beside it
@@ -138,7 +135,7 @@ def compile_cuda(root, nvcc, sources, include_dirs, deps, outdir, defines=(), la
     over, whatever their file times.  Returns the objects' paths relative to root."""
     os.makedirs(outdir, exist_ok=True)
     version = _nvcc_version(nvcc)
-    flags = ["-O3", "-std=c++17", "-Xcompiler", "-fPIC,-fvisibility=hidden", *(gencode or GENCODE), "--threads", "2"]
+    flags = ["-O3", "-std=c++17", "-Xcompiler", "-fPIC,-fvisibility=hidden", *GENCODE, "--threads", "2"]
     flags += [f"-D{d}" for d in defines]
     jobs, objects = [], []
     for src in sources:

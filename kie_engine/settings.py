@@ -76,21 +76,15 @@ SETTINGS = (
             "CUDA engine: tokens of one batched prefill pass at most (its activations are allocated for them); "
             "0 = auto (1024, at most the context).", 0, 1 << 20, **_GPU),
     Setting("KIE_GPU_PREFILL_ATTN", "int", 0,
-            "CUDA engine: the order of the batched prefill's attention blocks: 0 = auto (zigzag), 1 = launch order "
-            "(a head's query tiles in turn), 2 = zigzag (the longest tiles first, then the shortest, so that the "
-            "blocks an SM runs together add up to similar work).", 0, 2, **_GPU),
+            "CUDA engine: the batched prefill's attention blocks: 0 = auto (split), 1 = launch order (a head's "
+            "query tiles in turn), 2 = zigzag (the longest tiles first, then the shortest, so that the blocks an "
+            "SM runs together add up to similar work), 3 = split (the longer half of the query tiles take two "
+            "blocks, each half of the keys, the second to finish adding the other's share; heaviest blocks "
+            "first).", 0, 3, **_GPU),
     Setting("KIE_GPU_PREFILL_ATTN_KEYS", "int", 0,
             "CUDA engine: keys per tile of the batched prefill's attention: 0 = auto (32), 32, or 64 (two "
             "stages of tiles in shared memory instead of three; head sizes 64 and 128, others take 32).",
             0, 64, **_GPU),
-    Setting("KIE_GPU_PREFILL_ATTN_CHAINS", "int", 0,
-            "CUDA engine: accumulator chains of the batched prefill attention's scores: 0 = auto (1), 1, or 2 "
-            "(even and odd steps of the head apart, half as long a chain of dependent products; head sizes 64 "
-            "and 128).", 0, 2, **_GPU),
-    Setting("KIE_GPU_PREFILL_ATTN_MMA", "int", 0,
-            "CUDA engine: the batched prefill attention's products: 0 = auto (1), 1 = mma.sync, 2 = the scores "
-            "by Hopper's warpgroup MMA from shared memory, 3 = the scores and P V by it (compute capability 9.0 "
-            "only; head sizes 64 and 128).", 0, 3, **_GPU),
     Setting("KIE_GPU_MONO_BLOCKS", "int", 0,
             "Monokernel: blocks of its grid; 0 = auto (every SM, or a share of them when lanes share the GPU).",
             0, 1 << 16, **_GPU),

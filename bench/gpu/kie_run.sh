@@ -4,8 +4,6 @@
 # kccl/_build_cuda.py), then run the steps given, in order:
 #   check1      tests/gpu/kie_check.py with one rank (TP = 1)
 #   check2      the same with 2 ranks: a GPU each, or both on GPU 0 under MPS
-#   wgcheck     check1 on the tiny presets with every prefill attention by warpgroup MMA: the scores
-#               (KIE_GPU_PREFILL_ATTN_MMA=2), then both products (=3), each in a process of its own
 #   mono        tests/gpu/mono_check.py: the monokernel against the graph path, bit for bit (TP = 1)
 #   mono2       the same with 2 ranks (TP = 2, the lanes' sums inside the kernel): a GPU each, or both
 #               on GPU 0 under MPS
@@ -56,11 +54,6 @@ for s in "$@"; do
   echo "=== $s ($(date +%T))"
   case $s in
     check1) timeout 400 python3 tests/gpu/kie_check.py --json "$LOGS/kie_check_tp1.json" 2>&1 | tee "$LOGS/check1.log" | grep -v "^  (" | tail -60 ;;
-    wgcheck)
-      for m in 2 3; do
-        KIE_GPU_PREFILL_ATTN_MMA=$m timeout 300 python3 tests/gpu/kie_check.py --presets tiny --no-hf --steps 16 \
-          --json "$LOGS/kie_check_wgmma$m.json" 2>&1 | tee "$LOGS/wgcheck$m.log" | grep -E "FAIL|CHECK|rror" | tail -20
-      done ;;
     check2) mps_on; timeout 400 $MPI -n 2 python3 tests/gpu/kie_check.py --no-hf --json "$LOGS/kie_check_tp2.json" 2>&1 | tee "$LOGS/check2.log" | tail -40; mps_off ;;
     failures) mps_on; timeout 400 python3 tests/gpu/kie_failures.py 2>&1 | tee "$LOGS/failures.log" | tail -16; mps_off ;;
     monofail) mps_on; timeout 300 python3 tests/gpu/kie_failures.py kill_mono abort_mono kill_mono_d0 stall_mono nan_mono 2>&1 | tee "$LOGS/monofail.log" | tail -8; mps_off ;;
@@ -99,8 +92,8 @@ for s in "$@"; do
           --context $ctx > "$LOGS/ncu_graph_ctx$ctx.csv" 2> "$LOGS/ncu_graph_ctx$ctx.err"
         echo "graph step, context $ctx, each kernel alone:"; python3 bench/gpu/kie_profile.py --summarize "$LOGS/ncu_graph_ctx$ctx.csv"
       done ;;
-    ncupf) # PF_SHAPES: shapes to profile beside the default, each settings joined by ':', e.g.
-           # PF_SHAPES="KIE_GPU_PREFILL_ATTN_MMA=3:KIE_GPU_PREFILL_ATTN_KEYS=64 KIE_GPU_PREFILL_ATTN_KEYS=64"
+    ncupf) # PF_SHAPES: shapes to profile beside the default, each one's settings joined by ':', e.g.
+           # PF_SHAPES="KIE_GPU_PREFILL_ATTN_KEYS=64 KIE_GPU_PREFILL_ATTN=1:KIE_GPU_PREFILL_ATTN_KEYS=64"
       NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
       for shape in default ${PF_SHAPES:-}; do
         tag=${shape//[^A-Za-z0-9=]/_}

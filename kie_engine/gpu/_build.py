@@ -47,8 +47,7 @@ def _sources():
     deps = (glob.glob(os.path.join(CSRC, "*.h")) + glob.glob(os.path.join(CSRC, "*.cuh"))
             + [f for f in glob.glob(os.path.join(KCCL_INCLUDE, "**", "*"), recursive=True) if os.path.isfile(f)])
     objects = _build_cuda.compile_cuda(ROOT, nvcc, cu, [CSRC, KCCL_INCLUDE], deps,
-                                       os.path.join(ROOT, "build", "kie_cuda"), label="kie_engine.gpu",
-                                       gencode=_build_cuda.GENCODE_90A)
+                                       os.path.join(ROOT, "build", "kie_cuda"), label="kie_engine.gpu")
     link = _build_lib.link_args(ROOT, HERE)
     link["library_dirs"].append(_build_cuda.cuda_libdir(nvcc))
     link["libraries"] += ["cudart_static", "dl", "stdc++", "rt", "pthread"]

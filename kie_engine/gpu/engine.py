@@ -197,8 +197,6 @@ class GpuModel(OwnsNativeEngine):
         s.prefill_chunk = _settings.value("KIE_GPU_PREFILL_CHUNK")
         s.prefill_attn = _settings.value("KIE_GPU_PREFILL_ATTN")
         s.prefill_attn_keys = _settings.value("KIE_GPU_PREFILL_ATTN_KEYS")
-        s.prefill_attn_chains = _settings.value("KIE_GPU_PREFILL_ATTN_CHAINS")
-        s.prefill_attn_mma = _settings.value("KIE_GPU_PREFILL_ATTN_MMA")
         s.prefill = 0
         if mode == "gemv":
             return "gemv (asked for)"

@@ -209,16 +209,12 @@ def top2_margin(logits):
     return float(a[1] - a[0])
 
 
-# The batched prefill's passes and its attention's shape: the default (zigzag, 32-key tiles, one
-# score chain, mma.sync) in passes of 64 and of 256, launch order, 64-key tiles, two score chains,
-# both, the scores by warpgroup MMA and both products by it, with 32- and 64-key tiles.
+# The batched prefill's passes and its attention's shape: the default (the long query tiles split
+# across two blocks, 32-key tiles) in passes of 64 and of 256, launch order, zigzag, 64-key tiles
+# in passes of 64 and of 256.
 PREFILL_TUNINGS = [{"prefill_chunk": 64}, {"prefill_chunk": 256}, {"prefill_chunk": 64, "prefill_attn": 1},
-                   {"prefill_chunk": 64, "prefill_attn_keys": 64}, {"prefill_chunk": 256, "prefill_attn_chains": 2},
-                   {"prefill_chunk": 256, "prefill_attn_keys": 64, "prefill_attn_chains": 2},
-                   {"prefill_chunk": 64, "prefill_attn_mma": 2}, {"prefill_chunk": 256, "prefill_attn_mma": 2,
-                                                                  "prefill_attn_keys": 64},
-                   {"prefill_chunk": 64, "prefill_attn_mma": 3}, {"prefill_chunk": 256, "prefill_attn_mma": 3,
-                                                                  "prefill_attn_keys": 64}]
+                   {"prefill_chunk": 256, "prefill_attn": 2},
+                   {"prefill_chunk": 64, "prefill_attn_keys": 64}, {"prefill_chunk": 256, "prefill_attn_keys": 64}]
 
 
 def check_prefill(tag, path, comm, steps):

@@ -86,14 +86,8 @@ int kie_plan_bytes(const kie_shape *s, int device, size_t *bytes) {
   int n = 0;
   kie_device_count(&n);
   if (device < 0 || device >= n) return fail(KIE_E_NOCUDA, "device %d: this process sees %d CUDA device(s)", device, n);
-  int sms = 0, major = 0, minor = 0;
+  int sms = 0;
   CU(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
-  CU(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
-  CU(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
-  /* the warpgroup MMA is compiled for sm_90a alone (other GPUs run the PTX, which lacks it) */
-  if (s->prefill_attn_mma >= 2 && (major != 9 || minor != 0))
-    return fail(KIE_E_ARG, "prefill_attn_mma=%d (warpgroup MMA) needs a compute capability 9.0 GPU (H100, H200); "
-                           "device %d is %d.%d", s->prefill_attn_mma, device, major, minor);
   kie_engine probe;
   TRY(derive(&probe, *s, sms));
   *bytes = layout(&probe, nullptr);
@@ -187,6 +181,8 @@ int kie_reset(kie_engine *e) {
   CU(cudaMemsetAsync(e->st, 0, sizeof(DevState), e->stream));
   CU(cudaMemsetAsync(e->mono_sync, 0, sizeof(MonoSync), e->stream));
   CU(cudaMemsetAsync(e->mono_cnt, 0, (size_t)e->mono_n * 8, e->stream));
+  if (e->pf_chunk > 0) /* a launch cut short by an error may have left a count */
+    CU(cudaMemsetAsync(e->pf_acnt, 0, (size_t)e->s.heads * ((e->pf_chunk + PF_BQ - 1) / PF_BQ) * 4, e->stream));
   CU(cudaStreamSynchronize(e->stream));
   memset(e->ring_h, 0, sizeof(HostRing));
   e->pos_h = e->step_h = 0;

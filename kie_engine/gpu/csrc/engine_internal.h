@@ -120,9 +120,10 @@ struct kie_engine {
   float *pf_R, *pf_sums, *pf_y;
   bf16 *pf_x, *pf_q, *pf_att, *pf_gu, *pf_act;
   int *pf_tok;
-  int pf_attn;             /* the order of the prefill attention's blocks (PF_ORDER_*) */
-  int pf_keys, pf_chains;  /* its keys per tile (32, 64) and score chains (1, 2) */
-  int pf_mma;              /* its products: mma.sync (1), the scores (2) or both (3) by warpgroup MMA */
+  float *pf_apart;         /* the split attention blocks' shares (PfAttnArgs.part) */
+  unsigned *pf_acnt;       /* and their counts (zero between launches) */
+  int pf_attn;             /* the prefill attention's blocks (PF_ORDER_*) */
+  int pf_keys;             /* its keys per tile (32, 64) */
   std::vector<char> have; /* which uploads have arrived */
   std::vector<uint64_t> req;
   int pos_h, step_h;      /* the host's count of what it enqueued */

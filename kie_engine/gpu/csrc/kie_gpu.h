@@ -93,12 +93,9 @@ typedef struct {
   int prefill;                 /* 1: a prompt runs as batched passes (cuBLAS GEMMs over a chunk of tokens; needs
                                   kie_blas_load first); 0: as decode-shaped passes of a few tokens */
   int prefill_chunk;           /* tokens of a batched pass at most (0: auto, 1024; at most max_seq) */
-  int prefill_attn;            /* the order of the batched prefill's attention blocks: 0 auto (zigzag),
-                                  1 launch order (a head's query tiles in turn), 2 zigzag (kie_kernels.h) */
+  int prefill_attn;            /* the batched prefill's attention blocks: 0 auto (split), 1 launch order (a
+                                  head's query tiles in turn), 2 zigzag, 3 split (kie_kernels.h) */
   int prefill_attn_keys;       /* keys per tile of the batched prefill's attention: 0 auto (32), 32 or 64 */
-  int prefill_attn_chains;     /* its scores' accumulator chains: 0 auto (1), 1 or 2 */
-  int prefill_attn_mma;        /* its products: 0 auto (1), 1 mma.sync, 2 the scores by warpgroup MMA (sm_90a),
-                                  3 the scores and P V by it */
 } kie_shape;
 
 typedef struct {

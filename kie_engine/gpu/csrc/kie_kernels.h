@@ -236,15 +236,24 @@ struct PfAttnArgs {
   int out_ld;
   int order;           /* PF_ORDER_*: which block takes which (query tile, head) */
   int keys;            /* keys per tile: 32, or 64 (head sizes 64 and 128) */
-  int chains;          /* the scores' accumulator chains: 1, or 2 (head sizes 64 and 128) */
-  int mma;             /* 1 mma.sync, 2 the scores by warpgroup MMA, 3 both products (head sizes 64, 128) */
+  float *part;         /* PF_ORDER_SPLIT: each split tile's two shares, [head][tile][2][PF_PART_FLOATS] */
+  unsigned *cnt;       /* and its count of shares done, [head][tile], zero between launches */
 };
+/* Queries per block of the prefill attention, and the floats of one split block's share (its
+ * 128 threads' output accumulators, row maxima and sums) */
+#define PF_BQ 64
+#define PF_PART_FLOATS(hd) ((size_t)128 * ((hd) / 2 + 4))
 /* Causality makes a query tile's work grow with its index.  Launch order gives block b
  * head b / tiles, tile b % tiles; zigzag gives the first half of the blocks the longest
  * tiles, longest first, and the second half the shortest first, so that the blocks the
  * scheduler puts together on an SM (b and about b + SMs) add up to similar work. */
 #define PF_ORDER_LAUNCH 1
 #define PF_ORDER_ZIGZAG 2
+/* Split: the longer half of a head's query tiles (index nq / 2 on) each take two blocks, keys
+ * before and from a tile boundary at most half way and no later than the tile's first query;
+ * the second block to finish merges the first's share (PfAttnArgs.part) into its own and
+ * writes the rows.  Blocks go heaviest first (a split block's keys are about half its tile's). */
+#define PF_ORDER_SPLIT 3
 
 /* The prefill's row and attention kernels wait for their predecessor with
  * griddepcontrol.wait (pdl: launched with programmatic stream serialization, so that

@@ -106,9 +106,9 @@ int enqueue_prefill(kie_engine *e, int T, int mode) {
       at.out = e->pf_att;
       at.out_ld = e->qdim;
       at.order = e->pf_attn;
+      at.part = e->pf_apart;
+      at.cnt = e->pf_acnt;
       at.keys = e->pf_keys;
-      at.chains = e->pf_chains;
-      at.mma = e->pf_mma;
       CU(kie_launch_pf_attention(at, e->stream, e->s.pdl));
       TRY(blas_gemm(e, rows, s.hidden, e->qdim, e->pf_att, e->qdim, y.wo, e->qdim, S, hp, true, beta));
     } else {

@@ -67,20 +67,12 @@ int derive(kie_engine *e, const kie_shape &s, int sms) {
   if (s.prefill != 0 && s.prefill != 1) return fail(KIE_E_ARG, "prefill=%d: 0 or 1", s.prefill);
   if (s.prefill_chunk < 0) return fail(KIE_E_ARG, "prefill_chunk=%d: 0 (auto) or a token count", s.prefill_chunk);
   e->pf_chunk = s.prefill ? std::min(s.prefill_chunk ? s.prefill_chunk : 1024, s.max_seq) : 0;
-  if (s.prefill_attn < 0 || s.prefill_attn > 2)
-    return fail(KIE_E_ARG, "prefill_attn=%d: 0 (auto), 1 (launch order) or 2 (zigzag)", s.prefill_attn);
-  e->pf_attn = s.prefill_attn == 1 ? PF_ORDER_LAUNCH : PF_ORDER_ZIGZAG;
+  if (s.prefill_attn < 0 || s.prefill_attn > 3)
+    return fail(KIE_E_ARG, "prefill_attn=%d: 0 (auto), 1 (launch order), 2 (zigzag) or 3 (split)", s.prefill_attn);
+  e->pf_attn = s.prefill_attn == 1 ? PF_ORDER_LAUNCH : s.prefill_attn == 2 ? PF_ORDER_ZIGZAG : PF_ORDER_SPLIT;
   if (s.prefill_attn_keys != 0 && s.prefill_attn_keys != 32 && s.prefill_attn_keys != 64)
     return fail(KIE_E_ARG, "prefill_attn_keys=%d: 0 (auto), 32 or 64 (keys per attention tile)", s.prefill_attn_keys);
-  if (s.prefill_attn_chains < 0 || s.prefill_attn_chains > 2)
-    return fail(KIE_E_ARG, "prefill_attn_chains=%d: 0 (auto), 1 or 2 (the scores' accumulator chains)",
-                s.prefill_attn_chains);
-  if (s.prefill_attn_mma < 0 || s.prefill_attn_mma > 3)
-    return fail(KIE_E_ARG, "prefill_attn_mma=%d: 0 (auto), 1 (mma.sync), 2 (the scores by warpgroup MMA) or 3 (both "
-                "products by it)", s.prefill_attn_mma);
-  e->pf_mma = s.prefill_attn_mma >= 2 ? s.prefill_attn_mma : 1;
   e->pf_keys = s.prefill_attn_keys == 64 ? 64 : 32;
-  e->pf_chains = s.prefill_attn_chains == 2 ? 2 : 1;
   return KIE_OK;
 }
 
@@ -146,6 +138,9 @@ size_t layout(kie_engine *e, char *base) {
     e->pf_gu = (bf16 *)take(P * 2 * s.inter * 2);
     e->pf_act = (bf16 *)take(P * e->inter_pad * 2);
     e->pf_tok = (int *)take(P * 4);
+    const size_t qtiles = (size_t)s.heads * ((P + PF_BQ - 1) / PF_BQ);
+    e->pf_apart = (float *)take(qtiles * 2 * PF_PART_FLOATS(hd) * 4);
+    e->pf_acnt = (unsigned *)take(qtiles * 4);
   }
   return round_up(at, 256);
 }
