@@ -17,11 +17,16 @@
  * a NaN into the sum.  Only the tiles a warp's rows can see past are masked, and
  * a warp skips the tiles wholly past its last row.
  *
- * The loop is built around the latencies of a few warps an SM (a 1,024-token chunk
- * of 16 heads is 256 blocks: about two an SM): one barrier a tile, the next
- * fragments' ldmatrix issued before the products that use the current ones, V's
- * first fragments before the softmax, reductions as trees, and the output's
- * rescale skipped when no row's maximum moved.  64-key tiles
+ * A chunk has few blocks for the GPU (1,024 tokens of 16 heads: 256 query tiles),
+ * and the causal mask makes the last tiles' keys 16 times the first's; so the
+ * longer half of a head's tiles take two blocks each (PF_ORDER_SPLIT, the default:
+ * keys before a tile boundary and from it, the second to finish merging the
+ * first's maxima, sums and accumulators from global memory, see the end of the
+ * kernel), which halves the longest block and brings 384 blocks, heaviest first.
+ * Within a block the loop is built around the latencies of a few warps an SM: one
+ * barrier a tile, the next fragments' ldmatrix issued before the products that use
+ * the current ones, V's first fragments before the softmax, reductions as trees,
+ * and the output's rescale skipped when no row's maximum moved.  64-key tiles
  * (KIE_GPU_PREFILL_ATTN_KEYS=64, head sizes 64 and 128) are there to be measured
  * against 32. */
 #include <math.h>
