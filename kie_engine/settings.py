@@ -81,6 +81,10 @@ SETTINGS = (
             "SM runs together add up to similar work), 3 = split (the longer half of the query tiles take two "
             "blocks, each half of the keys, the second to finish adding the other's share; heaviest blocks "
             "first).", 0, 3, **_GPU),
+    Setting("KIE_GPU_PREFILL_ROWS", "int", 0,
+            "CUDA engine: the batched prefill's row kernels: 0 = auto (1), 1 = RMSNorm a block a row and RoPE a "
+            "pair a thread, 2 = RMSNorm a warp a row (rows up to 2,048 wide) and RoPE two pairs a thread.",
+            0, 2, **_GPU),
     Setting("KIE_GPU_PREFILL_ATTN_KEYS", "int", 0,
             "CUDA engine: keys per tile of the batched prefill's attention: 0 = auto (32), 32, or 64 (two "
             "stages of tiles in shared memory instead of three; head sizes 64 and 128, others take 32).",

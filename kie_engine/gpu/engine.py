@@ -196,6 +196,7 @@ class GpuModel(OwnsNativeEngine):
             raise GpuArgumentError(f"prefill={mode!r}: choose one of auto, gemm, gemv")
         s.prefill_chunk = _settings.value("KIE_GPU_PREFILL_CHUNK")
         s.prefill_attn = _settings.value("KIE_GPU_PREFILL_ATTN")
+        s.prefill_rows = _settings.value("KIE_GPU_PREFILL_ROWS")
         s.prefill_attn_keys = _settings.value("KIE_GPU_PREFILL_ATTN_KEYS")
         s.prefill = 0
         if mode == "gemv":

@@ -124,6 +124,7 @@ struct kie_engine {
   unsigned *pf_acnt;       /* and their counts (zero between launches) */
   int pf_attn;             /* the prefill attention's blocks (PF_ORDER_*) */
   int pf_keys;             /* its keys per tile (32, 64) */
+  int pf_rows;             /* the row kernels' shape (kie_shape.prefill_rows: 1, 2) */
   std::vector<char> have; /* which uploads have arrived */
   std::vector<uint64_t> req;
   int pos_h, step_h;      /* the host's count of what it enqueued */

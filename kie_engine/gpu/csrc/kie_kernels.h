@@ -204,6 +204,7 @@ struct PfNormArgs {
   float eps;
   bf16 *x;             /* [T][x_ld] normed */
   int x_ld;
+  int warp_rows;       /* a warp a row where it fits (KIE_GPU_PREFILL_ROWS=2), else a block */
 };
 
 struct PfRopeArgs {
@@ -215,6 +216,7 @@ struct PfRopeArgs {
   int q_ld;
   bf16 *kc, *vc;
   HostRing *ring;
+  int pairs;           /* two pairs a thread (KIE_GPU_PREFILL_ROWS=2), else one */
 };
 
 struct PfSwigluArgs {

@@ -70,6 +70,9 @@ int derive(kie_engine *e, const kie_shape &s, int sms) {
   if (s.prefill_attn < 0 || s.prefill_attn > 3)
     return fail(KIE_E_ARG, "prefill_attn=%d: 0 (auto), 1 (launch order), 2 (zigzag) or 3 (split)", s.prefill_attn);
   e->pf_attn = s.prefill_attn == 1 ? PF_ORDER_LAUNCH : s.prefill_attn == 2 ? PF_ORDER_ZIGZAG : PF_ORDER_SPLIT;
+  if (s.prefill_rows < 0 || s.prefill_rows > 2)
+    return fail(KIE_E_ARG, "prefill_rows=%d: 0 (auto), 1 (a block a row) or 2 (a warp a row)", s.prefill_rows);
+  e->pf_rows = s.prefill_rows == 2 ? 2 : 1;
   if (s.prefill_attn_keys != 0 && s.prefill_attn_keys != 32 && s.prefill_attn_keys != 64)
     return fail(KIE_E_ARG, "prefill_attn_keys=%d: 0 (auto), 32 or 64 (keys per attention tile)", s.prefill_attn_keys);
   e->pf_keys = s.prefill_attn_keys == 64 ? 64 : 32;
