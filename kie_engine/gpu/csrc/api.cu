@@ -182,7 +182,7 @@ int kie_reset(kie_engine *e) {
   CU(cudaMemsetAsync(e->mono_sync, 0, sizeof(MonoSync), e->stream));
   CU(cudaMemsetAsync(e->mono_cnt, 0, (size_t)e->mono_n * 8, e->stream));
   if (e->pf_chunk > 0) /* a launch cut short by an error may have left a count */
-    CU(cudaMemsetAsync(e->pf_acnt, 0, (size_t)e->s.heads * ((e->pf_chunk + PF_BQ - 1) / PF_BQ) * 4, e->stream));
+    CU(cudaMemsetAsync(e->pf_acnt, 0, PF_QUERY_TILES(e->s.heads, e->pf_chunk) * 4, e->stream));
   CU(cudaStreamSynchronize(e->stream));
   memset(e->ring_h, 0, sizeof(HostRing));
   e->pos_h = e->step_h = 0;

@@ -245,6 +245,9 @@ struct PfAttnArgs {
  * 128 threads' output accumulators, row maxima and sums) */
 #define PF_BQ 64
 #define PF_PART_FLOATS(hd) ((size_t)128 * ((hd) / 2 + 4))
+/* Query tiles of a chunk of `chunk` tokens over `heads` heads: the split blocks' shares and
+ * counts are sized by it */
+#define PF_QUERY_TILES(heads, chunk) ((size_t)(heads) * (((chunk) + PF_BQ - 1) / PF_BQ))
 /* Causality makes a query tile's work grow with its index.  Launch order gives block b
  * head b / tiles, tile b % tiles; zigzag gives the first half of the blocks the longest
  * tiles, longest first, and the second half the shortest first, so that the blocks the

@@ -97,29 +97,24 @@ __device__ __forceinline__ float ex2(float x) {
   return y;
 }
 
-/* max (or sum) of row r's (0: g, 1: g + 8) scores in this thread's fragments, as a tree */
-template <int NT>
-__device__ __forceinline__ float row_max(const float (&s)[NT][4], int r) {
+/* op (max or sum) over row r's (0: g, 1: g + 8) scores in this thread's fragments, as a tree */
+template <int NT, typename Op>
+__device__ __forceinline__ float row_tree(const float (&s)[NT][4], int r, Op op) {
   float v[NT];
 #pragma unroll
-  for (int n = 0; n < NT; n++) v[n] = fmaxf(s[n][2 * r], s[n][2 * r + 1]);
+  for (int n = 0; n < NT; n++) v[n] = op(s[n][2 * r], s[n][2 * r + 1]);
 #pragma unroll
   for (int w = 1; w < NT; w *= 2)
 #pragma unroll
-    for (int n = 0; n + w < NT; n += 2 * w) v[n] = fmaxf(v[n], v[n + w]);
+    for (int n = 0; n + w < NT; n += 2 * w) v[n] = op(v[n], v[n + w]);
   return v[0];
 }
-template <int NT>
-__device__ __forceinline__ float row_sum(const float (&s)[NT][4], int r) {
-  float v[NT];
-#pragma unroll
-  for (int n = 0; n < NT; n++) v[n] = s[n][2 * r] + s[n][2 * r + 1];
-#pragma unroll
-  for (int w = 1; w < NT; w *= 2)
-#pragma unroll
-    for (int n = 0; n + w < NT; n += 2 * w) v[n] += v[n + w];
-  return v[0];
-}
+struct MaxOp {
+  __device__ float operator()(float x, float y) const { return fmaxf(x, y); }
+};
+struct AddOp {
+  __device__ float operator()(float x, float y) const { return x + y; }
+};
 
 /* PF_ORDER_SPLIT: block b's query tile, head and share (-1: the whole tile).  The two lists,
  * split tiles (nq - 1 down to nq / 2, 2 nh blocks each, about qt + 1 tiles of keys) and whole
@@ -267,7 +262,7 @@ __global__ void __launch_bounds__(128, pf_min_blocks<HD, KEYS>()) k_pf_attention
     float alpha[2], muse[2];
 #pragma unroll
     for (int r = 0; r < 2; r++) {
-      float mx = row_max(s, r);
+      float mx = row_tree(s, r, MaxOp());
       mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
       mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
       const float mnew = fmaxf(mrow[r], mx * a.scale_log2);
@@ -280,7 +275,7 @@ __global__ void __launch_bounds__(128, pf_min_blocks<HD, KEYS>()) k_pf_attention
 #pragma unroll
       for (int e = 0; e < 4; e++) s[n][e] = ex2(fmaf(s[n][e], a.scale_log2, -muse[e >> 1]));
 #pragma unroll
-    for (int r = 0; r < 2; r++) lrow[r] = fmaf(lrow[r], alpha[r], row_sum(s, r));
+    for (int r = 0; r < 2; r++) lrow[r] = fmaf(lrow[r], alpha[r], row_tree(s, r, AddOp()));
     /* most tiles past the first few move no row's maximum: the output keeps its scale */
     if (__any_sync(0xffffffffu, alpha[0] != 1.f || alpha[1] != 1.f)) {
 #pragma unroll

@@ -107,16 +107,21 @@ __global__ void __launch_bounds__(PF_THREADS) k_pf_norm(const PfNormArgs a) {
   }
 }
 
+/* Row t's position, or -1 (and the error raised) past the cache */
+__device__ __forceinline__ int rope_position(const PfRopeArgs &a, int t) {
+  const int p = *a.pos + t;
+  if (p < a.max_seq) return p;
+  if (threadIdx.x == 0) kie_set_error(a.ring, KIE_DERR_POS, p);
+  return -1;
+}
+
 /* One block per token row: RoPE pairs (j, j + hd/2) of q and k, and v pairs. */
 __global__ void __launch_bounds__(PF_THREADS) k_pf_rope(const PfRopeArgs a) {
   kcclDevPdlWait();
   const int t = blockIdx.x, half = a.hd >> 1, nq = a.nh * half, nk = a.nkv * half;
   const int units = nq + nk + a.nkv * half;
-  const int p = *a.pos + t;
-  if (p >= a.max_seq) {
-    if (threadIdx.x == 0) kie_set_error(a.ring, KIE_DERR_POS, p);
-    return;
-  }
+  const int p = rope_position(a, t);
+  if (p < 0) return;
   const float *y = a.y + (size_t)t * a.y_ld;
   for (int u = threadIdx.x; u < units; u += PF_THREADS) {
     if (u < nq + nk) {
@@ -148,11 +153,8 @@ __global__ void __launch_bounds__(PF_THREADS) k_pf_rope_pairs(const PfRopeArgs a
   kcclDevPdlWait();
   const int t = blockIdx.x, half = a.hd >> 1, hq = half >> 1;
   const int nqk = (a.nh + a.nkv) * hq, units = nqk + a.nkv * (a.hd >> 2);
-  const int p = *a.pos + t;
-  if (p >= a.max_seq) {
-    if (threadIdx.x == 0) kie_set_error(a.ring, KIE_DERR_POS, p);
-    return;
-  }
+  const int p = rope_position(a, t);
+  if (p < 0) return;
   const float *y = a.y + (size_t)t * a.y_ld;
   for (int u = threadIdx.x; u < units; u += PF_THREADS) {
     if (u < nqk) {

@@ -141,7 +141,7 @@ size_t layout(kie_engine *e, char *base) {
     e->pf_gu = (bf16 *)take(P * 2 * s.inter * 2);
     e->pf_act = (bf16 *)take(P * e->inter_pad * 2);
     e->pf_tok = (int *)take(P * 4);
-    const size_t qtiles = (size_t)s.heads * ((P + PF_BQ - 1) / PF_BQ);
+    const size_t qtiles = PF_QUERY_TILES(s.heads, P);
     e->pf_apart = (float *)take(qtiles * 2 * PF_PART_FLOATS(hd) * 4);
     e->pf_acnt = (unsigned *)take(qtiles * 4);
   }
