@@ -401,10 +401,11 @@ def copy_bandwidth(dev, nbytes=2 << 30, reps=10):
 
 # Launch and kernel variants against the defaults (PDL on, prefetch 2: a GEMV's first
 # loads before its wait, 2 GEMV blocks per SM, pipelined GEMV loads (4 per row per
-# lane), x of the o and down GEMVs staged in shared memory, 32 keys per attention split
-# at least).  One block per SM leaves room for the next kernel's blocks under PDL.
-VARIANTS = [dict(gemv_x_l1=1), dict(gemv_pipe=0), dict(pdl=0, prefetch=0), dict(att_chunk=64),
-            dict(att_chunk=128), dict(gemv_blocks_per_sm=1)]
+# lane), x of the o and down GEMVs staged in shared memory, the decode attention a block
+# a KV head holding up to 192 keys in shared memory): the monokernel's attention items
+# (32 keys a split, the last combining), the shared-memory attention cut into splits of
+# 64 or 128 keys; no PDL and no early loads.
+VARIANTS = [dict(decode_attn=1), dict(att_keys=64), dict(att_keys=128), dict(pdl=0, prefetch=0)]
 
 
 # The batched prefill against its default (the long query tiles' keys split across two attention

@@ -58,8 +58,16 @@ SETTINGS = (
             "CUDA engine: 16-byte loads per row per lane in one batch of a GEMV without pipelining: 4 or 8; "
             "0 = auto (8).", values=(0, 4, 8), **_GPU),
     Setting("KIE_GPU_ATT_CHUNK", "int", 0,
-            "CUDA engine: keys per attention block at least; 0 = auto (32, the fastest of 16..256 on the 2b "
-            "shape).", 0, 1 << 20, **_GPU),
+            "CUDA engine: keys per attention block at least, of the monokernel and of KIE_GPU_DECODE_ATTN=1; "
+            "0 = auto (32, the fastest of 16..256 on the 2b shape).", 0, 1 << 20, **_GPU),
+    Setting("KIE_GPU_DECODE_ATTN", "int", 0,
+            "CUDA engine, graph path: its decode attention: 0 = auto (2), 1 = the monokernel's split items (keys "
+            "per split KIE_GPU_ATT_CHUNK, the last split combining; bit for bit the monokernel's), 2 = a block "
+            "holding its keys' K and V in shared memory, the rows of earlier steps copied before it waits for "
+            "the QKV kernel.", 0, 2, **_GPU),
+    Setting("KIE_GPU_ATT_KEYS", "int", 0,
+            "CUDA engine, KIE_GPU_DECODE_ATTN=2: keys a block holds at most (a longer context is cut into equal "
+            "splits); 0 = auto (the most that fit: 192 for head size 128, 256 below, 96 above).", 0, 256, **_GPU),
     Setting("KIE_GPU_GEMV_PIPE", "flag", 1,
             "CUDA engine: 1 has a GEMV load the next round's weights while it uses this round's.", 0, 1, **_GPU),
     Setting("KIE_GPU_GEMV_X_L1", "flag", 0,

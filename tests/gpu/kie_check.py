@@ -252,9 +252,43 @@ def check_prefill(tag, path, comm, steps):
     gv.close()
 
 
+# The graph path's other decode attentions: the monokernel's split items, and the shared-memory
+# kernel cut into splits (16 and 40 keys a block: several splits, the last combining) where the
+# default holds a context this short in one block.
+DECODE_TUNINGS = [{"decode_attn": 1}, {"att_keys": 16}, {"att_keys": 40}]
+
+
+def check_decode_tunings(tag, path, comm, steps, tunings):
+    """Teacher-forced logits against numpy's (the prompt through decode-shaped passes of several
+    tokens, then a step a token) and greedy tokens through the graph, for each tuning."""
+    ckpt = Checkpoint(path)
+    cfg = ckpt.config
+    prompt = np.random.default_rng(11).integers(0, cfg.vocab_size, 9).tolist()
+    max_seq = len(prompt) + steps + 8
+    ref = Model(cfg, load_weights(ckpt), max_seq=max_seq, kv_bf16=True)
+    ref.reset()
+    ref_logits = [ref.prefill(prompt)]
+    toks = [int(np.argmax(ref_logits[0]))]
+    for _ in range(steps - 1):
+        ref_logits.append(ref.decode_step(toks[-1]))
+        toks.append(int(np.argmax(ref_logits[-1])))
+    for tuning in tunings:
+        name = ",".join(f"{k}={v}" for k, v in tuning.items()) or "default"
+        gpu = GpuModel(cfg, comm, max_seq=max_seq, prefill="gemv", tuning=tuning).load(ckpt)
+        gpu.reset()
+        errs = [rel(gpu.prefill(prompt), ref_logits[0])]
+        errs += [rel(gpu.decode_step(toks[i - 1]), ref_logits[i]) for i in range(1, steps)]
+        res = gpu.generate(prompt, steps, Sampling())
+        d = first_diff(res.tokens, toks)
+        record(f"{tag} decode {name}: logits vs numpy, greedy tokens (graph)", max(errs) <= BOUND and d < 0,
+               max_rel=max(errs), first_diff=d)
+        gpu.close()
+
+
 def check_checkpoint(tag, path, comm, steps, hf_ok):
     secs = check_model(tag, path, comm, steps, hf_ok)
     check_prefill(tag, path, comm, steps)
+    check_decode_tunings(tag, path, comm, steps, DECODE_TUNINGS)
     if RANK == 0:
         print(f"  ({tag}: {secs:.1f} s)", flush=True)
 
@@ -298,6 +332,8 @@ def main():
                   "tiny hd=128": preset("tiny").replace(head_dim=128)}
         for name, path in make_checkpoints(root, shapes).items():
             guarded(f"{name} tp={SIZE}", check_prefill, f"{name} tp={SIZE}", path, comm, a.steps)
+            guarded(f"{name} tp={SIZE}", check_decode_tunings, f"{name} tp={SIZE}", path, comm, a.steps,
+                    [{}] + DECODE_TUNINGS)
         try:
             check_memory_error(comm)
         except Exception as e:

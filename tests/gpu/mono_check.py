@@ -3,7 +3,8 @@
     python tests/gpu/mono_check.py [--presets tiny,small,2b] [--steps 128] [--json FILE]       # TP = 1
     mpiexec -n 2 python tests/gpu/mono_check.py ...     # TP = 2: a GPU per lane, or both on one GPU under MPS
 
-The monokernel computes every op with the graph path's arithmetic in the same order,
+The monokernel computes every op with the graph path's arithmetic in the same order (the
+graph path's attention as the monokernel's items, KIE_GPU_DECODE_ATTN=1),
 and at TP = 2 sums the lanes with the same KCCL one-shot (in its kernel instead of on
 the stream), so the two must agree to the bit, not within a bound.  For each preset
 and DTP delay 0 and 1 (tiny and small: random checkpoints on disk; 2b: random bf16
@@ -63,14 +64,17 @@ def first_diff(a, b):
 
 
 def models(cfg, path, max_seq, comm):
-    """(graph, mono) engines of this lane with the same weights, on the same communicator."""
+    """(graph, mono) engines of this lane with the same weights, on the same communicator; the
+    graph path with the monokernel's attention items (decode_attn 1: its own default sums the
+    keys in another order)."""
+    same = {"decode_attn": 1}
     if path is not None:
         ckpt = Checkpoint(path)
-        return [GpuModel(cfg, comm, max_seq=max_seq, kernel=k).load(ckpt) for k in ("graph", "mono")]
+        return [GpuModel(cfg, comm, max_seq=max_seq, kernel=k, tuning=same).load(ckpt) for k in ("graph", "mono")]
     import torch
     from decode_gpu import kie_engine, lane_weights  # this lane's share (decode_gpu reads the MPI rank too)
     w = lane_weights(cfg, torch.device("cuda", comm.device if comm is not None else 0))
-    out = [kie_engine(cfg, w, comm, max_seq, kernel=k) for k in ("graph", "mono")]
+    out = [kie_engine(cfg, w, comm, max_seq, kernel=k, tuning=same) for k in ("graph", "mono")]
     del w
     torch.cuda.empty_cache()
     return out

@@ -84,6 +84,62 @@ __device__ __forceinline__ void att_clock(unsigned long long *at) {
   *at = t;
 }
 
+/* A split item's partial result is in a.part: the last split of (token t, group grp) to get
+ * here folds them together into the output and returns true; the others return false.  The
+ * sums' order is the splits' whatever the thread count, so every kernel that uses it agrees. */
+template <int HD, int NTHREADS, typename Sync>
+__device__ bool att_combine(const AttnArgs &a, int t, int grp, int h0, int G, int ns, int tid, float *big_m,
+                            float *big_l, int *last, Sync sync) {
+  const int warp = tid >> 5, lane = tid & 31, groups = a.nh / a.g * a.hgroups;
+  const size_t pstride = (size_t)HD + 2;
+  __threadfence();
+  sync();
+  if (tid == 0) *last = atomicAdd(&a.cnt[(size_t)t * groups + grp], 1u) == (unsigned)ns - 1;
+  sync();
+  if (!*last) return false;
+  __threadfence();
+  /* Per head: M = the largest split max, L = the sum of the splits' sums scaled to M. */
+  for (int j = warp; j < G; j += NTHREADS / 32) {
+    const float *pp = a.part + (((size_t)t * a.nh + h0 + j) * a.nsplit) * pstride;
+    float M = -INFINITY;
+    for (int s = lane; s < ns; s += 32) M = fmaxf(M, __ldcg(pp + s * pstride + HD));
+    for (int off = 16; off; off >>= 1) M = fmaxf(M, __shfl_xor_sync(0xffffffffu, M, off));
+    float L = 0.f;
+    for (int s = lane; s < ns; s += 32) {
+      const float l = __ldcg(pp + s * pstride + HD + 1);
+      L += l > 0.f ? l * expf(__ldcg(pp + s * pstride + HD) - M) : 0.f;
+    }
+    for (int off = 16; off; off >>= 1) L += __shfl_xor_sync(0xffffffffu, L, off);
+    if (lane == 0) {
+      big_m[j] = M;
+      big_l[j] = L;
+    }
+  }
+  sync();
+  for (int i = tid; i < G * HD; i += NTHREADS) {
+    const int j = i / HD, dd = i - j * HD;
+    const float *pp = a.part + (((size_t)t * a.nh + h0 + j) * a.nsplit) * pstride;
+    const float M = big_m[j], invL = 1.f / big_l[j];
+    float o = 0.f;
+    for (int s0 = 0; s0 < ns; s0 += 8) { /* eight splits' loads in flight */
+      float v[8], m[8], l[8];
+#pragma unroll
+      for (int k = 0; k < 8; k++) {
+        const bool in = s0 + k < ns;
+        v[k] = in ? __ldcg(pp + (size_t)(s0 + k) * pstride + dd) : 0.f;
+        m[k] = in ? __ldcg(pp + (size_t)(s0 + k) * pstride + HD) : -INFINITY;
+        l[k] = in ? __ldcg(pp + (size_t)(s0 + k) * pstride + HD + 1) : 0.f;
+      }
+#pragma unroll
+      for (int k = 0; k < 8; k++)
+        if (l[k] > 0.f) o = fmaf(v[k], expf(m[k] - M) * invL, o);
+    }
+    a.out[(size_t)t * a.out_ld + (size_t)(h0 + j) * HD + dd] = o;
+  }
+  if (tid == 0) a.cnt[(size_t)t * groups + grp] = 0;
+  return true;
+}
+
 /* clk (profiling, or NULL): thread 0 writes the time its scores and softmax were done
  * to clk[0] and its values to clk[1], for the first tile. */
 template <int HD, bool CG, typename Sync>
@@ -91,7 +147,7 @@ __device__ void attend(const AttnArgs &a, int grp, int split, int t, int tid, At
                        unsigned *signal, unsigned long long *const *clk = nullptr) {
   typedef AttShape<HD> AS;
   const int warp = tid >> 5, lane = tid & 31;
-  const int kvh = grp / a.hgroups, hg = grp - kvh * a.hgroups, groups = a.nh / a.g * a.hgroups;
+  const int kvh = grp / a.hgroups, hg = grp - kvh * a.hgroups;
   const int h0 = kvh * a.g + hg * a.gper;
   const int G = min(a.gper, a.g - hg * a.gper);
 
@@ -269,52 +325,7 @@ __device__ void attend(const AttnArgs &a, int grp, int split, int t, int tid, At
     pp[HD + 1] = sm.l_run[tid];
   }
 
-  /* The last split item of this (token, group) combines. */
-  __threadfence();
-  sync();
-  if (tid == 0) sm.last = atomicAdd(&a.cnt[(size_t)t * groups + grp], 1u) == (unsigned)ns - 1;
-  sync();
-  if (!sm.last) return;
-  __threadfence();
-  /* Per head: M = the largest split max, L = the sum of the splits' sums scaled to M. */
-  for (int j = warp; j < G; j += ATT_THREADS / 32) {
-    const float *pp = a.part + (((size_t)t * a.nh + h0 + j) * a.nsplit) * pstride;
-    float M = -INFINITY;
-    for (int s = lane; s < ns; s += 32) M = fmaxf(M, __ldcg(pp + s * pstride + HD));
-    for (int off = 16; off; off >>= 1) M = fmaxf(M, __shfl_xor_sync(0xffffffffu, M, off));
-    float L = 0.f;
-    for (int s = lane; s < ns; s += 32) {
-      const float l = __ldcg(pp + s * pstride + HD + 1);
-      L += l > 0.f ? l * expf(__ldcg(pp + s * pstride + HD) - M) : 0.f;
-    }
-    for (int off = 16; off; off >>= 1) L += __shfl_xor_sync(0xffffffffu, L, off);
-    if (lane == 0) {
-      sm.big_m[j] = M;
-      sm.big_l[j] = L;
-    }
-  }
-  sync();
-  for (int i = tid; i < G * HD; i += ATT_THREADS) {
-    const int j = i / HD, dd = i - j * HD;
-    const float *pp = a.part + (((size_t)t * a.nh + h0 + j) * a.nsplit) * pstride;
-    const float M = sm.big_m[j], invL = 1.f / sm.big_l[j];
-    float o = 0.f;
-    for (int s0 = 0; s0 < ns; s0 += 8) { /* eight splits' loads in flight */
-      float v[8], m[8], l[8];
-#pragma unroll
-      for (int k = 0; k < 8; k++) {
-        const bool in = s0 + k < ns;
-        v[k] = in ? __ldcg(pp + (size_t)(s0 + k) * pstride + dd) : 0.f;
-        m[k] = in ? __ldcg(pp + (size_t)(s0 + k) * pstride + HD) : -INFINITY;
-        l[k] = in ? __ldcg(pp + (size_t)(s0 + k) * pstride + HD + 1) : 0.f;
-      }
-#pragma unroll
-      for (int k = 0; k < 8; k++)
-        if (l[k] > 0.f) o = fmaf(v[k], expf(m[k] - M) * invL, o);
-    }
-    a.out[(size_t)t * a.out_ld + (size_t)(h0 + j) * HD + dd] = o;
-  }
-  if (tid == 0) a.cnt[(size_t)t * groups + grp] = 0;
+  if (!att_combine<HD, ATT_THREADS>(a, t, grp, h0, G, ns, tid, sm.big_m, sm.big_l, &sm.last, sync)) return;
   att_signal(signal, tid, sync);
 }
 

@@ -87,6 +87,8 @@ struct kie_engine {
   int device, sms;
   int hid_pad, qdim, kvdim, qkv_rows, inter_pad, tmax;
   int g, gper, hgroups, nsplit, att_chunk, gemv_grid_max, gemv_u;
+  int dec_attn, att_keys, nsplit_smem; /* the graph path's decode attention (kie_shape.decode_attn, att_keys) and
+                                          its splits at most (max_seq / att_keys) */
   size_t bytes;
   char *arena;
   std::vector<kie_host::Layer> L;

@@ -31,7 +31,14 @@ struct Launcher {
   int T;
   int gemv(GemvArgs &a, int epi) { return kie_host::gemv(e, a, epi); }
   int attention(AttnArgs &a) {
-    CU(kie_launch_attention(a, T, e->stream, e->s.pdl));
+    if (e->dec_attn == 2) {
+      AttnArgs b = a;
+      b.kcap = e->att_keys;
+      b.nsplit = e->nsplit_smem;
+      CU(kie_launch_attention_smem(b, T, e->stream, e->s.pdl));
+    } else {
+      CU(kie_launch_attention(a, T, e->stream, e->s.pdl));
+    }
     return KIE_OK;
   }
   int sum(float *S, int i) {

@@ -83,6 +83,9 @@ typedef struct {
   int gemv_blocks_per_sm;      /* 0: auto */
   int gemv_u;                  /* 16-byte loads per row per lane in one batch: 4 or 8 (0: auto) */
   int att_chunk;               /* keys per attention block at least (0: auto) */
+  int decode_attn;             /* the graph path's decode attention: 0 auto (2), 1 the monokernel's split items,
+                                  2 a block holding its keys in shared memory (attention_smem.cu) */
+  int att_keys;                /* decode_attn 2: keys a block holds at most (0: auto, the most that fit) */
   int gemv_pipe;               /* 1: GEMVs load the next round's weights while using this round's */
   int gemv_x_l1;               /* 1: the o and down GEMVs read x through L1 instead of staging it */
   int kernel;                  /* KIE_KERNEL_GRAPH or KIE_KERNEL_MONO: how a decode step runs */

@@ -102,6 +102,9 @@ struct GemvArgs {
 };
 
 #define ATT_THREADS 128
+/* Keys the graph path's shared-memory attention block holds at most (its K and V rows, padded:
+ * 104 KB for head size 128). */
+#define ATT_SMEM_KEYS(hd) ((hd) >= 256 ? 96 : (hd) >= 128 ? 192 : 256)
 #define ATT_MAXG 8 /* query heads of one KV head a block handles */
 
 struct AttnArgs {
@@ -111,6 +114,7 @@ struct AttnArgs {
   int max_seq, hd, nh, g, hgroups, gper;
   int nsplit;    /* blocks per (group, token): the most splits */
   int min_chunk; /* keys per split at least */
+  int kcap;      /* the shared-memory kernel (attention_smem.cu): keys a block holds at most */
   const int *pos;
   float scale;
   float *part;   /* [T][nh][nsplit][hd + 2] */
@@ -286,6 +290,8 @@ cudaError_t kie_pf_attention_attributes(void);
 cudaError_t kie_launch_gemv(const GemvArgs &a, int epi, int xs, int grid, size_t smem, cudaStream_t st, int pdl);
 cudaError_t kie_gemv_attributes(size_t max_smem);
 cudaError_t kie_launch_attention(const AttnArgs &a, int T, cudaStream_t st, int pdl);
+cudaError_t kie_launch_attention_smem(const AttnArgs &a, int T, cudaStream_t st, int pdl);
+cudaError_t kie_attention_smem_attributes(void);
 cudaError_t kie_launch_finalize(const FinalArgs &a, cudaStream_t st, int pdl);
 cudaError_t kie_launch_advance(const Commit &c, cudaStream_t st, int pdl);
 cudaError_t kie_launch_sample(const SampleArgs &a, cudaStream_t st, int pdl);

@@ -45,6 +45,14 @@ int derive(kie_engine *e, const kie_shape &s, int sms) {
   e->nsplit = std::max(1, std::min(std::min(s.max_seq, 1024), (2 * sms + groups - 1) / groups));
   if (s.att_chunk < 0) return fail(KIE_E_ARG, "att_chunk=%d", s.att_chunk);
   e->att_chunk = s.att_chunk ? s.att_chunk : 32; /* the fastest of 16..256 on the 2b shape (bench/RESULTS.md) */
+  if (s.decode_attn < 0 || s.decode_attn > 2)
+    return fail(KIE_E_ARG, "decode_attn=%d: 0 (auto), 1 (split items) or 2 (shared memory)", s.decode_attn);
+  e->dec_attn = s.decode_attn == 1 ? 1 : 2;
+  if (s.att_keys < 0 || s.att_keys > ATT_SMEM_KEYS(s.head_dim))
+    return fail(KIE_E_ARG, "att_keys=%d: 0 (auto) or 1..%d for head size %d", s.att_keys, ATT_SMEM_KEYS(s.head_dim),
+                s.head_dim);
+  e->att_keys = s.att_keys ? s.att_keys : ATT_SMEM_KEYS(s.head_dim);
+  e->nsplit_smem = (s.max_seq + e->att_keys - 1) / e->att_keys;
   const int bps = s.gemv_blocks_per_sm > 0 ? s.gemv_blocks_per_sm : 2;
   e->gemv_grid_max = bps * sms;
   if (s.gemv_u != 0 && s.gemv_u != 4 && s.gemv_u != 8) return fail(KIE_E_ARG, "gemv_u=%d: 4 or 8 (0: auto)", s.gemv_u);
@@ -120,7 +128,7 @@ size_t layout(kie_engine *e, char *base) {
   e->logits = (float *)take((size_t)s.vocab_part * 4);
   e->logits_all = (float *)take((size_t)s.tp_size * s.vocab_part * 4);
   e->cand = (float *)take(256);
-  e->part = (float *)take(T * s.heads * e->nsplit * (hd + 2) * 4);
+  e->part = (float *)take(T * s.heads * std::max(e->nsplit, e->nsplit_smem) * (hd + 2) * 4);
   e->att_cnt = (unsigned *)take(T * s.kv_heads * e->hgroups * 4);
   e->head_cnt = (unsigned *)take(16);
   e->amax = (unsigned long long *)take(16);
