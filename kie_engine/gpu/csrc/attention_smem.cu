@@ -193,8 +193,9 @@ __global__ void __launch_bounds__(AS_THREADS) k_attention_smem(const AttnArgs a)
       const int c = tid + ci * AS_THREADS;
       if (c >= nch) continue;
       const int j = c / (HD / ATT_DV), dd = (c - j * (HD / ATT_DV)) * ATT_DV;
-      *reinterpret_cast<float4 *>(a.part + (((size_t)t * a.nh + h0 + j) * a.nsplit + split) * pstride + dd) =
-          make_float4(acc[ci][0], acc[ci][1], acc[ci][2], acc[ci][3]);
+      float *pp = a.part + (((size_t)t * a.nh + h0 + j) * a.nsplit + split) * pstride + dd; /* 8-byte aligned */
+#pragma unroll
+      for (int i = 0; i < ATT_DV; i++) pp[i] = acc[ci][i];
     }
   if (tid < G) {
     float *pp = a.part + (((size_t)t * a.nh + h0 + tid) * a.nsplit + split) * pstride;
