@@ -411,8 +411,8 @@ VARIANTS = [dict(decode_attn=1), dict(att_keys=64), dict(att_keys=128), dict(pdl
 # The batched prefill against its default (the long query tiles' keys split across two attention
 # blocks, 32-key tiles, kernels launched with programmatic dependent launch): the attention blocks
 # in launch order or zigzag (no split), no PDL, 64-key tiles, the row kernels a warp a row.
-PREFILL_VARIANTS = [dict(prefill_attn=3), dict(prefill_attn_share=256), dict(prefill_attn_share=512),
-                    dict(prefill_attn=2), dict(pdl=0), dict(prefill_attn_keys=64), dict(prefill_rows=2)]
+PREFILL_VARIANTS = [dict(prefill_attn=1), dict(prefill_attn=2), dict(pdl=0), dict(prefill_attn_keys=64),
+                    dict(prefill_rows=2)]
 
 
 # The monokernel's variants: keys per attention split at least (default 32: fewer, longer

@@ -84,16 +84,11 @@ SETTINGS = (
             "CUDA engine: tokens of one batched prefill pass at most (its activations are allocated for them); "
             "0 = auto (1024, at most the context).", 0, 1 << 20, **_GPU),
     Setting("KIE_GPU_PREFILL_ATTN", "int", 0,
-            "CUDA engine: the batched prefill's attention blocks: 0 = auto (shares), 1 = launch order (a head's "
+            "CUDA engine: the batched prefill's attention blocks: 0 = auto (split), 1 = launch order (a head's "
             "query tiles in turn), 2 = zigzag (the longest tiles first, then the shortest, so that the blocks an "
             "SM runs together add up to similar work), 3 = split (the longer half of the query tiles take two "
             "blocks, each half of the keys, the second to finish adding the other's share; heaviest blocks "
-            "first), 4 = shares (a query tile whose keys pass KIE_GPU_PREFILL_ATTN_SHARE takes up to four "
-            "blocks, the last to finish adding them all; heaviest blocks first).", 0, 4, **_GPU),
-    Setting("KIE_GPU_PREFILL_ATTN_SHARE", "int", 0,
-            "CUDA engine, KIE_GPU_PREFILL_ATTN=4: keys a prefill attention block takes at most, a multiple of "
-            "32; 0 = auto (the chunk's keys over the blocks the GPU holds at once, at least 128).",
-            0, 1 << 20, **_GPU),
+            "first).", 0, 3, **_GPU),
     Setting("KIE_GPU_PREFILL_ROWS", "int", 0,
             "CUDA engine: the batched prefill's row kernels: 0 = auto (1), 1 = RMSNorm a block a row and RoPE a "
             "pair a thread, 2 = RMSNorm a warp a row (rows up to 2,048 wide) and RoPE two pairs a thread.",

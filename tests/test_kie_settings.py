@@ -26,9 +26,8 @@ def clean_env(**extra):
     ("KIE_GPU_PREFETCH", " 1 ", 1), ("KIE_GPU_GEMV_U", "4", 4), ("KIE_GPU_MONO_PREFETCH", "-1", -1),
     ("KIE_GPU_KERNEL", "Mono", "mono"), ("KIE_GPU_PDL", "0", 0), ("KIE_BLAS_THREADS", "3", 3),
     ("KIE_CPU_HIDE", "avx2", "avx2"), ("KIE_CPU_HIDE", " AVX2 , avx512,", "avx512,avx2"),
-    ("KIE_CPU_HIDE", ",", ""), ("KIE_GPU_PREFILL_ATTN", "1", 1), ("KIE_GPU_PREFILL_ATTN", "3", 3), ("KIE_GPU_PREFILL_ATTN", "4", 4),
-    ("KIE_GPU_PREFILL_ATTN_SHARE", "256", 256), ("KIE_GPU_DECODE_ATTN", "1", 1), ("KIE_GPU_ATT_KEYS", "40", 40),
-    ("KIE_GPU_PREFILL_ROWS", "2", 2),
+    ("KIE_CPU_HIDE", ",", ""), ("KIE_GPU_PREFILL_ATTN", "1", 1), ("KIE_GPU_PREFILL_ATTN", "3", 3),
+    ("KIE_GPU_DECODE_ATTN", "1", 1), ("KIE_GPU_ATT_KEYS", "40", 40), ("KIE_GPU_PREFILL_ROWS", "2", 2),
     ("KIE_GPU_GEMV_X_L1", "1", 1), ("KIE_GPU_PREFILL_ATTN_KEYS", "64", 64)])
 def test_good_values(name, text, want):
     assert settings.value(name, {name: text}) == want
@@ -38,7 +37,7 @@ def test_good_values(name, text, want):
     ("KIE_GPU_PREFETCH", "3", GpuArgumentError), ("KIE_GPU_GEMV_U", "5", GpuArgumentError),
     ("KIE_GPU_MONO_BLOCKS", "-1", GpuArgumentError), ("KIE_GPU_KERNEL", "fast", GpuArgumentError),
     ("KIE_GPU_PDL", "yes", GpuArgumentError), ("KIE_GPU_ATT_CHUNK", "1.5", GpuArgumentError),
-    ("KIE_GPU_PREFILL_ATTN", "5", GpuArgumentError), ("KIE_GPU_PREFILL_ATTN_SHARE", "-32", GpuArgumentError),
+    ("KIE_GPU_PREFILL_ATTN", "4", GpuArgumentError),
     ("KIE_GPU_DECODE_ATTN", "3", GpuArgumentError), ("KIE_GPU_ATT_KEYS", "257", GpuArgumentError),
     ("KIE_GPU_PREFILL_ATTN_KEYS", "65", GpuArgumentError), ("KIE_GPU_PREFILL_ROWS", "3", GpuArgumentError),
     ("KIE_BLAS_THREADS", "0", SettingError), ("KIE_BLAS_THREADS", "two", SettingError),

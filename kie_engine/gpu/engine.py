@@ -198,7 +198,6 @@ class GpuModel(OwnsNativeEngine):
         s.prefill_attn = _settings.value("KIE_GPU_PREFILL_ATTN")
         s.prefill_rows = _settings.value("KIE_GPU_PREFILL_ROWS")
         s.prefill_attn_keys = _settings.value("KIE_GPU_PREFILL_ATTN_KEYS")
-        s.prefill_attn_share = _settings.value("KIE_GPU_PREFILL_ATTN_SHARE")
         s.prefill = 0
         if mode == "gemv":
             return "gemv (asked for)"

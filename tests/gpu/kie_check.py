@@ -214,9 +214,7 @@ def top2_margin(logits):
 # in passes of 64 and of 256, the row kernels a warp a row.
 PREFILL_TUNINGS = [{"prefill_chunk": 64}, {"prefill_chunk": 256}, {"prefill_chunk": 64, "prefill_attn": 1},
                    {"prefill_chunk": 256, "prefill_attn": 2}, {"prefill_chunk": 64, "prefill_rows": 2},
-                   {"prefill_chunk": 64, "prefill_attn_keys": 64}, {"prefill_chunk": 256, "prefill_attn_keys": 64},
-                   {"prefill_chunk": 256, "prefill_attn": 3}, {"prefill_chunk": 256, "prefill_attn_share": 32},
-                   {"prefill_chunk": 256, "prefill_attn_share": 96, "prefill_attn_keys": 64}]
+                   {"prefill_chunk": 64, "prefill_attn_keys": 64}, {"prefill_chunk": 256, "prefill_attn_keys": 64}]
 
 
 def check_prefill(tag, path, comm, steps):

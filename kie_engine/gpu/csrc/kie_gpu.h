@@ -96,13 +96,11 @@ typedef struct {
   int prefill;                 /* 1: a prompt runs as batched passes (cuBLAS GEMMs over a chunk of tokens; needs
                                   kie_blas_load first); 0: as decode-shaped passes of a few tokens */
   int prefill_chunk;           /* tokens of a batched pass at most (0: auto, 1024; at most max_seq) */
-  int prefill_attn;            /* the batched prefill's attention blocks: 0 auto (shares), 1 launch order (a
-                                  head's query tiles in turn), 2 zigzag, 3 split, 4 shares (kie_kernels.h) */
+  int prefill_attn;            /* the batched prefill's attention blocks: 0 auto (split), 1 launch order (a
+                                  head's query tiles in turn), 2 zigzag, 3 split (kie_kernels.h) */
   int prefill_rows;            /* its row kernels: 0 auto (1), 1 a block a row (norm) and a pair a thread (RoPE),
                                   2 a warp a row and two pairs a thread */
   int prefill_attn_keys;       /* keys per tile of the batched prefill's attention: 0 auto (32), 32 or 64 */
-  int prefill_attn_share;      /* prefill_attn 4: keys a block takes at most (0: auto, from the chunk's work
-                                  and the blocks the GPU holds at once), a multiple of 32 */
 } kie_shape;
 
 typedef struct {

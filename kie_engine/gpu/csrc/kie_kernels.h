@@ -242,11 +242,8 @@ struct PfAttnArgs {
   int out_ld;
   int order;           /* PF_ORDER_*: which block takes which (query tile, head) */
   int keys;            /* keys per tile: 32, or 64 (head sizes 64 and 128) */
-  float *part;         /* PF_ORDER_SPLIT / SHARES: each split tile's shares, [head][tile][PF_MAX_SHARES][PF_PART_FLOATS] */
+  float *part;         /* PF_ORDER_SPLIT: each split tile's two shares, [head][tile][2][PF_PART_FLOATS] */
   unsigned *cnt;       /* and its count of shares done, [head][tile], zero between launches */
-  int share_keys;      /* PF_ORDER_SHARES: keys a block takes at most (0: auto) */
-  int sms;             /* the GPU's SMs (the launch sizes the automatic shares by them) */
-  int cap;             /* PF_ORDER_SHARES: key tiles a share takes at most (set by the launch) */
 };
 /* Queries per block of the prefill attention, and the floats of one split block's share (its
  * 128 threads' output accumulators, row maxima and sums) */
@@ -266,14 +263,6 @@ struct PfAttnArgs {
  * the second block to finish merges the first's share (PfAttnArgs.part) into its own and
  * writes the rows.  Blocks go heaviest first (a split block's keys are about half its tile's). */
 #define PF_ORDER_SPLIT 3
-/* Shares: a query tile whose keys pass `cap` tiles takes several blocks (at most PF_MAX_SHARES),
- * each an equal run of its key tiles; the last to finish merges every share in share order
- * (the same sum whichever finishes last).  cap is the chunk's key tiles over the blocks the GPU
- * holds at once, so that the longest block is about the average an SM slot runs, where the
- * split's is its tile's half (a 1,024-token chunk: 16 key tiles, against 11).  Blocks go
- * heaviest first. */
-#define PF_ORDER_SHARES 4
-#define PF_MAX_SHARES 4
 
 /* The prefill's row and attention kernels wait for their predecessor with
  * griddepcontrol.wait (pdl: launched with programmatic stream serialization, so that

@@ -111,8 +111,6 @@ int enqueue_prefill(kie_engine *e, int T, int mode) {
       at.part = e->pf_apart;
       at.cnt = e->pf_acnt;
       at.keys = e->pf_keys;
-      at.share_keys = e->s.prefill_attn_share;
-      at.sms = e->sms;
       CU(kie_launch_pf_attention(at, e->stream, e->s.pdl));
       TRY(blas_gemm(e, rows, s.hidden, e->qdim, e->pf_att, e->qdim, y.wo, e->qdim, S, hp, true, beta));
     } else {

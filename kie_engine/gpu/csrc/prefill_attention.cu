@@ -18,12 +18,11 @@
  * a warp skips the tiles wholly past its last row.
  *
  * A chunk has few blocks for the GPU (1,024 tokens of 16 heads: 256 query tiles),
- * and the causal mask makes the last tiles' keys 16 times the first's; so a tile
- * whose keys pass a cap takes several blocks, each an equal run of its key tiles
- * (PF_ORDER_SHARES, the default: the last to finish sums every share's maxima,
- * sums and accumulators from global memory, see the end of the kernel), the cap
- * being the chunk's work over the blocks the GPU holds at once, heaviest blocks
- * first.  PF_ORDER_SPLIT halves only the longer half of the tiles.
+ * and the causal mask makes the last tiles' keys 16 times the first's; so the
+ * longer half of a head's tiles take two blocks each (PF_ORDER_SPLIT, the default:
+ * keys before a tile boundary and from it, the second to finish merging the
+ * first's maxima, sums and accumulators from global memory, see the end of the
+ * kernel), which halves the longest block and brings 384 blocks, heaviest first.
  * Within a block the loop is built around the latencies of a few warps an SM: one
  * barrier a tile, the next fragments' ldmatrix issued before the products that use
  * the current ones, V's first fragments before the softmax, reductions as trees,
@@ -31,8 +30,6 @@
  * (KIE_GPU_PREFILL_ATTN_KEYS=64, head sizes 64 and 128) are there to be measured
  * against 32. */
 #include <math.h>
-
-#include <algorithm>
 
 #include "kie_kernels.h"
 
@@ -140,52 +137,6 @@ __device__ __forceinline__ void pf_split_unit(int b, int nq, int nh, int &qt, in
   }
 }
 
-/* PF_ORDER_SHARES: query tile q's key tiles at position 0 (its work), and the blocks it takes. */
-__host__ __device__ __forceinline__ int pf_tiles0(int q, int T, int bk) { return (min((q + 1) * PF_BQ, T) + bk - 1) / bk; }
-__host__ __device__ __forceinline__ int pf_nshares(int kt, int cap) { return min(PF_MAX_SHARES, (kt + cap - 1) / cap); }
-
-/* PF_ORDER_SHARES: block b's query tile, head, share and the tile's share count.  The tiles of n
- * shares are a run of consecutive tiles (n grows with the tile): list n, longest first; the
- * lists merge heaviest block first (a block's work: its tile's key tiles over n). */
-__device__ __forceinline__ void pf_share_unit(int b, int nq, int nh, int T, int bk, int cap, int &qt, int &h, int &share,
-                                              int &n) {
-  /* list k holds tiles le[k - 1] .. le[k] - 1, le[k] counting the tiles of at most k shares;
-   * head[k]: its longest not yet handed out (registers: every index is unrolled) */
-  int le[PF_MAX_SHARES + 1], head[PF_MAX_SHARES + 1];
-#pragma unroll
-  for (int k = 0; k <= PF_MAX_SHARES; k++) le[k] = 0;
-  for (int q = 0; q < nq; q++) {
-    const int m = pf_nshares(pf_tiles0(q, T, bk), cap);
-#pragma unroll
-    for (int k = 0; k <= PF_MAX_SHARES; k++) le[k] += m <= k;
-  }
-#pragma unroll
-  for (int k = 0; k <= PF_MAX_SHARES; k++) head[k] = le[k] - 1;
-  qt = 0, h = 0, share = 0, n = 1;
-  for (int start = 0;;) {
-    int best = 0, wbest = 0, hbest = 0;
-#pragma unroll
-    for (int k = 1; k <= PF_MAX_SHARES; k++)
-      if (head[k] >= le[k - 1]) {
-        const int w = pf_tiles0(head[k], T, bk);
-        if (!best || w * best > wbest * k) best = k, wbest = w, hbest = head[k];
-      }
-    if (!best) return; /* past the grid the launch sized: none is */
-    if (b < start + best * nh) {
-      const int u = b - start;
-      qt = hbest;
-      h = u % nh;
-      share = u / nh;
-      n = best;
-      return;
-    }
-    start += best * nh;
-#pragma unroll
-    for (int k = 1; k <= PF_MAX_SHARES; k++)
-      if (k == best) head[k]--;
-  }
-}
-
 template <int HD, int KEYS>
 __global__ void __launch_bounds__(128, pf_min_blocks<HD, KEYS>()) k_pf_attention(const PfAttnArgs a) {
   kcclDevPdlWait();
@@ -199,12 +150,9 @@ __global__ void __launch_bounds__(128, pf_min_blocks<HD, KEYS>()) k_pf_attention
   bf16 *Vs = Ks + ST * BK * LDS;
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const int nq = (a.T + BQ - 1) / BQ, nb = nq * a.nh, b = (int)blockIdx.x;
-  int qt = b % nq, h = b / nq, share = -1, nshare = 2;
+  int qt = b % nq, h = b / nq, share = -1;
   if (a.order == PF_ORDER_SPLIT) {
     pf_split_unit(b, nq, a.nh, qt, h, share);
-  } else if (a.order == PF_ORDER_SHARES) {
-    pf_share_unit(b, nq, a.nh, a.T, BK, a.cap, qt, h, share, nshare);
-    if (nshare == 1) share = -1;
   } else if (a.order == PF_ORDER_ZIGZAG) { /* r: the block's rank by work, heaviest first */
     const int half = (nb + 1) / 2, r = b < half ? b : nb - 1 - (b - half);
     qt = nq - 1 - r / a.nh;
@@ -233,11 +181,7 @@ __global__ void __launch_bounds__(128, pf_min_blocks<HD, KEYS>()) k_pf_attention
   /* this block's key tiles t0 .. t1 - 1: a split tile's first share ends at a tile boundary at
    * most half way and no later than the tile's first query (the second holds every diagonal) */
   int t0 = 0, t1 = (nkeys + BK - 1) / BK;
-  if (share >= 0 && a.order == PF_ORDER_SHARES) {
-    const int tt = t1;
-    t0 = share * tt / nshare;
-    t1 = (share + 1) * tt / nshare;
-  } else if (share >= 0) {
+  if (share >= 0) {
     const int mid = min(t1 / 2, (P0 + q0) / BK);
     if (share == 0) t1 = mid;
     else t0 = mid;
@@ -364,63 +308,11 @@ __global__ void __launch_bounds__(128, pf_min_blocks<HD, KEYS>()) k_pf_attention
   }
   cp_wait<0>();
 
-  if (share >= 0 && a.order == PF_ORDER_SHARES) { /* this share goes out; the last to finish sums them all */
+  if (share >= 0) { /* a split tile: this share goes out, and the second to finish merges both */
     constexpr int NF = ND * 4, NT_ = SH::THREADS;
     __shared__ int last;
     const size_t unit = (size_t)h * nq + qt;
-    const float *base = a.part + unit * PF_MAX_SHARES * PF_PART_FLOATS(HD);
-    float *mine = a.part + (unit * PF_MAX_SHARES + share) * PF_PART_FLOATS(HD);
-#pragma unroll
-    for (int n = 0; n < ND; n++)
-#pragma unroll
-      for (int e = 0; e < 4; e++) mine[(n * 4 + e) * NT_ + tid] = o[n][e];
-#pragma unroll
-    for (int r = 0; r < 2; r++) {
-      mine[(NF + r) * NT_ + tid] = mrow[r];
-      mine[(NF + 2 + r) * NT_ + tid] = lrow[r];
-    }
-    __threadfence();
-    __syncthreads();
-    if (tid == 0) last = atomicAdd(&a.cnt[unit], 1u) == (unsigned)nshare - 1;
-    __syncthreads();
-    if (!last) return;
-    __threadfence();
-    /* every share read back in share order, this block's own too, so that the sum is the same
-     * whichever block merges */
-    float f[PF_MAX_SHARES][2];
-#pragma unroll
-    for (int r = 0; r < 2; r++) {
-      float ms[PF_MAX_SHARES], m = -INFINITY;
-#pragma unroll
-      for (int sh = 0; sh < PF_MAX_SHARES; sh++) {
-        ms[sh] = sh < nshare ? __ldcg(base + sh * PF_PART_FLOATS(HD) + (NF + r) * NT_ + tid) : -INFINITY;
-        m = fmaxf(m, ms[sh]);
-      }
-      const float mu = m == -INFINITY ? 0.f : m;
-      float l = 0.f;
-#pragma unroll
-      for (int sh = 0; sh < PF_MAX_SHARES; sh++) {
-        f[sh][r] = sh < nshare ? ex2(ms[sh] - mu) : 0.f;
-        if (sh < nshare) l = fmaf(__ldcg(base + sh * PF_PART_FLOATS(HD) + (NF + 2 + r) * NT_ + tid), f[sh][r], l);
-      }
-      lrow[r] = l;
-    }
-#pragma unroll
-    for (int n = 0; n < ND; n++)
-#pragma unroll
-      for (int e = 0; e < 4; e++) {
-        float v = 0.f;
-#pragma unroll
-        for (int sh = 0; sh < PF_MAX_SHARES; sh++)
-          if (sh < nshare) v = fmaf(__ldcg(base + sh * PF_PART_FLOATS(HD) + (n * 4 + e) * NT_ + tid), f[sh][e >> 1], v);
-        o[n][e] = v;
-      }
-    if (tid == 0) a.cnt[unit] = 0; /* for the next launch (stream order keeps it after this one) */
-  } else if (share >= 0) { /* a split tile: this share goes out, and the second to finish merges both */
-    constexpr int NF = ND * 4, NT_ = SH::THREADS;
-    __shared__ int last;
-    const size_t unit = (size_t)h * nq + qt;
-    float *mine = a.part + (unit * PF_MAX_SHARES + share) * PF_PART_FLOATS(HD);
+    float *mine = a.part + (unit * 2 + share) * PF_PART_FLOATS(HD);
 #pragma unroll
     for (int n = 0; n < ND; n++)
 #pragma unroll
@@ -436,7 +328,7 @@ __global__ void __launch_bounds__(128, pf_min_blocks<HD, KEYS>()) k_pf_attention
     __syncthreads();
     if (!last) return;
     __threadfence();
-    const float *other = a.part + (unit * PF_MAX_SHARES + (1 - share)) * PF_PART_FLOATS(HD);
+    const float *other = a.part + (unit * 2 + (1 - share)) * PF_PART_FLOATS(HD);
     float as[2], ao[2];
 #pragma unroll
     for (int r = 0; r < 2; r++) { /* both maxima are a row's (its four threads hold the same) */
@@ -471,31 +363,11 @@ __global__ void __launch_bounds__(128, pf_min_blocks<HD, KEYS>()) k_pf_attention
 }
 
 template <int HD, int KEYS>
-cudaError_t launch_shape(const PfAttnArgs &a0, cudaStream_t st, int pdl) {
+cudaError_t launch_shape(const PfAttnArgs &a, cudaStream_t st, int pdl) {
   typedef PfShape<HD, KEYS> SH;
-  PfAttnArgs a = a0;
   const int nq = (a.T + SH::BQ - 1) / SH::BQ;
-  int blocks = (a.order == PF_ORDER_SPLIT ? nq + (nq - nq / 2) : nq) * a.nh;
-  if (a.order == PF_ORDER_SHARES) {
-    /* auto: the chunk's key tiles over the blocks the GPU holds at once, at least 128 keys a
-     * block (a share's merge costs a round trip through L2) */
-    int cap = a.share_keys / KEYS;
-    if (cap <= 0) {
-      int per_sm = 0;
-      const cudaError_t e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, k_pf_attention<HD, KEYS>,
-                                                                          SH::THREADS, SH::SMEM);
-      if (e != cudaSuccess) return e;
-      long work = 0;
-      for (int q = 0; q < nq; q++) work += pf_tiles0(q, a.T, KEYS);
-      const long slots = (long)std::max(1, per_sm) * std::max(1, a.sms);
-      cap = std::max<int>((int)((work * a.nh + slots - 1) / slots), (128 + KEYS - 1) / KEYS);
-    }
-    cap = std::max(cap, (pf_tiles0(nq - 1, a.T, KEYS) + PF_MAX_SHARES - 1) / PF_MAX_SHARES);
-    a.cap = cap;
-    blocks = 0;
-    for (int q = 0; q < nq; q++) blocks += pf_nshares(pf_tiles0(q, a.T, KEYS), cap) * a.nh;
-  }
-  return kcclLaunch(k_pf_attention<HD, KEYS>, dim3((unsigned)blocks), dim3(SH::THREADS), SH::SMEM, st, pdl, a);
+  const dim3 grid((unsigned)((a.order == PF_ORDER_SPLIT ? nq + (nq - nq / 2) : nq) * a.nh));
+  return kcclLaunch(k_pf_attention<HD, KEYS>, grid, dim3(SH::THREADS), SH::SMEM, st, pdl, a);
 }
 
 /* 64-key tiles exist for head sizes 64 and 128, the models' own; other sizes take 32. */

@@ -75,13 +75,9 @@ int derive(kie_engine *e, const kie_shape &s, int sms) {
   if (s.prefill != 0 && s.prefill != 1) return fail(KIE_E_ARG, "prefill=%d: 0 or 1", s.prefill);
   if (s.prefill_chunk < 0) return fail(KIE_E_ARG, "prefill_chunk=%d: 0 (auto) or a token count", s.prefill_chunk);
   e->pf_chunk = s.prefill ? std::min(s.prefill_chunk ? s.prefill_chunk : 1024, s.max_seq) : 0;
-  if (s.prefill_attn < 0 || s.prefill_attn > 4)
-    return fail(KIE_E_ARG, "prefill_attn=%d: 0 (auto), 1 (launch order), 2 (zigzag), 3 (split) or 4 (shares)",
-                s.prefill_attn);
-  static const int orders[] = {PF_ORDER_SHARES, PF_ORDER_LAUNCH, PF_ORDER_ZIGZAG, PF_ORDER_SPLIT, PF_ORDER_SHARES};
-  e->pf_attn = orders[s.prefill_attn];
-  if (s.prefill_attn_share < 0 || s.prefill_attn_share % 32 || s.prefill_attn_share > (1 << 20))
-    return fail(KIE_E_ARG, "prefill_attn_share=%d: 0 (auto) or a multiple of 32 keys", s.prefill_attn_share);
+  if (s.prefill_attn < 0 || s.prefill_attn > 3)
+    return fail(KIE_E_ARG, "prefill_attn=%d: 0 (auto), 1 (launch order), 2 (zigzag) or 3 (split)", s.prefill_attn);
+  e->pf_attn = s.prefill_attn == 1 ? PF_ORDER_LAUNCH : s.prefill_attn == 2 ? PF_ORDER_ZIGZAG : PF_ORDER_SPLIT;
   if (s.prefill_rows < 0 || s.prefill_rows > 2)
     return fail(KIE_E_ARG, "prefill_rows=%d: 0 (auto), 1 (a block a row) or 2 (a warp a row)", s.prefill_rows);
   e->pf_rows = s.prefill_rows == 2 ? 2 : 1;
@@ -154,7 +150,7 @@ size_t layout(kie_engine *e, char *base) {
     e->pf_act = (bf16 *)take(P * e->inter_pad * 2);
     e->pf_tok = (int *)take(P * 4);
     const size_t qtiles = PF_QUERY_TILES(s.heads, P);
-    e->pf_apart = (float *)take(qtiles * PF_MAX_SHARES * PF_PART_FLOATS(hd) * 4);
+    e->pf_apart = (float *)take(qtiles * 2 * PF_PART_FLOATS(hd) * 4);
     e->pf_acnt = (unsigned *)take(qtiles * 4);
   }
   return round_up(at, 256);
