@@ -402,17 +402,17 @@ def copy_bandwidth(dev, nbytes=2 << 30, reps=10):
 # Launch and kernel variants against the defaults (PDL on, prefetch 2: a GEMV's first
 # loads before its wait, 2 GEMV blocks per SM, pipelined GEMV loads (4 per row per
 # lane), x of the o and down GEMVs staged in shared memory, the decode attention a block
-# a KV head holding up to 192 keys in shared memory): the monokernel's attention items
-# (32 keys a split, the last combining), the shared-memory attention cut into splits of
-# 64 or 128 keys; no PDL and no early loads.
-VARIANTS = [dict(decode_attn=1), dict(att_keys=64), dict(att_keys=128), dict(pdl=0, prefetch=0)]
+# a KV head holding up to 192 keys in shared memory, splits of 128 past them): the
+# monokernel's attention items (32 keys a split, the last combining), splits of 192 or 96
+# keys, a block a query head, and at most 128 keys in one block.
+VARIANTS = [dict(decode_attn=1), dict(att_split_keys=192), dict(att_split_keys=96), dict(att_heads=1),
+            dict(att_keys=128)]
 
 
 # The batched prefill against its default (the long query tiles' keys split across two attention
 # blocks, 32-key tiles, kernels launched with programmatic dependent launch): the attention blocks
-# in launch order or zigzag (no split), no PDL, 64-key tiles, the row kernels a warp a row.
-PREFILL_VARIANTS = [dict(prefill_attn=1), dict(prefill_attn=2), dict(pdl=0), dict(prefill_attn_keys=64),
-                    dict(prefill_rows=2)]
+# in launch order or zigzag (no split), no PDL, 64-key tiles.
+PREFILL_VARIANTS = [dict(prefill_attn=1), dict(prefill_attn=2), dict(pdl=0), dict(prefill_attn_keys=64)]
 
 
 # The monokernel's variants: keys per attention split at least (default 32: fewer, longer

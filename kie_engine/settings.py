@@ -66,8 +66,14 @@ SETTINGS = (
             "holding its keys' K and V in shared memory, the rows of earlier steps copied before it waits for "
             "the QKV kernel.", 0, 2, **_GPU),
     Setting("KIE_GPU_ATT_KEYS", "int", 0,
-            "CUDA engine, KIE_GPU_DECODE_ATTN=2: keys a block holds at most (a longer context is cut into equal "
+            "CUDA engine, KIE_GPU_DECODE_ATTN=2: keys one block holds at most (a longer context is cut into equal "
             "splits); 0 = auto (the most that fit: 192 for head size 128, 256 below, 96 above).", 0, 256, **_GPU),
+    Setting("KIE_GPU_ATT_SPLIT_KEYS", "int", 0,
+            "CUDA engine, KIE_GPU_DECODE_ATTN=2: keys a split takes at most when the context passes "
+            "KIE_GPU_ATT_KEYS; 0 = auto (128, or KIE_GPU_ATT_KEYS if less).", 0, 256, **_GPU),
+    Setting("KIE_GPU_ATT_HEADS", "int", 0,
+            "CUDA engine, KIE_GPU_DECODE_ATTN=2: query heads a block; 0 = auto (every query head of a KV head, up "
+            "to 8, sharing its keys), 1 = one (a block each, the keys read once for each).", 0, 1, **_GPU),
     Setting("KIE_GPU_GEMV_PIPE", "flag", 1,
             "CUDA engine: 1 has a GEMV load the next round's weights while it uses this round's.", 0, 1, **_GPU),
     Setting("KIE_GPU_GEMV_X_L1", "flag", 0,
@@ -89,10 +95,6 @@ SETTINGS = (
             "SM runs together add up to similar work), 3 = split (the longer half of the query tiles take two "
             "blocks, each half of the keys, the second to finish adding the other's share; heaviest blocks "
             "first).", 0, 3, **_GPU),
-    Setting("KIE_GPU_PREFILL_ROWS", "int", 0,
-            "CUDA engine: the batched prefill's row kernels: 0 = auto (1), 1 = RMSNorm a block a row and RoPE a "
-            "pair a thread, 2 = RMSNorm a warp a row (rows up to 2,048 wide) and RoPE two pairs a thread.",
-            0, 2, **_GPU),
     Setting("KIE_GPU_PREFILL_ATTN_KEYS", "int", 0,
             "CUDA engine: keys per tile of the batched prefill's attention: 0 = auto (32), 32, or 64 (two "
             "stages of tiles in shared memory instead of three; head sizes 64 and 128, others take 32).",

@@ -211,9 +211,9 @@ def top2_margin(logits):
 
 # The batched prefill's passes and its attention's shape: the default (the long query tiles split
 # across two blocks, 32-key tiles) in passes of 64 and of 256, launch order, zigzag, 64-key tiles
-# in passes of 64 and of 256, the row kernels a warp a row.
+# in passes of 64 and of 256.
 PREFILL_TUNINGS = [{"prefill_chunk": 64}, {"prefill_chunk": 256}, {"prefill_chunk": 64, "prefill_attn": 1},
-                   {"prefill_chunk": 256, "prefill_attn": 2}, {"prefill_chunk": 64, "prefill_rows": 2},
+                   {"prefill_chunk": 256, "prefill_attn": 2},
                    {"prefill_chunk": 64, "prefill_attn_keys": 64}, {"prefill_chunk": 256, "prefill_attn_keys": 64}]
 
 
@@ -251,9 +251,11 @@ def check_prefill(tag, path, comm, steps):
 
 
 # The graph path's other decode attentions: the monokernel's split items, and the shared-memory
-# kernel cut into splits (16 and 40 keys a block: several splits, the last combining) where the
-# default holds a context this short in one block.
-DECODE_TUNINGS = [{"decode_attn": 1}, {"att_keys": 16}, {"att_keys": 40}]
+# kernel cut into splits (16 and 40 keys a block, then splits of as many or of 24: several splits,
+# the last combining) where the default holds a context this short in one block, and a block a
+# query head.
+DECODE_TUNINGS = [{"decode_attn": 1}, {"att_keys": 16}, {"att_keys": 40}, {"att_keys": 40, "att_split_keys": 24},
+                  {"att_heads": 1}, {"att_heads": 1, "att_keys": 16}]
 
 
 def check_decode_tunings(tag, path, comm, steps, tunings):

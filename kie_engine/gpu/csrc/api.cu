@@ -181,7 +181,9 @@ int kie_reset(kie_engine *e) {
   CU(cudaMemsetAsync(e->st, 0, sizeof(DevState), e->stream));
   CU(cudaMemsetAsync(e->mono_sync, 0, sizeof(MonoSync), e->stream));
   CU(cudaMemsetAsync(e->mono_cnt, 0, (size_t)e->mono_n * 8, e->stream));
-  if (e->pf_chunk > 0) /* a launch cut short by an error may have left a count */
+  /* a launch cut short by an error may have left a count */
+  CU(cudaMemsetAsync(e->att_cnt, 0, (size_t)e->tmax * e->s.heads * 4, e->stream));
+  if (e->pf_chunk > 0)
     CU(cudaMemsetAsync(e->pf_acnt, 0, PF_QUERY_TILES(e->s.heads, e->pf_chunk) * 4, e->stream));
   CU(cudaStreamSynchronize(e->stream));
   memset(e->ring_h, 0, sizeof(HostRing));

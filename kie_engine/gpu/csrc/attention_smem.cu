@@ -10,8 +10,10 @@
  *     and the queries are read after the wait, from L2.
  *   - A context of up to `kcap` keys (AttnArgs.kcap, at most ATT_SMEM_KEYS(hd): 192 for
  *     head size 128) is one block a group, whose output is final: no partial results,
- *     no combine.  A longer one is cut into ceil(S / kcap) equal splits, and the last
- *     split of a (token, group) to finish combines them (attention.cuh's att_combine).
+ *     no combine.  A longer one is cut into ceil(S / ksplit) equal splits, and the last
+ *     split of a (token, group) to finish combines them (attention.cuh's att_combine);
+ *     ksplit = 128 by default, the faster of 64 / 128 / 192 at a context of 1,024 on the
+ *     2b shape (more blocks fetch at once, each computes less after its wait).
  *   - From shared memory: a score is one thread's dot product of a query head with a key
  *     row (four partial sums; rows padded by 16 bytes so that a warp's rows fall in
  *     different banks), the softmax a warp a head, a value chunk (4 dims of one head) one
@@ -58,7 +60,9 @@ __global__ void __launch_bounds__(AS_THREADS) k_attention_smem(const AttnArgs a)
   /* The position is final here: the kernel that advanced it ran before the QKV kernel,
    * which waited for it before this grid could launch. */
   const int pos = *a.pos, S = pos + t + 1; /* keys 0 .. pos + t */
-  const int ns = (S + a.kcap - 1) / a.kcap; /* <= the grid's splits: the host sized it for max_seq */
+  /* one block up to kcap keys, else splits of ksplit keys at most (<= the grid's splits: the host
+   * sized it for max_seq) */
+  const int ns = S <= a.kcap ? 1 : (S + a.ksplit - 1) / a.ksplit;
   if (split >= ns) return;
   const int len = (S + ns - 1) / ns;
   const int c0 = split * len, n = min(S, c0 + len) - c0;
@@ -214,7 +218,7 @@ cudaError_t launch_hd(const AttnArgs &a, int T, cudaStream_t st, int pdl) {
 }  // namespace
 
 cudaError_t kie_launch_attention_smem(const AttnArgs &a, int T, cudaStream_t st, int pdl) {
-  if (a.kcap < 1 || a.kcap > ATT_SMEM_KEYS(a.hd)) return cudaErrorInvalidValue;
+  if (a.kcap < 1 || a.kcap > ATT_SMEM_KEYS(a.hd) || a.ksplit < 1 || a.ksplit > a.kcap) return cudaErrorInvalidValue;
   return kie_with_hd(a.hd, cudaErrorInvalidValue, [&](auto h) { return launch_hd<decltype(h)::value>(a, T, st, pdl); });
 }
 

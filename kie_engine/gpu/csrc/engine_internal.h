@@ -87,8 +87,8 @@ struct kie_engine {
   int device, sms;
   int hid_pad, qdim, kvdim, qkv_rows, inter_pad, tmax;
   int g, gper, hgroups, nsplit, att_chunk, gemv_grid_max, gemv_u;
-  int dec_attn, att_keys, nsplit_smem; /* the graph path's decode attention (kie_shape.decode_attn, att_keys) and
-                                          its splits at most (max_seq / att_keys) */
+  int dec_attn, att_keys, att_split, att_gper, nsplit_smem; /* the graph path's decode attention (kie_shape
+                                          .decode_attn, att_keys, att_split_keys, att_heads) and its splits at most */
   size_t bytes;
   char *arena;
   std::vector<kie_host::Layer> L;
@@ -126,7 +126,6 @@ struct kie_engine {
   unsigned *pf_acnt;       /* and their counts (zero between launches) */
   int pf_attn;             /* the prefill attention's blocks (PF_ORDER_*) */
   int pf_keys;             /* its keys per tile (32, 64) */
-  int pf_rows;             /* the row kernels' shape (kie_shape.prefill_rows: 1, 2) */
   std::vector<char> have; /* which uploads have arrived */
   std::vector<uint64_t> req;
   int pos_h, step_h;      /* the host's count of what it enqueued */

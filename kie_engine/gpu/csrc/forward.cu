@@ -34,7 +34,10 @@ struct Launcher {
     if (e->dec_attn == 2) {
       AttnArgs b = a;
       b.kcap = e->att_keys;
+      b.ksplit = e->att_split;
       b.nsplit = e->nsplit_smem;
+      b.gper = e->att_gper;
+      b.hgroups = (e->g + b.gper - 1) / b.gper;
       CU(kie_launch_attention_smem(b, T, e->stream, e->s.pdl));
     } else {
       CU(kie_launch_attention(a, T, e->stream, e->s.pdl));

@@ -86,6 +86,8 @@ typedef struct {
   int decode_attn;             /* the graph path's decode attention: 0 auto (2), 1 the monokernel's split items,
                                   2 a block holding its keys in shared memory (attention_smem.cu) */
   int att_keys;                /* decode_attn 2: keys a block holds at most (0: auto, the most that fit) */
+  int att_split_keys;          /* decode_attn 2: keys of a split at most, past att_keys (0: auto, 128) */
+  int att_heads;               /* decode_attn 2: query heads a block (0: auto, a KV head's all, up to 8; or 1) */
   int gemv_pipe;               /* 1: GEMVs load the next round's weights while using this round's */
   int gemv_x_l1;               /* 1: the o and down GEMVs read x through L1 instead of staging it */
   int kernel;                  /* KIE_KERNEL_GRAPH or KIE_KERNEL_MONO: how a decode step runs */
@@ -98,8 +100,6 @@ typedef struct {
   int prefill_chunk;           /* tokens of a batched pass at most (0: auto, 1024; at most max_seq) */
   int prefill_attn;            /* the batched prefill's attention blocks: 0 auto (split), 1 launch order (a
                                   head's query tiles in turn), 2 zigzag, 3 split (kie_kernels.h) */
-  int prefill_rows;            /* its row kernels: 0 auto (1), 1 a block a row (norm) and a pair a thread (RoPE),
-                                  2 a warp a row and two pairs a thread */
   int prefill_attn_keys;       /* keys per tile of the batched prefill's attention: 0 auto (32), 32 or 64 */
 } kie_shape;
 

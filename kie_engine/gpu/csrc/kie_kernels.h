@@ -114,7 +114,8 @@ struct AttnArgs {
   int max_seq, hd, nh, g, hgroups, gper;
   int nsplit;    /* blocks per (group, token): the most splits */
   int min_chunk; /* keys per split at least */
-  int kcap;      /* the shared-memory kernel (attention_smem.cu): keys a block holds at most */
+  int kcap;      /* the shared-memory kernel (attention_smem.cu): keys a block holds at most, */
+  int ksplit;    /* and of a split, when the context passes kcap */
   const int *pos;
   float scale;
   float *part;   /* [T][nh][nsplit][hd + 2] */
@@ -208,7 +209,6 @@ struct PfNormArgs {
   float eps;
   bf16 *x;             /* [T][x_ld] normed */
   int x_ld;
-  int warp_rows;       /* a warp a row where it fits (KIE_GPU_PREFILL_ROWS=2), else a block */
 };
 
 struct PfRopeArgs {
@@ -220,7 +220,6 @@ struct PfRopeArgs {
   int q_ld;
   bf16 *kc, *vc;
   HostRing *ring;
-  int pairs;           /* two pairs a thread (KIE_GPU_PREFILL_ROWS=2), else one */
 };
 
 struct PfSwigluArgs {

@@ -61,7 +61,6 @@ int enqueue_prefill(kie_engine *e, int T, int mode) {
     n.eps = s.eps;
     n.x = e->pf_x;
     n.x_ld = hp;
-    n.warp_rows = e->pf_rows == 2;
     const int j = i - 1 - d;
     if (!direct && j >= 0) {
       if (tp > 1 && d > 0) TRY(sum_wait(e, e->req[(size_t)j]));
@@ -89,7 +88,6 @@ int enqueue_prefill(kie_engine *e, int T, int mode) {
       r.kc = y.kc;
       r.vc = y.vc;
       r.ring = e->ring_d;
-      r.pairs = e->pf_rows == 2;
       CU(kie_launch_pf_rope(r, e->stream, e->s.pdl));
       PfAttnArgs at;
       memset(&at, 0, sizeof at);

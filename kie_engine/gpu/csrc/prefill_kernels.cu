@@ -3,10 +3,9 @@
  * kernels prepare their inputs and take their outputs, one row per token:
  *
  *   k_pf_norm    the residual plus the sums due -> residual; its RMSNorm * gamma -> bf16
- *                (a block a row, or with PfNormArgs.warp_rows a warp a row)
+ *                (a block a row)
  *   k_pf_rope    the QKV product (f32): q rotated -> bf16 queries; k rotated and v -> the
- *                bf16 KV cache at pos + t (decode reads the same cache); a pair a thread, or
- *                with PfRopeArgs.pairs two (k_pf_rope_pairs)
+ *                bf16 KV cache at pos + t (decode reads the same cache); a pair a thread
  *   k_pf_swiglu  silu(gate) * up of the gate/up product -> bf16
  *
  * Each computes what the decode step's fused epilogues compute, with the same
@@ -31,15 +30,12 @@ __device__ __forceinline__ float block_sum_pf(float v, float *red) {
   return s;
 }
 
-/* A row of TPR threads (a warp, several rows a block: the row's sum by shuffles alone, and
- * B float4s a thread in flight; or the block, for rows longer than a warp's registers hold);
- * each thread a float4 at a time, its loads batched. */
-template <int TPR, int B>
+/* A block a row, each thread a float4 at a time, B of them in flight. */
 __global__ void __launch_bounds__(PF_THREADS) k_pf_norm(const PfNormArgs a) {
+  constexpr int TPR = PF_THREADS, B = 4;
   kcclDevPdlWait();
   __shared__ float red[PF_THREADS / 32];
-  const int lt = threadIdx.x % TPR, t = blockIdx.x * (PF_THREADS / TPR) + threadIdx.x / TPR, n4 = a.ld >> 2;
-  if (t >= a.T) return; /* a warp's row past the chunk (rows of a block: never) */
+  const int lt = threadIdx.x, t = blockIdx.x, n4 = a.ld >> 2;
   const size_t row = (size_t)t * a.ld;
   const bf16 *erow = a.r_in ? nullptr : a.embed + (size_t)a.tokens[t] * a.ld;
   /* the residual is written back only when it changes (the embedding, or sums added) */
@@ -82,10 +78,7 @@ __global__ void __launch_bounds__(PF_THREADS) k_pf_norm(const PfNormArgs a) {
       ss = fmaf(c.w, c.w, ss);
     }
   }
-  if (TPR == 32)
-    for (int off = 16; off; off >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, off);
-  else
-    ss = block_sum_pf(ss, red);
+  ss = block_sum_pf(ss, red);
   const float root = sqrtf(ss / (float)a.hidden + a.eps);
   const float4 *g4 = reinterpret_cast<const float4 *>(a.gamma);
   for (int i0 = lt, pass = 0; i0 < n4; i0 += B * TPR, pass++) {
@@ -147,40 +140,6 @@ __global__ void __launch_bounds__(PF_THREADS) k_pf_rope(const PfRopeArgs a) {
   }
 }
 
-/* The same, two adjacent pairs (j, j + hd/2), (j + 1, j + 1 + hd/2) of q or k a thread (8-byte
- * loads, 4-byte stores) and four values of v (head sizes a multiple of 4: the engine's 16 .. 256) */
-__global__ void __launch_bounds__(PF_THREADS) k_pf_rope_pairs(const PfRopeArgs a) {
-  kcclDevPdlWait();
-  const int t = blockIdx.x, half = a.hd >> 1, hq = half >> 1;
-  const int nqk = (a.nh + a.nkv) * hq, units = nqk + a.nkv * (a.hd >> 2);
-  const int p = rope_position(a, t);
-  if (p < 0) return;
-  const float *y = a.y + (size_t)t * a.y_ld;
-  for (int u = threadIdx.x; u < units; u += PF_THREADS) {
-    if (u < nqk) {
-      const int h = u / hq, j = 2 * (u - h * hq);
-      const float2 v0 = *reinterpret_cast<const float2 *>(y + h * a.hd + j);
-      const float2 v1 = *reinterpret_cast<const float2 *>(y + h * a.hd + j + half);
-      const float2 c = *reinterpret_cast<const float2 *>(a.cosv + (size_t)p * half + j);
-      const float2 s = *reinterpret_cast<const float2 *>(a.sinv + (size_t)p * half + j);
-      const __nv_bfloat162 o0 = __floats2bfloat162_rn(v0.x * c.x - v1.x * s.x, v0.y * c.y - v1.y * s.y);
-      const __nv_bfloat162 o1 = __floats2bfloat162_rn(v1.x * c.x + v0.x * s.x, v1.y * c.y + v0.y * s.y);
-      bf16 *dst = h < a.nh ? a.q + (size_t)t * a.q_ld + (size_t)h * a.hd
-                           : a.kc + ((size_t)(h - a.nh) * a.max_seq + p) * a.hd;
-      *reinterpret_cast<__nv_bfloat162 *>(dst + j) = o0;
-      *reinterpret_cast<__nv_bfloat162 *>(dst + j + half) = o1;
-    } else {
-      const int vr = 4 * (u - nqk), h = vr / a.hd, j = vr - h * a.hd;
-      const float4 v = *reinterpret_cast<const float4 *>(y + (a.nh + a.nkv) * a.hd + vr);
-      const __nv_bfloat162 lo = __floats2bfloat162_rn(v.x, v.y), hi = __floats2bfloat162_rn(v.z, v.w);
-      uint2 w;
-      w.x = *reinterpret_cast<const uint32_t *>(&lo);
-      w.y = *reinterpret_cast<const uint32_t *>(&hi);
-      *reinterpret_cast<uint2 *>(a.vc + ((size_t)h * a.max_seq + p) * a.hd + j) = w;
-    }
-  }
-}
-
 __device__ __forceinline__ uint32_t swiglu2(uint32_t g, uint32_t u) {
   const float2 gg = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162 *>(&g));
   const float2 uu = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162 *>(&u));
@@ -225,15 +184,10 @@ __global__ void __launch_bounds__(PF_THREADS) k_pf_swiglu(const PfSwigluArgs a) 
 }  // namespace
 
 cudaError_t kie_launch_pf_norm(const PfNormArgs &a, cudaStream_t st, int pdl) {
-  constexpr int WB = 16, RPB = PF_THREADS / 32; /* a warp's row: up to 16 float4s a lane */
-  if (a.warp_rows && a.ld <= 4 * 32 * WB)
-    return kcclLaunch(k_pf_norm<32, WB>, dim3((unsigned)((a.T + RPB - 1) / RPB)), dim3(PF_THREADS), 0, st, pdl, a);
-  return kcclLaunch(k_pf_norm<PF_THREADS, 4>, dim3((unsigned)a.T), dim3(PF_THREADS), 0, st, pdl, a);
+  return kcclLaunch(k_pf_norm, dim3((unsigned)a.T), dim3(PF_THREADS), 0, st, pdl, a);
 }
 
 cudaError_t kie_launch_pf_rope(const PfRopeArgs &a, cudaStream_t st, int pdl) {
-  if (a.pairs && a.hd % 4 == 0)
-    return kcclLaunch(k_pf_rope_pairs, dim3((unsigned)a.T), dim3(PF_THREADS), 0, st, pdl, a);
   return kcclLaunch(k_pf_rope, dim3((unsigned)a.T), dim3(PF_THREADS), 0, st, pdl, a);
 }
 

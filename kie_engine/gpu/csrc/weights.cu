@@ -52,7 +52,12 @@ int derive(kie_engine *e, const kie_shape &s, int sms) {
     return fail(KIE_E_ARG, "att_keys=%d: 0 (auto) or 1..%d for head size %d", s.att_keys, ATT_SMEM_KEYS(s.head_dim),
                 s.head_dim);
   e->att_keys = s.att_keys ? s.att_keys : ATT_SMEM_KEYS(s.head_dim);
-  e->nsplit_smem = (s.max_seq + e->att_keys - 1) / e->att_keys;
+  if (s.att_split_keys < 0 || s.att_split_keys > e->att_keys)
+    return fail(KIE_E_ARG, "att_split_keys=%d: 0 (auto) or 1..att_keys (%d)", s.att_split_keys, e->att_keys);
+  e->att_split = s.att_split_keys ? s.att_split_keys : std::min(128, e->att_keys);
+  e->nsplit_smem = (s.max_seq + e->att_split - 1) / e->att_split;
+  if (s.att_heads != 0 && s.att_heads != 1) return fail(KIE_E_ARG, "att_heads=%d: 0 (auto) or 1", s.att_heads);
+  e->att_gper = s.att_heads == 1 ? 1 : e->gper;
   const int bps = s.gemv_blocks_per_sm > 0 ? s.gemv_blocks_per_sm : 2;
   e->gemv_grid_max = bps * sms;
   if (s.gemv_u != 0 && s.gemv_u != 4 && s.gemv_u != 8) return fail(KIE_E_ARG, "gemv_u=%d: 4 or 8 (0: auto)", s.gemv_u);
@@ -78,9 +83,6 @@ int derive(kie_engine *e, const kie_shape &s, int sms) {
   if (s.prefill_attn < 0 || s.prefill_attn > 3)
     return fail(KIE_E_ARG, "prefill_attn=%d: 0 (auto), 1 (launch order), 2 (zigzag) or 3 (split)", s.prefill_attn);
   e->pf_attn = s.prefill_attn == 1 ? PF_ORDER_LAUNCH : s.prefill_attn == 2 ? PF_ORDER_ZIGZAG : PF_ORDER_SPLIT;
-  if (s.prefill_rows < 0 || s.prefill_rows > 2)
-    return fail(KIE_E_ARG, "prefill_rows=%d: 0 (auto), 1 (a block a row) or 2 (a warp a row)", s.prefill_rows);
-  e->pf_rows = s.prefill_rows == 2 ? 2 : 1;
   if (s.prefill_attn_keys != 0 && s.prefill_attn_keys != 32 && s.prefill_attn_keys != 64)
     return fail(KIE_E_ARG, "prefill_attn_keys=%d: 0 (auto), 32 or 64 (keys per attention tile)", s.prefill_attn_keys);
   e->pf_keys = s.prefill_attn_keys == 64 ? 64 : 32;
@@ -125,7 +127,7 @@ size_t layout(kie_engine *e, char *base) {
   e->logits_all = (float *)take((size_t)s.tp_size * s.vocab_part * 4);
   e->cand = (float *)take(256);
   e->part = (float *)take(T * s.heads * std::max(e->nsplit, e->nsplit_smem) * (hd + 2) * 4);
-  e->att_cnt = (unsigned *)take(T * s.kv_heads * e->hgroups * 4);
+  e->att_cnt = (unsigned *)take(T * s.heads * 4); /* a count per (token, block group): at most a query head each */
   e->head_cnt = (unsigned *)take(16);
   e->amax = (unsigned long long *)take(16);
   e->tokbuf = (int *)take(T * 4);
