@@ -411,8 +411,9 @@ VARIANTS = [dict(decode_attn=1), dict(att_split_keys=192), dict(att_split_keys=9
 
 # The batched prefill against its default (the long query tiles' keys split across two attention
 # blocks, 32-key tiles, kernels launched with programmatic dependent launch): the attention blocks
-# in launch order or zigzag (no split), no PDL, 64-key tiles.
-PREFILL_VARIANTS = [dict(prefill_attn=1), dict(prefill_attn=2), dict(pdl=0), dict(prefill_attn_keys=64)]
+# in zigzag order (no split), no PDL, 64-key tiles; and the o and down products added to the
+# residual in f32 by their GEMMs instead of written in bf16 for the next norm to add.
+PREFILL_VARIANTS = [dict(prefill_f32_sums=1), dict(prefill_attn=2), dict(pdl=0), dict(prefill_attn_keys=64)]
 
 
 # The monokernel's variants: keys per attention split at least (default 32: fewer, longer

@@ -95,6 +95,10 @@ SETTINGS = (
             "SM runs together add up to similar work), 3 = split (the longer half of the query tiles take two "
             "blocks, each half of the keys, the second to finish adding the other's share; heaviest blocks "
             "first).", 0, 3, **_GPU),
+    Setting("KIE_GPU_PREFILL_F32_SUMS", "flag", 0,
+            "CUDA engine, batched prefill with one lane and no delay: 1 has the o and down GEMMs add their "
+            "products to the f32 residual themselves; 0 has them write bf16, which the next norm adds (as "
+            "PyTorch's bf16 models do).", 0, 1, **_GPU),
     Setting("KIE_GPU_PREFILL_ATTN_KEYS", "int", 0,
             "CUDA engine: keys per tile of the batched prefill's attention: 0 = auto (32), 32, or 64 (two "
             "stages of tiles in shared memory instead of three; head sizes 64 and 128, others take 32).",

@@ -197,6 +197,7 @@ class GpuModel(OwnsNativeEngine):
         s.prefill_chunk = _settings.value("KIE_GPU_PREFILL_CHUNK")
         s.prefill_attn = _settings.value("KIE_GPU_PREFILL_ATTN")
         s.prefill_attn_keys = _settings.value("KIE_GPU_PREFILL_ATTN_KEYS")
+        s.prefill_f32_sums = _settings.value("KIE_GPU_PREFILL_F32_SUMS")
         s.prefill = 0
         if mode == "gemv":
             return "gemv (asked for)"

@@ -211,10 +211,11 @@ def top2_margin(logits):
 
 # The batched prefill's passes and its attention's shape: the default (the long query tiles split
 # across two blocks, 32-key tiles) in passes of 64 and of 256, launch order, zigzag, 64-key tiles
-# in passes of 64 and of 256.
+# in passes of 64 and of 256, the sublayers' products added in f32 by their GEMMs.
 PREFILL_TUNINGS = [{"prefill_chunk": 64}, {"prefill_chunk": 256}, {"prefill_chunk": 64, "prefill_attn": 1},
                    {"prefill_chunk": 256, "prefill_attn": 2},
-                   {"prefill_chunk": 64, "prefill_attn_keys": 64}, {"prefill_chunk": 256, "prefill_attn_keys": 64}]
+                   {"prefill_chunk": 64, "prefill_attn_keys": 64}, {"prefill_chunk": 256, "prefill_attn_keys": 64},
+                   {"prefill_chunk": 256, "prefill_f32_sums": 1}]
 
 
 def check_prefill(tag, path, comm, steps):

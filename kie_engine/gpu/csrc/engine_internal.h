@@ -122,6 +122,7 @@ struct kie_engine {
   float *pf_R, *pf_sums, *pf_y;
   bf16 *pf_x, *pf_q, *pf_att, *pf_gu, *pf_act;
   int *pf_tok;
+  bf16 *pf_s16;            /* a sublayer's product in bf16, added by the next norm (one lane, no delay) */
   float *pf_apart;         /* the split attention blocks' shares (PfAttnArgs.part) */
   unsigned *pf_acnt;       /* and their counts (zero between launches) */
   int pf_attn;             /* the prefill attention's blocks (PF_ORDER_*) */

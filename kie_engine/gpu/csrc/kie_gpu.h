@@ -100,6 +100,8 @@ typedef struct {
   int prefill_chunk;           /* tokens of a batched pass at most (0: auto, 1024; at most max_seq) */
   int prefill_attn;            /* the batched prefill's attention blocks: 0 auto (split), 1 launch order (a
                                   head's query tiles in turn), 2 zigzag, 3 split (kie_kernels.h) */
+  int prefill_f32_sums;        /* 1: the batched prefill's sublayer sums added to the residual by their GEMMs in f32
+                                  (one lane, no delay); 0: each GEMM's output in bf16, added by the next norm */
   int prefill_attn_keys;       /* keys per tile of the batched prefill's attention: 0 auto (32), 32 or 64 */
 } kie_shape;
 

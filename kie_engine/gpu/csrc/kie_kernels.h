@@ -203,6 +203,7 @@ struct PfNormArgs {
   const int *tokens;
   const float *adds[KIE_MAX_ADDS]; /* [T][ld] sums due */
   int nadd;
+  const bf16 *add16;   /* [T][ld] a sum due in bf16 (the last sublayer's product), or NULL */
   float *r_out;        /* [T][ld] updated residual (may be r_in) */
   int ld, hidden, T;
   const float *gamma;

@@ -11,7 +11,9 @@
  *     lanes:        KCCL all-reduce of S_i (delay 0) or its split phase (delay d)
  *   the last token's final norm and LM head: the decode step's GEMV, then its pick
  *
- * With one lane and no delay, S_i is added by the GEMM itself (beta = 1 into R).
+ * With one lane and no delay, S_i is the GEMM's bf16 output, which the next norm adds to R (the
+ * last sublayer's: added by its GEMM, beta = 1 into R, for the head); KIE_GPU_PREFILL_F32_SUMS
+ * has every S_i added by its GEMM in f32.
  * The activations of a product are bf16 (the tensor cores' input), so the
  * logits differ from the token-by-token path by bf16 rounding of activations.
  *
@@ -34,7 +36,7 @@ float *pf_sum_buf(kie_engine *e, int j) {
 int enqueue_prefill(kie_engine *e, int T, int mode) {
   const kie_shape &s = e->s;
   const int nsub = 2 * s.layers, d = s.dtp_delay, tp = s.tp_size, hp = e->hid_pad;
-  const bool direct = tp == 1 && d == 0;
+  const bool direct = tp == 1 && d == 0, s16 = direct && !e->s.prefill_f32_sums;
   float *R = e->pf_R;
   const size_t last_row = (size_t)(T - 1) * hp;
   e->req.assign((size_t)nsub, 0);
@@ -61,6 +63,7 @@ int enqueue_prefill(kie_engine *e, int T, int mode) {
     n.eps = s.eps;
     n.x = e->pf_x;
     n.x_ld = hp;
+    if (s16 && i > 0) n.add16 = e->pf_s16 + noff;
     const int j = i - 1 - d;
     if (!direct && j >= 0) {
       if (tp > 1 && d > 0) TRY(sum_wait(e, e->req[(size_t)j]));
@@ -68,7 +71,9 @@ int enqueue_prefill(kie_engine *e, int T, int mode) {
     }
     CU(kie_launch_pf_norm(n, e->stream, e->s.pdl));
     float *S = (direct ? R : pf_sum_buf(e, i)) + off;
-    const float beta = direct ? 1.f : 0.f;
+    const bool out16 = s16 && i < nsub - 1;
+    void *Sy = out16 ? (void *)(e->pf_s16 + off) : (void *)S;
+    const float beta = direct && !out16 ? 1.f : 0.f;
     if (sub == 0) {
       TRY(blas_gemm(e, T, e->qkv_rows, s.hidden, e->pf_x, hp, y.wqkv, hp, e->pf_y, e->qkv_rows, true, 0.f));
       PfRopeArgs r;
@@ -110,7 +115,7 @@ int enqueue_prefill(kie_engine *e, int T, int mode) {
       at.cnt = e->pf_acnt;
       at.keys = e->pf_keys;
       CU(kie_launch_pf_attention(at, e->stream, e->s.pdl));
-      TRY(blas_gemm(e, rows, s.hidden, e->qdim, e->pf_att, e->qdim, y.wo, e->qdim, S, hp, true, beta));
+      TRY(blas_gemm(e, rows, s.hidden, e->qdim, e->pf_att, e->qdim, y.wo, e->qdim, Sy, hp, !out16, beta));
     } else {
       TRY(blas_gemm(e, rows, 2 * s.inter, s.hidden, e->pf_x, hp, y.wgu, hp, e->pf_gu, 2 * s.inter, false, 0.f));
       PfSwigluArgs g;
@@ -121,7 +126,7 @@ int enqueue_prefill(kie_engine *e, int T, int mode) {
       g.act = e->pf_act;
       g.act_ld = e->inter_pad;
       CU(kie_launch_pf_swiglu(g, e->stream, e->s.pdl));
-      TRY(blas_gemm(e, rows, s.hidden, s.inter, e->pf_act, e->inter_pad, y.wd, e->inter_pad, S, hp, true, beta));
+      TRY(blas_gemm(e, rows, s.hidden, s.inter, e->pf_act, e->inter_pad, y.wd, e->inter_pad, Sy, hp, !out16, beta));
     }
     if (tp > 1) {
       const size_t count = (size_t)rows * hp;

@@ -39,7 +39,7 @@ __global__ void __launch_bounds__(PF_THREADS) k_pf_norm(const PfNormArgs a) {
   const size_t row = (size_t)t * a.ld;
   const bf16 *erow = a.r_in ? nullptr : a.embed + (size_t)a.tokens[t] * a.ld;
   /* the residual is written back only when it changes (the embedding, or sums added) */
-  const bool write = a.r_out && (a.r_out != a.r_in || a.nadd > 0);
+  const bool write = a.r_out && (a.r_out != a.r_in || a.nadd > 0 || a.add16);
   float ss = 0.f;
   /* the row is read twice (sum of squares, then scaling) only past B * TPR float4s */
   float4 keep[B];
@@ -65,6 +65,15 @@ __global__ void __launch_bounds__(PF_THREADS) k_pf_norm(const PfNormArgs a) {
         if (i < n4 && 4 * i < a.hidden) f4_add(v[k], reinterpret_cast<const float4 *>(a.adds[j] + row)[i]);
       }
     }
+    if (a.add16)
+#pragma unroll
+      for (int k = 0; k < B; k++) {
+        const int i = i0 + k * TPR;
+        if (i < n4 && 4 * i < a.hidden) {
+          const uint2 s = *reinterpret_cast<const uint2 *>(a.add16 + row + 4 * (size_t)i);
+          f4_add(v[k], make_float4(bf_lo(s.x), bf_hi(s.x), bf_lo(s.y), bf_hi(s.y)));
+        }
+      }
 #pragma unroll
     for (int k = 0; k < B; k++) {
       const int i = i0 + k * TPR;

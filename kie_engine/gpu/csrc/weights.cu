@@ -146,6 +146,7 @@ size_t layout(kie_engine *e, char *base) {
     e->pf_sums = s.tp_size > 1 || s.dtp_delay > 0 ? (float *)take((size_t)(s.dtp_delay + 1) * P * hp * 4) : nullptr;
     e->pf_y = (float *)take(P * e->qkv_rows * 4);
     e->pf_x = (bf16 *)take(P * hp * 2);
+    e->pf_s16 = (bf16 *)take(P * hp * 2);
     e->pf_q = (bf16 *)take(P * e->qdim * 2);
     e->pf_att = (bf16 *)take(P * e->qdim * 2);
     e->pf_gu = (bf16 *)take(P * 2 * s.inter * 2);
