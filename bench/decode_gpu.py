@@ -402,11 +402,10 @@ def copy_bandwidth(dev, nbytes=2 << 30, reps=10):
 # Launch and kernel variants against the defaults (PDL on, prefetch 2: a GEMV's first
 # loads before its wait, 2 GEMV blocks per SM, pipelined GEMV loads (4 per row per
 # lane), x of the o and down GEMVs staged in shared memory, the decode attention a block
-# a KV head holding up to 192 keys in shared memory, splits of 128 past them): the
-# monokernel's attention items (32 keys a split, the last combining), splits of 192 or 96
-# keys, a block a query head, and at most 128 keys in one block.
-VARIANTS = [dict(decode_attn=1), dict(att_split_keys=192), dict(att_split_keys=96), dict(att_heads=1),
-            dict(att_keys=128)]
+# a query head holding up to 192 keys in shared memory, past them splits of 96 keys a
+# block a KV head): the monokernel's attention items (32 keys a split, the last
+# combining), a block a KV head or a block a query head at every context, splits of 128.
+VARIANTS = [dict(decode_attn=1), dict(att_heads=2), dict(att_heads=1), dict(att_split_keys=128)]
 
 
 # The batched prefill against its default (the long query tiles' keys split across two attention

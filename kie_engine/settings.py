@@ -70,10 +70,11 @@ SETTINGS = (
             "splits); 0 = auto (the most that fit: 192 for head size 128, 256 below, 96 above).", 0, 256, **_GPU),
     Setting("KIE_GPU_ATT_SPLIT_KEYS", "int", 0,
             "CUDA engine, KIE_GPU_DECODE_ATTN=2: keys a split takes at most when the context passes "
-            "KIE_GPU_ATT_KEYS; 0 = auto (128, or KIE_GPU_ATT_KEYS if less).", 0, 256, **_GPU),
+            "KIE_GPU_ATT_KEYS; 0 = auto (96, or KIE_GPU_ATT_KEYS if less).", 0, 256, **_GPU),
     Setting("KIE_GPU_ATT_HEADS", "int", 0,
-            "CUDA engine, KIE_GPU_DECODE_ATTN=2: query heads a block; 0 = auto (every query head of a KV head, up "
-            "to 8, sharing its keys), 1 = one (a block each, the keys read once for each).", 0, 1, **_GPU),
+            "CUDA engine, KIE_GPU_DECODE_ATTN=2: query heads a block; 0 = auto (one while the context fits one "
+            "block, past it 2), 1 = one (a block each, the keys read once for each), 2 = every query head of a "
+            "KV head, up to 8, sharing its keys.", 0, 2, **_GPU),
     Setting("KIE_GPU_GEMV_PIPE", "flag", 1,
             "CUDA engine: 1 has a GEMV load the next round's weights while it uses this round's.", 0, 1, **_GPU),
     Setting("KIE_GPU_GEMV_X_L1", "flag", 0,

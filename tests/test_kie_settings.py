@@ -39,7 +39,7 @@ def test_good_values(name, text, want):
     ("KIE_GPU_PDL", "yes", GpuArgumentError), ("KIE_GPU_ATT_CHUNK", "1.5", GpuArgumentError),
     ("KIE_GPU_PREFILL_ATTN", "4", GpuArgumentError),
     ("KIE_GPU_DECODE_ATTN", "3", GpuArgumentError), ("KIE_GPU_ATT_KEYS", "257", GpuArgumentError),
-    ("KIE_GPU_ATT_HEADS", "2", GpuArgumentError),
+    ("KIE_GPU_ATT_HEADS", "3", GpuArgumentError),
     ("KIE_GPU_PREFILL_ATTN_KEYS", "65", GpuArgumentError),
     ("KIE_BLAS_THREADS", "0", SettingError), ("KIE_BLAS_THREADS", "two", SettingError),
     ("KIE_CPU_HIDE", "sse4", SettingError), ("KIE_CPU_HIDE", "avx2 avx512", SettingError)])

@@ -12,8 +12,11 @@
  *     head size 128) is one block a group, whose output is final: no partial results,
  *     no combine.  A longer one is cut into ceil(S / ksplit) equal splits, and the last
  *     split of a (token, group) to finish combines them (attention.cuh's att_combine);
- *     ksplit = 128 by default, the faster of 64 / 128 / 192 at a context of 1,024 on the
+ *     ksplit = 96 by default, the fastest of 96 / 128 / 192 at a context of 1,024 on the
  *     2b shape (more blocks fetch at once, each computes less after its wait).
+ *   - While the context fits one block, a block takes one query head (AttnArgs.heads1):
+ *     twice the blocks on the 2b shape, each with half the work after the wait, the keys
+ *     read once for each from L2 or DRAM.
  *   - From shared memory: a score is one thread's dot product of a query head with a key
  *     row (four partial sums; rows padded by 16 bytes so that a warp's rows fall in
  *     different banks), the softmax a warp a head, a value chunk (4 dims of one head) one
@@ -53,10 +56,7 @@ __global__ void __launch_bounds__(AS_THREADS) k_attention_smem(const AttnArgs a)
   __shared__ int last;
 
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
-  const int grp = blockIdx.x, split = blockIdx.y, t = blockIdx.z;
-  const int kvh = grp / a.hgroups, hg = grp - kvh * a.hgroups;
-  const int h0 = kvh * a.g + hg * a.gper;
-  const int G = min(a.gper, a.g - hg * a.gper);
+  const int split = blockIdx.y, t = blockIdx.z;
   /* The position is final here: the kernel that advanced it ran before the QKV kernel,
    * which waited for it before this grid could launch. */
   const int pos = *a.pos, S = pos + t + 1; /* keys 0 .. pos + t */
@@ -64,6 +64,28 @@ __global__ void __launch_bounds__(AS_THREADS) k_attention_smem(const AttnArgs a)
    * sized it for max_seq) */
   const int ns = S <= a.kcap ? 1 : (S + a.ksplit - 1) / a.ksplit;
   if (split >= ns) return;
+  /* The block's query heads h0 .. h0 + G - 1 (of KV head kvh; grp: the group's index).  With
+   * heads1 the grid has a block a query head: each takes its own while the context fits one
+   * block (twice the blocks to share the work after the wait), and past it the first block of
+   * each group takes the group's heads, whose keys it then reads once. */
+  int grp = blockIdx.x, kvh, hg, h0, G;
+  if (a.heads1) {
+    kvh = grp / a.g;
+    const int r = grp - kvh * a.g;
+    if (ns == 1) {
+      h0 = grp, G = 1;
+    } else {
+      if (r % a.gper) return;
+      hg = r / a.gper;
+      grp = kvh * a.hgroups + hg;
+      h0 = kvh * a.g + hg * a.gper;
+      G = min(a.gper, a.g - hg * a.gper);
+    }
+  } else {
+    kvh = grp / a.hgroups, hg = grp - kvh * a.hgroups;
+    h0 = kvh * a.g + hg * a.gper;
+    G = min(a.gper, a.g - hg * a.gper);
+  }
   const int len = (S + ns - 1) / ns;
   const int c0 = split * len, n = min(S, c0 + len) - c0;
   const bf16 *K = a.kc + ((size_t)kvh * a.max_seq + c0) * HD, *V = a.vc + ((size_t)kvh * a.max_seq + c0) * HD;
@@ -211,7 +233,7 @@ __global__ void __launch_bounds__(AS_THREADS) k_attention_smem(const AttnArgs a)
 
 template <int HD>
 cudaError_t launch_hd(const AttnArgs &a, int T, cudaStream_t st, int pdl) {
-  const dim3 grid((unsigned)(a.nh / a.g * a.hgroups), (unsigned)a.nsplit, (unsigned)T);
+  const dim3 grid((unsigned)(a.heads1 ? a.nh : a.nh / a.g * a.hgroups), (unsigned)a.nsplit, (unsigned)T);
   return kcclLaunch(k_attention_smem<HD>, grid, dim3(AS_THREADS), SmemShape<HD>::BYTES, st, pdl, a);
 }
 

@@ -38,6 +38,7 @@ struct Launcher {
       b.nsplit = e->nsplit_smem;
       b.gper = e->att_gper;
       b.hgroups = (e->g + b.gper - 1) / b.gper;
+      b.heads1 = e->att_heads1;
       CU(kie_launch_attention_smem(b, T, e->stream, e->s.pdl));
     } else {
       CU(kie_launch_attention(a, T, e->stream, e->s.pdl));

@@ -115,7 +115,8 @@ struct AttnArgs {
   int nsplit;    /* blocks per (group, token): the most splits */
   int min_chunk; /* keys per split at least */
   int kcap;      /* the shared-memory kernel (attention_smem.cu): keys a block holds at most, */
-  int ksplit;    /* and of a split, when the context passes kcap */
+  int ksplit;    /* and of a split, when the context passes kcap; */
+  int heads1;    /* and 1: a block a query head while the context fits one block (the grid: a block a head) */
   const int *pos;
   float scale;
   float *part;   /* [T][nh][nsplit][hd + 2] */

@@ -54,10 +54,12 @@ int derive(kie_engine *e, const kie_shape &s, int sms) {
   e->att_keys = s.att_keys ? s.att_keys : ATT_SMEM_KEYS(s.head_dim);
   if (s.att_split_keys < 0 || s.att_split_keys > e->att_keys)
     return fail(KIE_E_ARG, "att_split_keys=%d: 0 (auto) or 1..att_keys (%d)", s.att_split_keys, e->att_keys);
-  e->att_split = s.att_split_keys ? s.att_split_keys : std::min(128, e->att_keys);
+  e->att_split = s.att_split_keys ? s.att_split_keys : std::min(96, e->att_keys);
   e->nsplit_smem = (s.max_seq + e->att_split - 1) / e->att_split;
-  if (s.att_heads != 0 && s.att_heads != 1) return fail(KIE_E_ARG, "att_heads=%d: 0 (auto) or 1", s.att_heads);
+  if (s.att_heads < 0 || s.att_heads > 2)
+    return fail(KIE_E_ARG, "att_heads=%d: 0 (auto), 1 (one a block) or 2 (a KV head's together)", s.att_heads);
   e->att_gper = s.att_heads == 1 ? 1 : e->gper;
+  e->att_heads1 = s.att_heads == 0;
   const int bps = s.gemv_blocks_per_sm > 0 ? s.gemv_blocks_per_sm : 2;
   e->gemv_grid_max = bps * sms;
   if (s.gemv_u != 0 && s.gemv_u != 4 && s.gemv_u != 8) return fail(KIE_E_ARG, "gemv_u=%d: 4 or 8 (0: auto)", s.gemv_u);
