@@ -71,6 +71,9 @@ SETTINGS = (
     Setting("KIE_GPU_ATT_SPLIT_KEYS", "int", 0,
             "CUDA engine, KIE_GPU_DECODE_ATTN=2: keys a split takes at most when the context passes "
             "KIE_GPU_ATT_KEYS; 0 = auto (96, or KIE_GPU_ATT_KEYS if less).", 0, 256, **_GPU),
+    Setting("KIE_GPU_ATT_SPLITS", "int", 0,
+            "CUDA engine, KIE_GPU_DECODE_ATTN=2: splits of a context at most (a longer split walks its keys in "
+            "chunks of KIE_GPU_ATT_KEYS' most); 0 = auto (48).", 0, 1 << 16, **_GPU),
     Setting("KIE_GPU_ATT_HEADS", "int", 0,
             "CUDA engine, KIE_GPU_DECODE_ATTN=2: query heads a block; 0 = auto (one while the context fits one "
             "block, past it 2), 1 = one (a block each, the keys read once for each), 2 = every query head of a "

@@ -28,6 +28,7 @@ def clean_env(**extra):
     ("KIE_CPU_HIDE", "avx2", "avx2"), ("KIE_CPU_HIDE", " AVX2 , avx512,", "avx512,avx2"),
     ("KIE_CPU_HIDE", ",", ""), ("KIE_GPU_PREFILL_ATTN", "1", 1), ("KIE_GPU_PREFILL_ATTN", "3", 3),
     ("KIE_GPU_DECODE_ATTN", "1", 1), ("KIE_GPU_ATT_KEYS", "40", 40), ("KIE_GPU_ATT_HEADS", "1", 1), ("KIE_GPU_PREFILL_F32_SUMS", "1", 1),
+    ("KIE_GPU_ATT_SPLITS", "2", 2),
     ("KIE_GPU_GEMV_X_L1", "1", 1), ("KIE_GPU_PREFILL_ATTN_KEYS", "64", 64)])
 def test_good_values(name, text, want):
     assert settings.value(name, {name: text}) == want

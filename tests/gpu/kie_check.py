@@ -254,10 +254,12 @@ def check_prefill(tag, path, comm, steps):
 # The graph path's other decode attentions: the monokernel's split items, and the shared-memory
 # kernel cut into splits (16 and 40 keys a block, then splits of as many or of 24: several splits,
 # the last combining) where the default holds a context this short in one block, a block a
-# query head and a block a KV head's query heads, at any context.
+# query head and a block a KV head's query heads, at any context; and at most 2 or 1 splits, whose
+# blocks walk their keys in chunks of 16 (an online softmax across chunks).
 DECODE_TUNINGS = [{"decode_attn": 1}, {"att_keys": 16}, {"att_keys": 40}, {"att_keys": 40, "att_split_keys": 24},
                   {"att_heads": 1}, {"att_heads": 1, "att_keys": 16}, {"att_heads": 2},
-                  {"att_heads": 2, "att_keys": 16}]
+                  {"att_heads": 2, "att_keys": 16}, {"att_keys": 16, "att_splits": 2},
+                  {"att_keys": 16, "att_splits": 1, "att_heads": 1}]
 
 
 def check_decode_tunings(tag, path, comm, steps, tunings):

@@ -10,8 +10,10 @@
  *     and the queries are read after the wait, from L2.
  *   - A context of up to `kcap` keys (AttnArgs.kcap, at most ATT_SMEM_KEYS(hd): 192 for
  *     head size 128) is one block a group, whose output is final: no partial results,
- *     no combine.  A longer one is cut into ceil(S / ksplit) equal splits, and the last
- *     split of a (token, group) to finish combines them (attention.cuh's att_combine);
+ *     no combine.  A longer one is cut into ceil(S / ksplit) equal splits (at most the
+ *     grid's, AttnArgs.nsplit: a split past kcap keys walks them in chunks of kcap with an
+ *     online softmax), and the last split of a (token, group) to finish combines them
+ *     (attention.cuh's att_combine);
  *     ksplit = 96 by default, the fastest of 96 / 128 / 192 at a context of 1,024 on the
  *     2b shape (more blocks fetch at once, each computes less after its wait).
  *   - While the context fits one block, a block takes one query head (AttnArgs.heads1):
@@ -43,7 +45,7 @@ struct SmemShape {
 };
 
 template <int HD>
-__global__ void __launch_bounds__(AS_THREADS) k_attention_smem(const AttnArgs a) {
+__global__ void __launch_bounds__(AS_THREADS, 1) k_attention_smem(const AttnArgs a) {
   typedef SmemShape<HD> SS;
   constexpr int LD = SS::LD, CH = SS::CH, KCAP = SS::KCAP;
   extern __shared__ __align__(16) unsigned char as_smem[];
@@ -52,7 +54,7 @@ __global__ void __launch_bounds__(AS_THREADS) k_attention_smem(const AttnArgs a)
   float *qs = reinterpret_cast<float *>(Vs + KCAP * LD);
   float *sc = qs + ATT_MAXG * HD;
   float *red = sc + ATT_MAXG * KCAP;
-  __shared__ float m_s[ATT_MAXG], l_s[ATT_MAXG], big_m[ATT_MAXG], big_l[ATT_MAXG];
+  __shared__ float m_s[ATT_MAXG], l_s[ATT_MAXG], fac[ATT_MAXG], big_m[ATT_MAXG], big_l[ATT_MAXG];
   __shared__ int last;
 
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
@@ -60,9 +62,9 @@ __global__ void __launch_bounds__(AS_THREADS) k_attention_smem(const AttnArgs a)
   /* The position is final here: the kernel that advanced it ran before the QKV kernel,
    * which waited for it before this grid could launch. */
   const int pos = *a.pos, S = pos + t + 1; /* keys 0 .. pos + t */
-  /* one block up to kcap keys, else splits of ksplit keys at most (<= the grid's splits: the host
-   * sized it for max_seq) */
-  const int ns = S <= a.kcap ? 1 : (S + a.ksplit - 1) / a.ksplit;
+  /* one block up to kcap keys, else splits of ksplit keys, as many as the grid has at most (a
+   * longer split walks its keys in chunks of kcap) */
+  const int ns = S <= a.kcap ? 1 : min(a.nsplit, (S + a.ksplit - 1) / a.ksplit);
   if (split >= ns) return;
   /* The block's query heads h0 .. h0 + G - 1 (of KV head kvh; grp: the group's index).  With
    * heads1 the grid has a block a query head: each takes its own while the context fits one
@@ -89,70 +91,34 @@ __global__ void __launch_bounds__(AS_THREADS) k_attention_smem(const AttnArgs a)
   const int len = (S + ns - 1) / ns;
   const int c0 = split * len, n = min(S, c0 + len) - c0;
   const bf16 *K = a.kc + ((size_t)kvh * a.max_seq + c0) * HD, *V = a.vc + ((size_t)kvh * a.max_seq + c0) * HD;
-  auto copy_rows = [&](int r0, int r1) {
+  /* the split's rows r0 .. r1 - 1 into shared memory rows from 0, for the chunk starting at cb */
+  auto copy_rows = [&](int cb, int r0, int r1) {
     for (int i = r0 * CH + tid; i < r1 * CH; i += AS_THREADS) {
       const int r = i / CH, c = i - r * CH;
-      att_cp16(Ks + r * LD + c * 8, K + (size_t)r * HD + c * 8);
-      att_cp16(Vs + r * LD + c * 8, V + (size_t)r * HD + c * 8);
+      att_cp16(Ks + (r - cb) * LD + c * 8, K + (size_t)r * HD + c * 8);
+      att_cp16(Vs + (r - cb) * LD + c * 8, V + (size_t)r * HD + c * 8);
     }
     asm volatile("cp.async.commit_group;" ::: "memory");
   };
-  const int old = min(n, max(0, pos - c0)); /* rows 0 .. old - 1: written by earlier steps */
-  copy_rows(0, old);
+  const int n0 = min(n, a.kcap);             /* the first chunk */
+  const int old = min(n0, max(0, pos - c0)); /* its rows 0 .. old - 1: written by earlier steps */
+  copy_rows(0, 0, old);
   kcclDevPdlWait();
   kcclDevPdlTrigger();
-  copy_rows(old, n);
+  copy_rows(0, old, n0);
   {
     const float4 *q4 = reinterpret_cast<const float4 *>(a.q + (size_t)t * a.q_ld + (size_t)h0 * HD);
     for (int i = tid; i < G * HD / 4; i += AS_THREADS) reinterpret_cast<float4 *>(qs)[i] = __ldcg(q4 + i);
   }
+  if (tid < G) {
+    m_s[tid] = -INFINITY;
+    l_s[tid] = 0.f;
+  }
   asm volatile("cp.async.wait_group 0;" ::: "memory");
   __syncthreads();
 
-  /* Scores: pair p = (head p / n, key p % n). */
-  for (int p = tid; p < G * n; p += AS_THREADS) {
-    const int j = p / n, k = p - j * n;
-    const uint4 *kr = reinterpret_cast<const uint4 *>(Ks + k * LD);
-    const float4 *q4 = reinterpret_cast<const float4 *>(qs + j * HD);
-    float d[4] = {0.f, 0.f, 0.f, 0.f};
-#pragma unroll
-    for (int c = 0; c < CH; c++) {
-      const uint4 kk = kr[c];
-      const float4 qa = q4[2 * c], qb = q4[2 * c + 1];
-      d[0] = fmaf(bf_lo(kk.x), qa.x, d[0]);
-      d[1] = fmaf(bf_hi(kk.x), qa.y, d[1]);
-      d[2] = fmaf(bf_lo(kk.y), qa.z, d[2]);
-      d[3] = fmaf(bf_hi(kk.y), qa.w, d[3]);
-      d[0] = fmaf(bf_lo(kk.z), qb.x, d[0]);
-      d[1] = fmaf(bf_hi(kk.z), qb.y, d[1]);
-      d[2] = fmaf(bf_lo(kk.w), qb.z, d[2]);
-      d[3] = fmaf(bf_hi(kk.w), qb.w, d[3]);
-    }
-    sc[j * KCAP + k] = ((d[0] + d[1]) + (d[2] + d[3])) * a.scale;
-  }
-  __syncthreads();
-  /* Softmax: a warp a head; the probabilities replace the scores. */
-  for (int j = warp; j < G; j += AS_THREADS / 32) {
-    float *s = sc + j * KCAP;
-    float m = -INFINITY;
-    for (int i = lane; i < n; i += 32) m = fmaxf(m, s[i]);
-    for (int off = 16; off; off >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, off));
-    float l = 0.f;
-    for (int i = lane; i < n; i += 32) {
-      const float e = expf(s[i] - m);
-      s[i] = e;
-      l += e;
-    }
-    for (int off = 16; off; off >>= 1) l += __shfl_xor_sync(0xffffffffu, l, off);
-    if (lane == 0) {
-      m_s[j] = m;
-      l_s[j] = l;
-    }
-  }
-  __syncthreads();
-
-  /* Values: chunk c = (head j, dims dd .. dd + 3); with fewer chunks than threads, R threads
-   * share one, thread r of them the keys r, r + R, ... */
+  /* Value chunks: c = (head j, dims dd .. dd + 3); with fewer chunks than threads, R threads
+   * share one, thread r of them the keys r, r + R, ... of each chunk of keys */
   const int nch = G * HD / ATT_DV;
   const int R = nch >= AS_THREADS ? 1 : AS_THREADS / nch;
   const int r = tid / min(nch, AS_THREADS);
@@ -161,32 +127,92 @@ __global__ void __launch_bounds__(AS_THREADS) k_attention_smem(const AttnArgs a)
   for (int ci = 0; ci < SS::CPT; ci++)
 #pragma unroll
     for (int i = 0; i < ATT_DV; i++) acc[ci][i] = 0.f;
-  if (r < R) {
+
+  for (int cb = 0; cb < n; cb += a.kcap) { /* a chunk of keys (kcap at most) in shared memory at a time */
+    const int nt = min(a.kcap, n - cb);
+    if (cb > 0) { /* the keys past the first chunk: read after the wait (the last rows are this step's) */
+      copy_rows(cb, cb, cb + nt);
+      asm volatile("cp.async.wait_group 0;" ::: "memory");
+      __syncthreads();
+    }
+
+    /* Scores: pair p = (head p / nt, key p % nt). */
+    for (int p = tid; p < G * nt; p += AS_THREADS) {
+      const int j = p / nt, k = p - j * nt;
+      const uint4 *kr = reinterpret_cast<const uint4 *>(Ks + k * LD);
+      const float4 *q4 = reinterpret_cast<const float4 *>(qs + j * HD);
+      float d[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
-    for (int ci = 0; ci < SS::CPT; ci++) {
-      const int c = (R > 1 ? tid - r * nch : tid) + ci * AS_THREADS;
-      if (c >= nch) continue;
-      const int j = c / (HD / ATT_DV), dd = (c - j * (HD / ATT_DV)) * ATT_DV;
-      const bf16 *vcol = Vs + dd;
-      const float *e = sc + j * KCAP;
-      for (int k0 = r; k0 < n; k0 += 4 * R) {
-        uint2 vv[4];
-        float w[4];
+      for (int c = 0; c < CH; c++) {
+        const uint4 kk = kr[c];
+        const float4 qa = q4[2 * c], qb = q4[2 * c + 1];
+        d[0] = fmaf(bf_lo(kk.x), qa.x, d[0]);
+        d[1] = fmaf(bf_hi(kk.x), qa.y, d[1]);
+        d[2] = fmaf(bf_lo(kk.y), qa.z, d[2]);
+        d[3] = fmaf(bf_hi(kk.y), qa.w, d[3]);
+        d[0] = fmaf(bf_lo(kk.z), qb.x, d[0]);
+        d[1] = fmaf(bf_hi(kk.z), qb.y, d[1]);
+        d[2] = fmaf(bf_lo(kk.w), qb.z, d[2]);
+        d[3] = fmaf(bf_hi(kk.w), qb.w, d[3]);
+      }
+      sc[j * KCAP + k] = ((d[0] + d[1]) + (d[2] + d[3])) * a.scale;
+    }
+    __syncthreads();
+    /* Softmax: a warp a head, online across chunks (a context within one chunk: the maximum and
+     * sum of its keys alone); the probabilities replace the scores. */
+    for (int j = warp; j < G; j += AS_THREADS / 32) {
+      float *s = sc + j * KCAP;
+      float m = -INFINITY;
+      for (int i = lane; i < nt; i += 32) m = fmaxf(m, s[i]);
+      for (int off = 16; off; off >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, off));
+      m = fmaxf(m_s[j], m);
+      float l = 0.f;
+      for (int i = lane; i < nt; i += 32) {
+        const float e = expf(s[i] - m);
+        s[i] = e;
+        l += e;
+      }
+      for (int off = 16; off; off >>= 1) l += __shfl_xor_sync(0xffffffffu, l, off);
+      if (lane == 0) {
+        const float f = m_s[j] == -INFINITY ? 0.f : expf(m_s[j] - m);
+        fac[j] = f;
+        l_s[j] = l_s[j] * f + l;
+        m_s[j] = m;
+      }
+    }
+    __syncthreads();
+
+    if (r < R) {
 #pragma unroll
-        for (int u = 0; u < 4; u++) {
-          const int key = k0 + u * R;
-          vv[u] = key < n ? *reinterpret_cast<const uint2 *>(vcol + key * LD) : make_uint2(0, 0);
-          w[u] = key < n ? e[key] : 0.f;
-        }
+      for (int ci = 0; ci < SS::CPT; ci++) {
+        const int c = (R > 1 ? tid - r * nch : tid) + ci * AS_THREADS;
+        if (c >= nch) continue;
+        const int j = c / (HD / ATT_DV), dd = (c - j * (HD / ATT_DV)) * ATT_DV;
+        const float f = fac[j];
 #pragma unroll
-        for (int u = 0; u < 4; u++) {
-          acc[ci][0] = fmaf(w[u], bf_lo(vv[u].x), acc[ci][0]);
-          acc[ci][1] = fmaf(w[u], bf_hi(vv[u].x), acc[ci][1]);
-          acc[ci][2] = fmaf(w[u], bf_lo(vv[u].y), acc[ci][2]);
-          acc[ci][3] = fmaf(w[u], bf_hi(vv[u].y), acc[ci][3]);
+        for (int i = 0; i < ATT_DV; i++) acc[ci][i] *= f;
+        const bf16 *vcol = Vs + dd;
+        const float *e = sc + j * KCAP;
+        for (int k0 = r; k0 < nt; k0 += 4 * R) {
+          uint2 vv[4];
+          float w[4];
+#pragma unroll
+          for (int u = 0; u < 4; u++) {
+            const int key = k0 + u * R;
+            vv[u] = key < nt ? *reinterpret_cast<const uint2 *>(vcol + key * LD) : make_uint2(0, 0);
+            w[u] = key < nt ? e[key] : 0.f;
+          }
+#pragma unroll
+          for (int u = 0; u < 4; u++) {
+            acc[ci][0] = fmaf(w[u], bf_lo(vv[u].x), acc[ci][0]);
+            acc[ci][1] = fmaf(w[u], bf_hi(vv[u].x), acc[ci][1]);
+            acc[ci][2] = fmaf(w[u], bf_lo(vv[u].y), acc[ci][2]);
+            acc[ci][3] = fmaf(w[u], bf_hi(vv[u].y), acc[ci][3]);
+          }
         }
       }
     }
+    if (cb + a.kcap < n) __syncthreads(); /* the next chunk rewrites the rows, scores and factors */
   }
   if (R > 1) { /* the phases meet in phase order: phase 0's threads hold the sums */
     if (r < R)

@@ -87,6 +87,7 @@ typedef struct {
                                   2 a block holding its keys in shared memory (attention_smem.cu) */
   int att_keys;                /* decode_attn 2: keys a block holds at most (0: auto, the most that fit) */
   int att_split_keys;          /* decode_attn 2: keys of a split at most, past att_keys (0: auto, 96) */
+  int att_splits;              /* decode_attn 2: splits of a context at most (0: auto, 48) */
   int att_heads;               /* decode_attn 2: query heads a block: 0 auto (one while the context fits a block,
                                   past it a KV head's all, up to 8), 1 one, 2 a KV head's all */
   int gemv_pipe;               /* 1: GEMVs load the next round's weights while using this round's */
