@@ -14,12 +14,12 @@
  *
  * Inputs go four at a time through a group's blocks, the group's weights (at most a few
  * kB a block row for the widths of a small model) staying in L1 for the next four; the
- * weights stream from memory once.  With several inputs, the first four prefetch the
- * weights AHEAD bytes on into L2: their arithmetic slows a core's stream below what
+ * weights stream from memory once.  With several inputs, the first four prefetch Q4_0 /
+ * Q4_1 weights AHEAD bytes on into L2: their arithmetic slows a core's stream below what
  * memory gives, and the hardware's prefetcher alone left a 4-row batch step's products
  * well below their rate from L2 (with the step's prefetching while it waits, cpu_batch.c's
  * meet: 4-row step 0.95x the time, one row unchanged).  One input streams at memory's rate
- * and prefetches nothing here. */
+ * and prefetches nothing here; nor does Q8_0 (a 4-row step's LM head: no faster with it). */
 #include "kq_internal.h"
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
@@ -29,7 +29,7 @@
 #include <immintrin.h>
 
 #define G KQ_GROUP
-#define AHEAD 8192 /* bytes of a group's quants that the first pass of several inputs prefetches ahead */
+#define AHEAD 8192 /* bytes of a group's Q4 quants that the first pass of several inputs prefetches ahead */
 #define INLINE static inline __attribute__((always_inline))
 
 enum { Q4_0, Q4_1, Q8_0 };
@@ -112,7 +112,7 @@ INLINE void mm(int T, const void *w, int64_t rows, int64_t cols, const char *act
             /* the count a constant in each copy: the loops unroll, the sums stay in registers */
             if (nt == 1)
                 group(T, 1, 0, q, s, nb, x, out);
-            else if (t > 0) /* the group's weights came in with the first inputs */
+            else if (t > 0 || T == Q8_0) /* the group's weights came in with the first inputs; Q8_0: see the header */
                 switch (n) {
                 case 1: group(T, 1, 0, q, s, nb, x, out); break;
                 case 2: group(T, 2, 0, q, s, nb, x, out); break;
