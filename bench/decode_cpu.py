@@ -12,7 +12,8 @@ its decode tokens/s (prompt excluded).
 the decode tokens/s after it, both engines on the same token ids (bench/cpu_prompt_rows.py),
 and once KIE's chunked prefill against its token-by-token prefill.  --concurrent N adds
 the server's aggregate tokens/s with N streamed requests at once against one alone,
-through the official openai client (bench/cpu_serve_concurrent.py).
+through the official openai client (bench/cpu_serve_concurrent.py); --concurrent-only runs
+those rows alone.
 
 Also measured in the same run: the machine's read bandwidth for a weight stream (a plain
 read of 256 MB of packed weights on T threads, C-timed: bench/cpu_kq_stream.c) and its copy
@@ -199,6 +200,56 @@ def _stats(xs):
     return {"min": min(xs), "median": statistics.median(xs), "max": max(xs), "all": xs}
 
 
+def _serve_rows(a):
+    """The server's rows (--concurrent): N streamed requests at once against one alone, and
+    the batch-size histogram of its /metrics."""
+    from cpu_serve_concurrent import rounds as serve_rounds
+    sys.path.insert(0, os.path.join(ROOT, "tests"))
+    from _serve import ServerProcess, metric, parse_metrics
+    srv = ServerProcess("--threads", str(a.threads), model=a.model)  # the engine's threads, as the rows above
+    try:
+        serve = serve_rounds(srv.url, srv.name, a.concurrent, a.serve_tokens, a.rounds,
+                             log=lambda m: print(m, flush=True))
+        c = srv.conn()
+        c.request("GET", "/metrics")
+        samples = parse_metrics(c.getresponse().read().decode())[0]
+        steps = metric(samples, "kie_batch_size_per_step_count")
+        serve["metrics_batch"] = {
+            "steps": steps, "rows": metric(samples, "kie_batch_rows_total"),
+            "mean_sequences_per_step": metric(samples, "kie_batch_size_per_step_sum") / max(steps, 1),
+            "steps_with_at_most": {dict(ls)["le"]: v for (n, ls), v in samples.items()
+                                   if n == "kie_batch_size_per_step_bucket"}}
+    finally:
+        srv.terminate()
+    return serve
+
+
+def _serve_stats(serve):
+    for k in ("alone_tokens_per_s", "together_tokens_per_s", "ratio", "ttft_idle_s", "ttft_mid_batch_s", "ttft_ratio"):
+        serve[k] = _stats(serve[k])
+
+
+def _print_serve(a, serve):
+    rt, ag, al = serve["ratio"], serve["together_tokens_per_s"], serve["alone_tokens_per_s"]
+    tr = serve["ttft_ratio"]
+    print(f"server, {a.concurrent} at once: {ag['median']:.0f} tokens/s aggregate against {al['median']:.0f} alone: "
+          f"{rt['min']:.2f} / {rt['median']:.2f} / {rt['max']:.2f}x; texts as alone: {serve['texts_as_alone']}; "
+          f"time to first token mid-batch / idle {tr['min']:.2f} / {tr['median']:.2f} / {tr['max']:.2f}")
+
+
+def _concurrent_only(a, load):
+    """--concurrent-only: the server rows alone (a few minutes less than the whole run)."""
+    serve = _serve_rows(a)
+    _serve_stats(serve)
+    _print_serve(a, serve)
+    if a.out:
+        with open(a.out, "w") as f:
+            json.dump({"model": a.model, "threads": a.threads, "rounds": a.rounds, "concurrent": serve,
+                       "loadavg_before": load, "loadavg_after": os.getloadavg(),
+                       "command": " ".join([os.path.basename(sys.executable)] + sys.argv)}, f, indent=1)
+    return 0
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--model", default="smollm2", help="a GGUF file or short name (default smollm2: Q4_1)")
@@ -213,6 +264,8 @@ def main(argv=None):
     p.add_argument("--concurrent", type=int, default=0,
                    help="N streamed requests at once through the server against one alone (KIE)")
     p.add_argument("--serve-tokens", type=int, default=128, help="completion tokens per request of --concurrent")
+    p.add_argument("--concurrent-only", action="store_true",
+                   help="with --concurrent: only the server rows (no decode, prefill or bandwidth rows)")
     p.add_argument("--out", help="write the JSON here")
     p.add_argument("--child", help=argparse.SUPPRESS)
     a = p.parse_args(argv)
@@ -226,6 +279,10 @@ def main(argv=None):
         except ImportError:
             raise SystemExit("--baseline llama.cpp needs llama-cpp-python: pip install -e '.[bench]'")
     load = os.getloadavg()
+    if a.concurrent_only:
+        if not a.concurrent:
+            raise SystemExit("--concurrent-only needs --concurrent N")
+        return _concurrent_only(a, load)
     from kie_engine.formats.sources import open_checkpoint
     prompt_len = len(open_checkpoint(a.model).tokenizer().encode(a.prompt).ids)
     configs = []
@@ -259,24 +316,7 @@ def main(argv=None):
     parity = {n: pr.run("prompt-parity", a.model, a.threads, n, _env(a.threads)) for n in lengths}
     serve = None
     if a.concurrent:
-        from cpu_serve_concurrent import rounds as serve_rounds
-        sys.path.insert(0, os.path.join(ROOT, "tests"))
-        from _serve import ServerProcess, metric, parse_metrics
-        srv = ServerProcess("--threads", str(a.threads), model=a.model)  # the engine's threads, as the rows above
-        try:
-            serve = serve_rounds(srv.url, srv.name, a.concurrent, a.serve_tokens, a.rounds,
-                                 log=lambda m: print(m, flush=True))
-            c = srv.conn()
-            c.request("GET", "/metrics")
-            samples = parse_metrics(c.getresponse().read().decode())[0]
-            steps = metric(samples, "kie_batch_size_per_step_count")
-            serve["metrics_batch"] = {
-                "steps": steps, "rows": metric(samples, "kie_batch_rows_total"),
-                "mean_sequences_per_step": metric(samples, "kie_batch_size_per_step_sum") / max(steps, 1),
-                "steps_with_at_most": {dict(ls)["le"]: v for (n, ls), v in samples.items()
-                                       if n == "kie_batch_size_per_step_bucket"}}
-        finally:
-            srv.terminate()
+        serve = _serve_rows(a)
     bw = copy_bandwidth(a.threads)
     rbw, rbw_med = read_bandwidth(a.threads)
     wbytes, kvbytes, fsize, prof, info = stream_bytes(a.model, a.tokens, prompt_len, a.threads)
@@ -306,8 +346,7 @@ def main(argv=None):
     if a.tp > 1:
         ratios[f"kie_tp{a.tp}_over_tp1"] = _stats([t / k for t, k in zip(results[f"kie tp{a.tp} x1"], kie1)])
     if serve:
-        for k in ("alone_tokens_per_s", "together_tokens_per_s", "ratio", "ttft_idle_s", "ttft_mid_batch_s", "ttft_ratio"):
-            serve[k] = _stats(serve[k])
+        _serve_stats(serve)
     report = {"model": a.model, "file_bytes": fsize, "threads": a.threads, "tokens": a.tokens, "rounds": a.rounds,
               "prompt_tokens": prompt_len, "copy_bandwidth_Bps": bw, "read_bandwidth_Bps": rbw,
               "read_bandwidth_median_Bps": rbw_med, "prompt_rows": prompts, "concurrent": serve,
@@ -336,11 +375,7 @@ def main(argv=None):
                  f"{par['argmax_equal']}, 16 greedy tokens equal {par['greedy_16_equal']}")
         print(line)
     if serve:
-        rt, ag, al = serve["ratio"], serve["together_tokens_per_s"], serve["alone_tokens_per_s"]
-        tr = serve["ttft_ratio"]
-        print(f"server, {a.concurrent} at once: {ag['median']:.0f} tokens/s aggregate against {al['median']:.0f} alone: "
-              f"{rt['min']:.2f} / {rt['median']:.2f} / {rt['max']:.2f}x; texts as alone: {serve['texts_as_alone']}; "
-              f"time to first token mid-batch / idle {tr['min']:.2f} / {tr['median']:.2f} / {tr['max']:.2f}")
+        _print_serve(a, serve)
     for k, st in ratios.items():
         print(f"{k}: {st['min']:.2f} / {st['median']:.2f} / {st['max']:.2f}")
     skip = ("steps", "tokens_per_s_in_process", "GBps")

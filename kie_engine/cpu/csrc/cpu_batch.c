@@ -20,10 +20,12 @@
 #include "cpu_ops.h"
 #include "kq.h"
 
-/* The batch step's work counters (see claim): KIE_STAGE(l, i) for the products, then
- * attention per layer */
-#define CLAIM_STAGES(L) (5 * (L) + 1)
-#define CLAIM_ATTN(L, l) (4 * (L) + 1 + (l))
+/* The batch step's work counters (see claim): per thread t, a run of its shares' counters
+ * (KIE_STAGE(l, i), in cache lines of its own: the owner takes from them without passing
+ * a line back and forth), then one counter of attention per layer */
+#define CLAIM_RUN(L) ((4 * (L) + 1 + 15) / 16 * 16)
+#define CLAIM_SHARE(L, t, stage) ((t) * CLAIM_RUN(L) + (stage))
+#define CLAIM_ATTN(L, nth, l) ((nth) * CLAIM_RUN(L) + (l))
 #define PIECES_PER_THREAD 2 /* pieces of a product per thread (more cost more calls than they save) */
 
 void kie_batch_free(kie_cpu *e) {
@@ -118,8 +120,8 @@ static int alloc_batch(kie_cpu *e) {
   b->y = falloc(R * H);
   b->ring = falloc((size_t)(s->dtp_delay + 1) * R * H);
   b->lg = s->tp_size > 1 ? falloc(R * vp * (size_t)(s->tp_size + 1)) : NULL; /* one lane: the caller's array */
-  b->nclaim = CLAIM_STAGES(s->layers);
-  b->claim = calloc((size_t)b->nclaim, sizeof(atomic_int));
+  b->nclaim = CLAIM_ATTN(s->layers, e->nthreads, s->layers);
+  b->claim = aligned_alloc(64, ((size_t)b->nclaim * sizeof(atomic_int) + 63) / 64 * 64);
   if (!b->claim) return -1;
   if (!b->x || !b->h || !b->qkv || !b->q || !b->cs || !b->att || !b->gu || !b->m || !b->y || !b->ring ||
       (s->tp_size > 1 && !b->lg))
@@ -185,12 +187,17 @@ static void product(const rowwork *rw, const kie_cpu_mat *const *m, int nm, int 
 }
 
 /* A few rows (a batch of sequences decoding): the threads take a stage's work in pieces
- * from a counter instead of fixed shares.  On a machine whose cores the threads share
+ * from counters instead of fixed shares.  On a machine whose cores the threads share
  * with other work (the server's HTTP side, its clients), a thread that loses its core for
- * a while holds up only the piece it is in; the others take the rest.  A piece of a
- * product is a run of output rows (a multiple of KIE_ROW_ALIGN: the kernels' bits do not
- * depend on where a share starts), of attention one row and KV head. */
-static int claim(kie_cpu *e, int stage) { return atomic_fetch_add_explicit(&e->b.claim[stage], 1, memory_order_relaxed); }
+ * a while holds up only the piece it is in; the others take the rest.  A thread takes
+ * the pieces of its own share of the token step (kie_share) first, in order, then those
+ * left in the others' shares: the weights it prefetched while it waited (meet) are the
+ * ones it reads first.  A piece of a product is a run of output rows (a multiple of
+ * KIE_ROW_ALIGN: the kernels' bits do not depend on where a share starts), of attention
+ * one row and KV head. */
+static int claim(kie_cpu *e, int counter) {
+  return atomic_fetch_add_explicit(&e->b.claim[counter], 1, memory_order_relaxed);
+}
 
 /* Rows per piece of a stage whose matrices have `rows` output rows in all */
 static int piece_rows(int rows, int nth) {
@@ -199,38 +206,70 @@ static int piece_rows(int rows, int nth) {
   return c < 16 ? 16 : c;
 }
 
+/* Piece k of share sh (its first `parts` matrices cut in runs of c rows): matrix *i,
+ * rows [*r0, *r1); 0 when the share has fewer pieces. */
+static int share_piece(const kie_share *sh, int parts, int c, int k, int *i, int *r0, int *r1) {
+  for (int j = 0; j < parts; j++) {
+    int n = sh->r1[j] > sh->r0[j] ? (sh->r1[j] - sh->r0[j] + c - 1) / c : 0;
+    if (k < n) {
+      *i = j;
+      *r0 = sh->r0[j] + k * c;
+      *r1 = *r0 + c < sh->r1[j] ? *r0 + c : sh->r1[j];
+      return 1;
+    }
+    k -= n;
+  }
+  return 0;
+}
+
 /* Products of the stage's matrices m (matrix i into y[i], rows ldy floats apart) for nt
- * inputs, by pieces taken from the stage's counter.  swiglu: m is gate and up, pieces
- * cut gate's rows, and each piece's SwiGLU goes into m_out (rows m_ld apart). */
+ * inputs, by pieces of the threads' shares sh[0 .. nth) (see claim).  swiglu: m is gate
+ * and up, pieces cut gate's rows (up takes the same), and each piece's SwiGLU goes into
+ * m_out (rows m_ld apart). */
 static void claimed_products(kie_cpu *e, const rowwork *rw, const kie_cpu_mat *const *m, int nm, float *const *y,
-                             size_t ldy, int nt, int stage, int nth, float *m_out, size_t m_ld) {
-  int parts = m_out ? 1 : nm, total = 0;
+                             size_t ldy, int nt, int stage, int tid, int nth, const kie_share *sh, float *m_out,
+                             size_t m_ld) {
+  int parts = m_out ? 1 : nm, total = 0, L = e->s.layers;
   for (int i = 0; i < parts; i++) total += m[i]->rows;
   int c = piece_rows(total, nth);
-  for (int k = claim(e, stage);; k = claim(e, stage)) {
-    int i = 0, rest = k;
-    while (i < parts && rest >= (m[i]->rows + c - 1) / c) rest -= (m[i]->rows + c - 1) / c, i++;
-    if (i == parts) return;
-    int r0 = rest * c, r1 = r0 + c < m[i]->rows ? r0 + c : m[i]->rows;
-    product(rw, m, nm, i, y[i], ldy, r0, r1, nt);
-    if (!m_out) continue;
-    product(rw, m, nm, 1, y[1], ldy, r0, r1, nt);
-    for (int t = 0; t < nt; t++) {
-      const float *gt = y[0] + (size_t)t * ldy;
-      kie_swiglu(gt, y[1] + (size_t)t * ldy, m_out + (size_t)t * m_ld, r0, r1);
+  for (int v = 0; v < nth; v++) {
+    int u = (tid + v) % nth, counter = CLAIM_SHARE(L, u, stage), i, r0, r1;
+    for (int k = claim(e, counter); share_piece(&sh[u], parts, c, k, &i, &r0, &r1); k = claim(e, counter)) {
+      product(rw, m, nm, i, y[i], ldy, r0, r1, nt);
+      if (!m_out) continue;
+      product(rw, m, nm, 1, y[1], ldy, r0, r1, nt);
+      for (int t = 0; t < nt; t++) {
+        const float *gt = y[0] + (size_t)t * ldy;
+        kie_swiglu(gt, y[1] + (size_t)t * ldy, m_out + (size_t)t * m_ld, r0, r1);
+      }
     }
   }
 }
 
-/* The stage's products of m (matrix i into y[i]) without SwiGLU: by pieces from the
- * stage's counter (rw->own: a few rows), else this thread's fixed share sh. */
+/* The stage's products of m (matrix i into y[i]) without SwiGLU: by pieces of the
+ * threads' shares sh[0 .. nth) (rw->own: a few rows), else this thread's fixed share
+ * sh[tid]. */
 static void stage_products(kie_cpu *e, const rowwork *rw, const kie_cpu_mat *const *m, int nm, float *const *y,
-                           size_t ldy, int nt, int stage, int nth, const kie_share *sh) {
+                           size_t ldy, int nt, int stage, int tid, int nth, const kie_share *sh) {
   if (rw->own) {
-    claimed_products(e, rw, m, nm, y, ldy, nt, stage, nth, NULL, 0);
+    claimed_products(e, rw, m, nm, y, ldy, nt, stage, tid, nth, sh, NULL, 0);
     return;
   }
-  for (int i = 0; i < nm; i++) product(rw, m, nm, i, y[i], ldy, sh->r0[i], sh->r1[i], nt);
+  for (int i = 0; i < nm; i++) product(rw, m, nm, i, y[i], ldy, sh[tid].r0[i], sh[tid].r1[i], nt);
+}
+
+/* The meeting after a stage whose output is shared.  With a few rows (rw->own), a
+ * thread that waits prefetches the start of its share of weight stage `next` (the token
+ * step's spans: the pieces it takes first), as the token step does: the rows are few
+ * enough that the products stream their weights slower than memory could give them, and
+ * a wait would leave memory idle. */
+static void meet(kie_cpu *e, const rowwork *rw, kie_thread *th, int tid, int next) {
+  if (!rw->own || next < 0) {
+    kpool_barrier(e->pool, tid);
+    return;
+  }
+  th->pf.next = next;
+  kpool_barrier_idle(e->pool, tid, kie_prefetch_more, th);
 }
 
 /* A meeting that only the shared buffers need */
@@ -380,7 +419,7 @@ static void prefetch_kv(kie_cpu *e, int l, int r, int j) {
  * sequence's, so that no row attends a position another piece writes. */
 static void attend_claimed(kie_cpu *e, kie_thread *th, int l, int rope) {
   const kie_cpu_shape *s = &e->s;
-  int nkv = s->kv_heads, n = e->b.n * nkv, stage = CLAIM_ATTN(s->layers, l), nth = e->nthreads;
+  int nkv = s->kv_heads, n = e->b.n * nkv, nth = e->nthreads, stage = CLAIM_ATTN(s->layers, nth, l);
   for (int k = claim(e, stage); k < n; k = claim(e, stage)) {
     int r = k / nkv, j = k % nkv;
     if (k + nth < n) /* the piece this thread most likely takes next */
@@ -409,6 +448,7 @@ static void batch_all(void *arg, int tid, int nth) {
     rowwork own = {th->bx, th->bh, th->bact, 0, R, 1, tid == 0};
     rw = own;
   }
+  if (rw.own) th->pf.at = 0; /* the prefetch cursor starts the step again */
   int prof = e->profiling && tid == 0;
   double t_prev = prof ? kie_now_s() : 0;
   size_t rb_embed = kq_row_bytes(e->embed.type, H);
@@ -423,10 +463,10 @@ static void batch_all(void *arg, int tid, int nth) {
     for (int r = rw.w0; r < rw.w1; r++) kie_rms_norm(rw.x + (size_t)r * H, w->attn_norm, H, s->eps, rw.h + (size_t)r * H);
     prepare(e, &rw, qkv, 3, rw.h, H, R, rw.w0, rw.w1, NULL);
     after_rows(e, &rw, tid);
-    const kie_share *sh = &e->sh_qkv[(size_t)l * nth + tid];
+    const kie_share *sh = &e->sh_qkv[(size_t)l * nth];
     float *yq[3] = {b->qkv, b->qkv + qrows, b->qkv + qrows + kvrows};
-    stage_products(e, &rw, qkv, 3, yq, QKV, R, KIE_STAGE(l, 0), nth, sh);
-    kpool_barrier(e->pool, tid);
+    stage_products(e, &rw, qkv, 3, yq, QKV, R, KIE_STAGE(l, 0), tid, nth, sh);
+    meet(e, &rw, th, tid, KIE_STAGE(l, 1));
     STAMP(0);
     /* RoPE and the cache writes, attention, then (many rows) the o product's input of the
      * same rows */
@@ -441,13 +481,13 @@ static void batch_all(void *arg, int tid, int nth) {
         attend_rows(e, th, l, b->arow[tid], b->arow[tid + 1]);
     }
     if (!rw.own) prepare(e, &rw, o, 1, b->att, qrows, R, b->arow[tid], b->arow[tid + 1], NULL);
-    kpool_barrier(e->pool, tid);
+    meet(e, &rw, th, tid, KIE_STAGE(l, 1));
     if (rw.own) prepare(e, &rw, o, 1, b->att, qrows, R, 0, R, NULL);
     STAMP(1);
-    sh = &e->sh_o[(size_t)l * nth + tid];
+    sh = &e->sh_o[(size_t)l * nth];
     float *yo[1] = {sublayer_out(e, 2 * l)};
-    stage_products(e, &rw, o, 1, yo, H, R, KIE_STAGE(l, 1), nth, sh);
-    kpool_barrier(e->pool, tid);
+    stage_products(e, &rw, o, 1, yo, H, R, KIE_STAGE(l, 1), tid, nth, sh);
+    meet(e, &rw, th, tid, KIE_STAGE(l, 2));
     STAMP(2);
     residual(e, &rw, 2 * l, tid);
     if (e->rc) return;
@@ -456,26 +496,27 @@ static void batch_all(void *arg, int tid, int nth) {
     for (int r = rw.w0; r < rw.w1; r++) kie_rms_norm(rw.x + (size_t)r * H, w->mlp_norm, H, s->eps, rw.h + (size_t)r * H);
     prepare(e, &rw, gu, 2, rw.h, H, R, rw.w0, rw.w1, NULL);
     after_rows(e, &rw, tid);
-    sh = &e->sh_gu[(size_t)l * nth + tid];
+    sh = &e->sh_gu[(size_t)l * nth];
     float *ygu[2] = {b->gu, b->gu + I};
     if (rw.own) {
-      claimed_products(e, &rw, gu, 2, ygu, 2 * (size_t)I, R, KIE_STAGE(l, 2), nth, b->m, I);
+      claimed_products(e, &rw, gu, 2, ygu, 2 * (size_t)I, R, KIE_STAGE(l, 2), tid, nth, sh, b->m, I);
     } else {
-      product(&rw, gu, 2, 0, b->gu, 2 * (size_t)I, sh->r0[0], sh->r1[0], R);
-      product(&rw, gu, 2, 1, b->gu + I, 2 * (size_t)I, sh->r0[0], sh->r1[0], R);
+      const kie_share *mine = &sh[tid];
+      product(&rw, gu, 2, 0, b->gu, 2 * (size_t)I, mine->r0[0], mine->r1[0], R);
+      product(&rw, gu, 2, 1, b->gu + I, 2 * (size_t)I, mine->r0[0], mine->r1[0], R);
       for (int t = 0; t < R; t++) {
         const float *gt = b->gu + (size_t)t * 2 * I;
-        kie_swiglu(gt, gt + I, b->m + (size_t)t * I, sh->r0[0], sh->r1[0]);
+        kie_swiglu(gt, gt + I, b->m + (size_t)t * I, mine->r0[0], mine->r1[0]);
       }
     }
-    kpool_barrier(e->pool, tid);
+    meet(e, &rw, th, tid, KIE_STAGE(l, 3));
     prepare(e, &rw, dn, 1, b->m, I, R, rw.w0, rw.w1, NULL);
     after_rows(e, &rw, tid);
     STAMP(3);
-    sh = &e->sh_down[(size_t)l * nth + tid];
+    sh = &e->sh_down[(size_t)l * nth];
     float *yd[1] = {sublayer_out(e, 2 * l + 1)};
-    stage_products(e, &rw, dn, 1, yd, H, R, KIE_STAGE(l, 3), nth, sh);
-    kpool_barrier(e->pool, tid);
+    stage_products(e, &rw, dn, 1, yd, H, R, KIE_STAGE(l, 3), tid, nth, sh);
+    meet(e, &rw, th, tid, KIE_STAGE(l + 1, 0)); /* after the last layer: the LM head's stage */
     STAMP(4);
     residual(e, &rw, 2 * l + 1, tid);
     if (e->rc) return;
@@ -507,7 +548,7 @@ static void batch_all(void *arg, int tid, int nth) {
   after_rows(e, &rw, tid);
   size_t vp = s->vocab_part, ld = tp > 1 ? vp : vp * tp;
   float *part = tp > 1 ? b->lg : b->logits;
-  stage_products(e, &rw, hm, 1, &part, ld, K, KIE_STAGE(L, 0), nth, &e->sh_head[tid]);
+  stage_products(e, &rw, hm, 1, &part, ld, K, KIE_STAGE(L, 0), tid, nth, e->sh_head);
   kpool_barrier(e->pool, tid);
   if (tid != 0) return;
   STAMP(6);

@@ -14,7 +14,12 @@
  *
  * Inputs go four at a time through a group's blocks, the group's weights (at most a few
  * kB a block row for the widths of a small model) staying in L1 for the next four; the
- * weights stream from memory once. */
+ * weights stream from memory once.  With several inputs, the first four prefetch Q4_0 /
+ * Q4_1 weights AHEAD bytes on into L2: their arithmetic slows a core's stream below what
+ * memory gives, and the hardware's prefetcher alone left a 4-row batch step's products
+ * well below their rate from L2 (with the step's prefetching while it waits, cpu_batch.c's
+ * meet: 4-row step 0.95x the time, one row unchanged).  One input streams at memory's rate
+ * and prefetches nothing here; nor does Q8_0 (a 4-row step's LM head: no faster with it). */
 #include "kq_internal.h"
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
@@ -24,6 +29,7 @@
 #include <immintrin.h>
 
 #define G KQ_GROUP
+#define AHEAD 8192 /* bytes of a group's Q4 quants that the first pass of several inputs prefetches ahead */
 #define INLINE static inline __attribute__((always_inline))
 
 enum { Q4_0, Q4_1, Q8_0 };
@@ -36,16 +42,23 @@ static inline __m512i bcast32(const int8_t *p)
 }
 
 /* One group's sixteen rows (quants q, scales s, blocks nb) against the NI inputs x[]:
- * out[k] the sixteen results of input k */
-INLINE void group(int T, int NI, const uint8_t *q, const uint8_t *s, int64_t nb, const kq_act8 *x, __m512 *out)
+ * out[k] the sixteen results of input k; PF: prefetch the weights AHEAD bytes on */
+INLINE void group(int T, int NI, int PF, const uint8_t *q, const uint8_t *s, int64_t nb, const kq_act8 *x,
+                  __m512 *out)
 {
     const size_t qg = T == Q8_0 ? 32 * G : 16 * G, sg = T == Q4_1 ? 4 * G : 2 * G; /* bytes per block */
+    const size_t ahead = AHEAD / qg;
     const __m512i nib = _mm512_set1_epi8(0x0f), flip = _mm512_set1_epi8((char)0x80);
     __m512 acc[4], acc2[4];
     for (int k = 0; k < NI; k++)
         acc[k] = acc2[k] = _mm512_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
         const uint8_t *qb = q + (size_t)b * qg, *sb = s + (size_t)b * sg;
+        if (PF) { /* the weights AHEAD bytes on, into L2 (see the header) */
+            for (size_t o = 0; o < qg; o += 64)
+                _mm_prefetch((const char *)qb + ahead * qg + o, _MM_HINT_T1);
+            _mm_prefetch((const char *)sb + ahead * sg, _MM_HINT_T1);
+        }
         __m512 d16 = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)sb));
         __m512 e16 = T == Q4_1 ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(sb + 2 * G))) : d16;
         __m512i W[8]; /* pieces 0-3 (elements 0-15) and 4-7 (16-31) of the sixteen rows */
@@ -96,12 +109,22 @@ INLINE void mm(int T, const void *w, int64_t rows, int64_t cols, const char *act
             const int n = nt - t < 4 ? nt - t : 4;
             for (int k = 0; k < n; k++)
                 x[k] = kq_act8_view(acts + (size_t)(t + k) * one, cols);
-            switch (n) { /* the count a constant in each copy: the loops unroll, the sums stay in registers */
-            case 1: group(T, 1, q, s, nb, x, out); break;
-            case 2: group(T, 2, q, s, nb, x, out); break;
-            case 3: group(T, 3, q, s, nb, x, out); break;
-            default: group(T, 4, q, s, nb, x, out); break;
-            }
+            /* the count a constant in each copy: the loops unroll, the sums stay in registers */
+            if (nt == 1)
+                group(T, 1, 0, q, s, nb, x, out);
+            else if (t > 0 || T == Q8_0) /* the group's weights came in with the first inputs; Q8_0: see the header */
+                switch (n) {
+                case 1: group(T, 1, 0, q, s, nb, x, out); break;
+                case 2: group(T, 2, 0, q, s, nb, x, out); break;
+                case 3: group(T, 3, 0, q, s, nb, x, out); break;
+                default: group(T, 4, 0, q, s, nb, x, out); break;
+                }
+            else
+                switch (n) {
+                case 2: group(T, 2, 1, q, s, nb, x, out); break;
+                case 3: group(T, 3, 1, q, s, nb, x, out); break;
+                default: group(T, 4, 1, q, s, nb, x, out); break;
+                }
             for (int k = 0; k < n; k++)
                 _mm512_mask_storeu_ps(y + (size_t)(t + k) * ldy + g, keep, out[k]);
         }
