@@ -95,24 +95,30 @@ def guarded(tag, check, *args):
         traceback.print_exc()
 
 
-def check_model(tag, path, comm, steps, hf_ok):
-    ckpt = Checkpoint(path)
+def numpy_reference(ckpt, steps):
+    """(prompt, max_seq, model, logits, tokens): a 9-token prompt and numpy's greedy tokens and
+    logits at every step after it, with the GPU's bf16 KV rounding."""
     cfg = ckpt.config
-    rng = np.random.default_rng(11)
-    prompt = rng.integers(0, cfg.vocab_size, 9).tolist()
+    prompt = np.random.default_rng(11).integers(0, cfg.vocab_size, 9).tolist()
     max_seq = len(prompt) + steps + 8
     ref = Model(cfg, load_weights(ckpt), max_seq=max_seq, kv_bf16=True)
-    # the token-by-token prefill: numpy's arithmetic up to summation order (check_prefill
-    # compares the batched one with it)
-    gpu = GpuModel(cfg, comm, max_seq=max_seq, prefill="gemv").load(ckpt)
-    t0 = time.time()
-    # numpy greedy tokens and its logits at every step
     ref.reset()
     ref_logits = [ref.prefill(prompt)]
     toks = [int(np.argmax(ref_logits[0]))]
     for _ in range(steps - 1):
         ref_logits.append(ref.decode_step(toks[-1]))
         toks.append(int(np.argmax(ref_logits[-1])))
+    return prompt, max_seq, ref, ref_logits, toks
+
+
+def check_model(tag, path, comm, steps, hf_ok):
+    ckpt = Checkpoint(path)
+    cfg = ckpt.config
+    t0 = time.time()
+    prompt, max_seq, ref, ref_logits, toks = numpy_reference(ckpt, steps)
+    # the token-by-token prefill: numpy's arithmetic up to summation order (check_prefill
+    # compares the batched one with it)
+    gpu = GpuModel(cfg, comm, max_seq=max_seq, prefill="gemv").load(ckpt)
     # teacher-forced logits on the GPU
     gpu.reset()
     errs = [rel(gpu.prefill(prompt), ref_logits[0])]
@@ -267,15 +273,7 @@ def check_decode_tunings(tag, path, comm, steps, tunings):
     tokens, then a step a token) and greedy tokens through the graph, for each tuning."""
     ckpt = Checkpoint(path)
     cfg = ckpt.config
-    prompt = np.random.default_rng(11).integers(0, cfg.vocab_size, 9).tolist()
-    max_seq = len(prompt) + steps + 8
-    ref = Model(cfg, load_weights(ckpt), max_seq=max_seq, kv_bf16=True)
-    ref.reset()
-    ref_logits = [ref.prefill(prompt)]
-    toks = [int(np.argmax(ref_logits[0]))]
-    for _ in range(steps - 1):
-        ref_logits.append(ref.decode_step(toks[-1]))
-        toks.append(int(np.argmax(ref_logits[-1])))
+    prompt, max_seq, _, ref_logits, toks = numpy_reference(ckpt, steps)
     for tuning in tunings:
         name = ",".join(f"{k}={v}" for k, v in tuning.items()) or "default"
         gpu = GpuModel(cfg, comm, max_seq=max_seq, prefill="gemv", tuning=tuning).load(ckpt)
@@ -305,6 +303,23 @@ def check_memory_error(comm):
         record("error: model larger than the GPU", False, raised="nothing")
     except GpuMemoryError as e:
         record("error: model larger than the GPU", "GiB" in str(e), raised=type(e).__name__, msg=str(e)[:90])
+
+
+# Decode-attention shapes the engine refuses: each a GpuArgumentError naming the field.
+BAD_DECODE_TUNINGS = [{"decode_attn": 3}, {"att_keys": 257}, {"att_keys": 16, "att_split_keys": 32},
+                      {"att_splits": -1}, {"att_heads": 3}]
+
+
+def check_bad_decode_tunings(comm):
+    cfg = preset("tiny")
+    for tuning in BAD_DECODE_TUNINGS:
+        name = ",".join(f"{k}={v}" for k, v in tuning.items())
+        field = list(tuning)[-1]
+        try:
+            GpuModel(cfg, comm, max_seq=64, tuning=tuning).close()
+            record(f"error: {name}", False, raised="nothing")
+        except GpuArgumentError as e:
+            record(f"error: {name}", field in str(e), raised=type(e).__name__, msg=str(e)[:90])
 
 
 def main():
@@ -338,6 +353,7 @@ def main():
             guarded(f"{name} tp={SIZE}", check_prefill, f"{name} tp={SIZE}", path, comm, a.steps)
             guarded(f"{name} tp={SIZE}", check_decode_tunings, f"{name} tp={SIZE}", path, comm, a.steps,
                     [{}] + DECODE_TUNINGS)
+        guarded("bad decode tunings", check_bad_decode_tunings, comm)
         try:
             check_memory_error(comm)
         except Exception as e:

@@ -84,6 +84,54 @@ __device__ __forceinline__ void att_clock(unsigned long long *at) {
   *at = t;
 }
 
+/* f(ci, j, dd) for each value chunk ci of thread tid (chunk c = tid + ci * NTHREADS, below
+ * nch): head j of the group, dims dd .. dd + ATT_DV - 1. */
+template <int HD, int CPT, int NTHREADS, typename F>
+__device__ __forceinline__ void att_each_chunk(int tid, int nch, F f) {
+#pragma unroll
+  for (int ci = 0; ci < CPT; ci++) {
+    const int c = tid + ci * NTHREADS;
+    if (c >= nch) continue;
+    const int j = c / (HD / ATT_DV), dd = (c - j * (HD / ATT_DV)) * ATT_DV;
+    f(ci, j, dd);
+  }
+}
+
+/* The key phases of a chunk (R > 1: R threads a chunk, thread r the keys r, r + R, ...) meet
+ * in phase order: phase 0's threads hold the sums.  vthread: this thread has a phase. */
+template <typename Sync>
+__device__ __forceinline__ void att_phase_sum(float (&acc)[ATT_DV], float *red, int tid, int r, int R, int nch,
+                                              bool vthread, Sync sync) {
+  if (vthread)
+#pragma unroll
+    for (int i = 0; i < ATT_DV; i++) red[tid * ATT_DV + i] = acc[i];
+  sync();
+  if (r == 0)
+    for (int q = 1; q < R; q++)
+#pragma unroll
+      for (int i = 0; i < ATT_DV; i++) acc[i] += red[(tid + q * nch) * ATT_DV + i];
+}
+
+/* A split's partial result into a.part (the owners of the chunks: phase 0): each chunk's sums
+ * unscaled, and per head its maximum m and sum l. */
+template <int HD, int CPT, int NTHREADS>
+__device__ __forceinline__ void att_store_part(const AttnArgs &a, int t, int h0, int G, int split, int tid, int nch,
+                                               bool owner, const float (&acc)[CPT][ATT_DV], const float *m,
+                                               const float *l) {
+  const size_t pstride = (size_t)HD + 2;
+  if (owner)
+    att_each_chunk<HD, CPT, NTHREADS>(tid, nch, [&](int ci, int j, int dd) {
+      float *pp = a.part + (((size_t)t * a.nh + h0 + j) * a.nsplit + split) * pstride + dd; /* 8-byte aligned */
+#pragma unroll
+      for (int i = 0; i < ATT_DV; i++) pp[i] = acc[ci][i];
+    });
+  if (tid < G) {
+    float *pp = a.part + (((size_t)t * a.nh + h0 + tid) * a.nsplit + split) * pstride;
+    pp[HD] = m[tid];
+    pp[HD + 1] = l[tid];
+  }
+}
+
 /* A split item's partial result is in a.part: the last split of (token t, group grp) to get
  * here folds them together into the output and returns true; the others return false.  The
  * sums' order is the splits' whatever the thread count, so every kernel that uses it agrees. */
@@ -282,48 +330,19 @@ __device__ void attend(const AttnArgs &a, int grp, int split, int t, int tid, At
     if (clk && tid == 0 && tile == c0) att_clock(clk[1]);
   }
 
-  /* The key phases of a chunk meet in phase order (R > 1): phase 0's threads hold the sums. */
-  if (R > 1) {
-    if (vthread)
-#pragma unroll
-      for (int i = 0; i < ATT_DV; i++) sm.red[tid * ATT_DV + i] = acc[0][i];
-    sync();
-    if (r == 0)
-      for (int q = 1; q < R; q++)
-#pragma unroll
-        for (int i = 0; i < ATT_DV; i++) acc[0][i] += sm.red[(tid + q * nch) * ATT_DV + i];
-  }
+  if (R > 1) att_phase_sum(acc[0], sm.red, tid, r, R, nch, vthread, sync);
   const bool owner = R > 1 ? r == 0 : true;
-  const size_t pstride = (size_t)HD + 2;
   if (ns == 1) { /* the whole context in this item: the output directly */
     if (owner)
-#pragma unroll
-      for (int ci = 0; ci < AS::CPT; ci++) {
-        const int c = tid + ci * ATT_THREADS;
-        if (c >= nch) continue;
-        const int j = c / (HD / ATT_DV), dd = (c - j * (HD / ATT_DV)) * ATT_DV;
+      att_each_chunk<HD, AS::CPT, ATT_THREADS>(tid, nch, [&](int ci, int j, int dd) {
         const float l = sm.l_run[j];
         float4 o = make_float4(acc[ci][0] / l, acc[ci][1] / l, acc[ci][2] / l, acc[ci][3] / l);
         *reinterpret_cast<float4 *>(a.out + (size_t)t * a.out_ld + (size_t)(h0 + j) * HD + dd) = o;
-      }
+      });
     att_signal(signal, tid, sync);
     return;
   }
-  if (owner)
-#pragma unroll
-    for (int ci = 0; ci < AS::CPT; ci++) {
-      const int c = tid + ci * ATT_THREADS;
-      if (c >= nch) continue;
-      const int j = c / (HD / ATT_DV), dd = (c - j * (HD / ATT_DV)) * ATT_DV;
-      float *pp = a.part + (((size_t)t * a.nh + h0 + j) * a.nsplit + split) * pstride + dd;
-#pragma unroll
-      for (int i = 0; i < ATT_DV; i++) pp[i] = acc[ci][i];
-    }
-  if (tid < G) {
-    float *pp = a.part + (((size_t)t * a.nh + h0 + tid) * a.nsplit + split) * pstride;
-    pp[HD] = sm.m_run[tid];
-    pp[HD + 1] = sm.l_run[tid];
-  }
+  att_store_part<HD, AS::CPT, ATT_THREADS>(a, t, h0, G, split, tid, nch, owner, acc, sm.m_run, sm.l_run);
 
   if (!att_combine<HD, ATT_THREADS>(a, t, grp, h0, G, ns, tid, sm.big_m, sm.big_l, &sm.last, sync)) return;
   att_signal(signal, tid, sync);

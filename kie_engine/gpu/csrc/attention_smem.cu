@@ -214,46 +214,18 @@ __global__ void __launch_bounds__(AS_THREADS, 1) k_attention_smem(const AttnArgs
     }
     if (cb + a.kcap < n) __syncthreads(); /* the next chunk rewrites the rows, scores and factors */
   }
-  if (R > 1) { /* the phases meet in phase order: phase 0's threads hold the sums */
-    if (r < R)
-#pragma unroll
-      for (int i = 0; i < ATT_DV; i++) red[tid * ATT_DV + i] = acc[0][i];
-    __syncthreads();
-    if (r == 0)
-      for (int q = 1; q < R; q++)
-#pragma unroll
-        for (int i = 0; i < ATT_DV; i++) acc[0][i] += red[(tid + q * nch) * ATT_DV + i];
-  }
+  if (R > 1) att_phase_sum(acc[0], red, tid, r, R, nch, r < R, SyncBlock());
   const bool owner = R > 1 ? r == 0 : true;
   if (ns == 1) { /* the whole context in this block: the output directly */
     if (owner)
-#pragma unroll
-      for (int ci = 0; ci < SS::CPT; ci++) {
-        const int c = tid + ci * AS_THREADS;
-        if (c >= nch) continue;
-        const int j = c / (HD / ATT_DV), dd = (c - j * (HD / ATT_DV)) * ATT_DV;
+      att_each_chunk<HD, SS::CPT, AS_THREADS>(tid, nch, [&](int ci, int j, int dd) {
         const float inv = 1.f / l_s[j];
         *reinterpret_cast<float4 *>(a.out + (size_t)t * a.out_ld + (size_t)(h0 + j) * HD + dd) =
             make_float4(acc[ci][0] * inv, acc[ci][1] * inv, acc[ci][2] * inv, acc[ci][3] * inv);
-      }
+      });
     return;
   }
-  const size_t pstride = (size_t)HD + 2;
-  if (owner)
-#pragma unroll
-    for (int ci = 0; ci < SS::CPT; ci++) {
-      const int c = tid + ci * AS_THREADS;
-      if (c >= nch) continue;
-      const int j = c / (HD / ATT_DV), dd = (c - j * (HD / ATT_DV)) * ATT_DV;
-      float *pp = a.part + (((size_t)t * a.nh + h0 + j) * a.nsplit + split) * pstride + dd; /* 8-byte aligned */
-#pragma unroll
-      for (int i = 0; i < ATT_DV; i++) pp[i] = acc[ci][i];
-    }
-  if (tid < G) {
-    float *pp = a.part + (((size_t)t * a.nh + h0 + tid) * a.nsplit + split) * pstride;
-    pp[HD] = m_s[tid];
-    pp[HD + 1] = l_s[tid];
-  }
+  att_store_part<HD, SS::CPT, AS_THREADS>(a, t, h0, G, split, tid, nch, owner, acc, m_s, l_s);
   att_combine<HD, AS_THREADS>(a, t, grp, h0, G, ns, tid, big_m, big_l, &last, SyncBlock());
 }
 
