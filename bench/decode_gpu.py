@@ -415,11 +415,12 @@ VARIANTS = [dict(decode_attn=1), dict(att_heads=2), dict(att_heads=1), dict(att_
 PREFILL_VARIANTS = [dict(prefill_f32_sums=1), dict(prefill_attn=2), dict(pdl=0), dict(prefill_attn_keys=64)]
 
 
-# The monokernel's variants: keys per attention split at least (default 32: fewer, longer
-# splits skip the combine at short contexts), and how far past its shared-memory ring the
-# producer asks L2 for weights (default: as many tiles as the ring holds).
-MONO_VARIANTS = [dict(att_chunk=64), dict(att_chunk=128), dict(att_chunk=256), dict(mono_prefetch=0),
-                 dict(mono_prefetch=16)]
+# The monokernel's variants: its attention as split items (1) instead of in shared memory
+# (the default), the keys one block's attention holds (default: 64 on the 2b shape, what
+# fits beside the weight ring; more take ring slots), a KV head's query heads a block at
+# every context, and how far past its ring the producer asks L2 for weights (default none).
+MONO_VARIANTS = [dict(mono_attn=1), dict(att_keys=96), dict(att_keys=192), dict(att_heads=2),
+                 dict(mono_prefetch=2)]
 
 
 def kie_decode(m, ctx, tokens, rounds, vocab):

@@ -3,12 +3,13 @@
     python tests/gpu/mono_check.py [--presets tiny,small,2b] [--steps 128] [--json FILE]       # TP = 1
     mpiexec -n 2 python tests/gpu/mono_check.py ...     # TP = 2: a GPU per lane, or both on one GPU under MPS
 
-The monokernel computes every op with the graph path's arithmetic in the same order (the
-graph path's attention as the monokernel's items, KIE_GPU_DECODE_ATTN=1),
-and at TP = 2 sums the lanes with the same KCCL one-shot (in its kernel instead of on
-the stream), so the two must agree to the bit, not within a bound.  For each preset
-and DTP delay 0 and 1 (tiny and small: random checkpoints on disk; 2b: random bf16
-weights drawn on the GPU, as bench/decode_gpu.py does):
+The monokernel computes every op with the graph path's arithmetic in the same order (its
+attention as the graph path's with the same settings: ATTENTIONS below), and at TP = 2
+sums the lanes with the same KCCL one-shot (in its kernel instead of on the stream), so
+the two must agree to the bit, not within a bound.  For each preset and DTP delay 0 and 1
+(tiny and small: random checkpoints on disk; 2b: random bf16 weights drawn on the GPU, as
+bench/decode_gpu.py does), with the split items and with the shared-memory attention (and
+the first preset's chunk walk, delay 0):
   logits    the prompt's logits and --steps teacher-forced steps (min 48): identical arrays
   greedy    --steps greedy tokens through the captured step and through direct
             launches: identical to the graph path's (and, at TP = 2, on both lanes)
@@ -63,11 +64,22 @@ def first_diff(a, b):
     return -1 if len(a) == len(b) else min(len(a), len(b))
 
 
-def models(cfg, path, max_seq, comm):
-    """(graph, mono) engines of this lane with the same weights, on the same communicator; the
-    graph path with the monokernel's attention items (decode_attn 1: its own default sums the
-    keys in another order)."""
-    same = {"decode_attn": 1}
+# The attentions compared: the monokernel's split items against the graph path's
+# KIE_GPU_DECODE_ATTN=1, and its shared-memory items (KIE_GPU_MONO_ATTN=2, the default)
+# against the graph path's shared-memory kernel with the same keys a block (64: what fits
+# beside the 2b shape's weight ring), splits at most (8, fewer than the monokernel's grid
+# has blocks a KV head) and query heads a block; "walk": 16 keys a block and 2 splits,
+# so that the splits walk their keys in chunks.
+ATTENTIONS = {
+    "items": {"decode_attn": 1, "mono_attn": 1},
+    "smem": {"decode_attn": 2, "mono_attn": 2, "att_keys": 64, "att_splits": 8},
+    "walk": {"decode_attn": 2, "mono_attn": 2, "att_keys": 16, "att_splits": 2},
+}
+
+
+def models(cfg, path, max_seq, comm, same):
+    """(graph, mono) engines of this lane with the same weights, on the same communicator,
+    both with the tuning `same` (ATTENTIONS: attentions that sum in the same order)."""
     if path is not None:
         ckpt = Checkpoint(path)
         return [GpuModel(cfg, comm, max_seq=max_seq, kernel=k, tuning=same).load(ckpt) for k in ("graph", "mono")]
@@ -89,12 +101,12 @@ def trace(m, prompt, toks):
     return np.stack(out)
 
 
-def check(tag, cfg, path, steps, comm):
+def check(tag, cfg, path, steps, comm, same):
     t0 = time.time()
     rng = np.random.default_rng(5)
     prompt = rng.integers(0, cfg.vocab_size, 11).tolist()
     max_seq = len(prompt) + steps + 8
-    g, m = models(cfg, path, max_seq, comm)
+    g, m = models(cfg, path, max_seq, comm, same)
     ref = g.generate(prompt, steps, Sampling())
     got = m.generate(prompt, steps, Sampling())
     info = m.info()
@@ -102,7 +114,13 @@ def check(tag, cfg, path, steps, comm):
     record(f"{tag} greedy tokens (captured)", d < 0, steps=len(got.tokens), first_diff=d,
            graph_tps=ref.tokens_per_s, mono_tps=got.tokens_per_s, slots=info["mono_slots"],
            slot_kb=info["mono_slot_bytes"] // 1024, smem_kb=info["mono_smem"] // 1024,
-           blocks=info["mono_blocks"], reducers=info["mono_reducers"])
+           blocks=info["mono_blocks"], reducers=info["mono_reducers"], att_keys=info["mono_att_keys"],
+           att_splits=info["mono_att_splits"])
+    if "att_keys" in same:
+        ksplit = min(96, same["att_keys"])
+        want = (same["att_keys"], ksplit, min(same["att_splits"], -(-m.max_seq // ksplit)))
+        got_att = (info["mono_att_keys"], info["mono_att_split_keys"], info["mono_att_splits"])
+        record(f"{tag} attention's keys, split keys and splits", got_att == want, got=got_att, want=want)
     if SIZE > 1:
         lanes = WORLD.allgather(got.tokens)
         record(f"{tag} greedy tokens equal on every lane", all(t == lanes[0] for t in lanes))
@@ -160,19 +178,21 @@ def main():
         comm = kccl.Communicator.from_mpi(WORLD, device="local", config=comm_config(preset("tiny", dtp_delay=1)))
     with tempfile.TemporaryDirectory() as root:
         root = WORLD.bcast(root if RANK == 0 else None) if WORLD is not None else root
-        cases = [(name, d) for name in a.presets.split(",") for d in (0, 1)]
-        for name, d in cases:
+        presets = a.presets.split(",")
+        cases = [(name, d, att) for att in ("items", "smem") for name in presets for d in (0, 1)]
+        cases += [(presets[0], 0, "walk")]
+        for name, d, att in cases:
             cfg = preset(name, dtp_delay=d)
-            tag = f"{name} d={d} tp={SIZE}"
+            tag = f"{name} d={d} tp={SIZE} {att}"
             try:
                 path = None
                 if name != "2b":
                     path = os.path.join(root, f"{name}_d{d}")
-                    if RANK == 0:
+                    if RANK == 0 and not os.path.exists(path):
                         write_checkpoint(cfg, path, seed=7)
                     if WORLD is not None:
                         WORLD.Barrier()
-                secs = check(tag, cfg, path, a.steps, comm)
+                secs = check(tag, cfg, path, a.steps, comm, ATTENTIONS[att])
                 if RANK == 0:
                     print(f"  ({tag}: {secs:.1f} s)", flush=True)
             except Exception as e:  # a crash is a failed check; one lane alone the others still run

@@ -356,6 +356,10 @@ int kie_get_info(kie_engine *e, kie_info *info) {
   info->mono_stages = e->mono_n;
   info->mono_blocks = e->mono_ready ? e->mono_grid : 0;
   info->mono_reducers = e->mono_ready ? e->mono_nred : 0;
+  const bool smem_att = e->mono_ready && e->mono_attn == 2;
+  info->mono_att_keys = smem_att ? e->mono_att_keys : 0;
+  info->mono_att_split_keys = smem_att ? e->mono_att_split : 0;
+  info->mono_att_splits = smem_att ? e->mono_att_splits : 0;
   info->prefill_chunk = e->pf_chunk;
   CU(cudaSetDevice(e->device));
   CU(cudaStreamSynchronize(e->stream));

@@ -111,6 +111,8 @@ struct kie_engine {
   MonoLink *mono_links;
   unsigned long long *mono_marks;
   int mono_n, mono_ready, mono_slot, mono_nslots, mono_xbytes, mono_grid, mono_nred, mono_red_per;
+  int mono_attn, mono_att_keys, mono_att_split, mono_att_splits; /* its attention stage (kie_shape.mono_attn;
+                                  the shared-memory one's keys held, keys a split and splits at most; 0: items) */
   size_t mono_smem;
   kcclDevComm dc;                 /* tp > 1 and the monokernel: the communicator's device-API handle */
   /* The batched prefill (pf_chunk > 0: tokens per pass; 0: prefill runs as decode-shaped

@@ -97,6 +97,9 @@ typedef struct {
   int lanes_per_device;        /* lanes sharing this GPU (under MPS); 0 or 1: this lane has it alone */
   int mono_blocks;             /* monokernel: blocks of its grid (0: auto: every SM, or a share of them when
                                   lanes share the GPU) */
+  int mono_attn;               /* monokernel: its attention stage: 0 auto (2), 1 the split items (decode_attn 1's
+                                  arithmetic), 2 a block's keys in shared memory (decode_attn 2's, with the keys
+                                  that fit beside its weight ring: att_keys, or auto) */
   int prefill;                 /* 1: a prompt runs as batched passes (cuBLAS GEMMs over a chunk of tokens; needs
                                   kie_blas_load first); 0: as decode-shaped passes of a few tokens */
   int prefill_chunk;           /* tokens of a batched pass at most (0: auto, 1024; at most max_seq) */
@@ -117,6 +120,10 @@ typedef struct {
   int mono_stages;             /* per layer QKV, attention, o, gate/up, down; then the head */
   int mono_blocks;             /* its grid (0 before its first step) */
   int mono_reducers;           /* of those, the blocks that sum the lanes' sublayer sums (tp > 1) */
+  int mono_att_keys;          /* mono_attn 2: keys a block's attention holds, keys of a split past them and splits
+                                  at most (0 before its first step; decode_attn 2 with these as att_keys,
+                                  att_split_keys and att_splits computes the same bits) */
+  int mono_att_split_keys, mono_att_splits;
   int prefill_chunk;           /* tokens of a batched prefill pass (0: prefill runs as decode-shaped passes of
                                   prefill_tokens) */
 } kie_info;

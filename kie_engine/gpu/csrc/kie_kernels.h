@@ -141,7 +141,8 @@ struct SampleArgs {
 /* The monokernel (mono.cu): one decode step (T = 1) as one persistent kernel,
  * its work the same GEMVs and attention items as the per-sublayer kernels, in
  * the order of this table (built by the host once, from the same arguments). */
-enum { MONO_GEMV = 0, MONO_ATTN = 1 };
+enum { MONO_GEMV = 0, MONO_ATTN = 1, MONO_ATTN_SMEM = 2 }; /* ATTN: the split items (attention.cuh);
+                                                             ATTN_SMEM: attention_smem.cuh's items */
 
 struct MonoStage {
   int kind;
@@ -180,6 +181,7 @@ struct MonoArgs {
   int slot_bytes, nslots, subs; /* ring of weight tiles; attention items per block at once */
   int prefetch;                 /* tiles past the ring's the producer asks L2 for */
   int ring_off, x_off;          /* dynamic shared memory: mbarriers at 0, then these */
+  int att_cap;                  /* MONO_ATTN_SMEM: keys the attention's shared memory (at x_off) holds */
   long long timeout_ns;         /* a wait longer than this ends the step with KIE_DERR_STALL */
   unsigned long long *marks;    /* [nstages][4][grid]: each block's clock at each stage's start, x staged,
                                    end, and its producer's first copy (mono.cu's MARK_*) */
@@ -286,11 +288,12 @@ cudaError_t kie_launch_finalize(const FinalArgs &a, cudaStream_t st, int pdl);
 cudaError_t kie_launch_advance(const Commit &c, cudaStream_t st, int pdl);
 cudaError_t kie_launch_sample(const SampleArgs &a, cudaStream_t st, int pdl);
 /* mono.cu: the dynamic shared memory a block of head size hd needs for
- * attention (MONO_SUBS_MAX items at once); the static shared memory of the
+ * attention (cap 0: the split items, MONO_SUBS_MAX at once; else an item
+ * holding cap keys in shared memory); the static shared memory of the
  * kernel for tp lanes (its TP copy when tp > 1); the kernel set up for `smem`
  * bytes of dynamic shared memory (*per_sm: blocks that fit an SM); the
  * launch, cooperative (m.tp picks the copy). */
-size_t kie_mono_attention_smem(int hd);
+size_t kie_mono_attention_smem(int hd, int cap);
 cudaError_t kie_mono_static_smem(int hd, int tp, size_t *bytes);
 cudaError_t kie_mono_prepare(int hd, int tp, size_t smem, int *per_sm);
 cudaError_t kie_launch_mono(const MonoArgs &m, int hd, int grid, size_t smem, cudaStream_t st);

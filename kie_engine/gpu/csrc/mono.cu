@@ -47,7 +47,7 @@
  * reducers' calls at once (KCCL's watcher sets its stop word); a peer that is
  * only slow gets KCCL's timeout, which the host adds to every wait's bound
  * here, since any wait may depend on a reducer's call. */
-#include "attention.cuh"
+#include "attention_smem.cuh"
 
 using namespace kie;
 
@@ -420,9 +420,11 @@ __device__ __noinline__ bool reduce_stage(const Block &b, int k, unsigned epoch,
  * and commits the pick.  h: the head stage, k its index; head0: its count
  * when this block started.  The head's count is not a multiple of the epoch
  * (a step in KIE_MODE_ADVANCE skips the head), but no block counts this
- * step's head before this block has started (every block waits at the last
- * attention stage for the last QKV stage, which this block counts), so the
- * step's head is done at head0 + the grid. */
+ * step's head before this block has started (no block passes the last o
+ * stage before every block has counted a stage of this step: the last QKV
+ * stage, which the attention waits for, or with the attention in shared
+ * memory the attention stage itself), so the step's head is done at head0 +
+ * the grid. */
 __device__ __noinline__ bool lanes_pick(const Block &b, const MonoStage &h, int k, unsigned head0, float *xs) {
   const MonoArgs &m = *b.m;
   if (threadIdx.x == 0) { /* every block's best key is in amax */
@@ -443,6 +445,46 @@ __device__ __noinline__ bool lanes_pick(const Block &b, const MonoStage &h, int 
     for (int i = 0; i < n; i++) h.g.cand[i] = xs[i];
     kie_finalize_pick(xs, h.g.tp, m.c);
   }
+  return true;
+}
+
+/* Attention stage k in shared memory (MONO_ATTN_SMEM): this block's items of the graph
+ * kernel's grid, only those with work (a query head each while the context fits one
+ * item, else (group, split)), item i on block i, i + grid, ...  The first item's rows of
+ * earlier steps are on their way before the block waits for the QKV stage; a block
+ * without items does not wait.  False: leave (all consumers). */
+template <int HD>
+__device__ bool attend_smem(const Block &b, const AttnArgs &a, int k, unsigned epoch, unsigned char *smem) {
+  const MonoArgs &m = *b.m;
+  __shared__ AttSmemHeads hs;
+  const int tid = threadIdx.x, groups = a.nh / a.g * a.hgroups;
+  const int ns = att_smem_splits(a, *a.pos + 1);
+  const bool per_head = ns == 1 && a.heads1;
+  const int items = per_head ? a.nh : groups * ns;
+  unsigned long long *clk[2] = {m.marks + ((size_t)k * MARKS + MARK_STAGED) * gridDim.x + blockIdx.x,
+                                m.marks + ((size_t)k * MARKS + MARK_ISSUED) * gridDim.x + blockIdx.x};
+  bool waited = false;
+  auto wait = [&] {
+    if (waited) return true;
+    waited = true;
+    if (!wait_stage(b, k - 1, epoch)) return false;
+    mark0(m, k, MARK_START);
+    return true;
+  };
+  for (int it = blockIdx.x; it < items; it += gridDim.x) {
+    int bx = it, split = 0;
+    if (!per_head) { /* the group's first query head under heads1, as the graph kernel's grid has it */
+      const int grp = it % groups;
+      split = it / groups;
+      bx = a.heads1 ? grp / a.hgroups * a.g + grp % a.hgroups * a.gper : grp;
+    }
+    if (it != (int)blockIdx.x) bar_consumers(); /* the last item is done with the shared memory */
+    if (!att_smem_item<HD, MONO_CONSUMERS>(a, bx, split, 0, tid, smem, m.att_cap, hs,
+                                           SyncNamed{BAR_CONSUMERS, MONO_CONSUMERS}, wait,
+                                           it == (int)blockIdx.x ? clk : nullptr))
+      return false;
+  }
+  if (!waited) mark0(m, k, MARK_START);
   return true;
 }
 
@@ -523,16 +565,22 @@ __device__ void consume(const Block &b, char *xunion) {
       mark0(m, k, MARK_END); /* this block's items done (the groups' last splits count the stage) */
       continue;
     }
+    if (s.kind == MONO_ATTN_SMEM) {
+      if (!attend_smem<HD>(b, s.at, k, epoch, reinterpret_cast<unsigned char *>(xunion))) return;
+      signal_stage(m, k);
+      continue;
+    }
     int u0, u1;
     unit_range(s, u0, u1);
     if (u0 < u1) {
+      /* the position's rotation: final since the kernel started, so read before the wait */
+      if (s.epi == EPI_QKV) stage_rope(s.g, rope, tid, MONO_CONSUMERS);
       if (TP) {
         if (!wait_inputs(b, k, epoch)) return;
       } else if (k > 0 && !wait_stage(b, k - 1, epoch)) {
         return;
       }
       mark0(m, k, MARK_START);
-      if (s.epi == EPI_QKV) stage_rope(s.g, rope, tid, MONO_CONSUMERS);
       if (s.g.x) stage_plain(s.g, xs, tid);
       else stage_norm(s.g, xs, tid, u0 == 0, SyncNamed{BAR_CONSUMERS, MONO_CONSUMERS}, red);
       bar_consumers();
@@ -640,8 +688,11 @@ cudaError_t static_smem_hd(size_t *bytes) {
 
 }  // namespace
 
-size_t kie_mono_attention_smem(int hd) {
-  return kie_with_hd(hd, (size_t)0, [](auto h) { return MONO_SUBS_MAX * sizeof(AttSmem<decltype(h)::value>); });
+size_t kie_mono_attention_smem(int hd, int cap) {
+  return kie_with_hd(hd, (size_t)0, [&](auto h) {
+    constexpr int HD = decltype(h)::value;
+    return cap > 0 ? SmemShape<HD, MONO_CONSUMERS>::bytes(cap) : MONO_SUBS_MAX * sizeof(AttSmem<HD>);
+  });
 }
 
 cudaError_t kie_mono_static_smem(int hd, int tp, size_t *bytes) {

@@ -44,8 +44,13 @@ struct MonoBuilder {
   int attention(AttnArgs &a) {
     MonoStage m;
     memset(&m, 0, sizeof m);
-    m.kind = MONO_ATTN;
+    m.kind = e->mono_attn == 2 ? MONO_ATTN_SMEM : MONO_ATTN;
     m.at = a;
+    if (m.kind == MONO_ATTN_SMEM) { /* heads per item as the graph kernel's; keys and splits: mono_prepare */
+      m.at.gper = e->att_gper;
+      m.at.hgroups = (e->g + m.at.gper - 1) / m.at.gper;
+      m.at.heads1 = e->att_heads1;
+    }
     st.push_back(m);
     MonoLink l;
     memset(&l, 0, sizeof l);
@@ -77,8 +82,23 @@ int mono_prepare(kie_engine *e) {
   const int tp = e->s.tp_size;
   int optin = 0;
   CU(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, e->device));
-  const size_t att = kie_mono_attention_smem(e->s.head_dim);
-  const size_t xu = round_up(std::max((size_t)b.xbytes, att), 128), slot = round_up((size_t)b.slot, 128);
+  /* The activations' region: a GEMV's staged x, or the attention's.  The shared-memory
+   * attention holds att_keys keys, or by default as many as fit the room the split
+   * items take (a multiple of 16): the ring keeps its size whichever attention runs. */
+  const int hd = e->s.head_dim;
+  size_t xneed = std::max((size_t)b.xbytes, kie_mono_attention_smem(hd, 0));
+  int cap = 0;
+  if (e->mono_attn == 2) {
+    if (e->s.att_keys > 0) {
+      cap = e->s.att_keys;
+    } else {
+      cap = std::min(16, ATT_SMEM_KEYS(hd));
+      for (int c = 16; c <= ATT_SMEM_KEYS(hd); c += 16)
+        if (kie_mono_attention_smem(hd, c) <= xneed) cap = c;
+    }
+    xneed = std::max((size_t)b.xbytes, kie_mono_attention_smem(hd, cap));
+  }
+  const size_t xu = round_up(xneed, 128), slot = round_up((size_t)b.slot, 128);
   size_t static_smem = 0;
   CU(kie_mono_static_smem(e->s.head_dim, tp, &static_smem));
   /* The kernel's static shared memory, counted as 4 KB at least (the tp = 1
@@ -88,8 +108,9 @@ int mono_prepare(kie_engine *e) {
   const int nslots = room > 0 ? (int)std::min<long>(8, room / (long)slot) : 0;
   if (nslots < 2)
     return fail(KIE_E_ARG, "the monokernel's weight ring needs two slots of %zu bytes beside %zu bytes of "
-                "activations, and a block has %d bytes of shared memory: use the graph kernel for this shape",
-                slot, xu, optin);
+                "activations%s, and a block has %d bytes of shared memory: use the graph kernel for this shape%s",
+                slot, xu, cap ? " (its attention's keys)" : "", optin,
+                e->s.att_keys > 0 && cap ? ", or fewer att_keys" : "");
   e->mono_slot = (int)slot;
   e->mono_nslots = nslots;
   e->mono_xbytes = (int)xu;
@@ -125,6 +146,24 @@ int mono_prepare(kie_engine *e) {
     CU(cudaMemcpyAsync(e->mono_links, b.links.data(), b.links.size() * sizeof(MonoLink), cudaMemcpyHostToDevice,
                        e->stream));
   }
+  if (cap) {
+    /* Splits of att_split_keys (at most the keys held), and at most a block each a group: one
+     * item a block, its rows of earlier steps all copied before its wait (a longer split
+     * walks the rest after it).  The partial results' buffer holds the graph path's splits. */
+    const int gper = e->att_gper, groups = e->s.kv_heads * ((e->g + gper - 1) / gper);
+    const int ksplit = e->s.att_split_keys > 0 ? std::min(e->s.att_split_keys, cap) : std::min(96, cap);
+    int splits = std::min((e->s.max_seq + ksplit - 1) / ksplit, e->s.att_splits > 0 ? e->s.att_splits : 48);
+    splits = std::min({splits, std::max(1, grid / groups), std::max(e->nsplit, e->nsplit_smem)});
+    for (auto &m : b.st)
+      if (m.kind == MONO_ATTN_SMEM) {
+        m.at.kcap = cap;
+        m.at.ksplit = ksplit;
+        m.at.nsplit = splits;
+      }
+    e->mono_att_split = ksplit;
+    e->mono_att_splits = splits;
+  }
+  e->mono_att_keys = cap;
   e->mono_grid = grid;
   e->mono_nred = nred;
   e->mono_red_per = red_per;
@@ -154,6 +193,7 @@ int enqueue_mono(kie_engine *e, int mode) {
   m.prefetch = e->s.mono_prefetch >= 0 ? e->s.mono_prefetch : 0;
   m.ring_off = 256;
   m.x_off = 256 + e->mono_nslots * e->mono_slot;
+  m.att_cap = e->mono_att_keys;
   m.timeout_ns = 2000000000LL;
   m.marks = e->mono_marks;
   m.tp = e->s.tp_size;
