@@ -83,6 +83,10 @@ SETTINGS = (
     Setting("KIE_GPU_GEMV_X_L1", "flag", 0,
             "CUDA engine: 1 has the o and down GEMVs read x through L1; 0 stages it in shared memory (3 % more "
             "tokens/s on an H100, 2b shape).", 0, 1, **_GPU),
+    Setting("KIE_GPU_GAMMA_SMEM", "flag", 1,
+            "CUDA engine: 1 has a normed GEMV (and the monokernel's normed stages) copy the norm's gamma into "
+            "shared memory before it waits for its inputs, off the path between sublayers; 0 reads it after.",
+            0, 1, **_GPU),
     Setting("KIE_GPU_MONO_PREFETCH", "int", -1,
             "Monokernel: weight tiles past its shared-memory ring asked of L2 ahead of use; -1 = auto (none: "
             "5 and 16 tiles were 11 % and 30 % slower on the 2b shape, bench/RESULTS.md).", -1, 64, **_GPU),
@@ -90,8 +94,8 @@ SETTINGS = (
             "Monokernel: its attention stage: 0 = auto (2), 1 = split items (keys per split KIE_GPU_ATT_CHUNK, "
             "the last split combining; bit for bit KIE_GPU_DECODE_ATTN=1), 2 = a block's keys in shared memory, "
             "the rows of earlier steps copied before it waits for the QKV stage (KIE_GPU_DECODE_ATTN=2's "
-            "arithmetic; keys a block KIE_GPU_ATT_KEYS, auto: what fits beside the weight ring, and splits at most "
-            "one a block per KV head).", 0, 2, **_GPU),
+            "arithmetic; keys a block KIE_GPU_ATT_KEYS, auto: the most that leave the weight ring 3 slots, and "
+            "splits at most one a block per KV head).", 0, 2, **_GPU),
     Setting("KIE_GPU_PREFILL", "choice", "auto",
             "CUDA engine: how a prompt runs: gemm (each weight matrix one cuBLAS product over a chunk of tokens), "
             "gemv (decode-shaped passes of a few tokens), or auto (gemm where cuBLAS can be loaded, else gemv).",

@@ -9,7 +9,7 @@ sums the lanes with the same KCCL one-shot (in its kernel instead of on the stre
 the two must agree to the bit, not within a bound.  For each preset and DTP delay 0 and 1
 (tiny and small: random checkpoints on disk; 2b: random bf16 weights drawn on the GPU, as
 bench/decode_gpu.py does), with the split items and with the shared-memory attention (and
-the first preset's chunk walk, delay 0):
+at delay 0 with fewer keys a block, and the first preset's chunk walk):
   logits    the prompt's logits and --steps teacher-forced steps (min 48): identical arrays
   greedy    --steps greedy tokens through the captured step and through direct
             launches: identical to the graph path's (and, at TP = 2, on both lanes)
@@ -65,14 +65,15 @@ def first_diff(a, b):
 
 
 # The attentions compared: the monokernel's split items against the graph path's
-# KIE_GPU_DECODE_ATTN=1, and its shared-memory items (KIE_GPU_MONO_ATTN=2, the default)
-# against the graph path's shared-memory kernel with the same keys a block (64: what fits
-# beside the 2b shape's weight ring), splits at most (8, fewer than the monokernel's grid
-# has blocks a KV head) and query heads a block; "walk": 16 keys a block and 2 splits,
-# so that the splits walk their keys in chunks.
+# KIE_GPU_DECODE_ATTN=1; its shared-memory items (KIE_GPU_MONO_ATTN=2) by default against
+# the graph path's default (the same keys a block, split keys and query heads a block; the
+# splits agree up to the monokernel's cap, a block per KV head: far past these contexts);
+# with 64 keys a block (splits and their combine past 64 keys) and at most 8 splits; and
+# "walk": 16 keys a block and 2 splits, so that the splits walk their keys in chunks.
 ATTENTIONS = {
     "items": {"decode_attn": 1, "mono_attn": 1},
-    "smem": {"decode_attn": 2, "mono_attn": 2, "att_keys": 64, "att_splits": 8},
+    "default": {},
+    "smem64": {"decode_attn": 2, "mono_attn": 2, "att_keys": 64, "att_splits": 8},
     "walk": {"decode_attn": 2, "mono_attn": 2, "att_keys": 16, "att_splits": 2},
 }
 
@@ -179,8 +180,8 @@ def main():
     with tempfile.TemporaryDirectory() as root:
         root = WORLD.bcast(root if RANK == 0 else None) if WORLD is not None else root
         presets = a.presets.split(",")
-        cases = [(name, d, att) for att in ("items", "smem") for name in presets for d in (0, 1)]
-        cases += [(presets[0], 0, "walk")]
+        cases = [(name, d, att) for att in ("items", "default") for name in presets for d in (0, 1)]
+        cases += [(name, 0, "smem64") for name in presets] + [(presets[0], 0, "walk")]
         for name, d, att in cases:
             cfg = preset(name, dtp_delay=d)
             tag = f"{name} d={d} tp={SIZE} {att}"

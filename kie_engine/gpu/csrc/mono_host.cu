@@ -26,8 +26,9 @@ struct MonoBuilder {
     m.segs = a.segs = gemv_segs(e, a);
     m.upt = GEMV_WARPS / m.segs;
     m.g = a;
+    m.g.gamma_smem = e->s.gamma_smem && a.x == nullptr; /* the activations' region holds gamma after x */
     slot = std::max(slot, m.upt * 4 * a.ld); /* upt units of two bf16 rows */
-    xbytes = std::max(xbytes, 4 * a.ld);
+    xbytes = std::max(xbytes, (a.x ? 4 : 8) * a.ld);
     st.push_back(m);
     MonoLink l;
     memset(&l, 0, sizeof l);
@@ -82,30 +83,40 @@ int mono_prepare(kie_engine *e) {
   const int tp = e->s.tp_size;
   int optin = 0;
   CU(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, e->device));
-  /* The activations' region: a GEMV's staged x, or the attention's.  The shared-memory
-   * attention holds att_keys keys, or by default as many as fit the room the split
-   * items take (a multiple of 16): the ring keeps its size whichever attention runs. */
   const int hd = e->s.head_dim;
-  size_t xneed = std::max((size_t)b.xbytes, kie_mono_attention_smem(hd, 0));
+  const size_t slot = round_up((size_t)b.slot, 128);
+  size_t static_smem = 0;
+  CU(kie_mono_static_smem(e->s.head_dim, tp, &static_smem));
+  /* The kernel's static shared memory, counted as 4 KB at least (the tp = 1
+   * kernel's ring keeps the size it was measured with), and the mbarriers. */
+  const size_t reserve = std::max<size_t>(4096, static_smem) + 256;
+  /* The activations' region: a GEMV's staged x (and gamma), or the attention's.  The
+   * shared-memory attention holds att_keys keys, or by default the most (a multiple of
+   * 16) that leave the weight ring three slots: on the 2b shape 192 keys and 3 slots
+   * were 513 tokens/s at a context of 128 against 486 with 64 keys and 5 (and even at
+   * 1,024), the ring's depth mattering less than a combine the longer keys spare. */
+  auto x_region = [&](int cap) {
+    return round_up(std::max((size_t)b.xbytes, kie_mono_attention_smem(hd, cap)), 128);
+  };
+  auto ring_slots = [&](size_t xu) {
+    const long room = (long)optin - (long)xu - (long)reserve;
+    return room > 0 ? (int)std::min<long>(8, room / (long)slot) : 0;
+  };
   int cap = 0;
   if (e->mono_attn == 2) {
     if (e->s.att_keys > 0) {
       cap = e->s.att_keys;
     } else {
       cap = std::min(16, ATT_SMEM_KEYS(hd));
-      for (int c = 16; c <= ATT_SMEM_KEYS(hd); c += 16)
-        if (kie_mono_attention_smem(hd, c) <= xneed) cap = c;
+      for (int c = ATT_SMEM_KEYS(hd); c > 16; c -= 16)
+        if (ring_slots(x_region(c)) >= 3) {
+          cap = c;
+          break;
+        }
     }
-    xneed = std::max((size_t)b.xbytes, kie_mono_attention_smem(hd, cap));
   }
-  const size_t xu = round_up(xneed, 128), slot = round_up((size_t)b.slot, 128);
-  size_t static_smem = 0;
-  CU(kie_mono_static_smem(e->s.head_dim, tp, &static_smem));
-  /* The kernel's static shared memory, counted as 4 KB at least (the tp = 1
-   * kernel's ring keeps the size it was measured with), and the mbarriers. */
-  const size_t reserve = std::max<size_t>(4096, static_smem) + 256;
-  const long room = (long)optin - (long)xu - (long)reserve;
-  const int nslots = room > 0 ? (int)std::min<long>(8, room / (long)slot) : 0;
+  const size_t xu = x_region(cap);
+  const int nslots = ring_slots(xu);
   if (nslots < 2)
     return fail(KIE_E_ARG, "the monokernel's weight ring needs two slots of %zu bytes beside %zu bytes of "
                 "activations%s, and a block has %d bytes of shared memory: use the graph kernel for this shape%s",
