@@ -404,9 +404,8 @@ def copy_bandwidth(dev, nbytes=2 << 30, reps=10):
 # lane), x of the o and down GEMVs staged in shared memory, the decode attention a block
 # a query head holding up to 192 keys in shared memory, past them splits of 96 keys a
 # block a KV head): the monokernel's attention items (32 keys a split, the last
-# combining), a block a KV head or a block a query head at every context, splits of 128,
-# the norm's gamma read after the wait (default: copied into shared memory before it).
-VARIANTS = [dict(decode_attn=1), dict(att_heads=2), dict(att_heads=1), dict(att_split_keys=128), dict(gamma_smem=0)]
+# combining), a block a KV head or a block a query head at every context, splits of 128.
+VARIANTS = [dict(decode_attn=1), dict(att_heads=2), dict(att_heads=1), dict(att_split_keys=128)]
 
 
 # The batched prefill against its default (the long query tiles' keys split across two attention
@@ -418,9 +417,9 @@ PREFILL_VARIANTS = [dict(prefill_f32_sums=1), dict(prefill_attn=2), dict(pdl=0),
 
 # The monokernel's variants: its attention as split items (1) instead of in shared memory
 # (the default), the keys one block's attention holds (default: 192 on the 2b shape, the
-# most that leave its weight ring 3 slots; 64 leave it 5), a KV head's query heads a block
-# at every context, and the norm's gamma read after the wait.
-MONO_VARIANTS = [dict(mono_attn=1), dict(att_keys=64), dict(att_keys=128), dict(att_heads=2), dict(gamma_smem=0)]
+# most that leave its weight ring 3 slots; 64 leave it 5), and a KV head's query heads a
+# block at every context.
+MONO_VARIANTS = [dict(mono_attn=1), dict(att_keys=64), dict(att_keys=128), dict(att_heads=2)]
 
 
 def kie_decode(m, ctx, tokens, rounds, vocab):

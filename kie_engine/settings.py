@@ -83,10 +83,6 @@ SETTINGS = (
     Setting("KIE_GPU_GEMV_X_L1", "flag", 0,
             "CUDA engine: 1 has the o and down GEMVs read x through L1; 0 stages it in shared memory (3 % more "
             "tokens/s on an H100, 2b shape).", 0, 1, **_GPU),
-    Setting("KIE_GPU_GAMMA_SMEM", "flag", 1,
-            "CUDA engine: 1 has a normed GEMV (and the monokernel's normed stages) copy the norm's gamma into "
-            "shared memory before it waits for its inputs, off the path between sublayers; 0 reads it after.",
-            0, 1, **_GPU),
     Setting("KIE_GPU_MONO_PREFETCH", "int", -1,
             "Monokernel: weight tiles past its shared-memory ring asked of L2 ahead of use; -1 = auto (none: "
             "5 and 16 tiles were 11 % and 30 % slower on the 2b shape, bench/RESULTS.md).", -1, 64, **_GPU),

@@ -131,8 +131,8 @@ class GpuModel(OwnsNativeEngine):
     GEMVs pipeline their loads and the o and down ones read x through L1 by default
     (the faster setting on the 2b shape: bench/RESULTS.md); tuning:
     {kie_shape field: value} for the kernel variants the benchmark compares
-    (gemv_blocks_per_sm, gemv_u, gemv_pipe, gemv_x_l1, gamma_smem, att_chunk, decode_attn, att_keys, att_split_keys,
-    att_splits, att_heads, mono_attn).  kernel: how a
+    (gemv_blocks_per_sm, gemv_u, gemv_pipe, gemv_x_l1, att_chunk, decode_attn, att_keys, att_split_keys, att_splits, att_heads,
+    mono_attn).  kernel: how a
     decode step runs, "graph" (a kernel per GEMV and attention, captured as a CUDA
     graph) or "mono" (one persistent kernel per step, the lanes' sums inside it);
     default KIE_GPU_KERNEL (kie_engine/settings.py holds it and every KIE_GPU_* setting).
@@ -165,7 +165,7 @@ class GpuModel(OwnsNativeEngine):
         s.tp_size, s.tp_rank = size, rank
         s.pdl = _settings.value("KIE_GPU_PDL", default=0 if shared else 1) if pdl is None else int(bool(pdl))
         s.prefetch = _settings.value("KIE_GPU_PREFETCH") if prefetch is None else int(prefetch)
-        for field in ("gemv_blocks_per_sm", "gemv_u", "att_chunk", "gemv_pipe", "gemv_x_l1", "gamma_smem", "mono_prefetch",
+        for field in ("gemv_blocks_per_sm", "gemv_u", "att_chunk", "gemv_pipe", "gemv_x_l1", "mono_prefetch",
                       "mono_blocks", "mono_attn", "decode_attn", "att_keys", "att_split_keys", "att_splits",
                       "att_heads"):
             setattr(s, field, _settings.value("KIE_GPU_" + field.upper()))

@@ -73,6 +73,10 @@ __device__ __forceinline__ uint4 ld_kv(const void *p) {
     asm volatile("ld.global.nc.v4.u32 {%0,%1,%2,%3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
   return v;
 }
+__device__ __forceinline__ void att_cp16(void *dst, const void *src) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"((uint32_t)__cvta_generic_to_shared(dst)), "l"(src)
+               : "memory");
+}
 
 __device__ __forceinline__ void att_clock(unsigned long long *at) {
   unsigned long long t;
@@ -242,7 +246,7 @@ __device__ void attend(const AttnArgs &a, int grp, int split, int t, int tid, At
     const int nt = min(ATT_TILE, c1 - tile);
     /* The tile's values into shared memory (through L2: another block of a monokernel may
      * have written the last row), their round trip overlapping the keys'. */
-    for (int i = tid; i < nt * (HD / 8); i += ATT_THREADS) cp_async16(sm.vs + (size_t)i * 8, V + (size_t)tile * HD + (size_t)i * 8);
+    for (int i = tid; i < nt * (HD / 8); i += ATT_THREADS) att_cp16(sm.vs + (size_t)i * 8, V + (size_t)tile * HD + (size_t)i * 8);
     asm volatile("cp.async.commit_group;" ::: "memory");
     /* Scores: pair p = (head p / ATT_TILE, key p % ATT_TILE), one thread's dot product each. */
 #pragma unroll

@@ -106,8 +106,8 @@ __device__ bool att_smem_item(const AttnArgs &a, int bx, int split, int t, int t
   auto copy_rows = [&](int cb, int r0, int r1) {
     for (int i = r0 * CH + tid; i < r1 * CH; i += NT) {
       const int r = i / CH, c = i - r * CH;
-      cp_async16(Ks + (r - cb) * LD + c * 8, K + (size_t)r * HD + c * 8);
-      cp_async16(Vs + (r - cb) * LD + c * 8, V + (size_t)r * HD + c * 8);
+      att_cp16(Ks + (r - cb) * LD + c * 8, K + (size_t)r * HD + c * 8);
+      att_cp16(Vs + (r - cb) * LD + c * 8, V + (size_t)r * HD + c * 8);
     }
     asm volatile("cp.async.commit_group;" ::: "memory");
   };

@@ -91,8 +91,7 @@ __global__ void __launch_bounds__(GEMV_THREADS) k_gemv(const GemvArgs a) {
 
   /* The weights do not depend on the previous kernel: start on them while it
    * still runs (an L2 prefetch of this warp's first segment, or its first batch
-   * of loads into registers; the norm's gamma into shared memory), so HBM stays
-   * busy across the kernel boundary. */
+   * of loads into registers), so HBM stays busy across the kernel boundary. */
   uint4 wa[U], wb[U], na[U], nb[U];
   int ub = blockIdx.x * upb;
   bool preloaded = false;
@@ -107,7 +106,6 @@ __global__ void __launch_bounds__(GEMV_THREADS) k_gemv(const GemvArgs a) {
       preloaded = true;
     }
   }
-  if (XS && !a.x && a.gamma_smem) stage_gamma(a, xs + (size_t)a.T * a.ld, threadIdx.x);
   kcclDevPdlWait();
   kcclDevPdlTrigger();
 

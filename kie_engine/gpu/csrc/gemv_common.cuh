@@ -190,21 +190,6 @@ __device__ __forceinline__ float4 f4_norm(const float4 x, float root, const floa
   return make_float4(x.x / root * g.x, x.y / root * g.y, x.z / root * g.z, x.w / root * g.w);
 }
 
-/* 16 bytes global -> this thread's shared memory, asynchronously (cp.async, through L2). */
-__device__ __forceinline__ void cp_async16(void *dst, const void *src) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"((uint32_t)__cvta_generic_to_shared(dst)), "l"(src)
-               : "memory");
-}
-
-/* gamma into shared memory at gs for stage_norm (GemvArgs.gamma_smem), each thread the
- * float4s it will read there itself: gamma is a weight, so a kernel copies it before it
- * waits for its inputs, and its round trip is off the path between two sublayers. */
-__device__ __forceinline__ void stage_gamma(const GemvArgs &a, float *gs, int tid) {
-  const int n4 = a.ld >> 2;
-  for (int i = tid; i < n4 && 4 * i < a.in; i += GEMV_THREADS) cp_async16(gs + 4 * i, a.gamma + 4 * i);
-  asm volatile("cp.async.commit_group;" ::: "memory");
-}
-
 /* The residual update and the RMSNorm, token by token; `writer`: this block
  * stores the updated residual (one block of the grid does).  Each thread sums
  * the squares of its float4s in order, then the block's sums meet in warp order.
@@ -212,15 +197,11 @@ __device__ __forceinline__ void stage_gamma(const GemvArgs &a, float *gs, int ti
  * up to GEMV_THREADS * STAGE_BATCH float4s stays in registers between the sum of
  * squares and the scaling, so the scaling costs one batch of gamma loads, not a
  * round trip per element. */
-/* A read-only float4 of global memory (through the non-coherent path) or of shared memory. */
-__device__ __forceinline__ float4 ldg_or_lds(const float4 *p, bool shared) { return shared ? *p : __ldg(p); }
-
 template <typename Sync>
 __device__ void stage_norm(const GemvArgs &a, float *xs, int tid, bool writer, Sync sync, float *red) {
   const int hidden = a.in, n4 = a.ld >> 2;
   const bool in_regs = n4 <= GEMV_THREADS * STAGE_BATCH;
-  /* gamma from shared memory when stage_gamma put it there (after x), else from global */
-  const float4 *g4 = reinterpret_cast<const float4 *>(a.gamma_smem ? xs + (size_t)a.T * a.ld : a.gamma);
+  const float4 *g4 = reinterpret_cast<const float4 *>(a.gamma);
   for (int t = 0; t < a.T; t++) {
     float ss = 0.f;
     const bf16 *erow = a.r_in ? nullptr : a.embed + (size_t)__ldcg(a.tokens + t) * a.ld;
@@ -265,14 +246,12 @@ __device__ void stage_norm(const GemvArgs &a, float *xs, int tid, bool writer, S
         ss = fmaf(c.w, c.w, ss);
       }
     }
-    /* gamma's first batch is on its way while the block sums (it does not depend on the sum),
-     * or in shared memory: this thread's own copies (stage_gamma's) */
-    if (a.gamma_smem && t == 0) asm volatile("cp.async.wait_all;" ::: "memory");
+    /* gamma's first batch is on its way while the block sums (it does not depend on the sum) */
     float4 g[STAGE_BATCH];
 #pragma unroll
     for (int k = 0; k < STAGE_BATCH; k++) {
       const int i = tid + k * GEMV_THREADS;
-      g[k] = i < n4 && 4 * i < hidden ? ldg_or_lds(g4 + i, a.gamma_smem) : f4_zero();
+      g[k] = i < n4 && 4 * i < hidden ? __ldg(g4 + i) : f4_zero();
     }
     const float ms = block_sum(ss, red, tid, sync) / (float)hidden;
     const float root = sqrtf(ms + a.eps);
@@ -289,7 +268,7 @@ __device__ void stage_norm(const GemvArgs &a, float *xs, int tid, bool writer, S
 #pragma unroll
         for (int k = 0; k < STAGE_BATCH; k++) {
           const int i = i0 + k * GEMV_THREADS;
-          g[k] = i < n4 && 4 * i < hidden ? ldg_or_lds(g4 + i, a.gamma_smem) : f4_zero();
+          g[k] = i < n4 && 4 * i < hidden ? __ldg(g4 + i) : f4_zero();
         }
 #pragma unroll
       for (int k = 0; k < STAGE_BATCH; k++) {

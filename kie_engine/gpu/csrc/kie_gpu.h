@@ -92,8 +92,6 @@ typedef struct {
                                   past it a KV head's all, up to 8), 1 one, 2 a KV head's all */
   int gemv_pipe;               /* 1: GEMVs load the next round's weights while using this round's */
   int gemv_x_l1;               /* 1: the o and down GEMVs read x through L1 instead of staging it */
-  int gamma_smem;              /* 1: a normed GEMV (and the monokernel's normed stages) copies the norm's gamma into
-                                  shared memory before it waits for its inputs; 0: reads it after */
   int kernel;                  /* KIE_KERNEL_GRAPH or KIE_KERNEL_MONO: how a decode step runs */
   int mono_prefetch;           /* monokernel: weight tiles past its shared-memory ring asked of L2 (-1: auto: 0) */
   int lanes_per_device;        /* lanes sharing this GPU (under MPS); 0 or 1: this lane has it alone */

@@ -81,7 +81,6 @@ struct GemvArgs {
   int r_ld;
   const float *gamma;
   float eps;
-  int gamma_smem;      /* 1: gamma is copied into shared memory after x ([T][ld] floats) before the wait */
   /* Epilogues. */
   float *out;
   int out_ld;

@@ -573,12 +573,11 @@ __device__ void consume(const Block &b, char *xunion) {
     int u0, u1;
     unit_range(s, u0, u1);
     if (u0 < u1) {
-      /* the position's rotation (final since the kernel started) and the norm's gamma (a
-       * weight): read before the wait */
+      /* the position's rotation: final since the kernel started, so read before the wait */
       if (s.epi == EPI_QKV) stage_rope(s.g, rope, tid, MONO_CONSUMERS);
-      if (!s.g.x && s.g.gamma_smem) stage_gamma(s.g, xs + (size_t)s.g.T * s.g.ld, tid);
-      if (!(TP ? wait_inputs(b, k, epoch) : k == 0 || wait_stage(b, k - 1, epoch))) {
-        asm volatile("cp.async.wait_all;" ::: "memory"); /* gamma's copies land before the block leaves */
+      if (TP) {
+        if (!wait_inputs(b, k, epoch)) return;
+      } else if (k > 0 && !wait_stage(b, k - 1, epoch)) {
         return;
       }
       mark0(m, k, MARK_START);

@@ -26,9 +26,8 @@ struct MonoBuilder {
     m.segs = a.segs = gemv_segs(e, a);
     m.upt = GEMV_WARPS / m.segs;
     m.g = a;
-    m.g.gamma_smem = e->s.gamma_smem && a.x == nullptr; /* the activations' region holds gamma after x */
     slot = std::max(slot, m.upt * 4 * a.ld); /* upt units of two bf16 rows */
-    xbytes = std::max(xbytes, (a.x ? 4 : 8) * a.ld);
+    xbytes = std::max(xbytes, 4 * a.ld);
     st.push_back(m);
     MonoLink l;
     memset(&l, 0, sizeof l);
@@ -90,7 +89,7 @@ int mono_prepare(kie_engine *e) {
   /* The kernel's static shared memory, counted as 4 KB at least (the tp = 1
    * kernel's ring keeps the size it was measured with), and the mbarriers. */
   const size_t reserve = std::max<size_t>(4096, static_smem) + 256;
-  /* The activations' region: a GEMV's staged x (and gamma), or the attention's.  The
+  /* The activations' region: a GEMV's staged x, or the attention's.  The
    * shared-memory attention holds att_keys keys, or by default the most (a multiple of
    * 16) that leave the weight ring three slots: on the 2b shape 192 keys and 3 slots
    * were 513 tokens/s at a context of 128 against 486 with 64 keys and 5 (and even at

@@ -35,10 +35,7 @@ inline int gemv(kie_engine *e, GemvArgs &a, int epi) {
   a.pipe = a.T == 1 && e->s.gemv_pipe && (a.ld / 8 + a.segs - 1) / a.segs <= 32 * a.u;
   const int upb = GEMV_WARPS / a.segs;
   const int grid = std::max(1, std::min(e->gemv_grid_max, (units + upb - 1) / upb));
-  /* a normed GEMV copies gamma beside x before its wait, where both fit */
-  a.gamma_smem = e->s.gamma_smem && a.x == nullptr && xbytes + (size_t)a.ld * 4 <= XS_MAX;
-  const size_t smem = xs ? xbytes + (a.gamma_smem ? (size_t)a.ld * 4 : 0) : 0;
-  CU(kie_launch_gemv(a, epi, xs, grid, smem, e->stream, e->s.pdl));
+  CU(kie_launch_gemv(a, epi, xs, grid, xs ? xbytes : 0, e->stream, e->s.pdl));
   return KIE_OK;
 }
 

@@ -81,7 +81,6 @@ int derive(kie_engine *e, const kie_shape &s, int sms) {
   if (s.mono_prefetch < -1 || s.mono_prefetch > 64) return fail(KIE_E_ARG, "mono_prefetch=%d: -1..64", s.mono_prefetch);
   if (s.lanes_per_device < 0) return fail(KIE_E_ARG, "lanes_per_device=%d", s.lanes_per_device);
   if (s.mono_blocks < 0) return fail(KIE_E_ARG, "mono_blocks=%d: 0 (auto) or a block count", s.mono_blocks);
-  if (s.gamma_smem != 0 && s.gamma_smem != 1) return fail(KIE_E_ARG, "gamma_smem=%d: 0 or 1", s.gamma_smem);
   if (s.mono_attn < 0 || s.mono_attn > 2)
     return fail(KIE_E_ARG, "mono_attn=%d: 0 (auto), 1 (split items) or 2 (shared memory)", s.mono_attn);
   e->mono_attn = s.mono_attn == 1 ? 1 : 2;
