@@ -2,16 +2,19 @@
  * a block per SM, instead of a graph of five kernels per layer.
  *
  * Each block runs the stages of the host's table in order: for a GEMV, the
- * units [b U / B, (b + 1) U / B) of its U units; for attention, items
- * (head group, split) round-robin over its ATT_THREADS-thread halves.  The
- * arithmetic is gemv_common.cuh's and attention.cuh's, so the results are the
- * per-sublayer kernels' to the bit.
+ * units [b U / B, (b + 1) U / B) of its U units; for attention, the graph
+ * path's shared-memory items (attention_smem.cuh), item i on block i, or with
+ * KIE_GPU_MONO_ATTN=1 the split items (head group, split) round-robin over its
+ * ATT_THREADS-thread halves (attention.cuh).  The arithmetic is the per-sublayer
+ * kernels', so the results are theirs to the bit.
  *
- * Two things make it faster than those kernels:
+ * What it saves against those kernels:
  *  - no kernel boundaries: a stage waits for the one before through a counter
  *    in global memory (every block adds one when its share is written; the
- *    attention stage counts head groups), not for a grid to drain and the
- *    next to launch;
+ *    split items' attention stage counts head groups), not for a grid to drain
+ *    and the next to launch (measured: these waits cost 2-5 us a boundary under
+ *    the weight stream's load, more than PDL's, so the graph path is faster:
+ *    bench/RESULTS.md);
  *  - the weights never stop streaming: a producer warp copies the block's
  *    weight tiles, in the order the block will use them, into a ring of
  *    shared-memory slots with bulk copies (cp.async.bulk, completion on an

@@ -91,9 +91,9 @@ int mono_prepare(kie_engine *e) {
   const size_t reserve = std::max<size_t>(4096, static_smem) + 256;
   /* The activations' region: a GEMV's staged x, or the attention's.  The
    * shared-memory attention holds att_keys keys, or by default the most (a multiple of
-   * 16) that leave the weight ring three slots: on the 2b shape 192 keys and 3 slots
-   * were 513 tokens/s at a context of 128 against 486 with 64 keys and 5 (and even at
-   * 1,024), the ring's depth mattering less than a combine the longer keys spare. */
+   * 16) that leave the weight ring three slots: on the 2b shape (H100) 192 keys and 3
+   * slots were 513 tokens/s at a context of 128 against 486 with 64 keys and 5, and no
+   * slower at 1,024: the ring's depth matters less than the combine longer keys spare. */
   auto x_region = [&](int cap) {
     return round_up(std::max((size_t)b.xbytes, kie_mono_attention_smem(hd, cap)), 128);
   };
