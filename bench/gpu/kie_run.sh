@@ -14,7 +14,8 @@
 #   bench       bench/decode_gpu.py, TP = 1 (PyTorch baseline compiled; BASELINE= to change)
 #   bench2      bench/decode_gpu.py with 2 ranks (needs two GPUs)
 #   cli         python -m kie_engine generate --device cuda, one rank and two
-#   sanitize    compute-sanitizer memcheck and racecheck on the tiny preset (TP = 1), graph then mono
+#   sanitize    compute-sanitizer memcheck and racecheck on the tiny preset (TP = 1), graph then mono (MONO_ARGS,
+#               e.g. "--attentions items", narrows the monokernel's cases)
 #   serve       tests/gpu/serve_check.py: generate and serve --device cuda on an init checkpoint (SERVE_CONFIG,
 #               default 2b), streamed request, non-finite logits, a dead lane (two lanes under MPS)
 #   ncugraph    Nsight Compute's time and DRAM bytes of each kernel of one graph decode step (2b, context
@@ -79,7 +80,7 @@ for s in "$@"; do
     sanitize)
       for tool in memcheck racecheck; do
         timeout 300 compute-sanitizer --tool $tool --print-limit 20 python3 tests/gpu/kie_check.py --presets tiny --steps 8 --no-hf 2>&1 | tee "$LOGS/sanitize_$tool.log" | grep -E "ERROR SUMMARY|RACECHECK SUMMARY|KIE GPU CHECK|Invalid|Race" | head -12
-        timeout 300 compute-sanitizer --tool $tool --print-limit 20 python3 tests/gpu/mono_check.py --presets tiny --steps 8 2>&1 | tee "$LOGS/sanitize_mono_$tool.log" | grep -E "ERROR SUMMARY|RACECHECK SUMMARY|MONO CHECK|Invalid|Race" | head -12
+        timeout 300 compute-sanitizer --tool $tool --print-limit 20 python3 tests/gpu/mono_check.py --presets tiny --steps 8 ${MONO_ARGS:-} 2>&1 | tee "$LOGS/sanitize_mono_$tool.log" | grep -E "ERROR SUMMARY|RACECHECK SUMMARY|MONO CHECK|Invalid|Race" | head -12
       done ;;
     serve) # generate and serve --device cuda end to end (tests/gpu/serve_check.py), MPS on for its two lanes
       export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1

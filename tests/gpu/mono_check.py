@@ -1,6 +1,6 @@
 """The monokernel against the graph path (run on a GPU machine):
 
-    python tests/gpu/mono_check.py [--presets tiny,small,2b] [--steps 128] [--json FILE]       # TP = 1
+    python tests/gpu/mono_check.py [--presets tiny,small,2b] [--steps 128] [--attentions items,...] [--json FILE]
     mpiexec -n 2 python tests/gpu/mono_check.py ...     # TP = 2: a GPU per lane, or both on one GPU under MPS
 
 The monokernel computes every op with the graph path's arithmetic in the same order (its
@@ -171,8 +171,14 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--presets", default="tiny,small,2b")
     ap.add_argument("--steps", type=int, default=128)
+    ap.add_argument("--attentions", default=",".join(ATTENTIONS),
+                    help="of ATTENTIONS, the ones to check (a sanitizer run may want one)")
     ap.add_argument("--json")
     a = ap.parse_args()
+    atts = a.attentions.split(",")
+    unknown = [x for x in atts if x not in ATTENTIONS]
+    if unknown:
+        ap.error(f"--attentions: {', '.join(unknown)}: choose of {', '.join(ATTENTIONS)}")
     comm = None
     if SIZE > 1:
         import kccl
@@ -180,8 +186,9 @@ def main():
     with tempfile.TemporaryDirectory() as root:
         root = WORLD.bcast(root if RANK == 0 else None) if WORLD is not None else root
         presets = a.presets.split(",")
-        cases = [(name, d, att) for att in ("items", "default") for name in presets for d in (0, 1)]
-        cases += [(name, 0, "smem64") for name in presets] + [(presets[0], 0, "walk")]
+        cases = [(name, d, att) for att in ("items", "default") if att in atts for name in presets for d in (0, 1)]
+        cases += [(name, 0, "smem64") for name in presets if "smem64" in atts]
+        cases += [(presets[0], 0, "walk")] if "walk" in atts else []
         for name, d, att in cases:
             cfg = preset(name, dtp_delay=d)
             tag = f"{name} d={d} tp={SIZE} {att}"
