@@ -461,6 +461,20 @@ def test_cli_sizes_blas_threads_per_rank(tiny):
     assert _threads_in_summary(p.stdout) == 1
 
 
+def test_cli_says_when_threads_outnumber_the_cpus(tiny):
+    """More threads than this process's CPUs is allowed (the pool's waits then give the core
+    up at once) but said in the summary; as many as the CPUs is not."""
+    cpus = len(os.sched_getaffinity(0))
+    args = ("generate", "--model", tiny, "--prompt", "x", "--max-new-tokens", "2")
+    p = _cli(*args, "--threads", str(cpus + 1))
+    assert p.returncode == 0, p.stderr
+    n, why = _threads_in_summary(p.stdout, with_why=True)
+    assert n == cpus + 1 and f"more than this rank's {cpus} CPU" in why, p.stdout
+    p = _cli(*args, "--threads", str(cpus))
+    assert p.returncode == 0, p.stderr
+    assert "more than" not in _threads_in_summary(p.stdout, with_why=True)[1], p.stdout
+
+
 def test_cli_names_the_flag_that_gave_the_thread_count(tiny):
     """`--threads N` was reported as "(--blas-threads)"."""
     args = ("generate", "--model", tiny, "--prompt", "x", "--max-new-tokens", "2")

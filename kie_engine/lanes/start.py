@@ -80,6 +80,9 @@ class Lane:
             self.comm = kccl.Communicator.from_mpi(MPI.COMM_WORLD, config=comm_config(self.cfg),
                                                    device="local" if self.gpu else None)
         self.threads, self.why = choose(self.thread_flag, self.node_cpus, flag_name=self.thread_flag_name)
+        cpus = len(my_cpus())
+        if self.threads > cpus:  # asked for: said beside the count, since it costs (the pool's steps meet often)
+            self.why += f", more than this rank's {cpus} CPU{'s' if cpus > 1 else ''}: slower than {cpus}"
         # The native engine has its own pool: numpy's BLAS (the sampler's few operations) gets one
         # thread, so that no idle BLAS pool competes with it.
         self.blas_reported = sorted(set(set_blas_threads(1 if self.native else self.threads).values()))
