@@ -16,10 +16,10 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
-#include <unistd.h>
 #ifdef __linux__
 #include <linux/futex.h>
 #include <sys/syscall.h>
+#include <unistd.h>
 #endif
 
 #if defined(__x86_64__) || defined(__i386__)
@@ -32,8 +32,14 @@
 #endif
 
 #define LINE 64
-#define SPIN_BEFORE_YIELD 20000     /* polls in a barrier before each sched_yield */
-#define SPIN_OVERSUBSCRIBED 64      /* the same with more threads than CPUs to run them */
+/* Polls in a wait before each sched_yield.  Few: a waiter's peer may be off its core
+ * (another process's thread took it, or the pool has more threads than CPUs), and the
+ * yield hands the waiter's core to whatever else is runnable there, work that would
+ * otherwise take a core from the pool later.  Against 20,000 polls: the server's 4
+ * streams beside the client on 2 CPUs 2.51 against 2.39x one alone (medians of 7
+ * alternations), 3 threads on 2 CPUs 186 against 12 tokens/s; one process alone
+ * within 1.5 % (bench/RESULTS.md). */
+#define SPIN_BEFORE_YIELD 64
 #define IDLE_SPIN_NS 2000000        /* by default a worker polls this long after a run before it sleeps */
 
 struct kpool {
@@ -48,7 +54,6 @@ struct kpool {
   _Alignas(LINE) atomic_uint bar_gen;
   _Alignas(LINE) int quit;
   long long idle_spin_ns;               /* kpool_set_idle_spin */
-  int spin_yield;                       /* polls in a wait before each sched_yield */
   int cpu_of[];                         /* -1: not pinned */
 };
 
@@ -79,16 +84,6 @@ static long long now_ns(void) {
   struct timespec t;
   clock_gettime(CLOCK_MONOTONIC, &t);
   return (long long)t.tv_sec * 1000000000LL + t.tv_nsec;
-}
-
-/* CPUs this process may run on. */
-static int usable_cpus(void) {
-#ifdef __linux__
-  cpu_set_t set;
-  if (sched_getaffinity(0, sizeof set, &set) == 0) return CPU_COUNT(&set);
-#endif
-  long n = sysconf(_SC_NPROCESSORS_ONLN);
-  return n > 0 ? (int)n : 1;
 }
 
 static void pin_self(int cpu) {
@@ -151,11 +146,6 @@ int kpool_create(int n, const int *cpus, kpool **out, const char **err) {
   memset(p, 0, sizeof *p);
   p->n = n;
   p->idle_spin_ns = IDLE_SPIN_NS;
-  /* With more threads than CPUs a waiter's peer may be off every core, and a barrier
-   * lasts until the scheduler brings it back: polling on would spend the core the peer
-   * needs (SmolLM2 with 3 threads on 2 CPUs decoded 20x slower), so it gives the core
-   * up almost at once. */
-  p->spin_yield = n > usable_cpus() ? SPIN_OVERSUBSCRIBED : SPIN_BEFORE_YIELD;
   for (int i = 0; i < n; i++) p->cpu_of[i] = cpus ? cpus[i] : -1;
   p->threads = calloc(n, sizeof(pthread_t));
   if (!p->threads) {
@@ -211,7 +201,7 @@ void kpool_run(kpool *p, kpool_fn fn, void *arg) {
   int polls = 0;
   while (atomic_load_explicit(&p->done, memory_order_acquire) != p->n - 1) {
     CPU_RELAX();
-    if (++polls >= p->spin_yield) {
+    if (++polls >= SPIN_BEFORE_YIELD) {
       polls = 0;
       sched_yield();
     }
@@ -236,7 +226,7 @@ void kpool_barrier_idle(kpool *p, int tid, int (*idle)(void *), void *arg) {
       continue;
     }
     CPU_RELAX();
-    if (++polls >= p->spin_yield) {
+    if (++polls >= SPIN_BEFORE_YIELD) {
       polls = 0;
       sched_yield();
     }
