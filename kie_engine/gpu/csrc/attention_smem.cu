@@ -4,9 +4,8 @@
  *
  * The block copies the rows of earlier steps before it waits for the QKV kernel
  * (programmatic dependent launch), so their DRAM round trip overlaps that kernel's tail.
- * Splits of AttnArgs.ksplit keys past kcap: 96 by default, the fastest of 96 / 128 / 192
- * at a context of 1,024 on the 2b shape (more blocks fetch at once, each computes less
- * after its wait).  The arithmetic differs from the monokernel's split items
+ * Splits of AttnArgs.ksplit keys past kcap (smem_attention_splits, engine_internal.h).
+ * The arithmetic differs from the monokernel's split items
  * (attention.cuh) in its summation order; KIE_GPU_DECODE_ATTN=1 gives the graph path
  * those items instead. */
 #include "attention_smem.cuh"

@@ -145,6 +145,18 @@ inline int weights_loaded(kie_engine *e) {
   return KIE_OK;
 }
 
+/* The shared-memory decode attention's keys a split and splits at most, for blocks that
+ * hold kcap keys (the graph path's kernel and the monokernel's stage, each with its kcap).
+ * Splits of 96 keys by default: the fastest of 96 / 128 / 192 at a context of 1,024 on the
+ * 2b shape (more blocks fetch at once, each computes less after its wait).  At most 48
+ * splits: a block that has none to do ends at once, but a grid of thousands costs their
+ * launch every step, so a long cache caps them and a split walks longer runs of keys. */
+inline void smem_attention_splits(const kie_shape &s, int kcap, int *ksplit, int *splits) {
+  *ksplit = s.att_split_keys > 0 ? (s.att_split_keys < kcap ? s.att_split_keys : kcap) : (96 < kcap ? 96 : kcap);
+  const int need = (s.max_seq + *ksplit - 1) / *ksplit, most = s.att_splits > 0 ? s.att_splits : 48;
+  *splits = need < most ? need : most;
+}
+
 /* weights.cu */
 int derive(kie_engine *e, const kie_shape &s, int sms);
 size_t layout(kie_engine *e, char *base);

@@ -32,14 +32,7 @@ struct Launcher {
   int gemv(GemvArgs &a, int epi) { return kie_host::gemv(e, a, epi); }
   int attention(AttnArgs &a) {
     if (e->dec_attn == 2) {
-      AttnArgs b = a;
-      b.kcap = e->att_keys;
-      b.ksplit = e->att_split;
-      b.nsplit = e->nsplit_smem;
-      b.gper = e->att_gper;
-      b.hgroups = (e->g + b.gper - 1) / b.gper;
-      b.heads1 = e->att_heads1;
-      CU(kie_launch_attention_smem(b, T, e->stream, e->s.pdl));
+      CU(kie_launch_attention_smem(smem_attention_args(e, a, e->att_keys), T, e->stream, e->s.pdl));
     } else {
       CU(kie_launch_attention(a, T, e->stream, e->s.pdl));
     }

@@ -45,12 +45,7 @@ struct MonoBuilder {
     MonoStage m;
     memset(&m, 0, sizeof m);
     m.kind = e->mono_attn == 2 ? MONO_ATTN_SMEM : MONO_ATTN;
-    m.at = a;
-    if (m.kind == MONO_ATTN_SMEM) { /* heads per item as the graph kernel's; keys and splits: mono_prepare */
-      m.at.gper = e->att_gper;
-      m.at.hgroups = (e->g + m.at.gper - 1) / m.at.gper;
-      m.at.heads1 = e->att_heads1;
-    }
+    m.at = a; /* the shared-memory attention's keys and splits: mono_prepare, once it knows what fits */
     st.push_back(m);
     MonoLink l;
     memset(&l, 0, sizeof l);
@@ -157,21 +152,17 @@ int mono_prepare(kie_engine *e) {
                        e->stream));
   }
   if (cap) {
-    /* Splits of att_split_keys (at most the keys held), and at most a block each a group: one
-     * item a block, its rows of earlier steps all copied before its wait (a longer split
+    /* The graph kernel's keys a split and splits, the splits at most a block each a group:
+     * one item a block, its rows of earlier steps all copied before its wait (a longer split
      * walks the rest after it).  The partial results' buffer holds the graph path's splits. */
-    const int gper = e->att_gper, groups = e->s.kv_heads * ((e->g + gper - 1) / gper);
-    const int ksplit = e->s.att_split_keys > 0 ? std::min(e->s.att_split_keys, cap) : std::min(96, cap);
-    int splits = std::min((e->s.max_seq + ksplit - 1) / ksplit, e->s.att_splits > 0 ? e->s.att_splits : 48);
-    splits = std::min({splits, std::max(1, grid / groups), std::max(e->nsplit, e->nsplit_smem)});
     for (auto &m : b.st)
       if (m.kind == MONO_ATTN_SMEM) {
-        m.at.kcap = cap;
-        m.at.ksplit = ksplit;
-        m.at.nsplit = splits;
+        m.at = smem_attention_args(e, m.at, cap);
+        const int groups = m.at.nh / m.at.g * m.at.hgroups;
+        m.at.nsplit = std::min({m.at.nsplit, std::max(1, grid / groups), std::max(e->nsplit, e->nsplit_smem)});
+        e->mono_att_split = m.at.ksplit;
+        e->mono_att_splits = m.at.nsplit;
       }
-    e->mono_att_split = ksplit;
-    e->mono_att_splits = splits;
   }
   e->mono_att_keys = cap;
   e->mono_grid = grid;

@@ -136,6 +136,18 @@ inline AttnArgs attention_args(kie_engine *e, int l) {
   return a;
 }
 
+/* attention_args for the shared-memory attention (attention_smem.cuh) holding kcap keys a
+ * block: its query heads a block (att_heads), keys a split and splits at most. */
+inline AttnArgs smem_attention_args(kie_engine *e, const AttnArgs &a, int kcap) {
+  AttnArgs b = a;
+  b.kcap = kcap;
+  smem_attention_splits(e->s, kcap, &b.ksplit, &b.nsplit);
+  b.gper = e->att_gper;
+  b.hgroups = (e->g + b.gper - 1) / b.gper;
+  b.heads1 = e->att_heads1;
+  return b;
+}
+
 /* The final norm and the LM head on one token's residual row r_row (the sums still due
  * are the caller's to add): this lane's logits, and its argmax candidate in cand. */
 inline GemvArgs head_args(kie_engine *e, const float *r_row) {

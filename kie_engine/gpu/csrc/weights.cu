@@ -54,11 +54,8 @@ int derive(kie_engine *e, const kie_shape &s, int sms) {
   e->att_keys = s.att_keys ? s.att_keys : ATT_SMEM_KEYS(s.head_dim);
   if (s.att_split_keys < 0 || s.att_split_keys > e->att_keys)
     return fail(KIE_E_ARG, "att_split_keys=%d: 0 (auto) or 1..att_keys (%d)", s.att_split_keys, e->att_keys);
-  e->att_split = s.att_split_keys ? s.att_split_keys : std::min(96, e->att_keys);
   if (s.att_splits < 0) return fail(KIE_E_ARG, "att_splits=%d: 0 (auto) or a count", s.att_splits);
-  /* the grid's splits: a block that has none to do ends at once, but a grid of thousands costs
-   * their launch every step, so a long cache caps them and a split walks longer runs of keys */
-  e->nsplit_smem = std::min((s.max_seq + e->att_split - 1) / e->att_split, s.att_splits ? s.att_splits : 48);
+  smem_attention_splits(s, e->att_keys, &e->att_split, &e->nsplit_smem);
   if (s.att_heads < 0 || s.att_heads > 2)
     return fail(KIE_E_ARG, "att_heads=%d: 0 (auto), 1 (one a block) or 2 (a KV head's together)", s.att_heads);
   e->att_gper = s.att_heads == 1 ? 1 : e->gper;
