@@ -415,13 +415,11 @@ VARIANTS = [dict(decode_attn=1), dict(att_heads=2), dict(att_heads=1), dict(att_
 PREFILL_VARIANTS = [dict(prefill_f32_sums=1), dict(prefill_attn=2), dict(pdl=0), dict(prefill_attn_keys=64)]
 
 
-# The monokernel's variants: its weight ring kept to its own slots (by default its GEMV
-# stages also borrow the attention's shared memory), tiles asked of L2 while the producer
-# waits for those slots, its attention as split items (1) instead of in shared memory (the
-# default), and 64 keys a block's attention (default: 192 on the 2b shape, the most that
-# leave its weight ring 3 slots of its own; 64 leave it 5).
-MONO_VARIANTS = [dict(mono_ext_slots=-1), dict(mono_gate_prefetch=2), dict(mono_gate_prefetch=5),
-                 dict(mono_attn=1), dict(att_keys=64)]
+# The monokernel's variants: its attention as split items (1) instead of in shared memory
+# (the default), the keys one block's attention holds (default: 192 on the 2b shape, the
+# most that leave its weight ring 3 slots; 64 leave it 5), and a KV head's query heads a
+# block at every context.
+MONO_VARIANTS = [dict(mono_attn=1), dict(att_keys=64), dict(att_keys=128), dict(att_heads=2)]
 
 
 def kie_decode(m, ctx, tokens, rounds, vocab):

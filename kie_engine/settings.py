@@ -86,13 +86,6 @@ SETTINGS = (
     Setting("KIE_GPU_MONO_PREFETCH", "int", -1,
             "Monokernel: weight tiles past its shared-memory ring asked of L2 ahead of use; -1 = auto (none: "
             "5 and 16 tiles were 11 % and 30 % slower on the 2b shape, bench/RESULTS.md).", -1, 64, **_GPU),
-    Setting("KIE_GPU_MONO_EXT_SLOTS", "int", 0,
-            "Monokernel: weight-ring slots its GEMV stages borrow from the attention's shared memory between "
-            "attentions (not the stage right after one, whose weights are copied while it runs); 0 = auto (all "
-            "that fit: 2 on the 2b shape), -1 = none, n = at most n.", -1, 16, **_GPU),
-    Setting("KIE_GPU_MONO_GATE_PREFETCH", "int", 0,
-            "Monokernel: weight tiles asked of L2 while its producer waits for an attention to hand the "
-            "borrowed slots back; 0 = none.", 0, 64, **_GPU),
     Setting("KIE_GPU_MONO_ATTN", "int", 0,
             "Monokernel: its attention stage: 0 = auto (2), 1 = split items (keys per split KIE_GPU_ATT_CHUNK, "
             "the last split combining; bit for bit KIE_GPU_DECODE_ATTN=1), 2 = a block's keys in shared memory, "

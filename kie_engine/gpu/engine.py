@@ -167,7 +167,7 @@ class GpuModel(OwnsNativeEngine):
         s.prefetch = _settings.value("KIE_GPU_PREFETCH") if prefetch is None else int(prefetch)
         for field in ("gemv_blocks_per_sm", "gemv_u", "att_chunk", "gemv_pipe", "gemv_x_l1", "mono_prefetch",
                       "mono_blocks", "mono_attn", "decode_attn", "att_keys", "att_split_keys", "att_splits",
-                      "att_heads", "mono_ext_slots", "mono_gate_prefetch"):
+                      "att_heads"):
             setattr(s, field, _settings.value("KIE_GPU_" + field.upper()))
         s.lanes_per_device = -(-size // ndev) if shared else 1
         s.kernel = kernel_code(kernel if kernel is not None else _settings.value("KIE_GPU_KERNEL"))
@@ -391,7 +391,7 @@ class GpuModel(OwnsNativeEngine):
         _check(lib.kie_get_info(self._handle(), i))
         return {k: int(getattr(i, k)) for k in ("sms", "nsplit", "prefill_tokens", "gemv_blocks", "pos", "step",
                                                  "device_bytes", "graph_nodes", "kernel", "mono_slots",
-                                                 "mono_slot_bytes", "mono_ext_slots", "mono_smem", "mono_stages", "mono_blocks",
+                                                 "mono_slot_bytes", "mono_smem", "mono_stages", "mono_blocks",
                                                  "mono_reducers", "mono_att_keys", "mono_att_split_keys",
                                                  "mono_att_splits", "prefill_chunk")}
 

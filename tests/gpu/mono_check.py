@@ -70,16 +70,12 @@ def first_diff(a, b):
 # the graph path's default (the same keys a block, split keys and query heads a block; the
 # splits agree up to the monokernel's cap, a block per KV head: far past these contexts);
 # with 64 keys a block (splits and their combine past 64 keys) and at most 8 splits; and
-# "walk": 16 keys a block and 2 splits, so that the splits walk their keys in chunks.  The
-# weight ring: "noext" keeps to its own slots (by default the GEMV stages also borrow the
-# attention's shared memory), "gatepf" asks L2 for 4 tiles while the producer waits for them.
+# "walk": 16 keys a block and 2 splits, so that the splits walk their keys in chunks.
 ATTENTIONS = {
     "items": {"decode_attn": 1, "mono_attn": 1},
     "default": {},
     "smem64": {"decode_attn": 2, "mono_attn": 2, "att_keys": 64, "att_splits": 8},
     "walk": {"decode_attn": 2, "mono_attn": 2, "att_keys": 16, "att_splits": 2},
-    "noext": {"mono_ext_slots": -1},
-    "gatepf": {"mono_gate_prefetch": 4},
 }
 
 
@@ -119,7 +115,6 @@ def check(tag, cfg, path, steps, comm, same):
     d = first_diff(got.tokens, ref.tokens)
     record(f"{tag} greedy tokens (captured)", d < 0, steps=len(got.tokens), first_diff=d,
            graph_tps=ref.tokens_per_s, mono_tps=got.tokens_per_s, slots=info["mono_slots"],
-           ext_slots=info["mono_ext_slots"],
            slot_kb=info["mono_slot_bytes"] // 1024, smem_kb=info["mono_smem"] // 1024,
            blocks=info["mono_blocks"], reducers=info["mono_reducers"], att_keys=info["mono_att_keys"],
            att_splits=info["mono_att_splits"])
@@ -176,12 +171,6 @@ def check_errors():
         record("error: mono_attn=3", False, raised="nothing")
     except GpuArgumentError as e:
         record("error: mono_attn=3", "mono_attn=3" in str(e), raised=type(e).__name__, msg=str(e)[:80])
-    try:
-        GpuModel(cfg, kernel="mono", tuning={"mono_ext_slots": -2})
-        record("error: mono_ext_slots=-2", False, raised="nothing")
-    except GpuArgumentError as e:
-        record("error: mono_ext_slots=-2", "mono_ext_slots=-2" in str(e), raised=type(e).__name__,
-               msg=str(e)[:80])
 
 
 def main():

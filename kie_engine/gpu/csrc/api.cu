@@ -352,7 +352,6 @@ int kie_get_info(kie_engine *e, kie_info *info) {
   info->kernel = e->s.kernel;
   info->mono_slots = e->mono_ready ? e->mono_nslots : 0;
   info->mono_slot_bytes = e->mono_ready ? e->mono_slot : 0;
-  info->mono_ext_slots = e->mono_ready ? e->mono_ext : 0;
   info->mono_smem = e->mono_ready ? (int)e->mono_smem : 0;
   info->mono_stages = e->mono_n;
   info->mono_blocks = e->mono_ready ? e->mono_grid : 0;

@@ -100,11 +100,6 @@ typedef struct {
   int mono_attn;               /* monokernel: its attention stage: 0 auto (2), 1 the split items (decode_attn 1's
                                   arithmetic), 2 a block's keys in shared memory (decode_attn 2's, with the keys
                                   that fit beside its weight ring: att_keys, or auto) */
-  int mono_ext_slots;          /* monokernel: weight-ring slots that its GEMV stages borrow from the attention's
-                                  shared memory (not the stage right after an attention): 0 auto (all that fit),
-                                  -1 none, n at most n */
-  int mono_gate_prefetch;      /* monokernel: tiles asked of L2 while its producer waits for an attention to
-                                  hand the borrowed slots back (0 none) */
   int prefill;                 /* 1: a prompt runs as batched passes (cuBLAS GEMMs over a chunk of tokens; needs
                                   kie_blas_load first); 0: as decode-shaped passes of a few tokens */
   int prefill_chunk;           /* tokens of a batched pass at most (0: auto, 1024; at most max_seq) */
@@ -122,7 +117,6 @@ typedef struct {
   int graph_nodes;             /* of the last graph captured */
   int kernel;                  /* KIE_KERNEL_* */
   int mono_slots, mono_slot_bytes, mono_smem; /* the monokernel's weight ring (0 before its first step) */
-  int mono_ext_slots;          /* of its slots, those borrowed from the attention's shared memory */
   int mono_stages;             /* per layer QKV, attention, o, gate/up, down; then the head */
   int mono_blocks;             /* its grid (0 before its first step) */
   int mono_reducers;           /* of those, the blocks that sum the lanes' sublayer sums (tp > 1) */

@@ -147,7 +147,6 @@ enum { MONO_GEMV = 0, MONO_ATTN = 1, MONO_ATTN_SMEM = 2 }; /* ATTN: the split it
 struct MonoStage {
   int kind;
   int epi, segs, upt; /* GEMV: epilogue, warps per unit, units per ring tile */
-  int ext;            /* GEMV: its tiles may go to the ring's borrowed slots (mono.cu's next_slot) */
   GemvArgs g;
   AttnArgs at;
 };
@@ -180,12 +179,8 @@ struct MonoArgs {
   Commit c;
   HostRing *ring;
   int slot_bytes, nslots, subs; /* ring of weight tiles; attention items per block at once */
-  int nbase;                    /* the ring's own slots; slots nbase .. nslots - 1 are borrowed: the start
-                                   of the attention's region, which no attention uses while they hold tiles */
   int prefetch;                 /* tiles past the ring's the producer asks L2 for */
-  int gate_prefetch;            /* tiles asked of L2 while the producer waits for borrowed slots */
-  int ring_off, x_off, xs_off;  /* dynamic shared memory: mbarriers at 0, then the ring, then the
-                                   activations' region (x_off), a GEMV's staged x at x_off + xs_off */
+  int ring_off, x_off;          /* dynamic shared memory: mbarriers at 0, then these */
   int att_cap;                  /* MONO_ATTN_SMEM: keys the attention's shared memory (at x_off) holds */
   long long timeout_ns;         /* a wait longer than this ends the step with KIE_DERR_STALL */
   unsigned long long *marks;    /* [nstages][4][grid]: each block's clock at each stage's start, x staged,

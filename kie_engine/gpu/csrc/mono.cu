@@ -20,10 +20,7 @@
  *    shared-memory slots with bulk copies (cp.async.bulk, completion on an
  *    mbarrier per slot).  It depends on nothing but free slots, so while the
  *    consumers wait for a stage (or run attention) the ring fills with the
- *    next GEMVs' rows.  The attention's shared memory lends its start to the
- *    ring as further slots between attentions (every GEMV stage but the one
- *    right after an attention, whose tiles are copied while it runs): the
- *    stream has more bytes in flight than the ring's own slots hold.
+ *    next GEMVs' rows.
  *
  * Every wait is bounded (timeout_ns, measured on %globaltimer): a stuck step
  * sets KIE_DERR_STALL in the host ring and the abort flag, and every block
@@ -122,7 +119,6 @@ struct Block {
   const MonoArgs *m;
   uint64_t *full, *empty; /* per slot: filled (producer's tx), freed (one arrive per consumer warp) */
   char *ring;
-  volatile int *atts;     /* attention stages this block is done with (their region free for borrowed slots) */
   volatile int *stop;     /* set when this block gives up; the producer watches it too */
   /* The consumers' verdict at a wait: written by consumer thread 0 alone, before
    * the barrier after which all of them read it.  They leave only on it, all at
@@ -185,7 +181,7 @@ __device__ __forceinline__ void unit_range(const MonoStage &s, int &u0, int &u1)
  * (the table is in global memory, and one warp issuing a ring's worth of copies
  * must not wait on a load per row). */
 struct Cursor {
-  int k, tu, u1, upt, ext;
+  int k, tu, u1, upt;
   const bf16 *w;
   int epi, ld;
   GemvArgs g; /* the fields unit_rows reads */
@@ -199,7 +195,6 @@ __device__ bool cursor_seek(const MonoArgs &m, Cursor &c) {
     unit_range(s, c.tu, c.u1);
     if (c.tu >= c.u1) continue;
     c.upt = s.upt;
-    c.ext = s.ext;
     c.w = s.g.w;
     c.epi = s.epi;
     c.ld = s.g.ld;
@@ -218,18 +213,6 @@ __device__ __forceinline__ bool cursor_next(const MonoArgs &m, Cursor &c) {
   if (c.tu < c.u1) return true;
   c.k++;
   return cursor_seek(m, c);
-}
-
-/* The ring slot of the next tile: the slots in turn, skipping the borrowed ones
- * (nbase and up, the ring's last) for a stage that may not use them (the first
- * after an attention: the producer copies its tiles while the attention holds
- * their region).  The producer and the consumers ask for the same tiles in the
- * same order, so they agree on every slot; each slot's phases are its own. */
-__device__ __forceinline__ int next_slot(const MonoArgs &m, int &next, int ext) {
-  int s = next;
-  if (!ext && s >= m.nbase) s = 0;
-  next = s + 1 == m.nslots ? 0 : s + 1;
-  return s;
 }
 
 /* Asks L2 to fetch [p, p + bytes) (16-byte aligned, a multiple of 16). */
@@ -266,18 +249,16 @@ __device__ void tile_rows(const Cursor &c, char *dst, uint64_t *bar) {
   else prefetch_l2(src, row_bytes);
 }
 
-/* The producer leaving: the bulk copies it issued (the last one into each slot,
- * `used` its slots, `par` their copies' count mod 2, may still be in flight) land
- * before the block can exit,
+/* The producer leaving: the bulk copies of the first `tiles` tiles (the last
+ * one into each slot may still be in flight) land before the block can exit,
  * so that none writes into shared memory (or completes an mbarrier) that a
  * later kernel's block holds, also when the consumers leave a step given up
  * before they used them.  Copies from global memory always complete; the wait
  * is bounded all the same. */
-__device__ void drain(const Block &b, unsigned used, unsigned par) {
+__device__ void drain(const Block &b, int tiles) {
   const MonoArgs &m = *b.m;
-  for (int slot = 0; slot < m.nslots; slot++) {
-    if (!(used >> slot & 1u)) continue;
-    const unsigned last = (par >> slot & 1u) ^ 1u;
+  for (int slot = 0; slot < m.nslots && slot < tiles; slot++) {
+    const unsigned last = (unsigned)((tiles - 1 - slot) / m.nslots) & 1u;
     const unsigned long long t0 = gtime();
     while (!mbar_done(&b.full[slot], last) && (long long)(gtime() - t0) < b.m->timeout_ns) __nanosleep(64);
   }
@@ -316,24 +297,9 @@ __device__ void produce(const Block &b) {
     tile_rows(p, nullptr, nullptr);
     ahead = cursor_next(m, p);
   }
-  int next = 0, marked = -1, counted = 0, atts = 0;
-  unsigned used = 0, par = 0; /* per slot: a copy issued; the copies' count mod 2 */
-  for (; more; more = cursor_next(m, c)) {
-    for (; counted < c.k; counted++) atts += m.stages[counted].kind != MONO_GEMV;
-    const int slot = next_slot(m, next, c.ext);
-    bool ok = true;
-    /* A borrowed slot: the attentions before this tile are done with its region.
-     * Meanwhile the next tiles may be asked of L2, so that HBM works while the
-     * attention holds the block. */
-    if (slot >= m.nbase && *b.atts < atts) {
-      Cursor q = c;
-      for (int i = 0; i < m.gate_prefetch; i++) {
-        tile_rows(q, nullptr, nullptr);
-        if (!cursor_next(m, q)) break;
-      }
-      ok = spin(b, c.k, [&] { return *b.atts >= atts; });
-      __threadfence_block();
-    }
+  int tile = 0, marked = -1;
+  for (; more; tile++, more = cursor_next(m, c)) {
+    const int slot = tile % m.nslots, use = tile / m.nslots;
     /* Before a slot's next copy: the consumers are done with its last tile
      * (empty) and that tile's copy has landed (full).  In a step that runs on,
      * full holds whenever empty does (a consumer frees a tile only after
@@ -342,14 +308,12 @@ __device__ void produce(const Block &b) {
      * a full phase that is still open and leave drain's count of phases wrong.
      * The verdict is the warp's: a lane that left alone would leave the others
      * in tile_rows's warp reduction. */
-    if (ok && (used >> slot & 1u)) {
-      const unsigned last = (par >> slot & 1u) ^ 1u;
-      ok = spin(b, c.k, [&] { return mbar_done(&b.empty[slot], last) && mbar_done(&b.full[slot], last); });
+    if (use > 0) {
+      const unsigned par = (unsigned)(use - 1) & 1u;
+      const bool free = spin(b, c.k, [&] { return mbar_done(&b.empty[slot], par) && mbar_done(&b.full[slot], par); });
+      if (!__all_sync(0xffffffffu, free)) break;
     }
-    if (!__all_sync(0xffffffffu, ok)) break;
     tile_rows(c, b.ring + (size_t)slot * m.slot_bytes, &b.full[slot]);
-    used |= 1u << slot;
-    par ^= 1u << slot;
     if (c.k != marked) {
       if ((threadIdx.x & 31) == 0) mark(m, c.k, MARK_ISSUED);
       for (int k = max(marked + 1, 0); k < c.k; k++)
@@ -361,7 +325,7 @@ __device__ void produce(const Block &b) {
       ahead = cursor_next(m, p);
     }
   }
-  drain(b, used, par);
+  drain(b, tile);
 }
 
 /* Thread 0: spins until stage k is complete for this step. */
@@ -382,19 +346,6 @@ __device__ bool wait_stage(const Block &b, int k, unsigned epoch) {
   }
   bar_consumers();
   return !*b.quit;
-}
-
-/* Consumers, at the end of an attention stage: its shared memory is free for the
- * ring's borrowed slots.  The attention wrote it through the generic proxy, the
- * producer's bulk copies write it through the async one: each thread orders its
- * writes before theirs, then the producer may see the count. */
-__device__ void release_attention(const Block &b) {
-  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-  bar_consumers();
-  if (threadIdx.x == 0) {
-    __threadfence_block();
-    *b.atts = *b.atts + 1;
-  }
 }
 
 __device__ void signal_stage(const MonoArgs &m, int k) {
@@ -587,9 +538,8 @@ __device__ void consume(const Block &b, char *xunion) {
   }
   bar_consumers();
   const unsigned epoch = s_epoch;
-  float *xs = reinterpret_cast<float *>(xunion + m.xs_off);
-  int tile = 0, next = 0;
-  unsigned par = 0; /* per slot: the tiles taken from it, mod 2 */
+  float *xs = reinterpret_cast<float *>(xunion);
+  int tile = 0;
   unsigned long long best = 0;
   __shared__ MonoStage cur; /* the stage being run, copied: its fields are read on every tile */
   for (int k = 0; k < m.nstages; k++) {
@@ -614,13 +564,12 @@ __device__ void consume(const Block &b, char *xunion) {
                            SyncNamed{BAR_CONSUMERS + 1 + sub, ATT_THREADS}, m.cnt + k,
                            it == (int)blockIdx.x * subs + sub ? clk : nullptr);
       }
-      release_attention(b);
+      bar_consumers();
       mark0(m, k, MARK_END); /* this block's items done (the groups' last splits count the stage) */
       continue;
     }
     if (s.kind == MONO_ATTN_SMEM) {
       if (!attend_smem<HD>(b, s.at, k, epoch, reinterpret_cast<unsigned char *>(xunion))) return;
-      release_attention(b);
       signal_stage(m, k);
       continue;
     }
@@ -640,13 +589,11 @@ __device__ void consume(const Block &b, char *xunion) {
       bar_consumers();
       mark0(m, k, MARK_STAGED);
       for (int tu = u0; tu < u1; tu += s.upt, tile++) {
-        const int slot = next_slot(m, next, s.ext);
-        const unsigned use = par >> slot & 1u;
-        par ^= 1u << slot;
+        const int slot = tile % m.nslots, use = tile / m.nslots;
         /* Each consumer waits for the tile itself, so they can give up at different
          * times: one that has goes on through the stage (its results no longer
          * matter) and all leave together at the next wait. */
-        spin(b, k, [&] { return mbar_done(&b.full[slot], use); });
+        spin(b, k, [&] { return mbar_done(&b.full[slot], (unsigned)use & 1u); });
         const int n = min(s.upt, u1 - tu);
         switch (s.epi) {
           case EPI_QKV: gemv_tile<EPI_QKV>(b, s, tu, n, slot, xs, part[tile & 1], best, rope); break;
@@ -691,7 +638,7 @@ __device__ void consume(const Block &b, char *xunion) {
 template <int HD, bool TP>
 __global__ void __launch_bounds__(MONO_THREADS, 1) k_mono(const __grid_constant__ MonoArgs m) {
   extern __shared__ __align__(128) char smem[];
-  __shared__ int stop, quit, atts;
+  __shared__ int stop, quit;
   Block b;
   b.m = &m;
   b.full = reinterpret_cast<uint64_t *>(smem);
@@ -699,9 +646,8 @@ __global__ void __launch_bounds__(MONO_THREADS, 1) k_mono(const __grid_constant_
   b.ring = smem + m.ring_off;
   b.stop = &stop;
   b.quit = &quit;
-  b.atts = &atts;
   if (threadIdx.x == 0) {
-    stop = quit = atts = 0;
+    stop = quit = 0;
     for (int i = 0; i < m.nslots; i++) {
       mbar_init(&b.full[i], 1);
       mbar_init(&b.empty[i], GEMV_WARPS);

@@ -111,14 +111,6 @@ int mono_prepare(kie_engine *e) {
   }
   const size_t xu = x_region(cap);
   const int nslots = ring_slots(xu);
-  /* Slots borrowed from the activations' region: what the attention needs beyond a
-   * GEMV's staged x (which sits past them), at most 16 slots in all (the mbarriers'
-   * 256 bytes). */
-  const size_t xkeep = round_up((size_t)b.xbytes, 128);
-  int ext = xu > xkeep ? (int)((xu - xkeep) / slot) : 0;
-  if (e->s.mono_ext_slots < 0) ext = 0;
-  else if (e->s.mono_ext_slots > 0) ext = std::min(ext, e->s.mono_ext_slots);
-  ext = std::max(0, std::min(ext, 16 - nslots));
   if (nslots < 2)
     return fail(KIE_E_ARG, "the monokernel's weight ring needs two slots of %zu bytes beside %zu bytes of "
                 "activations%s, and a block has %d bytes of shared memory: use the graph kernel for this shape%s",
@@ -126,7 +118,6 @@ int mono_prepare(kie_engine *e) {
                 e->s.att_keys > 0 && cap ? ", or fewer att_keys" : "");
   e->mono_slot = (int)slot;
   e->mono_nslots = nslots;
-  e->mono_ext = ext;
   e->mono_xbytes = (int)xu;
   e->mono_smem = 256 + (size_t)nslots * slot + xu;
   int per_sm = 0;
@@ -160,10 +151,6 @@ int mono_prepare(kie_engine *e) {
     CU(cudaMemcpyAsync(e->mono_links, b.links.data(), b.links.size() * sizeof(MonoLink), cudaMemcpyHostToDevice,
                        e->stream));
   }
-  /* A stage right after an attention keeps to the ring's own slots: its tiles are
-   * copied while the attention holds the borrowed ones. */
-  for (size_t k = 0; k < b.st.size(); k++)
-    b.st[k].ext = b.st[k].kind == MONO_GEMV && !(k > 0 && b.st[k - 1].kind != MONO_GEMV);
   if (cap) {
     /* The graph kernel's keys a split and splits, the splits at most a block each a group:
      * one item a block, its rows of earlier steps all copied before its wait (a longer split
@@ -202,14 +189,11 @@ int enqueue_mono(kie_engine *e, int mode) {
   m.c = commit_of(e, 1);
   m.ring = e->ring_d;
   m.slot_bytes = e->mono_slot;
-  m.nbase = e->mono_nslots;
-  m.nslots = e->mono_nslots + e->mono_ext;
+  m.nslots = e->mono_nslots;
   m.subs = MONO_SUBS_MAX;
   m.prefetch = e->s.mono_prefetch >= 0 ? e->s.mono_prefetch : 0;
-  m.gate_prefetch = e->s.mono_gate_prefetch;
   m.ring_off = 256;
   m.x_off = 256 + e->mono_nslots * e->mono_slot;
-  m.xs_off = e->mono_ext * e->mono_slot;
   m.att_cap = e->mono_att_keys;
   m.timeout_ns = 2000000000LL;
   m.marks = e->mono_marks;

@@ -76,10 +76,6 @@ int derive(kie_engine *e, const kie_shape &s, int sms) {
                 "of %d bytes); use the graph kernel", s.hidden, KCCL_DEV_MAX_BLOCKS * (KCCL_LL_MAX_BYTES / 4),
                 KCCL_DEV_MAX_BLOCKS, KCCL_LL_MAX_BYTES);
   if (s.mono_prefetch < -1 || s.mono_prefetch > 64) return fail(KIE_E_ARG, "mono_prefetch=%d: -1..64", s.mono_prefetch);
-  if (s.mono_ext_slots < -1 || s.mono_ext_slots > 16)
-    return fail(KIE_E_ARG, "mono_ext_slots=%d: 0 (auto), -1 (none) or at most 16", s.mono_ext_slots);
-  if (s.mono_gate_prefetch < 0 || s.mono_gate_prefetch > 64)
-    return fail(KIE_E_ARG, "mono_gate_prefetch=%d: 0..64", s.mono_gate_prefetch);
   if (s.lanes_per_device < 0) return fail(KIE_E_ARG, "lanes_per_device=%d", s.lanes_per_device);
   if (s.mono_blocks < 0) return fail(KIE_E_ARG, "mono_blocks=%d: 0 (auto) or a block count", s.mono_blocks);
   if (s.mono_attn < 0 || s.mono_attn > 2)
