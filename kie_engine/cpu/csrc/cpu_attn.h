@@ -35,6 +35,8 @@ typedef struct {
   float *out[KIE_ATTN_MAXQ];
   const float *kcur, *vcur; /* with cur >= 0: position cur's K and V (floats rounded as the */
   int cur;                  /* cache holds them), read instead of the cache; cur = -1: none */
+  const void *pf[2];        /* memory the caller reads next (the next call's keys and values), */
+  size_t pf_bytes[2];       /* brought toward the cache while this call computes; none: 0 bytes */
 } kie_attn_job;
 
 /* floats of scratch one kie_attn call needs */

@@ -9,7 +9,10 @@
  * softmax is online over the tiles (running maximum, sum and output rescaled by
  * exp(old max - new max)), its output adds even and odd positions in two sums, and
  * positions past its own end never enter it.  So one query alone, a token's heads
- * together, or a prompt's rows get the same bits. */
+ * together, or a prompt's rows get the same bits.  The caller's next reads (the job's pf)
+ * are prefetched a few lines at each step of the loops: a decode step's attention is a
+ * string of short calls whose caches come from memory, and this way the next call's
+ * cache arrives while this one computes. */
 #include "cpu_attn.h"
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
@@ -59,42 +62,80 @@ INLINE __m512 load16_mask(const void *base, int f16, size_t i, __mmask16 m)
     return _mm512_maskz_loadu_ps(m, (const float *)base + i);
 }
 
+/* The caller's next reads (kie_attn_job's pf), a cache line at a time: `per` lines at
+ * each step of the loops below, so that the lines arrive while this call computes,
+ * rather than all at once, which would hold the core up until memory had most of them */
+typedef struct {
+    const char *p, *end, *p2, *end2;
+    int per;
+} pfcur;
+
+INLINE void pf_more(pfcur *c)
+{
+    for (int i = 0; i < c->per; i++) {
+        if (c->p >= c->end) {
+            if (c->p2 >= c->end2)
+                return;
+            c->p = c->p2;
+            c->end = c->end2;
+            c->p2 = c->end2;
+        }
+        _mm_prefetch(c->p, _MM_HINT_T1);
+        c->p += 64;
+    }
+}
+
 /* Per query: scaled q [hd], output [hd], then max and sum; hd rounded up to 16 */
 typedef struct {
     float *qs, *o, *ml;
     int n;
 } qstate;
 
-/* The scores of QN queries on blocks [0, nb) of the tile at K: per (query, block) two
- * chains over the head's elements (even, odd), added at the end.  F16 and QN are
- * constants where this is inlined, so every array below lives in registers. */
-INLINE void scores(const void *K, int F16, int hd, const float *const *qs, int QN, int nb, __m512 s[QG][4])
+/* The scores of QN queries on blocks [0, NB) of the tile at K: per (query, block) two
+ * chains over the head's elements (even, odd), added at the end.  F16, QN and NB are
+ * constants where this is inlined, so every array below lives in registers and a tile's
+ * last blocks cost nothing when its positions end before them. */
+INLINE void scores(const void *K, int F16, int hd, const float *const *qs, int QN, int NB, __m512 s[QG][4], pfcur *pf)
 {
     __m512 acc[QG][4][2];
     for (int q = 0; q < QN; q++)
-        for (int b = 0; b < 4; b++)
+        for (int b = 0; b < NB; b++)
             acc[q][b][0] = acc[q][b][1] = _mm512_setzero_ps();
-    for (int d = 0; d < hd; d += 2) /* hd is even */
+    for (int d = 0; d < hd; d += 2) { /* hd is even */
+        pf_more(pf);
         for (int par = 0; par < 2; par++) {
             __m512 k[4];
-            for (int b = 0; b < 4; b++)
-                k[b] = b < nb ? load16(K, F16, ((size_t)b * hd + d + par) * 16) : _mm512_setzero_ps();
+            for (int b = 0; b < NB; b++)
+                k[b] = load16(K, F16, ((size_t)b * hd + d + par) * 16);
             for (int q = 0; q < QN; q++) {
                 __m512 x = _mm512_set1_ps(qs[q][d + par]);
-                for (int b = 0; b < 4; b++)
+                for (int b = 0; b < NB; b++)
                     acc[q][b][par] = _mm512_fmadd_ps(x, k[b], acc[q][b][par]);
             }
         }
+    }
     for (int q = 0; q < QN; q++)
-        for (int b = 0; b < 4; b++)
+        for (int b = 0; b < NB; b++)
             s[q][b] = _mm512_add_ps(acc[q][b][0], acc[q][b][1]);
+}
+
+/* scores() with QN queries of F16 keys, NB taken from nb */
+INLINE void scores_nb(const void *K, int F16, int hd, const float *const *qs, int QN, int nb, __m512 s[QG][4],
+                      pfcur *pf)
+{
+    switch (nb) {
+    case 1: scores(K, F16, hd, qs, QN, 1, s, pf); break;
+    case 2: scores(K, F16, hd, qs, QN, 2, s, pf); break;
+    case 3: scores(K, F16, hd, qs, QN, 3, s, pf); break;
+    default: scores(K, F16, hd, qs, QN, 4, s, pf); break;
+    }
 }
 
 /* o[0 .. NV * 16) of QN queries += w[q][p] V[p] over each one's positions p < vn[q]
  * (rows of V hd apart, the last vector masked by tail): even and odd positions in two
  * sums, added at the end */
 INLINE void mix(const void *V, int F16, int hd, float *const *o, const float w[QG][64], const int *vn, int QN,
-                int NV, __mmask16 tail)
+                int NV, __mmask16 tail, pfcur *pf)
 {
     int vmax = 0;
     __m512 acc[QG][4][2];
@@ -105,7 +146,8 @@ INLINE void mix(const void *V, int F16, int hd, float *const *o, const float w[Q
             acc[q][c][1] = _mm512_setzero_ps();
         }
     }
-    for (int p0 = 0; p0 < vmax; p0 += 2)
+    for (int p0 = 0; p0 < vmax; p0 += 2) {
+        pf_more(pf);
         for (int par = 0; par < 2; par++) {
             const int p = p0 + par;
             if (p >= vmax)
@@ -122,6 +164,7 @@ INLINE void mix(const void *V, int F16, int hd, float *const *o, const float w[Q
                     acc[q][c][par] = _mm512_fmadd_ps(x, v[c], acc[q][c][par]);
             }
         }
+    }
     for (int q = 0; q < QN; q++)
         for (int c = 0; c < NV; c++)
             _mm512_mask_storeu_ps(o[q] + 16 * c, c == NV - 1 ? tail : 0xffff, _mm512_add_ps(acc[q][c][0], acc[q][c][1]));
@@ -158,7 +201,7 @@ static inline void softmax_tile(qstate *g, __m512 s[4], int vn, int hd, float w[
 }
 
 /* QN queries (F16: the cache's type) on the tile at t0 with tn positions */
-INLINE void group(const void *K, const void *V, int F16, int hd, qstate *g, int QN, int t0, int tn)
+INLINE void group(const void *K, const void *V, int F16, int hd, qstate *g, int QN, int t0, int tn, pfcur *pf)
 {
     const int nb = (tn + 15) / 16;
     __m512 s[QG][4];
@@ -168,7 +211,7 @@ INLINE void group(const void *K, const void *V, int F16, int hd, qstate *g, int 
     float *o[QG];
     for (int q = 0; q < QN; q++)
         qs[q] = g[q].qs;
-    scores((const char *)K + (size_t)t0 * hd * (F16 ? 2 : 4), F16, hd, qs, QN, nb, s);
+    scores_nb((const char *)K + (size_t)t0 * hd * (F16 ? 2 : 4), F16, hd, qs, QN, nb, s, pf);
     for (int q = 0; q < QN; q++) {
         vn[q] = g[q].n - t0 < 64 ? g[q].n - t0 : 64;
         softmax_tile(&g[q], s[q], vn[q], hd, w[q]);
@@ -180,34 +223,34 @@ INLINE void group(const void *K, const void *V, int F16, int hd, qstate *g, int 
         const char *vd = vt + (size_t)d0 * (F16 ? 2 : 4);
         int left = hd - d0;
         if (left >= 64) {
-            mix(vd, F16, hd, o, (const float(*)[64])w, vn, QN, 4, 0xffff);
+            mix(vd, F16, hd, o, (const float(*)[64])w, vn, QN, 4, 0xffff, pf);
         } else {
             __mmask16 tail = left % 16 ? (__mmask16)((1u << (left % 16)) - 1) : 0xffff;
             switch ((left + 15) / 16) {
-            case 1: mix(vd, F16, hd, o, (const float(*)[64])w, vn, QN, 1, tail); break;
-            case 2: mix(vd, F16, hd, o, (const float(*)[64])w, vn, QN, 2, tail); break;
-            default: mix(vd, F16, hd, o, (const float(*)[64])w, vn, QN, 3, tail); break;
+            case 1: mix(vd, F16, hd, o, (const float(*)[64])w, vn, QN, 1, tail, pf); break;
+            case 2: mix(vd, F16, hd, o, (const float(*)[64])w, vn, QN, 2, tail, pf); break;
+            default: mix(vd, F16, hd, o, (const float(*)[64])w, vn, QN, 3, tail, pf); break;
             }
         }
     }
 }
 
-static void group_tile(const kie_attn_job *a, qstate *g, int qn, int t0, int tn)
+static void group_tile(const kie_attn_job *a, qstate *g, int qn, int t0, int tn, pfcur *pf)
 {
     if (a->f16) {
         if (qn == 3)
-            group(a->k, a->v, 1, a->hd, g, 3, t0, tn);
+            group(a->k, a->v, 1, a->hd, g, 3, t0, tn, pf);
         else if (qn == 2)
-            group(a->k, a->v, 1, a->hd, g, 2, t0, tn);
+            group(a->k, a->v, 1, a->hd, g, 2, t0, tn, pf);
         else
-            group(a->k, a->v, 1, a->hd, g, 1, t0, tn);
+            group(a->k, a->v, 1, a->hd, g, 1, t0, tn, pf);
     } else {
         if (qn == 3)
-            group(a->k, a->v, 0, a->hd, g, 3, t0, tn);
+            group(a->k, a->v, 0, a->hd, g, 3, t0, tn, pf);
         else if (qn == 2)
-            group(a->k, a->v, 0, a->hd, g, 2, t0, tn);
+            group(a->k, a->v, 0, a->hd, g, 2, t0, tn, pf);
         else
-            group(a->k, a->v, 0, a->hd, g, 1, t0, tn);
+            group(a->k, a->v, 0, a->hd, g, 1, t0, tn, pf);
     }
 }
 
@@ -258,6 +301,24 @@ void kie_attn_avx512(const kie_attn_job *a, float *scratch)
         q->ml[1] = 0.0f;
         maxn = a->n[i] > maxn ? a->n[i] : maxn;
     }
+    /* the caller's next reads, spread over the loops' steps (a step: two elements of the
+     * head in the scores, two positions in the output) */
+    pfcur pf = {(const char *)((uintptr_t)a->pf[0] & ~(uintptr_t)63), (const char *)a->pf[0] + a->pf_bytes[0],
+                (const char *)((uintptr_t)a->pf[1] & ~(uintptr_t)63), (const char *)a->pf[1] + a->pf_bytes[1], 0};
+    if (a->pf_bytes[0] + a->pf_bytes[1]) {
+        size_t lines = (a->pf_bytes[0] + a->pf_bytes[1]) / 64 + 2, steps = 0;
+        for (int t0 = 0; t0 < maxn; t0 += KIE_ATTN_TILE) {
+            int qn = 0, vmax = 0;
+            for (int i = 0; i < nq; i++)
+                if (st[i].n > t0) {
+                    qn++;
+                    vmax = st[i].n - t0 > vmax ? st[i].n - t0 : vmax;
+                }
+            vmax = vmax < KIE_ATTN_TILE ? vmax : KIE_ATTN_TILE;
+            steps += (size_t)(qn + QG - 1) / QG * ((hd + 1) / 2 + (vmax + 1) / 2 * ((hd + 63) / 64));
+        }
+        pf.per = (int)((lines + steps - 1) / (steps ? steps : 1));
+    }
     kie_attn_job t = *a;
     for (int t0 = 0; t0 < maxn; t0 += KIE_ATTN_TILE) {
         const int tn = maxn - t0 < KIE_ATTN_TILE ? maxn - t0 : KIE_ATTN_TILE;
@@ -281,12 +342,12 @@ void kie_attn_avx512(const kie_attn_job *a, float *scratch)
             g[qn] = st[i];
             g[qn].n -= t0 - base; /* positions relative to the tile's own base */
             if (++qn == QG || i == nq - 1) {
-                group_tile(&t, g, qn, base, tn);
+                group_tile(&t, g, qn, base, tn, &pf);
                 qn = 0;
             }
         }
         if (qn)
-            group_tile(&t, g, qn, base, tn);
+            group_tile(&t, g, qn, base, tn, &pf);
     }
     for (int i = 0; i < nq; i++) {
         float inv = 1.0f / st[i].ml[1];

@@ -21,11 +21,11 @@
 #include "kq.h"
 
 /* The batch step's work counters (see claim): per thread t, a run of its shares' counters
- * (KIE_STAGE(l, i), in cache lines of its own: the owner takes from them without passing
- * a line back and forth), then one counter of attention per layer */
-#define CLAIM_RUN(L) ((4 * (L) + 1 + 15) / 16 * 16)
+ * (KIE_STAGE(l, i), then attention's of each layer; in cache lines of its own: the owner
+ * takes from them without passing a line back and forth) */
+#define CLAIM_RUN(L) ((5 * (L) + 1 + 15) / 16 * 16)
 #define CLAIM_SHARE(L, t, stage) ((t) * CLAIM_RUN(L) + (stage))
-#define CLAIM_ATTN(L, nth, l) ((nth) * CLAIM_RUN(L) + (l))
+#define CLAIM_ATTN(L, t, l) CLAIM_SHARE(L, t, 4 * (L) + 1 + (l))
 #define PIECES_PER_THREAD 2 /* pieces of a product per thread (more cost more calls than they save) */
 
 void kie_batch_free(kie_cpu *e) {
@@ -120,7 +120,7 @@ static int alloc_batch(kie_cpu *e) {
   b->y = falloc(R * H);
   b->ring = falloc((size_t)(s->dtp_delay + 1) * R * H);
   b->lg = s->tp_size > 1 ? falloc(R * vp * (size_t)(s->tp_size + 1)) : NULL; /* one lane: the caller's array */
-  b->nclaim = CLAIM_ATTN(s->layers, e->nthreads, s->layers);
+  b->nclaim = e->nthreads * CLAIM_RUN(s->layers);
   b->claim = aligned_alloc(64, ((size_t)b->nclaim * sizeof(atomic_int) + 63) / 64 * 64);
   if (!b->claim) return -1;
   if (!b->x || !b->h || !b->qkv || !b->q || !b->cs || !b->att || !b->gu || !b->m || !b->y || !b->ring ||
@@ -272,6 +272,28 @@ static void meet(kie_cpu *e, const rowwork *rw, kie_thread *th, int tid, int nex
   kpool_barrier_idle(e->pool, tid, kie_prefetch_more, th);
 }
 
+/* The wait before attention by pieces: the thread's first piece's cache (what kv_reads
+ * names) is what it reads first, so it comes before the next weights (kie_prefetch_more) */
+typedef struct {
+  kie_thread *th;
+  kie_attn_job first; /* its pf: the ranges */
+  int range;
+  size_t off;
+} kv_wait;
+
+static int kv_wait_more(void *arg) {
+  kv_wait *w = arg;
+  while (w->range < 2 && w->off >= w->first.pf_bytes[w->range]) {
+    w->range++;
+    w->off = 0;
+  }
+  if (w->range == 2) return kie_prefetch_more(w->th);
+  const char *p = (const char *)w->first.pf[w->range];
+  size_t end = w->off + 1024 < w->first.pf_bytes[w->range] ? w->off + 1024 : w->first.pf_bytes[w->range];
+  for (; w->off < end; w->off += 64) __builtin_prefetch(p + w->off, 0, 2);
+  return 1;
+}
+
 /* A meeting that only the shared buffers need */
 static void after_rows(kie_cpu *e, const rowwork *rw, int tid) {
   if (!rw->own) kpool_barrier(e->pool, tid);
@@ -366,7 +388,7 @@ static void rope_rows(kie_cpu *e, int l, int r0, int r1) {
 
 /* Attention of rows [a, z) of one sequence for KV head j: its query heads of those rows
  * in calls of up to KIE_ATTN_MAXQ queries. */
-static void attend_head(kie_cpu *e, kie_thread *th, int l, int a, int z, int j) {
+static void attend_head(kie_cpu *e, kie_thread *th, int l, int a, int z, int j, const kie_attn_job *next) {
   const kie_cpu_shape *s = &e->s;
   kie_batch *b = &e->b;
   int hd = s->head_dim, qrows = s->heads * hd, g = s->q_group, qf = s->q_first;
@@ -375,6 +397,10 @@ static void attend_head(kie_cpu *e, kie_thread *th, int l, int a, int z, int j) 
   const kie_seq *sq = &e->seqs[b->seq[a]];
   kie_attn_job job = {.k = (const char *)sq->k + off * esz, .v = (const char *)sq->v + off * esz, .f16 = kv16,
                       .hd = hd, .scale = 1.0f / sqrtf((float)hd), .cur = -1};
+  if (next) {
+    memcpy(job.pf, next->pf, sizeof job.pf);
+    memcpy(job.pf_bytes, next->pf_bytes, sizeof job.pf_bytes);
+  }
   for (int r = a; r < z; r++)
     for (int h = 0; h < s->heads; h++) {
       if ((h + qf) / g != j) continue;
@@ -395,41 +421,49 @@ static void attend_rows(kie_cpu *e, kie_thread *th, int l, int r0, int r1) {
   for (int a = r0; a < r1;) {
     int z = a;
     while (z < r1 && b->seq[z] == b->seq[a]) z++;
-    for (int j = 0; j < e->s.kv_heads; j++) attend_head(e, th, l, a, z, j);
+    for (int j = 0; j < e->s.kv_heads; j++) attend_head(e, th, l, a, z, j, NULL);
     a = z;
   }
 }
 
-/* Row r's cache of KV head j in layer l, keys and values up to its position, on its way
- * into L2 (a piece of attention reads one sequence's cache, most likely from memory: the
- * batch's caches together pass L2) */
-static void prefetch_kv(kie_cpu *e, int l, int r, int j) {
+/* What a piece of attention reads: row r's cache of KV head j in layer l, keys and values
+ * up to its position, as the prefetch of the call before it (kie_attn_job's pf): the
+ * batch's caches together pass L2, so a piece reads them from memory unless fetched
+ * while the piece before it computed */
+static void kv_reads(kie_cpu *e, int l, int r, int j, kie_attn_job *next) {
   const kie_batch *b = &e->b;
   const kie_seq *sq = &e->seqs[b->seq[r]];
   size_t esz = e->s.kv_type == KIE_CPU_KV_F16 ? 2 : 4, off = kie_seq_head(e, sq, l, j) * esz;
   size_t hd = (size_t)e->s.head_dim, pos = (size_t)b->pos[r];
-  size_t kb = (pos / 16 + 1) * 16 * hd * esz, vb = (pos + 1) * hd * esz;
-  for (size_t o = 0; o < kb; o += 64) __builtin_prefetch((const char *)sq->k + off + o, 0, 2);
-  for (size_t o = 0; o < vb; o += 64) __builtin_prefetch((const char *)sq->v + off + o, 0, 2);
+  next->pf[0] = (const char *)sq->k + off;
+  next->pf_bytes[0] = (pos / 16 + 1) * 16 * hd * esz;
+  next->pf[1] = (const char *)sq->v + off;
+  next->pf_bytes[1] = (pos + 1) * hd * esz;
 }
 
-/* Attention of every row, by pieces (a row and a KV head) taken from layer l's counter;
- * with rope, each piece first writes its row's key and value of that head into the cache
- * and ropes the row's query heads of that group: only when every row is a different
- * sequence's, so that no row attends a position another piece writes. */
-static void attend_claimed(kie_cpu *e, kie_thread *th, int l, int rope) {
+/* Attention of every row, by pieces (piece k: row k / kv_heads, KV head k % kv_heads):
+ * a thread takes those of its own share (apiece) in order, then those left in the
+ * others' shares; each call prefetches the next piece of the thread's share.  With rope,
+ * each piece first writes its row's key and value of that head into the cache and ropes
+ * the row's query heads of that group: only when every row is a different sequence's,
+ * so that no row attends a position another piece writes. */
+static void attend_claimed(kie_cpu *e, kie_thread *th, int l, int rope, int tid) {
   const kie_cpu_shape *s = &e->s;
-  int nkv = s->kv_heads, n = e->b.n * nkv, nth = e->nthreads, stage = CLAIM_ATTN(s->layers, nth, l);
-  for (int k = claim(e, stage); k < n; k = claim(e, stage)) {
-    int r = k / nkv, j = k % nkv;
-    if (k + nth < n) /* the piece this thread most likely takes next */
-      prefetch_kv(e, l, (k + nth) / nkv, (k + nth) % nkv);
-    if (rope) {
-      rope_kv(e, l, r, j);
-      for (int h = 0; h < s->heads; h++)
-        if ((h + s->q_first) / s->q_group == j) rope_q(e, r, h);
+  const int *ap = e->b.apiece;
+  int nkv = s->kv_heads, nth = e->nthreads;
+  for (int v = 0; v < nth; v++) {
+    int u = (tid + v) % nth, counter = CLAIM_ATTN(s->layers, u, l);
+    for (int k = ap[u] + claim(e, counter); k < ap[u + 1]; k = ap[u] + claim(e, counter)) {
+      int r = k / nkv, j = k % nkv;
+      kie_attn_job next = {0};
+      if (u == tid && k + 1 < ap[u + 1]) kv_reads(e, l, (k + 1) / nkv, (k + 1) % nkv, &next);
+      if (rope) {
+        rope_kv(e, l, r, j);
+        for (int h = 0; h < s->heads; h++)
+          if ((h + s->q_first) / s->q_group == j) rope_q(e, r, h);
+      }
+      attend_head(e, th, l, r, r + 1, j, &next);
     }
-    attend_head(e, th, l, r, r + 1, j);
   }
 }
 
@@ -466,17 +500,24 @@ static void batch_all(void *arg, int tid, int nth) {
     const kie_share *sh = &e->sh_qkv[(size_t)l * nth];
     float *yq[3] = {b->qkv, b->qkv + qrows, b->qkv + qrows + kvrows};
     stage_products(e, &rw, qkv, 3, yq, QKV, R, KIE_STAGE(l, 0), tid, nth, sh);
-    meet(e, &rw, th, tid, KIE_STAGE(l, 1));
+    if (rw.own && b->apiece[tid] < b->apiece[tid + 1]) {
+      kv_wait w = {th, {0}, 0, 0};
+      kv_reads(e, l, b->apiece[tid] / s->kv_heads, b->apiece[tid] % s->kv_heads, &w.first);
+      th->pf.next = KIE_STAGE(l, 1);
+      kpool_barrier_idle(e->pool, tid, kv_wait_more, &w);
+    } else {
+      meet(e, &rw, th, tid, KIE_STAGE(l, 1));
+    }
     STAMP(0);
     /* RoPE and the cache writes, attention, then (many rows) the o product's input of the
      * same rows */
     if (rw.own && b->distinct) {
-      attend_claimed(e, th, l, 1);
+      attend_claimed(e, th, l, 1, tid);
     } else {
       rope_rows(e, l, r0, r1);
       kpool_barrier(e->pool, tid);
       if (rw.own)
-        attend_claimed(e, th, l, 0);
+        attend_claimed(e, th, l, 0, tid);
       else
         attend_rows(e, th, l, b->arow[tid], b->arow[tid + 1]);
     }
@@ -570,7 +611,8 @@ static void batch_all(void *arg, int tid, int nth) {
   }
 }
 
-/* Attention's rows per thread: contiguous, cut where the positions attended balance */
+/* Attention's rows per thread: contiguous, cut where the positions attended balance; and
+ * its pieces (rows and KV heads, attend_claimed) likewise */
 static void split_attention(kie_cpu *e) {
   kie_batch *b = &e->b;
   int nth = e->nthreads;
@@ -583,6 +625,15 @@ static void split_attention(kie_cpu *e) {
     while (t < nth && acc >= total * t / nth) b->arow[t++] = r + 1;
   }
   while (t <= nth) b->arow[t++] = b->n;
+  long nkv = e->s.kv_heads, all = 0, sum = 0; /* a piece's cost: its row's positions */
+  for (int r = 0; r < b->n; r++) all += (b->pos[r] + 1) * nkv;
+  b->apiece[0] = 0;
+  t = 1;
+  for (int k = 0; k < b->n * nkv && t < nth; k++) {
+    sum += b->pos[k / nkv] + 1;
+    while (t < nth && sum * nth >= all * t) b->apiece[t++] = k + 1;
+  }
+  while (t <= nth) b->apiece[t++] = b->n * nkv;
 }
 
 int kie_cpu_batch(kie_cpu *e, const int32_t *seqs, const int32_t *tokens, int n, const uint8_t *want, float *logits,

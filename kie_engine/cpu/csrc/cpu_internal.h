@@ -92,6 +92,7 @@ typedef struct {
   int seq[KIE_MAX_ROWS], pos[KIE_MAX_ROWS], tok[KIE_MAX_ROWS], bad[KIE_MAX_ROWS];
   int logrow[KIE_MAX_ROWS];  /* the rows whose logits are wanted, in order */
   int arow[KIE_MAX_THREADS + 1]; /* attention: thread t's rows [arow[t], arow[t + 1]) */
+  int apiece[KIE_MAX_THREADS + 1]; /* attention by pieces (cpu_batch.c): thread t's [apiece[t], apiece[t + 1]) */
   atomic_int *claim;  /* [stage]: the next piece of a stage's work to take (a few rows: cpu_batch.c) */
   int nclaim;
   int distinct;       /* every row is a different sequence's */
