@@ -25,6 +25,13 @@ void kie_halves(const float *x, uint16_t *out, int n);
 /* 1 when a SIMD path is in use (the kernels' level is not the portable one). */
 int kie_attn_simd(void);
 
+/* Memory a caller reads after this call (the next call's keys and values), which the call
+ * brings toward the cache while it computes; none: 0 bytes */
+typedef struct {
+  const void *at[2];
+  size_t bytes[2];
+} kie_attn_next;
+
 typedef struct {
   const void *k, *v;  /* this KV head's cache (layouts above), f16 or f32 per f16 */
   int f16, hd;
@@ -35,8 +42,7 @@ typedef struct {
   float *out[KIE_ATTN_MAXQ];
   const float *kcur, *vcur; /* with cur >= 0: position cur's K and V (floats rounded as the */
   int cur;                  /* cache holds them), read instead of the cache; cur = -1: none */
-  const void *pf[2];        /* memory the caller reads next (the next call's keys and values), */
-  size_t pf_bytes[2];       /* brought toward the cache while this call computes; none: 0 bytes */
+  kie_attn_next pf;         /* what the caller reads next, brought toward the cache meanwhile */
 } kie_attn_job;
 
 /* floats of scratch one kie_attn call needs */

@@ -303,10 +303,11 @@ void kie_attn_avx512(const kie_attn_job *a, float *scratch)
     }
     /* the caller's next reads, spread over the loops' steps (a step: two elements of the
      * head in the scores, two positions in the output) */
-    pfcur pf = {(const char *)((uintptr_t)a->pf[0] & ~(uintptr_t)63), (const char *)a->pf[0] + a->pf_bytes[0],
-                (const char *)((uintptr_t)a->pf[1] & ~(uintptr_t)63), (const char *)a->pf[1] + a->pf_bytes[1], 0};
-    if (a->pf_bytes[0] + a->pf_bytes[1]) {
-        size_t lines = (a->pf_bytes[0] + a->pf_bytes[1]) / 64 + 2, steps = 0;
+    const kie_attn_next *nx = &a->pf;
+    pfcur pf = {(const char *)((uintptr_t)nx->at[0] & ~(uintptr_t)63), (const char *)nx->at[0] + nx->bytes[0],
+                (const char *)((uintptr_t)nx->at[1] & ~(uintptr_t)63), (const char *)nx->at[1] + nx->bytes[1], 0};
+    if (nx->bytes[0] + nx->bytes[1]) {
+        size_t lines = (nx->bytes[0] + nx->bytes[1]) / 64 + 2, steps = 0;
         for (int t0 = 0; t0 < maxn; t0 += KIE_ATTN_TILE) {
             int qn = 0, vmax = 0;
             for (int i = 0; i < nq; i++)

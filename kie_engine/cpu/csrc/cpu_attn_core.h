@@ -119,8 +119,8 @@ void ATTN_FN(const kie_attn_job *a, float *scratch)
     const size_t esz = a->f16 ? 2 : 4, qst = ((size_t)2 * hd + 2 + 15) & ~(size_t)15;
 #if defined(__GNUC__) || defined(__clang__)
     for (int r = 0; r < 2; r++) /* the caller's next reads, at once: this kernel's loops stay plain */
-        for (size_t o = 0; o < a->pf_bytes[r]; o += 64)
-            __builtin_prefetch((const char *)a->pf[r] + o, 0, 2);
+        for (size_t o = 0; o < a->pf.bytes[r]; o += 64)
+            __builtin_prefetch((const char *)a->pf.at[r] + o, 0, 2);
 #endif
     float *kt = scratch, *vt = kt + (size_t)KIE_ATTN_TILE * hd, *st = vt + (size_t)KIE_ATTN_TILE * hd;
     int maxn = 0;

@@ -276,20 +276,20 @@ static void meet(kie_cpu *e, const rowwork *rw, kie_thread *th, int tid, int nex
  * names) is what it reads first, so it comes before the next weights (kie_prefetch_more) */
 typedef struct {
   kie_thread *th;
-  kie_attn_job first; /* its pf: the ranges */
+  kie_attn_next first;
   int range;
   size_t off;
 } kv_wait;
 
 static int kv_wait_more(void *arg) {
   kv_wait *w = arg;
-  while (w->range < 2 && w->off >= w->first.pf_bytes[w->range]) {
+  while (w->range < 2 && w->off >= w->first.bytes[w->range]) {
     w->range++;
     w->off = 0;
   }
   if (w->range == 2) return kie_prefetch_more(w->th);
-  const char *p = (const char *)w->first.pf[w->range];
-  size_t end = w->off + 1024 < w->first.pf_bytes[w->range] ? w->off + 1024 : w->first.pf_bytes[w->range];
+  const char *p = (const char *)w->first.at[w->range];
+  size_t end = w->off + 1024 < w->first.bytes[w->range] ? w->off + 1024 : w->first.bytes[w->range];
   for (; w->off < end; w->off += 64) __builtin_prefetch(p + w->off, 0, 2);
   return 1;
 }
@@ -388,7 +388,7 @@ static void rope_rows(kie_cpu *e, int l, int r0, int r1) {
 
 /* Attention of rows [a, z) of one sequence for KV head j: its query heads of those rows
  * in calls of up to KIE_ATTN_MAXQ queries. */
-static void attend_head(kie_cpu *e, kie_thread *th, int l, int a, int z, int j, const kie_attn_job *next) {
+static void attend_head(kie_cpu *e, kie_thread *th, int l, int a, int z, int j, kie_attn_next next) {
   const kie_cpu_shape *s = &e->s;
   kie_batch *b = &e->b;
   int hd = s->head_dim, qrows = s->heads * hd, g = s->q_group, qf = s->q_first;
@@ -396,11 +396,7 @@ static void attend_head(kie_cpu *e, kie_thread *th, int l, int a, int z, int j, 
   size_t esz = kv16 ? 2 : 4, off = kie_seq_head(e, &e->seqs[b->seq[a]], l, j);
   const kie_seq *sq = &e->seqs[b->seq[a]];
   kie_attn_job job = {.k = (const char *)sq->k + off * esz, .v = (const char *)sq->v + off * esz, .f16 = kv16,
-                      .hd = hd, .scale = 1.0f / sqrtf((float)hd), .cur = -1};
-  if (next) {
-    memcpy(job.pf, next->pf, sizeof job.pf);
-    memcpy(job.pf_bytes, next->pf_bytes, sizeof job.pf_bytes);
-  }
+                      .hd = hd, .scale = 1.0f / sqrtf((float)hd), .cur = -1, .pf = next};
   for (int r = a; r < z; r++)
     for (int h = 0; h < s->heads; h++) {
       if ((h + qf) / g != j) continue;
@@ -421,24 +417,16 @@ static void attend_rows(kie_cpu *e, kie_thread *th, int l, int r0, int r1) {
   for (int a = r0; a < r1;) {
     int z = a;
     while (z < r1 && b->seq[z] == b->seq[a]) z++;
-    for (int j = 0; j < e->s.kv_heads; j++) attend_head(e, th, l, a, z, j, NULL);
+    for (int j = 0; j < e->s.kv_heads; j++) attend_head(e, th, l, a, z, j, (kie_attn_next){0});
     a = z;
   }
 }
 
-/* What a piece of attention reads: row r's cache of KV head j in layer l, keys and values
- * up to its position, as the prefetch of the call before it (kie_attn_job's pf): the
- * batch's caches together pass L2, so a piece reads them from memory unless fetched
- * while the piece before it computed */
-static void kv_reads(kie_cpu *e, int l, int r, int j, kie_attn_job *next) {
-  const kie_batch *b = &e->b;
-  const kie_seq *sq = &e->seqs[b->seq[r]];
-  size_t esz = e->s.kv_type == KIE_CPU_KV_F16 ? 2 : 4, off = kie_seq_head(e, sq, l, j) * esz;
-  size_t hd = (size_t)e->s.head_dim, pos = (size_t)b->pos[r];
-  next->pf[0] = (const char *)sq->k + off;
-  next->pf_bytes[0] = (pos / 16 + 1) * 16 * hd * esz;
-  next->pf[1] = (const char *)sq->v + off;
-  next->pf_bytes[1] = (pos + 1) * hd * esz;
+/* What a piece of attention reads (row r's cache of KV head j in layer l), as the
+ * prefetch of the call before it (kie_attn_job's pf): the batch's caches together pass
+ * L2, so a piece reads them from memory unless fetched while the piece before it computed */
+static kie_attn_next kv_reads(const kie_cpu *e, int l, int r, int j) {
+  return kie_kv_reads(e, &e->seqs[e->b.seq[r]], l, j, e->b.pos[r]);
 }
 
 /* Attention of every row, by pieces (piece k: row k / kv_heads, KV head k % kv_heads):
@@ -455,14 +443,14 @@ static void attend_claimed(kie_cpu *e, kie_thread *th, int l, int rope, int tid)
     int u = (tid + v) % nth, counter = CLAIM_ATTN(s->layers, u, l);
     for (int k = ap[u] + claim(e, counter); k < ap[u + 1]; k = ap[u] + claim(e, counter)) {
       int r = k / nkv, j = k % nkv;
-      kie_attn_job next = {0};
-      if (u == tid && k + 1 < ap[u + 1]) kv_reads(e, l, (k + 1) / nkv, (k + 1) % nkv, &next);
+      kie_attn_next next = {0};
+      if (u == tid && k + 1 < ap[u + 1]) next = kv_reads(e, l, (k + 1) / nkv, (k + 1) % nkv);
       if (rope) {
         rope_kv(e, l, r, j);
         for (int h = 0; h < s->heads; h++)
           if ((h + s->q_first) / s->q_group == j) rope_q(e, r, h);
       }
-      attend_head(e, th, l, r, r + 1, j, &next);
+      attend_head(e, th, l, r, r + 1, j, next);
     }
   }
 }
@@ -501,8 +489,7 @@ static void batch_all(void *arg, int tid, int nth) {
     float *yq[3] = {b->qkv, b->qkv + qrows, b->qkv + qrows + kvrows};
     stage_products(e, &rw, qkv, 3, yq, QKV, R, KIE_STAGE(l, 0), tid, nth, sh);
     if (rw.own && b->apiece[tid] < b->apiece[tid + 1]) {
-      kv_wait w = {th, {0}, 0, 0};
-      kv_reads(e, l, b->apiece[tid] / s->kv_heads, b->apiece[tid] % s->kv_heads, &w.first);
+      kv_wait w = {th, kv_reads(e, l, b->apiece[tid] / s->kv_heads, b->apiece[tid] % s->kv_heads), 0, 0};
       th->pf.next = KIE_STAGE(l, 1);
       kpool_barrier_idle(e->pool, tid, kv_wait_more, &w);
     } else {

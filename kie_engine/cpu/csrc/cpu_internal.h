@@ -7,6 +7,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "cpu_attn.h"
 #include "cpu_pool.h"
 #include "kie_cpu.h"
 
@@ -149,6 +150,15 @@ void kie_seq_release(kie_cpu *e, kie_seq *q);
 /* where layer l, KV head j of sequence q starts, in elements */
 static inline size_t kie_seq_head(const kie_cpu *e, const kie_seq *q, int l, int j) {
   return ((size_t)l * e->s.kv_heads + j) * (size_t)q->cap * e->s.head_dim;
+}
+/* What attention over layer l, KV head j of sequence q up to position pos reads: its keys
+ * (blocks of 16 positions) and values (cpu_attn.h's layouts), for a call before it to fetch */
+static inline kie_attn_next kie_kv_reads(const kie_cpu *e, const kie_seq *q, int l, int j, int pos) {
+  size_t esz = e->s.kv_type == KIE_CPU_KV_F16 ? 2 : 4, off = kie_seq_head(e, q, l, j) * esz;
+  size_t hd = (size_t)e->s.head_dim, p = (size_t)pos;
+  kie_attn_next r = {{(const char *)q->k + off, (const char *)q->v + off},
+                     {(p / 16 + 1) * 16 * hd * esz, (p + 1) * hd * esz}};
+  return r;
 }
 void kie_batch_free(kie_cpu *e);
 /* The token step (cpu_step.c): n tokens of sequence seq, one pass each; the last one's

@@ -178,13 +178,8 @@ static void one_token(kie_cpu *e, int tid, int n, int32_t tok, int pos, int want
             job.n[job.nq] = pos + 1;
             job.out[job.nq] = e->att + (size_t)h * hd;
           }
-          if (h < e->head0[tid + 1]) { /* the thread's next KV head: its cache, fetched meanwhile */
-            size_t nx = kie_seq_head(e, sq, l, (h + qf) / g) * esz;
-            job.pf[0] = (const char *)sq->k + nx;
-            job.pf_bytes[0] = ((size_t)pos / 16 + 1) * 16 * hd * esz;
-            job.pf[1] = (const char *)sq->v + nx;
-            job.pf_bytes[1] = ((size_t)pos + 1) * hd * esz;
-          }
+          if (h < e->head0[tid + 1]) /* the thread's next KV head: its cache, fetched meanwhile */
+            job.pf = kie_kv_reads(e, sq, l, (h + qf) / g, pos);
           kie_attn(&job, th->attn);
         }
         wait_all(e, th, tid, KIE_STAGE(l, 1));
