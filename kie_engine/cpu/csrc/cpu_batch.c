@@ -289,7 +289,7 @@ static int kv_wait_more(void *arg) {
   }
   if (w->range == 2) return kie_prefetch_more(w->th);
   const char *p = (const char *)w->first.at[w->range];
-  size_t end = w->off + 1024 < w->first.bytes[w->range] ? w->off + 1024 : w->first.bytes[w->range];
+  size_t end = w->off + KIE_PF_CHUNK < w->first.bytes[w->range] ? w->off + KIE_PF_CHUNK : w->first.bytes[w->range];
   for (; w->off < end; w->off += 64) __builtin_prefetch(p + w->off, 0, 2);
   return 1;
 }

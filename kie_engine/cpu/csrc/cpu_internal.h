@@ -25,6 +25,9 @@ typedef struct {
  * gate/up, down, then the LM head (KIE_STAGE(L, 0)). */
 #define KIE_STAGE(l, i) (4 * (l) + (i))
 
+/* Bytes a wait prefetches between its polls (an idle callback of kpool_barrier_idle) */
+#define KIE_PF_CHUNK 1024
+
 /* A thread's weights for one token as byte spans in reading order, and a cursor: while
  * it waits (a barrier, a lanes' sum) it prefetches from the next stage's start up to
  * KIE_PF_AHEAD bytes into it, so that waiting time streams memory too. */

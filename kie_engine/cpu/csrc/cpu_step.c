@@ -37,9 +37,8 @@ static const void *act_for(kie_thread *th, int *used, const kie_cpu_mat *m, cons
 }
 
 /* Prefetching while waiting: how far into the next stage (within one core's L2 with room
- * to spare) and how much per call (a wait polls between pieces). */
+ * to spare). */
 #define KIE_PF_AHEAD (256 * 1024)
-#define KIE_PF_CHUNK 1024
 
 int kie_prefetch_more(void *arg) {
   kie_prefetch *pf = &((kie_thread *)arg)->pf;
