@@ -404,8 +404,10 @@ def copy_bandwidth(dev, nbytes=2 << 30, reps=10):
 # lane), x of the o and down GEMVs staged in shared memory, the decode attention a block
 # a query head holding up to 192 keys in shared memory, past them splits of 96 keys a
 # block a KV head): the monokernel's attention items (32 keys a split, the last
-# combining), a block a KV head or a block a query head at every context, splits of 128.
-VARIANTS = [dict(decode_attn=1), dict(att_heads=2), dict(att_heads=1), dict(att_split_keys=128)]
+# combining), a block a KV head or a block a query head at every context, splits of 128,
+# a GEMV's first two rounds loaded before its wait, its first loads and two rounds asked of L2.
+VARIANTS = [dict(decode_attn=1), dict(att_heads=2), dict(att_heads=1), dict(att_split_keys=128),
+            dict(prefetch=3), dict(prefetch=4)]
 
 
 # The batched prefill against its default (the long query tiles' keys split across two attention
@@ -649,10 +651,10 @@ def main():
                 lay = kie_bench.bench_layer_gemvs(mv, iters=50)
                 down = kie_bench.bench_gemv(mv, 2048, 8192, iters=100)
                 for ctx in contexts:
-                    us, pre, _ = kie_decode(mv, ctx, a.tokens, a.rounds, cfg.vocab_size)
+                    us, pre, toks = kie_decode(mv, ctx, a.tokens, a.rounds, cfg.vocab_size)
                     add("kie", "graph", d, ctx, us,
                         {"variant": ",".join(f"{k}={x}" for k, x in v.items()), "layer_gemvs_us": round(lay, 2),
-                         "gemv_2048x8192_us": round(down, 2)})
+                         "gemv_2048x8192_us": round(down, 2), "same_tokens_as_graph": toks == graph_tokens.get(ctx)})
                 mv.close()
     if a.baseline != "none":
         comp = a.baseline == "compile"
