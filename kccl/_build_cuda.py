@@ -137,6 +137,11 @@ def compile_cuda(root, nvcc, sources, include_dirs, deps, outdir, defines=(), la
     version = _nvcc_version(nvcc)
     flags = ["-O3", "-std=c++17", "-Xcompiler", "-fPIC,-fvisibility=hidden", *GENCODE, "--threads", "2"]
     flags += [f"-D{d}" for d in defines]
+    lineinfo = os.environ.get("KCCL_NVCC_LINEINFO", "0").strip() or "0"
+    if lineinfo not in ("0", "1"):
+        raise SystemExit(f"KCCL_NVCC_LINEINFO={lineinfo!r}: expected 0 or 1")
+    if lineinfo == "1":  # source lines for the sanitizers' and profilers' reports
+        flags.append("-lineinfo")
     jobs, objects = [], []
     for src in sources:
         obj = os.path.join(outdir, os.path.basename(src)[:-3] + ".o")
