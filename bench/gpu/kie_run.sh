@@ -15,7 +15,9 @@
 #   bench2      bench/decode_gpu.py with 2 ranks (needs two GPUs)
 #   cli         python -m kie_engine generate --device cuda, one rank and two
 #   sanitize    compute-sanitizer memcheck and racecheck on the tiny preset (TP = 1), graph then mono (MONO_ARGS,
-#               e.g. "--attentions items", narrows the monokernel's cases)
+#               e.g. "--attentions items", narrows the monokernel's cases; KCCL_NVCC_LINEINFO=1 builds with
+#               source lines for the reports)
+#   racemono    racecheck alone on the monokernel (MONO_ARGS as above), its hazards' source lines and counts
 #   serve       tests/gpu/serve_check.py: generate and serve --device cuda on an init checkpoint (SERVE_CONFIG,
 #               default 2b), streamed request, non-finite logits, a dead lane (two lanes under MPS)
 #   ncugraph    Nsight Compute's time and DRAM bytes of each kernel of one graph decode step (2b, context
@@ -82,6 +84,10 @@ for s in "$@"; do
         timeout 300 compute-sanitizer --tool $tool --print-limit 20 python3 tests/gpu/kie_check.py --presets tiny --steps 8 --no-hf 2>&1 | tee "$LOGS/sanitize_$tool.log" | grep -E "ERROR SUMMARY|RACECHECK SUMMARY|KIE GPU CHECK|Invalid|Race" | head -12
         timeout 300 compute-sanitizer --tool $tool --print-limit 20 python3 tests/gpu/mono_check.py --presets tiny --steps 8 ${MONO_ARGS:-} 2>&1 | tee "$LOGS/sanitize_mono_$tool.log" | grep -E "ERROR SUMMARY|RACECHECK SUMMARY|MONO CHECK|Invalid|Race" | head -12
       done ;;
+    racemono)
+      timeout 500 compute-sanitizer --tool racecheck --racecheck-report hazard --print-limit 200 python3 tests/gpu/mono_check.py --presets tiny --steps 4 ${MONO_ARGS:-} > "$LOGS/racecheck_mono.log" 2>&1
+      grep -E "RACECHECK SUMMARY|MONO CHECK" "$LOGS/racecheck_mono.log"
+      grep -E "access at|Race reported|hazard" "$LOGS/racecheck_mono.log" | sed -E 's/0x[0-9a-f]+/@/g; s/^=+ +//' | sort | uniq -c | sort -rn | head -30 ;;
     serve) # generate and serve --device cuda end to end (tests/gpu/serve_check.py), MPS on for its two lanes
       export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
       mps_on; timeout 500 python3 tests/gpu/serve_check.py --config ${SERVE_CONFIG:-2b} 2>&1 | tee "$LOGS/serve.log" | grep -E "^(PASS|FAIL)|KIE GPU SERVE"; mps_off ;;
