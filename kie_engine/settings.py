@@ -93,6 +93,10 @@ SETTINGS = (
             "the rows of earlier steps copied before it waits for the QKV stage (KIE_GPU_DECODE_ATTN=2's "
             "arithmetic; keys a block KIE_GPU_ATT_KEYS, auto: the most that leave the weight ring 3 slots, and "
             "splits at most one a block per KV head).", 0, 2, **_GPU),
+    Setting("KIE_GPU_MONO_WAIT_MS", "int", 0,
+            "Monokernel: the bound on each of its waits (a stage's inputs, a weight tile, the lanes' sums), ms; "
+            "a wait past it ends the step with a GpuError naming the stage. 0 = auto (2,000). Raise it to run "
+            "under compute-sanitizer or a debugger, which slow the kernel past the default.", 0, 3600000, **_GPU),
     Setting("KIE_GPU_PREFILL", "choice", "auto",
             "CUDA engine: how a prompt runs: gemm (each weight matrix one cuBLAS product over a chunk of tokens), "
             "gemv (decode-shaped passes of a few tokens), or auto (gemm where cuBLAS can be loaded, else gemv).",

@@ -110,6 +110,8 @@ typedef struct {
   int prefill_f32_sums;        /* 1: the batched prefill's sublayer sums added to the residual by their GEMMs in f32
                                   (one lane, no delay); 0: each GEMM's output in bf16, added by the next norm */
   int prefill_attn_keys;       /* keys per tile of the batched prefill's attention: 0 auto (32), 32 or 64 */
+  int mono_wait_ms;            /* monokernel: the bound on each of its waits, ms (0: auto, 2,000); a wait
+                                  past it ends the step with a GpuError */
 } kie_shape;
 
 typedef struct {
