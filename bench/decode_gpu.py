@@ -404,10 +404,8 @@ def copy_bandwidth(dev, nbytes=2 << 30, reps=10):
 # lane), x of the o and down GEMVs staged in shared memory, the decode attention a block
 # a query head holding up to 192 keys in shared memory, past them splits of 96 keys a
 # block a KV head): the monokernel's attention items (32 keys a split, the last
-# combining), a block a KV head or a block a query head at every context, splits of 128,
-# a GEMV's first two rounds loaded before its wait, its first loads and two rounds asked of L2.
-VARIANTS = [dict(decode_attn=1), dict(att_heads=2), dict(att_heads=1), dict(att_split_keys=128),
-            dict(prefetch=3), dict(prefetch=4)]
+# combining), a block a KV head or a block a query head at every context, splits of 128.
+VARIANTS = [dict(decode_attn=1), dict(att_heads=2), dict(att_heads=1), dict(att_split_keys=128)]
 
 
 # The batched prefill against its default (the long query tiles' keys split across two attention

@@ -52,8 +52,7 @@ SETTINGS = (
             "lane has its GPU to itself, 0 when lanes share one (MPS).", 0, 1, **_GPU),
     Setting("KIE_GPU_PREFETCH", "int", 2,
             "CUDA engine: what a GEMV does before waiting for the kernel before it: 0 nothing, 1 an L2 prefetch "
-            "of its first rows, 2 its first loads into registers, 3 (pipelined GEMVs) its first two rounds' loads, "
-            "4 (pipelined) its first loads and an L2 prefetch of the next two rounds' rows.", 0, 4, **_GPU),
+            "of its first rows, 2 its first loads into registers.", 0, 2, **_GPU),
     Setting("KIE_GPU_GEMV_BLOCKS_PER_SM", "int", 0, "CUDA engine: GEMV blocks per SM; 0 = auto.", 0, 16, **_GPU),
     Setting("KIE_GPU_GEMV_U", "int", 0,
             "CUDA engine: 16-byte loads per row per lane in one batch of a GEMV without pipelining: 4 or 8; "

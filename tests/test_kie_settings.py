@@ -35,7 +35,7 @@ def test_good_values(name, text, want):
 
 
 @pytest.mark.parametrize("name,text,error", [
-    ("KIE_GPU_PREFETCH", "5", GpuArgumentError), ("KIE_GPU_GEMV_U", "5", GpuArgumentError),
+    ("KIE_GPU_PREFETCH", "3", GpuArgumentError), ("KIE_GPU_GEMV_U", "5", GpuArgumentError),
     ("KIE_GPU_MONO_BLOCKS", "-1", GpuArgumentError), ("KIE_GPU_KERNEL", "fast", GpuArgumentError),
     ("KIE_GPU_PDL", "yes", GpuArgumentError), ("KIE_GPU_ATT_CHUNK", "1.5", GpuArgumentError),
     ("KIE_GPU_PREFILL_ATTN", "4", GpuArgumentError),

@@ -79,7 +79,7 @@ __device__ __forceinline__ void use_batch(const GemvArgs &a, const float *xsrc, 
  * batch): the next round's batch is loaded before this round's is used, so a
  * warp always has loads in flight. */
 template <int NT, int XS, int EPI, int U, int PIPE>
-__global__ void __launch_bounds__(GEMV_THREADS, PIPE == 2 ? 2 : 1) k_gemv(const GemvArgs a) {
+__global__ void __launch_bounds__(GEMV_THREADS) k_gemv(const GemvArgs a) {
   extern __shared__ float4 smem4[];
   __shared__ float part[GEMV_WARPS][2 * GEMV_MAX_T];
   float *xs = reinterpret_cast<float *>(smem4);
@@ -91,14 +91,10 @@ __global__ void __launch_bounds__(GEMV_THREADS, PIPE == 2 ? 2 : 1) k_gemv(const 
 
   /* The weights do not depend on the previous kernel: start on them while it
    * still runs (an L2 prefetch of this warp's first segment, or its first batch
-   * of loads into registers), so HBM stays busy across the kernel boundary and
-   * the normed GEMVs' staging of x after it.  Pipelined, prefetch 3 (PIPE 2: a
-   * kernel of its own, since the registers held across the wait cost the
-   * others occupancy) also loads the second round's batch into registers, 4 asks
-   * L2 for the second and third rounds' rows. */
+   * of loads into registers), so HBM stays busy across the kernel boundary. */
   uint4 wa[U], wb[U], na[U], nb[U];
   int ub = blockIdx.x * upb;
-  bool preloaded = false, next_loaded = false;
+  bool preloaded = false;
   if (ub + slot < units && (a.prefetch || PIPE)) {
     int r0, r1;
     unit_rows<EPI>(a, ub + slot, r0, r1);
@@ -108,18 +104,6 @@ __global__ void __launch_bounds__(GEMV_THREADS, PIPE == 2 ? 2 : 1) k_gemv(const 
     } else {
       load_batch<U>(a, r0, r1, vb + lane, ve, wa, wb);
       preloaded = true;
-    }
-    if (PIPE == 2 && ub + stride + slot < units) {
-      unit_rows<EPI>(a, ub + stride + slot, r0, r1);
-      load_batch<U>(a, r0, r1, vb + lane, ve, na, nb);
-      next_loaded = true;
-    } else if (PIPE == 1 && a.prefetch == 4 && lane < 4 && ve > vb) {
-      const int u = ub + (1 + (lane >> 1)) * stride + slot;
-      if (u < units) {
-        unit_rows<EPI>(a, u, r0, r1);
-        if ((lane & 1) == 0 || r1 >= 0)
-          prefetch_l2(a.w + (size_t)((lane & 1) ? r1 : r0) * a.ld + (size_t)vb * 8, (uint32_t)(ve - vb) * 16u);
-      }
     }
   }
   kcclDevPdlWait();
@@ -144,12 +128,11 @@ __global__ void __launch_bounds__(GEMV_THREADS, PIPE == 2 ? 2 : 1) k_gemv(const 
       const bool active = u < units;
       int r0 = 0, r1 = -1;
       if (active) unit_rows<EPI>(a, u, r0, r1);
-      if (!next_loaded && ub + stride + slot < units) { /* the next round's batch, in flight during this one */
+      if (ub + stride + slot < units) { /* the next round's batch, in flight during this one */
         int n0, n1;
         unit_rows<EPI>(a, ub + stride + slot, n0, n1);
         load_batch<U>(a, n0, n1, vb + lane, ve, na, nb);
       }
-      next_loaded = false;
       float acc0[NT], acc1[NT];
 #pragma unroll
       for (int t = 0; t < NT; t++) acc0[t] = acc1[t] = 0.f;
@@ -248,8 +231,6 @@ __global__ void k_fill_random(bf16 *p, size_t n, uint32_t seed, float scale) {
 cudaError_t kie_launch_gemv(const GemvArgs &a, int epi, int xs, int grid, size_t smem, cudaStream_t st, int pdl) {
   if (a.T > 1) return xs ? launch_epi<GEMV_MAX_T, 1, 2, 0>(a, epi, grid, smem, st, pdl)
                          : launch_epi<GEMV_MAX_T, 0, 2, 0>(a, epi, grid, smem, st, pdl);
-  if (a.pipe && a.prefetch == 3)
-    return xs ? launch_epi<1, 1, 4, 2>(a, epi, grid, smem, st, pdl) : launch_epi<1, 0, 4, 2>(a, epi, grid, smem, st, pdl);
   if (a.pipe) return xs ? launch_epi<1, 1, 4, 1>(a, epi, grid, smem, st, pdl) : launch_epi<1, 0, 4, 1>(a, epi, grid, smem, st, pdl);
   if (a.u == 4) return xs ? launch_epi<1, 1, 4, 0>(a, epi, grid, smem, st, pdl) : launch_epi<1, 0, 4, 0>(a, epi, grid, smem, st, pdl);
   return xs ? launch_epi<1, 1, 8, 0>(a, epi, grid, smem, st, pdl) : launch_epi<1, 0, 8, 0>(a, epi, grid, smem, st, pdl);
@@ -259,7 +240,6 @@ cudaError_t kie_gemv_attributes(size_t max_smem) {
   cudaError_t e = set_attr<1, 1, 8, 0>(max_smem);
   if (e == cudaSuccess) e = set_attr<1, 1, 4, 0>(max_smem);
   if (e == cudaSuccess) e = set_attr<1, 1, 4, 1>(max_smem);
-  if (e == cudaSuccess) e = set_attr<1, 1, 4, 2>(max_smem);
   if (e == cudaSuccess) e = set_attr<GEMV_MAX_T, 1, 2, 0>(max_smem);
   return e;
 }

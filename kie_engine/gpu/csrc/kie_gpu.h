@@ -79,9 +79,7 @@ typedef struct {
   int tp_size, tp_rank;
   int pdl;                     /* 1: the engine's kernels use programmatic dependent launch */
   int prefetch;                /* what a GEMV does before waiting for the previous kernel: 0 nothing,
-                                  1 an L2 prefetch of its first rows, 2 its first loads into registers,
-                                  3 (pipelined) its first two rounds' loads, 4 (pipelined) its first
-                                  loads and an L2 prefetch of the next two rounds' rows */
+                                  1 an L2 prefetch of its first rows, 2 its first loads into registers */
   int gemv_blocks_per_sm;      /* 0: auto */
   int gemv_u;                  /* 16-byte loads per row per lane in one batch: 4 or 8 (0: auto) */
   int att_chunk;               /* keys per attention block at least (0: auto) */

@@ -63,8 +63,7 @@ struct GemvArgs {
   int rows, ld;        /* ld: row length in elements, a multiple of 8 (zero padded) */
   int in;              /* logical input length (<= ld) */
   int T;               /* tokens (rows of x) */
-  int prefetch;        /* before waiting for the previous kernel: 0 nothing, 1 L2 prefetch, 2 first loads,
-                          3 two rounds' loads, 4 first loads + L2 prefetch of two rounds (kie_shape) */
+  int prefetch;        /* before waiting for the previous kernel: 0 nothing, 1 L2 prefetch, 2 first loads */
   int segs;            /* warps sharing a unit, each a segment of the input: 1, 2, 4 or 8 */
   int u;               /* decode: 16-byte loads per row per lane in a batch, 4 or 8 */
   int pipe;            /* decode: the next round's batch loads while this one is used (u = 4) */
