@@ -85,7 +85,7 @@ for s in "$@"; do
         timeout 300 compute-sanitizer --tool $tool --print-limit 20 python3 tests/gpu/mono_check.py --presets tiny --steps 8 ${MONO_ARGS:-} 2>&1 | tee "$LOGS/sanitize_mono_$tool.log" | grep -E "ERROR SUMMARY|RACECHECK SUMMARY|MONO CHECK|Invalid|Race" | head -12
       done ;;
     racemono) # its waits' bound raised: under the tool the kernel runs far slower than the default 2 s allows
-      KIE_GPU_MONO_WAIT_MS=400000 timeout 480 compute-sanitizer --tool racecheck --racecheck-report hazard --print-limit 1000000 python3 tests/gpu/mono_check.py --presets tiny --steps 4 ${MONO_ARGS:-} > "$LOGS/racecheck_mono.log" 2>&1
+      KIE_GPU_MONO_WAIT_MS=400000 timeout ${RACE_S:-480} compute-sanitizer --tool racecheck --racecheck-report hazard --print-limit 1000000 python3 tests/gpu/mono_check.py --presets tiny --steps 4 ${MONO_ARGS:-} > "$LOGS/racecheck_mono.log" 2>&1
       grep -E "RACECHECK SUMMARY|MONO CHECK" "$LOGS/racecheck_mono.log"
       # each hazard's kind and its two accesses' source lines, counted
       awk '/Potential .* hazard/ {k=$4; n=2; s=""; next} n>0 && / at / {sub(/.* in /, ""); s=s " " $0; if (--n == 0) c[k s]++} END {for (x in c) print c[x], x}' "$LOGS/racecheck_mono.log" | sort -rn | head -30 ;;
