@@ -64,3 +64,39 @@ def test_benchmark_extension_skips_cuda_without_a_driver(monkeypatch):
     monkeypatch.setattr(_build_cuda, "gpu_driver", lambda: None)
     monkeypatch.setenv("KCCL_CUDA", "1")
     assert native_build._inputs()[0] is True
+
+
+def _fake_nvcc(tmp_path):
+    """An nvcc that says its release, records each compile's arguments and writes the object."""
+    log = tmp_path / "calls.txt"
+    nvcc = tmp_path / "nvcc"
+    nvcc.write_text("#!/bin/sh\n"
+                    "if [ \"$1\" = --version ]; then echo 'Cuda compilation tools, release 13.0, V13.0.0'; exit 0; fi\n"
+                    f"echo \"$@\" >> {log}\n"
+                    "while [ $# -gt 1 ]; do if [ \"$1\" = -o ]; then : > \"$2\"; fi; shift; done\n")
+    nvcc.chmod(0o755)
+    src = tmp_path / "k.cu"
+    src.write_text("__global__ void k() {}\n")
+    return str(nvcc), str(src), log
+
+
+@pytest.mark.parametrize("value, lineinfo", [("0", False), ("", False), ("1", True)])
+def test_lineinfo_setting(monkeypatch, tmp_path, value, lineinfo):
+    """KCCL_NVCC_LINEINFO=1 adds -lineinfo, and the object's stamp tells the two builds apart."""
+    nvcc, src, log = _fake_nvcc(tmp_path)
+    monkeypatch.setenv("KCCL_NVCC_LINEINFO", value)
+    out = tmp_path / "obj"
+    _build_cuda.compile_cuda(str(tmp_path), nvcc, [src], [], [], str(out))
+    assert ("-lineinfo" in log.read_text().split()) == lineinfo
+    stamp = (out / "k.o.stamp").read_text()
+    monkeypatch.setenv("KCCL_NVCC_LINEINFO", "0" if lineinfo else "1")
+    _build_cuda.compile_cuda(str(tmp_path), nvcc, [src], [], [], str(out))
+    assert (out / "k.o.stamp").read_text() != stamp
+    assert len(log.read_text().splitlines()) == 2  # the other setting compiled again
+
+
+def test_bad_lineinfo_is_refused(monkeypatch, tmp_path):
+    nvcc, src, _ = _fake_nvcc(tmp_path)
+    monkeypatch.setenv("KCCL_NVCC_LINEINFO", "yes")
+    with pytest.raises(SystemExit, match="KCCL_NVCC_LINEINFO='yes': expected 0 or 1"):
+        _build_cuda.compile_cuda(str(tmp_path), nvcc, [src], [], [], str(tmp_path / "obj"))
