@@ -171,6 +171,11 @@ def check_errors():
         record("error: mono_attn=3", False, raised="nothing")
     except GpuArgumentError as e:
         record("error: mono_attn=3", "mono_attn=3" in str(e), raised=type(e).__name__, msg=str(e)[:80])
+    try:
+        GpuModel(cfg, kernel="mono", tuning={"mono_wait_ms": -1})
+        record("error: mono_wait_ms=-1", False, raised="nothing")
+    except GpuArgumentError as e:
+        record("error: mono_wait_ms=-1", "mono_wait_ms=-1" in str(e), raised=type(e).__name__, msg=str(e)[:80])
 
 
 def main():
