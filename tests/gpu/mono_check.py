@@ -17,9 +17,9 @@ at delay 0 with fewer keys a block, and the first preset's chunk walk):
   repeat    a second generation after a reset (the counters carried over): identical
   shape     (TP = 2) the grid: every SM alone on a GPU, (SMs - 4) / 2 with two lanes on
             one; the reducer blocks: one per 512 floats of the hidden size
-Also: a bad kernel name and a bad attention mode (mono_attn) are typed errors. Rank 0 prints
-one line per check (and every rank its failures) and `MONO CHECK (tp=N): n passed, m
-failed`; exit 1 on any failure."""
+Also: a bad kernel name, attention mode (mono_attn) and wait bound (mono_wait_ms) are typed
+errors.  Rank 0 prints one line per check (and every rank its failures) and `MONO CHECK
+(tp=N): n passed, m failed`; exit 1 on any failure."""
 import argparse
 import json
 import os
@@ -159,23 +159,19 @@ def check_shape(tag, cfg, info, devices):
            want_reducers=want_red, shared_gpu=shared, devices=devices)
 
 
+def refused(label, needle, **kw):
+    """GpuModel(tiny, **kw) must raise GpuArgumentError whose message holds needle."""
+    try:
+        GpuModel(preset("tiny"), **kw)
+        record(f"error: {label}", False, raised="nothing")
+    except GpuArgumentError as e:
+        record(f"error: {label}", needle in str(e), raised=type(e).__name__, msg=str(e)[:80])
+
+
 def check_errors():
-    cfg = preset("tiny")
-    try:
-        GpuModel(cfg, kernel="fused")
-        record("error: unknown kernel", False, raised="nothing")
-    except GpuArgumentError as e:
-        record("error: unknown kernel", "graph" in str(e), raised=type(e).__name__)
-    try:
-        GpuModel(cfg, kernel="mono", tuning={"mono_attn": 3})
-        record("error: mono_attn=3", False, raised="nothing")
-    except GpuArgumentError as e:
-        record("error: mono_attn=3", "mono_attn=3" in str(e), raised=type(e).__name__, msg=str(e)[:80])
-    try:
-        GpuModel(cfg, kernel="mono", tuning={"mono_wait_ms": -1})
-        record("error: mono_wait_ms=-1", False, raised="nothing")
-    except GpuArgumentError as e:
-        record("error: mono_wait_ms=-1", "mono_wait_ms=-1" in str(e), raised=type(e).__name__, msg=str(e)[:80])
+    refused("unknown kernel", "graph", kernel="fused")
+    refused("mono_attn=3", "mono_attn=3", kernel="mono", tuning={"mono_attn": 3})
+    refused("mono_wait_ms=-1", "mono_wait_ms=-1", kernel="mono", tuning={"mono_wait_ms": -1})
 
 
 def main():
