@@ -403,8 +403,9 @@ def copy_bandwidth(dev, nbytes=2 << 30, reps=10):
 # loads before its wait, 2 GEMV blocks per SM, pipelined GEMV loads (4 per row per
 # lane), x of the o and down GEMVs staged in shared memory, the decode attention a block
 # a query head holding up to 192 keys in shared memory, past them splits of 96 keys a
-# block a KV head): the monokernel's attention items (32 keys a split, the last
-# combining), a block a KV head or a block a query head at every context, splits of 128.
+# block a KV head, no L2 prefetch of gate/up by the attention): the monokernel's attention
+# items (32 keys a split, the last combining), a block a KV head or a block a query head at
+# every context, splits of 128.
 VARIANTS = [dict(decode_attn=1), dict(att_heads=2), dict(att_heads=1), dict(att_split_keys=128)]
 
 
@@ -494,6 +495,9 @@ def main():
                          "the lanes inside its kernel)")
     ap.add_argument("--variants", action="store_true",
                     help="also KIE with the launch and kernel variants of VARIANTS (delay 0, every context)")
+    ap.add_argument("--variant", action="append", metavar="FIELD=N[,FIELD=N]",
+                    help="a graph-path variant to time instead of VARIANTS' (repeatable; kie_shape fields, pdl, "
+                         "prefetch), e.g. --variant att_prefetch_kb=16384")
     ap.add_argument("--mono-variants", action="store_true",
                     help="also the monokernel with the variants of MONO_VARIANTS (delay 0, every context)")
     ap.add_argument("--prefill-variants", action="store_true",
@@ -503,6 +507,13 @@ def main():
                     help="also the GPU time of each kernel of a prefill and of 8 graph decode steps (PyTorch profiler)")
     ap.add_argument("--json")
     a = ap.parse_args()
+    variants = VARIANTS
+    if a.variant:
+        try:
+            variants = [{k: int(x) for k, x in (kv.split("=") for kv in v.split(","))} for v in a.variant]
+        except ValueError:
+            ap.error(f"--variant {a.variant}: FIELD=N[,FIELD=N], N an integer")
+        a.variants = True
     ndev = torch.cuda.device_count()
     dev_index = RANK % ndev
     torch.cuda.set_device(dev_index)
@@ -644,7 +655,7 @@ def main():
                                                     "same_tokens_as_graph": toks == graph_tokens.get(ctx)})
                 mv.close()
         if a.variants and d == delays[0]:
-            for v in VARIANTS:
+            for v in variants:
                 mv = kie_variant(cfg, w, comm, max_seq, v)
                 lay = kie_bench.bench_layer_gemvs(mv, iters=50)
                 down = kie_bench.bench_gemv(mv, 2048, 8192, iters=100)
