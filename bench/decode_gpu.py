@@ -403,9 +403,8 @@ def copy_bandwidth(dev, nbytes=2 << 30, reps=10):
 # loads before its wait, 2 GEMV blocks per SM, pipelined GEMV loads (4 per row per
 # lane), x of the o and down GEMVs staged in shared memory, the decode attention a block
 # a query head holding up to 192 keys in shared memory, past them splits of 96 keys a
-# block a KV head, no L2 prefetch of gate/up by the attention): the monokernel's attention
-# items (32 keys a split, the last combining), a block a KV head or a block a query head at
-# every context, splits of 128.
+# block a KV head): the monokernel's attention items (32 keys a split, the last
+# combining), a block a KV head or a block a query head at every context, splits of 128.
 VARIANTS = [dict(decode_attn=1), dict(att_heads=2), dict(att_heads=1), dict(att_split_keys=128)]
 
 
@@ -497,7 +496,7 @@ def main():
                     help="also KIE with the launch and kernel variants of VARIANTS (delay 0, every context)")
     ap.add_argument("--variant", action="append", metavar="FIELD=N[,FIELD=N]",
                     help="a graph-path variant to time instead of VARIANTS' (repeatable; kie_shape fields, pdl, "
-                         "prefetch), e.g. --variant att_prefetch_kb=16384")
+                         "prefetch), e.g. --variant att_split_keys=64")
     ap.add_argument("--mono-variants", action="store_true",
                     help="also the monokernel with the variants of MONO_VARIANTS (delay 0, every context)")
     ap.add_argument("--prefill-variants", action="store_true",

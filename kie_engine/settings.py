@@ -71,10 +71,6 @@ SETTINGS = (
     Setting("KIE_GPU_ATT_SPLIT_KEYS", "int", 0,
             "CUDA engine, KIE_GPU_DECODE_ATTN=2: keys a split takes at most when the context passes "
             "KIE_GPU_ATT_KEYS; 0 = auto (96, or KIE_GPU_ATT_KEYS if less).", 0, 256, **_GPU),
-    Setting("KIE_GPU_ATT_PREFETCH_KB", "int", 0,
-            "CUDA engine, KIE_GPU_DECODE_ATTN=2: KiB of the layer's gate/up weights (their first rows, which its "
-            "GEMV reads first) that the decode attention's blocks ask L2 for as they start, so that HBM works "
-            "through the attention and the o projection; 0 = none.", 0, 1 << 20, **_GPU),
     Setting("KIE_GPU_ATT_SPLITS", "int", 0,
             "CUDA engine, KIE_GPU_DECODE_ATTN=2: splits of a context at most (a longer split walks its keys in "
             "chunks of KIE_GPU_ATT_KEYS' most); 0 = auto (48).", 0, 1 << 16, **_GPU),

@@ -167,7 +167,7 @@ class GpuModel(OwnsNativeEngine):
         s.prefetch = _settings.value("KIE_GPU_PREFETCH") if prefetch is None else int(prefetch)
         for field in ("gemv_blocks_per_sm", "gemv_u", "att_chunk", "gemv_pipe", "gemv_x_l1", "mono_prefetch",
                       "mono_blocks", "mono_attn", "mono_wait_ms", "decode_attn", "att_keys", "att_split_keys", "att_splits",
-                      "att_heads", "att_prefetch_kb"):
+                      "att_heads"):
             setattr(s, field, _settings.value("KIE_GPU_" + field.upper()))
         s.lanes_per_device = -(-size // ndev) if shared else 1
         s.kernel = kernel_code(kernel if kernel is not None else _settings.value("KIE_GPU_KERNEL"))

@@ -5,7 +5,6 @@
  * The block copies the rows of earlier steps before it waits for the QKV kernel
  * (programmatic dependent launch), so their DRAM round trip overlaps that kernel's tail.
  * Splits of AttnArgs.ksplit keys past kcap (smem_attention_splits, engine_internal.h).
- * Its blocks may also ask L2 for the next GEMVs' weights as they start (AttnArgs.pf).
  * The arithmetic differs from the monokernel's split items
  * (attention.cuh) in its summation order; KIE_GPU_DECODE_ATTN=1 gives the graph path
  * those items instead. */
@@ -17,26 +16,10 @@ namespace {
 
 constexpr int AS_THREADS = 256;
 
-/* This block's share of a.pf in 4 KiB pieces, asked of L2: every block of the grid takes
- * one, those without an item too (at short contexts most splits have none), so the
- * requests spread over the SMs' copy engines. */
-__device__ void ask_l2(const AttnArgs &a) {
-  constexpr size_t PIECE = 4096;
-  const size_t nb = (size_t)gridDim.x * gridDim.y * gridDim.z;
-  const size_t b = blockIdx.x + (size_t)gridDim.x * (blockIdx.y + (size_t)gridDim.y * blockIdx.z);
-  const size_t pieces = (a.pf_bytes + PIECE - 1) / PIECE;
-  const char *base = reinterpret_cast<const char *>(a.pf);
-  for (size_t i = b * pieces / nb + threadIdx.x; i < (b + 1) * pieces / nb; i += AS_THREADS) {
-    const size_t off = i * PIECE, len = a.pf_bytes - off < PIECE ? a.pf_bytes - off : PIECE;
-    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(base + off), "r"((unsigned)len) : "memory");
-  }
-}
-
 template <int HD>
 __global__ void __launch_bounds__(AS_THREADS, 1) k_attention_smem(const AttnArgs a) {
   extern __shared__ __align__(16) unsigned char as_smem[];
   __shared__ AttSmemHeads hs;
-  if (a.pf_bytes) ask_l2(a);
   att_smem_item<HD, AS_THREADS>(a, blockIdx.x, blockIdx.y, blockIdx.z, threadIdx.x, as_smem, ATT_SMEM_KEYS(HD), hs,
                                 SyncBlock(), [] {
                                   kcclDevPdlWait();

@@ -110,8 +110,6 @@ typedef struct {
   int prefill_attn_keys;       /* keys per tile of the batched prefill's attention: 0 auto (32), 32 or 64 */
   int mono_wait_ms;            /* monokernel: the bound on each of its waits, ms (0: auto, 2,000); a wait
                                   past it ends the step with a GpuError */
-  int att_prefetch_kb;         /* decode_attn 2: KiB of the layer's gate/up weights (their first rows) that the
-                                  decode attention's blocks ask L2 for as they start (0: none) */
 } kie_shape;
 
 typedef struct {

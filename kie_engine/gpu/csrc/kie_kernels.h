@@ -123,8 +123,6 @@ struct AttnArgs {
   unsigned *cnt; /* [T][nkv * hgroups] */
   float *out;
   int out_ld;
-  const bf16 *pf; /* the shared-memory kernel: weights its blocks ask L2 for as they start, */
-  size_t pf_bytes; /* a multiple of 16 (0: none; the monokernel's producer streams its own) */
 };
 
 struct FinalArgs {

@@ -133,11 +133,6 @@ inline AttnArgs attention_args(kie_engine *e, int l) {
   a.cnt = e->att_cnt;
   a.out = e->att;
   a.out_ld = e->qdim;
-  /* The gate/up GEMV's first rows, asked of L2 while the attention and the o GEMV leave
-   * HBM mostly idle (the o GEMV's own weights are its first loads, issued as it starts). */
-  const size_t gu = (size_t)2 * e->s.inter * e->hid_pad * sizeof(bf16);
-  a.pf = e->L[(size_t)l].wgu;
-  a.pf_bytes = std::min(gu, (size_t)e->s.att_prefetch_kb << 10);
   return a;
 }
 

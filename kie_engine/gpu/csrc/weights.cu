@@ -77,8 +77,6 @@ int derive(kie_engine *e, const kie_shape &s, int sms) {
                 KCCL_DEV_MAX_BLOCKS, KCCL_LL_MAX_BYTES);
   if (s.mono_prefetch < -1 || s.mono_prefetch > 64) return fail(KIE_E_ARG, "mono_prefetch=%d: -1..64", s.mono_prefetch);
   if (s.lanes_per_device < 0) return fail(KIE_E_ARG, "lanes_per_device=%d", s.lanes_per_device);
-  if (s.att_prefetch_kb < 0 || s.att_prefetch_kb > (1 << 20))
-    return fail(KIE_E_ARG, "att_prefetch_kb=%d: 0 (none) .. 1048576", s.att_prefetch_kb);
   if (s.mono_wait_ms < 0) return fail(KIE_E_ARG, "mono_wait_ms=%d: 0 (auto, 2,000) or a bound in ms", s.mono_wait_ms);
   if (s.mono_blocks < 0) return fail(KIE_E_ARG, "mono_blocks=%d: 0 (auto) or a block count", s.mono_blocks);
   if (s.mono_attn < 0 || s.mono_attn > 2)
