@@ -312,15 +312,22 @@ cudaError_t launch_slots(const GemvArgs &a, int epi, int grid, size_t smem, cuda
   return cudaErrorInvalidValue;
 }
 
+/* Room for two blocks' slots an SM: the largest dynamic size, and the carveout that
+ * gives shared memory all it can. */
+template <typename K>
+cudaError_t set_attr_slot_kernel(K k) {
+  cudaError_t e = cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, GEMV_WSLOT_SMEM);
+  if (e == cudaSuccess)
+    e = cudaFuncSetAttribute(k, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared);
+  return e;
+}
+
 template <int XS>
 cudaError_t set_attr_slots() {
-  cudaError_t e = cudaSuccess;
-  const int v = GEMV_WSLOT_SMEM;
-  const cudaFuncAttribute at = cudaFuncAttributeMaxDynamicSharedMemorySize;
-  if (e == cudaSuccess) e = cudaFuncSetAttribute(k_gemv_slots<XS, EPI_STORE>, at, v);
-  if (e == cudaSuccess) e = cudaFuncSetAttribute(k_gemv_slots<XS, EPI_QKV>, at, v);
-  if (e == cudaSuccess) e = cudaFuncSetAttribute(k_gemv_slots<XS, EPI_SWIGLU>, at, v);
-  if (e == cudaSuccess) e = cudaFuncSetAttribute(k_gemv_slots<XS, EPI_HEAD>, at, v);
+  cudaError_t e = set_attr_slot_kernel(k_gemv_slots<XS, EPI_STORE>);
+  if (e == cudaSuccess) e = set_attr_slot_kernel(k_gemv_slots<XS, EPI_QKV>);
+  if (e == cudaSuccess) e = set_attr_slot_kernel(k_gemv_slots<XS, EPI_SWIGLU>);
+  if (e == cudaSuccess) e = set_attr_slot_kernel(k_gemv_slots<XS, EPI_HEAD>);
   return e;
 }
 
