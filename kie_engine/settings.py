@@ -78,10 +78,8 @@ SETTINGS = (
             "CUDA engine, KIE_GPU_DECODE_ATTN=2: query heads a block; 0 = auto (one while the context fits one "
             "block, past it 2), 1 = one (a block each, the keys read once for each), 2 = every query head of a "
             "KV head, up to 8, sharing its keys.", 0, 2, **_GPU),
-    Setting("KIE_GPU_GEMV_PIPE", "int", 1,
-            "CUDA engine: 1 has a GEMV load the next round's weights into registers while it uses this round's; "
-            "2 has its warps bulk-copy them into shared-memory slots up to 3 rounds ahead, the first before the "
-            "wait for the kernel before it; 0 neither.", 0, 2, **_GPU),
+    Setting("KIE_GPU_GEMV_PIPE", "flag", 1,
+            "CUDA engine: 1 has a GEMV load the next round's weights while it uses this round's.", 0, 1, **_GPU),
     Setting("KIE_GPU_GEMV_X_L1", "flag", 0,
             "CUDA engine: 1 has the o and down GEMVs read x through L1; 0 stages it in shared memory (3 % more "
             "tokens/s on an H100, 2b shape).", 0, 1, **_GPU),

@@ -261,12 +261,11 @@ def check_prefill(tag, path, comm, steps):
 # kernel cut into splits (16 and 40 keys a block, then splits of as many or of 24: several splits,
 # the last combining) where the default holds a context this short in one block, a block a
 # query head and a block a KV head's query heads, at any context; and at most 2 or 1 splits, whose
-# blocks walk their keys in chunks of 16 (an online softmax across chunks); and the GEMVs' weights
-# in shared-memory slots (bulk copies rounds ahead), the first copies before the wait or after it.
+# blocks walk their keys in chunks of 16 (an online softmax across chunks).
 DECODE_TUNINGS = [{"decode_attn": 1}, {"att_keys": 16}, {"att_keys": 40}, {"att_keys": 40, "att_split_keys": 24},
                   {"att_heads": 1}, {"att_heads": 1, "att_keys": 16}, {"att_heads": 2},
                   {"att_heads": 2, "att_keys": 16}, {"att_keys": 16, "att_splits": 2},
-                  {"att_keys": 16, "att_splits": 1, "att_heads": 1}, {"gemv_pipe": 2}, {"gemv_pipe": 2, "prefetch": 0}]
+                  {"att_keys": 16, "att_splits": 1, "att_heads": 1}]
 
 
 def check_decode_tunings(tag, path, comm, steps, tunings):
@@ -308,7 +307,7 @@ def check_memory_error(comm):
 
 # Decode-attention shapes the engine refuses: each a GpuArgumentError naming the field.
 BAD_DECODE_TUNINGS = [{"decode_attn": 3}, {"att_keys": 257}, {"att_keys": 16, "att_split_keys": 32},
-                      {"att_splits": -1}, {"att_heads": 3}, {"gemv_pipe": 3}]
+                      {"att_splits": -1}, {"att_heads": 3}]
 
 
 def check_bad_decode_tunings(comm):

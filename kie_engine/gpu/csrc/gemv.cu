@@ -18,7 +18,6 @@
  * applies the RMSNorm before the product, so the norm costs no kernel of its own. */
 #include <math.h>
 
-#include "async_copy.cuh"
 #include "gemv_common.cuh"
 
 using namespace kie;
@@ -31,6 +30,11 @@ __device__ __forceinline__ uint4 ld_stream(const uint4 *p) {
                : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
                : "l"(p));
   return v;
+}
+
+/* Asks L2 to fetch [p, p + bytes) (16-byte aligned, a multiple of 16). */
+__device__ __forceinline__ void prefetch_l2(const void *p, uint32_t bytes) {
+  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p), "r"(bytes) : "memory");
 }
 
 /* One batch: this lane's U vectors of rows r0, r1 from v0 (stride 32), if below ve. */
@@ -64,32 +68,6 @@ __device__ __forceinline__ void use_batch(const GemvArgs &a, const float *xsrc, 
         acc1[t] = dot8(wb[k], xa, xb, acc1[t]);
       }
     }
-  }
-}
-
-/* EPI_HEAD, after the block's units: the block's best, then the grid's (every thread calls it). */
-__device__ void head_best(const GemvArgs &a, unsigned long long best) {
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  /* Block best, then the grid's through one atomic; the last block to finish
-   * writes this lane's candidate (value, id) and clears the slots for the next
-   * step.  cand has a pair per lane, zero but this lane's, so that a sum over
-   * the lanes hands every lane all of them. */
-  __shared__ unsigned long long sbest[GEMV_WARPS];
-  __shared__ int last;
-  if (lane == 0) sbest[warp] = best;
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    unsigned long long b = 0;
-    for (int w = 0; w < GEMV_WARPS; w++) b = sbest[w] > b ? sbest[w] : b;
-    if (b) atomicMax(a.amax, b);
-    __threadfence();
-    last = atomicAdd(a.cnt, 1u) == gridDim.x - 1;
-  }
-  __syncthreads();
-  if (last && threadIdx.x == 0) {
-    __threadfence();
-    head_candidate(a, atomicExch(a.amax, 0ull));
-    *a.cnt = 0;
   }
 }
 
@@ -187,93 +165,29 @@ __global__ void __launch_bounds__(GEMV_THREADS) k_gemv(const GemvArgs a) {
     }
   }
 
-  if (EPI == EPI_HEAD) head_best(a, best);
-}
-
-/* The pipelined loop with its batches in shared memory instead of registers (a.wslots
- * > 0): each warp owns wslots slots of its unit's two row segments, filled by bulk
- * copies (its lane 0 issues them, one mbarrier a slot) wslots rounds ahead of their
- * use, the first wslots rounds before the wait for the previous kernel.  More bytes in
- * flight across the kernel boundary than a round of registers holds, and no registers
- * held for them.  The arithmetic is the pipelined loop's, in the same order. */
-template <int XS, int EPI>
-__global__ void __launch_bounds__(GEMV_THREADS, 2) k_gemv_slots(const GemvArgs a) {
-  extern __shared__ __align__(128) float4 smem4[];
-  __shared__ float part[GEMV_WARPS][2 * GEMV_MAX_T];
-  __shared__ __align__(8) uint64_t bars[GEMV_WARPS][GEMV_WSLOTS_MAX];
-  float *xs = reinterpret_cast<float *>(smem4);
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int units = gemv_units<EPI>(a), segs = a.segs, upb = GEMV_WARPS / segs, stride = gridDim.x * upb;
-  const int seg = warp & (segs - 1), slot = warp / segs;
-  const int nvec = a.ld >> 3, seg_vecs = (nvec + segs - 1) / segs;
-  const int vb = min(nvec, seg * seg_vecs), ve = min(nvec, vb + seg_vecs);
-  const int D = a.wslots, first = blockIdx.x * upb + slot;
-  const unsigned seg_bytes = (unsigned)(ve - vb) * 16u;
-  const uint4 *ring = reinterpret_cast<const uint4 *>(reinterpret_cast<const char *>(smem4) + a.wslot_off) +
-                      (size_t)warp * D * 2 * seg_vecs;
-  uint64_t *bar = bars[warp];
-  if (lane == 0) {
-    for (int i = 0; i < D; i++) mbar_init(&bar[i], 1);
-    mbar_init_fence();
-  }
-  __syncwarp();
-  /* Round r's unit of this warp into slot r % D (lane 0; nothing past the last unit). */
-  auto issue = [&](int r) {
-    const int u = first + r * stride;
-    if (lane != 0 || u >= units) return;
-    int r0, r1;
-    unit_rows<EPI>(a, u, r0, r1);
-    uint64_t *b = &bar[r % D];
-    uint4 *dst = const_cast<uint4 *>(ring) + (size_t)(r % D) * 2 * seg_vecs;
-    mbar_expect_tx(b, r1 >= 0 ? 2 * seg_bytes : seg_bytes);
-    if (seg_bytes == 0) return;
-    bulk_copy(dst, a.w + (size_t)r0 * a.ld + (size_t)vb * 8, seg_bytes, b);
-    if (r1 >= 0) bulk_copy(dst + seg_vecs, a.w + (size_t)r1 * a.ld + (size_t)vb * 8, seg_bytes, b);
-  };
-  if (a.prefetch)
-    for (int r = 0; r < D; r++) issue(r);
-  kcclDevPdlWait();
-  kcclDevPdlTrigger();
-  if (!a.prefetch)
-    for (int r = 0; r < D; r++) issue(r);
-
-  __shared__ float rope[EPI == EPI_QKV ? 2 * ROPE_MAX_HALF : 1];
-  if (XS) {
-    __shared__ float red[GEMV_WARPS];
-    if (EPI == EPI_QKV) stage_rope(a, rope, threadIdx.x, GEMV_THREADS);
-    if (a.x) stage_plain(a, xs, threadIdx.x);
-    else stage_norm(a, xs, threadIdx.x, blockIdx.x == 0, SyncBlock(), red);
+  if (EPI == EPI_HEAD) {
+    /* Block best, then the grid's through one atomic; the last block to finish
+     * writes this lane's candidate (value, id) and clears the slots for the next
+     * step.  cand has a pair per lane, zero but this lane's, so that a sum over
+     * the lanes hands every lane all of them. */
+    __shared__ unsigned long long sbest[GEMV_WARPS];
+    __shared__ int last;
+    if (lane == 0) sbest[warp] = best;
     __syncthreads();
-  }
-  const float *cs = EPI == EPI_QKV && XS ? rope : nullptr;
-  const float *xsrc = XS ? xs : a.x;
-  unsigned long long best = 0;
-  for (int r = 0, ub = blockIdx.x * upb; ub < units; ub += stride, r++) {
-    const int u = ub + slot;
-    const bool active = u < units;
-    int r0 = 0, r1 = -1;
-    float acc0[1] = {0.f}, acc1[1] = {0.f};
-    if (active) {
-      unit_rows<EPI>(a, u, r0, r1);
-      while (!mbar_done(&bar[r % D], (unsigned)(r / D) & 1u)) {
-      }
-      const uint4 *w0 = ring + (size_t)(r % D) * 2 * seg_vecs, *w1 = r1 >= 0 ? w0 + seg_vecs : w0;
-#pragma unroll
-      for (int k = 0; k < 4; k++) {
-        const int v = vb + lane + k * 32;
-        if (v < ve) {
-          const float4 *xp = reinterpret_cast<const float4 *>(xsrc + (size_t)v * 8);
-          const float4 xa = XS ? xp[0] : __ldg(xp), xb = XS ? xp[1] : __ldg(xp + 1);
-          acc0[0] = dot8(w0[v - vb], xa, xb, acc0[0]);
-          acc1[0] = dot8(w1[v - vb], xa, xb, acc1[0]);
-        }
-      }
-      __syncwarp(); /* the warp is done with the slot */
-      issue(r + D);
+    if (threadIdx.x == 0) {
+      unsigned long long b = 0;
+      for (int w = 0; w < GEMV_WARPS; w++) b = sbest[w] > b ? sbest[w] : b;
+      if (b) atomicMax(a.amax, b);
+      __threadfence();
+      last = atomicAdd(a.cnt, 1u) == gridDim.x - 1;
     }
-    finish_unit<1, EPI>(a, u, r0, r1, active, acc0, acc1, best, part, threadIdx.x, SyncBlock(), cs);
+    __syncthreads();
+    if (last && threadIdx.x == 0) {
+      __threadfence();
+      head_candidate(a, atomicExch(a.amax, 0ull));
+      *a.cnt = 0;
+    }
   }
-  if (EPI == EPI_HEAD) head_best(a, best);
 }
 
 template <int NT, int XS, int U, int PIPE>
@@ -300,37 +214,6 @@ cudaError_t set_attr(size_t max_smem) {
   return e;
 }
 
-template <int XS>
-cudaError_t launch_slots(const GemvArgs &a, int epi, int grid, size_t smem, cudaStream_t st, int pdl) {
-  const dim3 g(grid), b(GEMV_THREADS);
-  switch (epi) {
-    case EPI_STORE: return kcclLaunch(k_gemv_slots<XS, EPI_STORE>, g, b, smem, st, pdl, a);
-    case EPI_QKV: return kcclLaunch(k_gemv_slots<XS, EPI_QKV>, g, b, smem, st, pdl, a);
-    case EPI_SWIGLU: return kcclLaunch(k_gemv_slots<XS, EPI_SWIGLU>, g, b, smem, st, pdl, a);
-    case EPI_HEAD: return kcclLaunch(k_gemv_slots<XS, EPI_HEAD>, g, b, smem, st, pdl, a);
-  }
-  return cudaErrorInvalidValue;
-}
-
-/* Room for two blocks' slots an SM: the largest dynamic size, and the carveout that
- * gives shared memory all it can. */
-template <typename K>
-cudaError_t set_attr_slot_kernel(K k) {
-  cudaError_t e = cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, GEMV_WSLOT_SMEM);
-  if (e == cudaSuccess)
-    e = cudaFuncSetAttribute(k, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared);
-  return e;
-}
-
-template <int XS>
-cudaError_t set_attr_slots() {
-  cudaError_t e = set_attr_slot_kernel(k_gemv_slots<XS, EPI_STORE>);
-  if (e == cudaSuccess) e = set_attr_slot_kernel(k_gemv_slots<XS, EPI_QKV>);
-  if (e == cudaSuccess) e = set_attr_slot_kernel(k_gemv_slots<XS, EPI_SWIGLU>);
-  if (e == cudaSuccess) e = set_attr_slot_kernel(k_gemv_slots<XS, EPI_HEAD>);
-  return e;
-}
-
 __global__ void k_fill_random(bf16 *p, size_t n, uint32_t seed, float scale) {
   for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
     uint32_t h = (uint32_t)i * 2654435761u ^ seed;
@@ -348,7 +231,6 @@ __global__ void k_fill_random(bf16 *p, size_t n, uint32_t seed, float scale) {
 cudaError_t kie_launch_gemv(const GemvArgs &a, int epi, int xs, int grid, size_t smem, cudaStream_t st, int pdl) {
   if (a.T > 1) return xs ? launch_epi<GEMV_MAX_T, 1, 2, 0>(a, epi, grid, smem, st, pdl)
                          : launch_epi<GEMV_MAX_T, 0, 2, 0>(a, epi, grid, smem, st, pdl);
-  if (a.pipe && a.wslots > 0) return xs ? launch_slots<1>(a, epi, grid, smem, st, pdl) : launch_slots<0>(a, epi, grid, smem, st, pdl);
   if (a.pipe) return xs ? launch_epi<1, 1, 4, 1>(a, epi, grid, smem, st, pdl) : launch_epi<1, 0, 4, 1>(a, epi, grid, smem, st, pdl);
   if (a.u == 4) return xs ? launch_epi<1, 1, 4, 0>(a, epi, grid, smem, st, pdl) : launch_epi<1, 0, 4, 0>(a, epi, grid, smem, st, pdl);
   return xs ? launch_epi<1, 1, 8, 0>(a, epi, grid, smem, st, pdl) : launch_epi<1, 0, 8, 0>(a, epi, grid, smem, st, pdl);
@@ -359,8 +241,6 @@ cudaError_t kie_gemv_attributes(size_t max_smem) {
   if (e == cudaSuccess) e = set_attr<1, 1, 4, 0>(max_smem);
   if (e == cudaSuccess) e = set_attr<1, 1, 4, 1>(max_smem);
   if (e == cudaSuccess) e = set_attr<GEMV_MAX_T, 1, 2, 0>(max_smem);
-  if (e == cudaSuccess) e = set_attr_slots<1>();
-  if (e == cudaSuccess) e = set_attr_slots<0>();
   return e;
 }
 

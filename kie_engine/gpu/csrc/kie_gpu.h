@@ -90,8 +90,7 @@ typedef struct {
   int att_splits;              /* decode_attn 2: splits of a context at most (0: auto, 48) */
   int att_heads;               /* decode_attn 2: query heads a block: 0 auto (one while the context fits a block,
                                   past it a KV head's all, up to 8), 1 one, 2 a KV head's all */
-  int gemv_pipe;               /* 1: GEMVs load the next round's weights into registers while using this round's;
-                                  2: into shared-memory slots by bulk copies, up to 3 rounds ahead */
+  int gemv_pipe;               /* 1: GEMVs load the next round's weights while using this round's */
   int gemv_x_l1;               /* 1: the o and down GEMVs read x through L1 instead of staging it */
   int kernel;                  /* KIE_KERNEL_GRAPH or KIE_KERNEL_MONO: how a decode step runs */
   int mono_prefetch;           /* monokernel: weight tiles past its shared-memory ring asked of L2 (-1: auto: 0) */

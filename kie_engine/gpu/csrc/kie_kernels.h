@@ -57,8 +57,6 @@ enum { EPI_STORE = 0, EPI_QKV = 1, EPI_SWIGLU = 2, EPI_HEAD = 3 };
 #define GEMV_THREADS 256
 #define GEMV_WARPS (GEMV_THREADS / 32)
 #define GEMV_MAX_T 8 /* tokens of one prefill pass */
-#define GEMV_WSLOTS_MAX 3 /* a GEMV warp's shared-memory weight slots at most */
-#define GEMV_WSLOT_SMEM (104 * 1024) /* dynamic shared memory of a GEMV block with slots at most: two fit an SM */
 
 struct GemvArgs {
   const bf16 *w;
@@ -69,9 +67,6 @@ struct GemvArgs {
   int segs;            /* warps sharing a unit, each a segment of the input: 1, 2, 4 or 8 */
   int u;               /* decode: 16-byte loads per row per lane in a batch, 4 or 8 */
   int pipe;            /* decode: the next round's batch loads while this one is used (u = 4) */
-  int wslots;          /* pipe: 0 the batches in registers, else in this many shared-memory slots a warp
-                          (bulk copies, that many rounds ahead; the first before the wait) */
-  int wslot_off;       /* the slots' offset in dynamic shared memory (after x) */
   /* Plain input: x [T][x_ld] (x_ld >= ld, zero past `in`). */
   const float *x;
   int x_ld;

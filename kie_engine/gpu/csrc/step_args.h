@@ -35,20 +35,7 @@ inline int gemv(kie_engine *e, GemvArgs &a, int epi) {
   a.pipe = a.T == 1 && e->s.gemv_pipe && (a.ld / 8 + a.segs - 1) / a.segs <= 32 * a.u;
   const int upb = GEMV_WARPS / a.segs;
   const int grid = std::max(1, std::min(e->gemv_grid_max, (units + upb - 1) / upb));
-  size_t smem = xs ? xbytes : 0;
-  /* gemv_pipe 2: the batches in shared-memory slots, as many rounds ahead as fit beside x. */
-  a.wslots = a.wslot_off = 0;
-  if (a.pipe && e->s.gemv_pipe == 2) {
-    const size_t off = (smem + 127) / 128 * 128;
-    const size_t round = (size_t)GEMV_WARPS * 2 * ((a.ld / 8 + a.segs - 1) / a.segs) * 16;
-    const size_t n = off < GEMV_WSLOT_SMEM ? (GEMV_WSLOT_SMEM - off) / round : 0;
-    if (n > 0) {
-      a.wslots = (int)std::min<size_t>(n, GEMV_WSLOTS_MAX);
-      a.wslot_off = (int)off;
-      smem = off + (size_t)a.wslots * round;
-    }
-  }
-  CU(kie_launch_gemv(a, epi, xs, grid, smem, e->stream, e->s.pdl));
+  CU(kie_launch_gemv(a, epi, xs, grid, xs ? xbytes : 0, e->stream, e->s.pdl));
   return KIE_OK;
 }
 

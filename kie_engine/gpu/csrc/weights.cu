@@ -64,8 +64,6 @@ int derive(kie_engine *e, const kie_shape &s, int sms) {
   e->gemv_grid_max = bps * sms;
   if (s.gemv_u != 0 && s.gemv_u != 4 && s.gemv_u != 8) return fail(KIE_E_ARG, "gemv_u=%d: 4 or 8 (0: auto)", s.gemv_u);
   e->gemv_u = s.gemv_u ? s.gemv_u : 8;
-  if (s.gemv_pipe < 0 || s.gemv_pipe > 2)
-    return fail(KIE_E_ARG, "gemv_pipe=%d: 0, 1 (registers) or 2 (shared-memory slots)", s.gemv_pipe);
   if (s.prefetch < 0 || s.prefetch > 2) return fail(KIE_E_ARG, "prefetch=%d: 0, 1 or 2", s.prefetch);
   if (s.kernel != KIE_KERNEL_GRAPH && s.kernel != KIE_KERNEL_MONO)
     return fail(KIE_E_ARG, "kernel=%d: KIE_KERNEL_GRAPH (0) or KIE_KERNEL_MONO (1)", s.kernel);
