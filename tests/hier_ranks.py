@@ -1,7 +1,8 @@
 """Runs under mpiexec for tests/test_hierarchical.py: one scenario per launch.
 
     python hier_ranks.py collectives CASES.json   every case against MPI on the same inputs
-    python hier_ranks.py kill VICTIM              VICTIM exits before an all_reduce
+    python hier_ranks.py kill VICTIM              VICTIM exits before an all_reduce (HIER_VICTIM=silent:
+                                                  stops answering instead, exits once the others reported)
     python hier_ranks.py failures                 mismatches, an MPI error, abort, unequal settings
     python hier_ranks.py layout                   what MPICH and KCCL think the hosts are
 
@@ -161,6 +162,18 @@ def outcome(fn):
         return [type(e).__name__, str(e), time.monotonic() - t0]
 
 
+def _stay_silent(victim):
+    """The victim stops answering but stays alive until every other rank has reported (60 s
+    at most): to the others it is gone as a dead rank is, but MPI, which may crash in a call
+    that reaches a dead rank, cannot end the run before they report."""
+    out = os.environ["HIER_OUT"]
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        if all(os.path.exists(os.path.join(out, f"rank{r}.json")) for r in range(SIZE) if r != victim):
+            return
+        time.sleep(0.05)
+
+
 def kill(victim):
     comm = kccl.Communicator.from_mpi(world)
     x = np.ones(int(os.environ.get("HIER_COUNT", "100")), np.float32)
@@ -170,6 +183,8 @@ def kill(victim):
     with open(os.path.join(os.environ["HIER_OUT"], f"mpi_shm{RANK}.json"), "w") as f:
         json.dump(forget_mpi_segments(), f)
     if RANK == victim:
+        if os.environ.get("HIER_VICTIM") == "silent":
+            _stay_silent(victim)
         os._exit(3)
     got = outcome(lambda: comm.all_reduce(x))
     after = outcome(lambda: comm.all_reduce(x))

@@ -251,20 +251,17 @@ def test_rank_dying_on_another_host_raises_everywhere(tmp_path, victim):
 
 
 @pytest.mark.parametrize("count", [100, 20000], ids=["small", "large"])
-def test_lone_host_death_times_out_everywhere(tmp_path, count):
-    # host 2 is rank 2 alone: no KCCL peer sees it die and MPI does not say, so the bound holds
-    got, _ = _kill_until_reported(tmp_path, 5, 3, 2, KCCL_TIMEOUT_MS=2000, HIER_COUNT=count)
+def test_lone_host_gone_silent_times_out_everywhere(tmp_path, count):
+    # host 2 is rank 2 alone: no KCCL peer can see it go and MPI does not say, so the bound
+    # holds.  The rank stops answering rather than exiting (it exits once the others reported):
+    # for the others the same loss, without MPI's crash on a dead peer ending the run first.
+    got, _ = _kill(tmp_path, 5, 3, 2, KCCL_TIMEOUT_MS=2000, HIER_COUNT=count, HIER_VICTIM="silent")
     for rank, r in got.items():
         cls, text, seconds = r["first"]
         # a leader's MPI wait times out; a peer of its host either times out in KCCL itself or,
         # when its leader closed first, sees that leader abort (a timeout sends no notice: see
         # kccl/hierarchical.py's _fail)
-        # (or, when MPI killed a rank on the way: docs/several-hosts.md, "Failures", the death of that rank, seen
-        # by its KCCL peers)
         leader = rank % 3  # hosts are rank % 3, so a host's leader is its host number
-        killed_by_mpi = [q for q in range(5) if q != 2 and q not in got]
-        if cls == "KcclRemoteError" and "died" in text and any(f"rank {q} " in text for q in killed_by_mpi):
-            continue
         assert cls == "KcclTimeout" or (rank != leader and cls == "KcclRemoteError"
                                         and f"rank {leader} " in text and "aborted" in text), r
         assert 1.5 < seconds < 15, r
