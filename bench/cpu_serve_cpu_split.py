@@ -4,11 +4,14 @@ the server's event-loop thread and its other threads (the engine's), and the wal
 per engine step (from /metrics), for 1 and N requests at once, rounds alternating.  On a
 machine with as many cores as engine threads this shows whether the cores are full.
 With --stacks, one server per HTTP stack (serve's --http and --loop), rounds alternating
-between them as well.
+between them as well; with --client-readers raw,typed, the client's two ways of reading a
+stream (bench/cpu_serve_concurrent.py) alternate the same way.
 
     python bench/cpu_serve_cpu_split.py --concurrent 4 --rounds 5 --out bench/results/cpu_serve_cpu_split_4_streams.json
     python bench/cpu_serve_cpu_split.py --stacks h11/asyncio,httptools/uvloop --rounds 6 \
         --out bench/results/cpu_serve_http_stack_h11_vs_httptools_uvloop.json
+    python bench/cpu_serve_cpu_split.py --client-readers typed,raw --rounds 6 \
+        --out bench/results/cpu_serve_cpu_split_client_typed_vs_raw.json
 """
 import argparse
 import json
@@ -57,7 +60,13 @@ def main():
     p.add_argument("--stacks", default="",
                    help="comma-separated HTTP/LOOP pairs (e.g. h11/asyncio,httptools/uvloop): a server each, "
                         "rounds alternating; default one server with serve's defaults")
+    p.add_argument("--client-readers", default="raw",
+                   help="comma-separated, of raw and typed: how the client reads a stream; several alternate")
     a = p.parse_args()
+    readers = a.client_readers.split(",")
+    bad = [r for r in readers if r not in ("raw", "typed")]
+    if bad or not readers:
+        p.error(f"--client-readers: {bad or 'none'}: each must be raw or typed")
     stacks = [x.split("/") for x in a.stacks.split(",")] if a.stacks else [None]
     servers = {}
     try:
@@ -65,13 +74,15 @@ def main():
             args = ["--http", st[0], "--loop", st[1]] if st else []
             servers["/".join(st) if st else "default"] = ServerProcess("--threads", str(a.threads), *args,
                                                                        model=resolve(a.model))
-        rows = {name: {1: [], a.concurrent: []} for name in servers}
+        configs = {(f"{name}, {rd} client" if len(readers) > 1 else name): (servers[name], rd)
+                   for name in servers for rd in readers}
+        rows = {key: {1: [], a.concurrent: []} for key in configs}
         for name, srv in servers.items():  # warm-up
             _stream(_client(srv.url), srv.name, PROMPTS[0], 16, {}, 0)
         for r in range(a.rounds):
-            order = [(name, n) for name in servers for n in (1, a.concurrent)]
+            order = [(key, n) for key in configs for n in (1, a.concurrent)]
             for name, n in (order if r % 2 == 0 else order[::-1]):
-                rows[name][n].append(measure(servers[name], n, a.tokens, PROMPTS))
+                rows[name][n].append(measure(*configs[name], n, a.tokens, PROMPTS))
                 print(f"round {r}, {name}, {n} at once: "
                       + ", ".join(f"{k} {v:.3g}" for k, v in rows[name][n][-1].items()), flush=True)
     finally:
@@ -81,7 +92,9 @@ def main():
               for name, by in rows.items()}
     report = {"command": " ".join(["python"] + sys.argv), "threads": a.threads, "tokens": a.tokens,
               "cpus": len(os.sched_getaffinity(0)), "loadavg": os.getloadavg(),
-              "rounds": rows if a.stacks else rows["default"], "median": median if a.stacks else median["default"]}
+              "client_readers": readers,
+              "rounds": rows if len(rows) > 1 else rows["default"],
+              "median": median if len(median) > 1 else median["default"]}
     for name, by in median.items():
         for n, m in by.items():
             print(f"{name}, {n} at once, medians: " + ", ".join(f"{k} {v:.3g}" for k, v in m.items()))
@@ -90,7 +103,7 @@ def main():
             json.dump(report, f, indent=1)
 
 
-def measure(srv, n, tokens, prompts):
+def measure(srv, reader, n, tokens, prompts):
     """n streamed requests at once against srv: tokens/s at the client and the CPU per token of
     the client (this process), the server's event loop (its main thread) and its other threads
     (the engine's), with the wall time per engine step"""
@@ -105,7 +118,7 @@ def measure(srv, n, tokens, prompts):
 
     client = _client(srv.url)
     before, c0, s0, t0 = thread_cpu(pid), own_cpu(), steps(), time.perf_counter()
-    out = _together(client, srv.name, (prompts * n)[:n], tokens)
+    out = _together(client, srv.name, (prompts * n)[:n], tokens, reader=reader)
     wall, c1, s1, after = time.perf_counter() - t0, own_cpu(), steps(), thread_cpu(pid)
     toks = sum(v[1] for v in out.values())
     loop = after.get(pid, 0) - before.get(pid, 0)

@@ -209,7 +209,7 @@ def _serve_rows(a):
     srv = ServerProcess("--threads", str(a.threads), model=a.model)  # the engine's threads, as the rows above
     try:
         serve = serve_rounds(srv.url, srv.name, a.concurrent, a.serve_tokens, a.rounds,
-                             log=lambda m: print(m, flush=True))
+                             log=lambda m: print(m, flush=True), reader=a.client_reader)
         c = srv.conn()
         c.request("GET", "/metrics")
         samples = parse_metrics(c.getresponse().read().decode())[0]
@@ -264,6 +264,10 @@ def main(argv=None):
     p.add_argument("--concurrent", type=int, default=0,
                    help="N streamed requests at once through the server against one alone (KIE)")
     p.add_argument("--serve-tokens", type=int, default=128, help="completion tokens per request of --concurrent")
+    p.add_argument("--client-reader", choices=["raw", "typed"], default="raw",
+                   help="how the --concurrent rows' openai client reads a stream: its raw streaming response, "
+                        "json per event (default), or its typed chunk objects (~3x the client's CPU on the "
+                        "server's cores; bench/cpu_serve_concurrent.py)")
     p.add_argument("--concurrent-only", action="store_true",
                    help="with --concurrent: only the server rows (no decode, prefill or bandwidth rows)")
     p.add_argument("--out", help="write the JSON here")
