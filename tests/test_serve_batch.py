@@ -219,3 +219,25 @@ def test_max_batch_refused_where_it_cannot_run():
         p = subprocess.run([sys.executable, "-m", "kie_engine", "serve", "--model", "smollm2", "--port", "0", *extra],
                            env=env, capture_output=True, text=True, timeout=300)
         assert p.returncode == 2 and want in p.stderr, (extra, p.stderr)
+
+
+def test_bench_client_readers_read_the_same_stream(server):
+    """bench/cpu_serve_concurrent.py's two ways of reading a stream (the openai client's raw
+    response with json per event, its typed chunks) get the same text and token count, alone
+    and with the others decoding beside."""
+    pytest.importorskip("openai")
+    import sys
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "bench"))
+    from cpu_serve_concurrent import _client, _together, _stream
+    client = _client(server.url)
+    seen = {}
+    for reader in ("raw", "typed"):
+        out = {}
+        _stream(client, server.name, PROMPTS[1], TOKENS, out, 0, reader=reader)
+        text, n, t0, first, end = out[0]
+        assert n == TOKENS and text and t0 < first <= end, (reader, out[0])
+        seen[reader] = text
+        both = _together(client, server.name, PROMPTS[:3], TOKENS, reader=reader)
+        assert [both[i][1] for i in range(3)] == [TOKENS] * 3
+        assert both[1][0] == text, reader
+    assert seen["raw"] == seen["typed"]
