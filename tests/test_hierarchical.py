@@ -226,8 +226,9 @@ def _kill(tmp_path, nranks, hosts, victim, mpi_may_crash=False, **extra):
 
 
 def _kill_until_reported(tmp_path, *args, **kw):
-    """_kill, launched again (3 times at most) while MPI crashed before any survivor reported."""
-    for attempt in range(3):
+    """_kill, launched again (5 times at most: a second each) while MPI crashed before any
+    survivor reported."""
+    for attempt in range(5):
         out = tmp_path / f"try{attempt}"
         out.mkdir()
         got, elapsed = _kill(out, *args, mpi_may_crash=True, **kw)
