@@ -12,8 +12,8 @@ client against one `kie_engine serve` (continuous batching, its default --max-ba
 The client runs on the cores the server needs, so how it reads a stream is part of what
 is measured.  "raw" (the default) reads the events through the openai client's raw
 streaming response (`with_streaming_response`) and json.loads each one; "typed" iterates
-the client's `Stream` of ChatCompletionChunk objects, whose per-chunk parse costs ~3x the
-CPU (bench/RESULTS.md).  Both read every event as it arrives; both rows of a run use the
+the client's `Stream` of ChatCompletionChunk objects, whose per-chunk parse takes more
+than twice the CPU (bench/RESULTS.md).  Both read every event as it arrives; both rows of a run use the
 same one."""
 import json
 import threading

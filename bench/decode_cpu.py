@@ -266,7 +266,7 @@ def main(argv=None):
     p.add_argument("--serve-tokens", type=int, default=128, help="completion tokens per request of --concurrent")
     p.add_argument("--client-reader", choices=["raw", "typed"], default="raw",
                    help="how the --concurrent rows' openai client reads a stream: its raw streaming response, "
-                        "json per event (default), or its typed chunk objects (~3x the client's CPU on the "
+                        "json per event (default), or its typed chunk objects (over twice the client's CPU on the "
                         "server's cores; bench/cpu_serve_concurrent.py)")
     p.add_argument("--concurrent-only", action="store_true",
                    help="with --concurrent: only the server rows (no decode, prefill or bandwidth rows)")
