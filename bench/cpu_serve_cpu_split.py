@@ -65,8 +65,8 @@ def main():
     a = p.parse_args()
     readers = a.client_readers.split(",")
     bad = [r for r in readers if r not in ("raw", "typed")]
-    if bad or not readers:
-        p.error(f"--client-readers: {bad or 'none'}: each must be raw or typed")
+    if bad:
+        p.error(f"--client-readers: {bad}: each must be raw or typed")
     stacks = [x.split("/") for x in a.stacks.split(",")] if a.stacks else [None]
     servers = {}
     try:
