@@ -660,9 +660,15 @@ def main():
                 down = kie_bench.bench_gemv(mv, 2048, 8192, iters=100)
                 for ctx in contexts:
                     us, pre, toks = kie_decode(mv, ctx, a.tokens, a.rounds, cfg.vocab_size)
-                    add("kie", "graph", d, ctx, us,
-                        {"variant": ",".join(f"{k}={x}" for k, x in v.items()), "layer_gemvs_us": round(lay, 2),
-                         "gemv_2048x8192_us": round(down, 2), "same_tokens_as_graph": toks == graph_tokens.get(ctx)})
+                    extra = {"variant": ",".join(f"{k}={x}" for k, x in v.items()), "layer_gemvs_us": round(lay, 2),
+                             "gemv_2048x8192_us": round(down, 2), "same_tokens_as_graph": toks == graph_tokens.get(ctx)}
+                    if v.get("step_clock"):  # where the step's time went, from every block's clocks
+                        mv.reset()
+                        mv.prefill(list(range(ctx)))
+                        kie_bench.bench_steps(mv, 8)
+                        extra["clock_us"] = kie_bench.graph_profile(mv)
+                        log(f"# graph ctx {ctx}, {extra['variant']} (every block, us over the step): {extra['clock_us']}")
+                    add("kie", "graph", d, ctx, us, extra)
                 mv.close()
     if a.baseline != "none":
         comp = a.baseline == "compile"

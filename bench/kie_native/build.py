@@ -34,6 +34,7 @@ int kb_bench_gemv(void *engine, int rows, int cols, int iters, double *us_per_ca
 int kb_bench_layer_gemvs(void *engine, int iters, double *us_per_layer);
 int kb_bench_steps(void *engine, int iters, int mode, double *us_per_step);
 int kb_mono_marks(void *engine, uint64_t *out, size_t n);
+int kb_graph_marks(void *engine, uint64_t *out, size_t n);
 """
 # The engine's functions kb_bind takes.
 FUNCTIONS = ["kie_decode", "kie_sync", "kie_last_error"]

@@ -188,4 +188,17 @@ int kb_mono_marks(kie_engine *e, uint64_t *out, size_t n) {
   return KIE_OK;
 }
 
+/* The graph path's step clock of its last pass: [launches][KIE_CLK_MARKS][KIE_CLK_BLOCKS]
+ * (kie_kernels.h's KIE_CLK_*; the engine made with kie_shape.step_clock = 1). */
+int kb_graph_marks(kie_engine *e, uint64_t *out, size_t n) {
+  if (!e) return fail(KIE_E_ARG, "%s: no engine (closed?)", __func__);
+  if (!e->step_marks) return fail(KIE_E_STATE, "graph_marks: the engine was made without step_clock=1");
+  const size_t want = (size_t)e->mono_n * KIE_CLK_MARKS * KIE_CLK_BLOCKS;
+  if (n < want) return fail(KIE_E_ARG, "graph_marks: %zu slots, the step has %zu", n, want);
+  CU(cudaSetDevice(e->device));
+  CU(cudaStreamSynchronize(e->stream));
+  CU(cudaMemcpy(out, e->step_marks, want * 8, cudaMemcpyDeviceToHost));
+  return KIE_OK;
+}
+
 }  // extern "C"

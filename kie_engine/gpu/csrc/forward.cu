@@ -29,11 +29,22 @@ struct Launcher {
   kie_engine *e;
   size_t sum_count;
   int T;
-  int gemv(GemvArgs &a, int epi) { return kie_host::gemv(e, a, epi); }
+  int node = 0; /* the launch's index in the pass: its slots of the step clock */
+  unsigned long long *clock() {
+    const int k = node++;
+    return e->step_marks && k < e->mono_n ? e->step_marks + (size_t)k * KIE_CLK_MARKS * KIE_CLK_BLOCKS : nullptr;
+  }
+  int gemv(GemvArgs &a, int epi) {
+    a.clk = clock();
+    return kie_host::gemv(e, a, epi);
+  }
   int attention(AttnArgs &a) {
     if (e->dec_attn == 2) {
-      CU(kie_launch_attention_smem(smem_attention_args(e, a, e->att_keys), T, e->stream, e->s.pdl));
+      AttnArgs b = smem_attention_args(e, a, e->att_keys);
+      b.clk = clock();
+      CU(kie_launch_attention_smem(b, T, e->stream, e->s.pdl));
     } else {
+      clock(); /* the split items mark no clock: their slots stay empty */
       CU(kie_launch_attention(a, T, e->stream, e->s.pdl));
     }
     return KIE_OK;

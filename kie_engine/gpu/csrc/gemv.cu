@@ -92,6 +92,8 @@ __global__ void __launch_bounds__(GEMV_THREADS) k_gemv(const GemvArgs a) {
   /* The weights do not depend on the previous kernel: start on them while it
    * still runs (an L2 prefetch of this warp's first segment, or its first batch
    * of loads into registers), so HBM stays busy across the kernel boundary. */
+  unsigned long long clk[KIE_CLK_MARKS];
+  if (a.clk) clk[KIE_CLK_START] = kie_gtime();
   uint4 wa[U], wb[U], na[U], nb[U];
   int ub = blockIdx.x * upb;
   bool preloaded = false;
@@ -108,6 +110,7 @@ __global__ void __launch_bounds__(GEMV_THREADS) k_gemv(const GemvArgs a) {
   }
   kcclDevPdlWait();
   kcclDevPdlTrigger();
+  if (a.clk) clk[KIE_CLK_WAITED] = kie_gtime();
 
   __shared__ float rope[EPI == EPI_QKV && NT == 1 ? 2 * ROPE_MAX_HALF : 1];
   if (XS) {
@@ -117,6 +120,7 @@ __global__ void __launch_bounds__(GEMV_THREADS) k_gemv(const GemvArgs a) {
     else stage_norm(a, xs, threadIdx.x, blockIdx.x == 0, SyncBlock(), red);
     __syncthreads();
   }
+  if (a.clk) clk[KIE_CLK_STAGED] = kie_gtime();
   const float *cs = EPI == EPI_QKV && NT == 1 && XS ? rope : nullptr;
   const float *xsrc = XS ? xs : a.x;
   const int xld = XS ? a.ld : a.x_ld;
@@ -187,6 +191,10 @@ __global__ void __launch_bounds__(GEMV_THREADS) k_gemv(const GemvArgs a) {
       head_candidate(a, atomicExch(a.amax, 0ull));
       *a.cnt = 0;
     }
+  }
+  if (a.clk) {
+    clk[KIE_CLK_END] = kie_gtime();
+    kie_clock_marks(a.clk, clk);
   }
 }
 

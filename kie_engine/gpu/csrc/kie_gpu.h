@@ -110,6 +110,8 @@ typedef struct {
   int prefill_attn_keys;       /* keys per tile of the batched prefill's attention: 0 auto (32), 32 or 64 */
   int mono_wait_ms;            /* monokernel: the bound on each of its waits, ms (0: auto, 2,000); a wait
                                   past it ends the step with a GpuError */
+  int step_clock;              /* 1: the graph path's GEMV and attention kernels mark each block's clock
+                                  (a profiling build of the step, read by bench/kie_native; 0: off) */
 } kie_shape;
 
 typedef struct {

@@ -99,7 +99,29 @@ struct GemvArgs {
   unsigned *cnt;
   float *cand;
   HostRing *ring;
+  unsigned long long *clk; /* the graph path's step clock (kie_shape.step_clock), or NULL: KIE_CLK_* */
 };
+
+/* The graph path's step clock: each launch of a step has [KIE_CLK_MARKS][KIE_CLK_BLOCKS]
+ * slots, each block's %globaltimer (ns) at its start, when its wait for the previous
+ * kernel passed, when its input was staged and at its end (block index flattened; blocks
+ * past KIE_CLK_BLOCKS and blocks without work do not mark), read by bench/kie_native's
+ * kb_graph_marks: where the time of a step in the graph goes, PDL's overlap included. */
+enum { KIE_CLK_START = 0, KIE_CLK_WAITED = 1, KIE_CLK_STAGED = 2, KIE_CLK_END = 3, KIE_CLK_MARKS = 4 };
+#define KIE_CLK_BLOCKS 1024
+
+__device__ __forceinline__ unsigned long long kie_gtime() {
+  unsigned long long t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+
+/* Thread 0 of a block writes its four marks (t[KIE_CLK_MARKS]). */
+__device__ __forceinline__ void kie_clock_marks(unsigned long long *clk, const unsigned long long *t) {
+  const unsigned b = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
+  if (!clk || threadIdx.x != 0 || b >= KIE_CLK_BLOCKS) return;
+  for (int k = 0; k < KIE_CLK_MARKS; k++) clk[(size_t)k * KIE_CLK_BLOCKS + b] = t[k];
+}
 
 #define ATT_THREADS 128
 /* Keys the graph path's shared-memory attention block holds at most (its K and V rows, padded:
@@ -123,6 +145,7 @@ struct AttnArgs {
   unsigned *cnt; /* [T][nkv * hgroups] */
   float *out;
   int out_ld;
+  unsigned long long *clk; /* the graph path's step clock, or NULL (KIE_CLK_*) */
 };
 
 struct FinalArgs {

@@ -84,6 +84,7 @@ int derive(kie_engine *e, const kie_shape &s, int sms) {
   e->mono_attn = s.mono_attn == 1 ? 1 : 2;
   e->mono_n = 5 * s.layers + 1; /* per layer QKV, attention, o, gate/up, down; the head */
   if (s.prefill != 0 && s.prefill != 1) return fail(KIE_E_ARG, "prefill=%d: 0 or 1", s.prefill);
+  if (s.step_clock != 0 && s.step_clock != 1) return fail(KIE_E_ARG, "step_clock=%d: 0 or 1", s.step_clock);
   if (s.prefill_chunk < 0) return fail(KIE_E_ARG, "prefill_chunk=%d: 0 (auto) or a token count", s.prefill_chunk);
   e->pf_chunk = s.prefill ? std::min(s.prefill_chunk ? s.prefill_chunk : 1024, s.max_seq) : 0;
   if (s.prefill_attn < 0 || s.prefill_attn > 3)
@@ -144,6 +145,8 @@ size_t layout(kie_engine *e, char *base) {
   e->mono_cnt = (unsigned *)take((size_t)e->mono_n * 8);
   e->mono_links = (MonoLink *)take((size_t)e->mono_n * sizeof(MonoLink));
   e->mono_marks = (unsigned long long *)take((size_t)e->mono_n * 4 * e->sms * 8);
+  e->step_marks = s.step_clock ? (unsigned long long *)take((size_t)e->mono_n * KIE_CLK_MARKS * KIE_CLK_BLOCKS * 8)
+                               : nullptr;
   if (e->pf_chunk > 0) {
     const size_t P = (size_t)e->pf_chunk;
     e->pf_ws_bytes = 32u << 20; /* cuBLAS's workspace: what its Hopper GEMMs ask for at most */
