@@ -18,6 +18,7 @@
  * applies the RMSNorm before the product, so the norm costs no kernel of its own. */
 #include <math.h>
 
+#include "bulk_copy.cuh"
 #include "gemv_common.cuh"
 
 using namespace kie;
@@ -108,16 +109,47 @@ __global__ void __launch_bounds__(GEMV_THREADS) k_gemv(const GemvArgs a) {
       preloaded = true;
     }
   }
+  /* Bulk staging: the input's rows come by the copy engine, counted on xbar (one use a
+   * launch: phase 0), so that they do not wait behind the weight loads in flight. */
+  __shared__ __align__(8) uint64_t xbar;
+  const bool bulk = XS && NT == 1 && a.bulk;
+  if (bulk) {
+    if (threadIdx.x == 0) {
+      mbar_init(&xbar, 1);
+      mbar_init_fence();
+    }
+    __syncthreads();
+  }
   kcclDevPdlWait();
   kcclDevPdlTrigger();
   if (a.clk) clk[KIE_CLK_WAITED] = kie_gtime();
+  /* plain: x straight into its place; normed: r_in and the adds after x, for stage_norm */
+  float *src = bulk && !a.x ? xs + a.ld : xs;
+  if (bulk && threadIdx.x == 0) {
+    const unsigned row = (unsigned)a.ld * 4u;
+    bulk_after_generic();
+    mbar_expect_tx(&xbar, a.x ? row : row * (unsigned)(1 + a.nadd));
+    if (a.x) {
+      bulk_copy(xs, a.x, row, &xbar);
+    } else {
+      bulk_copy(src, a.r_in, row, &xbar);
+      for (int j = 0; j < a.nadd; j++) bulk_copy(src + (size_t)(j + 1) * a.ld, a.adds[j], row, &xbar);
+    }
+  }
 
   __shared__ float rope[EPI == EPI_QKV && NT == 1 ? 2 * ROPE_MAX_HALF : 1];
   if (XS) {
     __shared__ float red[GEMV_WARPS];
     if (EPI == EPI_QKV && NT == 1) stage_rope(a, rope, threadIdx.x, GEMV_THREADS);
-    if (a.x) stage_plain(a, xs, threadIdx.x);
-    else stage_norm(a, xs, threadIdx.x, blockIdx.x == 0, SyncBlock(), red);
+    if (bulk) {
+      while (!mbar_done(&xbar, 0)) {
+      }
+      if (!a.x) stage_norm<SyncBlock, true>(a, xs, threadIdx.x, blockIdx.x == 0, SyncBlock(), red, src);
+    } else if (a.x) {
+      stage_plain(a, xs, threadIdx.x);
+    } else {
+      stage_norm(a, xs, threadIdx.x, blockIdx.x == 0, SyncBlock(), red);
+    }
     __syncthreads();
   }
   if (a.clk) clk[KIE_CLK_STAGED] = kie_gtime();

@@ -67,6 +67,7 @@ struct GemvArgs {
   int segs;            /* warps sharing a unit, each a segment of the input: 1, 2, 4 or 8 */
   int u;               /* decode: 16-byte loads per row per lane in a batch, 4 or 8 */
   int pipe;            /* decode: the next round's batch loads while this one is used (u = 4) */
+  int bulk;            /* decode (T = 1), x staged: its rows (x, or r_in and the adds) come by bulk copies */
   /* Plain input: x [T][x_ld] (x_ld >= ld, zero past `in`). */
   const float *x;
   int x_ld;
@@ -139,6 +140,7 @@ struct AttnArgs {
   int kcap;      /* the shared-memory kernel (attention_smem.cu): keys a block holds at most, */
   int ksplit;    /* and of a split, when the context passes kcap; */
   int heads1;    /* and 1: a block a query head while the context fits one block (the grid: a block a head) */
+  int bulk;      /* and 1: its first chunk's K and V rows come by bulk copies (bulk_copy.cuh) */
   const int *pos;
   float scale;
   float *part;   /* [T][nh][nsplit][hd + 2] */

@@ -51,6 +51,7 @@
  * only slow gets KCCL's timeout, which the host adds to every wait's bound
  * here, since any wait may depend on a reducer's call. */
 #include "attention_smem.cuh"
+#include "bulk_copy.cuh"
 
 using namespace kie;
 
@@ -78,34 +79,6 @@ __device__ __forceinline__ void mark(const MonoArgs &m, int k, int what) {
 }
 __device__ __forceinline__ void mark0(const MonoArgs &m, int k, int what) {
   if (threadIdx.x == 0) mark(m, k, what);
-}
-
-__device__ __forceinline__ uint32_t smem_u32(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }
-
-__device__ __forceinline__ void mbar_init(uint64_t *bar, unsigned count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_u32(bar)), "r"(count) : "memory");
-}
-__device__ __forceinline__ void mbar_expect_tx(uint64_t *bar, unsigned bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_u32(bar)), "r"(bytes) : "memory");
-}
-__device__ __forceinline__ void mbar_arrive(uint64_t *bar) {
-  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(smem_u32(bar)) : "memory");
-}
-__device__ __forceinline__ bool mbar_done(uint64_t *bar, unsigned parity) {
-  unsigned ok;
-  asm volatile(
-      "{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}"
-      : "=r"(ok)
-      : "r"(smem_u32(bar)), "r"(parity)
-      : "memory");
-  return ok != 0;
-}
-/* Global -> this block's shared memory, counted on `bar` (16-byte aligned, a multiple of 16 bytes). */
-__device__ __forceinline__ void bulk_copy(void *dst, const void *src, unsigned bytes, uint64_t *bar) {
-  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
-                   smem_u32(dst)),
-               "l"(src), "r"(bytes), "r"(smem_u32(bar))
-               : "memory");
 }
 
 __device__ __forceinline__ unsigned ld_acquire(const unsigned *p) {
@@ -652,7 +625,7 @@ __global__ void __launch_bounds__(MONO_THREADS, 1) k_mono(const __grid_constant_
       mbar_init(&b.full[i], 1);
       mbar_init(&b.empty[i], GEMV_WARPS);
     }
-    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    mbar_init_fence();
   }
   __syncthreads();
   if (threadIdx.x >= MONO_CONSUMERS) produce(b);
