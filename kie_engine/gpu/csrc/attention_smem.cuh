@@ -114,13 +114,13 @@ __device__ bool att_smem_item(const AttnArgs &a, int bx, int split, int t, int t
     asm volatile("cp.async.commit_group;" ::: "memory");
   };
   /* BULK: the first chunk's rows r0 .. r1 - 1 by the copy engine, a row's K and V a thread,
-   * counted on bar (its one arrival: thread 0's, with the bytes) */
-  auto bulk_rows = [&](int r0, int r1, uint64_t *bar) {
+   * counted on bar (its one arrival: thread 0's, with the bytes and `more` of other copies) */
+  auto bulk_rows = [&](int r0, int r1, uint64_t *bar, unsigned more) {
     for (int r = r0 + tid; r < r1; r += NT) {
       bulk_copy(Ks + r * LD, K + (size_t)r * HD, HD * 2, bar);
       bulk_copy(Vs + r * LD, V + (size_t)r * HD, HD * 2, bar);
     }
-    if (tid == 0) mbar_expect_tx(bar, (unsigned)(r1 - r0) * HD * 4);
+    if (tid == 0) mbar_expect_tx(bar, (unsigned)(r1 - r0) * HD * 4 + more);
   };
   auto bulk_wait = [&](uint64_t *bar) {
     while (!mbar_done(bar, 0)) {
@@ -135,7 +135,7 @@ __device__ bool att_smem_item(const AttnArgs &a, int bx, int split, int t, int t
       mbar_init_fence();
     }
     sync();
-    bulk_rows(0, old, &hs.bar[0]);
+    bulk_rows(0, old, &hs.bar[0], 0);
   } else {
     copy_rows(0, 0, old);
   }
@@ -144,14 +144,14 @@ __device__ bool att_smem_item(const AttnArgs &a, int bx, int split, int t, int t
     else asm volatile("cp.async.wait_all;" ::: "memory");
     return false;
   }
-  if (BULK) {
-    bulk_after_generic(); /* the pass's own rows: written by the kernel before */
-    bulk_rows(old, n0, &hs.bar[1]);
+  const float *qrow = a.q + (size_t)t * a.q_ld + (size_t)h0 * HD;
+  if (BULK) { /* the pass's own rows and the queries, written by the kernel before */
+    bulk_after_generic();
+    if (tid == NT - 1) bulk_copy(qs, qrow, (unsigned)G * HD * 4, &hs.bar[1]);
+    bulk_rows(old, n0, &hs.bar[1], (unsigned)G * HD * 4);
   } else {
     copy_rows(0, old, n0);
-  }
-  {
-    const float4 *q4 = reinterpret_cast<const float4 *>(a.q + (size_t)t * a.q_ld + (size_t)h0 * HD);
+    const float4 *q4 = reinterpret_cast<const float4 *>(qrow);
     for (int i = tid; i < G * HD / 4; i += NT) reinterpret_cast<float4 *>(qs)[i] = __ldcg(q4 + i);
   }
   if (tid < G) {
