@@ -161,7 +161,10 @@ def graph_profile(model):
     _check(_lib.kb_graph_marks(_engine(model), _ffi.cast("uint64_t *", _ffi.from_buffer(marks)), marks.size))
     t = marks.astype(np.float64).reshape(n, CLK_MARKS, CLK_BLOCKS) / 1e3  # us
     start, waited, staged, end = t[:, 0], t[:, 1], t[:, 2], t[:, 3]
-    has = end > 0  # blocks that marked (those without work do not)
+    # blocks that marked in this step: those without work do not mark, and keep what they
+    # marked in an earlier step (before this step's first launch, whose blocks all work)
+    t0 = start[0][end[0] > 0].min() if (end[0] > 0).any() else 0.0
+    has = (end > 0) & (start >= t0)
     kinds = ["qkv", "attention", "o", "gate_up", "down"] * model.cfg.num_hidden_layers + ["head"]
     keys = ("crit", "pdl", "after", "stage_x", "spread", "lead", "landed")
     out = {k: dict.fromkeys(keys, 0.0) for k in dict.fromkeys(kinds)}
