@@ -122,10 +122,6 @@ __device__ bool att_smem_item(const AttnArgs &a, int bx, int split, int t, int t
     }
     if (tid == 0) mbar_expect_tx(bar, (unsigned)(r1 - r0) * HD * 4 + more);
   };
-  auto bulk_wait = [&](uint64_t *bar) {
-    while (!mbar_done(bar, 0)) {
-    }
-  };
   const int n0 = min(n, a.kcap);             /* the first chunk */
   const int old = min(n0, max(0, pos - c0)); /* its rows 0 .. old - 1: written by earlier steps */
   if (BULK) {
@@ -140,7 +136,7 @@ __device__ bool att_smem_item(const AttnArgs &a, int bx, int split, int t, int t
     copy_rows(0, 0, old);
   }
   if (!wait()) { /* nothing lands in shared memory after the caller left */
-    if (BULK) bulk_wait(&hs.bar[0]);
+    if (BULK) mbar_wait(&hs.bar[0], 0);
     else asm volatile("cp.async.wait_all;" ::: "memory");
     return false;
   }
@@ -159,8 +155,8 @@ __device__ bool att_smem_item(const AttnArgs &a, int bx, int split, int t, int t
     l_s[tid] = 0.f;
   }
   if (BULK) {
-    bulk_wait(&hs.bar[0]);
-    bulk_wait(&hs.bar[1]);
+    mbar_wait(&hs.bar[0], 0);
+    mbar_wait(&hs.bar[1], 0);
   } else {
     asm volatile("cp.async.wait_group 0;" ::: "memory");
   }

@@ -39,6 +39,20 @@ __device__ __forceinline__ void bulk_copy(void *dst, const void *src, unsigned b
                "l"(src), "r"(bytes), "r"(smem_u32(bar))
                : "memory");
 }
+/* Waits for phase `parity` of bar.  The copies it counts either land or fault (a fault ends
+ * the kernel with an error the host reports); a count that never completes would be a bug,
+ * and past 2 s the kernel traps rather than hang the stream. */
+__device__ __forceinline__ void mbar_wait(uint64_t *bar, unsigned parity) {
+  unsigned long long t0 = 0;
+  for (unsigned n = 0; !mbar_done(bar, parity); n++) {
+    if ((n & 1023u) != 1023u) continue;
+    unsigned long long t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    if (!t0) t0 = t;
+    else if (t - t0 > 2000000000ull) __trap();
+  }
+}
+
 /* What the previous kernel wrote (seen once its grid completed) read by the copy engine:
  * the generic proxy's view ordered before this thread's bulk copies. */
 __device__ __forceinline__ void bulk_after_generic() { asm volatile("fence.proxy.async.global;" ::: "memory"); }

@@ -142,8 +142,7 @@ __global__ void __launch_bounds__(GEMV_THREADS) k_gemv(const GemvArgs a) {
     __shared__ float red[GEMV_WARPS];
     if (EPI == EPI_QKV && NT == 1) stage_rope(a, rope, threadIdx.x, GEMV_THREADS);
     if (bulk) {
-      while (!mbar_done(&xbar, 0)) {
-      }
+      mbar_wait(&xbar, 0);
       if (!a.x) stage_norm<SyncBlock, true>(a, xs, threadIdx.x, blockIdx.x == 0, SyncBlock(), red, src);
     } else if (a.x) {
       stage_plain(a, xs, threadIdx.x);
