@@ -115,6 +115,10 @@ typedef struct {
                                   loads, which queue behind the weight loads in flight; 0: by its threads */
   int att_bulk;                /* 1: the graph path's decode attention (decode_attn 2) copies its keys' K and V
                                   rows by bulk copies; 0: by its threads' asynchronous copies (cp.async) */
+  int qkv_blocks_per_sm;       /* the graph path's QKV GEMV: blocks an SM at most (0: gemv_blocks_per_sm); fewer
+                                  leave each SM room for the attention's block to start before the GEMV ends */
+  int o_blocks_per_sm;         /* the o GEMV likewise (0: gemv_blocks_per_sm): room for gate/up's blocks, whose
+                                  first loads then start during the attention and the o GEMV */
   int step_clock;              /* 1: the graph path's GEMV and attention kernels mark each block's clock
                                   (a profiling build of the step, read by bench/kie_native; 0: off) */
 } kie_shape;

@@ -68,6 +68,7 @@ struct GemvArgs {
   int u;               /* decode: 16-byte loads per row per lane in a batch, 4 or 8 */
   int pipe;            /* decode: the next round's batch loads while this one is used (u = 4) */
   int bulk;            /* decode (T = 1), x staged: its rows (x, or r_in and the adds) come by bulk copies */
+  int blocks_per_sm;   /* the graph path's launch: its grid at most this many blocks an SM (0: the engine's) */
   /* Plain input: x [T][x_ld] (x_ld >= ld, zero past `in`). */
   const float *x;
   int x_ld;

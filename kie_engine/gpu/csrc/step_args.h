@@ -46,7 +46,8 @@ inline int gemv(kie_engine *e, GemvArgs &a, int epi) {
   }
   a.bulk = bulk;
   const int upb = GEMV_WARPS / a.segs;
-  const int grid = std::max(1, std::min(e->gemv_grid_max, (units + upb - 1) / upb));
+  const int grid_max = a.blocks_per_sm > 0 ? a.blocks_per_sm * e->sms : e->gemv_grid_max;
+  const int grid = std::max(1, std::min(grid_max, (units + upb - 1) / upb));
   CU(kie_launch_gemv(a, epi, xs, grid, xs ? xbytes + (bulk ? nrows * row : 0) : 0, e->stream, e->s.pdl));
   return KIE_OK;
 }
@@ -104,6 +105,7 @@ inline void qkv_args(kie_engine *e, int l, GemvArgs &a) {
   a.vc = y.vc;
   a.q_out = e->qbuf;
   a.q_ld = e->qdim;
+  a.blocks_per_sm = e->s.qkv_blocks_per_sm;
 }
 
 inline void gate_up_args(kie_engine *e, int l, GemvArgs &a) {

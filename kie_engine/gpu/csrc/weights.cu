@@ -87,6 +87,10 @@ int derive(kie_engine *e, const kie_shape &s, int sms) {
   if (s.step_clock != 0 && s.step_clock != 1) return fail(KIE_E_ARG, "step_clock=%d: 0 or 1", s.step_clock);
   if (s.stage_bulk != 0 && s.stage_bulk != 1) return fail(KIE_E_ARG, "stage_bulk=%d: 0 or 1", s.stage_bulk);
   if (s.att_bulk != 0 && s.att_bulk != 1) return fail(KIE_E_ARG, "att_bulk=%d: 0 or 1", s.att_bulk);
+  if (s.qkv_blocks_per_sm < 0 || s.qkv_blocks_per_sm > 8)
+    return fail(KIE_E_ARG, "qkv_blocks_per_sm=%d: 0 (auto) or 1..8", s.qkv_blocks_per_sm);
+  if (s.o_blocks_per_sm < 0 || s.o_blocks_per_sm > 8)
+    return fail(KIE_E_ARG, "o_blocks_per_sm=%d: 0 (auto) or 1..8", s.o_blocks_per_sm);
   if (s.prefill_chunk < 0) return fail(KIE_E_ARG, "prefill_chunk=%d: 0 (auto) or a token count", s.prefill_chunk);
   e->pf_chunk = s.prefill ? std::min(s.prefill_chunk ? s.prefill_chunk : 1024, s.max_seq) : 0;
   if (s.prefill_attn < 0 || s.prefill_attn > 3)
