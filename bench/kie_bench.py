@@ -6,15 +6,20 @@ its handle (GpuModel.native_handle) and the engine's own C functions.
     us = kie_bench.bench_gemv(model, 8192, 2048)     # one GEMV, random matrices out of L2
     us = kie_bench.bench_layer_gemvs(model)          # layer 0's four GEMVs
     us = kie_bench.bench_steps(model, 128)           # decode steps (graph replays); model.pos advances
-    kie_bench.mono_profile(model)                    # where the monokernel's last step went"""
+    kie_bench.mono_profile(model)                    # where the monokernel's last step went
+    kie_bench.graph_profile(model)                   # the graph path's (an engine with step_clock=1)"""
 import importlib.util
 import os
+import sys
 
 import numpy as np
 
 from kie_engine.errors import GpuArgumentError, GpuError, GpuMemoryError, GpuTimeoutError, GpuUnavailableError
 from kie_engine.generate import Sampling
 from kie_engine.gpu.engine import native_function
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "gpu"))
+import step_clock  # noqa: E402  (bench/gpu/step_clock.py: the step clock's arithmetic, no GPU needed)
 
 
 def _load_native():
@@ -142,54 +147,10 @@ CLK_MARKS, CLK_BLOCKS = 4, 1024  # kie_kernels.h's KIE_CLK_MARKS, KIE_CLK_BLOCKS
 
 def graph_profile(model):
     """Where the graph path's last step went, from every block's clocks (an engine made
-    with tuning step_clock=1).  For each kind of launch (qkv, attention, o, gate_up, down,
-    head), microseconds summed over the layers:
-      crit     the step's critical path: the launch's last block done, less the previous
-               launch's (the kinds' crit add up to the step, the pick's kernel aside);
-      pdl      from the previous launch's last block done to this one's first block past
-               its wait (what PDL's dependency costs: the grid's completion and flush);
-      after    from that first wait passed to this launch's last block done (its work once
-               its input may be read);
-      stage_x  per block, from its wait passed to its input staged (norm or copy of x), mean;
-      spread   the last block's end less the first block's;
-      lead     how long before the previous launch's end this one's first block started
-               (its early loads' head start; negative: it started after);
-      landed   the share of this launch's blocks that started before the previous ended;
-    and "total": the first launch's first start to the head's last end."""
+    with tuning step_clock=1): bench/gpu/step_clock.py's summarize, which says what each
+    figure is."""
     n = 5 * model.cfg.num_hidden_layers + 1
     marks = np.zeros(n * CLK_MARKS * CLK_BLOCKS, np.uint64)
     _check(_lib.kb_graph_marks(_engine(model), _ffi.cast("uint64_t *", _ffi.from_buffer(marks)), marks.size))
-    t = marks.astype(np.float64).reshape(n, CLK_MARKS, CLK_BLOCKS) / 1e3  # us
-    start, waited, staged, end = t[:, 0], t[:, 1], t[:, 2], t[:, 3]
-    # blocks that marked in this step: those without work do not mark, and keep what they
-    # marked in an earlier step (before this step's first launch, whose blocks all work)
-    t0 = start[0][end[0] > 0].min() if (end[0] > 0).any() else 0.0
-    has = (end > 0) & (start >= t0)
-    kinds = ["qkv", "attention", "o", "gate_up", "down"] * model.cfg.num_hidden_layers + ["head"]
-    keys = ("crit", "pdl", "after", "stage_x", "spread", "lead", "landed")
-    out = {k: dict.fromkeys(keys, 0.0) for k in dict.fromkeys(kinds)}
-    count = dict.fromkeys(out, 0)
-    prev_end = None
-    for i, k in enumerate(kinds):
-        h = has[i]
-        if not h.any():
-            prev_end = None
-            continue
-        last, first_wait = end[i][h].max(), waited[i][h].min()
-        o = out[k]
-        if prev_end is not None:
-            o["crit"] += last - prev_end
-            o["pdl"] += first_wait - prev_end
-            o["lead"] += prev_end - start[i][h].min()
-            o["landed"] += float(np.mean(start[i][h] < prev_end))
-            count[k] += 1
-        o["after"] += last - first_wait
-        o["stage_x"] += float(np.mean(staged[i][h] - waited[i][h]))
-        o["spread"] += last - end[i][h].min()
-        prev_end = last
-    for k in out:
-        out[k]["landed"] = out[k]["landed"] / count[k] if count[k] else 0.0
-    out = {k: {a: round(float(b), 2 if a == "landed" else 1) for a, b in v.items()} for k, v in out.items()}
-    first = start[0][has[0]].min() if has[0].any() else None
-    out["total"] = round(float(end[-1][has[-1]].max() - first), 1) if first is not None and has[-1].any() else None
-    return out
+    return step_clock.summarize(marks.astype(np.float64).reshape(n, CLK_MARKS, CLK_BLOCKS) / 1e3,
+                                model.cfg.num_hidden_layers)

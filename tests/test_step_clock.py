@@ -1,0 +1,59 @@
+"""The graph path's step clock summed (bench/gpu/step_clock.py): synthetic marks of one
+layer's step, whose critical path, PDL waits, staging and early starts are known."""
+import os
+import sys
+
+import numpy as np
+import pytest
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "bench", "gpu"))
+import step_clock  # noqa: E402
+
+BLOCKS = 8
+
+
+def step(launches):
+    """launches: per launch, a list of (start, waited, staged, end) per block that marked."""
+    t = np.zeros((len(launches), 4, BLOCKS))
+    for i, blocks in enumerate(launches):
+        for b, marks in enumerate(blocks):
+            t[i, :, b] = marks
+    return t
+
+
+# One layer (QKV, attention, o, gate/up, down) and the head, 1000 us into the clock.
+LAUNCHES = [
+    [(1000, 1001, 1004, 1010), (1000, 1001, 1003, 1012)],   # qkv: ends at 1012
+    [(1011, 1013, 1013, 1018)],                             # attention: waited 1 us after qkv, ends 1018
+    [(1015, 1019, 1020, 1021), (1019, 1019, 1020, 1022)],   # o: one block started early
+    [(1022, 1023, 1027, 1050), (1022, 1023, 1026, 1049)],   # gate/up
+    [(1045, 1051, 1052, 1060), (1050, 1052, 1053, 1061)],   # down
+    [(1060, 1062, 1063, 1066)],                             # head
+]
+
+
+def test_the_kinds_add_up_to_the_step_and_each_figure_is_what_it_says():
+    out = step_clock.summarize(step(LAUNCHES), layers=1)
+    assert out["total"] == 66.0  # first start 1000, head's end 1066
+    assert out["attention"]["crit"] == 6.0 and out["attention"]["pdl"] == 1.0 and out["attention"]["after"] == 5.0
+    assert out["o"]["crit"] == 4.0 and out["o"]["lead"] == 3.0 and out["o"]["landed"] == 0.5
+    assert out["gate_up"]["stage_x"] == 3.5 and out["gate_up"]["spread"] == 1.0
+    assert out["down"]["landed"] == 0.5 and out["down"]["pdl"] == 1.0  # 1050 is not before 1050
+    assert out["qkv"]["crit"] == 0.0  # the first launch has no launch before it in the step
+    crit = sum(out[k]["crit"] for k in ("qkv", "attention", "o", "gate_up", "down", "head"))
+    assert crit == 1066 - 1012  # every launch after the first, end to end
+
+
+def test_marks_of_an_earlier_step_are_left_out():
+    """A block without work this step keeps what it marked in an earlier one."""
+    launches = [list(b) for b in LAUNCHES]
+    launches[1] = launches[1] + [(400, 401, 401, 990)]  # stale: before this step's first start
+    assert step_clock.summarize(step(launches), layers=1) == step_clock.summarize(step(LAUNCHES), layers=1)
+
+
+def test_a_launch_without_marks_breaks_the_chain_instead_of_inventing_a_gap():
+    launches = [list(b) for b in LAUNCHES]
+    launches[1] = []  # e.g. the split items, which mark nothing
+    out = step_clock.summarize(step(launches), layers=1)
+    assert out["attention"]["crit"] == 0.0 and out["o"]["crit"] == 0.0 and out["o"]["landed"] == 0.0
+    assert out["gate_up"]["crit"] == pytest.approx(1050 - 1022)
