@@ -35,7 +35,7 @@ inline int gemv(kie_engine *e, GemvArgs &a, int epi) {
   a.pipe = a.T == 1 && e->s.gemv_pipe && (a.ld / 8 + a.segs - 1) / a.segs <= 32 * a.u;
   /* Bulk staging (kie_shape.stage_bulk; one token): x's row copied whole, so its length must
    * be the row's (nothing past `in` to zero), or the normed input's residual row and sums,
-   * copied after x (the embedding rows of the first layer are staged as before). */
+   * copied after x (the first layer's embedding rows are staged by the block's loads). */
   const size_t row = (size_t)a.ld * 4, nrows = a.x ? 0 : 1 + (size_t)a.nadd;
   const auto aligned = [](const void *p) { return ((uintptr_t)p & 15) == 0; };
   bool bulk = e->s.stage_bulk && a.T == 1 && xs && (row & 15) == 0 && xbytes + nrows * row <= XS_MAX;
