@@ -159,7 +159,6 @@ inline AttnArgs smem_attention_args(kie_engine *e, const AttnArgs &a, int kcap) 
   b.gper = e->att_gper;
   b.hgroups = (e->g + b.gper - 1) / b.gper;
   b.heads1 = e->att_heads1;
-  b.bulk = e->s.att_bulk;
   return b;
 }
 
