@@ -78,11 +78,7 @@ __device__ __forceinline__ void att_cp16(void *dst, const void *src) {
                : "memory");
 }
 
-__device__ __forceinline__ void att_clock(unsigned long long *at) {
-  unsigned long long t;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-  *at = t;
-}
+__device__ __forceinline__ void att_clock(unsigned long long *at) { *at = kie_gtime(); }
 
 /* f(ci, j, dd) for each value chunk ci of thread tid (chunk c = tid + ci * NTHREADS, below
  * nch): head j of the group, dims dd .. dd + ATT_DV - 1. */

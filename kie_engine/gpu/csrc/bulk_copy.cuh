@@ -8,6 +8,8 @@
 #define KIE_BULK_COPY_CUH_
 #include <stdint.h>
 
+#include "kie_kernels.h" /* kie_gtime */
+
 namespace kie {
 
 __device__ __forceinline__ uint32_t smem_u32(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }
@@ -46,8 +48,7 @@ __device__ __forceinline__ void mbar_wait(uint64_t *bar, unsigned parity) {
   unsigned long long t0 = 0;
   for (unsigned n = 0; !mbar_done(bar, parity); n++) {
     if ((n & 1023u) != 1023u) continue;
-    unsigned long long t;
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    const unsigned long long t = kie_gtime();
     if (!t0) t0 = t;
     else if (t - t0 > 2000000000ull) __trap();
   }

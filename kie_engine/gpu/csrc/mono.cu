@@ -63,11 +63,6 @@ __device__ __forceinline__ void bar_consumers() {
   asm volatile("bar.sync %0, %1;" ::"n"(BAR_CONSUMERS), "n"(MONO_CONSUMERS) : "memory");
 }
 
-__device__ __forceinline__ unsigned long long gtime() {
-  unsigned long long t;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-  return t;
-}
 
 /* Every block's clock at the points of stage k (MARK_*: where a step's time goes,
  * read by bench/kie_native's kb_mono_marks), written by consumer thread 0 or, for
@@ -75,7 +70,7 @@ __device__ __forceinline__ unsigned long long gtime() {
  * has no tiles: its STAGED and ISSUED are thread 0's first item's scores and values. */
 enum { MARK_START = 0, MARK_STAGED = 1, MARK_END = 2, MARK_ISSUED = 3, MARKS = 4 };
 __device__ __forceinline__ void mark(const MonoArgs &m, int k, int what) {
-  m.marks[((size_t)k * MARKS + what) * gridDim.x + blockIdx.x] = gtime();
+  m.marks[((size_t)k * MARKS + what) * gridDim.x + blockIdx.x] = kie_gtime();
 }
 __device__ __forceinline__ void mark0(const MonoArgs &m, int k, int what) {
   if (threadIdx.x == 0) mark(m, k, what);
@@ -115,7 +110,7 @@ __device__ void give_up(const Block &b, int code, int arg) {
 template <typename Done>
 __device__ bool spin_as(const Block &b, int code, int stage, Done done) {
   if (done()) return true;
-  const unsigned long long t0 = gtime();
+  const unsigned long long t0 = kie_gtime();
   for (unsigned n = 1;; n++) {
     if (done()) return true;
     if (n > 32) __nanosleep(n > 1024 ? 256 : 32);
@@ -124,7 +119,7 @@ __device__ bool spin_as(const Block &b, int code, int stage, Done done) {
         *b.stop = 1;
         return false;
       }
-      if ((long long)(gtime() - t0) > b.m->timeout_ns) {
+      if ((long long)(kie_gtime() - t0) > b.m->timeout_ns) {
         give_up(b, code, stage);
         return false;
       }
@@ -232,8 +227,8 @@ __device__ void drain(const Block &b, int tiles) {
   const MonoArgs &m = *b.m;
   for (int slot = 0; slot < m.nslots && slot < tiles; slot++) {
     const unsigned last = (unsigned)((tiles - 1 - slot) / m.nslots) & 1u;
-    const unsigned long long t0 = gtime();
-    while (!mbar_done(&b.full[slot], last) && (long long)(gtime() - t0) < b.m->timeout_ns) __nanosleep(64);
+    const unsigned long long t0 = kie_gtime();
+    while (!mbar_done(&b.full[slot], last) && (long long)(kie_gtime() - t0) < b.m->timeout_ns) __nanosleep(64);
   }
 }
 
