@@ -90,10 +90,6 @@ SETTINGS = (
     Setting("KIE_GPU_ATT_BULK", "flag", 0,
             "CUDA engine, graph path, KIE_GPU_DECODE_ATTN=2: 1 has the decode attention's K and V rows and its "
             "queries copied by the copy engine; 0 by its threads' asynchronous copies (cp.async).", 0, 1, **_GPU),
-    Setting("KIE_GPU_ATT_PREFETCH_KB", "int", 0,
-            "CUDA engine, graph path, KIE_GPU_DECODE_ATTN=2, one token a pass: KB of the weights read next (the o "
-            "GEMV's, then gate/up's first rows) that the decode attention asks L2 for while it runs, when HBM "
-            "has little else to do; 0 = off.", 0, 1 << 20, **_GPU),
     Setting("KIE_GPU_MONO_PREFETCH", "int", -1,
             "Monokernel: weight tiles past its shared-memory ring asked of L2 ahead of use; -1 = auto (none: "
             "5 and 16 tiles were 11 % and 30 % slower on the 2b shape, bench/RESULTS.md).", -1, 64, **_GPU),

@@ -264,16 +264,14 @@ def check_prefill(tag, path, comm, steps):
 # blocks walk their keys in chunks of 16 (an online softmax across chunks).  Then the bulk
 # copies (a GEMV's input rows, the attention's rows and queries: alone, together, with splits
 # and with the chunk walk after the bulk-copied first chunk) and the step clock, which must not
-# change a result; the QKV and o GEMVs on a block an SM; and the attention's L2 prefetch of the
-# next weights (all of them, and a part with the context in splits), which must not either.
+# change a result; and the QKV and o GEMVs on a block an SM.
 DECODE_TUNINGS = [{"decode_attn": 1}, {"att_keys": 16}, {"att_keys": 40}, {"att_keys": 40, "att_split_keys": 24},
                   {"att_heads": 1}, {"att_heads": 1, "att_keys": 16}, {"att_heads": 2},
                   {"att_heads": 2, "att_keys": 16}, {"att_keys": 16, "att_splits": 2},
                   {"att_keys": 16, "att_splits": 1, "att_heads": 1},
                   {"stage_bulk": 1}, {"att_bulk": 1}, {"stage_bulk": 1, "att_bulk": 1, "att_keys": 16},
                   {"att_bulk": 1, "att_keys": 16, "att_splits": 1, "att_heads": 1}, {"step_clock": 1},
-                  {"qkv_blocks_per_sm": 1, "o_blocks_per_sm": 1}, {"att_prefetch_kb": 1 << 20},
-                  {"att_prefetch_kb": 20, "att_keys": 16, "att_splits": 2, "att_heads": 1}]
+                  {"qkv_blocks_per_sm": 1, "o_blocks_per_sm": 1}]
 
 
 def check_decode_tunings(tag, path, comm, steps, tunings):
@@ -316,7 +314,7 @@ def check_memory_error(comm):
 # Decode-attention shapes and switches the engine refuses: each a GpuArgumentError naming the field.
 BAD_DECODE_TUNINGS = [{"decode_attn": 3}, {"att_keys": 257}, {"att_keys": 16, "att_split_keys": 32},
                       {"att_splits": -1}, {"att_heads": 3}, {"stage_bulk": 2}, {"att_bulk": -1}, {"step_clock": 2},
-                      {"qkv_blocks_per_sm": 9}, {"o_blocks_per_sm": -1}, {"att_prefetch_kb": -1}]
+                      {"qkv_blocks_per_sm": 9}, {"o_blocks_per_sm": -1}]
 
 
 def check_bad_decode_tunings(comm):

@@ -15,27 +15,6 @@ using namespace kie;
 namespace {
 
 constexpr int AS_THREADS = 256;
-constexpr unsigned PF_CHUNK = 32768; /* bytes an L2 prefetch asks for */
-
-/* This item's share of AttnArgs.pf (one token): chunk c of the ranges, in order, goes to
- * item c % n, thread (c / n) % AS_THREADS, where n is the number of items that work, so
- * that the chunks spread over the SMs' copy engines.  Called after the wait, when the QKV
- * kernel's loads are done. */
-__device__ __forceinline__ void att_prefetch(const AttnArgs &a, int bx, int split, int tid) {
-  const int ns = att_smem_splits(a, *a.pos + 1), ng = att_smem_groups(a, ns);
-  int grp, kvh, h0, G;
-  att_smem_map(a, bx, ns, grp, kvh, h0, G);
-  const unsigned n = (unsigned)(ng * ns), id = (unsigned)(split * ng + grp);
-  unsigned first[4] = {0, 0, 0, 0}; /* range k's chunks: first[k] .. first[k + 1] - 1 */
-  for (int k = 0; k < 3; k++) first[k + 1] = first[k] + (a.pf_bytes[k] + PF_CHUNK - 1) / PF_CHUNK;
-  for (unsigned c = id + n * (unsigned)tid; c < first[3]; c += n * AS_THREADS) {
-    const int k = c < first[1] ? 0 : c < first[2] ? 1 : 2;
-    const unsigned off = (c - first[k]) * PF_CHUNK;
-    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"((const char *)a.pf[k] + off),
-                 "r"(min(PF_CHUNK, a.pf_bytes[k] - off))
-                 : "memory");
-  }
-}
 
 template <int HD>
 __global__ void __launch_bounds__(AS_THREADS, 1) k_attention_smem(const AttnArgs a) {
@@ -47,7 +26,6 @@ __global__ void __launch_bounds__(AS_THREADS, 1) k_attention_smem(const AttnArgs
     kcclDevPdlWait();
     kcclDevPdlTrigger();
     if (a.clk) clk[KIE_CLK_WAITED] = clk[KIE_CLK_STAGED] = kie_gtime();
-    if (a.pf_bytes[0] | a.pf_bytes[1] | a.pf_bytes[2]) att_prefetch(a, blockIdx.x, blockIdx.y, threadIdx.x);
     return true;
   };
   if (a.bulk)

@@ -56,37 +56,6 @@ __device__ __forceinline__ int att_smem_splits(const AttnArgs &a, int S) {
   return S <= a.kcap ? 1 : min(a.nsplit, (S + a.ksplit - 1) / a.ksplit);
 }
 
-/* Item bx of a split of a context cut into ns splits: its query heads h0 .. h0 + G - 1, of
- * KV head kvh, and grp its index among the items of a split that work (0 ..
- * att_smem_groups(a, ns) - 1).  With heads1 there is an item a query head: each takes its
- * own while the context fits one item, and past it the first item of each group takes the
- * group's heads, whose keys it then reads once (false for the others: nothing to do). */
-__device__ __forceinline__ bool att_smem_map(const AttnArgs &a, int bx, int ns, int &grp, int &kvh, int &h0, int &G) {
-  grp = bx;
-  if (a.heads1) {
-    kvh = grp / a.g;
-    const int r = grp - kvh * a.g;
-    if (ns == 1) {
-      h0 = grp, G = 1;
-      return true;
-    }
-    if (r % a.gper) return false;
-    const int hg = r / a.gper;
-    grp = kvh * a.hgroups + hg;
-    h0 = kvh * a.g + hg * a.gper;
-  } else {
-    kvh = grp / a.hgroups;
-    h0 = kvh * a.g + (grp - kvh * a.hgroups) * a.gper;
-  }
-  G = min(a.gper, a.g - (h0 - kvh * a.g));
-  return true;
-}
-
-/* Items of a split that work. */
-__device__ __forceinline__ int att_smem_groups(const AttnArgs &a, int ns) {
-  return a.heads1 && ns == 1 ? a.nh : a.nh / a.g * a.hgroups;
-}
-
 /* Item (bx, split, token t): bx a query head (a.heads1) or a head group, as the graph
  * kernel's grid lays them out.  smem: SmemShape<HD, NT>::bytes(cap) bytes, cap >= a.kcap.
  * wait() is called once, after the rows of earlier steps are on their way and before
@@ -110,8 +79,28 @@ __device__ bool att_smem_item(const AttnArgs &a, int bx, int split, int t, int t
   const int pos = *a.pos, S = pos + t + 1; /* keys 0 .. pos + t */
   const int ns = att_smem_splits(a, S);
   if (split >= ns) return true;
-  int grp, kvh, h0, G;
-  if (!att_smem_map(a, bx, ns, grp, kvh, h0, G)) return true;
+  /* The item's query heads h0 .. h0 + G - 1 (of KV head kvh; grp: the group's index).  With
+   * heads1 there is an item a query head: each takes its own while the context fits one
+   * item, and past it the first item of each group takes the group's heads, whose keys it
+   * then reads once. */
+  int grp = bx, kvh, hg, h0, G;
+  if (a.heads1) {
+    kvh = grp / a.g;
+    const int r = grp - kvh * a.g;
+    if (ns == 1) {
+      h0 = grp, G = 1;
+    } else {
+      if (r % a.gper) return true;
+      hg = r / a.gper;
+      grp = kvh * a.hgroups + hg;
+      h0 = kvh * a.g + hg * a.gper;
+      G = min(a.gper, a.g - hg * a.gper);
+    }
+  } else {
+    kvh = grp / a.hgroups, hg = grp - kvh * a.hgroups;
+    h0 = kvh * a.g + hg * a.gper;
+    G = min(a.gper, a.g - hg * a.gper);
+  }
   const int len = (S + ns - 1) / ns;
   const int c0 = split * len, n = min(S, c0 + len) - c0;
   const bf16 *K = a.kc + ((size_t)kvh * a.max_seq + c0) * HD, *V = a.vc + ((size_t)kvh * a.max_seq + c0) * HD;

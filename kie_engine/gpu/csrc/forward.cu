@@ -38,13 +38,10 @@ struct Launcher {
     a.clk = clock();
     return kie_host::gemv(e, a, epi);
   }
-  int attention(AttnArgs &a, int l) {
+  int attention(AttnArgs &a) {
     if (e->dec_attn == 2) {
       AttnArgs b = smem_attention_args(e, a, e->att_keys);
-      /* the graph kernel's switches: the monokernel's items copy by cp.async, and its weight
-       * ring streams the next stage's weights itself */
-      b.bulk = e->s.att_bulk;
-      if (T == 1) att_prefetch_args(e, l, b);
+      b.bulk = e->s.att_bulk; /* the graph kernel's switch: the monokernel's items copy by cp.async */
       b.clk = clock();
       CU(kie_launch_attention_smem(b, T, e->stream, e->s.pdl));
     } else {

@@ -8,7 +8,7 @@ namespace kie_host {
 
 /* The ops of one forward pass of T tokens, in order, handed to the visitor v:
  *   v.gemv(GemvArgs &, epi)    a GEMV and its epilogue
- *   v.attention(AttnArgs &, l) attention of layer l
+ *   v.attention(AttnArgs &)    attention of one layer
  *   v.sum(S, i)                the lanes' sum of sublayer i (tp > 1)
  *   v.wait(i)                  the split-phase sum of sublayer i joined (tp > 1, delay > 0)
  * and, with `head`, the final norm and the LM head (its argmax candidate). */
@@ -32,7 +32,7 @@ int walk_forward(kie_engine *e, int T, bool head, V &v) {
       qkv_args(e, l, a);
       TRY(v.gemv(a, EPI_QKV));
       AttnArgs at = attention_args(e, l);
-      TRY(v.attention(at, l));
+      TRY(v.attention(at));
       GemvArgs o = partial_sum_args(e, T, e->att, e->qdim, e->qdim, y.wo, S);
       o.blocks_per_sm = s.o_blocks_per_sm;
       TRY(v.gemv(o, EPI_STORE));

@@ -119,10 +119,6 @@ typedef struct {
                                   leave each SM room for the attention's block to start before the GEMV ends */
   int o_blocks_per_sm;         /* the o GEMV likewise (0: gemv_blocks_per_sm): room for gate/up's blocks, whose
                                   first loads then start during the attention and the o GEMV */
-  int att_prefetch_kb;         /* the graph path's decode attention (decode_attn 2, one token) asks L2 for this
-                                  many KB of the weights read next: the o GEMV's rows, then gate/up's first units
-                                  (gate and up rows alike), which it would otherwise stream while HBM idles during
-                                  the attention (0: off) */
   int step_clock;              /* 1: the graph path's GEMV and attention kernels mark each block's clock
                                   (a profiling build of the step, read by bench/kie_native; 0: off) */
 } kie_shape;

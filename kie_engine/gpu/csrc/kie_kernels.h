@@ -149,12 +149,6 @@ struct AttnArgs {
   float *out;
   int out_ld;
   unsigned long long *clk; /* the graph path's step clock, or NULL (KIE_CLK_*) */
-  /* The graph path's decode attention (attention_smem.cu), once its wait has passed: L2
-   * prefetches of the weights the GEMVs after it read first (16-byte aligned ranges, whole
-   * multiples of 16 bytes), spread over its items.  HBM has little else to do while the
-   * attention runs. */
-  const void *pf[3];
-  unsigned pf_bytes[3];
 };
 
 struct FinalArgs {

@@ -41,7 +41,7 @@ struct MonoBuilder {
     links.push_back(l);
     return KIE_OK;
   }
-  int attention(AttnArgs &a, int) {
+  int attention(AttnArgs &a) {
     MonoStage m;
     memset(&m, 0, sizeof m);
     m.kind = e->mono_attn == 2 ? MONO_ATTN_SMEM : MONO_ATTN;

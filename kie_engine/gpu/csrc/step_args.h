@@ -162,26 +162,6 @@ inline AttnArgs smem_attention_args(kie_engine *e, const AttnArgs &a, int kcap) 
   return b;
 }
 
-/* The weights the decode attention of layer l asks L2 for (kie_shape.att_prefetch_kb): the
- * o GEMV's rows from the first, then the first units of gate/up, which pair gate row j with
- * up row inter + j, so the same number of rows from the start of each half.  A GEMV's
- * first round of units is the first rows of its matrix (gemv.cu), so every block's first
- * loads find them there. */
-inline void att_prefetch_args(kie_engine *e, int l, AttnArgs &a) {
-  const kie_shape &s = e->s;
-  const Layer &y = e->L[(size_t)l];
-  size_t left = (size_t)s.att_prefetch_kb * 1024;
-  const size_t o_row = (size_t)e->qdim * 2, gu_row = (size_t)e->hid_pad * 2;
-  const size_t o_rows = std::min((size_t)s.hidden, left / o_row);
-  left -= o_rows * o_row;
-  const size_t gu_rows = std::min((size_t)s.inter, left / (2 * gu_row));
-  a.pf[0] = y.wo;
-  a.pf_bytes[0] = (unsigned)(o_rows * o_row);
-  a.pf[1] = y.wgu;
-  a.pf[2] = y.wgu + (size_t)s.inter * e->hid_pad;
-  a.pf_bytes[1] = a.pf_bytes[2] = (unsigned)(gu_rows * gu_row);
-}
-
 /* The final norm and the LM head on one token's residual row r_row (the sums still due
  * are the caller's to add): this lane's logits, and its argmax candidate in cand. */
 inline GemvArgs head_args(kie_engine *e, const float *r_row) {

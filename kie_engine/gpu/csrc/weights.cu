@@ -91,8 +91,6 @@ int derive(kie_engine *e, const kie_shape &s, int sms) {
     return fail(KIE_E_ARG, "qkv_blocks_per_sm=%d: 0 (auto) or 1..8", s.qkv_blocks_per_sm);
   if (s.o_blocks_per_sm < 0 || s.o_blocks_per_sm > 8)
     return fail(KIE_E_ARG, "o_blocks_per_sm=%d: 0 (auto) or 1..8", s.o_blocks_per_sm);
-  if (s.att_prefetch_kb < 0 || s.att_prefetch_kb > (1 << 20))
-    return fail(KIE_E_ARG, "att_prefetch_kb=%d: 0 (off) to 1048576", s.att_prefetch_kb);
   if (s.prefill_chunk < 0) return fail(KIE_E_ARG, "prefill_chunk=%d: 0 (auto) or a token count", s.prefill_chunk);
   e->pf_chunk = s.prefill ? std::min(s.prefill_chunk ? s.prefill_chunk : 1024, s.max_seq) : 0;
   if (s.prefill_attn < 0 || s.prefill_attn > 3)
