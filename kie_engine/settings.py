@@ -83,13 +83,6 @@ SETTINGS = (
     Setting("KIE_GPU_GEMV_X_L1", "flag", 0,
             "CUDA engine: 1 has the o and down GEMVs read x through L1; 0 stages it in shared memory (3 % more "
             "tokens/s on an H100, 2b shape).", 0, 1, **_GPU),
-    Setting("KIE_GPU_STAGE_BULK", "flag", 0,
-            "CUDA engine, graph path: 1 has a decode GEMV's input rows (x, or the residual and the sums its norm "
-            "adds) copied to shared memory by the copy engine (cp.async.bulk); 0 by the block's own loads, which "
-            "wait behind the weight loads it has in flight.", 0, 1, **_GPU),
-    Setting("KIE_GPU_ATT_BULK", "flag", 0,
-            "CUDA engine, graph path, KIE_GPU_DECODE_ATTN=2: 1 has the decode attention's K and V rows and its "
-            "queries copied by the copy engine; 0 by its threads' asynchronous copies (cp.async).", 0, 1, **_GPU),
     Setting("KIE_GPU_MONO_PREFETCH", "int", -1,
             "Monokernel: weight tiles past its shared-memory ring asked of L2 ahead of use; -1 = auto (none: "
             "5 and 16 tiles were 11 % and 30 % slower on the 2b shape, bench/RESULTS.md).", -1, 64, **_GPU),

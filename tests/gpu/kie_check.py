@@ -261,16 +261,14 @@ def check_prefill(tag, path, comm, steps):
 # kernel cut into splits (16 and 40 keys a block, then splits of as many or of 24: several splits,
 # the last combining) where the default holds a context this short in one block, a block a
 # query head and a block a KV head's query heads, at any context; and at most 2 or 1 splits, whose
-# blocks walk their keys in chunks of 16 (an online softmax across chunks).  Then the bulk
-# copies (a GEMV's input rows, the attention's rows and queries: alone, together, with splits
-# and with the chunk walk after the bulk-copied first chunk) and the step clock, which must not
-# change a result; and the QKV and o GEMVs on a block an SM.
+# blocks walk their keys in chunks of 16 (an online softmax across chunks).  Then the step
+# clock's kernels (the pipelined GEMVs, the unpipelined ones, the attention in splits), which
+# must not change a result; and the QKV and o GEMVs on a block an SM.
 DECODE_TUNINGS = [{"decode_attn": 1}, {"att_keys": 16}, {"att_keys": 40}, {"att_keys": 40, "att_split_keys": 24},
                   {"att_heads": 1}, {"att_heads": 1, "att_keys": 16}, {"att_heads": 2},
                   {"att_heads": 2, "att_keys": 16}, {"att_keys": 16, "att_splits": 2},
                   {"att_keys": 16, "att_splits": 1, "att_heads": 1},
-                  {"stage_bulk": 1}, {"att_bulk": 1}, {"stage_bulk": 1, "att_bulk": 1, "att_keys": 16},
-                  {"att_bulk": 1, "att_keys": 16, "att_splits": 1, "att_heads": 1}, {"step_clock": 1},
+                  {"step_clock": 1}, {"step_clock": 1, "gemv_pipe": 0}, {"step_clock": 1, "att_keys": 16},
                   {"qkv_blocks_per_sm": 1, "o_blocks_per_sm": 1}]
 
 
@@ -313,7 +311,7 @@ def check_memory_error(comm):
 
 # Decode-attention shapes and switches the engine refuses: each a GpuArgumentError naming the field.
 BAD_DECODE_TUNINGS = [{"decode_attn": 3}, {"att_keys": 257}, {"att_keys": 16, "att_split_keys": 32},
-                      {"att_splits": -1}, {"att_heads": 3}, {"stage_bulk": 2}, {"att_bulk": -1}, {"step_clock": 2},
+                      {"att_splits": -1}, {"att_heads": 3}, {"step_clock": 2},
                       {"qkv_blocks_per_sm": 9}, {"o_blocks_per_sm": -1}]
 
 

@@ -28,12 +28,8 @@ __global__ void __launch_bounds__(AS_THREADS, 1) k_attention_smem(const AttnArgs
     if (a.clk) clk[KIE_CLK_WAITED] = clk[KIE_CLK_STAGED] = kie_gtime();
     return true;
   };
-  if (a.bulk)
-    att_smem_item<HD, AS_THREADS, true>(a, blockIdx.x, blockIdx.y, blockIdx.z, threadIdx.x, as_smem, ATT_SMEM_KEYS(HD),
-                                        hs, SyncBlock(), wait);
-  else
-    att_smem_item<HD, AS_THREADS>(a, blockIdx.x, blockIdx.y, blockIdx.z, threadIdx.x, as_smem, ATT_SMEM_KEYS(HD), hs,
-                                  SyncBlock(), wait);
+  att_smem_item<HD, AS_THREADS>(a, blockIdx.x, blockIdx.y, blockIdx.z, threadIdx.x, as_smem, ATT_SMEM_KEYS(HD), hs,
+                                SyncBlock(), wait);
   /* a block without work returns before its wait: no marks */
   if (a.clk && clk[KIE_CLK_WAITED]) {
     clk[KIE_CLK_END] = kie_gtime();

@@ -27,7 +27,6 @@
 #ifndef KIE_ATTENTION_SMEM_CUH_
 #define KIE_ATTENTION_SMEM_CUH_
 #include "attention.cuh"
-#include "bulk_copy.cuh"
 
 namespace kie {
 
@@ -46,7 +45,6 @@ struct SmemShape {
 
 /* The per-head running values of an item (static shared memory of its caller). */
 struct AttSmemHeads {
-  uint64_t bar[2]; /* BULK: the rows of earlier steps, the pass's own rows */
   float m[ATT_MAXG], l[ATT_MAXG], fac[ATT_MAXG], big_m[ATT_MAXG], big_l[ATT_MAXG];
   int last;
 };
@@ -63,7 +61,7 @@ __device__ __forceinline__ int att_smem_splits(const AttnArgs &a, int S) {
  * and returns false.  Returns true otherwise, also for an item with nothing to do (which
  * returns before calling wait).  clk (profiling, or NULL): thread 0 writes the time its
  * first chunk's scores and softmax were done to clk[0], its values to clk[1]. */
-template <int HD, int NT, bool BULK = false, typename Sync, typename Wait>
+template <int HD, int NT, typename Sync, typename Wait>
 __device__ bool att_smem_item(const AttnArgs &a, int bx, int split, int t, int tid, unsigned char *smem, int cap,
                               AttSmemHeads &hs, Sync sync, Wait wait, unsigned long long *const *clk = nullptr) {
   typedef SmemShape<HD, NT> SS;
@@ -113,53 +111,23 @@ __device__ bool att_smem_item(const AttnArgs &a, int bx, int split, int t, int t
     }
     asm volatile("cp.async.commit_group;" ::: "memory");
   };
-  /* BULK: the first chunk's rows r0 .. r1 - 1 by the copy engine, a row's K and V a thread,
-   * counted on bar (its one arrival: thread 0's, with the bytes and `more` of other copies) */
-  auto bulk_rows = [&](int r0, int r1, uint64_t *bar, unsigned more) {
-    for (int r = r0 + tid; r < r1; r += NT) {
-      bulk_copy(Ks + r * LD, K + (size_t)r * HD, HD * 2, bar);
-      bulk_copy(Vs + r * LD, V + (size_t)r * HD, HD * 2, bar);
-    }
-    if (tid == 0) mbar_expect_tx(bar, (unsigned)(r1 - r0) * HD * 4 + more);
-  };
   const int n0 = min(n, a.kcap);             /* the first chunk */
   const int old = min(n0, max(0, pos - c0)); /* its rows 0 .. old - 1: written by earlier steps */
-  if (BULK) {
-    if (tid == 0) {
-      mbar_init(&hs.bar[0], 1);
-      mbar_init(&hs.bar[1], 1);
-      mbar_init_fence();
-    }
-    sync();
-    bulk_rows(0, old, &hs.bar[0], 0);
-  } else {
-    copy_rows(0, 0, old);
-  }
-  if (!wait()) { /* nothing lands in shared memory after the caller left */
-    if (BULK) mbar_wait(&hs.bar[0], 0);
-    else asm volatile("cp.async.wait_all;" ::: "memory");
+  copy_rows(0, 0, old);
+  if (!wait()) {
+    asm volatile("cp.async.wait_all;" ::: "memory"); /* nothing lands in shared memory after the caller left */
     return false;
   }
-  const float *qrow = a.q + (size_t)t * a.q_ld + (size_t)h0 * HD;
-  if (BULK) { /* the pass's own rows and the queries, written by the kernel before */
-    bulk_after_generic();
-    if (tid == NT - 1) bulk_copy(qs, qrow, (unsigned)G * HD * 4, &hs.bar[1]);
-    bulk_rows(old, n0, &hs.bar[1], (unsigned)G * HD * 4);
-  } else {
-    copy_rows(0, old, n0);
-    const float4 *q4 = reinterpret_cast<const float4 *>(qrow);
+  copy_rows(0, old, n0);
+  {
+    const float4 *q4 = reinterpret_cast<const float4 *>(a.q + (size_t)t * a.q_ld + (size_t)h0 * HD);
     for (int i = tid; i < G * HD / 4; i += NT) reinterpret_cast<float4 *>(qs)[i] = __ldcg(q4 + i);
   }
   if (tid < G) {
     m_s[tid] = -INFINITY;
     l_s[tid] = 0.f;
   }
-  if (BULK) {
-    mbar_wait(&hs.bar[0], 0);
-    mbar_wait(&hs.bar[1], 0);
-  } else {
-    asm volatile("cp.async.wait_group 0;" ::: "memory");
-  }
+  asm volatile("cp.async.wait_group 0;" ::: "memory");
   sync();
 
   /* Value chunks: c = (head j, dims dd .. dd + 3); with fewer chunks than threads, R threads

@@ -1,14 +1,9 @@
 /* bulk_copy.cuh - the Hopper bulk-copy engine (cp.async.bulk, TMA's unit without a
- * tensor map) and the mbarriers that count its bytes, for the kernels that copy
- * global memory into shared memory this way: the monokernel's weight ring, and the
- * graph path's GEMV and attention, whose inputs then do not queue behind the weight
- * loads a block has in flight (a block's own loads wait for free miss slots of its
- * SM's L1; the bulk copies do not take those slots). */
+ * tensor map) and the mbarriers that count its bytes: how the monokernel fills its
+ * weight ring (mono.cu), whose waits on them are bounded there. */
 #ifndef KIE_BULK_COPY_CUH_
 #define KIE_BULK_COPY_CUH_
 #include <stdint.h>
-
-#include "kie_kernels.h" /* kie_gtime */
 
 namespace kie {
 
@@ -41,22 +36,6 @@ __device__ __forceinline__ void bulk_copy(void *dst, const void *src, unsigned b
                "l"(src), "r"(bytes), "r"(smem_u32(bar))
                : "memory");
 }
-/* Waits for phase `parity` of bar.  The copies it counts either land or fault (a fault ends
- * the kernel with an error the host reports); a count that never completes would be a bug,
- * and past 2 s the kernel traps rather than hang the stream. */
-__device__ __forceinline__ void mbar_wait(uint64_t *bar, unsigned parity) {
-  unsigned long long t0 = 0;
-  for (unsigned n = 0; !mbar_done(bar, parity); n++) {
-    if ((n & 1023u) != 1023u) continue;
-    const unsigned long long t = kie_gtime();
-    if (!t0) t0 = t;
-    else if (t - t0 > 2000000000ull) __trap();
-  }
-}
-
-/* What the previous kernel wrote (seen once its grid completed) read by the copy engine:
- * the generic proxy's view ordered before this thread's bulk copies. */
-__device__ __forceinline__ void bulk_after_generic() { asm volatile("fence.proxy.async.global;" ::: "memory"); }
 
 }  // namespace kie
 #endif

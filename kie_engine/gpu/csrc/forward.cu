@@ -41,7 +41,6 @@ struct Launcher {
   int attention(AttnArgs &a) {
     if (e->dec_attn == 2) {
       AttnArgs b = smem_attention_args(e, a, e->att_keys);
-      b.bulk = e->s.att_bulk; /* the graph kernel's switch: the monokernel's items copy by cp.async */
       b.clk = clock();
       CU(kie_launch_attention_smem(b, T, e->stream, e->s.pdl));
     } else {

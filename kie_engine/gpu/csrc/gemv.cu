@@ -18,7 +18,6 @@
  * applies the RMSNorm before the product, so the norm costs no kernel of its own. */
 #include <math.h>
 
-#include "bulk_copy.cuh"
 #include "gemv_common.cuh"
 
 using namespace kie;
@@ -78,8 +77,11 @@ __device__ __forceinline__ void use_batch(const GemvArgs &a, const float *xsrc, 
  * units per round; the segments' partial sums meet in shared memory in a fixed
  * order, so results do not depend on timing.  PIPE (when every share is one
  * batch): the next round's batch is loaded before this round's is used, so a
- * warp always has loads in flight. */
-template <int NT, int XS, int EPI, int U, int PIPE>
+ * warp always has loads in flight.  CLK (the step clock, a.clk): thread 0 marks the
+ * block's times as it passes them; a kernel of its own, so that the hot kernels carry
+ * none of it (they sit at their register cap, where any state kept live through the loop
+ * costs loads in flight). */
+template <int NT, int XS, int EPI, int U, int PIPE, bool CLK>
 __global__ void __launch_bounds__(GEMV_THREADS) k_gemv(const GemvArgs a) {
   extern __shared__ float4 smem4[];
   __shared__ float part[GEMV_WARPS][2 * GEMV_MAX_T];
@@ -90,8 +92,7 @@ __global__ void __launch_bounds__(GEMV_THREADS) k_gemv(const GemvArgs a) {
   const int nvec = a.ld >> 3, seg_vecs = (nvec + segs - 1) / segs;
   const int vb = min(nvec, seg * seg_vecs), ve = min(nvec, vb + seg_vecs);
 
-  unsigned long long clk[KIE_CLK_MARKS]; /* the step clock's marks (a.clk: profiling) */
-  if (a.clk) clk[KIE_CLK_START] = kie_gtime();
+  if (CLK) kie_clock_mark(a.clk, KIE_CLK_START);
   /* The weights do not depend on the previous kernel: start on them while it
    * still runs (an L2 prefetch of this warp's first segment, or its first batch
    * of loads into registers), so HBM stays busy across the kernel boundary. */
@@ -109,49 +110,19 @@ __global__ void __launch_bounds__(GEMV_THREADS) k_gemv(const GemvArgs a) {
       preloaded = true;
     }
   }
-  /* Bulk staging: the input's rows come by the copy engine, counted on xbar (one use a
-   * launch: phase 0), so that they do not wait behind the weight loads in flight. */
-  __shared__ __align__(8) uint64_t xbar;
-  const bool bulk = XS && NT == 1 && a.bulk;
-  if (bulk) {
-    if (threadIdx.x == 0) {
-      mbar_init(&xbar, 1);
-      mbar_init_fence();
-    }
-    __syncthreads();
-  }
   kcclDevPdlWait();
   kcclDevPdlTrigger();
-  if (a.clk) clk[KIE_CLK_WAITED] = kie_gtime();
-  /* plain: x straight into its place; normed: r_in and the adds after x, for stage_norm */
-  float *src = bulk && !a.x ? xs + a.ld : xs;
-  if (bulk && threadIdx.x == 0) {
-    const unsigned row = (unsigned)a.ld * 4u;
-    bulk_after_generic();
-    mbar_expect_tx(&xbar, a.x ? row : row * (unsigned)(1 + a.nadd));
-    if (a.x) {
-      bulk_copy(xs, a.x, row, &xbar);
-    } else {
-      bulk_copy(src, a.r_in, row, &xbar);
-      for (int j = 0; j < a.nadd; j++) bulk_copy(src + (size_t)(j + 1) * a.ld, a.adds[j], row, &xbar);
-    }
-  }
+  if (CLK) kie_clock_mark(a.clk, KIE_CLK_WAITED);
 
   __shared__ float rope[EPI == EPI_QKV && NT == 1 ? 2 * ROPE_MAX_HALF : 1];
   if (XS) {
     __shared__ float red[GEMV_WARPS];
     if (EPI == EPI_QKV && NT == 1) stage_rope(a, rope, threadIdx.x, GEMV_THREADS);
-    if (bulk) {
-      mbar_wait(&xbar, 0);
-      if (!a.x) stage_norm<SyncBlock, true>(a, xs, threadIdx.x, blockIdx.x == 0, SyncBlock(), red, src);
-    } else if (a.x) {
-      stage_plain(a, xs, threadIdx.x);
-    } else {
-      stage_norm(a, xs, threadIdx.x, blockIdx.x == 0, SyncBlock(), red);
-    }
+    if (a.x) stage_plain(a, xs, threadIdx.x);
+    else stage_norm(a, xs, threadIdx.x, blockIdx.x == 0, SyncBlock(), red);
     __syncthreads();
   }
-  if (a.clk) clk[KIE_CLK_STAGED] = kie_gtime();
+  if (CLK) kie_clock_mark(a.clk, KIE_CLK_STAGED);
   const float *cs = EPI == EPI_QKV && NT == 1 && XS ? rope : nullptr;
   const float *xsrc = XS ? xs : a.x;
   const int xld = XS ? a.ld : a.x_ld;
@@ -223,33 +194,37 @@ __global__ void __launch_bounds__(GEMV_THREADS) k_gemv(const GemvArgs a) {
       *a.cnt = 0;
     }
   }
-  if (a.clk) {
-    clk[KIE_CLK_END] = kie_gtime();
-    kie_clock_marks(a.clk, clk);
-  }
+  if (CLK) kie_clock_mark(a.clk, KIE_CLK_END);
 }
 
-template <int NT, int XS, int U, int PIPE>
+template <int NT, int XS, int U, int PIPE, bool CLK>
 cudaError_t launch_epi(const GemvArgs &a, int epi, int grid, size_t smem, cudaStream_t st, int pdl) {
   const dim3 g(grid), b(GEMV_THREADS);
   switch (epi) {
-    case EPI_STORE: return kcclLaunch(k_gemv<NT, XS, EPI_STORE, U, PIPE>, g, b, smem, st, pdl, a);
-    case EPI_QKV: return kcclLaunch(k_gemv<NT, XS, EPI_QKV, U, PIPE>, g, b, smem, st, pdl, a);
-    case EPI_SWIGLU: return kcclLaunch(k_gemv<NT, XS, EPI_SWIGLU, U, PIPE>, g, b, smem, st, pdl, a);
-    case EPI_HEAD: return kcclLaunch(k_gemv<1, XS, EPI_HEAD, U, PIPE>, g, b, smem, st, pdl, a);
+    case EPI_STORE: return kcclLaunch(k_gemv<NT, XS, EPI_STORE, U, PIPE, CLK>, g, b, smem, st, pdl, a);
+    case EPI_QKV: return kcclLaunch(k_gemv<NT, XS, EPI_QKV, U, PIPE, CLK>, g, b, smem, st, pdl, a);
+    case EPI_SWIGLU: return kcclLaunch(k_gemv<NT, XS, EPI_SWIGLU, U, PIPE, CLK>, g, b, smem, st, pdl, a);
+    case EPI_HEAD: return kcclLaunch(k_gemv<1, XS, EPI_HEAD, U, PIPE, CLK>, g, b, smem, st, pdl, a);
   }
   return cudaErrorInvalidValue;
 }
 
-template <int NT, int XS, int U, int PIPE>
+/* One token's launch: with or without the step clock. */
+template <int XS, int U, int PIPE>
+cudaError_t launch_one(const GemvArgs &a, int epi, int grid, size_t smem, cudaStream_t st, int pdl) {
+  return a.clk ? launch_epi<1, XS, U, PIPE, true>(a, epi, grid, smem, st, pdl)
+               : launch_epi<1, XS, U, PIPE, false>(a, epi, grid, smem, st, pdl);
+}
+
+template <int NT, int XS, int U, int PIPE, bool CLK>
 cudaError_t set_attr(size_t max_smem) {
   cudaError_t e = cudaSuccess;
   const int v = (int)max_smem;
   const cudaFuncAttribute at = cudaFuncAttributeMaxDynamicSharedMemorySize;
-  if (e == cudaSuccess) e = cudaFuncSetAttribute(k_gemv<NT, XS, EPI_STORE, U, PIPE>, at, v);
-  if (e == cudaSuccess) e = cudaFuncSetAttribute(k_gemv<NT, XS, EPI_QKV, U, PIPE>, at, v);
-  if (e == cudaSuccess) e = cudaFuncSetAttribute(k_gemv<NT, XS, EPI_SWIGLU, U, PIPE>, at, v);
-  if (e == cudaSuccess) e = cudaFuncSetAttribute(k_gemv<1, XS, EPI_HEAD, U, PIPE>, at, v);
+  if (e == cudaSuccess) e = cudaFuncSetAttribute(k_gemv<NT, XS, EPI_STORE, U, PIPE, CLK>, at, v);
+  if (e == cudaSuccess) e = cudaFuncSetAttribute(k_gemv<NT, XS, EPI_QKV, U, PIPE, CLK>, at, v);
+  if (e == cudaSuccess) e = cudaFuncSetAttribute(k_gemv<NT, XS, EPI_SWIGLU, U, PIPE, CLK>, at, v);
+  if (e == cudaSuccess) e = cudaFuncSetAttribute(k_gemv<1, XS, EPI_HEAD, U, PIPE, CLK>, at, v);
   return e;
 }
 
@@ -268,18 +243,22 @@ __global__ void k_fill_random(bf16 *p, size_t n, uint32_t seed, float scale) {
 }  // namespace
 
 cudaError_t kie_launch_gemv(const GemvArgs &a, int epi, int xs, int grid, size_t smem, cudaStream_t st, int pdl) {
-  if (a.T > 1) return xs ? launch_epi<GEMV_MAX_T, 1, 2, 0>(a, epi, grid, smem, st, pdl)
-                         : launch_epi<GEMV_MAX_T, 0, 2, 0>(a, epi, grid, smem, st, pdl);
-  if (a.pipe) return xs ? launch_epi<1, 1, 4, 1>(a, epi, grid, smem, st, pdl) : launch_epi<1, 0, 4, 1>(a, epi, grid, smem, st, pdl);
-  if (a.u == 4) return xs ? launch_epi<1, 1, 4, 0>(a, epi, grid, smem, st, pdl) : launch_epi<1, 0, 4, 0>(a, epi, grid, smem, st, pdl);
-  return xs ? launch_epi<1, 1, 8, 0>(a, epi, grid, smem, st, pdl) : launch_epi<1, 0, 8, 0>(a, epi, grid, smem, st, pdl);
+  if (a.T > 1) return xs ? launch_epi<GEMV_MAX_T, 1, 2, 0, false>(a, epi, grid, smem, st, pdl)
+                         : launch_epi<GEMV_MAX_T, 0, 2, 0, false>(a, epi, grid, smem, st, pdl);
+  if (a.pipe) return xs ? launch_one<1, 4, 1>(a, epi, grid, smem, st, pdl) : launch_one<0, 4, 1>(a, epi, grid, smem, st, pdl);
+  if (a.u == 4) return xs ? launch_one<1, 4, 0>(a, epi, grid, smem, st, pdl) : launch_one<0, 4, 0>(a, epi, grid, smem, st, pdl);
+  return xs ? launch_one<1, 8, 0>(a, epi, grid, smem, st, pdl) : launch_one<0, 8, 0>(a, epi, grid, smem, st, pdl);
 }
 
 cudaError_t kie_gemv_attributes(size_t max_smem) {
-  cudaError_t e = set_attr<1, 1, 8, 0>(max_smem);
-  if (e == cudaSuccess) e = set_attr<1, 1, 4, 0>(max_smem);
-  if (e == cudaSuccess) e = set_attr<1, 1, 4, 1>(max_smem);
-  if (e == cudaSuccess) e = set_attr<GEMV_MAX_T, 1, 2, 0>(max_smem);
+  cudaError_t e = cudaSuccess;
+  if (e == cudaSuccess) e = set_attr<1, 1, 8, 0, false>(max_smem);
+  if (e == cudaSuccess) e = set_attr<1, 1, 4, 0, false>(max_smem);
+  if (e == cudaSuccess) e = set_attr<1, 1, 4, 1, false>(max_smem);
+  if (e == cudaSuccess) e = set_attr<1, 1, 8, 0, true>(max_smem);
+  if (e == cudaSuccess) e = set_attr<1, 1, 4, 0, true>(max_smem);
+  if (e == cudaSuccess) e = set_attr<1, 1, 4, 1, true>(max_smem);
+  if (e == cudaSuccess) e = set_attr<GEMV_MAX_T, 1, 2, 0, false>(max_smem);
   return e;
 }
 

@@ -197,18 +197,8 @@ __device__ __forceinline__ float4 f4_norm(const float4 x, float root, const floa
  * up to GEMV_THREADS * STAGE_BATCH float4s stays in registers between the sum of
  * squares and the scaling, so the scaling costs one batch of gamma loads, not a
  * round trip per element. */
-/* A float4 of the residual or a sum: from global memory through L2, or (SM) from the
- * block's shared-memory copy of it. */
-template <bool SM>
-__device__ __forceinline__ float4 ld_row(const float *p, int i) {
-  return SM ? reinterpret_cast<const float4 *>(p)[i] : __ldcg(reinterpret_cast<const float4 *>(p) + i);
-}
-
-/* SM: one token, whose residual row and sums the block copied to shared memory: r_in at
- * src, adds[j] at src + (j + 1) * ld (the same values, so the same bits). */
-template <typename Sync, bool SM = false>
-__device__ void stage_norm(const GemvArgs &a, float *xs, int tid, bool writer, Sync sync, float *red,
-                           const float *src = nullptr) {
+template <typename Sync>
+__device__ void stage_norm(const GemvArgs &a, float *xs, int tid, bool writer, Sync sync, float *red) {
   const int hidden = a.in, n4 = a.ld >> 2;
   const bool in_regs = n4 <= GEMV_THREADS * STAGE_BATCH;
   const float4 *g4 = reinterpret_cast<const float4 *>(a.gamma);
@@ -216,7 +206,6 @@ __device__ void stage_norm(const GemvArgs &a, float *xs, int tid, bool writer, S
     float ss = 0.f;
     const bf16 *erow = a.r_in ? nullptr : a.embed + (size_t)__ldcg(a.tokens + t) * a.ld;
     const size_t row = (size_t)t * a.r_ld;
-    const float *rin = SM ? src : a.r_in + row;
     float4 *x4 = reinterpret_cast<float4 *>(xs + (size_t)t * a.ld);
     float4 v[STAGE_BATCH];
     for (int i0 = tid; i0 < n4; i0 += GEMV_THREADS * STAGE_BATCH) {
@@ -225,8 +214,8 @@ __device__ void stage_norm(const GemvArgs &a, float *xs, int tid, bool writer, S
         const int i = i0 + k * GEMV_THREADS;
         v[k] = f4_zero();
         if (i < n4 && 4 * i < hidden) {
-          if (SM || a.r_in) {
-            v[k] = ld_row<SM>(rin, i);
+          if (a.r_in) {
+            v[k] = __ldcg(reinterpret_cast<const float4 *>(a.r_in + row) + i);
           } else {
             const uint2 e = *reinterpret_cast<const uint2 *>(erow + 4 * (size_t)i);
             v[k] = make_float4(bf_lo(e.x), bf_hi(e.x), bf_lo(e.y), bf_hi(e.y));
@@ -238,8 +227,7 @@ __device__ void stage_norm(const GemvArgs &a, float *xs, int tid, bool writer, S
 #pragma unroll
         for (int k = 0; k < STAGE_BATCH; k++) {
           const int i = i0 + k * GEMV_THREADS;
-          w[k] = i < n4 && 4 * i < hidden ? ld_row<SM>(SM ? src + (size_t)(j + 1) * a.ld : a.adds[j] + row, i)
-                                           : f4_zero();
+          w[k] = i < n4 && 4 * i < hidden ? __ldcg(reinterpret_cast<const float4 *>(a.adds[j] + row) + i) : f4_zero();
         }
 #pragma unroll
         for (int k = 0; k < STAGE_BATCH; k++) f4_add(v[k], w[k]);

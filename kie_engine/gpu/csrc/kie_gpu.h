@@ -110,11 +110,6 @@ typedef struct {
   int prefill_attn_keys;       /* keys per tile of the batched prefill's attention: 0 auto (32), 32 or 64 */
   int mono_wait_ms;            /* monokernel: the bound on each of its waits, ms (0: auto, 2,000); a wait
                                   past it ends the step with a GpuError */
-  int stage_bulk;              /* 1: a decode GEMV's input rows (x, or the residual and the sums its norm adds)
-                                  come to shared memory by bulk copies (the copy engine), not by its threads'
-                                  loads, which queue behind the weight loads in flight; 0: by its threads */
-  int att_bulk;                /* 1: the graph path's decode attention (decode_attn 2) copies its keys' K and V
-                                  rows by bulk copies; 0: by its threads' asynchronous copies (cp.async) */
   int qkv_blocks_per_sm;       /* the graph path's QKV GEMV: blocks an SM at most (0: gemv_blocks_per_sm); fewer
                                   leave each SM room for the attention's block to start before the GEMV ends */
   int o_blocks_per_sm;         /* the o GEMV likewise (0: gemv_blocks_per_sm): room for gate/up's blocks, whose

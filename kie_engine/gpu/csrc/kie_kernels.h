@@ -67,7 +67,6 @@ struct GemvArgs {
   int segs;            /* warps sharing a unit, each a segment of the input: 1, 2, 4 or 8 */
   int u;               /* decode: 16-byte loads per row per lane in a batch, 4 or 8 */
   int pipe;            /* decode: the next round's batch loads while this one is used (u = 4) */
-  int bulk;            /* decode (T = 1), x staged: its rows (x, or r_in and the adds) come by bulk copies */
   int blocks_per_sm;   /* the graph path's launch: its grid at most this many blocks an SM (0: the engine's) */
   /* Plain input: x [T][x_ld] (x_ld >= ld, zero past `in`). */
   const float *x;
@@ -118,7 +117,14 @@ __device__ __forceinline__ unsigned long long kie_gtime() {
   return t;
 }
 
-/* Thread 0 of a block writes its four marks (t[KIE_CLK_MARKS]). */
+/* Thread 0 of a block writes mark k now (the GEMVs: every block marks all four). */
+__device__ __forceinline__ void kie_clock_mark(unsigned long long *clk, int k) {
+  const unsigned b = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
+  if (threadIdx.x == 0 && b < KIE_CLK_BLOCKS) clk[(size_t)k * KIE_CLK_BLOCKS + b] = kie_gtime();
+}
+
+/* Thread 0 of a block writes its four marks (t[KIE_CLK_MARKS]) at once (the attention:
+ * a block without work marks nothing). */
 __device__ __forceinline__ void kie_clock_marks(unsigned long long *clk, const unsigned long long *t) {
   const unsigned b = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
   if (!clk || threadIdx.x != 0 || b >= KIE_CLK_BLOCKS) return;
@@ -141,7 +147,6 @@ struct AttnArgs {
   int kcap;      /* the shared-memory kernel (attention_smem.cu): keys a block holds at most, */
   int ksplit;    /* and of a split, when the context passes kcap; */
   int heads1;    /* and 1: a block a query head while the context fits one block (the grid: a block a head) */
-  int bulk;      /* and 1: its first chunk's K and V rows come by bulk copies (bulk_copy.cuh) */
   const int *pos;
   float scale;
   float *part;   /* [T][nh][nsplit][hd + 2] */

@@ -33,22 +33,10 @@ inline int gemv(kie_engine *e, GemvArgs &a, int epi) {
   a.segs = gemv_segs(e, a);
   /* The pipelined loop takes one batch per segment. */
   a.pipe = a.T == 1 && e->s.gemv_pipe && (a.ld / 8 + a.segs - 1) / a.segs <= 32 * a.u;
-  /* Bulk staging (kie_shape.stage_bulk; one token): x's row copied whole, so its length must
-   * be the row's (nothing past `in` to zero), or the normed input's residual row and sums,
-   * copied after x (the first layer's embedding rows are staged by the block's loads). */
-  const size_t row = (size_t)a.ld * 4, nrows = a.x ? 0 : 1 + (size_t)a.nadd;
-  const auto aligned = [](const void *p) { return ((uintptr_t)p & 15) == 0; };
-  bool bulk = e->s.stage_bulk && a.T == 1 && xs && (row & 15) == 0 && xbytes + nrows * row <= XS_MAX;
-  if (bulk && a.x) bulk = a.in == a.ld && aligned(a.x);
-  if (bulk && !a.x) {
-    bulk = a.r_in != nullptr && aligned(a.r_in);
-    for (int j = 0; bulk && j < a.nadd; j++) bulk = aligned(a.adds[j]);
-  }
-  a.bulk = bulk;
   const int upb = GEMV_WARPS / a.segs;
   const int grid_max = a.blocks_per_sm > 0 ? a.blocks_per_sm * e->sms : e->gemv_grid_max;
   const int grid = std::max(1, std::min(grid_max, (units + upb - 1) / upb));
-  CU(kie_launch_gemv(a, epi, xs, grid, xs ? xbytes + (bulk ? nrows * row : 0) : 0, e->stream, e->s.pdl));
+  CU(kie_launch_gemv(a, epi, xs, grid, xs ? xbytes : 0, e->stream, e->s.pdl));
   return KIE_OK;
 }
 

@@ -85,8 +85,6 @@ int derive(kie_engine *e, const kie_shape &s, int sms) {
   e->mono_n = 5 * s.layers + 1; /* per layer QKV, attention, o, gate/up, down; the head */
   if (s.prefill != 0 && s.prefill != 1) return fail(KIE_E_ARG, "prefill=%d: 0 or 1", s.prefill);
   if (s.step_clock != 0 && s.step_clock != 1) return fail(KIE_E_ARG, "step_clock=%d: 0 or 1", s.step_clock);
-  if (s.stage_bulk != 0 && s.stage_bulk != 1) return fail(KIE_E_ARG, "stage_bulk=%d: 0 or 1", s.stage_bulk);
-  if (s.att_bulk != 0 && s.att_bulk != 1) return fail(KIE_E_ARG, "att_bulk=%d: 0 or 1", s.att_bulk);
   if (s.qkv_blocks_per_sm < 0 || s.qkv_blocks_per_sm > 8)
     return fail(KIE_E_ARG, "qkv_blocks_per_sm=%d: 0 (auto) or 1..8", s.qkv_blocks_per_sm);
   if (s.o_blocks_per_sm < 0 || s.o_blocks_per_sm > 8)
