@@ -16,22 +16,24 @@ namespace {
 
 constexpr int AS_THREADS = 256;
 
-template <int HD>
+/* CLK (the step clock, a.clk): the block's marks, kept until its end since a block without
+ * work returns before its wait and must mark nothing; a kernel of its own, like the GEMV's,
+ * so that the default carries none of it. */
+template <int HD, bool CLK>
 __global__ void __launch_bounds__(AS_THREADS, 1) k_attention_smem(const AttnArgs a) {
   extern __shared__ __align__(16) unsigned char as_smem[];
   __shared__ AttSmemHeads hs;
   unsigned long long clk[KIE_CLK_MARKS] = {0, 0, 0, 0};
-  if (a.clk) clk[KIE_CLK_START] = kie_gtime();
+  if (CLK) clk[KIE_CLK_START] = kie_gtime();
   auto wait = [&] {
     kcclDevPdlWait();
     kcclDevPdlTrigger();
-    if (a.clk) clk[KIE_CLK_WAITED] = clk[KIE_CLK_STAGED] = kie_gtime();
+    if (CLK) clk[KIE_CLK_WAITED] = clk[KIE_CLK_STAGED] = kie_gtime();
     return true;
   };
   att_smem_item<HD, AS_THREADS>(a, blockIdx.x, blockIdx.y, blockIdx.z, threadIdx.x, as_smem, ATT_SMEM_KEYS(HD), hs,
                                 SyncBlock(), wait);
-  /* a block without work returns before its wait: no marks */
-  if (a.clk && clk[KIE_CLK_WAITED]) {
+  if (CLK && clk[KIE_CLK_WAITED]) {
     clk[KIE_CLK_END] = kie_gtime();
     kie_clock_marks(a.clk, clk);
   }
@@ -40,8 +42,9 @@ __global__ void __launch_bounds__(AS_THREADS, 1) k_attention_smem(const AttnArgs
 template <int HD>
 cudaError_t launch_hd(const AttnArgs &a, int T, cudaStream_t st, int pdl) {
   const dim3 grid((unsigned)(a.heads1 ? a.nh : a.nh / a.g * a.hgroups), (unsigned)a.nsplit, (unsigned)T);
-  return kcclLaunch(k_attention_smem<HD>, grid, dim3(AS_THREADS), SmemShape<HD, AS_THREADS>::bytes(ATT_SMEM_KEYS(HD)), st,
-                    pdl, a);
+  const size_t smem = SmemShape<HD, AS_THREADS>::bytes(ATT_SMEM_KEYS(HD));
+  return a.clk ? kcclLaunch(k_attention_smem<HD, true>, grid, dim3(AS_THREADS), smem, st, pdl, a)
+               : kcclLaunch(k_attention_smem<HD, false>, grid, dim3(AS_THREADS), smem, st, pdl, a);
 }
 
 }  // namespace
@@ -55,9 +58,10 @@ cudaError_t kie_attention_smem_attributes(void) {
   cudaError_t e = cudaSuccess;
   auto set = [&](auto h) {
     constexpr int HD = decltype(h)::value;
-    if (e == cudaSuccess)
-      e = cudaFuncSetAttribute(k_attention_smem<HD>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                               (int)SmemShape<HD, AS_THREADS>::bytes(ATT_SMEM_KEYS(HD)));
+    const int smem = (int)SmemShape<HD, AS_THREADS>::bytes(ATT_SMEM_KEYS(HD));
+    const cudaFuncAttribute at = cudaFuncAttributeMaxDynamicSharedMemorySize;
+    if (e == cudaSuccess) e = cudaFuncSetAttribute(k_attention_smem<HD, false>, at, smem);
+    if (e == cudaSuccess) e = cudaFuncSetAttribute(k_attention_smem<HD, true>, at, smem);
   };
   set(std::integral_constant<int, 16>());
   set(std::integral_constant<int, 32>());

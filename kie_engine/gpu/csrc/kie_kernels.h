@@ -117,17 +117,22 @@ __device__ __forceinline__ unsigned long long kie_gtime() {
   return t;
 }
 
+/* This block's slot of a launch's marks (its index flattened). */
+__device__ __forceinline__ unsigned kie_clock_block() {
+  return blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
+}
+
 /* Thread 0 of a block writes mark k now (the GEMVs: every block marks all four). */
 __device__ __forceinline__ void kie_clock_mark(unsigned long long *clk, int k) {
-  const unsigned b = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
+  const unsigned b = kie_clock_block();
   if (threadIdx.x == 0 && b < KIE_CLK_BLOCKS) clk[(size_t)k * KIE_CLK_BLOCKS + b] = kie_gtime();
 }
 
 /* Thread 0 of a block writes its four marks (t[KIE_CLK_MARKS]) at once (the attention:
  * a block without work marks nothing). */
 __device__ __forceinline__ void kie_clock_marks(unsigned long long *clk, const unsigned long long *t) {
-  const unsigned b = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
-  if (!clk || threadIdx.x != 0 || b >= KIE_CLK_BLOCKS) return;
+  const unsigned b = kie_clock_block();
+  if (threadIdx.x != 0 || b >= KIE_CLK_BLOCKS) return;
   for (int k = 0; k < KIE_CLK_MARKS; k++) clk[(size_t)k * KIE_CLK_BLOCKS + b] = t[k];
 }
 

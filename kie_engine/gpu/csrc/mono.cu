@@ -63,7 +63,6 @@ __device__ __forceinline__ void bar_consumers() {
   asm volatile("bar.sync %0, %1;" ::"n"(BAR_CONSUMERS), "n"(MONO_CONSUMERS) : "memory");
 }
 
-
 /* Every block's clock at the points of stage k (MARK_*: where a step's time goes,
  * read by bench/kie_native's kb_mono_marks), written by consumer thread 0 or, for
  * MARK_ISSUED of a GEMV stage, by the producer's first lane.  An attention stage
