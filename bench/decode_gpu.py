@@ -499,6 +499,8 @@ def main():
                          "prefetch), e.g. --variant att_split_keys=64")
     ap.add_argument("--mono-variants", action="store_true",
                     help="also the monokernel with the variants of MONO_VARIANTS (delay 0, every context)")
+    ap.add_argument("--mono-variant", action="append", metavar="FIELD=N[,FIELD=N]",
+                    help="a monokernel variant to time instead of MONO_VARIANTS' (repeatable; kie_shape fields)")
     ap.add_argument("--prefill-variants", action="store_true",
                     help="also KIE's batched prefill with the variants of PREFILL_VARIANTS (their last logits "
                          "against the default's)")
@@ -506,13 +508,17 @@ def main():
                     help="also the GPU time of each kernel of a prefill and of 8 graph decode steps (PyTorch profiler)")
     ap.add_argument("--json")
     a = ap.parse_args()
-    variants = VARIANTS
-    if a.variant:
+    def parse_variants(given, flag):
         try:
-            variants = [{k: int(x) for k, x in (kv.split("=") for kv in v.split(","))} for v in a.variant]
+            return [{k: int(x) for k, x in (kv.split("=") for kv in v.split(","))} for v in given]
         except ValueError:
-            ap.error(f"--variant {a.variant}: FIELD=N[,FIELD=N], N an integer")
-        a.variants = True
+            ap.error(f"{flag} {given}: FIELD=N[,FIELD=N], N an integer")
+
+    variants, mono_variants = VARIANTS, MONO_VARIANTS
+    if a.variant:
+        variants, a.variants = parse_variants(a.variant, "--variant"), True
+    if a.mono_variant:
+        mono_variants, a.mono_variants = parse_variants(a.mono_variant, "--mono-variant"), True
     ndev = torch.cuda.device_count()
     dev_index = RANK % ndev
     torch.cuda.set_device(dev_index)
@@ -646,7 +652,7 @@ def main():
                    f"{info['mono_smem'] // 1024} KiB of shared memory per block" if kernel == "mono" else ""))
         m.close()
         if a.mono_variants and "mono" in kernels and d == delays[0]:
-            for v in MONO_VARIANTS:
+            for v in mono_variants:
                 mv = kie_engine(cfg, w, comm, max_seq, tuning=v, kernel="mono")
                 for ctx in contexts:
                     us, pre, toks = kie_decode(mv, ctx, a.tokens, a.rounds, cfg.vocab_size)

@@ -132,7 +132,7 @@ class GpuModel(OwnsNativeEngine):
     (the faster setting on the 2b shape: bench/RESULTS.md); tuning:
     {kie_shape field: value} for the kernel variants the benchmark compares
     (gemv_blocks_per_sm, gemv_u, gemv_pipe, gemv_x_l1, att_chunk, decode_attn, att_keys, att_split_keys, att_splits, att_heads,
-    qkv_blocks_per_sm, o_blocks_per_sm, step_clock, mono_attn).  kernel: how a
+    qkv_blocks_per_sm, o_blocks_per_sm, step_clock, l2_evict_first, mono_attn).  kernel: how a
     decode step runs, "graph" (a kernel per GEMV and attention, captured as a CUDA
     graph) or "mono" (one persistent kernel per step, the lanes' sums inside it);
     default KIE_GPU_KERNEL (kie_engine/settings.py holds it and every KIE_GPU_* setting).
@@ -167,7 +167,7 @@ class GpuModel(OwnsNativeEngine):
         s.prefetch = _settings.value("KIE_GPU_PREFETCH") if prefetch is None else int(prefetch)
         for field in ("gemv_blocks_per_sm", "gemv_u", "att_chunk", "gemv_pipe", "gemv_x_l1", "mono_prefetch",
                       "mono_blocks", "mono_attn", "mono_wait_ms", "decode_attn", "att_keys", "att_split_keys", "att_splits",
-                      "att_heads"):
+                      "att_heads", "l2_evict_first"):
             setattr(s, field, _settings.value("KIE_GPU_" + field.upper()))
         s.lanes_per_device = -(-size // ndev) if shared else 1
         s.kernel = kernel_code(kernel if kernel is not None else _settings.value("KIE_GPU_KERNEL"))

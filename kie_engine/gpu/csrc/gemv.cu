@@ -18,17 +18,19 @@
  * applies the RMSNorm before the product, so the norm costs no kernel of its own. */
 #include <math.h>
 
+#include "bulk_copy.cuh"
 #include "gemv_common.cuh"
 
 using namespace kie;
 
 namespace {
 
-__device__ __forceinline__ uint4 ld_stream(const uint4 *p) {
+/* A weight load: not kept in L1, with L2 cache policy `pol` (bulk_copy.cuh's l2_stream_policy). */
+__device__ __forceinline__ uint4 ld_stream(const uint4 *p, uint64_t pol) {
   uint4 v;
-  asm volatile("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0,%1,%2,%3}, [%4];"
+  asm volatile("ld.global.nc.L1::no_allocate.L2::cache_hint.L2::256B.v4.u32 {%0,%1,%2,%3}, [%4], %5;"
                : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-               : "l"(p));
+               : "l"(p), "l"(pol));
   return v;
 }
 
@@ -39,15 +41,16 @@ __device__ __forceinline__ void prefetch_l2(const void *p, uint32_t bytes) {
 
 /* One batch: this lane's U vectors of rows r0, r1 from v0 (stride 32), if below ve. */
 template <int U>
-__device__ __forceinline__ void load_batch(const GemvArgs &a, int r0, int r1, int v0, int ve, uint4 *wa, uint4 *wb) {
+__device__ __forceinline__ void load_batch(const GemvArgs &a, int r0, int r1, int v0, int ve, uint4 *wa, uint4 *wb,
+                                           uint64_t pol) {
   const uint4 *w0 = reinterpret_cast<const uint4 *>(a.w + (size_t)r0 * a.ld);
   const uint4 *w1 = reinterpret_cast<const uint4 *>(a.w + (size_t)(r1 >= 0 ? r1 : r0) * a.ld);
 #pragma unroll
   for (int k = 0; k < U; k++) {
     const int v = v0 + k * 32;
     if (v < ve) {
-      wa[k] = ld_stream(w0 + v);
-      wb[k] = ld_stream(w1 + v);
+      wa[k] = ld_stream(w0 + v, pol);
+      wb[k] = ld_stream(w1 + v, pol);
     }
   }
 }
@@ -97,6 +100,7 @@ __global__ void __launch_bounds__(GEMV_THREADS) k_gemv(const GemvArgs a) {
    * still runs (an L2 prefetch of this warp's first segment, or its first batch
    * of loads into registers), so HBM stays busy across the kernel boundary. */
   uint4 wa[U], wb[U], na[U], nb[U];
+  const uint64_t pol = l2_stream_policy(a.l2_first);
   int ub = blockIdx.x * upb;
   bool preloaded = false;
   if (ub + slot < units && (a.prefetch || PIPE)) {
@@ -106,7 +110,7 @@ __global__ void __launch_bounds__(GEMV_THREADS) k_gemv(const GemvArgs a) {
       if (lane < 2 && (lane == 0 || r1 >= 0) && ve > vb)
         prefetch_l2(a.w + (size_t)(lane == 0 ? r0 : r1) * a.ld + (size_t)vb * 8, (uint32_t)(ve - vb) * 16u);
     } else {
-      load_batch<U>(a, r0, r1, vb + lane, ve, wa, wb);
+      load_batch<U>(a, r0, r1, vb + lane, ve, wa, wb, pol);
       preloaded = true;
     }
   }
@@ -137,7 +141,7 @@ __global__ void __launch_bounds__(GEMV_THREADS) k_gemv(const GemvArgs a) {
       if (ub + stride + slot < units) { /* the next round's batch, in flight during this one */
         int n0, n1;
         unit_rows<EPI>(a, ub + stride + slot, n0, n1);
-        load_batch<U>(a, n0, n1, vb + lane, ve, na, nb);
+        load_batch<U>(a, n0, n1, vb + lane, ve, na, nb, pol);
       }
       float acc0[NT], acc1[NT];
 #pragma unroll
@@ -161,7 +165,7 @@ __global__ void __launch_bounds__(GEMV_THREADS) k_gemv(const GemvArgs a) {
       if (active) {
         unit_rows<EPI>(a, u, r0, r1);
         for (int v0 = vb + lane; v0 < ve; v0 += 32 * U) {
-          if (!preloaded) load_batch<U>(a, r0, r1, v0, ve, wa, wb);
+          if (!preloaded) load_batch<U>(a, r0, r1, v0, ve, wa, wb, pol);
           preloaded = false;
           use_batch<NT, XS, U>(a, xsrc, xld, v0, ve, wa, wb, acc0, acc1);
         }

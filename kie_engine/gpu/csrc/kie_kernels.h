@@ -68,6 +68,7 @@ struct GemvArgs {
   int u;               /* decode: 16-byte loads per row per lane in a batch, 4 or 8 */
   int pipe;            /* decode: the next round's batch loads while this one is used (u = 4) */
   int blocks_per_sm;   /* the graph path's launch: its grid at most this many blocks an SM (0: the engine's) */
+  int l2_first;        /* 1: the weights' loads carry L2's evict_first policy (kie_shape.l2_evict_first) */
   /* Plain input: x [T][x_ld] (x_ld >= ld, zero past `in`). */
   const float *x;
   int x_ld;
@@ -216,6 +217,7 @@ struct MonoArgs {
   HostRing *ring;
   int slot_bytes, nslots, subs; /* ring of weight tiles; attention items per block at once */
   int prefetch;                 /* tiles past the ring's the producer asks L2 for */
+  int l2_first;                 /* 1: the weight tiles' copies carry L2's evict_first policy */
   int ring_off, x_off;          /* dynamic shared memory: mbarriers at 0, then these */
   int att_cap;                  /* MONO_ATTN_SMEM: keys the attention's shared memory (at x_off) holds */
   long long timeout_ns;         /* a wait longer than this ends the step with KIE_DERR_STALL */

@@ -201,7 +201,7 @@ __device__ __forceinline__ int cursor_row(const Cursor &c, int i) {
 
 /* The tile at c into the ring slot (its bytes counted on `bar`), or asked of L2
  * (dst == NULL).  Lane i takes rows i, i + 32, ... */
-__device__ void tile_rows(const Cursor &c, char *dst, uint64_t *bar) {
+__device__ void tile_rows(const Cursor &c, char *dst, uint64_t *bar, uint64_t pol) {
   const int lane = threadIdx.x & 31;
   const unsigned row_bytes = (unsigned)c.ld * 2u;
   const int row = cursor_row(c, lane); /* a tile has 2 upt <= 2 GEMV_WARPS rows: one per lane at most */
@@ -212,7 +212,7 @@ __device__ void tile_rows(const Cursor &c, char *dst, uint64_t *bar) {
   }
   if (row < 0) return;
   const bf16 *src = c.w + (size_t)row * c.ld;
-  if (dst) bulk_copy(dst + (size_t)lane * row_bytes, src, row_bytes, bar);
+  if (dst) bulk_copy(dst + (size_t)lane * row_bytes, src, row_bytes, bar, pol);
   else prefetch_l2(src, row_bytes);
 }
 
@@ -259,9 +259,10 @@ __device__ void produce(const Block &b) {
   const MonoArgs &m = *b.m;
   Cursor c, p;
   c.k = p.k = 0;
+  const uint64_t pol = l2_stream_policy(m.l2_first);
   bool more = cursor_seek(m, c), ahead = cursor_seek(m, p);
   for (int i = 0; ahead && i < m.prefetch; i++) {
-    tile_rows(p, nullptr, nullptr);
+    tile_rows(p, nullptr, nullptr, 0);
     ahead = cursor_next(m, p);
   }
   int tile = 0, marked = -1;
@@ -280,7 +281,7 @@ __device__ void produce(const Block &b) {
       const bool free = spin(b, c.k, [&] { return mbar_done(&b.empty[slot], par) && mbar_done(&b.full[slot], par); });
       if (!__all_sync(0xffffffffu, free)) break;
     }
-    tile_rows(c, b.ring + (size_t)slot * m.slot_bytes, &b.full[slot]);
+    tile_rows(c, b.ring + (size_t)slot * m.slot_bytes, &b.full[slot], pol);
     if (c.k != marked) {
       if ((threadIdx.x & 31) == 0) mark(m, c.k, MARK_ISSUED);
       for (int k = max(marked + 1, 0); k < c.k; k++)
@@ -288,7 +289,7 @@ __device__ void produce(const Block &b) {
       marked = c.k;
     }
     if (ahead) {
-      tile_rows(p, nullptr, nullptr);
+      tile_rows(p, nullptr, nullptr, 0);
       ahead = cursor_next(m, p);
     }
   }
