@@ -80,10 +80,11 @@ SETTINGS = (
             "KV head, up to 8, sharing its keys.", 0, 2, **_GPU),
     Setting("KIE_GPU_GEMV_PIPE", "flag", 1,
             "CUDA engine: 1 has a GEMV load the next round's weights while it uses this round's.", 0, 1, **_GPU),
-    Setting("KIE_GPU_L2_EVICT_FIRST", "flag", 0,
-            "CUDA engine: 1 streams the weights (the GEMVs' loads, the monokernel's ring copies) with L2's "
-            "evict_first policy, so that the small data every step reads again (the norms' gamma, the RoPE "
-            "row, the KV cache) stays in L2 beside them; 0 = the default policy.", 0, 1, **_GPU),
+    Setting("KIE_GPU_L2_EVICT_FIRST", "int", -1,
+            "CUDA engine: the weights' stream with L2's evict_first policy, so that the small data every step "
+            "reads again (the norms' gamma, the RoPE row, the KV cache) stays in L2 beside them: 1 = the GEMVs' "
+            "loads and the monokernel's ring copies, 0 = neither (the hardware's default policy), -1 = auto "
+            "(the GEMVs' loads: 2 % faster on an H100; not the monokernel's copies).", -1, 1, **_GPU),
     Setting("KIE_GPU_GEMV_X_L1", "flag", 0,
             "CUDA engine: 1 has the o and down GEMVs read x through L1; 0 stages it in shared memory (3 % more "
             "tokens/s on an H100, 2b shape).", 0, 1, **_GPU),

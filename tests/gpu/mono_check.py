@@ -9,7 +9,8 @@ sums the lanes with the same KCCL one-shot (in its kernel instead of on the stre
 the two must agree to the bit, not within a bound.  For each preset and DTP delay 0 and 1
 (tiny and small: random checkpoints on disk; 2b: random bf16 weights drawn on the GPU, as
 bench/decode_gpu.py does), with the split items and with the shared-memory attention (and
-at delay 0 with fewer keys a block, and the first preset's chunk walk):
+at delay 0 with fewer keys a block, the first preset's chunk walk, and the last preset with
+the ring's copies under L2's evict_first policy):
   logits    the prompt's logits and --steps teacher-forced steps (min 48): identical arrays
   greedy    --steps greedy tokens through the captured step and through direct
             launches: identical to the graph path's (and, at TP = 2, on both lanes)
@@ -70,12 +71,15 @@ def first_diff(a, b):
 # the graph path's default (the same keys a block, split keys and query heads a block; the
 # splits agree up to the monokernel's cap, a block per KV head: far past these contexts);
 # with 64 keys a block (splits and their combine past 64 keys) and at most 8 splits; and
-# "walk": 16 keys a block and 2 splits, so that the splits walk their keys in chunks.
+# "walk": 16 keys a block and 2 splits, so that the splits walk their keys in chunks; and "l2first":
+# the default with the monokernel's ring copies under L2's evict_first policy too (a cache hint,
+# which must not change a bit).
 ATTENTIONS = {
     "items": {"decode_attn": 1, "mono_attn": 1},
     "default": {},
     "smem64": {"decode_attn": 2, "mono_attn": 2, "att_keys": 64, "att_splits": 8},
     "walk": {"decode_attn": 2, "mono_attn": 2, "att_keys": 16, "att_splits": 2},
+    "l2first": {"l2_evict_first": 1},
 }
 
 
@@ -196,6 +200,7 @@ def main():
         cases = [(name, d, att) for att in ("items", "default") if att in atts for name in presets for d in (0, 1)]
         cases += [(name, 0, "smem64") for name in presets if "smem64" in atts]
         cases += [(presets[0], 0, "walk")] if "walk" in atts else []
+        cases += [(presets[-1], 0, "l2first")] if "l2first" in atts else []
         for name, d, att in cases:
             cfg = preset(name, dtp_delay=d)
             tag = f"{name} d={d} tp={SIZE} {att}"

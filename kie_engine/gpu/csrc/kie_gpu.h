@@ -116,8 +116,9 @@ typedef struct {
                                   first loads then start during the attention and the o GEMV */
   int step_clock;              /* 1: the graph path's GEMV and attention kernels mark each block's clock
                                   (a profiling build of the step, read by bench/kie_native; 0: off) */
-  int l2_evict_first;          /* 1: the GEMVs load the weights with L2's evict_first policy, so that the small
-                                  data every step reads again stays in L2 (0: the default policy) */
+  int l2_evict_first;          /* the weights' stream with L2's evict_first policy, so that the small data every
+                                  step reads again stays in L2: -1 auto (the GEMVs' loads, not the monokernel's
+                                  ring copies), 0 neither (the hardware's default policy), 1 both */
 } kie_shape;
 
 typedef struct {

@@ -59,7 +59,7 @@ inline GemvArgs normed(kie_engine *e, int T, const float *r_in, float *r_out, co
   a.gamma = gamma;
   a.eps = e->s.eps;
   a.prefetch = e->s.prefetch;
-  a.l2_first = e->s.l2_evict_first;
+  a.l2_first = e->s.l2_evict_first != 0;
   a.ring = e->ring_d;
   return a;
 }
@@ -68,7 +68,7 @@ inline GemvArgs plain(kie_engine *e, int T, const float *x, int in, int x_ld) {
   GemvArgs a;
   memset(&a, 0, sizeof a);
   a.prefetch = e->s.prefetch;
-  a.l2_first = e->s.l2_evict_first;
+  a.l2_first = e->s.l2_evict_first != 0;
   a.ring = e->ring_d;
   a.T = T;
   a.x = x;

@@ -85,8 +85,8 @@ int derive(kie_engine *e, const kie_shape &s, int sms) {
   e->mono_n = 5 * s.layers + 1; /* per layer QKV, attention, o, gate/up, down; the head */
   if (s.prefill != 0 && s.prefill != 1) return fail(KIE_E_ARG, "prefill=%d: 0 or 1", s.prefill);
   if (s.step_clock != 0 && s.step_clock != 1) return fail(KIE_E_ARG, "step_clock=%d: 0 or 1", s.step_clock);
-  if (s.l2_evict_first != 0 && s.l2_evict_first != 1)
-    return fail(KIE_E_ARG, "l2_evict_first=%d: 0 or 1", s.l2_evict_first);
+  if (s.l2_evict_first < -1 || s.l2_evict_first > 1)
+    return fail(KIE_E_ARG, "l2_evict_first=%d: -1 (auto), 0 (off) or 1 (on)", s.l2_evict_first);
   if (s.qkv_blocks_per_sm < 0 || s.qkv_blocks_per_sm > 8)
     return fail(KIE_E_ARG, "qkv_blocks_per_sm=%d: 0 (auto) or 1..8", s.qkv_blocks_per_sm);
   if (s.o_blocks_per_sm < 0 || s.o_blocks_per_sm > 8)
