@@ -35,6 +35,7 @@ int walk_forward(kie_engine *e, int T, bool head, V &v) {
       TRY(v.attention(at));
       GemvArgs o = partial_sum_args(e, T, e->att, e->qdim, e->qdim, y.wo, S);
       o.blocks_per_sm = s.o_blocks_per_sm;
+      o.trigger_early = s.o_trigger_early;
       TRY(v.gemv(o, EPI_STORE));
     } else {
       gate_up_args(e, l, a);

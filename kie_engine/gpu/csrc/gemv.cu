@@ -114,8 +114,11 @@ __global__ void __launch_bounds__(GEMV_THREADS) k_gemv(const GemvArgs a) {
       preloaded = true;
     }
   }
+  /* trigger_early (the o GEMV, kie_shape.o_trigger_early): the next kernel may launch while
+   * this one still waits, so that its blocks start their loads where SMs have room. */
+  if (a.trigger_early) kcclDevPdlTrigger();
   kcclDevPdlWait();
-  kcclDevPdlTrigger();
+  if (!a.trigger_early) kcclDevPdlTrigger();
   if (CLK) kie_clock_mark(a.clk, KIE_CLK_WAITED);
 
   __shared__ float rope[EPI == EPI_QKV && NT == 1 ? 2 * ROPE_MAX_HALF : 1];

@@ -116,6 +116,9 @@ typedef struct {
                                   first loads then start during the attention and the o GEMV */
   int step_clock;              /* 1: the graph path's GEMV and attention kernels mark each block's clock
                                   (a profiling build of the step, read by bench/kie_native; 0: off) */
+  int o_trigger_early;         /* 1: the graph path's o GEMV lets gate/up's launch start before its own wait (gate/up's
+                                  blocks then load their first weights during the attention where SMs have room:
+                                  o_blocks_per_sm=1 leaves it); 0: after it, as every other kernel */
   int l2_evict_first;          /* the weights' stream with L2's evict_first policy, so that the small data every
                                   step reads again stays in L2: -1 auto (the GEMVs' loads, not the monokernel's
                                   ring copies), 0 neither (the hardware's default policy), 1 both */

@@ -69,6 +69,7 @@ struct GemvArgs {
   int pipe;            /* decode: the next round's batch loads while this one is used (u = 4) */
   int blocks_per_sm;   /* the graph path's launch: its grid at most this many blocks an SM (0: the engine's) */
   int l2_first;        /* 1: the weights' loads carry L2's evict_first policy (kie_shape.l2_evict_first) */
+  int trigger_early;   /* 1: lets the next kernel launch before this one's wait (kie_shape.o_trigger_early) */
   /* Plain input: x [T][x_ld] (x_ld >= ld, zero past `in`). */
   const float *x;
   int x_ld;
@@ -356,7 +357,9 @@ static inline R kie_with_hd(int hd, R other, F f) {
  * (kcclDevPdlWait, kccl_launch.cuh), then lets its own successor start
  * launching (kcclDevPdlTrigger): triggering only after the wait keeps at most two
  * kernels of the stream resident, so a chain of early-launched kernels never
- * holds the SMs that the running one needs.  Launches: kcclLaunch. */
+ * holds the SMs that the running one needs.  The one exception is a switch
+ * (GemvArgs.trigger_early, on the o GEMV only): three kernels, the attention's
+ * blocks all resident before the o GEMV launched.  Launches: kcclLaunch. */
 __device__ __forceinline__ void kie_set_error(HostRing *ring, int code, int arg) {
   if (atomicCAS(&ring->err, 0, code) == 0) ring->err_arg = arg;
   __threadfence_system();

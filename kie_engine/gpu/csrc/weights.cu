@@ -85,6 +85,8 @@ int derive(kie_engine *e, const kie_shape &s, int sms) {
   e->mono_n = 5 * s.layers + 1; /* per layer QKV, attention, o, gate/up, down; the head */
   if (s.prefill != 0 && s.prefill != 1) return fail(KIE_E_ARG, "prefill=%d: 0 or 1", s.prefill);
   if (s.step_clock != 0 && s.step_clock != 1) return fail(KIE_E_ARG, "step_clock=%d: 0 or 1", s.step_clock);
+  if (s.o_trigger_early != 0 && s.o_trigger_early != 1)
+    return fail(KIE_E_ARG, "o_trigger_early=%d: 0 or 1", s.o_trigger_early);
   if (s.l2_evict_first < -1 || s.l2_evict_first > 1)
     return fail(KIE_E_ARG, "l2_evict_first=%d: -1 (auto), 0 (off) or 1 (on)", s.l2_evict_first);
   if (s.qkv_blocks_per_sm < 0 || s.qkv_blocks_per_sm > 8)
