@@ -15,6 +15,7 @@ def summarize(t, layers):
       after    from that first wait passed to this launch's last block done (its work once
                its input may be read);
       stage_x  per block, from its wait passed to its input staged (norm or copy of x), mean;
+               the attention's: to its first chunk's scores and softmax done;
       spread   the last block's end less the first block's;
       lead     how long before the previous launch's end this one's first block started
                (its early loads' head start; negative: it started after);

@@ -18,21 +18,23 @@ constexpr int AS_THREADS = 256;
 
 /* CLK (the step clock, a.clk): the block's marks, kept until its end since a block without
  * work returns before its wait and must mark nothing; a kernel of its own, like the GEMV's,
- * so that the default carries none of it. */
+ * so that the default carries none of it.  Its STAGED mark is thread 0's first chunk's scores
+ * and softmax done (what the attention does with its input once it is in shared memory). */
 template <int HD, bool CLK>
 __global__ void __launch_bounds__(AS_THREADS, 1) k_attention_smem(const AttnArgs a) {
   extern __shared__ __align__(16) unsigned char as_smem[];
   __shared__ AttSmemHeads hs;
-  unsigned long long clk[KIE_CLK_MARKS] = {0, 0, 0, 0};
+  unsigned long long clk[KIE_CLK_MARKS] = {0, 0, 0, 0}, values = 0;
+  unsigned long long *item_clk[2] = {&clk[KIE_CLK_STAGED], &values};
   if (CLK) clk[KIE_CLK_START] = kie_gtime();
   auto wait = [&] {
     kcclDevPdlWait();
     kcclDevPdlTrigger();
-    if (CLK) clk[KIE_CLK_WAITED] = clk[KIE_CLK_STAGED] = kie_gtime();
+    if (CLK) clk[KIE_CLK_WAITED] = kie_gtime();
     return true;
   };
   att_smem_item<HD, AS_THREADS>(a, blockIdx.x, blockIdx.y, blockIdx.z, threadIdx.x, as_smem, ATT_SMEM_KEYS(HD), hs,
-                                SyncBlock(), wait);
+                                SyncBlock(), wait, CLK ? item_clk : nullptr);
   if (CLK && clk[KIE_CLK_WAITED]) {
     clk[KIE_CLK_END] = kie_gtime();
     kie_clock_marks(a.clk, clk);
