@@ -199,8 +199,8 @@ __device__ __forceinline__ int cursor_row(const Cursor &c, int i) {
   return (i & 1) ? r1 : r0;
 }
 
-/* The tile at c into the ring slot (its bytes counted on `bar`), or asked of L2
- * (dst == NULL).  Lane i takes rows i, i + 32, ... */
+/* The tile at c into the ring slot (its bytes counted on `bar`, its lines under L2
+ * policy `pol`), or asked of L2 (dst == NULL; pol unused).  Lane i takes rows i, i + 32, ... */
 __device__ void tile_rows(const Cursor &c, char *dst, uint64_t *bar, uint64_t pol) {
   const int lane = threadIdx.x & 31;
   const unsigned row_bytes = (unsigned)c.ld * 2u;
