@@ -142,7 +142,7 @@ def mono_profile(model):
     return out
 
 
-CLK_MARKS, CLK_BLOCKS = 4, 1024  # kie_kernels.h's KIE_CLK_MARKS, KIE_CLK_BLOCKS
+CLK_MARKS, CLK_BLOCKS = 6, 1024  # kie_kernels.h's KIE_CLK_MARKS, KIE_CLK_BLOCKS
 
 
 def graph_profile(model):

@@ -44,6 +44,17 @@ def test_the_kinds_add_up_to_the_step_and_each_figure_is_what_it_says():
     assert crit == 1066 - 1012  # every launch after the first, end to end
 
 
+def test_a_normed_gemvs_staging_splits_into_its_loads_and_its_sum():
+    """Six marks a block: the normed GEMVs' loads landed and sum done; the others' stay 0."""
+    t = np.concatenate([step(LAUNCHES), np.zeros((len(LAUNCHES), 2, BLOCKS))], axis=1)
+    t[3, 4, :2], t[3, 5, :2] = (1024, 1025), (1025.5, 1025.5)  # gate/up: waited at 1023 both
+    out = step_clock.summarize(t, layers=1)
+    assert out["gate_up"]["x_loaded"] == 1.5 and out["gate_up"]["x_summed"] == 1.0
+    assert out["o"]["x_loaded"] == 0.0 and out["o"]["x_summed"] == 0.0
+    assert {k: v for k, v in out.items() if k != "gate_up"} == \
+        {k: v for k, v in step_clock.summarize(step(LAUNCHES), layers=1).items() if k != "gate_up"}
+
+
 def test_marks_of_an_earlier_step_are_left_out():
     """A block without work this step keeps what it marked in an earlier one."""
     launches = [list(b) for b in LAUNCHES]

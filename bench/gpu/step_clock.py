@@ -4,8 +4,9 @@ import numpy as np
 
 
 def summarize(t, layers):
-    """t: [launches][4][blocks] microseconds, each block's start, wait passed, input staged
-    and end (kie_kernels.h's KIE_CLK_*; 0: the block did not mark), the launches in a step's
+    """t: [launches][4 or 6][blocks] microseconds, each block's start, wait passed, input
+    staged and end, then (a normed GEMV's) its thread 0's loads landed and its sum of squares
+    done (kie_kernels.h's KIE_CLK_*; 0: the block did not mark), the launches in a step's
     order (per layer QKV, attention, o, gate/up, down; then the head).  For each kind of
     launch, microseconds summed over the layers:
       crit     the step's critical path: the launch's last block done, less the previous
@@ -17,6 +18,10 @@ def summarize(t, layers):
       stage_x  per block, from its wait passed to its input staged (norm or copy of x), mean;
                the attention's: to its first chunk's scores and softmax done;
       spread   the last block's end less the first block's;
+      x_loaded per block, from its wait passed to its residual and sums landed, mean (normed
+               GEMVs; 0 elsewhere);
+      x_summed per block, from those loads landed to the block's sum of squares done, mean
+               (the rest of stage_x: gamma, the scaling, the copy into shared memory);
       lead     how long before the previous launch's end this one's first block started
                (its early loads' head start; negative: it started after);
       landed   the share of this launch's blocks that started before the previous ended;
@@ -27,7 +32,8 @@ def summarize(t, layers):
     t0 = start[0][end[0] > 0].min() if (end[0] > 0).any() else 0.0
     has = (end > 0) & (start >= t0)
     kinds = ["qkv", "attention", "o", "gate_up", "down"] * layers + ["head"]
-    keys = ("crit", "pdl", "after", "stage_x", "spread", "lead", "landed")
+    loaded, summed = (t[:, 4], t[:, 5]) if t.shape[1] >= 6 else (np.zeros_like(start), np.zeros_like(start))
+    keys = ("crit", "pdl", "after", "stage_x", "x_loaded", "x_summed", "spread", "lead", "landed")
     out = {k: dict.fromkeys(keys, 0.0) for k in dict.fromkeys(kinds)}
     count = dict.fromkeys(out, 0)
     prev_end = None
@@ -46,6 +52,10 @@ def summarize(t, layers):
             count[k] += 1
         o["after"] += last - first_wait
         o["stage_x"] += float(np.mean(staged[i][h] - waited[i][h]))
+        hn = h & (loaded[i] > 0) & (summed[i] > 0)
+        if hn.any():
+            o["x_loaded"] += float(np.mean(loaded[i][hn] - waited[i][hn]))
+            o["x_summed"] += float(np.mean(summed[i][hn] - loaded[i][hn]))
         o["spread"] += last - end[i][h].min()
         prev_end = last
     for k in out:

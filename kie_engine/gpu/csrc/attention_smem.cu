@@ -24,7 +24,7 @@ template <int HD, bool CLK>
 __global__ void __launch_bounds__(AS_THREADS, 1) k_attention_smem(const AttnArgs a) {
   extern __shared__ __align__(16) unsigned char as_smem[];
   __shared__ AttSmemHeads hs;
-  unsigned long long clk[KIE_CLK_MARKS] = {0, 0, 0, 0}, values = 0;
+  unsigned long long clk[KIE_CLK_MARKS] = {}, values = 0;
   unsigned long long *item_clk[2] = {&clk[KIE_CLK_STAGED], &values};
   if (CLK) clk[KIE_CLK_START] = kie_gtime();
   auto wait = [&] {

@@ -126,7 +126,7 @@ __global__ void __launch_bounds__(GEMV_THREADS) k_gemv(const GemvArgs a) {
     __shared__ float red[GEMV_WARPS];
     if (EPI == EPI_QKV && NT == 1) stage_rope(a, rope, threadIdx.x, GEMV_THREADS);
     if (a.x) stage_plain(a, xs, threadIdx.x);
-    else stage_norm(a, xs, threadIdx.x, blockIdx.x == 0, SyncBlock(), red);
+    else stage_norm<CLK>(a, xs, threadIdx.x, blockIdx.x == 0, SyncBlock(), red);
     __syncthreads();
   }
   if (CLK) kie_clock_mark(a.clk, KIE_CLK_STAGED);

@@ -196,8 +196,9 @@ __device__ __forceinline__ float4 f4_norm(const float4 x, float root, const floa
  * Every global load is issued in batches before its values are used: a row of
  * up to GEMV_THREADS * STAGE_BATCH float4s stays in registers between the sum of
  * squares and the scaling, so the scaling costs one batch of gamma loads, not a
- * round trip per element. */
-template <typename Sync>
+ * round trip per element.  CLK (the graph path's step clock): thread 0 marks its loads
+ * landed and the block's sum done (KIE_CLK_LOADED, KIE_CLK_SUMMED). */
+template <bool CLK = false, typename Sync>
 __device__ void stage_norm(const GemvArgs &a, float *xs, int tid, bool writer, Sync sync, float *red) {
   const int hidden = a.in, n4 = a.ld >> 2;
   const bool in_regs = n4 <= GEMV_THREADS * STAGE_BATCH;
@@ -246,6 +247,7 @@ __device__ void stage_norm(const GemvArgs &a, float *xs, int tid, bool writer, S
         ss = fmaf(c.w, c.w, ss);
       }
     }
+    if (CLK && t == 0) kie_clock_mark(a.clk, KIE_CLK_LOADED); /* thread 0's loads have landed */
     /* gamma's first batch is on its way while the block sums (it does not depend on the sum) */
     float4 g[STAGE_BATCH];
 #pragma unroll
@@ -254,6 +256,7 @@ __device__ void stage_norm(const GemvArgs &a, float *xs, int tid, bool writer, S
       g[k] = i < n4 && 4 * i < hidden ? __ldg(g4 + i) : f4_zero();
     }
     const float ms = block_sum(ss, red, tid, sync) / (float)hidden;
+    if (CLK && t == 0) kie_clock_mark(a.clk, KIE_CLK_SUMMED);
     const float root = sqrtf(ms + a.eps);
     if (in_regs) {
 #pragma unroll

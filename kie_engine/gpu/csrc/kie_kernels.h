@@ -109,8 +109,19 @@ struct GemvArgs {
  * slots, each block's %globaltimer (ns) at its start, when its wait for the previous
  * kernel passed, when its input was staged and at its end (block index flattened; blocks
  * past KIE_CLK_BLOCKS and blocks without work do not mark), read by bench/kie_native's
- * kb_graph_marks: where the time of a step in the graph goes, PDL's overlap included. */
-enum { KIE_CLK_START = 0, KIE_CLK_WAITED = 1, KIE_CLK_STAGED = 2, KIE_CLK_END = 3, KIE_CLK_MARKS = 4 };
+ * kb_graph_marks: where the time of a step in the graph goes, PDL's overlap included.
+ * A normed GEMV's staging also marks when thread 0's residual and sums had landed
+ * (LOADED) and when the block's sum of squares was done (SUMMED); other launches leave
+ * those two at 0. */
+enum {
+  KIE_CLK_START = 0,
+  KIE_CLK_WAITED = 1,
+  KIE_CLK_STAGED = 2,
+  KIE_CLK_END = 3,
+  KIE_CLK_LOADED = 4,
+  KIE_CLK_SUMMED = 5,
+  KIE_CLK_MARKS = 6
+};
 #define KIE_CLK_BLOCKS 1024
 
 __device__ __forceinline__ unsigned long long kie_gtime() {
@@ -130,7 +141,7 @@ __device__ __forceinline__ void kie_clock_mark(unsigned long long *clk, int k) {
   if (threadIdx.x == 0 && b < KIE_CLK_BLOCKS) clk[(size_t)k * KIE_CLK_BLOCKS + b] = kie_gtime();
 }
 
-/* Thread 0 of a block writes its four marks (t[KIE_CLK_MARKS]) at once (the attention:
+/* Thread 0 of a block writes its marks (t[KIE_CLK_MARKS]) at once (the attention:
  * a block without work marks nothing). */
 __device__ __forceinline__ void kie_clock_marks(unsigned long long *clk, const unsigned long long *t) {
   const unsigned b = kie_clock_block();
