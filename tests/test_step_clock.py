@@ -68,3 +68,15 @@ def test_a_launch_without_marks_breaks_the_chain_instead_of_inventing_a_gap():
     out = step_clock.summarize(step(launches), layers=1)
     assert out["attention"]["crit"] == 0.0 and out["o"]["crit"] == 0.0 and out["o"]["landed"] == 0.0
     assert out["gate_up"]["crit"] == pytest.approx(1050 - 1022)
+
+
+def test_the_bench_reads_as_many_marks_as_the_kernels_write():
+    """bench/kie_bench.py's CLK_MARKS / CLK_BLOCKS are kie_kernels.h's (it reads them without a GPU build)."""
+    import re
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    header = open(os.path.join(root, "kie_engine", "gpu", "csrc", "kie_kernels.h")).read()
+    bench = open(os.path.join(root, "bench", "kie_bench.py")).read()
+    marks = int(re.search(r"KIE_CLK_MARKS = (\d+)", header).group(1))
+    blocks = int(re.search(r"#define KIE_CLK_BLOCKS (\d+)", header).group(1))
+    got = tuple(int(x) for x in re.search(r"^CLK_MARKS, CLK_BLOCKS = (\d+), (\d+)", bench, re.M).groups())
+    assert got == (marks, blocks)
