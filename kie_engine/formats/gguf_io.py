@@ -20,6 +20,7 @@ from ..errors import CheckpointError, CheckpointNotFoundError, ConfigError, Unsu
 from .checkpoint import check_layer_count, expected_shapes
 from .config import ModelConfig
 from .gguf_check import check_file
+from .quant import check_finite
 # The types read here (gguf_types; Q4_0, Q4_K and Q6_K dequantized by kie_engine.formats.quant);
 # anything else is refused by name.
 from .gguf_types import (BF16, BLOCKS as _BLOCKS, F16, F32, FLOATS as _FLOATS, NAMES as _TYPE_NAMES, Q4_0, Q4_1,
@@ -60,7 +61,14 @@ def dequantize(raw, ggml_type, cols):
 
     Q8_0 block (32 values, 34 bytes): float16 scale d, then 32 int8 q; value = d * q.
     Q4_1 block (32 values, 20 bytes): float16 scale d and minimum m, then 16 bytes whose
-    low nibbles are values 0..15 and high nibbles values 16..31; value = d * q + m."""
+    low nibbles are values 0..15 and high nibbles values 16..31; value = d * q + m.
+    A corrupt block's scale may be a NaN or an infinity: the values then are too, without
+    numpy's warning, and tensor() refuses them."""
+    with np.errstate(invalid="ignore", over="ignore"):
+        return _dequantize(raw, ggml_type, cols)
+
+
+def _dequantize(raw, ggml_type, cols):
     rows = raw.shape[0]
     if ggml_type in (Q4_0, Q4_K, Q6_K):  # their layouts: kie_engine/formats/quant.py
         from .quant import dequantize as dequantize_blocks
@@ -383,6 +391,7 @@ class GGUFCheckpoint:
         g, dims, t, raw = self._stored(name)
         if len(dims) == 1:
             out = dequantize(raw.reshape(1, -1), t, dims[0])[0]
+            check_finite(out, self.path, g, "refusing to load it")
             return out if rows is None else np.ascontiguousarray(out[rows])
         n_cols, n_rows = dims
         raw = raw.reshape(n_rows, -1)
@@ -393,6 +402,7 @@ class GGUFCheckpoint:
         elif rows is not None:
             raw = raw[rows]
         out = dequantize(raw, t, n_cols)
+        check_finite(out, self.path, g, "refusing to load it")
         return out if cols is None else np.ascontiguousarray(out[:, cols])
 
     def raw_tensor(self, name, rows=None, hf_order=True):

@@ -22,21 +22,27 @@ def _f16(a):
     return np.ascontiguousarray(a).view(np.float16).astype(np.float32)
 
 
-def check_finite(values, source, tensor):
+def check_finite(values, source, tensor, outcome="nothing was written"):
     """Raises NonFiniteWeightsError naming `source` (the file) and `tensor` when `values`
-    (a float array) holds a NaN or an infinity."""
+    (a float array) holds a NaN or an infinity; `outcome` says what was not done."""
     if not np.isfinite(np.add.reduce(values, axis=None, dtype=np.float64)):  # finite iff every value is
         from ..errors import NonFiniteWeightsError
         bad = int(np.count_nonzero(~np.isfinite(values)))
         raise NonFiniteWeightsError(f"{source}: tensor {tensor} holds {bad} NaN or infinite weight"
-                                    f"{'s' if bad != 1 else ''} of {values.size}: the file is corrupt; nothing "
-                                    f"was written")
+                                    f"{'s' if bad != 1 else ''} of {values.size}: the file is corrupt; {outcome}")
 
 
 # -- dequantization ------------------------------------------------------------------------------
 
 def dequantize(raw, t, cols):
-    """float32 (rows, cols) from stored rows `raw` ((rows, row bytes) uint8)."""
+    """float32 (rows, cols) from stored rows `raw` ((rows, row bytes) uint8).  A corrupt
+    block's scale may be a NaN or an infinity: the values then are too, without numpy's
+    warning, and the caller refuses them (check_finite)."""
+    with np.errstate(invalid="ignore", over="ignore"):
+        return _dequantize(raw, t, cols)
+
+
+def _dequantize(raw, t, cols):
     raw = np.ascontiguousarray(raw, dtype=np.uint8)
     rows = raw.shape[0]
     if t == F32:
