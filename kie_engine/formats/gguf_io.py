@@ -6,8 +6,8 @@ tensor names and layout), `tokenizer()` (a `tokenizers.Tokenizer` built from the
 metadata) and `chat_template()`; so the lane plans, the reference model and the
 engines load it unchanged.
 
-Tensor types read: F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q4_K and Q6_K (dequantized here,
-block by block, only for the rows a lane asks for; `raw_tensor()` gives the stored
+Tensor types read: F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q4_K and Q6_K (dequantized by
+quant.dequantize, block by block, only for the rows a lane asks for; `raw_tensor()` gives the stored
 blocks themselves, for the native CPU kernels).  llama.cpp's converter permutes the rows
 of the Q and K projections within each head (its RoPE rotates adjacent pairs, Hugging
 Face's rotates the two halves of a head); `tensor()` undoes that, so the engine sees the
@@ -20,11 +20,10 @@ from ..errors import CheckpointError, CheckpointNotFoundError, ConfigError, Unsu
 from .checkpoint import check_layer_count, expected_shapes
 from .config import ModelConfig
 from .gguf_check import check_file
-from .quant import check_finite
-# The types read here (gguf_types; Q4_0, Q4_K and Q6_K dequantized by kie_engine.formats.quant);
-# anything else is refused by name.
-from .gguf_types import (BF16, BLOCKS as _BLOCKS, F16, F32, FLOATS as _FLOATS, NAMES as _TYPE_NAMES, Q4_0, Q4_1,
-                         Q4_K, Q6_K, Q8_0)
+# The types read here (gguf_types, every one dequantized by kie_engine.formats.quant); anything
+# else is refused by name.
+from .gguf_types import BLOCKS as _BLOCKS, FLOATS as _FLOATS, NAMES as _TYPE_NAMES
+from .quant import check_finite, dequantize
 
 ARCHITECTURES = ("llama",)
 TOKENIZER_MODELS = ("gpt2",)  # byte-level BPE
@@ -52,44 +51,6 @@ def gguf_name(hf_name):
     if len(parts) == 4 and parts[:2] == ["model", "layers"] and parts[3] in _LAYER_NAMES:
         return f"blk.{parts[2]}.{_LAYER_NAMES[parts[3]]}"
     raise KeyError(hf_name)
-
-
-# -- dequantization ----------------------------------------------------------------------------
-
-def dequantize(raw, ggml_type, cols):
-    """float32 (rows, cols) from stored rows: `raw` is (rows, bytes per row) uint8.
-
-    Q8_0 block (32 values, 34 bytes): float16 scale d, then 32 int8 q; value = d * q.
-    Q4_1 block (32 values, 20 bytes): float16 scale d and minimum m, then 16 bytes whose
-    low nibbles are values 0..15 and high nibbles values 16..31; value = d * q + m.
-    A corrupt block's scale may be a NaN or an infinity: the values then are too, without
-    numpy's warning, and tensor() refuses them."""
-    with np.errstate(invalid="ignore", over="ignore"):
-        return _dequantize(raw, ggml_type, cols)
-
-
-def _dequantize(raw, ggml_type, cols):
-    rows = raw.shape[0]
-    if ggml_type in (Q4_0, Q4_K, Q6_K):  # their layouts: kie_engine/formats/quant.py
-        from .quant import dequantize as dequantize_blocks
-        return dequantize_blocks(raw, ggml_type, cols)
-    if ggml_type == F32:
-        return np.ascontiguousarray(raw).view(np.float32).reshape(rows, cols).copy()
-    if ggml_type == F16:
-        return np.ascontiguousarray(raw).view(np.float16).reshape(rows, cols).astype(np.float32)
-    if ggml_type == BF16:  # bfloat16 is the top half of a float32
-        u = np.ascontiguousarray(raw).view(np.uint16).reshape(rows, cols)
-        return (u.astype(np.uint32) << 16).view(np.float32)
-    n_el, n_bytes = _BLOCKS[ggml_type]
-    blocks = np.ascontiguousarray(raw).reshape(rows, cols // n_el, n_bytes)
-    d = np.ascontiguousarray(blocks[..., 0:2]).view(np.float16).astype(np.float32)    # (rows, nb, 1)
-    if ggml_type == Q8_0:
-        q = np.ascontiguousarray(blocks[..., 2:]).view(np.int8).astype(np.float32)
-        return (d * q).reshape(rows, cols)
-    m = np.ascontiguousarray(blocks[..., 2:4]).view(np.float16).astype(np.float32)
-    qs = blocks[..., 4:]
-    q = np.concatenate([qs & np.uint8(0x0F), qs >> np.uint8(4)], axis=-1).astype(np.float32)
-    return (d * q + m).reshape(rows, cols)
 
 
 def unpermute_rows(n_rows, head_dim):
