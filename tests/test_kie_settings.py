@@ -29,7 +29,7 @@ def clean_env(**extra):
     ("KIE_CPU_HIDE", ",", ""), ("KIE_GPU_PREFILL_ATTN", "1", 1), ("KIE_GPU_PREFILL_ATTN", "3", 3),
     ("KIE_GPU_DECODE_ATTN", "1", 1), ("KIE_GPU_ATT_KEYS", "40", 40), ("KIE_GPU_ATT_HEADS", "1", 1), ("KIE_GPU_PREFILL_F32_SUMS", "1", 1),
     ("KIE_GPU_ATT_SPLITS", "2", 2),
-    ("KIE_GPU_GEMV_X_L1", "1", 1),
+    ("KIE_GPU_GEMV_X_L1", "1", 1), ("KIE_GPU_L2_EVICT_FIRST", "-1", -1), ("KIE_GPU_L2_EVICT_FIRST", "0", 0),
     ("KIE_GPU_PREFILL_ATTN_KEYS", "64", 64), ("KIE_GPU_MONO_WAIT_MS", "400000", 400000)])
 def test_good_values(name, text, want):
     assert settings.value(name, {name: text}) == want
@@ -41,7 +41,8 @@ def test_good_values(name, text, want):
     ("KIE_GPU_PDL", "yes", GpuArgumentError), ("KIE_GPU_ATT_CHUNK", "1.5", GpuArgumentError),
     ("KIE_GPU_PREFILL_ATTN", "4", GpuArgumentError),
     ("KIE_GPU_DECODE_ATTN", "3", GpuArgumentError), ("KIE_GPU_ATT_KEYS", "257", GpuArgumentError),
-    ("KIE_GPU_ATT_HEADS", "3", GpuArgumentError),
+    ("KIE_GPU_ATT_HEADS", "3", GpuArgumentError), ("KIE_GPU_L2_EVICT_FIRST", "2", GpuArgumentError),
+    ("KIE_GPU_L2_EVICT_FIRST", "-2", GpuArgumentError),
     ("KIE_GPU_PREFILL_ATTN_KEYS", "65", GpuArgumentError), ("KIE_GPU_MONO_WAIT_MS", "-1", GpuArgumentError),
     ("KIE_BLAS_THREADS", "0", SettingError), ("KIE_BLAS_THREADS", "two", SettingError),
     ("KIE_CPU_HIDE", "sse4", SettingError), ("KIE_CPU_HIDE", "avx2 avx512", SettingError)])

@@ -135,7 +135,7 @@ __device__ __forceinline__ unsigned kie_clock_block() {
   return blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
 }
 
-/* Thread 0 of a block writes mark k now (the GEMVs: every block marks all four). */
+/* Thread 0 of a block writes mark k now (the GEMVs, whose every block marks). */
 __device__ __forceinline__ void kie_clock_mark(unsigned long long *clk, int k) {
   const unsigned b = kie_clock_block();
   if (threadIdx.x == 0 && b < KIE_CLK_BLOCKS) clk[(size_t)k * KIE_CLK_BLOCKS + b] = kie_gtime();

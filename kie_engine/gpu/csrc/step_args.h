@@ -44,10 +44,19 @@ inline float *sum_buf(kie_engine *e, int j) {
   return e->sums + (size_t)(j % (e->s.dtp_delay + 1)) * e->tmax * e->hid_pad;
 }
 
-inline GemvArgs normed(kie_engine *e, int T, const float *r_in, float *r_out, const float *gamma) {
+/* What every GEMV of a step shares: T tokens, the engine's launch switches and its ring. */
+inline GemvArgs gemv_base(kie_engine *e, int T) {
   GemvArgs a;
   memset(&a, 0, sizeof a);
   a.T = T;
+  a.prefetch = e->s.prefetch;
+  a.l2_first = e->s.l2_evict_first != 0;
+  a.ring = e->ring_d;
+  return a;
+}
+
+inline GemvArgs normed(kie_engine *e, int T, const float *r_in, float *r_out, const float *gamma) {
+  GemvArgs a = gemv_base(e, T);
   a.x = nullptr;
   a.in = e->s.hidden;
   a.ld = e->hid_pad;
@@ -58,19 +67,11 @@ inline GemvArgs normed(kie_engine *e, int T, const float *r_in, float *r_out, co
   a.tokens = e->tokbuf;
   a.gamma = gamma;
   a.eps = e->s.eps;
-  a.prefetch = e->s.prefetch;
-  a.l2_first = e->s.l2_evict_first != 0;
-  a.ring = e->ring_d;
   return a;
 }
 
 inline GemvArgs plain(kie_engine *e, int T, const float *x, int in, int x_ld) {
-  GemvArgs a;
-  memset(&a, 0, sizeof a);
-  a.prefetch = e->s.prefetch;
-  a.l2_first = e->s.l2_evict_first != 0;
-  a.ring = e->ring_d;
-  a.T = T;
+  GemvArgs a = gemv_base(e, T);
   a.x = x;
   a.in = in;
   a.ld = x_ld;
