@@ -316,7 +316,7 @@ def check_memory_error(comm):
 BAD_DECODE_TUNINGS = [{"decode_attn": 3}, {"att_keys": 257}, {"att_keys": 16, "att_split_keys": 32},
                       {"att_splits": -1}, {"att_heads": 3}, {"step_clock": 2},
                       {"qkv_blocks_per_sm": 9}, {"o_blocks_per_sm": -1}, {"l2_evict_first": 2}, {"l2_evict_first": -2},
-                      {"o_trigger_early": 2}]
+                      {"o_trigger_early": 2}, {"mono_slots": 1}, {"mono_slots": 9}]
 
 
 def check_bad_decode_tunings(comm):

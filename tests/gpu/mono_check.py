@@ -73,13 +73,15 @@ def first_diff(a, b):
 # with 64 keys a block (splits and their combine past 64 keys) and at most 8 splits; and
 # "walk": 16 keys a block and 2 splits, so that the splits walk their keys in chunks; and "l2first":
 # the default with the monokernel's ring copies under L2's evict_first policy too (a cache hint,
-# which must not change a bit).
+# which must not change a bit); "slots2": its weight ring cut to two slots (each slot's mbarrier
+# phases turn over more often).
 ATTENTIONS = {
     "items": {"decode_attn": 1, "mono_attn": 1},
     "default": {},
     "smem64": {"decode_attn": 2, "mono_attn": 2, "att_keys": 64, "att_splits": 8},
     "walk": {"decode_attn": 2, "mono_attn": 2, "att_keys": 16, "att_splits": 2},
     "l2first": {"l2_evict_first": 1},
+    "slots2": {"mono_slots": 2},
 }
 
 
@@ -201,6 +203,7 @@ def main():
         cases += [(name, 0, "smem64") for name in presets if "smem64" in atts]
         cases += [(presets[0], 0, "walk")] if "walk" in atts else []
         cases += [(presets[-1], 0, "l2first")] if "l2first" in atts else []
+        cases += [(name, d, "slots2") for name in presets for d in (0, 1)] if "slots2" in atts else []
         for name, d, att in cases:
             cfg = preset(name, dtp_delay=d)
             tag = f"{name} d={d} tp={SIZE} {att}"

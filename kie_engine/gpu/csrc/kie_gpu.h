@@ -122,6 +122,9 @@ typedef struct {
   int l2_evict_first;          /* the weights' stream with L2's evict_first policy, so that the small data every
                                   step reads again stays in L2: -1 auto (the GEMVs' loads, not the monokernel's
                                   ring copies), 0 neither (the hardware's default policy), 1 both */
+  int mono_slots;              /* monokernel: slots of its weight ring at most (0: auto, all that fit beside its
+                                  attention, 3 on the 2b shape; 2..8): fewer keep fewer bytes in flight, which
+                                  every load queued behind them (a stage's counter, its input) waits for */
 } kie_shape;
 
 typedef struct {

@@ -110,7 +110,7 @@ int mono_prepare(kie_engine *e) {
     }
   }
   const size_t xu = x_region(cap);
-  const int nslots = ring_slots(xu);
+  const int fit = ring_slots(xu), nslots = e->s.mono_slots > 0 ? std::min(fit, e->s.mono_slots) : fit;
   if (nslots < 2)
     return fail(KIE_E_ARG, "the monokernel's weight ring needs two slots of %zu bytes beside %zu bytes of "
                 "activations%s, and a block has %d bytes of shared memory: use the graph kernel for this shape%s",

@@ -89,6 +89,8 @@ int derive(kie_engine *e, const kie_shape &s, int sms) {
     return fail(KIE_E_ARG, "o_trigger_early=%d: 0 or 1", s.o_trigger_early);
   if (s.l2_evict_first < -1 || s.l2_evict_first > 1)
     return fail(KIE_E_ARG, "l2_evict_first=%d: -1 (auto), 0 (off) or 1 (on)", s.l2_evict_first);
+  if (s.mono_slots != 0 && (s.mono_slots < 2 || s.mono_slots > 8))
+    return fail(KIE_E_ARG, "mono_slots=%d: 0 (auto) or 2..8", s.mono_slots);
   if (s.qkv_blocks_per_sm < 0 || s.qkv_blocks_per_sm > 8)
     return fail(KIE_E_ARG, "qkv_blocks_per_sm=%d: 0 (auto) or 1..8", s.qkv_blocks_per_sm);
   if (s.o_blocks_per_sm < 0 || s.o_blocks_per_sm > 8)
