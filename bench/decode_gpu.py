@@ -656,13 +656,13 @@ def main():
                 mv = kie_engine(cfg, w, comm, max_seq, tuning=v, kernel="mono")
                 for ctx in contexts:
                     us, pre, toks = kie_decode(mv, ctx, a.tokens, a.rounds, cfg.vocab_size)
-                    name = ",".join(f"{k}={x}" for k, x in v.items())
+                    vname = ",".join(f"{k}={x}" for k, x in v.items())
                     mv.reset()
                     mv.prefill(list(range(ctx)))
                     kie_bench.bench_steps(mv, a.tokens)
                     stage = kie_bench.mono_profile(mv)
-                    log(f"# mono ctx {ctx}, {name} (every block, us over the step): {stage}")
-                    add("kie", "mono", d, ctx, us, {"variant": name, "stage_us": stage,
+                    log(f"# mono ctx {ctx}, {vname} (every block, us over the step): {stage}")
+                    add("kie", "mono", d, ctx, us, {"variant": vname, "stage_us": stage,
                                                     "same_tokens_as_graph": toks == graph_tokens.get(ctx)})
                 mv.close()
         if a.variants and d == delays[0]:

@@ -124,7 +124,8 @@ typedef struct {
                                   ring copies), 0 neither (the hardware's default policy), 1 both */
   int mono_slots;              /* monokernel: slots of its weight ring at most (0: auto, all that fit beside its
                                   attention, 3 on the 2b shape; 2..8): fewer keep fewer bytes in flight, which
-                                  every load queued behind them (a stage's counter, its input) waits for */
+                                  every load queued behind them (a stage's counter, its input) waits for; on
+                                  the 2b shape 2 slots were as fast as 3 (bench/RESULTS.md) */
 } kie_shape;
 
 typedef struct {
