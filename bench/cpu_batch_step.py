@@ -4,7 +4,7 @@ batch size, rounds alternating the sizes; min / median / max over the rounds.  T
 once per size, the engine's per-stage profile of the step.  What the server's
 continuous batching can gain at most, with no HTTP side sharing the cores.
 
-    python bench/cpu_batch_step.py --sizes 1,2,4,8 --out bench/results/cpu_batch_step_smollm2_q4_1.json
+    python bench/cpu_batch_step.py --sizes 1,2,3,4 --rounds 4 --out bench/results/cpu_batch_step_attention_prefetch_ab.json
 """
 import argparse
 import json
