@@ -82,6 +82,11 @@ def lane_weights(cfg, dev, seed=0):
     return w
 
 
+def variant_name(v):
+    """A variant's fields as the rows and --variant write them: FIELD=N[,FIELD=N]."""
+    return ",".join(f"{k}={x}" for k, x in v.items())
+
+
 def kie_variant(cfg, w, comm, max_seq, v):
     """kie_engine for a variant of VARIANTS or PREFILL_VARIANTS: its launch switches (pdl,
     prefetch) as GpuModel's arguments, the rest as kie_shape fields."""
@@ -607,7 +612,7 @@ def main():
                         got = kie_prefill_logits(mv, ctx)
                         rel = float(np.abs(got - ref[ctx]).max() / np.abs(ref[ctx]).max())
                         add_prefill("kie", "prefill gemm", ctx, kie_prefill_ms(mv, ctx, a.prefill_rounds),
-                                    {"variant": ",".join(f"{k}={x}" for k, x in v.items()),
+                                    {"variant": variant_name(v),
                                      "logits_rel_diff_vs_default": rel,
                                      "same_argmax": int(got.argmax()) == int(ref[ctx].argmax())})
                     mv.close()
@@ -654,9 +659,9 @@ def main():
         if a.mono_variants and "mono" in kernels and d == delays[0]:
             for v in mono_variants:
                 mv = kie_engine(cfg, w, comm, max_seq, tuning=v, kernel="mono")
+                vname = variant_name(v)
                 for ctx in contexts:
                     us, pre, toks = kie_decode(mv, ctx, a.tokens, a.rounds, cfg.vocab_size)
-                    vname = ",".join(f"{k}={x}" for k, x in v.items())
                     mv.reset()
                     mv.prefill(list(range(ctx)))
                     kie_bench.bench_steps(mv, a.tokens)
@@ -672,7 +677,7 @@ def main():
                 down = kie_bench.bench_gemv(mv, 2048, 8192, iters=100)
                 for ctx in contexts:
                     us, pre, toks = kie_decode(mv, ctx, a.tokens, a.rounds, cfg.vocab_size)
-                    extra = {"variant": ",".join(f"{k}={x}" for k, x in v.items()), "layer_gemvs_us": round(lay, 2),
+                    extra = {"variant": variant_name(v), "layer_gemvs_us": round(lay, 2),
                              "gemv_2048x8192_us": round(down, 2), "same_tokens_as_graph": toks == graph_tokens.get(ctx)}
                     if v.get("step_clock"):  # where the step's time went, from every block's clocks
                         mv.reset()
