@@ -30,6 +30,9 @@ int walk_forward(kie_engine *e, int T, bool head, V &v) {
     float *S = sum_buf(e, i);
     if (sub == 0) {
       qkv_args(e, l, a);
+      /* Past the pass's first kernel the position is final before the wait: the pick that
+       * advances it ended a pass before this one */
+      if (a.early && i > 0) a.early |= EARLY_ROPE;
       TRY(v.gemv(a, EPI_QKV));
       AttnArgs at = attention_args(e, l);
       TRY(v.attention(at));

@@ -114,6 +114,12 @@ __global__ void __launch_bounds__(GEMV_THREADS) k_gemv(const GemvArgs a) {
       preloaded = true;
     }
   }
+  /* What else does not depend on the previous kernel (a.early): the norm's gamma, copied
+   * asynchronously after x, and QKV's RoPE row. */
+  __shared__ float rope[EPI == EPI_QKV && NT == 1 ? 2 * ROPE_MAX_HALF : 1];
+  float *gs = XS && a.x == nullptr && (a.early & EARLY_GAMMA) ? xs + (size_t)a.T * a.ld : nullptr;
+  if (gs) stage_gamma_async(a, gs, threadIdx.x, GEMV_THREADS);
+  if (EPI == EPI_QKV && NT == 1 && XS && (a.early & EARLY_ROPE)) stage_rope(a, rope, threadIdx.x, GEMV_THREADS);
   /* trigger_early (the o GEMV, kie_shape.o_trigger_early): the next kernel may launch while
    * this one still waits, so that its blocks start their loads where SMs have room. */
   if (a.trigger_early) kcclDevPdlTrigger();
@@ -121,12 +127,11 @@ __global__ void __launch_bounds__(GEMV_THREADS) k_gemv(const GemvArgs a) {
   if (!a.trigger_early) kcclDevPdlTrigger();
   if (CLK) kie_clock_mark(a.clk, KIE_CLK_WAITED);
 
-  __shared__ float rope[EPI == EPI_QKV && NT == 1 ? 2 * ROPE_MAX_HALF : 1];
   if (XS) {
     __shared__ float red[GEMV_WARPS];
-    if (EPI == EPI_QKV && NT == 1) stage_rope(a, rope, threadIdx.x, GEMV_THREADS);
+    if (EPI == EPI_QKV && NT == 1 && !(a.early & EARLY_ROPE)) stage_rope(a, rope, threadIdx.x, GEMV_THREADS);
     if (a.x) stage_plain(a, xs, threadIdx.x);
-    else stage_norm<CLK>(a, xs, threadIdx.x, blockIdx.x == 0, SyncBlock(), red);
+    else stage_norm<CLK>(a, xs, threadIdx.x, blockIdx.x == 0, SyncBlock(), red, gs);
     __syncthreads();
   }
   if (CLK) kie_clock_mark(a.clk, KIE_CLK_STAGED);

@@ -172,6 +172,22 @@ __device__ __forceinline__ void stage_plain(const GemvArgs &a, float *xs, int ti
   }
 }
 
+/* The norm's gamma into shared memory gs (ld floats) by cp.async, before the GEMV waits for
+ * the previous kernel (gamma does not depend on it), so that no L2 round trip for it follows
+ * the wait.  A thread copies the float4s that it reads in stage_norm, whose
+ * cp.async.wait_all is then all it needs before reading them.  Past `in`: gamma's padding,
+ * as stage_norm's loads from memory read it. */
+__device__ __forceinline__ void stage_gamma_async(const GemvArgs &a, float *gs, int tid, int nthreads) {
+  const int n4 = a.ld >> 2;
+  for (int i = tid; i < n4; i += nthreads) {
+    if (4 * i < a.in)
+      asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"((uint32_t)__cvta_generic_to_shared(gs + 4 * i)),
+                   "l"(a.gamma + 4 * i)
+                   : "memory");
+  }
+  asm volatile("cp.async.commit_group;" ::: "memory");
+}
+
 template <typename Sync>
 __device__ __forceinline__ float block_sum(float v, float *red, int tid, Sync sync) {
   for (int off = 16; off; off >>= 1) v += __shfl_xor_sync(0xffffffffu, v, off);
@@ -199,10 +215,13 @@ __device__ __forceinline__ float4 f4_norm(const float4 x, float root, const floa
  * round trip per element.  CLK (the graph path's step clock): thread 0 marks its loads
  * landed and the block's sum done (KIE_CLK_LOADED, KIE_CLK_SUMMED). */
 template <bool CLK = false, typename Sync>
-__device__ void stage_norm(const GemvArgs &a, float *xs, int tid, bool writer, Sync sync, float *red) {
+__device__ void stage_norm(const GemvArgs &a, float *xs, int tid, bool writer, Sync sync, float *red,
+                           const float *gs = nullptr) {
   const int hidden = a.in, n4 = a.ld >> 2;
   const bool in_regs = n4 <= GEMV_THREADS * STAGE_BATCH;
-  const float4 *g4 = reinterpret_cast<const float4 *>(a.gamma);
+  /* gamma from memory, or from stage_gamma_async's copy (gs) */
+  const float4 *g4 = reinterpret_cast<const float4 *>(gs ? gs : a.gamma);
+  auto gamma4 = [&](int i) { return gs ? g4[i] : __ldg(g4 + i); };
   for (int t = 0; t < a.T; t++) {
     float ss = 0.f;
     const bf16 *erow = a.r_in ? nullptr : a.embed + (size_t)__ldcg(a.tokens + t) * a.ld;
@@ -249,11 +268,12 @@ __device__ void stage_norm(const GemvArgs &a, float *xs, int tid, bool writer, S
     }
     if (CLK && t == 0) kie_clock_mark(a.clk, KIE_CLK_LOADED); /* thread 0's loads have landed */
     /* gamma's first batch is on its way while the block sums (it does not depend on the sum) */
+    if (gs && t == 0) asm volatile("cp.async.wait_all;" ::: "memory");
     float4 g[STAGE_BATCH];
 #pragma unroll
     for (int k = 0; k < STAGE_BATCH; k++) {
       const int i = tid + k * GEMV_THREADS;
-      g[k] = i < n4 && 4 * i < hidden ? __ldg(g4 + i) : f4_zero();
+      g[k] = i < n4 && 4 * i < hidden ? gamma4(i) : f4_zero();
     }
     const float ms = block_sum(ss, red, tid, sync) / (float)hidden;
     if (CLK && t == 0) kie_clock_mark(a.clk, KIE_CLK_SUMMED);
@@ -271,7 +291,7 @@ __device__ void stage_norm(const GemvArgs &a, float *xs, int tid, bool writer, S
 #pragma unroll
         for (int k = 0; k < STAGE_BATCH; k++) {
           const int i = i0 + k * GEMV_THREADS;
-          g[k] = i < n4 && 4 * i < hidden ? __ldg(g4 + i) : f4_zero();
+          g[k] = i < n4 && 4 * i < hidden ? gamma4(i) : f4_zero();
         }
 #pragma unroll
       for (int k = 0; k < STAGE_BATCH; k++) {

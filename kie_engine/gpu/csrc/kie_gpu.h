@@ -126,6 +126,9 @@ typedef struct {
                                   attention, 3 on the 2b shape; 2..8): fewer keep fewer bytes in flight, which
                                   every load queued behind them (a stage's counter, its input) waits for; on
                                   the 2b shape 2 slots were as fast as 3 (bench/RESULTS.md) */
+  int gemv_early;              /* the graph path's normed GEMVs copy their norm's gamma (and QKV its RoPE row) into
+                                  shared memory before waiting for the previous kernel, so that neither is an L2
+                                  round trip after it: 0 auto (on), 1 on, -1 off */
 } kie_shape;
 
 typedef struct {

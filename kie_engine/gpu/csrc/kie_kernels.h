@@ -58,6 +58,9 @@ enum { EPI_STORE = 0, EPI_QKV = 1, EPI_SWIGLU = 2, EPI_HEAD = 3 };
 #define GEMV_WARPS (GEMV_THREADS / 32)
 #define GEMV_MAX_T 8 /* tokens of one prefill pass */
 
+#define EARLY_GAMMA 1 /* the norm's gamma copied to shared memory (cp.async) */
+#define EARLY_ROPE 2  /* the RoPE row of the step's position staged */
+
 struct GemvArgs {
   const bf16 *w;
   int rows, ld;        /* ld: row length in elements, a multiple of 8 (zero padded) */
@@ -70,6 +73,8 @@ struct GemvArgs {
   int blocks_per_sm;   /* the graph path's launch: its grid at most this many blocks an SM (0: the engine's) */
   int l2_first;        /* 1: the weights' loads carry L2's evict_first policy (kie_shape.l2_evict_first) */
   int trigger_early;   /* 1: lets the next kernel launch before this one's wait (kie_shape.o_trigger_early) */
+  int early;           /* what a normed GEMV stages before its wait (kie_shape.gemv_early): EARLY_GAMMA,
+                          EARLY_ROPE (QKV; the position is final before the wait past a pass's first kernel) */
   /* Plain input: x [T][x_ld] (x_ld >= ld, zero past `in`). */
   const float *x;
   int x_ld;

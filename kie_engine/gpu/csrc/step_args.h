@@ -24,7 +24,8 @@ inline int gemv_segs(kie_engine *e, GemvArgs &a) {
 }
 
 inline int gemv(kie_engine *e, GemvArgs &a, int epi) {
-  const size_t xbytes = (size_t)a.T * a.ld * 4;
+  /* x, then (EARLY_GAMMA) the norm's gamma */
+  const size_t xbytes = (size_t)(a.T + (a.early & EARLY_GAMMA ? 1 : 0)) * a.ld * 4;
   /* x in shared memory (staged by every block), or read through L1 where each
    * warp uses it (plain GEMVs only: the normed ones compute x in shared memory). */
   const int xs = a.x == nullptr || (xbytes <= XS_MAX && !e->s.gemv_x_l1);
@@ -67,6 +68,8 @@ inline GemvArgs normed(kie_engine *e, int T, const float *r_in, float *r_out, co
   a.tokens = e->tokbuf;
   a.gamma = gamma;
   a.eps = e->s.eps;
+  /* One token's pass: gamma fits beside x (a longer pass stages it as before) */
+  a.early = T == 1 && e->gemv_early ? EARLY_GAMMA : 0;
   return a;
 }
 
