@@ -19,9 +19,11 @@ def summarize(t, layers):
                the attention's: to its first chunk's scores and softmax done;
       spread   the last block's end less the first block's;
       x_loaded per block, from its wait passed to its residual and sums landed, mean (normed
-               GEMVs; 0 elsewhere);
+               GEMVs), the attention's to its first chunk's rows and queries in shared memory;
+               0 elsewhere;
       x_summed per block, from those loads landed to the block's sum of squares done, mean
-               (the rest of stage_x: gamma, the scaling, the copy into shared memory);
+               (the rest of stage_x: gamma, the scaling, the copy into shared memory); the
+               attention's from its rows landed to its values done (scores, softmax, values);
       lead     how long before the previous launch's end this one's first block started
                (its early loads' head start; negative: it started after);
       landed   the share of this launch's blocks that started before the previous ended;

@@ -31,7 +31,7 @@ int engine_rc(int rc) {
 /* This module's copy of the GEMV kernels gets the engine's shared-memory limit. */
 int own_kernels_ready() {
   static int done;
-  if (!done) CU(kie_gemv_attributes(XS_MAX));
+  if (!done) CU(kie_gemv_attributes(XS_MAX, 0));
   done = 1;
   return KIE_OK;
 }

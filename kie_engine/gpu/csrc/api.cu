@@ -137,7 +137,7 @@ int kie_create(const kie_shape *s, kcclComm_t comm, int device, kie_engine **out
       (ce = cudaStreamSynchronize(e->stream)) != cudaSuccess ||
       (ce = cudaHostAlloc((void **)&e->ring_h, sizeof(HostRing), cudaHostAllocMapped)) != cudaSuccess ||
       (ce = cudaHostGetDevicePointer((void **)&e->ring_d, e->ring_h, 0)) != cudaSuccess ||
-      (ce = kie_gemv_attributes(XS_MAX)) != cudaSuccess || (ce = kie_attention_smem_attributes()) != cudaSuccess ||
+      (ce = kie_gemv_attributes(XS_MAX, s->gemv_carveout)) != cudaSuccess || (ce = kie_attention_smem_attributes()) != cudaSuccess ||
       (e->pf_chunk > 0 && (ce = kie_pf_attention_attributes()) != cudaSuccess))
     rc = fail(KIE_E_CUDA, "device %d setup: %s", device, cudaGetErrorString(ce));
   if (rc == KIE_OK && e->pf_chunk > 0) rc = blas_create(e);

@@ -19,13 +19,14 @@ constexpr int AS_THREADS = 256;
 /* CLK (the step clock, a.clk): the block's marks, kept until its end since a block without
  * work returns before its wait and must mark nothing; a kernel of its own, like the GEMV's,
  * so that the default carries none of it.  Its STAGED mark is thread 0's first chunk's scores
- * and softmax done (what the attention does with its input once it is in shared memory). */
+ * and softmax done (what the attention does with its input once it is in shared memory); its
+ * LOADED mark that input (rows and queries) in shared memory, its SUMMED mark its values done. */
 template <int HD, bool CLK>
 __global__ void __launch_bounds__(AS_THREADS, 1) k_attention_smem(const AttnArgs a) {
   extern __shared__ __align__(16) unsigned char as_smem[];
   __shared__ AttSmemHeads hs;
-  unsigned long long clk[KIE_CLK_MARKS] = {}, values = 0;
-  unsigned long long *item_clk[2] = {&clk[KIE_CLK_STAGED], &values};
+  unsigned long long clk[KIE_CLK_MARKS] = {};
+  unsigned long long *item_clk[3] = {&clk[KIE_CLK_STAGED], &clk[KIE_CLK_SUMMED], &clk[KIE_CLK_LOADED]};
   if (CLK) clk[KIE_CLK_START] = kie_gtime();
   auto wait = [&] {
     kcclDevPdlWait();

@@ -60,7 +60,8 @@ __device__ __forceinline__ int att_smem_splits(const AttnArgs &a, int S) {
  * anything this pass wrote is read; false from it: the item leaves (its copies landed)
  * and returns false.  Returns true otherwise, also for an item with nothing to do (which
  * returns before calling wait).  clk (profiling, or NULL): thread 0 writes the time its
- * first chunk's scores and softmax were done to clk[0], its values to clk[1]. */
+ * first chunk's scores and softmax were done to clk[0], its values to clk[1], and where
+ * clk[2] is not NULL the time its first chunk's rows and queries were in shared memory. */
 template <int HD, int NT, typename Sync, typename Wait>
 __device__ bool att_smem_item(const AttnArgs &a, int bx, int split, int t, int tid, unsigned char *smem, int cap,
                               AttSmemHeads &hs, Sync sync, Wait wait, unsigned long long *const *clk = nullptr) {
@@ -129,6 +130,7 @@ __device__ bool att_smem_item(const AttnArgs &a, int bx, int split, int t, int t
   }
   asm volatile("cp.async.wait_group 0;" ::: "memory");
   sync();
+  if (clk && clk[2] && tid == 0) att_clock(clk[2]);
 
   /* Value chunks: c = (head j, dims dd .. dd + 3); with fewer chunks than threads, R threads
    * share one, thread r of them the keys r, r + R, ... of each chunk of keys */

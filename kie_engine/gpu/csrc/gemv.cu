@@ -229,14 +229,17 @@ cudaError_t launch_one(const GemvArgs &a, int epi, int grid, size_t smem, cudaSt
 }
 
 template <int NT, int XS, int U, int PIPE, bool CLK>
-cudaError_t set_attr(size_t max_smem) {
+cudaError_t set_attr(size_t max_smem, int carveout) {
   cudaError_t e = cudaSuccess;
-  const int v = (int)max_smem;
-  const cudaFuncAttribute at = cudaFuncAttributeMaxDynamicSharedMemorySize;
-  if (e == cudaSuccess) e = cudaFuncSetAttribute(k_gemv<NT, XS, EPI_STORE, U, PIPE, CLK>, at, v);
-  if (e == cudaSuccess) e = cudaFuncSetAttribute(k_gemv<NT, XS, EPI_QKV, U, PIPE, CLK>, at, v);
-  if (e == cudaSuccess) e = cudaFuncSetAttribute(k_gemv<NT, XS, EPI_SWIGLU, U, PIPE, CLK>, at, v);
-  if (e == cudaSuccess) e = cudaFuncSetAttribute(k_gemv<1, XS, EPI_HEAD, U, PIPE, CLK>, at, v);
+  const int v = (int)max_smem, c = carveout > 0 ? carveout : (int)cudaSharedmemCarveoutDefault;
+  auto set = [&](auto k) {
+    if (e == cudaSuccess) e = cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, v);
+    if (e == cudaSuccess) e = cudaFuncSetAttribute(k, cudaFuncAttributePreferredSharedMemoryCarveout, c);
+  };
+  set(k_gemv<NT, XS, EPI_STORE, U, PIPE, CLK>);
+  set(k_gemv<NT, XS, EPI_QKV, U, PIPE, CLK>);
+  set(k_gemv<NT, XS, EPI_SWIGLU, U, PIPE, CLK>);
+  set(k_gemv<1, XS, EPI_HEAD, U, PIPE, CLK>);
   return e;
 }
 
@@ -262,15 +265,15 @@ cudaError_t kie_launch_gemv(const GemvArgs &a, int epi, int xs, int grid, size_t
   return xs ? launch_one<1, 8, 0>(a, epi, grid, smem, st, pdl) : launch_one<0, 8, 0>(a, epi, grid, smem, st, pdl);
 }
 
-cudaError_t kie_gemv_attributes(size_t max_smem) {
+cudaError_t kie_gemv_attributes(size_t max_smem, int carveout) {
   cudaError_t e = cudaSuccess;
-  if (e == cudaSuccess) e = set_attr<1, 1, 8, 0, false>(max_smem);
-  if (e == cudaSuccess) e = set_attr<1, 1, 4, 0, false>(max_smem);
-  if (e == cudaSuccess) e = set_attr<1, 1, 4, 1, false>(max_smem);
-  if (e == cudaSuccess) e = set_attr<1, 1, 8, 0, true>(max_smem);
-  if (e == cudaSuccess) e = set_attr<1, 1, 4, 0, true>(max_smem);
-  if (e == cudaSuccess) e = set_attr<1, 1, 4, 1, true>(max_smem);
-  if (e == cudaSuccess) e = set_attr<GEMV_MAX_T, 1, 2, 0, false>(max_smem);
+  if (e == cudaSuccess) e = set_attr<1, 1, 8, 0, false>(max_smem, carveout);
+  if (e == cudaSuccess) e = set_attr<1, 1, 4, 0, false>(max_smem, carveout);
+  if (e == cudaSuccess) e = set_attr<1, 1, 4, 1, false>(max_smem, carveout);
+  if (e == cudaSuccess) e = set_attr<1, 1, 8, 0, true>(max_smem, carveout);
+  if (e == cudaSuccess) e = set_attr<1, 1, 4, 0, true>(max_smem, carveout);
+  if (e == cudaSuccess) e = set_attr<1, 1, 4, 1, true>(max_smem, carveout);
+  if (e == cudaSuccess) e = set_attr<GEMV_MAX_T, 1, 2, 0, false>(max_smem, carveout);
   return e;
 }
 

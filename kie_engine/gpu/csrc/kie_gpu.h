@@ -129,6 +129,11 @@ typedef struct {
   int gemv_early;              /* the graph path's normed GEMVs copy their norm's gamma (and QKV its RoPE row) into
                                   shared memory before waiting for the previous kernel, so that neither is an L2
                                   round trip after it: 0 auto (on), 1 on, -1 off */
+  int gemv_carveout;           /* the decode GEMVs' preferred shared-memory carveout, percent of the most an SM has
+                                  (1..100; 0: the driver's choice).  An SM whose carveout is too small for an
+                                  attention block takes it only once it has drained; with room, the attention's
+                                  block can start beside the QKV GEMV's last block.  A process-wide attribute of
+                                  the kernels: the engine made last sets it */
 } kie_shape;
 
 typedef struct {

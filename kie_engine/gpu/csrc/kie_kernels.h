@@ -116,8 +116,9 @@ struct GemvArgs {
  * past KIE_CLK_BLOCKS and blocks without work do not mark), read by bench/kie_native's
  * kb_graph_marks: where the time of a step in the graph goes, PDL's overlap included.
  * A normed GEMV's staging also marks when thread 0's residual and sums had landed
- * (LOADED) and when the block's sum of squares was done (SUMMED); other launches leave
- * those two at 0. */
+ * (LOADED) and when the block's sum of squares was done (SUMMED); the attention marks its
+ * first chunk's rows and queries in shared memory (LOADED) and its values done (SUMMED);
+ * the plain GEMVs leave those two at 0. */
 enum {
   KIE_CLK_START = 0,
   KIE_CLK_WAITED = 1,
@@ -335,7 +336,8 @@ cudaError_t kie_pf_attention_attributes(void);
  * with programmatic stream serialization (the kernel waits for its predecessor
  * with griddepcontrol.wait). */
 cudaError_t kie_launch_gemv(const GemvArgs &a, int epi, int xs, int grid, size_t smem, cudaStream_t st, int pdl);
-cudaError_t kie_gemv_attributes(size_t max_smem);
+/* carveout: cudaFuncAttributePreferredSharedMemoryCarveout (percent), 0: the driver's choice */
+cudaError_t kie_gemv_attributes(size_t max_smem, int carveout);
 cudaError_t kie_launch_attention(const AttnArgs &a, int T, cudaStream_t st, int pdl);
 cudaError_t kie_launch_attention_smem(const AttnArgs &a, int T, cudaStream_t st, int pdl);
 cudaError_t kie_attention_smem_attributes(void);

@@ -94,6 +94,8 @@ int derive(kie_engine *e, const kie_shape &s, int sms) {
   if (s.gemv_early < -1 || s.gemv_early > 1)
     return fail(KIE_E_ARG, "gemv_early=%d: 0 (auto, on), 1 (on) or -1 (off)", s.gemv_early);
   e->gemv_early = s.gemv_early >= 0;
+  if (s.gemv_carveout < 0 || s.gemv_carveout > 100)
+    return fail(KIE_E_ARG, "gemv_carveout=%d: 0 (auto) or 1..100 (percent)", s.gemv_carveout);
   if (s.qkv_blocks_per_sm < 0 || s.qkv_blocks_per_sm > 8)
     return fail(KIE_E_ARG, "qkv_blocks_per_sm=%d: 0 (auto) or 1..8", s.qkv_blocks_per_sm);
   if (s.o_blocks_per_sm < 0 || s.o_blocks_per_sm > 8)
