@@ -126,9 +126,10 @@ typedef struct {
                                   attention, 3 on the 2b shape; 2..8): fewer keep fewer bytes in flight, which
                                   every load queued behind them (a stage's counter, its input) waits for; on
                                   the 2b shape 2 slots were as fast as 3 (bench/RESULTS.md) */
-  int gemv_early;              /* the graph path's normed GEMVs copy their norm's gamma (and QKV its RoPE row) into
+  int gemv_early;              /* 1: the graph path's normed GEMVs copy their norm's gamma (and QKV its RoPE row) into
                                   shared memory before waiting for the previous kernel, so that neither is an L2
-                                  round trip after it: 0 auto (on), 1 on, -1 off */
+                                  round trip after it; 0: after it.  It shortened QKV's staging and left the step's
+                                  speed as it was (bench/RESULTS.md): the staging is off the critical path */
   int gemv_carveout;           /* the decode GEMVs' preferred shared-memory carveout, percent of the most an SM has
                                   (1..100; 0: the driver's choice).  An SM whose carveout is too small for an
                                   attention block takes it only once it has drained; with room, the attention's

@@ -91,9 +91,8 @@ int derive(kie_engine *e, const kie_shape &s, int sms) {
     return fail(KIE_E_ARG, "l2_evict_first=%d: -1 (auto), 0 (off) or 1 (on)", s.l2_evict_first);
   if (s.mono_slots != 0 && (s.mono_slots < 2 || s.mono_slots > 8))
     return fail(KIE_E_ARG, "mono_slots=%d: 0 (auto) or 2..8", s.mono_slots);
-  if (s.gemv_early < -1 || s.gemv_early > 1)
-    return fail(KIE_E_ARG, "gemv_early=%d: 0 (auto, on), 1 (on) or -1 (off)", s.gemv_early);
-  e->gemv_early = s.gemv_early >= 0;
+  if (s.gemv_early != 0 && s.gemv_early != 1) return fail(KIE_E_ARG, "gemv_early=%d: 0 or 1", s.gemv_early);
+  e->gemv_early = s.gemv_early;
   if (s.gemv_carveout < 0 || s.gemv_carveout > 100)
     return fail(KIE_E_ARG, "gemv_carveout=%d: 0 (auto) or 1..100 (percent)", s.gemv_carveout);
   if (s.qkv_blocks_per_sm < 0 || s.qkv_blocks_per_sm > 8)
