@@ -266,8 +266,9 @@ def check_prefill(tag, path, comm, steps):
 # must not change a result; the QKV and o GEMVs on a block an SM; and the weights' loads without L2's
 # evict_first policy (pipelined and not), a cache hint that must not change a result either; and the
 # o GEMV letting gate/up launch before its wait; the normed GEMVs staging gamma and the RoPE row
-# in shared memory before their wait (gemv_early=1); and the GEMVs asking for the largest
-# shared-memory carveout.
+# in shared memory before their wait (gemv_early=1); the GEMVs asking for the largest
+# shared-memory carveout; and the attention's warm pass before its wait (in one block, in splits,
+# a KV head's query heads together with the step clock), which must not change a result.
 DECODE_TUNINGS = [{"decode_attn": 1}, {"att_keys": 16}, {"att_keys": 40}, {"att_keys": 40, "att_split_keys": 24},
                   {"att_heads": 1}, {"att_heads": 1, "att_keys": 16}, {"att_heads": 2},
                   {"att_heads": 2, "att_keys": 16}, {"att_keys": 16, "att_splits": 2},
@@ -275,7 +276,8 @@ DECODE_TUNINGS = [{"decode_attn": 1}, {"att_keys": 16}, {"att_keys": 40}, {"att_
                   {"step_clock": 1}, {"step_clock": 1, "gemv_pipe": 0}, {"step_clock": 1, "att_keys": 16},
                   {"qkv_blocks_per_sm": 1, "o_blocks_per_sm": 1}, {"l2_evict_first": 0},
                   {"l2_evict_first": 0, "gemv_pipe": 0}, {"o_trigger_early": 1, "o_blocks_per_sm": 1},
-                  {"gemv_early": 1}, {"gemv_early": 1, "step_clock": 1}, {"gemv_carveout": 100}]
+                  {"gemv_early": 1}, {"gemv_early": 1, "step_clock": 1}, {"gemv_carveout": 100},
+                  {"att_warm": 1}, {"att_warm": 1, "att_keys": 16}, {"att_warm": 1, "att_heads": 2, "step_clock": 1}]
 
 
 def check_decode_tunings(tag, path, comm, steps, tunings):
@@ -320,7 +322,8 @@ BAD_DECODE_TUNINGS = [{"decode_attn": 3}, {"att_keys": 257}, {"att_keys": 16, "a
                       {"att_splits": -1}, {"att_heads": 3}, {"step_clock": 2},
                       {"qkv_blocks_per_sm": 9}, {"o_blocks_per_sm": -1}, {"l2_evict_first": 2}, {"l2_evict_first": -2},
                       {"o_trigger_early": 2}, {"mono_slots": 1}, {"mono_slots": 9}, {"gemv_early": 2},
-                      {"gemv_early": -1}, {"gemv_carveout": -1}, {"gemv_carveout": 101}]
+                      {"gemv_early": -1}, {"gemv_carveout": -1}, {"gemv_carveout": 101},
+                      {"att_warm": 2}]
 
 
 def check_bad_decode_tunings(comm):

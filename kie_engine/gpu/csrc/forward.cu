@@ -41,6 +41,7 @@ struct Launcher {
   int attention(AttnArgs &a) {
     if (e->dec_attn == 2) {
       AttnArgs b = smem_attention_args(e, a, e->att_keys);
+      b.warm = e->s.att_warm;
       b.clk = clock();
       CU(kie_launch_attention_smem(b, T, e->stream, e->s.pdl));
     } else {

@@ -135,6 +135,9 @@ typedef struct {
                                   attention block takes it only once it has drained; with room, the attention's
                                   block can start beside the QKV GEMV's last block.  A process-wide attribute of
                                   the kernels: the engine made last sets it */
+  int att_warm;                /* 1: a shared-memory attention item (the graph path's, the monokernel's) runs its
+                                  arithmetic once over the rows of earlier steps before its wait (results dropped),
+                                  so that the instructions after the wait are in the SM's instruction cache; 0: off */
 } kie_shape;
 
 typedef struct {
