@@ -75,6 +75,8 @@ struct GemvArgs {
   int trigger_early;   /* 1: lets the next kernel launch before this one's wait (kie_shape.o_trigger_early) */
   int early;           /* what a normed GEMV stages before its wait (kie_shape.gemv_early): EARLY_GAMMA,
                           EARLY_ROPE (QKV; the position is final before the wait past a pass's first kernel) */
+  int warm;            /* 1: a normed GEMV runs its staging once before its wait, results dropped (gemv.cu; the
+                          pipelined kernel with x in shared memory, the default) */
   /* Plain input: x [T][x_ld] (x_ld >= ld, zero past `in`). */
   const float *x;
   int x_ld;
