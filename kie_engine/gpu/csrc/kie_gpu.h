@@ -135,6 +135,10 @@ typedef struct {
                                   attention block takes it only once it has drained; with room, the attention's
                                   block can start beside the QKV GEMV's last block.  A process-wide attribute of
                                   the kernels: the engine made last sets it */
+  int gemv_warm;               /* 1: the graph path's normed GEMVs (past the embedding; pipelined, x in shared memory)
+                                  run their input's staging once before their wait on what memory holds then,
+                                  results dropped, so that its instructions are in the SM's instruction cache
+                                  after the wait; 0: off */
   int att_warm;                /* 1: a shared-memory attention item (the graph path's, the monokernel's) runs its
                                   arithmetic once over the rows of earlier steps before its wait (results dropped),
                                   so that the instructions after the wait are in the SM's instruction cache; 0: off */
