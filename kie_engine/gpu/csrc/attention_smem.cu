@@ -21,7 +21,7 @@ constexpr int AS_THREADS = 256;
  * so that the default carries none of it.  Its STAGED mark is thread 0's first chunk's scores
  * and softmax done (what the attention does with its input once it is in shared memory); its
  * LOADED mark that input (rows and queries) in shared memory, its SUMMED mark its values done. */
-template <int HD, bool CLK>
+template <int HD, bool CLK, bool WARM>
 __global__ void __launch_bounds__(AS_THREADS, 1) k_attention_smem(const AttnArgs a) {
   extern __shared__ __align__(16) unsigned char as_smem[];
   __shared__ AttSmemHeads hs;
@@ -34,7 +34,7 @@ __global__ void __launch_bounds__(AS_THREADS, 1) k_attention_smem(const AttnArgs
     if (CLK) clk[KIE_CLK_WAITED] = kie_gtime();
     return true;
   };
-  att_smem_item<HD, AS_THREADS>(a, blockIdx.x, blockIdx.y, blockIdx.z, threadIdx.x, as_smem, ATT_SMEM_KEYS(HD), hs,
+  att_smem_item<HD, AS_THREADS, WARM>(a, blockIdx.x, blockIdx.y, blockIdx.z, threadIdx.x, as_smem, ATT_SMEM_KEYS(HD), hs,
                                 SyncBlock(), wait, CLK ? item_clk : nullptr);
   if (CLK && clk[KIE_CLK_WAITED]) {
     clk[KIE_CLK_END] = kie_gtime();
@@ -46,8 +46,11 @@ template <int HD>
 cudaError_t launch_hd(const AttnArgs &a, int T, cudaStream_t st, int pdl) {
   const dim3 grid((unsigned)(a.heads1 ? a.nh : a.nh / a.g * a.hgroups), (unsigned)a.nsplit, (unsigned)T);
   const size_t smem = SmemShape<HD, AS_THREADS>::bytes(ATT_SMEM_KEYS(HD));
-  return a.clk ? kcclLaunch(k_attention_smem<HD, true>, grid, dim3(AS_THREADS), smem, st, pdl, a)
-               : kcclLaunch(k_attention_smem<HD, false>, grid, dim3(AS_THREADS), smem, st, pdl, a);
+  if (a.warm)
+    return a.clk ? kcclLaunch(k_attention_smem<HD, true, true>, grid, dim3(AS_THREADS), smem, st, pdl, a)
+                 : kcclLaunch(k_attention_smem<HD, false, true>, grid, dim3(AS_THREADS), smem, st, pdl, a);
+  return a.clk ? kcclLaunch(k_attention_smem<HD, true, false>, grid, dim3(AS_THREADS), smem, st, pdl, a)
+               : kcclLaunch(k_attention_smem<HD, false, false>, grid, dim3(AS_THREADS), smem, st, pdl, a);
 }
 
 }  // namespace
@@ -63,8 +66,10 @@ cudaError_t kie_attention_smem_attributes(void) {
     constexpr int HD = decltype(h)::value;
     const int smem = (int)SmemShape<HD, AS_THREADS>::bytes(ATT_SMEM_KEYS(HD));
     const cudaFuncAttribute at = cudaFuncAttributeMaxDynamicSharedMemorySize;
-    if (e == cudaSuccess) e = cudaFuncSetAttribute(k_attention_smem<HD, false>, at, smem);
-    if (e == cudaSuccess) e = cudaFuncSetAttribute(k_attention_smem<HD, true>, at, smem);
+    if (e == cudaSuccess) e = cudaFuncSetAttribute(k_attention_smem<HD, false, false>, at, smem);
+    if (e == cudaSuccess) e = cudaFuncSetAttribute(k_attention_smem<HD, true, false>, at, smem);
+    if (e == cudaSuccess) e = cudaFuncSetAttribute(k_attention_smem<HD, false, true>, at, smem);
+    if (e == cudaSuccess) e = cudaFuncSetAttribute(k_attention_smem<HD, true, true>, at, smem);
   };
   set(std::integral_constant<int, 16>());
   set(std::integral_constant<int, 32>());

@@ -62,7 +62,7 @@ __device__ __forceinline__ int att_smem_splits(const AttnArgs &a, int S) {
  * returns before calling wait).  clk (profiling, or NULL): thread 0 writes the time its
  * first chunk's scores and softmax were done to clk[0], its values to clk[1], and where
  * clk[2] is not NULL the time its first chunk's rows and queries were in shared memory. */
-template <int HD, int NT, typename Sync, typename Wait>
+template <int HD, int NT, bool WARM = false, typename Sync, typename Wait>
 __device__ bool att_smem_item(const AttnArgs &a, int bx, int split, int t, int tid, unsigned char *smem, int cap,
                               AttSmemHeads &hs, Sync sync, Wait wait, unsigned long long *const *clk = nullptr) {
   typedef SmemShape<HD, NT> SS;
@@ -127,10 +127,9 @@ __device__ bool att_smem_item(const AttnArgs &a, int bx, int split, int t, int t
    * steps with zero queries, its results dropped, so that the instructions the item runs after
    * the wait are in this SM's instruction cache rather than each a fetch from L2 under the weight
    * stream's load.  Pass 1: the item.  A loop, not two copies of the code: the point is that
-   * both passes run the same instructions. */
-  const int first = a.warm && old > 0 ? 0 : 1;
-#pragma unroll 1
-  for (int pass = first; pass < 2; pass++) {
+   * both passes run the same instructions.  WARM: a kernel of its own (the loop costs registers).
+   * false from a pass: the item left at its wait. */
+  auto run_pass = [&](int pass) -> bool {
     const int np = pass ? n : old; /* keys of this pass */
     if (pass) {
       if (!wait()) {
@@ -244,6 +243,14 @@ __device__ bool att_smem_item(const AttnArgs &a, int bx, int split, int t, int t
     }
     if (R > 1) att_phase_sum(acc[0], red, tid, r, R, nch, r < R, sync);
     if (!pass) sync(); /* pass 0's reads of the shared memory are done before pass 1 writes it */
+    return true;
+  };
+  if (WARM) {
+#pragma unroll 1
+    for (int pass = old > 0 ? 0 : 1; pass < 2; pass++)
+      if (!run_pass(pass)) return false;
+  } else if (!run_pass(1)) {
+    return false;
   }
   const bool owner = R > 1 ? r == 0 : true;
   if (ns == 1) { /* the whole context in this item: the output directly */

@@ -139,9 +139,9 @@ typedef struct {
                                   run their input's staging once before their wait on what memory holds then,
                                   results dropped, so that its instructions are in the SM's instruction cache
                                   after the wait; 0: off */
-  int att_warm;                /* 1: a shared-memory attention item (the graph path's, the monokernel's) runs its
-                                  arithmetic once over the rows of earlier steps before its wait (results dropped),
-                                  so that the instructions after the wait are in the SM's instruction cache; 0: off */
+  int att_warm;                /* 1: the graph path's attention block runs its arithmetic once over the rows of
+                                  earlier steps before its wait (results dropped), so that the instructions after
+                                  the wait are in the SM's instruction cache; 0: off */
 } kie_shape;
 
 typedef struct {

@@ -158,7 +158,6 @@ int mono_prepare(kie_engine *e) {
     for (auto &m : b.st)
       if (m.kind == MONO_ATTN_SMEM) {
         m.at = smem_attention_args(e, m.at, cap);
-        m.at.warm = e->s.att_warm;
         const int groups = m.at.nh / m.at.g * m.at.hgroups;
         m.at.nsplit = std::min({m.at.nsplit, std::max(1, grid / groups), std::max(e->nsplit, e->nsplit_smem)});
         e->mono_att_split = m.at.ksplit;
