@@ -55,6 +55,15 @@ def test_a_normed_gemvs_staging_splits_into_its_loads_and_its_sum():
         {k: v for k, v in step_clock.summarize(step(LAUNCHES), layers=1).items() if k != "gate_up"}
 
 
+def test_the_attentions_time_splits_into_its_rows_landed_and_its_values_done():
+    """The attention marks its rows and queries in shared memory (LOADED) and its values done
+    (SUMMED): x_loaded is its wait to its input, x_summed the scores, softmax and values."""
+    t = np.concatenate([step(LAUNCHES), np.zeros((len(LAUNCHES), 2, BLOCKS))], axis=1)
+    t[1, 4, 0], t[1, 5, 0] = 1013.5, 1017  # waited at 1013, staged (softmax done) at 1013
+    out = step_clock.summarize(t, layers=1)
+    assert out["attention"]["x_loaded"] == 0.5 and out["attention"]["x_summed"] == 3.5
+
+
 def test_marks_of_an_earlier_step_are_left_out():
     """A block without work this step keeps what it marked in an earlier one."""
     launches = [list(b) for b in LAUNCHES]
