@@ -432,8 +432,9 @@ __device__ bool attend_smem(const Block &b, const AttnArgs &a, int k, unsigned e
   const int ns = att_smem_splits(a, *a.pos + 1);
   const bool per_head = ns == 1 && a.heads1;
   const int items = per_head ? a.nh : groups * ns;
+  /* scores and softmax done, values done; the third, its rows landed, the stage clock has no mark for */
   unsigned long long *clk[3] = {m.marks + ((size_t)k * MARKS + MARK_STAGED) * gridDim.x + blockIdx.x,
-                                m.marks + ((size_t)k * MARKS + MARK_ISSUED) * gridDim.x + blockIdx.x};
+                                m.marks + ((size_t)k * MARKS + MARK_ISSUED) * gridDim.x + blockIdx.x, nullptr};
   bool waited = false;
   auto wait = [&] {
     if (waited) return true;
@@ -525,7 +526,7 @@ __device__ void consume(const Block &b, char *xunion) {
         AttSmem<HD> *sm = reinterpret_cast<AttSmem<HD> *>(xunion) + sub;
         /* thread 0's first item's clock: scores and softmax done (MARK_STAGED), values done
          * (MARK_ISSUED, which the producer leaves alone for attention stages) */
-        unsigned long long *clk[3] = {m.marks + ((size_t)k * MARKS + MARK_STAGED) * gridDim.x + blockIdx.x,
+        unsigned long long *clk[2] = {m.marks + ((size_t)k * MARKS + MARK_STAGED) * gridDim.x + blockIdx.x,
                                       m.marks + ((size_t)k * MARKS + MARK_ISSUED) * gridDim.x + blockIdx.x};
         for (int it = blockIdx.x * subs + sub; it < items; it += gridDim.x * subs)
           attend<HD, true>(s.at, it % groups, it / groups, 0, tid % ATT_THREADS, *sm,

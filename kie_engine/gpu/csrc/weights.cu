@@ -92,7 +92,6 @@ int derive(kie_engine *e, const kie_shape &s, int sms) {
   if (s.mono_slots != 0 && (s.mono_slots < 2 || s.mono_slots > 8))
     return fail(KIE_E_ARG, "mono_slots=%d: 0 (auto) or 2..8", s.mono_slots);
   if (s.gemv_early != 0 && s.gemv_early != 1) return fail(KIE_E_ARG, "gemv_early=%d: 0 or 1", s.gemv_early);
-  e->gemv_early = s.gemv_early;
   if (s.gemv_carveout < 0 || s.gemv_carveout > 100)
     return fail(KIE_E_ARG, "gemv_carveout=%d: 0 (auto) or 1..100 (percent)", s.gemv_carveout);
   if (s.att_warm != 0 && s.att_warm != 1) return fail(KIE_E_ARG, "att_warm=%d: 0 or 1", s.att_warm);
