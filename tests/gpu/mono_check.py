@@ -74,7 +74,8 @@ def first_diff(a, b):
 # "walk": 16 keys a block and 2 splits, so that the splits walk their keys in chunks; and "l2first":
 # the default with the monokernel's ring copies under L2's evict_first policy too (a cache hint,
 # which must not change a bit); "slots2": its weight ring cut to two slots (each slot's mbarrier
-# phases turn over more often).
+# phases turn over more often); "release": the stages' counts published by release reductions and
+# polled with relaxed loads (kie_shape.mono_sync 2).
 ATTENTIONS = {
     "items": {"decode_attn": 1, "mono_attn": 1},
     "default": {},
@@ -82,6 +83,7 @@ ATTENTIONS = {
     "walk": {"decode_attn": 2, "mono_attn": 2, "att_keys": 16, "att_splits": 2},
     "l2first": {"l2_evict_first": 1},
     "slots2": {"mono_slots": 2},
+    "release": {"mono_sync": 2},
 }
 
 

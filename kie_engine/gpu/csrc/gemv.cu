@@ -84,7 +84,7 @@ __device__ __forceinline__ void use_batch(const GemvArgs &a, const float *xsrc, 
  * block's times as it passes them; a kernel of its own, so that the hot kernels carry
  * none of it (they sit at their register cap, where any state kept live through the loop
  * costs loads in flight). */
-template <int NT, int XS, int EPI, int U, int PIPE, bool CLK, bool WARM = false>
+template <int NT, int XS, int EPI, int U, int PIPE, bool CLK>
 __global__ void __launch_bounds__(GEMV_THREADS) k_gemv(const GemvArgs a) {
   extern __shared__ float4 smem4[];
   __shared__ float part[GEMV_WARPS][2 * GEMV_MAX_T];
@@ -122,31 +122,17 @@ __global__ void __launch_bounds__(GEMV_THREADS) k_gemv(const GemvArgs a) {
   if (EPI == EPI_QKV && NT == 1 && XS && (a.early & EARLY_ROPE)) stage_rope(a, rope, threadIdx.x, GEMV_THREADS);
   /* trigger_early (the o GEMV, kie_shape.o_trigger_early): the next kernel may launch while
    * this one still waits, so that its blocks start their loads where SMs have room. */
-  /* WARM (kie_shape.gemv_warm; a normed GEMV past the embedding): pass 0 runs the staging once
-   * before the wait on what memory holds now, its results dropped (no residual written), so that
-   * its instructions are in the SM's instruction cache when pass 1 runs them after the wait.  A
-   * loop, not two copies of the code: both passes must run the same instructions.  A kernel of
-   * its own: the loop costs the default's registers a spill. */
-  __shared__ float red[GEMV_WARPS];
-  auto wait_and_stage = [&](int pass) {
-    if (pass) {
-      if (a.trigger_early) kcclDevPdlTrigger();
-      kcclDevPdlWait();
-      if (!a.trigger_early) kcclDevPdlTrigger();
-      if (CLK) kie_clock_mark(a.clk, KIE_CLK_WAITED);
-    }
-    if (XS) {
-      if (EPI == EPI_QKV && NT == 1 && !(a.early & EARLY_ROPE)) stage_rope(a, rope, threadIdx.x, GEMV_THREADS);
-      if (a.x) stage_plain(a, xs, threadIdx.x);
-      else stage_norm<CLK>(a, xs, threadIdx.x, pass && blockIdx.x == 0, SyncBlock(), red, gs);
-      __syncthreads();
-    }
-  };
-  if (WARM) {
-#pragma unroll 1
-    for (int pass = a.x == nullptr && a.r_in != nullptr ? 0 : 1; pass < 2; pass++) wait_and_stage(pass);
-  } else {
-    wait_and_stage(1);
+  if (a.trigger_early) kcclDevPdlTrigger();
+  kcclDevPdlWait();
+  if (!a.trigger_early) kcclDevPdlTrigger();
+  if (CLK) kie_clock_mark(a.clk, KIE_CLK_WAITED);
+
+  if (XS) {
+    __shared__ float red[GEMV_WARPS];
+    if (EPI == EPI_QKV && NT == 1 && !(a.early & EARLY_ROPE)) stage_rope(a, rope, threadIdx.x, GEMV_THREADS);
+    if (a.x) stage_plain(a, xs, threadIdx.x);
+    else stage_norm<CLK>(a, xs, threadIdx.x, blockIdx.x == 0, SyncBlock(), red, gs);
+    __syncthreads();
   }
   if (CLK) kie_clock_mark(a.clk, KIE_CLK_STAGED);
   const float *cs = EPI == EPI_QKV && NT == 1 && XS ? rope : nullptr;
@@ -223,14 +209,14 @@ __global__ void __launch_bounds__(GEMV_THREADS) k_gemv(const GemvArgs a) {
   if (CLK) kie_clock_mark(a.clk, KIE_CLK_END);
 }
 
-template <int NT, int XS, int U, int PIPE, bool CLK, bool WARM = false>
+template <int NT, int XS, int U, int PIPE, bool CLK>
 cudaError_t launch_epi(const GemvArgs &a, int epi, int grid, size_t smem, cudaStream_t st, int pdl) {
   const dim3 g(grid), b(GEMV_THREADS);
   switch (epi) {
     case EPI_STORE: return kcclLaunch(k_gemv<NT, XS, EPI_STORE, U, PIPE, CLK>, g, b, smem, st, pdl, a);
-    case EPI_QKV: return kcclLaunch(k_gemv<NT, XS, EPI_QKV, U, PIPE, CLK, WARM>, g, b, smem, st, pdl, a);
-    case EPI_SWIGLU: return kcclLaunch(k_gemv<NT, XS, EPI_SWIGLU, U, PIPE, CLK, WARM>, g, b, smem, st, pdl, a);
-    case EPI_HEAD: return kcclLaunch(k_gemv<1, XS, EPI_HEAD, U, PIPE, CLK, WARM>, g, b, smem, st, pdl, a);
+    case EPI_QKV: return kcclLaunch(k_gemv<NT, XS, EPI_QKV, U, PIPE, CLK>, g, b, smem, st, pdl, a);
+    case EPI_SWIGLU: return kcclLaunch(k_gemv<NT, XS, EPI_SWIGLU, U, PIPE, CLK>, g, b, smem, st, pdl, a);
+    case EPI_HEAD: return kcclLaunch(k_gemv<1, XS, EPI_HEAD, U, PIPE, CLK>, g, b, smem, st, pdl, a);
   }
   return cudaErrorInvalidValue;
 }
@@ -242,13 +228,7 @@ cudaError_t launch_one(const GemvArgs &a, int epi, int grid, size_t smem, cudaSt
                : launch_epi<1, XS, U, PIPE, false>(a, epi, grid, smem, st, pdl);
 }
 
-/* The pipelined GEMV with shared-memory input (the default) and its warm pass (a.warm). */
-cudaError_t launch_warm(const GemvArgs &a, int epi, int grid, size_t smem, cudaStream_t st, int pdl) {
-  return a.clk ? launch_epi<1, 1, 4, 1, true, true>(a, epi, grid, smem, st, pdl)
-               : launch_epi<1, 1, 4, 1, false, true>(a, epi, grid, smem, st, pdl);
-}
-
-template <int NT, int XS, int U, int PIPE, bool CLK, bool WARM = false>
+template <int NT, int XS, int U, int PIPE, bool CLK>
 cudaError_t set_attr(size_t max_smem, int carveout) {
   cudaError_t e = cudaSuccess;
   const int v = (int)max_smem, c = carveout > 0 ? carveout : (int)cudaSharedmemCarveoutDefault;
@@ -257,9 +237,9 @@ cudaError_t set_attr(size_t max_smem, int carveout) {
     if (e == cudaSuccess) e = cudaFuncSetAttribute(k, cudaFuncAttributePreferredSharedMemoryCarveout, c);
   };
   set(k_gemv<NT, XS, EPI_STORE, U, PIPE, CLK>);
-  set(k_gemv<NT, XS, EPI_QKV, U, PIPE, CLK, WARM>);
-  set(k_gemv<NT, XS, EPI_SWIGLU, U, PIPE, CLK, WARM>);
-  set(k_gemv<1, XS, EPI_HEAD, U, PIPE, CLK, WARM>);
+  set(k_gemv<NT, XS, EPI_QKV, U, PIPE, CLK>);
+  set(k_gemv<NT, XS, EPI_SWIGLU, U, PIPE, CLK>);
+  set(k_gemv<1, XS, EPI_HEAD, U, PIPE, CLK>);
   return e;
 }
 
@@ -280,7 +260,6 @@ __global__ void k_fill_random(bf16 *p, size_t n, uint32_t seed, float scale) {
 cudaError_t kie_launch_gemv(const GemvArgs &a, int epi, int xs, int grid, size_t smem, cudaStream_t st, int pdl) {
   if (a.T > 1) return xs ? launch_epi<GEMV_MAX_T, 1, 2, 0, false>(a, epi, grid, smem, st, pdl)
                          : launch_epi<GEMV_MAX_T, 0, 2, 0, false>(a, epi, grid, smem, st, pdl);
-  if (a.pipe && xs && a.warm) return launch_warm(a, epi, grid, smem, st, pdl);
   if (a.pipe) return xs ? launch_one<1, 4, 1>(a, epi, grid, smem, st, pdl) : launch_one<0, 4, 1>(a, epi, grid, smem, st, pdl);
   if (a.u == 4) return xs ? launch_one<1, 4, 0>(a, epi, grid, smem, st, pdl) : launch_one<0, 4, 0>(a, epi, grid, smem, st, pdl);
   return xs ? launch_one<1, 8, 0>(a, epi, grid, smem, st, pdl) : launch_one<0, 8, 0>(a, epi, grid, smem, st, pdl);
@@ -294,8 +273,6 @@ cudaError_t kie_gemv_attributes(size_t max_smem, int carveout) {
   if (e == cudaSuccess) e = set_attr<1, 1, 8, 0, true>(max_smem, carveout);
   if (e == cudaSuccess) e = set_attr<1, 1, 4, 0, true>(max_smem, carveout);
   if (e == cudaSuccess) e = set_attr<1, 1, 4, 1, true>(max_smem, carveout);
-  if (e == cudaSuccess) e = set_attr<1, 1, 4, 1, false, true>(max_smem, carveout);
-  if (e == cudaSuccess) e = set_attr<1, 1, 4, 1, true, true>(max_smem, carveout);
   if (e == cudaSuccess) e = set_attr<GEMV_MAX_T, 1, 2, 0, false>(max_smem, carveout);
   return e;
 }

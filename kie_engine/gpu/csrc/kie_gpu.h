@@ -135,10 +135,10 @@ typedef struct {
                                   attention block takes it only once it has drained; with room, the attention's
                                   block can start beside the QKV GEMV's last block.  A process-wide attribute of
                                   the kernels: the engine made last sets it */
-  int gemv_warm;               /* 1: the graph path's normed GEMVs (past the embedding; pipelined, x in shared memory)
-                                  run their input's staging once before their wait on what memory holds then,
-                                  results dropped, so that its instructions are in the SM's instruction cache
-                                  after the wait; 0: off */
+  int mono_sync;               /* monokernel: how a stage's count is published and polled: 0 auto (1), 1 a full fence
+                                  then an atomic add, polled with acquire loads; 2 a release reduction, polled with
+                                  relaxed loads and one acquire load once reached (no fence.sc, no L1 invalidation
+                                  per poll) */
   int att_warm;                /* 1: the graph path's attention block runs its arithmetic once over the rows of
                                   earlier steps before its wait (results dropped), so that the instructions after
                                   the wait are in the SM's instruction cache; 0: off */

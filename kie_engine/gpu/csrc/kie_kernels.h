@@ -75,8 +75,6 @@ struct GemvArgs {
   int trigger_early;   /* 1: lets the next kernel launch before this one's wait (kie_shape.o_trigger_early) */
   int early;           /* what a normed GEMV stages before its wait (kie_shape.gemv_early): EARLY_GAMMA,
                           EARLY_ROPE (QKV; the position is final before the wait past a pass's first kernel) */
-  int warm;            /* 1: a normed GEMV runs its staging once before its wait, results dropped (gemv.cu; the
-                          pipelined kernel with x in shared memory, the default) */
   /* Plain input: x [T][x_ld] (x_ld >= ld, zero past `in`). */
   const float *x;
   int x_ld;
@@ -242,6 +240,7 @@ struct MonoArgs {
   int ring_off, x_off;          /* dynamic shared memory: mbarriers at 0, then these */
   int att_cap;                  /* MONO_ATTN_SMEM: keys the attention's shared memory (at x_off) holds */
   long long timeout_ns;         /* a wait longer than this ends the step with KIE_DERR_STALL */
+  int sync_release;             /* 1: stage counts by release reductions, polled relaxed (kie_shape.mono_sync 2) */
   unsigned long long *marks;    /* [nstages][4][grid]: each block's clock at each stage's start, x staged,
                                    end, and its producer's first copy (mono.cu's MARK_*) */
   /* Lanes (tp > 1 runs the kernel's TP copy, which alone reads what follows). */

@@ -80,6 +80,14 @@ __device__ __forceinline__ unsigned ld_acquire(const unsigned *p) {
   asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
   return v;
 }
+__device__ __forceinline__ unsigned ld_relaxed(const unsigned *p) {
+  unsigned v;
+  asm volatile("ld.relaxed.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+__device__ __forceinline__ void red_release(unsigned *p, unsigned v) {
+  asm volatile("red.release.gpu.global.add.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
+}
 
 /* Shared state of one block. */
 struct Block {
@@ -303,7 +311,14 @@ __device__ __forceinline__ void spin_stage(const Block &b, int k, unsigned epoch
                                                                     m.stages[k].at.hgroups)
                                                        : gridDim.x;
   const unsigned target = (epoch + 1u) * share;
-  spin(b, k, [&] { return (int)(ld_acquire(m.cnt + k) - target) >= 0; });
+  if (m.sync_release) {
+    /* Relaxed polls (an acquire load invalidates the SM's L1 each time), then one acquire
+     * load: the count only grows, so it reads from the release sequence of every
+     * increment the polls saw and orders this block's reads of the stage after them. */
+    if (spin(b, k, [&] { return (int)(ld_relaxed(m.cnt + k) - target) >= 0; })) (void)ld_acquire(m.cnt + k);
+  } else {
+    spin(b, k, [&] { return (int)(ld_acquire(m.cnt + k) - target) >= 0; });
+  }
 }
 
 /* Consumers: wait until stage k is complete for this step; false: leave (all of them). */
@@ -320,8 +335,12 @@ __device__ void signal_stage(const MonoArgs &m, int k) {
   bar_consumers();
   mark0(m, k, MARK_END);
   if (threadIdx.x == 0) {
-    __threadfence();
-    atomicAdd(m.cnt + k, 1u);
+    if (m.sync_release) { /* the barrier orders the block's writes before thread 0's release */
+      red_release(m.cnt + k, 1u);
+    } else {
+      __threadfence();
+      atomicAdd(m.cnt + k, 1u);
+    }
   }
 }
 

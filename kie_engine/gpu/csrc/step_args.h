@@ -70,7 +70,6 @@ inline GemvArgs normed(kie_engine *e, int T, const float *r_in, float *r_out, co
   a.eps = e->s.eps;
   /* One token's pass, where gamma fits beside x (a longer pass reads it from memory) */
   a.early = T == 1 && e->s.gemv_early && (size_t)2 * a.ld * 4 <= XS_MAX ? EARLY_GAMMA : 0;
-  a.warm = T == 1 && e->s.gemv_warm;
   return a;
 }
 

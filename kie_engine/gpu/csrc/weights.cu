@@ -94,8 +94,9 @@ int derive(kie_engine *e, const kie_shape &s, int sms) {
   if (s.gemv_early != 0 && s.gemv_early != 1) return fail(KIE_E_ARG, "gemv_early=%d: 0 or 1", s.gemv_early);
   if (s.gemv_carveout < 0 || s.gemv_carveout > 100)
     return fail(KIE_E_ARG, "gemv_carveout=%d: 0 (auto) or 1..100 (percent)", s.gemv_carveout);
+  if (s.mono_sync < 0 || s.mono_sync > 2)
+    return fail(KIE_E_ARG, "mono_sync=%d: 0 (auto), 1 (fence) or 2 (release)", s.mono_sync);
   if (s.att_warm != 0 && s.att_warm != 1) return fail(KIE_E_ARG, "att_warm=%d: 0 or 1", s.att_warm);
-  if (s.gemv_warm != 0 && s.gemv_warm != 1) return fail(KIE_E_ARG, "gemv_warm=%d: 0 or 1", s.gemv_warm);
   if (s.qkv_blocks_per_sm < 0 || s.qkv_blocks_per_sm > 8)
     return fail(KIE_E_ARG, "qkv_blocks_per_sm=%d: 0 (auto) or 1..8", s.qkv_blocks_per_sm);
   if (s.o_blocks_per_sm < 0 || s.o_blocks_per_sm > 8)
