@@ -206,6 +206,10 @@ def main():
         cases += [(presets[0], 0, "walk")] if "walk" in atts else []
         cases += [(presets[-1], 0, "l2first")] if "l2first" in atts else []
         cases += [(name, d, "slots2") for name in presets for d in (0, 1)] if "slots2" in atts else []
+        cases += [(name, d, "release") for name in presets for d in (0, 1)] if "release" in atts else []
+        uncovered = sorted(set(atts) - {att for _, _, att in cases})
+        if uncovered:  # an ATTENTIONS entry this list does not run would pass unchecked
+            ap.error(f"--attentions: no cases for {', '.join(uncovered)}")
         for name, d, att in cases:
             cfg = preset(name, dtp_delay=d)
             tag = f"{name} d={d} tp={SIZE} {att}"
