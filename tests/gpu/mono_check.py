@@ -75,7 +75,8 @@ def first_diff(a, b):
 # the default with the monokernel's ring copies under L2's evict_first policy too (a cache hint,
 # which must not change a bit); "slots2": its weight ring cut to two slots (each slot's mbarrier
 # phases turn over more often); "release": the stages' counts published by release reductions and
-# polled with relaxed loads (kie_shape.mono_sync 2).
+# polled with relaxed loads (kie_shape.mono_sync 2); "ahead": each stage's table entry loaded while
+# the stage before runs (kie_shape.mono_ahead 1).
 ATTENTIONS = {
     "items": {"decode_attn": 1, "mono_attn": 1},
     "default": {},
@@ -84,6 +85,7 @@ ATTENTIONS = {
     "l2first": {"l2_evict_first": 1},
     "slots2": {"mono_slots": 2},
     "release": {"mono_sync": 2},
+    "ahead": {"mono_ahead": 1},
 }
 
 
@@ -207,6 +209,7 @@ def main():
         cases += [(presets[-1], 0, "l2first")] if "l2first" in atts else []
         cases += [(name, d, "slots2") for name in presets for d in (0, 1)] if "slots2" in atts else []
         cases += [(name, d, "release") for name in presets for d in (0, 1)] if "release" in atts else []
+        cases += [(name, d, "ahead") for name in presets for d in (0, 1)] if "ahead" in atts else []
         uncovered = sorted(set(atts) - {att for _, _, att in cases})
         if uncovered:  # an ATTENTIONS entry this list does not run would pass unchecked
             ap.error(f"--attentions: no cases for {', '.join(uncovered)}")

@@ -139,6 +139,9 @@ typedef struct {
                                   then an atomic add, polled with acquire loads; 2 a release reduction, polled with
                                   relaxed loads and one acquire load once reached (no fence.sc, no L1 invalidation
                                   per poll) */
+  int mono_ahead;              /* 1: the monokernel (one lane) loads each stage's entry of its stage table while the
+                                  stage before runs, so that a block that ends a stage last starts the next without
+                                  an L2 round trip for it; 0: as the stage starts */
   int att_warm;                /* 1: the graph path's attention block runs its arithmetic once over the rows of
                                   earlier steps before its wait (results dropped), so that the instructions after
                                   the wait are in the SM's instruction cache; 0: off */

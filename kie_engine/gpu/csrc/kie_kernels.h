@@ -241,6 +241,7 @@ struct MonoArgs {
   int att_cap;                  /* MONO_ATTN_SMEM: keys the attention's shared memory (at x_off) holds */
   long long timeout_ns;         /* a wait longer than this ends the step with KIE_DERR_STALL */
   int sync_release;             /* 1: stage counts by release reductions, polled relaxed (kie_shape.mono_sync 2) */
+  int stage_ahead;              /* 1: each stage's table entry loaded while the stage before runs (kie_shape.mono_ahead; tp = 1) */
   unsigned long long *marks;    /* [nstages][4][grid]: each block's clock at each stage's start, x staged,
                                    end, and its producer's first copy (mono.cu's MARK_*) */
   /* Lanes (tp > 1 runs the kernel's TP copy, which alone reads what follows). */

@@ -529,13 +529,30 @@ __device__ void consume(const Block &b, char *xunion) {
   float *xs = reinterpret_cast<float *>(xunion);
   int tile = 0;
   unsigned long long best = 0;
-  __shared__ MonoStage cur; /* the stage being run, copied: its fields are read on every tile */
+  /* The stage being run, copied: its fields are read on every tile.  With m.stage_ahead
+   * stage k's copy is st[k & 1]: each consumer thread loads its word of stage k + 1 as
+   * stage k starts and stores it as k + 1 starts, so that the table's L2 round trip is not
+   * on the path of a block that ends a stage last and starts the next one at once; without
+   * it, st[0] is copied as each stage starts.  One lane's copy only: the TP copy, at its
+   * register cap, would spill for the word it keeps. */
+  __shared__ MonoStage st[TP ? 1 : 2];
+  constexpr int WORDS = (int)(sizeof(MonoStage) / 4);
+  static_assert(WORDS <= MONO_CONSUMERS, "a stage's copy ahead is a word a consumer thread");
+  const bool ahead_on = !TP && m.stage_ahead;
+  int ahead = ahead_on && tid < WORDS ? __ldg(reinterpret_cast<const int *>(m.stages) + tid) : 0;
   for (int k = 0; k < m.nstages; k++) {
-    bar_consumers(); /* nobody still reads the previous stage's copy */
-    for (int i = tid; i < (int)(sizeof(MonoStage) / 4); i += MONO_CONSUMERS)
-      reinterpret_cast<int *>(&cur)[i] = reinterpret_cast<const int *>(m.stages + k)[i];
-    bar_consumers();
-    const MonoStage &s = cur;
+    MonoStage *sk = &st[ahead_on ? k & 1 : 0];
+    if (ahead_on) {
+      if (tid < WORDS) reinterpret_cast<int *>(sk)[tid] = ahead; /* every thread is past stage k - 2 */
+      bar_consumers();
+      if (k + 1 < m.nstages && tid < WORDS) ahead = __ldg(reinterpret_cast<const int *>(m.stages + k + 1) + tid);
+    } else {
+      bar_consumers(); /* nobody still reads the previous stage's copy */
+      for (int i = tid; i < WORDS; i += MONO_CONSUMERS)
+        reinterpret_cast<int *>(sk)[i] = reinterpret_cast<const int *>(m.stages + k)[i];
+      bar_consumers();
+    }
+    const MonoStage &s = *sk;
     if (s.kind == MONO_ATTN) {
       if (!wait_stage(b, k - 1, epoch)) return;
       mark0(m, k, MARK_START);
@@ -603,7 +620,8 @@ __device__ void consume(const Block &b, char *xunion) {
     signal_stage(m, k);
     if (TP && m.links[k].sum && !reduce_stage(b, k, epoch, xs)) return;
   }
-  if (picker && !lanes_pick(b, cur, m.nstages - 1, s_head0, xs)) return;
+  const MonoStage &last = st[ahead_on ? (m.nstages - 1) & 1 : 0];
+  if (picker && !lanes_pick(b, last, m.nstages - 1, s_head0, xs)) return;
 
   /* The last block out picks the token (greedy, one lane) and opens the next epoch. */
   bar_consumers();
@@ -611,7 +629,7 @@ __device__ void consume(const Block &b, char *xunion) {
     __threadfence();
     if (atomicAdd(&m.sync->done, 1u) == gridDim.x - 1) {
       __threadfence();
-      const MonoStage &h = cur; /* the last stage */
+      const MonoStage &h = last;
       if (h.kind == MONO_GEMV && h.epi == EPI_HEAD && !(TP && m.pick)) {
         head_candidate(h.g, atomicExch(&m.sync->amax, 0ull));
         if (m.pick) kie_finalize_pick(m.cand, 1, m.c);

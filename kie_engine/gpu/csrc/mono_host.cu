@@ -193,6 +193,7 @@ int enqueue_mono(kie_engine *e, int mode) {
   m.subs = MONO_SUBS_MAX;
   m.prefetch = e->s.mono_prefetch >= 0 ? e->s.mono_prefetch : 0;
   m.sync_release = e->s.mono_sync == 2;
+  m.stage_ahead = e->s.mono_ahead;
   m.l2_first = e->s.l2_evict_first == 1; /* auto: off, slower for the ring's copies (bench/RESULTS.md) */
   m.ring_off = 256;
   m.x_off = 256 + e->mono_nslots * e->mono_slot;
