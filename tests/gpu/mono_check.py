@@ -207,9 +207,8 @@ def main():
         cases += [(name, 0, "smem64") for name in presets if "smem64" in atts]
         cases += [(presets[0], 0, "walk")] if "walk" in atts else []
         cases += [(presets[-1], 0, "l2first")] if "l2first" in atts else []
-        cases += [(name, d, "slots2") for name in presets for d in (0, 1)] if "slots2" in atts else []
-        cases += [(name, d, "release") for name in presets for d in (0, 1)] if "release" in atts else []
-        cases += [(name, d, "ahead") for name in presets for d in (0, 1)] if "ahead" in atts else []
+        cases += [(name, d, att) for att in ("slots2", "release", "ahead") if att in atts for name in presets
+                  for d in (0, 1)]
         uncovered = sorted(set(atts) - {att for _, _, att in cases})
         if uncovered:  # an ATTENTIONS entry this list does not run would pass unchecked
             ap.error(f"--attentions: no cases for {', '.join(uncovered)}")

@@ -126,9 +126,9 @@ __device__ bool att_smem_item(const AttnArgs &a, int bx, int split, int t, int t
   /* Pass 0 (WARM, the graph kernel for a.warm; before the wait): the first chunk's arithmetic
    * once over the rows of earlier steps with zero queries, its results dropped, so that the
    * instructions the item runs after the wait are in this SM's instruction cache rather than each
-   * a fetch from L2 under the weight stream's load.  Pass 1: the item.  A loop, not two copies of the code: the point is that
-   * both passes run the same instructions; a kernel of its own, since the loop costs registers.
-   * false from a pass: the item left at its wait. */
+   * a fetch from L2 under the weight stream's load.  Pass 1: the item.  A loop, not two copies of
+   * the code: the point is that both passes run the same instructions; a kernel of its own, since
+   * the loop costs registers.  false from a pass: the item left at its wait. */
   auto run_pass = [&](int pass) -> bool {
     const int np = pass ? n : old; /* keys of this pass */
     if (pass) {
