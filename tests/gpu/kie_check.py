@@ -323,7 +323,8 @@ BAD_DECODE_TUNINGS = [{"decode_attn": 3}, {"att_keys": 257}, {"att_keys": 16, "a
                       {"qkv_blocks_per_sm": 9}, {"o_blocks_per_sm": -1}, {"l2_evict_first": 2}, {"l2_evict_first": -2},
                       {"o_trigger_early": 2}, {"mono_slots": 1}, {"mono_slots": 9}, {"gemv_early": 2},
                       {"gemv_early": -1}, {"gemv_carveout": -1}, {"gemv_carveout": 101},
-                      {"att_warm": 2}, {"mono_sync": 3}, {"mono_sync": -1}, {"mono_ahead": 2}]
+                      {"att_warm": 2}, {"mono_sync": 3}, {"mono_sync": -1}, {"mono_ahead": 3},
+                      {"mono_ahead": -1}]
 
 
 def check_bad_decode_tunings(comm):

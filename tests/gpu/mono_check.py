@@ -74,9 +74,10 @@ def first_diff(a, b):
 # "walk": 16 keys a block and 2 splits, so that the splits walk their keys in chunks; and "l2first":
 # the default with the monokernel's ring copies under L2's evict_first policy too (a cache hint,
 # which must not change a bit); "slots2": its weight ring cut to two slots (each slot's mbarrier
-# phases turn over more often); "release": the stages' counts published by release reductions and
-# polled with relaxed loads (kie_shape.mono_sync 2); "ahead": each stage's table entry loaded while
-# the stage before runs (kie_shape.mono_ahead 1).
+# phases turn over more often); "fence": the stages' counts published after a full fence and polled
+# with acquire loads (kie_shape.mono_sync 1; the default is release reductions and relaxed polls);
+# "behind": each stage's table entry loaded as the stage starts (kie_shape.mono_ahead 2; the default
+# loads it while the stage before runs).
 ATTENTIONS = {
     "items": {"decode_attn": 1, "mono_attn": 1},
     "default": {},
@@ -84,8 +85,8 @@ ATTENTIONS = {
     "walk": {"decode_attn": 2, "mono_attn": 2, "att_keys": 16, "att_splits": 2},
     "l2first": {"l2_evict_first": 1},
     "slots2": {"mono_slots": 2},
-    "release": {"mono_sync": 2},
-    "ahead": {"mono_ahead": 1},
+    "fence": {"mono_sync": 1},
+    "behind": {"mono_ahead": 2},
 }
 
 
@@ -207,7 +208,7 @@ def main():
         cases += [(name, 0, "smem64") for name in presets if "smem64" in atts]
         cases += [(presets[0], 0, "walk")] if "walk" in atts else []
         cases += [(presets[-1], 0, "l2first")] if "l2first" in atts else []
-        cases += [(name, d, att) for att in ("slots2", "release", "ahead") if att in atts for name in presets
+        cases += [(name, d, att) for att in ("slots2", "fence", "behind") if att in atts for name in presets
                   for d in (0, 1)]
         uncovered = sorted(set(atts) - {att for _, _, att in cases})
         if uncovered:  # an ATTENTIONS entry this list does not run would pass unchecked

@@ -135,13 +135,14 @@ typedef struct {
                                   attention block takes it only once it has drained; with room, the attention's
                                   block can start beside the QKV GEMV's last block.  A process-wide attribute of
                                   the kernels: the engine made last sets it */
-  int mono_sync;               /* monokernel: how a stage's count is published and polled: 0 auto (1), 1 a full fence
+  int mono_sync;               /* monokernel: how a stage's count is published and polled: 0 auto (2), 1 a full fence
                                   then an atomic add, polled with acquire loads; 2 a release reduction, polled with
                                   relaxed loads and one acquire load once reached (no fence.sc, no L1 invalidation
-                                  per poll) */
-  int mono_ahead;              /* 1: the monokernel (one lane) loads each stage's entry of its stage table while the
-                                  stage before runs, so that a block that ends a stage last starts the next without
-                                  an L2 round trip for it; 0: as the stage starts */
+                                  per poll; about 1 % faster on the 2b shape, bench/RESULTS.md) */
+  int mono_ahead;              /* monokernel with one lane: 0 auto (1); 1 each stage's entry of its stage table loaded
+                                  while the stage before runs, so that a block that ends a stage last starts the next
+                                  without an L2 round trip for it (1-2 % faster on the 2b shape); 2 as the stage
+                                  starts.  With several lanes every stage loads its entry as it starts */
   int att_warm;                /* 1: the graph path's attention block runs its arithmetic once over the rows of
                                   earlier steps before its wait (results dropped), so that the instructions after
                                   the wait are in the SM's instruction cache; 0: off */

@@ -240,8 +240,9 @@ struct MonoArgs {
   int ring_off, x_off;          /* dynamic shared memory: mbarriers at 0, then these */
   int att_cap;                  /* MONO_ATTN_SMEM: keys the attention's shared memory (at x_off) holds */
   long long timeout_ns;         /* a wait longer than this ends the step with KIE_DERR_STALL */
-  int sync_release;             /* 1: stage counts by release reductions, polled relaxed (kie_shape.mono_sync 2) */
-  int stage_ahead;              /* 1: each stage's table entry loaded while the stage before runs (kie_shape.mono_ahead; tp = 1) */
+  int sync_release;             /* 1: stage counts by release reductions, polled relaxed (kie_shape.mono_sync 0 or 2) */
+  int stage_ahead;              /* 1: each stage's table entry loaded while the stage before runs (kie_shape.mono_ahead 0
+                                   or 1; one lane) */
   unsigned long long *marks;    /* [nstages][4][grid]: each block's clock at each stage's start, x staged,
                                    end, and its producer's first copy (mono.cu's MARK_*) */
   /* Lanes (tp > 1 runs the kernel's TP copy, which alone reads what follows). */
