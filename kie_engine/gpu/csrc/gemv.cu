@@ -34,23 +34,6 @@ __device__ __forceinline__ uint4 ld_stream(const uint4 *p, uint64_t pol) {
   return v;
 }
 
-/* A weight vector copied to shared memory without passing through registers (LDGSTS),
- * with L2 cache policy `pol`. */
-__device__ __forceinline__ void cp_async_stream(uint4 *dst, const uint4 *src, uint64_t pol) {
-  asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2;" ::"r"(
-                   (uint32_t)__cvta_generic_to_shared(dst)),
-               "l"(src), "l"(pol)
-               : "memory");
-}
-
-/* PIPE == 2: a lane's slot for vector k of row j (0, 1) of stashed round r, in the shared
- * memory past x.  Each lane reads back only what it copied itself, so its own cp.async
- * wait is all the ordering a slot needs. */
-template <int U>
-__device__ __forceinline__ uint4 *stash_slot(uint4 *stash, int r, int warp, int k, int j, int lane) {
-  return stash + ((((size_t)r * GEMV_WARPS + warp) * U + k) * 2 + j) * 32 + lane;
-}
-
 /* Asks L2 to fetch [p, p + bytes) (16-byte aligned, a multiple of 16). */
 __device__ __forceinline__ void prefetch_l2(const void *p, uint32_t bytes) {
   asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p), "r"(bytes) : "memory");
@@ -97,11 +80,7 @@ __device__ __forceinline__ void use_batch(const GemvArgs &a, const float *xsrc, 
  * units per round; the segments' partial sums meet in shared memory in a fixed
  * order, so results do not depend on timing.  PIPE (when every share is one
  * batch): the next round's batch is loaded before this round's is used, so a
- * warp always has loads in flight.  PIPE == 2 (kie_shape.gemv_stash): besides the first
- * round in registers, the next a.pipe - 1 rounds are copied into shared memory before the
- * wait, so that a block that starts beside the previous kernel's last blocks keeps more
- * of HBM's queue filled while it waits; those rounds' batches are then read from shared
- * memory instead of global.  CLK (the step clock, a.clk): thread 0 marks the
+ * warp always has loads in flight.  CLK (the step clock, a.clk): thread 0 marks the
  * block's times as it passes them; a kernel of its own, so that the hot kernels carry
  * none of it (they sit at their register cap, where any state kept live through the loop
  * costs loads in flight). */
@@ -140,30 +119,6 @@ __global__ void __launch_bounds__(GEMV_THREADS) k_gemv(const GemvArgs a) {
   __shared__ float rope[EPI == EPI_QKV && NT == 1 ? 2 * ROPE_MAX_HALF : 1];
   float *gs = XS && a.x == nullptr && (a.early & EARLY_GAMMA) ? xs + (size_t)a.T * a.ld : nullptr;
   if (gs) stage_gamma_async(a, gs, threadIdx.x, GEMV_THREADS);
-  /* PIPE == 2: the stashed rounds, one cp.async group committed after gamma's (stage_norm
-   * waits for gamma's alone) */
-  uint4 *stash = nullptr;
-  const int nstash = PIPE == 2 ? a.pipe - 1 : 0;
-  if (PIPE == 2) {
-    stash = reinterpret_cast<uint4 *>(xs + (XS ? (size_t)(a.T + (a.early & EARLY_GAMMA ? 1 : 0)) * a.ld : 0));
-    for (int r = 0; r < nstash; r++) {
-      const int u = ub + (r + 1) * stride + slot;
-      if (u >= units) break;
-      int r0, r1;
-      unit_rows<EPI>(a, u, r0, r1);
-      const uint4 *w0 = reinterpret_cast<const uint4 *>(a.w + (size_t)r0 * a.ld);
-      const uint4 *w1 = reinterpret_cast<const uint4 *>(a.w + (size_t)(r1 >= 0 ? r1 : r0) * a.ld);
-#pragma unroll
-      for (int k = 0; k < U; k++) {
-        const int v = vb + lane + k * 32;
-        if (v < ve) {
-          cp_async_stream(stash_slot<U>(stash, r, warp, k, 0, lane), w0 + v, pol);
-          cp_async_stream(stash_slot<U>(stash, r, warp, k, 1, lane), w1 + v, pol);
-        }
-      }
-    }
-    asm volatile("cp.async.commit_group;" ::: "memory");
-  }
   if (EPI == EPI_QKV && NT == 1 && XS && (a.early & EARLY_ROPE)) stage_rope(a, rope, threadIdx.x, GEMV_THREADS);
   /* trigger_early (the o GEMV, kie_shape.o_trigger_early): the next kernel may launch while
    * this one still waits, so that its blocks start their loads where SMs have room. */
@@ -176,7 +131,7 @@ __global__ void __launch_bounds__(GEMV_THREADS) k_gemv(const GemvArgs a) {
     __shared__ float red[GEMV_WARPS];
     if (EPI == EPI_QKV && NT == 1 && !(a.early & EARLY_ROPE)) stage_rope(a, rope, threadIdx.x, GEMV_THREADS);
     if (a.x) stage_plain(a, xs, threadIdx.x);
-    else stage_norm<CLK, PIPE == 2 ? 1 : 0>(a, xs, threadIdx.x, blockIdx.x == 0, SyncBlock(), red, gs);
+    else stage_norm<CLK>(a, xs, threadIdx.x, blockIdx.x == 0, SyncBlock(), red, gs);
     __syncthreads();
   }
   if (CLK) kie_clock_mark(a.clk, KIE_CLK_STAGED);
@@ -186,21 +141,12 @@ __global__ void __launch_bounds__(GEMV_THREADS) k_gemv(const GemvArgs a) {
   unsigned long long best = 0; /* EPI_HEAD: this lane's best key */
 
   if (PIPE) {
-    for (int round = 0; ub < units; ub += stride, round++) {
+    for (; ub < units; ub += stride) {
       const int u = ub + slot;
       const bool active = u < units;
       int r0 = 0, r1 = -1;
       if (active) unit_rows<EPI>(a, u, r0, r1);
-      if (PIPE == 2 && round < nstash && ub + stride + slot < units) { /* the next round, stashed */
-        if (round == 0) asm volatile("cp.async.wait_all;" ::: "memory");
-#pragma unroll
-        for (int k = 0; k < U; k++) {
-          if (vb + lane + k * 32 < ve) {
-            na[k] = *stash_slot<U>(stash, round, warp, k, 0, lane);
-            nb[k] = *stash_slot<U>(stash, round, warp, k, 1, lane);
-          }
-        }
-      } else if (ub + stride + slot < units) { /* the next round's batch, in flight during this one */
+      if (ub + stride + slot < units) { /* the next round's batch, in flight during this one */
         int n0, n1;
         unit_rows<EPI>(a, ub + stride + slot, n0, n1);
         load_batch<U>(a, n0, n1, vb + lane, ve, na, nb, pol);
@@ -314,7 +260,6 @@ __global__ void k_fill_random(bf16 *p, size_t n, uint32_t seed, float scale) {
 cudaError_t kie_launch_gemv(const GemvArgs &a, int epi, int xs, int grid, size_t smem, cudaStream_t st, int pdl) {
   if (a.T > 1) return xs ? launch_epi<GEMV_MAX_T, 1, 2, 0, false>(a, epi, grid, smem, st, pdl)
                          : launch_epi<GEMV_MAX_T, 0, 2, 0, false>(a, epi, grid, smem, st, pdl);
-  if (a.pipe > 1) return xs ? launch_one<1, 4, 2>(a, epi, grid, smem, st, pdl) : launch_one<0, 4, 2>(a, epi, grid, smem, st, pdl);
   if (a.pipe) return xs ? launch_one<1, 4, 1>(a, epi, grid, smem, st, pdl) : launch_one<0, 4, 1>(a, epi, grid, smem, st, pdl);
   if (a.u == 4) return xs ? launch_one<1, 4, 0>(a, epi, grid, smem, st, pdl) : launch_one<0, 4, 0>(a, epi, grid, smem, st, pdl);
   return xs ? launch_one<1, 8, 0>(a, epi, grid, smem, st, pdl) : launch_one<0, 8, 0>(a, epi, grid, smem, st, pdl);
@@ -322,11 +267,6 @@ cudaError_t kie_launch_gemv(const GemvArgs &a, int epi, int xs, int grid, size_t
 
 cudaError_t kie_gemv_attributes(size_t max_smem, int carveout) {
   cudaError_t e = cudaSuccess;
-  const size_t stash_max = max_smem + (size_t)GEMV_STASH_MAX * GEMV_STASH_ROUND;
-  if (e == cudaSuccess) e = set_attr<1, 1, 4, 2, false>(stash_max, carveout);
-  if (e == cudaSuccess) e = set_attr<1, 0, 4, 2, false>(stash_max, carveout);
-  if (e == cudaSuccess) e = set_attr<1, 1, 4, 2, true>(stash_max, carveout);
-  if (e == cudaSuccess) e = set_attr<1, 0, 4, 2, true>(stash_max, carveout);
   if (e == cudaSuccess) e = set_attr<1, 1, 8, 0, false>(max_smem, carveout);
   if (e == cudaSuccess) e = set_attr<1, 1, 4, 0, false>(max_smem, carveout);
   if (e == cudaSuccess) e = set_attr<1, 1, 4, 1, false>(max_smem, carveout);

@@ -213,9 +213,8 @@ __device__ __forceinline__ float4 f4_norm(const float4 x, float root, const floa
  * up to GEMV_THREADS * STAGE_BATCH float4s stays in registers between the sum of
  * squares and the scaling, so the scaling costs one batch of gamma loads, not a
  * round trip per element.  CLK (the graph path's step clock): thread 0 marks its loads
- * landed and the block's sum done (KIE_CLK_LOADED, KIE_CLK_SUMMED).  LATER: groups of
- * cp.async committed after gamma's, left in flight when waiting for gamma. */
-template <bool CLK = false, int LATER = 0, typename Sync>
+ * landed and the block's sum done (KIE_CLK_LOADED, KIE_CLK_SUMMED). */
+template <bool CLK = false, typename Sync>
 __device__ void stage_norm(const GemvArgs &a, float *xs, int tid, bool writer, Sync sync, float *red,
                            const float *gs = nullptr) {
   const int hidden = a.in, n4 = a.ld >> 2;
@@ -269,10 +268,7 @@ __device__ void stage_norm(const GemvArgs &a, float *xs, int tid, bool writer, S
     }
     if (CLK && t == 0) kie_clock_mark(a.clk, KIE_CLK_LOADED); /* thread 0's loads have landed */
     /* gamma's first batch is on its way while the block sums (it does not depend on the sum) */
-    if (gs && t == 0) {
-      if (LATER == 0) asm volatile("cp.async.wait_all;" ::: "memory");
-      else asm volatile("cp.async.wait_group %0;" ::"n"(LATER) : "memory");
-    }
+    if (gs && t == 0) asm volatile("cp.async.wait_all;" ::: "memory");
     float4 g[STAGE_BATCH];
 #pragma unroll
     for (int k = 0; k < STAGE_BATCH; k++) {

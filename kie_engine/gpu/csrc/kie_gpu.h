@@ -143,10 +143,6 @@ typedef struct {
                                   while the stage before runs, so that a block that ends a stage last starts the next
                                   without an L2 round trip for it (1-2 % faster on the 2b shape); 2 as the stage
                                   starts.  With several lanes every stage loads its entry as it starts */
-  int gemv_stash;              /* the graph path's decode GEMVs: rounds of each warp's weights past its first
-                                  (0..3; 0 off) copied into shared memory (32 KB a block a round) before the
-                                  GEMV waits for the previous kernel, so that its blocks keep more loads in
-                                  flight across the boundary than the first round in registers */
   int att_warm;                /* 1: the graph path's attention block runs its arithmetic once over the rows of
                                   earlier steps before its wait (results dropped), so that the instructions after
                                   the wait are in the SM's instruction cache; 0: off */

@@ -56,10 +56,6 @@ enum { EPI_STORE = 0, EPI_QKV = 1, EPI_SWIGLU = 2, EPI_HEAD = 3 };
 
 #define GEMV_THREADS 256
 #define GEMV_WARPS (GEMV_THREADS / 32)
-/* kie_shape.gemv_stash: rounds of a pipelined decode GEMV's weights (U = 4: 4 vectors of 16
- * bytes for each of a unit's 2 rows, a lane) copied into shared memory before its wait */
-#define GEMV_STASH_MAX 3
-#define GEMV_STASH_ROUND (GEMV_WARPS * 4 * 2 * 32 * 16)
 #define GEMV_MAX_T 8 /* tokens of one prefill pass */
 
 #define EARLY_GAMMA 1 /* the norm's gamma copied to shared memory (cp.async) */
@@ -73,8 +69,7 @@ struct GemvArgs {
   int prefetch;        /* before waiting for the previous kernel: 0 nothing, 1 L2 prefetch, 2 first loads */
   int segs;            /* warps sharing a unit, each a segment of the input: 1, 2, 4 or 8 */
   int u;               /* decode: 16-byte loads per row per lane in a batch, 4 or 8 */
-  int pipe;            /* decode: the next round's batch loads while this one is used (u = 4); 1 + n: the n
-                          rounds after the first also copied into shared memory before the wait */
+  int pipe;            /* decode: the next round's batch loads while this one is used (u = 4) */
   int blocks_per_sm;   /* the graph path's launch: its grid at most this many blocks an SM (0: the engine's) */
   int l2_first;        /* 1: the weights' loads carry L2's evict_first policy (kie_shape.l2_evict_first) */
   int trigger_early;   /* 1: lets the next kernel launch before this one's wait (kie_shape.o_trigger_early) */

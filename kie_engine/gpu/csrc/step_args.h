@@ -37,12 +37,7 @@ inline int gemv(kie_engine *e, GemvArgs &a, int epi) {
   const int upb = GEMV_WARPS / a.segs;
   const int grid_max = a.blocks_per_sm > 0 ? a.blocks_per_sm * e->sms : e->gemv_grid_max;
   const int grid = std::max(1, std::min(grid_max, (units + upb - 1) / upb));
-  /* gemv_stash: as many of the rounds after a warp's first as it has, up to the setting */
-  const int later = (units + grid * upb - 1) / (grid * upb) - 1;
-  const int nstash = a.pipe ? std::min(e->s.gemv_stash, later) : 0;
-  if (nstash > 0) a.pipe = 1 + nstash;
-  const size_t smem = (xs ? xbytes : 0) + (size_t)std::max(nstash, 0) * GEMV_STASH_ROUND;
-  CU(kie_launch_gemv(a, epi, xs, grid, smem, e->stream, e->s.pdl));
+  CU(kie_launch_gemv(a, epi, xs, grid, xs ? xbytes : 0, e->stream, e->s.pdl));
   return KIE_OK;
 }
 
