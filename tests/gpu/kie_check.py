@@ -277,7 +277,9 @@ DECODE_TUNINGS = [{"decode_attn": 1}, {"att_keys": 16}, {"att_keys": 40}, {"att_
                   {"qkv_blocks_per_sm": 1, "o_blocks_per_sm": 1}, {"l2_evict_first": 0},
                   {"l2_evict_first": 0, "gemv_pipe": 0}, {"o_trigger_early": 1, "o_blocks_per_sm": 1},
                   {"gemv_early": 1}, {"gemv_early": 1, "step_clock": 1}, {"gemv_carveout": 100},
-                  {"att_warm": 1}, {"att_warm": 1, "att_keys": 16}, {"att_warm": 1, "att_heads": 2, "step_clock": 1}]
+                  {"att_warm": 1}, {"att_warm": 1, "att_keys": 16}, {"att_warm": 1, "att_heads": 2, "step_clock": 1},
+                  {"gemv_residual": 1}, {"gemv_residual": 1, "step_clock": 1}, {"gemv_residual": 1, "gemv_pipe": 0},
+                  {"gemv_residual": 1, "gemv_x_l1": 1}]
 
 
 def check_decode_tunings(tag, path, comm, steps, tunings):
@@ -324,7 +326,7 @@ BAD_DECODE_TUNINGS = [{"decode_attn": 3}, {"att_keys": 257}, {"att_keys": 16, "a
                       {"o_trigger_early": 2}, {"mono_slots": 1}, {"mono_slots": 9}, {"gemv_early": 2},
                       {"gemv_early": -1}, {"gemv_carveout": -1}, {"gemv_carveout": 101},
                       {"att_warm": 2}, {"mono_sync": 3}, {"mono_sync": -1}, {"mono_ahead": 3},
-                      {"mono_ahead": -1}]
+                      {"mono_ahead": -1}, {"gemv_residual": 2}, {"gemv_residual": -1}]
 
 
 def check_bad_decode_tunings(comm):

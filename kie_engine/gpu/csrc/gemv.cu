@@ -12,6 +12,7 @@
  *   EPI_QKV     q rotated to q_out; k rotated and v to the bf16 cache at pos + t
  *   EPI_SWIGLU  out[t][j] = silu(gate_j) * up_j
  *   EPI_HEAD    logits to out; the argmax of the real rows (ties: lowest id) to cand
+ *   EPI_RESID   out[t][row] = r_in[t][row] + y   (o and down at one lane, delay 0: the new residual)
  *
  * With x == NULL the input is the residual stream: the kernel adds the sums due
  * (the DTP schedule decides which), writes the updated residual (block 0) and
@@ -103,9 +104,19 @@ __global__ void __launch_bounds__(GEMV_THREADS) k_gemv(const GemvArgs a) {
   const uint64_t pol = l2_stream_policy(a.l2_first);
   int ub = blockIdx.x * upb;
   bool preloaded = false;
+  /* RES (EPI_RESID in the pipelined loop): the residual rows that this warp's
+   * lane 0 adds to its unit's sums, loaded with the round's weights.  The residual is two
+   * kernels old or more, complete before this kernel starts, so the first round's rows
+   * load before the wait as well. */
+  const bool RES = PIPE && NT == 1 && EPI == EPI_RESID && lane == 0 && seg == 0;
+  float res0 = 0.f, res1 = 0.f, nres0 = 0.f, nres1 = 0.f;
   if (ub + slot < units && (a.prefetch || PIPE)) {
     int r0, r1;
     unit_rows<EPI>(a, ub + slot, r0, r1);
+    if (RES) {
+      res0 = __ldcg(a.r_in + r0);
+      if (r1 >= 0) res1 = __ldcg(a.r_in + r1);
+    }
     if (a.prefetch == 1 && !PIPE) {
       if (lane < 2 && (lane == 0 || r1 >= 0) && ve > vb)
         prefetch_l2(a.w + (size_t)(lane == 0 ? r0 : r1) * a.ld + (size_t)vb * 8, (uint32_t)(ve - vb) * 16u);
@@ -150,12 +161,19 @@ __global__ void __launch_bounds__(GEMV_THREADS) k_gemv(const GemvArgs a) {
         int n0, n1;
         unit_rows<EPI>(a, ub + stride + slot, n0, n1);
         load_batch<U>(a, n0, n1, vb + lane, ve, na, nb, pol);
+        if (RES) {
+          nres0 = __ldcg(a.r_in + n0);
+          if (n1 >= 0) nres1 = __ldcg(a.r_in + n1);
+        }
       }
       float acc0[NT], acc1[NT];
 #pragma unroll
       for (int t = 0; t < NT; t++) acc0[t] = acc1[t] = 0.f;
       if (active) use_batch<NT, XS, U>(a, xsrc, xld, vb + lane, ve, wa, wb, acc0, acc1);
-      finish_unit<NT, EPI>(a, u, r0, r1, active, acc0, acc1, best, part, threadIdx.x, SyncBlock(), cs);
+      finish_unit<NT, EPI, PIPE != 0>(a, u, r0, r1, active, acc0, acc1, best, part, threadIdx.x, SyncBlock(), cs, res0,
+                                      res1);
+      res0 = nres0;
+      res1 = nres1;
 #pragma unroll
       for (int k = 0; k < U; k++) {
         wa[k] = na[k];
@@ -214,6 +232,7 @@ cudaError_t launch_epi(const GemvArgs &a, int epi, int grid, size_t smem, cudaSt
   const dim3 g(grid), b(GEMV_THREADS);
   switch (epi) {
     case EPI_STORE: return kcclLaunch(k_gemv<NT, XS, EPI_STORE, U, PIPE, CLK>, g, b, smem, st, pdl, a);
+    case EPI_RESID: return kcclLaunch(k_gemv<NT, XS, EPI_RESID, U, PIPE, CLK>, g, b, smem, st, pdl, a);
     case EPI_QKV: return kcclLaunch(k_gemv<NT, XS, EPI_QKV, U, PIPE, CLK>, g, b, smem, st, pdl, a);
     case EPI_SWIGLU: return kcclLaunch(k_gemv<NT, XS, EPI_SWIGLU, U, PIPE, CLK>, g, b, smem, st, pdl, a);
     case EPI_HEAD: return kcclLaunch(k_gemv<1, XS, EPI_HEAD, U, PIPE, CLK>, g, b, smem, st, pdl, a);
@@ -237,6 +256,7 @@ cudaError_t set_attr(size_t max_smem, int carveout) {
     if (e == cudaSuccess) e = cudaFuncSetAttribute(k, cudaFuncAttributePreferredSharedMemoryCarveout, c);
   };
   set(k_gemv<NT, XS, EPI_STORE, U, PIPE, CLK>);
+  set(k_gemv<NT, XS, EPI_RESID, U, PIPE, CLK>);
   set(k_gemv<NT, XS, EPI_QKV, U, PIPE, CLK>);
   set(k_gemv<NT, XS, EPI_SWIGLU, U, PIPE, CLK>);
   set(k_gemv<1, XS, EPI_HEAD, U, PIPE, CLK>);

@@ -304,11 +304,14 @@ __device__ void stage_norm(const GemvArgs &a, float *xs, int tid, bool writer, S
 
 /* A unit's sums are done: its segments meet (fixed order), then the epilogue.
  * Called by every warp of the block (every consumer warp) the same number of
- * times; `part` is free for it (no warp still reads a previous call's). */
-template <int NT, int EPI, typename Sync>
+ * times; `part` is free for it (no warp still reads a previous call's).  EPI_RESID:
+ * EPI_STORE with the residual's rows (a.r_in) added, r + y as stage_norm adds them; PRE:
+ * token 0's (res0, res1) already loaded by the caller. */
+template <int NT, int EPI, bool PRE = false, typename Sync>
 __device__ __forceinline__ void finish_unit(const GemvArgs &a, int u, int r0, int r1, bool active, float *acc0,
                                             float *acc1, unsigned long long &best, float (*part)[2 * GEMV_MAX_T],
-                                            int tid, Sync sync, const float *rope = nullptr) {
+                                            int tid, Sync sync, const float *rope = nullptr, float res0 = 0.f,
+                                            float res1 = 0.f) {
   const int warp = tid >> 5, lane = tid & 31, segs = a.segs, seg = warp & (segs - 1);
 #pragma unroll
   for (int t = 0; t < NT; t++) {
@@ -340,12 +343,18 @@ __device__ __forceinline__ void finish_unit(const GemvArgs &a, int u, int r0, in
     sync();
   }
   if (!active || seg != 0) return;
-  if (EPI == EPI_STORE) {
+  if (EPI == EPI_STORE || EPI == EPI_RESID) {
 #pragma unroll
     for (int t = 0; t < NT; t++) {
       if (lane != t || t >= a.T) continue;
-      a.out[(size_t)t * a.out_ld + r0] = acc0[t];
-      if (r1 >= 0) a.out[(size_t)t * a.out_ld + r1] = acc1[t];
+      float y0 = acc0[t], y1 = acc1[t];
+      if (EPI == EPI_RESID) {
+        const float *rr = a.r_in + (size_t)t * a.r_ld;
+        y0 = (PRE && t == 0 ? res0 : __ldcg(rr + r0)) + y0;
+        if (r1 >= 0) y1 = (PRE && t == 0 ? res1 : __ldcg(rr + r1)) + y1;
+      }
+      a.out[(size_t)t * a.out_ld + r0] = y0;
+      if (r1 >= 0) a.out[(size_t)t * a.out_ld + r1] = y1;
     }
   } else if (EPI == EPI_SWIGLU) {
 #pragma unroll

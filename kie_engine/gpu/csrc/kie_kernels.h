@@ -52,7 +52,7 @@ struct Commit {
   int T;          /* tokens this pass consumed: the position moves by T */
 };
 
-enum { EPI_STORE = 0, EPI_QKV = 1, EPI_SWIGLU = 2, EPI_HEAD = 3 };
+enum { EPI_STORE = 0, EPI_QKV = 1, EPI_SWIGLU = 2, EPI_HEAD = 3, EPI_RESID = 4 };
 
 #define GEMV_THREADS 256
 #define GEMV_WARPS (GEMV_THREADS / 32)

@@ -120,6 +120,12 @@ inline GemvArgs partial_sum_args(kie_engine *e, int T, const float *x, int in, i
   return a;
 }
 
+/* An o or down GEMV that writes the new residual: its sums plus the rows of r (hid_pad apart). */
+inline void residual_add(kie_engine *e, GemvArgs &a, const float *r) {
+  a.r_in = r;
+  a.r_ld = e->hid_pad;
+}
+
 inline AttnArgs attention_args(kie_engine *e, int l) {
   AttnArgs a;
   memset(&a, 0, sizeof a);
