@@ -268,7 +268,10 @@ def check_prefill(tag, path, comm, steps):
 # o GEMV letting gate/up launch before its wait; the normed GEMVs staging gamma and the RoPE row
 # in shared memory before their wait (gemv_early=1); the GEMVs asking for the largest
 # shared-memory carveout; and the attention's warm pass before its wait (in one block, in splits,
-# a KV head's query heads together with the step clock), which must not change a result.
+# a KV head's query heads together with the step clock), which must not change a result; and the
+# sublayers' sums added by the normed GEMVs instead of written into the residual by the o and down
+# GEMVs (gemv_residual=2), with the clock, unpipelined and with x through L1, and the default
+# (the o and down GEMVs' residual epilogue) unpipelined and with x through L1.
 DECODE_TUNINGS = [{"decode_attn": 1}, {"att_keys": 16}, {"att_keys": 40}, {"att_keys": 40, "att_split_keys": 24},
                   {"att_heads": 1}, {"att_heads": 1, "att_keys": 16}, {"att_heads": 2},
                   {"att_heads": 2, "att_keys": 16}, {"att_keys": 16, "att_splits": 2},
@@ -278,8 +281,8 @@ DECODE_TUNINGS = [{"decode_attn": 1}, {"att_keys": 16}, {"att_keys": 40}, {"att_
                   {"l2_evict_first": 0, "gemv_pipe": 0}, {"o_trigger_early": 1, "o_blocks_per_sm": 1},
                   {"gemv_early": 1}, {"gemv_early": 1, "step_clock": 1}, {"gemv_carveout": 100},
                   {"att_warm": 1}, {"att_warm": 1, "att_keys": 16}, {"att_warm": 1, "att_heads": 2, "step_clock": 1},
-                  {"gemv_residual": 1}, {"gemv_residual": 1, "step_clock": 1}, {"gemv_residual": 1, "gemv_pipe": 0},
-                  {"gemv_residual": 1, "gemv_x_l1": 1}]
+                  {"gemv_residual": 2}, {"gemv_residual": 2, "step_clock": 1}, {"gemv_residual": 2, "gemv_pipe": 0},
+                  {"gemv_residual": 2, "gemv_x_l1": 1}, {"gemv_pipe": 0}, {"gemv_x_l1": 1}]
 
 
 def check_decode_tunings(tag, path, comm, steps, tunings):
@@ -326,7 +329,7 @@ BAD_DECODE_TUNINGS = [{"decode_attn": 3}, {"att_keys": 257}, {"att_keys": 16, "a
                       {"o_trigger_early": 2}, {"mono_slots": 1}, {"mono_slots": 9}, {"gemv_early": 2},
                       {"gemv_early": -1}, {"gemv_carveout": -1}, {"gemv_carveout": 101},
                       {"att_warm": 2}, {"mono_sync": 3}, {"mono_sync": -1}, {"mono_ahead": 3},
-                      {"mono_ahead": -1}, {"gemv_residual": 2}, {"gemv_residual": -1}]
+                      {"mono_ahead": -1}, {"gemv_residual": 3}, {"gemv_residual": -1}]
 
 
 def check_bad_decode_tunings(comm):

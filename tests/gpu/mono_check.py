@@ -77,9 +77,10 @@ def first_diff(a, b):
 # phases turn over more often); "fence": the stages' counts published after a full fence and polled
 # with acquire loads (kie_shape.mono_sync 1; the default is release reductions and relaxed polls);
 # "behind": each stage's table entry loaded as the stage starts (kie_shape.mono_ahead 2; the default
-# loads it while the stage before runs); "residual": the graph path's o and down GEMVs writing the
-# residual themselves (kie_shape.gemv_residual 1, one lane, delay 0; the monokernel adds the sums as
-# before), which must not change a bit.
+# loads it while the stage before runs); "normsums": the graph path's normed GEMVs adding the
+# sublayers' sums to the residual (kie_shape.gemv_residual 2; by default, with one lane and delay 0,
+# its o and down GEMVs write the new residual, while the monokernel's normed stages add the sums:
+# either way the same bits).
 ATTENTIONS = {
     "items": {"decode_attn": 1, "mono_attn": 1},
     "default": {},
@@ -89,7 +90,7 @@ ATTENTIONS = {
     "slots2": {"mono_slots": 2},
     "fence": {"mono_sync": 1},
     "behind": {"mono_ahead": 2},
-    "residual": {"gemv_residual": 1},
+    "normsums": {"gemv_residual": 2},
 }
 
 
@@ -211,7 +212,7 @@ def main():
         cases += [(name, 0, "smem64") for name in presets if "smem64" in atts]
         cases += [(presets[0], 0, "walk")] if "walk" in atts else []
         cases += [(presets[-1], 0, "l2first")] if "l2first" in atts else []
-        cases += [(name, d, att) for att in ("slots2", "fence", "behind", "residual") if att in atts for name in presets
+        cases += [(name, d, att) for att in ("slots2", "fence", "behind", "normsums") if att in atts for name in presets
                   for d in (0, 1)]
         uncovered = sorted(set(atts) - {att for _, _, att in cases})
         if uncovered:  # an ATTENTIONS entry this list does not run would pass unchecked

@@ -143,10 +143,11 @@ typedef struct {
                                   while the stage before runs, so that a block that ends a stage last starts the next
                                   without an L2 round trip for it (1-2 % faster on the 2b shape); 2 as the stage
                                   starts.  With several lanes every stage loads its entry as it starts */
-  int gemv_residual;           /* 1: with one lane and delay 0 the graph path's o and down GEMVs add their sums to the
-                                  residual and write it, so that the next normed GEMV reads one vector, not two, and
-                                  writes none (the same values to the bit); 0: the normed GEMV adds them.  The
-                                  monokernel's stages add them as 0 does */
+  int gemv_residual;           /* the graph path with one lane and delay 0: 0 auto (1); 1 the o and down GEMVs add
+                                  their sums to the residual and write it, so that the next normed GEMV reads one
+                                  vector, not two, and writes none (the same values to the bit; about 1 % faster on
+                                  the 2b shape, bench/RESULTS.md); 2 the normed GEMV adds them, as the monokernel's
+                                  stages and every other lane count and delay do */
   int att_warm;                /* 1: the graph path's attention block runs its arithmetic once over the rows of
                                   earlier steps before its wait (results dropped), so that the instructions after
                                   the wait are in the SM's instruction cache; 0: off */
