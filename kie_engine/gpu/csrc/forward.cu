@@ -63,7 +63,7 @@ int enqueue_forward(kie_engine *e, int T, int mode) {
   const kie_shape &s = e->s;
   e->req.assign((size_t)(2 * s.layers), 0);
   Launcher v{e, (size_t)T * e->hid_pad, T};
-  TRY(walk_forward(e, T, mode != KIE_MODE_ADVANCE, v, true));
+  TRY(walk_forward(e, T, mode != KIE_MODE_ADVANCE, v, s.gemv_residual != 2));
   return enqueue_pick(e, T, mode);
 }
 

@@ -12,14 +12,14 @@ namespace kie_host {
  *   v.sum(S, i)                the lanes' sum of sublayer i (tp > 1)
  *   v.wait(i)                  the split-phase sum of sublayer i joined (tp > 1, delay > 0)
  * and, with `head`, the final norm and the LM head (its argmax candidate).
- * resid_ok: the o and down GEMVs may update the residual themselves (kie_shape.gemv_residual
- * 0 or 1; one lane, delay 0): each writes r + y to the other residual buffer, where the next normed
- * GEMV reads it with nothing to add and nothing to write. */
+ * resid_ok: the o and down GEMVs may update the residual themselves (one lane, delay 0; the
+ * caller's setting, kie_shape.gemv_residual or mono_residual): each writes r + y to the other
+ * residual buffer, where the next normed GEMV reads it with nothing to add and nothing to write. */
 template <typename V>
 int walk_forward(kie_engine *e, int T, bool head, V &v, bool resid_ok = false) {
   const kie_shape &s = e->s;
   const int nsub = 2 * s.layers, d = s.dtp_delay, tp = s.tp_size;
-  const bool resid = resid_ok && s.gemv_residual != 2 && tp == 1 && d == 0;
+  const bool resid = resid_ok && tp == 1 && d == 0;
   int cur = 0;
   for (int i = 0; i < nsub; i++) {
     const int l = i / 2, sub = i % 2;

@@ -255,6 +255,7 @@ struct MonoArgs {
 };
 
 #define MONO_CONSUMERS GEMV_THREADS /* the GEMV's threads: the same reduction order */
+#define MONO_RESID_ROWS 128         /* EPI_RESID stage: residual rows a block holds in shared memory */
 #define MONO_THREADS (MONO_CONSUMERS + 32) /* and a producer warp streaming the weights */
 #define MONO_SUBS_MAX (MONO_CONSUMERS / ATT_THREADS)
 

@@ -479,10 +479,13 @@ __device__ bool attend_smem(const Block &b, const AttnArgs &a, int k, unsigned e
   return true;
 }
 
-/* One ring tile: warp w takes unit w / segs of it, segment w % segs of the row. */
+/* One ring tile: warp w takes unit w / segs of it, segment w % segs of the row.  EPI_RESID:
+ * the residual's rows of the block's range (row0 on) are in sres when it holds them (nres
+ * rows), else lane 0 loads its unit's before the dot products. */
 template <int EPI>
 __device__ void gemv_tile(const Block &b, const MonoStage &s, int tu, int n, int slot, const float *xs,
-                          float (*part)[2 * GEMV_MAX_T], unsigned long long &best, const float *rope) {
+                          float (*part)[2 * GEMV_MAX_T], unsigned long long &best, const float *rope,
+                          const float *sres = nullptr, int row0 = 0, int nres = 0) {
   const GemvArgs &a = s.g;
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const int segs = s.segs, j = warp / segs, seg = warp & (segs - 1);
@@ -491,9 +494,13 @@ __device__ void gemv_tile(const Block &b, const MonoStage &s, int tu, int n, int
   const bool active = j < n;
   const int u = tu + j;
   int r0 = 0, r1 = -1;
-  float acc0[1] = {0.f}, acc1[1] = {0.f};
+  float acc0[1] = {0.f}, acc1[1] = {0.f}, res0 = 0.f, res1 = 0.f;
   if (active) {
     unit_rows<EPI>(a, u, r0, r1);
+    if (EPI == EPI_RESID && seg == 0 && lane == 0) {
+      res0 = r0 - row0 < nres ? sres[r0 - row0] : __ldcg(a.r_in + r0);
+      if (r1 >= 0) res1 = r1 - row0 < nres ? sres[r1 - row0] : __ldcg(a.r_in + r1);
+    }
     const char *tile = b.ring + (size_t)slot * b.m->slot_bytes;
     const uint4 *w0 = reinterpret_cast<const uint4 *>(tile + (size_t)(2 * j) * a.ld * 2);
     const uint4 *w1 = reinterpret_cast<const uint4 *>(tile + (size_t)(2 * j + 1) * a.ld * 2);
@@ -506,8 +513,8 @@ __device__ void gemv_tile(const Block &b, const MonoStage &s, int tu, int n, int
   }
   __syncwarp();
   if (lane == 0) mbar_arrive(&b.empty[slot]); /* this warp is done with the slot */
-  finish_unit<1, EPI>(a, u, r0, r1, active, acc0, acc1, best, part, tid, SyncNamed{BAR_CONSUMERS, MONO_CONSUMERS},
-                      rope);
+  finish_unit<1, EPI, EPI == EPI_RESID>(a, u, r0, r1, active, acc0, acc1, best, part, tid,
+                                         SyncNamed{BAR_CONSUMERS, MONO_CONSUMERS}, rope, res0, res1);
 }
 
 template <int HD, bool TP>
@@ -518,6 +525,9 @@ __device__ void consume(const Block &b, char *xunion) {
   __shared__ unsigned long long sbest[GEMV_WARPS];
   __shared__ unsigned s_epoch, s_head0;
   __shared__ float rope[2 * ROPE_MAX_HALF];
+  /* EPI_RESID stages (kie_shape.mono_residual, one lane): the residual's rows of the block's
+   * units, loaded while x is staged */
+  __shared__ float sres[TP ? 1 : MONO_RESID_ROWS];
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const bool picker = TP && m.pick && (int)blockIdx.x == (int)gridDim.x - m.nred; /* lanes_pick's block */
   if (tid == 0) {
@@ -589,6 +599,10 @@ __device__ void consume(const Block &b, char *xunion) {
         return;
       }
       mark0(m, k, MARK_START);
+      /* EPI_RESID: the rows are 2 u0 .. 2 u1, complete since the stage two or more back that
+       * wrote them (the wait above orders them); the barrier after the staging publishes them */
+      const int row0 = 2 * u0, nres = TP || s.epi != EPI_RESID ? 0 : min(2 * (u1 - u0), MONO_RESID_ROWS);
+      if (!TP && tid < nres && row0 + tid < s.g.rows) sres[tid] = __ldcg(s.g.r_in + row0 + tid);
       if (s.g.x) stage_plain(s.g, xs, tid);
       else stage_norm(s.g, xs, tid, u0 == 0, SyncNamed{BAR_CONSUMERS, MONO_CONSUMERS}, red);
       bar_consumers();
@@ -604,7 +618,11 @@ __device__ void consume(const Block &b, char *xunion) {
           case EPI_QKV: gemv_tile<EPI_QKV>(b, s, tu, n, slot, xs, part[tile & 1], best, rope); break;
           case EPI_SWIGLU: gemv_tile<EPI_SWIGLU>(b, s, tu, n, slot, xs, part[tile & 1], best, rope); break;
           case EPI_HEAD: gemv_tile<EPI_HEAD>(b, s, tu, n, slot, xs, part[tile & 1], best, rope); break;
-          default: gemv_tile<EPI_STORE>(b, s, tu, n, slot, xs, part[tile & 1], best, rope);
+          default: /* EPI_STORE, or with one lane EPI_RESID */
+            if (!TP && s.epi == EPI_RESID)
+              gemv_tile<EPI_RESID>(b, s, tu, n, slot, xs, part[tile & 1], best, rope, sres, row0, nres);
+            else
+              gemv_tile<EPI_STORE>(b, s, tu, n, slot, xs, part[tile & 1], best, rope);
         }
       }
       if (s.epi == EPI_HEAD) { /* the block's best key, then the grid's */
