@@ -148,9 +148,9 @@ typedef struct {
                                   vector, not two, and writes none (the same values to the bit; about 1 % faster on
                                   the 2b shape, bench/RESULTS.md); 2 the normed GEMV adds them, as the monokernel's
                                   stages (but with mono_residual 1) and every other lane count and delay do */
-  int mono_residual;           /* the monokernel with one lane and delay 0: 0 auto (2); 1 its o and down stages write
-                                  the residual as gemv_residual 1 has the graph path's GEMVs do (not yet run on a
-                                  GPU); 2 its normed stages add the sums */
+  int mono_residual;           /* the monokernel with one lane and delay 0: 0 auto (2, until measured: docs/kie-gpu.md);
+                                  1 its o and down stages write the residual as gemv_residual 1 has the graph path's
+                                  GEMVs do; 2 its normed stages add the sums */
   int att_warm;                /* 1: the graph path's attention block runs its arithmetic once over the rows of
                                   earlier steps before its wait (results dropped), so that the instructions after
                                   the wait are in the SM's instruction cache; 0: off */
