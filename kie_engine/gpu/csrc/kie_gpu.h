@@ -146,11 +146,12 @@ typedef struct {
   int gemv_residual;           /* the graph path with one lane and delay 0: 0 auto (1); 1 the o and down GEMVs add
                                   their sums to the residual and write it, so that the next normed GEMV reads one
                                   vector, not two, and writes none (the same values to the bit; about 1 % faster on
-                                  the 2b shape, bench/RESULTS.md); 2 the normed GEMV adds them, as the monokernel's
-                                  stages (but with mono_residual 1) and every other lane count and delay do */
-  int mono_residual;           /* the monokernel with one lane and delay 0: 0 auto (2, until measured: docs/kie-gpu.md);
-                                  1 its o and down stages write the residual as gemv_residual 1 has the graph path's
-                                  GEMVs do; 2 its normed stages add the sums */
+                                  the 2b shape, bench/RESULTS.md); 2 the normed GEMV adds them, as every other
+                                  lane count and delay do */
+  int mono_residual;           /* the monokernel with one lane and delay 0: 0 auto (1); 1 its o and down stages
+                                  write the residual as gemv_residual 1 has the graph path's GEMVs do (the same
+                                  bits; about 2 % faster on the 2b shape, bench/RESULTS.md); 2 its normed stages
+                                  add the sums */
   int att_warm;                /* 1: the graph path's attention block runs its arithmetic once over the rows of
                                   earlier steps before its wait (results dropped), so that the instructions after
                                   the wait are in the SM's instruction cache; 0: off */

@@ -72,7 +72,7 @@ struct MonoBuilder {
 int mono_prepare(kie_engine *e) {
   if (e->mono_ready) return KIE_OK;
   MonoBuilder b{e, {}, {}, {}};
-  TRY(walk_forward(e, 1, true, b, e->s.mono_residual == 1));
+  TRY(walk_forward(e, 1, true, b, e->s.mono_residual != 2));
   if ((int)b.st.size() != e->mono_n) return fail(KIE_E_STATE, "monokernel: %zu stages, %d planned", b.st.size(), e->mono_n);
   const int tp = e->s.tp_size;
   int optin = 0;
