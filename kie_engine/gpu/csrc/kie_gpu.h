@@ -155,9 +155,6 @@ typedef struct {
   int att_warm;                /* 1: the graph path's attention block runs its arithmetic once over the rows of
                                   earlier steps before its wait (results dropped), so that the instructions after
                                   the wait are in the SM's instruction cache; 0: off */
-  int mono_warm;               /* the monokernel's shared-memory attention: 0 auto (2); 1 an item's blocks run its
-                                  arithmetic once over the rows of earlier steps before they wait for the QKV
-                                  stage, as att_warm has the graph path's (results dropped); 2 off */
 } kie_shape;
 
 typedef struct {

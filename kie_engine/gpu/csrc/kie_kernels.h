@@ -171,8 +171,7 @@ struct AttnArgs {
   int kcap;      /* the shared-memory kernel (attention_smem.cu): keys a block holds at most, */
   int ksplit;    /* and of a split, when the context passes kcap; */
   int heads1;    /* and 1: a block a query head while the context fits one block (the grid: a block a head) */
-  int warm;      /* 1: an item's arithmetic runs once before its wait (attention_smem.cuh); the graph path's
-                    kernel (kie_shape.att_warm) and the monokernel's stage (mono_warm) */
+  int warm;      /* the graph path's kernel: 1 runs an item's arithmetic once before its wait (attention_smem.cuh) */
   const int *pos;
   float scale;
   float *part;   /* [T][nh][nsplit][hd + 2] */

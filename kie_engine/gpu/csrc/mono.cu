@@ -443,7 +443,7 @@ __device__ __noinline__ bool lanes_pick(const Block &b, const MonoStage &h, int 
  * item, else (group, split)), item i on block i, i + grid, ...  The first item's rows of
  * earlier steps are on their way before the block waits for the QKV stage; a block
  * without items does not wait.  False: leave (all consumers). */
-template <int HD, bool WARM>
+template <int HD>
 __device__ bool attend_smem(const Block &b, const AttnArgs &a, int k, unsigned epoch, unsigned char *smem) {
   const MonoArgs &m = *b.m;
   __shared__ AttSmemHeads hs;
@@ -470,7 +470,7 @@ __device__ bool attend_smem(const Block &b, const AttnArgs &a, int k, unsigned e
       bx = a.heads1 ? grp / a.hgroups * a.g + grp % a.hgroups * a.gper : grp;
     }
     if (it != (int)blockIdx.x) bar_consumers(); /* the last item is done with the shared memory */
-    if (!att_smem_item<HD, MONO_CONSUMERS, WARM>(a, bx, split, 0, tid, smem, m.att_cap, hs,
+    if (!att_smem_item<HD, MONO_CONSUMERS>(a, bx, split, 0, tid, smem, m.att_cap, hs,
                                            SyncNamed{BAR_CONSUMERS, MONO_CONSUMERS}, wait,
                                            it == (int)blockIdx.x ? clk : nullptr))
       return false;
@@ -584,13 +584,7 @@ __device__ void consume(const Block &b, char *xunion) {
       continue;
     }
     if (s.kind == MONO_ATTN_SMEM) {
-      /* a.warm (kie_shape.mono_warm): the item's arithmetic once before the wait, so that its
-       * instructions are in the SM's cache when the QKV stage is done; one lane's copy only */
-      unsigned char *sm = reinterpret_cast<unsigned char *>(xunion);
-      bool ok;
-      if constexpr (TP) ok = attend_smem<HD, false>(b, s.at, k, epoch, sm);
-      else ok = s.at.warm ? attend_smem<HD, true>(b, s.at, k, epoch, sm) : attend_smem<HD, false>(b, s.at, k, epoch, sm);
-      if (!ok) return;
+      if (!attend_smem<HD>(b, s.at, k, epoch, reinterpret_cast<unsigned char *>(xunion))) return;
       signal_stage(m, k);
       continue;
     }

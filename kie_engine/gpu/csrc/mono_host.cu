@@ -46,7 +46,6 @@ struct MonoBuilder {
     memset(&m, 0, sizeof m);
     m.kind = e->mono_attn == 2 ? MONO_ATTN_SMEM : MONO_ATTN;
     m.at = a; /* the shared-memory attention's keys and splits: mono_prepare, once it knows what fits */
-    m.at.warm = e->s.mono_warm == 1;
     st.push_back(m);
     MonoLink l;
     memset(&l, 0, sizeof l);

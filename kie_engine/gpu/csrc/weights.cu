@@ -99,8 +99,6 @@ int derive(kie_engine *e, const kie_shape &s, int sms) {
   if (s.mono_ahead < 0 || s.mono_ahead > 2)
     return fail(KIE_E_ARG, "mono_ahead=%d: 0 (auto), 1 (ahead) or 2 (as each stage starts)", s.mono_ahead);
   if (s.att_warm != 0 && s.att_warm != 1) return fail(KIE_E_ARG, "att_warm=%d: 0 or 1", s.att_warm);
-  if (s.mono_warm < 0 || s.mono_warm > 2)
-    return fail(KIE_E_ARG, "mono_warm=%d: 0 (auto), 1 (a warm pass) or 2 (off)", s.mono_warm);
   if (s.mono_residual < 0 || s.mono_residual > 2)
     return fail(KIE_E_ARG, "mono_residual=%d: 0 (auto), 1 (o and down write it) or 2 (the norm adds the sums)",
                 s.mono_residual);
