@@ -192,22 +192,35 @@ struct Cursor {
    * the cursor is: 0 its own units, 1 a tile it claimed of the tail, 2 the tail's end (a
    * ring slot that carries no rows, only the news that the stage's tail is done) */
   int us, ntail, units, part;
+  /* a claim in flight (pending): its count arrives in lane 0's pend while the warp issues
+   * copies, so that the atomic's round trip, microseconds under the weight stream, is not
+   * waited for between two tiles */
+  unsigned pend;
+  int pending;
   const bf16 *w;
   int epi, ld;
   GemvArgs g; /* the fields unit_rows reads */
 };
 
-/* The producer warp claims the next tile of stage c.k's tail (c.part 1), or, with none
- * left, the tail's end (c.part 2).  Every producer claims once past the tail's last
- * tile: the last block out of the step then zeroes the counts. */
+#define CLAIM_AHEAD 2 /* own tiles left when a producer asks for its first tile of the tail */
+
+__device__ __forceinline__ void claim_issue(const MonoArgs &m, Cursor &c) {
+  if ((threadIdx.x & 31) == 0) c.pend = atomicAdd(m.claim + c.k, 1u);
+  c.pending = 1;
+}
+
+/* The producer warp takes the next tile of stage c.k's tail (c.part 1) and asks for the
+ * one after, or, with none left, the tail's end (c.part 2).  Every producer claims once
+ * past the tail's last tile: the last block out of the step then zeroes the counts. */
 __device__ __forceinline__ void cursor_claim(const MonoArgs &m, Cursor &c) {
-  unsigned t = 0;
-  if ((threadIdx.x & 31) == 0) t = atomicAdd(m.claim + c.k, 1u);
-  t = __shfl_sync(0xffffffffu, t, 0);
+  if (!c.pending) claim_issue(m, c);
+  const unsigned t = __shfl_sync(0xffffffffu, c.pend, 0);
+  c.pending = 0;
   if ((int)t < c.ntail) {
     c.part = 1;
     c.tu = c.us + (int)t * c.upt;
     c.u1 = min(c.units, c.tu + c.upt);
+    claim_issue(m, c);
   } else {
     c.part = 2;
   }
@@ -221,9 +234,10 @@ __device__ bool cursor_seek(const MonoArgs &m, Cursor &c, bool claim) {
     const MonoStage &s = m.stages[c.k];
     if (s.kind != MONO_GEMV) continue;
     const Share h = stage_share<TP>(m, s);
-    c.tu = h.u0, c.u1 = h.u1, c.us = h.us, c.units = h.units, c.part = 0;
+    c.tu = h.u0, c.u1 = h.u1, c.us = h.us, c.units = h.units, c.part = 0, c.pending = 0;
     c.ntail = claim ? h.ntail : 0;
     c.upt = s.upt;
+    if (c.ntail > 0 && c.u1 - c.tu <= CLAIM_AHEAD * c.upt) claim_issue(m, c);
     if (c.tu >= c.u1) {
       if (c.ntail == 0) continue;
       cursor_claim(m, c);
@@ -245,7 +259,10 @@ template <bool TP>
 __device__ __forceinline__ bool cursor_next(const MonoArgs &m, Cursor &c, bool claim) {
   if (c.part == 0) {
     c.tu += c.upt;
-    if (c.tu < c.u1) return true;
+    if (c.tu < c.u1) {
+      if (c.ntail > 0 && !c.pending && c.u1 - c.tu <= CLAIM_AHEAD * c.upt) claim_issue(m, c);
+      return true;
+    }
   }
   if (c.part != 2 && c.ntail > 0) {
     cursor_claim(m, c);
