@@ -80,9 +80,7 @@ def first_diff(a, b):
 # loads it while the stage before runs); "normsums": the graph path's normed GEMVs adding the
 # sublayers' sums to the residual (kie_shape.gemv_residual 2; by default, with one lane and delay 0,
 # its o and down GEMVs write the new residual, as the monokernel's o and down stages do: either way
-# the same bits); "monosums": the monokernel's normed stages adding the sums (kie_shape.mono_residual 2);
-# "tail1", "tail3": each GEMV stage's last 1 or 3 tiles a block shared, claimed by whichever block
-# gets there first (kie_shape.mono_tail), so that units move between blocks from step to step.
+# the same bits); "monosums": the monokernel's normed stages adding the sums (kie_shape.mono_residual 2).
 ATTENTIONS = {
     "items": {"decode_attn": 1, "mono_attn": 1},
     "default": {},
@@ -94,8 +92,6 @@ ATTENTIONS = {
     "behind": {"mono_ahead": 2},
     "normsums": {"gemv_residual": 2},
     "monosums": {"mono_residual": 2},
-    "tail1": {"mono_tail": 1},
-    "tail3": {"mono_tail": 3},
 }
 
 
@@ -217,7 +213,7 @@ def main():
         cases += [(name, 0, "smem64") for name in presets if "smem64" in atts]
         cases += [(presets[0], 0, "walk")] if "walk" in atts else []
         cases += [(presets[-1], 0, "l2first")] if "l2first" in atts else []
-        cases += [(name, d, att) for att in ("slots2", "fence", "behind", "normsums", "monosums", "tail1", "tail3") if att in atts for name in presets
+        cases += [(name, d, att) for att in ("slots2", "fence", "behind", "normsums", "monosums") if att in atts for name in presets
                   for d in (0, 1)]
         uncovered = sorted(set(atts) - {att for _, _, att in cases})
         if uncovered:  # an ATTENTIONS entry this list does not run would pass unchecked

@@ -155,11 +155,6 @@ typedef struct {
   int att_warm;                /* 1: the graph path's attention block runs its arithmetic once over the rows of
                                   earlier steps before its wait (results dropped), so that the instructions after
                                   the wait are in the SM's instruction cache; 0: off */
-  int mono_tail;               /* the monokernel with one lane: 0 auto (off); 1..8 the last n x grid tiles (32 KB
-                                  of weights each) of every GEMV stage shared, each block's producer claiming the
-                                  next as it gets there, so that blocks on SMs with a larger share of HBM take
-                                  more of them and the stage ends sooner (the same bits: a unit's arithmetic does
-                                  not depend on its block); -1 off */
 } kie_shape;
 
 typedef struct {

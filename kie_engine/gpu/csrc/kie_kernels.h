@@ -243,9 +243,6 @@ struct MonoArgs {
   int sync_release;             /* 1: stage counts by release reductions, polled relaxed (kie_shape.mono_sync 0 or 2) */
   int stage_ahead;              /* 1: each stage's table entry loaded while the stage before runs (kie_shape.mono_ahead 0
                                    or 1; one lane) */
-  int tail;                     /* one lane: each GEMV stage's last tail x grid tiles shared, claimed by the blocks'
-                                   producers as they get there (kie_shape.mono_tail); 0: every unit a block's own */
-  unsigned *claim;              /* [nstages]: the tails' claims this step (zeroed by its last block out) */
   unsigned long long *marks;    /* [nstages][4][grid]: each block's clock at each stage's start, x staged,
                                    end, and its producer's first copy (mono.cu's MARK_*) */
   /* Lanes (tp > 1 runs the kernel's TP copy, which alone reads what follows). */

@@ -2,9 +2,7 @@
  * a block per SM, instead of a graph of five kernels per layer.
  *
  * Each block runs the stages of the host's table in order: for a GEMV, the
- * units [b U / B, (b + 1) U / B) of its U units, or with a shared tail
- * (MonoArgs.tail, one lane) that share of its first U - t B upt units and then
- * whichever of the last t B tiles its producer claims first; for attention, the graph
+ * units [b U / B, (b + 1) U / B) of its U units; for attention, the graph
  * path's shared-memory items (attention_smem.cuh), item i on block i, or with
  * KIE_GPU_MONO_ATTN=1 the split items (head group, split) round-robin over its
  * ATT_THREADS-thread halves (attention.cuh).  The arithmetic is the per-sublayer
@@ -65,17 +63,6 @@ __device__ __forceinline__ void bar_consumers() {
   asm volatile("bar.sync %0, %1;" ::"n"(BAR_CONSUMERS), "n"(MONO_CONSUMERS) : "memory");
 }
 
-/* The consumers meet and learn whether any of them passed v: a verdict they all share. */
-__device__ __forceinline__ bool bar_consumers_or(bool v) {
-  unsigned r;
-  asm volatile(
-      "{\n\t.reg .pred p, q;\n\tsetp.ne.u32 p, %1, 0;\n\tbar.red.or.pred q, %2, %3, p;\n\tselp.u32 %0, 1, 0, q;\n\t}"
-      : "=r"(r)
-      : "r"((unsigned)v), "n"(BAR_CONSUMERS), "n"(MONO_CONSUMERS)
-      : "memory");
-  return r != 0;
-}
-
 /* Every block's clock at the points of stage k (MARK_*: where a step's time goes,
  * read by bench/kie_native's kb_mono_marks), written by consumer thread 0 or, for
  * MARK_ISSUED of a GEMV stage, by the producer's first lane.  An attention stage
@@ -101,10 +88,6 @@ __device__ __forceinline__ unsigned ld_relaxed(const unsigned *p) {
 __device__ __forceinline__ void red_release(unsigned *p, unsigned v) {
   asm volatile("red.release.gpu.global.add.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
 }
-
-/* Per ring slot, with a shared tail (one lane): the tile's first unit, or -1: the stage's
- * tail is done.  Outside Block, which the TP copy keeps in local memory at its register cap. */
-__shared__ volatile int slot_tu[8];
 
 /* Shared state of one block. */
 struct Block {
@@ -156,29 +139,15 @@ __device__ __forceinline__ bool spin(const Block &b, int stage, Done done) {
   return spin_as(b, KIE_DERR_STALL, stage, done);
 }
 
-/* A GEMV stage's units: this block's own [u0, u1) and the shared tail, ntail tiles of
- * upt units from us (units: the stage's count).  A tail needs m.tail (one lane) and a
- * stage whose own shares keep a tile a block at least; without it us = units, ntail = 0. */
-struct Share {
-  int u0, u1, us, ntail, units;
-};
-
-template <bool TP>
-__device__ __forceinline__ Share stage_share(const MonoArgs &m, const MonoStage &s) {
-  Share h;
+/* This block's units of a GEMV stage. */
+__device__ __forceinline__ void unit_range(const MonoStage &s, int &u0, int &u1) {
+  int units;
   switch (s.epi) {
-    case EPI_SWIGLU: h.units = gemv_units<EPI_SWIGLU>(s.g); break;
-    default: h.units = gemv_units<EPI_STORE>(s.g);
+    case EPI_SWIGLU: units = gemv_units<EPI_SWIGLU>(s.g); break;
+    default: units = gemv_units<EPI_STORE>(s.g);
   }
-  h.us = h.units;
-  h.ntail = 0;
-  if (!TP && m.tail > 0) {
-    const int nt = m.tail * (int)gridDim.x, us = h.units - nt * s.upt;
-    if (us >= (int)gridDim.x * s.upt) h.us = us, h.ntail = nt;
-  }
-  h.u0 = (int)((long long)blockIdx.x * h.us / gridDim.x);
-  h.u1 = (int)((long long)(blockIdx.x + 1) * h.us / gridDim.x);
-  return h;
+  u0 = (int)((long long)blockIdx.x * units / gridDim.x);
+  u1 = (int)((long long)(blockIdx.x + 1) * units / gridDim.x);
 }
 
 
@@ -188,60 +157,19 @@ __device__ __forceinline__ Share stage_share(const MonoArgs &m, const MonoStage 
  * must not wait on a load per row). */
 struct Cursor {
   int k, tu, u1, upt;
-  /* the stage's shared tail (ntail tiles from unit us; units: the stage's count) and where
-   * the cursor is: 0 its own units, 1 a tile it claimed of the tail, 2 the tail's end (a
-   * ring slot that carries no rows, only the news that the stage's tail is done) */
-  int us, ntail, units, part;
-  /* a claim in flight (pending): its count arrives in lane 0's pend while the warp issues
-   * copies, so that the atomic's round trip, microseconds under the weight stream, is not
-   * waited for between two tiles */
-  unsigned pend;
-  int pending;
   const bf16 *w;
   int epi, ld;
   GemvArgs g; /* the fields unit_rows reads */
 };
 
-#define CLAIM_AHEAD 2 /* own tiles left when a producer asks for its first tile of the tail */
-
-__device__ __forceinline__ void claim_issue(const MonoArgs &m, Cursor &c) {
-  if ((threadIdx.x & 31) == 0) c.pend = atomicAdd(m.claim + c.k, 1u);
-  c.pending = 1;
-}
-
-/* The producer warp takes the next tile of stage c.k's tail (c.part 1) and asks for the
- * one after, or, with none left, the tail's end (c.part 2).  Every producer claims once
- * past the tail's last tile: the last block out of the step then zeroes the counts. */
-__device__ __forceinline__ void cursor_claim(const MonoArgs &m, Cursor &c) {
-  if (!c.pending) claim_issue(m, c);
-  const unsigned t = __shfl_sync(0xffffffffu, c.pend, 0);
-  c.pending = 0;
-  if ((int)t < c.ntail) {
-    c.part = 1;
-    c.tu = c.us + (int)t * c.upt;
-    c.u1 = min(c.units, c.tu + c.upt);
-    claim_issue(m, c);
-  } else {
-    c.part = 2;
-  }
-}
-
-/* The first tile of stage k or after it; false past the last.  claim: the producer's own
- * cursor, which takes tiles of the stages' tails; the L2 prefetch's skips them. */
-template <bool TP>
-__device__ bool cursor_seek(const MonoArgs &m, Cursor &c, bool claim) {
+/* The first tile of stage k or after it; false past the last. */
+__device__ bool cursor_seek(const MonoArgs &m, Cursor &c) {
   for (; c.k < m.nstages; c.k++) {
     const MonoStage &s = m.stages[c.k];
     if (s.kind != MONO_GEMV) continue;
-    const Share h = stage_share<TP>(m, s);
-    c.tu = h.u0, c.u1 = h.u1, c.us = h.us, c.units = h.units, c.part = 0, c.pending = 0;
-    c.ntail = claim ? h.ntail : 0;
+    unit_range(s, c.tu, c.u1);
+    if (c.tu >= c.u1) continue;
     c.upt = s.upt;
-    if (c.ntail > 0 && c.u1 - c.tu <= CLAIM_AHEAD * c.upt) claim_issue(m, c);
-    if (c.tu >= c.u1) {
-      if (c.ntail == 0) continue;
-      cursor_claim(m, c);
-    }
     c.w = s.g.w;
     c.epi = s.epi;
     c.ld = s.g.ld;
@@ -255,21 +183,11 @@ __device__ bool cursor_seek(const MonoArgs &m, Cursor &c, bool claim) {
   return false;
 }
 
-template <bool TP>
-__device__ __forceinline__ bool cursor_next(const MonoArgs &m, Cursor &c, bool claim) {
-  if (c.part == 0) {
-    c.tu += c.upt;
-    if (c.tu < c.u1) {
-      if (c.ntail > 0 && !c.pending && c.u1 - c.tu <= CLAIM_AHEAD * c.upt) claim_issue(m, c);
-      return true;
-    }
-  }
-  if (c.part != 2 && c.ntail > 0) {
-    cursor_claim(m, c);
-    return true;
-  }
+__device__ __forceinline__ bool cursor_next(const MonoArgs &m, Cursor &c) {
+  c.tu += c.upt;
+  if (c.tu < c.u1) return true;
   c.k++;
-  return cursor_seek<TP>(m, c, claim);
+  return cursor_seek(m, c);
 }
 
 /* Asks L2 to fetch [p, p + bytes) (16-byte aligned, a multiple of 16). */
@@ -279,7 +197,7 @@ __device__ __forceinline__ void prefetch_l2(const void *p, unsigned bytes) {
 
 /* Row i of the tile at c (unit tu + i / 2, its first or second row), -1: none. */
 __device__ __forceinline__ int cursor_row(const Cursor &c, int i) {
-  if (c.part == 2 || i >= 2 * min(c.upt, c.u1 - c.tu)) return -1;
+  if (i >= 2 * min(c.upt, c.u1 - c.tu)) return -1;
   int r0, r1;
   switch (c.epi) {
     case EPI_QKV: unit_rows<EPI_QKV>(c.g, c.tu + i / 2, r0, r1); break;
@@ -345,19 +263,18 @@ __device__ void prefetch_attention(const MonoArgs &m, const MonoStage &s) {
 /* The producer warp: every weight tile of the step, in the consumers' order,
  * into the ring; the tile `prefetch` places further on asked of L2 meanwhile, so
  * that more of HBM's latency is covered than the ring alone holds. */
-template <bool TP>
 __device__ void produce(const Block &b) {
   const MonoArgs &m = *b.m;
   Cursor c, p;
   c.k = p.k = 0;
   const uint64_t pol = l2_stream_policy(m.l2_first);
-  bool more = cursor_seek<TP>(m, c, true), ahead = cursor_seek<TP>(m, p, false);
+  bool more = cursor_seek(m, c), ahead = cursor_seek(m, p);
   for (int i = 0; ahead && i < m.prefetch; i++) {
     tile_rows(p, nullptr, nullptr, 0);
-    ahead = cursor_next<TP>(m, p, false);
+    ahead = cursor_next(m, p);
   }
   int tile = 0, marked = -1;
-  for (; more; tile++, more = cursor_next<TP>(m, c, true)) {
+  for (; more; tile++, more = cursor_next(m, c)) {
     const int slot = tile % m.nslots, use = tile / m.nslots;
     /* Before a slot's next copy: the consumers are done with its last tile
      * (empty) and that tile's copy has landed (full).  In a step that runs on,
@@ -372,14 +289,7 @@ __device__ void produce(const Block &b) {
       const bool free = spin(b, c.k, [&] { return mbar_done(&b.empty[slot], par) && mbar_done(&b.full[slot], par); });
       if (!__all_sync(0xffffffffu, free)) break;
     }
-    if (c.ntail > 0) { /* a stage with a tail: which tile the slot holds, before its arrival */
-      if ((threadIdx.x & 31) == 0) slot_tu[slot] = c.part == 2 ? -1 : c.tu;
-      if (c.part == 2) {
-        if ((threadIdx.x & 31) == 0) mbar_arrive(&b.full[slot]);
-        __syncwarp();
-      }
-    }
-    if (c.part != 2) tile_rows(c, b.ring + (size_t)slot * m.slot_bytes, &b.full[slot], pol);
+    tile_rows(c, b.ring + (size_t)slot * m.slot_bytes, &b.full[slot], pol);
     if (c.k != marked) {
       if ((threadIdx.x & 31) == 0) mark(m, c.k, MARK_ISSUED);
       for (int k = max(marked + 1, 0); k < c.k; k++)
@@ -388,7 +298,7 @@ __device__ void produce(const Block &b) {
     }
     if (ahead) {
       tile_rows(p, nullptr, nullptr, 0);
-      ahead = cursor_next<TP>(m, p, false);
+      ahead = cursor_next(m, p);
     }
   }
   drain(b, tile);
@@ -588,8 +498,8 @@ __device__ void gemv_tile(const Block &b, const MonoStage &s, int tu, int n, int
   if (active) {
     unit_rows<EPI>(a, u, r0, r1);
     if (EPI == EPI_RESID && seg == 0 && lane == 0) {
-      res0 = (unsigned)(r0 - row0) < (unsigned)nres ? sres[r0 - row0] : __ldcg(a.r_in + r0);
-      if (r1 >= 0) res1 = (unsigned)(r1 - row0) < (unsigned)nres ? sres[r1 - row0] : __ldcg(a.r_in + r1);
+      res0 = r0 - row0 < nres ? sres[r0 - row0] : __ldcg(a.r_in + r0);
+      if (r1 >= 0) res1 = r1 - row0 < nres ? sres[r1 - row0] : __ldcg(a.r_in + r1);
     }
     const char *tile = b.ring + (size_t)slot * b.m->slot_bytes;
     const uint4 *w0 = reinterpret_cast<const uint4 *>(tile + (size_t)(2 * j) * a.ld * 2);
@@ -678,9 +588,9 @@ __device__ void consume(const Block &b, char *xunion) {
       signal_stage(m, k);
       continue;
     }
-    const Share sh = stage_share<TP>(m, s);
-    const int u0 = sh.u0, u1 = sh.u1;
-    if (u0 < u1 || sh.ntail > 0) {
+    int u0, u1;
+    unit_range(s, u0, u1);
+    if (u0 < u1) {
       /* the position's rotation: final since the kernel started, so read before the wait */
       if (s.epi == EPI_QKV) stage_rope(s.g, rope, tid, MONO_CONSUMERS);
       if (TP) {
@@ -697,7 +607,13 @@ __device__ void consume(const Block &b, char *xunion) {
       else stage_norm(s.g, xs, tid, u0 == 0, SyncNamed{BAR_CONSUMERS, MONO_CONSUMERS}, red);
       bar_consumers();
       mark0(m, k, MARK_STAGED);
-      auto run_tile = [&](int tu, int n, int slot) {
+      for (int tu = u0; tu < u1; tu += s.upt, tile++) {
+        const int slot = tile % m.nslots, use = tile / m.nslots;
+        /* Each consumer waits for the tile itself, so they can give up at different
+         * times: one that has goes on through the stage (its results no longer
+         * matter) and all leave together at the next wait. */
+        spin(b, k, [&] { return mbar_done(&b.full[slot], (unsigned)use & 1u); });
+        const int n = min(s.upt, u1 - tu);
         switch (s.epi) {
           case EPI_QKV: gemv_tile<EPI_QKV>(b, s, tu, n, slot, xs, part[tile & 1], best, rope); break;
           case EPI_SWIGLU: gemv_tile<EPI_SWIGLU>(b, s, tu, n, slot, xs, part[tile & 1], best, rope); break;
@@ -707,35 +623,6 @@ __device__ void consume(const Block &b, char *xunion) {
               gemv_tile<EPI_RESID>(b, s, tu, n, slot, xs, part[tile & 1], best, rope, sres, row0, nres);
             else
               gemv_tile<EPI_STORE>(b, s, tu, n, slot, xs, part[tile & 1], best, rope);
-        }
-      };
-      /* Each consumer waits for a tile itself, so they can give up at different times: one
-       * that has goes on through the stage (its results no longer matter) and all leave
-       * together at the next wait. */
-      if constexpr (TP) {
-        for (int tu = u0; tu < u1; tu += s.upt, tile++) {
-          const int slot = tile % m.nslots, use = tile / m.nslots;
-          spin(b, k, [&] { return mbar_done(&b.full[slot], (unsigned)use & 1u); });
-          run_tile(tu, min(s.upt, u1 - tu), slot);
-        }
-      } else {
-        /* Its own tiles (tu < u1), then with a tail the tiles the producer claimed of it,
-         * each slot saying which, until the slot that says the tail is done: a verdict every
-         * consumer shares (one that gave up ends the tail for all: the tiles' named barriers
-         * need every one).  One loop, one copy of the tiles' code. */
-        for (int tu = u0; tu < u1 || sh.ntail > 0; tile++) {
-          const int slot = tile % m.nslots, use = tile / m.nslots;
-          const bool landed = spin(b, k, [&] { return mbar_done(&b.full[slot], (unsigned)use & 1u); });
-          if (tu >= u1) {
-            tu = landed ? slot_tu[slot] : -1;
-            if (bar_consumers_or(tu < 0)) {
-              if (lane == 0) mbar_arrive(&b.empty[slot]);
-              tile++;
-              break;
-            }
-          }
-          run_tile(tu, min(s.upt, (tu < u1 ? u1 : sh.units) - tu), slot);
-          tu = tu < u1 ? min(tu + s.upt, u1) : u1; /* past its own: the next slot says which */
         }
       }
       if (s.epi == EPI_HEAD) { /* the block's best key, then the grid's */
@@ -766,9 +653,6 @@ __device__ void consume(const Block &b, char *xunion) {
         if (m.pick) kie_finalize_pick(m.cand, 1, m.c);
       }
       m.sync->done = 0;
-      /* every producer is past its claims: its consumers took the end of each stage's tail */
-      if (!TP && m.tail > 0)
-        for (int k = 0; k < m.nstages; k++) m.claim[k] = 0;
       __threadfence();
       *(volatile unsigned *)&m.sync->epoch = epoch + 1u;
     }
@@ -795,7 +679,7 @@ __global__ void __launch_bounds__(MONO_THREADS, 1) k_mono(const __grid_constant_
     mbar_init_fence();
   }
   __syncthreads();
-  if (threadIdx.x >= MONO_CONSUMERS) produce<TP>(b);
+  if (threadIdx.x >= MONO_CONSUMERS) produce(b);
   else consume<HD, TP>(b, smem + m.x_off);
 }
 

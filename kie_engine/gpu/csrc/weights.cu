@@ -99,8 +99,6 @@ int derive(kie_engine *e, const kie_shape &s, int sms) {
   if (s.mono_ahead < 0 || s.mono_ahead > 2)
     return fail(KIE_E_ARG, "mono_ahead=%d: 0 (auto), 1 (ahead) or 2 (as each stage starts)", s.mono_ahead);
   if (s.att_warm != 0 && s.att_warm != 1) return fail(KIE_E_ARG, "att_warm=%d: 0 or 1", s.att_warm);
-  if (s.mono_tail < -1 || s.mono_tail > 8)
-    return fail(KIE_E_ARG, "mono_tail=%d: 0 (auto), -1 (off) or 1..8 (tiles a block)", s.mono_tail);
   if (s.mono_residual < 0 || s.mono_residual > 2)
     return fail(KIE_E_ARG, "mono_residual=%d: 0 (auto), 1 (o and down write it) or 2 (the norm adds the sums)",
                 s.mono_residual);
@@ -168,7 +166,7 @@ size_t layout(kie_engine *e, char *base) {
   e->samp = (SampParams *)take(sizeof(SampParams));
   e->mono_stages = (MonoStage *)take((size_t)e->mono_n * sizeof(MonoStage));
   e->mono_sync = (MonoSync *)take(sizeof(MonoSync));
-  e->mono_cnt = (unsigned *)take((size_t)e->mono_n * 12);
+  e->mono_cnt = (unsigned *)take((size_t)e->mono_n * 8);
   e->mono_links = (MonoLink *)take((size_t)e->mono_n * sizeof(MonoLink));
   e->mono_marks = (unsigned long long *)take((size_t)e->mono_n * 4 * e->sms * 8);
   e->step_marks = s.step_clock ? (unsigned long long *)take((size_t)e->mono_n * KIE_CLK_MARKS * KIE_CLK_BLOCKS * 8)
