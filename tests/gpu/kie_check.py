@@ -284,6 +284,36 @@ DECODE_TUNINGS = [{"decode_attn": 1}, {"att_keys": 16}, {"att_keys": 40}, {"att_
                   {"gemv_residual": 2}, {"gemv_residual": 2, "step_clock": 1}, {"gemv_residual": 2, "gemv_pipe": 0},
                   {"gemv_residual": 2, "gemv_x_l1": 1}, {"gemv_pipe": 0}, {"gemv_x_l1": 1}]
 
+# Tunings that must give the default's bits, each against the same tuning without its last field:
+# the attention's items on a few blocks in turn (att_blocks; 3 blocks take several items each, in one
+# block a head and in splits that combine), and on as many blocks as items.
+SAME_BITS_TUNINGS = [{"att_blocks": 3}, {"att_blocks": 1000}, {"att_keys": 16, "att_blocks": 3},
+                     {"att_keys": 16, "att_heads": 2, "att_blocks": 5}, {"att_keys": 16, "step_clock": 1, "att_blocks": 3}]
+
+
+def check_same_bits(tag, path, comm, steps, tunings):
+    """Teacher-forced logits of each tuning equal, to the bit, those of the tuning without its
+    last field."""
+    ckpt = Checkpoint(path)
+    cfg = ckpt.config
+    prompt, max_seq, _, ref_logits, toks = numpy_reference(ckpt, steps)
+
+    def logits(tuning):
+        gpu = GpuModel(cfg, comm, max_seq=max_seq, prefill="gemv", tuning=tuning).load(ckpt)
+        gpu.reset()
+        out = [np.array(gpu.prefill(prompt), copy=True)]
+        out += [np.array(gpu.decode_step(toks[i - 1]), copy=True) for i in range(1, steps)]
+        gpu.close()
+        return out
+
+    for tuning in tunings:
+        base = dict(list(tuning.items())[:-1])
+        a, b = logits(base), logits(tuning)
+        same = all(np.array_equal(x, y) for x, y in zip(a, b))
+        name = ",".join(f"{k}={v}" for k, v in tuning.items())
+        record(f"{tag} decode {name}: the same bits as without {list(tuning)[-1]}", same,
+               max_abs=max(float(np.max(np.abs(x - y))) for x, y in zip(a, b)))
+
 
 def check_decode_tunings(tag, path, comm, steps, tunings):
     """Teacher-forced logits against numpy's (the prompt through decode-shaped passes of several
@@ -308,6 +338,7 @@ def check_checkpoint(tag, path, comm, steps, hf_ok):
     secs = check_model(tag, path, comm, steps, hf_ok)
     check_prefill(tag, path, comm, steps)
     check_decode_tunings(tag, path, comm, steps, DECODE_TUNINGS)
+    check_same_bits(tag, path, comm, steps, SAME_BITS_TUNINGS)
     if RANK == 0:
         print(f"  ({tag}: {secs:.1f} s)", flush=True)
 
@@ -327,7 +358,7 @@ BAD_DECODE_TUNINGS = [{"decode_attn": 3}, {"att_keys": 257}, {"att_keys": 16, "a
                       {"att_splits": -1}, {"att_heads": 3}, {"step_clock": 2},
                       {"qkv_blocks_per_sm": 9}, {"o_blocks_per_sm": -1}, {"l2_evict_first": 2}, {"l2_evict_first": -2},
                       {"o_trigger_early": 2}, {"mono_slots": 1}, {"mono_slots": 9}, {"gemv_early": 2},
-                      {"gemv_early": -1}, {"gemv_carveout": -1}, {"gemv_carveout": 101},
+                      {"gemv_early": -1}, {"gemv_carveout": -1}, {"gemv_carveout": 101}, {"att_blocks": -2},
                       {"att_warm": 2}, {"mono_sync": 3}, {"mono_sync": -1}, {"mono_ahead": 3},
                       {"mono_ahead": -1}, {"gemv_residual": 3}, {"gemv_residual": -1},
                       {"mono_residual": 3}, {"mono_residual": -1}]

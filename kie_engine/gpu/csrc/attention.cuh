@@ -108,13 +108,21 @@ __device__ __forceinline__ void att_phase_sum(float (&acc)[ATT_DV], float *red, 
       for (int i = 0; i < ATT_DV; i++) acc[i] += red[(tid + q * nch) * ATT_DV + i];
 }
 
+/* A split's partial result in a.part: HD sums, its maximum m and sum l, and two floats of
+ * padding, so that every split's row starts 16 bytes aligned (att_combine copies the rows
+ * into shared memory 16 bytes at a time). */
+template <int HD>
+__host__ __device__ constexpr int att_part_stride() {
+  return HD + 4;
+}
+
 /* A split's partial result into a.part (the owners of the chunks: phase 0): each chunk's sums
  * unscaled, and per head its maximum m and sum l. */
 template <int HD, int CPT, int NTHREADS>
 __device__ __forceinline__ void att_store_part(const AttnArgs &a, int t, int h0, int G, int split, int tid, int nch,
                                                bool owner, const float (&acc)[CPT][ATT_DV], const float *m,
                                                const float *l) {
-  const size_t pstride = (size_t)HD + 2;
+  const size_t pstride = att_part_stride<HD>();
   if (owner)
     att_each_chunk<HD, CPT, NTHREADS>(tid, nch, [&](int ci, int j, int dd) {
       float *pp = a.part + (((size_t)t * a.nh + h0 + j) * a.nsplit + split) * pstride + dd; /* 8-byte aligned */
@@ -130,28 +138,51 @@ __device__ __forceinline__ void att_store_part(const AttnArgs &a, int t, int h0,
 
 /* A split item's partial result is in a.part: the last split of (token t, group grp) to get
  * here folds them together into the output and returns true; the others return false.  The
- * sums' order is the splits' whatever the thread count, so every kernel that uses it agrees. */
+ * sums' order is the splits' whatever the thread count, so every kernel that uses it agrees.
+ * stage (or NULL): shared memory of stage_bytes that the item no longer reads; where the
+ * group's rows (G x ns of att_part_stride floats) fit, they are copied there in one round
+ * trip to L2 and read from it, instead of the maxima and sums in one round trip and the
+ * values in another: the same loads' values in the same order, so the same bits. */
 template <int HD, int NTHREADS, typename Sync>
 __device__ bool att_combine(const AttnArgs &a, int t, int grp, int h0, int G, int ns, int tid, float *big_m,
-                            float *big_l, int *last, Sync sync) {
+                            float *big_l, int *last, Sync sync, float *stage = nullptr, size_t stage_bytes = 0) {
   const int warp = tid >> 5, lane = tid & 31, groups = a.nh / a.g * a.hgroups;
-  const size_t pstride = (size_t)HD + 2;
+  constexpr int PS = att_part_stride<HD>();
+  const size_t pstride = PS;
   __threadfence();
   sync();
   if (tid == 0) *last = atomicAdd(&a.cnt[(size_t)t * groups + grp], 1u) == (unsigned)ns - 1;
   sync();
   if (!*last) return false;
   __threadfence();
+  /* Where the split (j, s) of head h0 + j is read from: row j ns + s of the stage, or a.part. */
+  const bool staged = stage && (size_t)G * ns * PS * 4 <= stage_bytes;
+  const float *src = a.part + ((size_t)t * a.nh + h0) * a.nsplit * pstride;
+  size_t hstride = (size_t)a.nsplit * pstride; /* between heads */
+  if (staged) {
+    constexpr int C16 = (HD + 2 + 3) / 4; /* 16-byte pieces a row (its padding's last two floats unread) */
+    for (int i = tid; i < G * ns * C16; i += NTHREADS) {
+      const int row = i / C16, c = i - row * C16, j = row / ns, sp = row - j * ns;
+      att_cp16(stage + (size_t)row * PS + 4 * c, src + (size_t)j * hstride + (size_t)sp * pstride + 4 * c);
+    }
+    asm volatile("cp.async.commit_group;" ::: "memory");
+    asm volatile("cp.async.wait_group 0;" ::: "memory");
+    sync();
+    src = stage;
+    hstride = (size_t)ns * pstride;
+  }
+  /* Loads through L2 from a.part (written by other blocks), plain ones from the stage. */
+  auto ld = [&](const float *p) { return staged ? *p : __ldcg(p); };
   /* Per head: M = the largest split max, L = the sum of the splits' sums scaled to M. */
   for (int j = warp; j < G; j += NTHREADS / 32) {
-    const float *pp = a.part + (((size_t)t * a.nh + h0 + j) * a.nsplit) * pstride;
+    const float *pp = src + (size_t)j * hstride;
     float M = -INFINITY;
-    for (int s = lane; s < ns; s += 32) M = fmaxf(M, __ldcg(pp + s * pstride + HD));
+    for (int s = lane; s < ns; s += 32) M = fmaxf(M, ld(pp + s * pstride + HD));
     for (int off = 16; off; off >>= 1) M = fmaxf(M, __shfl_xor_sync(0xffffffffu, M, off));
     float L = 0.f;
     for (int s = lane; s < ns; s += 32) {
-      const float l = __ldcg(pp + s * pstride + HD + 1);
-      L += l > 0.f ? l * expf(__ldcg(pp + s * pstride + HD) - M) : 0.f;
+      const float l = ld(pp + s * pstride + HD + 1);
+      L += l > 0.f ? l * expf(ld(pp + s * pstride + HD) - M) : 0.f;
     }
     for (int off = 16; off; off >>= 1) L += __shfl_xor_sync(0xffffffffu, L, off);
     if (lane == 0) {
@@ -162,7 +193,7 @@ __device__ bool att_combine(const AttnArgs &a, int t, int grp, int h0, int G, in
   sync();
   for (int i = tid; i < G * HD; i += NTHREADS) {
     const int j = i / HD, dd = i - j * HD;
-    const float *pp = a.part + (((size_t)t * a.nh + h0 + j) * a.nsplit) * pstride;
+    const float *pp = src + (size_t)j * hstride;
     const float M = big_m[j], invL = 1.f / big_l[j];
     float o = 0.f;
     for (int s0 = 0; s0 < ns; s0 += 8) { /* eight splits' loads in flight */
@@ -170,9 +201,9 @@ __device__ bool att_combine(const AttnArgs &a, int t, int grp, int h0, int G, in
 #pragma unroll
       for (int k = 0; k < 8; k++) {
         const bool in = s0 + k < ns;
-        v[k] = in ? __ldcg(pp + (size_t)(s0 + k) * pstride + dd) : 0.f;
-        m[k] = in ? __ldcg(pp + (size_t)(s0 + k) * pstride + HD) : -INFINITY;
-        l[k] = in ? __ldcg(pp + (size_t)(s0 + k) * pstride + HD + 1) : 0.f;
+        v[k] = in ? ld(pp + (size_t)(s0 + k) * pstride + dd) : 0.f;
+        m[k] = in ? ld(pp + (size_t)(s0 + k) * pstride + HD) : -INFINITY;
+        l[k] = in ? ld(pp + (size_t)(s0 + k) * pstride + HD + 1) : 0.f;
       }
 #pragma unroll
       for (int k = 0; k < 8; k++)

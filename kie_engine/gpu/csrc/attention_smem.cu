@@ -1,6 +1,7 @@
 /* attention_smem.cu - the graph path's decode attention: a block per (KV head group or
  * query head, split, token) holds its keys' rows of K and V in shared memory
- * (attention_smem.cuh, which says how and why).
+ * (attention_smem.cuh, which says how and why); with AttnArgs.blocks, that many blocks
+ * take the step's items in turn.
  *
  * The block copies the rows of earlier steps before it waits for the QKV kernel
  * (programmatic dependent launch), so their DRAM round trip overlaps that kernel's tail.
@@ -31,11 +32,32 @@ __global__ void __launch_bounds__(AS_THREADS, 1) k_attention_smem(const AttnArgs
   auto wait = [&] {
     kcclDevPdlWait();
     kcclDevPdlTrigger();
-    if (CLK) clk[KIE_CLK_WAITED] = kie_gtime();
+    if (CLK && !clk[KIE_CLK_WAITED]) clk[KIE_CLK_WAITED] = kie_gtime();
     return true;
   };
-  att_smem_item<HD, AS_THREADS, WARM>(a, blockIdx.x, blockIdx.y, blockIdx.z, threadIdx.x, as_smem, ATT_SMEM_KEYS(HD), hs,
-                                SyncBlock(), wait, CLK ? item_clk : nullptr);
+  if (a.blocks == 0) {
+    att_smem_item<HD, AS_THREADS, WARM>(a, blockIdx.x, blockIdx.y, blockIdx.z, threadIdx.x, as_smem, ATT_SMEM_KEYS(HD),
+                                        hs, SyncBlock(), wait, CLK ? item_clk : nullptr);
+  } else {
+    /* The step's items only (the monokernel's order: a query head each while the context fits
+     * one item, else (group, split)), item i on block i, i + gridDim.x, ...: no block is launched
+     * for splits past the context, which a grid of item slots ends at once every step. */
+    const int t = blockIdx.z, groups = a.nh / a.g * a.hgroups;
+    const int ns = att_smem_splits(a, *a.pos + t + 1);
+    const bool per_head = ns == 1 && a.heads1;
+    const int items = per_head ? a.nh : groups * ns;
+    for (int it = blockIdx.x; it < items; it += gridDim.x) {
+      int bx = it, split = 0;
+      if (!per_head) { /* the group's first query head under heads1, as the grid of item slots has it */
+        const int grp = it % groups;
+        split = it / groups;
+        bx = a.heads1 ? grp / a.hgroups * a.g + grp % a.hgroups * a.gper : grp;
+      }
+      if (it != (int)blockIdx.x) __syncthreads(); /* the last item is done with the shared memory */
+      att_smem_item<HD, AS_THREADS, WARM>(a, bx, split, t, threadIdx.x, as_smem, ATT_SMEM_KEYS(HD), hs, SyncBlock(),
+                                          wait, CLK && it == (int)blockIdx.x ? item_clk : nullptr);
+    }
+  }
   if (CLK && clk[KIE_CLK_WAITED]) {
     clk[KIE_CLK_END] = kie_gtime();
     kie_clock_marks(a.clk, clk);
@@ -44,7 +66,9 @@ __global__ void __launch_bounds__(AS_THREADS, 1) k_attention_smem(const AttnArgs
 
 template <int HD>
 cudaError_t launch_hd(const AttnArgs &a, int T, cudaStream_t st, int pdl) {
-  const dim3 grid((unsigned)(a.heads1 ? a.nh : a.nh / a.g * a.hgroups), (unsigned)a.nsplit, (unsigned)T);
+  const dim3 grid = a.blocks > 0 ? dim3((unsigned)a.blocks, 1u, (unsigned)T)
+                                 : dim3((unsigned)(a.heads1 ? a.nh : a.nh / a.g * a.hgroups), (unsigned)a.nsplit,
+                                        (unsigned)T);
   const size_t smem = SmemShape<HD, AS_THREADS>::bytes(ATT_SMEM_KEYS(HD));
   if (a.warm)
     return a.clk ? kcclLaunch(k_attention_smem<HD, true, true>, grid, dim3(AS_THREADS), smem, st, pdl, a)

@@ -263,7 +263,9 @@ __device__ bool att_smem_item(const AttnArgs &a, int bx, int split, int t, int t
     return true;
   }
   att_store_part<HD, SS::CPT, NT>(a, t, h0, G, split, tid, nch, owner, acc, m_s, l_s);
-  att_combine<HD, NT>(a, t, grp, h0, G, ns, tid, hs.big_m, hs.big_l, &hs.last, sync);
+  /* the rows' space (Ks, Vs) is free once every thread is past its values: att_combine syncs first */
+  att_combine<HD, NT>(a, t, grp, h0, G, ns, tid, hs.big_m, hs.big_l, &hs.last, sync, reinterpret_cast<float *>(smem),
+                      (size_t)2 * cap * LD * 2);
   return true;
 }
 

@@ -87,7 +87,7 @@ struct kie_engine {
   int device, sms;
   int hid_pad, qdim, kvdim, qkv_rows, inter_pad, tmax;
   int g, gper, hgroups, nsplit, att_chunk, gemv_grid_max, gemv_u;
-  int dec_attn, att_keys, att_split, att_gper, att_heads1, nsplit_smem; /* the graph path's decode attention (kie_shape
+  int dec_attn, att_keys, att_split, att_gper, att_heads1, nsplit_smem, att_blocks; /* the graph path's decode attention (kie_shape
                                           .decode_attn, att_keys, att_split_keys, att_heads) and its splits at most */
   size_t bytes;
   char *arena;

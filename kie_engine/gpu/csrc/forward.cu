@@ -42,6 +42,7 @@ struct Launcher {
     if (e->dec_attn == 2) {
       AttnArgs b = smem_attention_args(e, a, e->att_keys);
       b.warm = e->s.att_warm;
+      b.blocks = e->att_blocks;
       b.clk = clock();
       CU(kie_launch_attention_smem(b, T, e->stream, e->s.pdl));
     } else {

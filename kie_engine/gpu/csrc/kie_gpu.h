@@ -155,6 +155,10 @@ typedef struct {
   int att_warm;                /* 1: the graph path's attention block runs its arithmetic once over the rows of
                                   earlier steps before its wait (results dropped), so that the instructions after
                                   the wait are in the SM's instruction cache; 0: off */
+  int att_blocks;              /* the graph path's decode attention: 0 auto (-1); -1 a block per (head or group,
+                                  split) of the most splits the cache can need, those past the context's ending at
+                                  once; N >= 1 at most N blocks, each taking the step's items i, i + N, ... (the
+                                  same arithmetic: the same bits) */
 } kie_shape;
 
 typedef struct {

@@ -172,9 +172,11 @@ struct AttnArgs {
   int ksplit;    /* and of a split, when the context passes kcap; */
   int heads1;    /* and 1: a block a query head while the context fits one block (the grid: a block a head) */
   int warm;      /* the graph path's kernel: 1 runs an item's arithmetic once before its wait (attention_smem.cuh) */
+  int blocks;    /* and 0: a block an item slot of its grid (heads x nsplit x T); N > 0: N x T blocks, each
+                    taking the step's items i, i + N, ... */
   const int *pos;
   float scale;
-  float *part;   /* [T][nh][nsplit][hd + 2] */
+  float *part;   /* [T][nh][nsplit][hd + 4] (attention.cuh's att_part_stride) */
   unsigned *cnt; /* [T][nkv * hgroups] */
   float *out;
   int out_ld;

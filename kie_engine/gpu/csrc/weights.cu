@@ -60,6 +60,14 @@ int derive(kie_engine *e, const kie_shape &s, int sms) {
     return fail(KIE_E_ARG, "att_heads=%d: 0 (auto), 1 (one a block) or 2 (a KV head's together)", s.att_heads);
   e->att_gper = s.att_heads == 1 ? 1 : e->gper;
   e->att_heads1 = s.att_heads == 0;
+  if (s.att_blocks < -1) return fail(KIE_E_ARG, "att_blocks=%d: 0 (auto), -1 (an item slot a block) or a count", s.att_blocks);
+  {
+    /* the most items a step has: a query head each while the context fits one, else
+     * (group, split) pairs */
+    const int items = std::max(e->att_heads1 ? s.heads : 0, s.kv_heads * ((e->g + e->att_gper - 1) / e->att_gper) *
+                                                               e->nsplit_smem);
+    e->att_blocks = s.att_blocks > 0 ? std::min(s.att_blocks, items) : 0;
+  }
   const int bps = s.gemv_blocks_per_sm > 0 ? s.gemv_blocks_per_sm : 2;
   e->gemv_grid_max = bps * sms;
   if (s.gemv_u != 0 && s.gemv_u != 4 && s.gemv_u != 8) return fail(KIE_E_ARG, "gemv_u=%d: 4 or 8 (0: auto)", s.gemv_u);
@@ -157,7 +165,7 @@ size_t layout(kie_engine *e, char *base) {
   e->logits = (float *)take((size_t)s.vocab_part * 4);
   e->logits_all = (float *)take((size_t)s.tp_size * s.vocab_part * 4);
   e->cand = (float *)take(256);
-  e->part = (float *)take(T * s.heads * std::max(e->nsplit, e->nsplit_smem) * (hd + 2) * 4);
+  e->part = (float *)take(T * s.heads * std::max(e->nsplit, e->nsplit_smem) * (hd + 4) * 4);
   e->att_cnt = (unsigned *)take(T * s.heads * 4); /* a count per (token, block group): at most a query head each */
   e->head_cnt = (unsigned *)take(16);
   e->amax = (unsigned long long *)take(16);
