@@ -89,7 +89,17 @@ def mono_profile(model):
     for attention stages, in place of stage_x / run / lead: scores, values and rest, thread
     0's first item from its start to its scores and softmax done, to its values done, and
     on to the block's end (the combine, further items), mean over blocks with items; and
-    "total": the first stage's first start to the head's last end."""
+    "total": the first stage's first start to the head's last end.  For GEMV kinds also
+      run_cv_block  how much the blocks' runs differ in a way that stays with the block: the
+                    spread (coefficient of variation) across blocks of each block's run
+                    relative to its stage's mean, averaged over the layers;
+      run_cv_noise  and in a way that does not: the spread of each block's relative run
+                    across the layers, the mean over blocks.  A stage whose blocks' runs
+                    differ mostly by block (an SM that streams slower every layer) could take
+                    shares sized to the blocks; one whose runs differ by noise could not;
+      end_sd_block  likewise for when the blocks end (us after their stage's mean end): the
+      end_sd_noise  spread across blocks of each one's mean over the layers, and the mean
+                    over blocks of each one's spread across the layers."""
     info = model.info()
     n, grid = info["mono_stages"], info["mono_blocks"]
     marks = np.zeros(4 * n * grid, np.uint64)
@@ -137,6 +147,17 @@ def mono_profile(model):
         out["attention"]["run"] = out["attention"]["lead"] = 0.0
         out["attention"].update(att)
     out = {k: {a: round(float(b), 1) for a, b in v.items()} for k, v in out.items()}
+    for k in ("qkv", "o", "gate_up", "down"):
+        idx = [i for i, kk in enumerate(kinds) if kk == k and has[i].all()]
+        if len(idx) < 2:
+            continue
+        run = np.stack([end[i] - staged[i] for i in idx])  # layers x blocks
+        relr = run / run.mean(axis=1, keepdims=True)
+        out[k]["run_cv_block"] = round(float(relr.mean(axis=0).std()), 4)
+        out[k]["run_cv_noise"] = round(float(relr.std(axis=0).mean()), 4)
+        late = np.stack([end[i] - end[i].mean() for i in idx])
+        out[k]["end_sd_block"] = round(float(late.mean(axis=0).std()), 3)
+        out[k]["end_sd_noise"] = round(float(late.std(axis=0).mean()), 3)
     first = start[0][has[0]].min()
     out["total"] = round(float(end[-1][has[-1]].max() - first), 1) if has[-1].any() else None
     return out
