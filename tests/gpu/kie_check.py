@@ -286,9 +286,10 @@ DECODE_TUNINGS = [{"decode_attn": 1}, {"att_keys": 16}, {"att_keys": 40}, {"att_
 
 # Tunings that must give the default's bits, each against the same tuning without its last field:
 # the attention's items on a few blocks in turn (att_blocks; 3 blocks take several items each, in one
-# block a head and in splits that combine), and on as many blocks as items.
-SAME_BITS_TUNINGS = [{"att_blocks": 3}, {"att_blocks": 1000}, {"att_keys": 16, "att_blocks": 3},
-                     {"att_keys": 16, "att_heads": 2, "att_blocks": 5}, {"att_keys": 16, "step_clock": 1, "att_blocks": 3}]
+# block a head and in splits that combine), and a block per item slot of the grid (-1).
+SAME_BITS_TUNINGS = [{"att_blocks": -1}, {"att_blocks": 3}, {"att_keys": 16, "att_blocks": -1},
+                     {"att_keys": 16, "att_blocks": 3}, {"att_keys": 16, "att_heads": 2, "att_blocks": 5},
+                     {"att_keys": 16, "step_clock": 1, "att_blocks": 3}]
 
 
 def check_same_bits(tag, path, comm, steps, tunings):

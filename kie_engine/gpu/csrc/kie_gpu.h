@@ -155,10 +155,11 @@ typedef struct {
   int att_warm;                /* 1: the graph path's attention block runs its arithmetic once over the rows of
                                   earlier steps before its wait (results dropped), so that the instructions after
                                   the wait are in the SM's instruction cache; 0: off */
-  int att_blocks;              /* the graph path's decode attention: 0 auto (-1); -1 a block per (head or group,
-                                  split) of the most splits the cache can need, those past the context's ending at
-                                  once; N >= 1 at most N blocks, each taking the step's items i, i + N, ... (the
-                                  same arithmetic: the same bits) */
+  int att_blocks;              /* the graph path's decode attention: N >= 1 at most N blocks, each taking the step's
+                                  items i, i + N, ... (the same arithmetic, the same bits); 0 auto, an SM's count
+                                  (at most the items); -1 a block per (head or group, split) of the most splits the
+                                  cache can need, those past the context's ending at once, which every step launches:
+                                  on the 2b shape about 2 % slower (bench/RESULTS.md) */
 } kie_shape;
 
 typedef struct {

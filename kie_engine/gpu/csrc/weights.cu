@@ -66,7 +66,9 @@ int derive(kie_engine *e, const kie_shape &s, int sms) {
      * (group, split) pairs */
     const int items = std::max(e->att_heads1 ? s.heads : 0, s.kv_heads * ((e->g + e->att_gper - 1) / e->att_gper) *
                                                                e->nsplit_smem);
-    e->att_blocks = s.att_blocks > 0 ? std::min(s.att_blocks, items) : 0;
+    /* auto: a block an SM at most (an attention block fills an SM's shared memory, so a grid
+     * past them waits for a second wave) */
+    e->att_blocks = s.att_blocks > 0 ? std::min(s.att_blocks, items) : s.att_blocks == 0 ? std::min(items, sms) : 0;
   }
   const int bps = s.gemv_blocks_per_sm > 0 ? s.gemv_blocks_per_sm : 2;
   e->gemv_grid_max = bps * sms;
