@@ -269,7 +269,8 @@ __device__ bool att_smem_item(const AttnArgs &a, int bx, int split, int t, int t
    * ran slower at context 1,024 with the copy (bench/RESULTS.md), reads them from L2 and carries
    * none of the copy's code. */
   att_combine<HD, NT>(a, t, grp, h0, G, ns, tid, hs.big_m, hs.big_l, &hs.last, sync,
-                      STAGE ? reinterpret_cast<float *>(smem) : nullptr, STAGE ? (size_t)2 * cap * LD * 2 : 0);
+                      STAGE && a.combine_smem ? reinterpret_cast<float *>(smem) : nullptr,
+                      STAGE && a.combine_smem ? (size_t)2 * cap * LD * 2 : 0);
   return true;
 }
 
