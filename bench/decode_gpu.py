@@ -33,6 +33,7 @@ import torch.nn.functional as F  # noqa: E402
 
 from kie_engine.formats.config import preset  # noqa: E402
 from kie_engine.generate import Sampling  # noqa: E402
+from kie_engine.errors import GpuError  # noqa: E402
 from kie_engine.gpu.engine import GpuModel, lib as kielib  # noqa: E402
 from kie_engine.reference.model import rope_tables  # noqa: E402
 from kie_engine.lanes.plan import comm_config, lane_plan  # noqa: E402
@@ -658,18 +659,26 @@ def main():
         m.close()
         if a.mono_variants and "mono" in kernels and d == delays[0]:
             for v in mono_variants:
-                mv = kie_engine(cfg, w, comm, max_seq, tuning=v, kernel="mono")
                 vname = variant_name(v)
-                for ctx in contexts:
-                    us, pre, toks = kie_decode(mv, ctx, a.tokens, a.rounds, cfg.vocab_size)
-                    mv.reset()
-                    mv.prefill(list(range(ctx)))
-                    kie_bench.bench_steps(mv, a.tokens)
-                    stage = kie_bench.mono_profile(mv)
-                    log(f"# mono ctx {ctx}, {vname} (every block, us over the step): {stage}")
-                    add("kie", "mono", d, ctx, us, {"variant": vname, "stage_us": stage,
-                                                    "same_tokens_as_graph": toks == graph_tokens.get(ctx)})
-                mv.close()
+                mv = None
+                try:  # a variant that fails (a stalled step: GpuError) is a row that says so, not the run's end
+                    mv = kie_engine(cfg, w, comm, max_seq, tuning=v, kernel="mono")
+                    for ctx in contexts:
+                        us, pre, toks = kie_decode(mv, ctx, a.tokens, a.rounds, cfg.vocab_size)
+                        mv.reset()
+                        mv.prefill(list(range(ctx)))
+                        kie_bench.bench_steps(mv, a.tokens)
+                        stage = kie_bench.mono_profile(mv)
+                        log(f"# mono ctx {ctx}, {vname} (every block, us over the step): {stage}")
+                        add("kie", "mono", d, ctx, us, {"variant": vname, "stage_us": stage,
+                                                        "same_tokens_as_graph": toks == graph_tokens.get(ctx)})
+                except GpuError as e:  # kept in the JSON's meta, beside the rows that ran
+                    log(f"# mono {vname} failed: {type(e).__name__}: {e}")
+                    micro.setdefault("failed_variants", []).append(
+                        {"kernel": "mono", "dtp_delay": d, "variant": vname, "error": f"{type(e).__name__}: {e}"})
+                finally:
+                    if mv is not None:
+                        mv.close()
         if a.variants and d == delays[0]:
             for v in variants:
                 mv = kie_variant(cfg, w, comm, max_seq, v)
