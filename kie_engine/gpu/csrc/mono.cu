@@ -170,9 +170,7 @@ struct Cursor {
   int epi, ld;
   GemvArgs g; /* the fields unit_rows reads */
   /* Claimed units (the producer's cursor; claims != NULL): the stage's units, its shared
-   * ones, its chunks of upt units to claim, and in lane 0 the next claim, asked one tile
-   * ahead (as the block's last shared tile of the stage is issued, then as each claimed one
-   * is): a claim asked earlier would hold a chunk that a block further ahead could take. */
+   * ones, its chunks of upt units to claim, and in lane 0 the next claim, asked ahead. */
   unsigned *claims;
   int units, shared, chunks;
   unsigned pend;
@@ -200,7 +198,7 @@ __device__ bool cursor_seek(const MonoArgs &m, Cursor &c) {
       c.units = stage_units(s);
       c.shared = shared_units(m, c.units);
       c.chunks = (c.units - c.shared + c.upt - 1) / c.upt;
-      if (c.chunks > 0 && c.u1 - c.tu <= c.upt && (threadIdx.x & 31) == 0) c.pend = atomicAdd(c.claims + c.k, 1u);
+      if (c.chunks > 0 && (threadIdx.x & 31) == 0) c.pend = atomicAdd(c.claims + c.k, 1u);
     }
     if (c.tu >= c.u1 && !cursor_claim(c)) continue;
     c.w = s.g.w;
@@ -218,12 +216,7 @@ __device__ bool cursor_seek(const MonoArgs &m, Cursor &c) {
 
 __device__ __forceinline__ bool cursor_next(const MonoArgs &m, Cursor &c) {
   c.tu += c.upt;
-  if (c.tu < c.u1) {
-    /* a shared tile (claimed ones end at u1); the last one: the first claim goes out with it */
-    if (c.claims && c.chunks > 0 && c.u1 - c.tu <= c.upt && (threadIdx.x & 31) == 0) c.pend = atomicAdd(c.claims + c.k, 1u);
-    return true;
-  }
-  if (cursor_claim(c)) return true;
+  if (c.tu < c.u1 || cursor_claim(c)) return true;
   c.k++;
   return cursor_seek(m, c);
 }
