@@ -83,9 +83,7 @@ def first_diff(a, b):
 # the same bits); "monosums": the monokernel's normed stages adding the sums (kie_shape.mono_residual 2);
 # "polls4": four loads of a stage's count in flight while a block waits (kie_shape.mono_polls 4, a
 # timing change only); "combine_l2": the graph path's split combine reading the partial rows from L2,
-# as the monokernel's does (kie_shape.att_combine_smem 2; by default it copies them into shared memory);
-# "claim25" / "claim100": a quarter or all of each GEMV stage's units claimed by the blocks at run time
-# (kie_shape.mono_claim; one lane: with more, the kernel claims none).
+# as the monokernel's does (kie_shape.att_combine_smem 2; by default it copies them into shared memory).
 ATTENTIONS = {
     "items": {"decode_attn": 1, "mono_attn": 1},
     "default": {},
@@ -98,8 +96,6 @@ ATTENTIONS = {
     "normsums": {"gemv_residual": 2},
     "monosums": {"mono_residual": 2},
     "polls4": {"mono_polls": 4},
-    "claim25": {"mono_claim": 25},
-    "claim100": {"mono_claim": 100},
     "combine_l2": {"decode_attn": 2, "mono_attn": 2, "att_keys": 64, "att_splits": 8, "att_combine_smem": 2},
 }
 
@@ -222,8 +218,7 @@ def main():
         cases += [(name, 0, att) for att in ("smem64", "combine_l2") if att in atts for name in presets]
         cases += [(presets[0], 0, "walk")] if "walk" in atts else []
         cases += [(presets[-1], 0, "l2first")] if "l2first" in atts else []
-        cases += [(name, d, att) for att in ("slots2", "fence", "behind", "normsums", "monosums", "polls4",
-                                                                  "claim25", "claim100") if att in atts
+        cases += [(name, d, att) for att in ("slots2", "fence", "behind", "normsums", "monosums", "polls4") if att in atts
                   for name in presets for d in (0, 1)]
         uncovered = sorted(set(atts) - {att for _, _, att in cases})
         if uncovered:  # an ATTENTIONS entry this list does not run would pass unchecked

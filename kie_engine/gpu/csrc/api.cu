@@ -180,7 +180,7 @@ int kie_reset(kie_engine *e) {
    * from the old position). */
   CU(cudaMemsetAsync(e->st, 0, sizeof(DevState), e->stream));
   CU(cudaMemsetAsync(e->mono_sync, 0, sizeof(MonoSync), e->stream));
-  CU(cudaMemsetAsync(e->mono_cnt, 0, (size_t)e->mono_n * 16, e->stream));
+  CU(cudaMemsetAsync(e->mono_cnt, 0, (size_t)e->mono_n * 8, e->stream));
   /* a launch cut short by an error may have left a count */
   CU(cudaMemsetAsync(e->att_cnt, 0, (size_t)e->tmax * e->s.heads * 4, e->stream));
   if (e->pf_chunk > 0)

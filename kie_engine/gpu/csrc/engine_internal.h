@@ -107,8 +107,7 @@ struct kie_engine {
   /* The monokernel: its stage table and counters (in the arena), its launch shape. */
   MonoStage *mono_stages;
   MonoSync *mono_sync;
-  unsigned *mono_cnt;             /* [4 mono_n]: the stages' counts, their lanes' sums' (rcnt), then the claims'
-                                     counts of even and odd steps */
+  unsigned *mono_cnt;             /* [2 mono_n]: the stages' counts, then their lanes' sums' (rcnt) */
   MonoLink *mono_links;
   unsigned long long *mono_marks;
   unsigned long long *step_marks; /* kie_shape.step_clock: [mono_n][KIE_CLK_MARKS][KIE_CLK_BLOCKS], a launch of

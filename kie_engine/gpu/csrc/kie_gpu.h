@@ -168,12 +168,6 @@ typedef struct {
                                   0 auto, 1).  A poll's answer comes an L2 round trip after it leaves, and one poll at a time
                                   sees the count reached up to a round trip late; n polls, spaced by a measured
                                   round trip over n, see it within about a round trip over n */
-  int mono_claim;              /* monokernel: percent of each GEMV stage's units that blocks claim at run time, a
-                                  tile at a time, after their equal shares of the rest (0..100; 0 auto, none).  A
-                                  stage ends when its last block does, and with equal shares alone an SM that gets
-                                  less of HBM in a layer ends it late; claimed units go to the blocks that are
-                                  ahead.  The same units, each computed whole by one block: the same bits.  One
-                                  lane only (the kernel's TP copy is at its register cap); with lanes, none */
 } kie_shape;
 
 typedef struct {

@@ -247,8 +247,6 @@ struct MonoArgs {
   int stage_ahead;              /* 1: each stage's table entry loaded while the stage before runs (kie_shape.mono_ahead 0
                                    or 1; one lane) */
   int polls;                    /* loads of a stage's count in flight while thread 0 waits for it (kie_shape.mono_polls) */
-  int claim_pct;                /* percent of a GEMV stage's units claimed at run time (kie_shape.mono_claim) */
-  unsigned *claim;              /* [2][nstages]: tiles claimed of each stage, in steps of even and odd epochs */
   unsigned long long *marks;    /* [nstages][4][grid]: each block's clock at each stage's start, x staged,
                                    end, and its producer's first copy (mono.cu's MARK_*) */
   /* Lanes (tp > 1 runs the kernel's TP copy, which alone reads what follows). */

@@ -94,11 +94,6 @@ struct Block {
   const MonoArgs *m;
   uint64_t *full, *empty; /* per slot: filled (producer's tx), freed (one arrive per consumer warp) */
   char *ring;
-  /* Per slot, with claimed units (MonoArgs.claim_pct): the tile the producer put there, as
-   * {its index in the block's sequence, stage, first unit, units}, written before its copy is
-   * issued; the index last, so that a consumer that reads it reads the rest.  A tile of the
-   * next stage, or stage nstages past the last, tells the consumers their stage has no more. */
-  volatile int (*meta)[4];
   volatile int *stop;     /* set when this block gives up; the producer watches it too */
   /* The consumers' verdict at a wait: written by consumer thread 0 alone, before
    * the barrier after which all of them read it.  They leave only on it, all at
@@ -144,17 +139,13 @@ __device__ __forceinline__ bool spin(const Block &b, int stage, Done done) {
   return spin_as(b, KIE_DERR_STALL, stage, done);
 }
 
-/* A GEMV stage's units: the first `shared` in equal shares, the rest claimed at run time. */
-__device__ __forceinline__ int stage_units(const MonoStage &s) {
-  return s.epi == EPI_SWIGLU ? gemv_units<EPI_SWIGLU>(s.g) : gemv_units<EPI_STORE>(s.g);
-}
-__device__ __forceinline__ int shared_units(const MonoArgs &m, int units) {
-  return units - (int)((long long)units * m.claim_pct / 100);
-}
-
-/* This block's share of a GEMV stage's units. */
-__device__ __forceinline__ void unit_range(const MonoArgs &m, const MonoStage &s, int &u0, int &u1) {
-  const int units = shared_units(m, stage_units(s));
+/* This block's units of a GEMV stage. */
+__device__ __forceinline__ void unit_range(const MonoStage &s, int &u0, int &u1) {
+  int units;
+  switch (s.epi) {
+    case EPI_SWIGLU: units = gemv_units<EPI_SWIGLU>(s.g); break;
+    default: units = gemv_units<EPI_STORE>(s.g);
+  }
   u0 = (int)((long long)blockIdx.x * units / gridDim.x);
   u1 = (int)((long long)(blockIdx.x + 1) * units / gridDim.x);
 }
@@ -169,38 +160,16 @@ struct Cursor {
   const bf16 *w;
   int epi, ld;
   GemvArgs g; /* the fields unit_rows reads */
-  /* Claimed units (the producer's cursor; claims != NULL): the stage's units, its shared
-   * ones, its chunks of upt units to claim, and in lane 0 the next claim, asked ahead. */
-  unsigned *claims;
-  int units, shared, chunks;
-  unsigned pend;
 };
-
-/* The cursor's next claimed tile of its stage; false: none left. */
-__device__ __forceinline__ bool cursor_claim(Cursor &c) {
-  if (!c.claims || c.chunks == 0) return false;
-  const unsigned got = __shfl_sync(0xffffffffu, c.pend, 0);
-  if (got >= (unsigned)c.chunks) return false;
-  c.tu = c.shared + (int)got * c.upt;
-  c.u1 = min(c.units, c.tu + c.upt);
-  if ((threadIdx.x & 31) == 0) c.pend = atomicAdd(c.claims + c.k, 1u); /* the next, in flight meanwhile */
-  return true;
-}
 
 /* The first tile of stage k or after it; false past the last. */
 __device__ bool cursor_seek(const MonoArgs &m, Cursor &c) {
   for (; c.k < m.nstages; c.k++) {
     const MonoStage &s = m.stages[c.k];
     if (s.kind != MONO_GEMV) continue;
+    unit_range(s, c.tu, c.u1);
+    if (c.tu >= c.u1) continue;
     c.upt = s.upt;
-    unit_range(m, s, c.tu, c.u1);
-    if (c.claims) {
-      c.units = stage_units(s);
-      c.shared = shared_units(m, c.units);
-      c.chunks = (c.units - c.shared + c.upt - 1) / c.upt;
-      if (c.chunks > 0 && (threadIdx.x & 31) == 0) c.pend = atomicAdd(c.claims + c.k, 1u);
-    }
-    if (c.tu >= c.u1 && !cursor_claim(c)) continue;
     c.w = s.g.w;
     c.epi = s.epi;
     c.ld = s.g.ld;
@@ -216,7 +185,7 @@ __device__ bool cursor_seek(const MonoArgs &m, Cursor &c) {
 
 __device__ __forceinline__ bool cursor_next(const MonoArgs &m, Cursor &c) {
   c.tu += c.upt;
-  if (c.tu < c.u1 || cursor_claim(c)) return true;
+  if (c.tu < c.u1) return true;
   c.k++;
   return cursor_seek(m, c);
 }
@@ -293,17 +262,11 @@ __device__ void prefetch_attention(const MonoArgs &m, const MonoStage &s) {
 
 /* The producer warp: every weight tile of the step, in the consumers' order,
  * into the ring; the tile `prefetch` places further on asked of L2 meanwhile, so
- * that more of HBM's latency is covered than the ring alone holds (of the
- * shared units only).  With claimed units, each stage's shared tiles, then those it
- * claims; each tile's place in the ring described in b.meta. */
+ * that more of HBM's latency is covered than the ring alone holds. */
 __device__ void produce(const Block &b) {
   const MonoArgs &m = *b.m;
   Cursor c, p;
   c.k = p.k = 0;
-  c.pend = p.pend = 0;
-  p.claims = nullptr;
-  /* the step's claims: read before the first tile, so before any block can end the step */
-  c.claims = m.claim_pct > 0 ? m.claim + (size_t)(*(volatile unsigned *)&m.sync->epoch & 1u) * m.nstages : nullptr;
   const uint64_t pol = l2_stream_policy(m.l2_first);
   bool more = cursor_seek(m, c), ahead = cursor_seek(m, p);
   for (int i = 0; ahead && i < m.prefetch; i++) {
@@ -311,33 +274,21 @@ __device__ void produce(const Block &b) {
     ahead = cursor_next(m, p);
   }
   int tile = 0, marked = -1;
-  /* Before a slot's next copy: the consumers are done with its last tile
-   * (empty) and that tile's copy has landed (full).  In a step that runs on,
-   * full holds whenever empty does (a consumer frees a tile only after
-   * waiting for it); in one given up, consumers free tiles without waiting,
-   * and a copy issued while the slot's last one is in flight would arrive on
-   * a full phase that is still open and leave drain's count of phases wrong.
-   * The verdict is the warp's: a lane that left alone would leave the others
-   * in tile_rows's warp reduction. */
-  auto slot_free = [&](int slot, int use, int k) -> bool {
-    if (use == 0) return true;
-    const unsigned par = (unsigned)(use - 1) & 1u;
-    const bool free = spin(b, k, [&] { return mbar_done(&b.empty[slot], par) && mbar_done(&b.full[slot], par); });
-    return __all_sync(0xffffffffu, free);
-  };
-  auto describe = [&](int slot, int t, int k, int tu, int n) {
-    if ((threadIdx.x & 31) == 0) {
-      b.meta[slot][1] = k;
-      b.meta[slot][2] = tu;
-      b.meta[slot][3] = n;
-      __threadfence_block();
-      b.meta[slot][0] = t;
-    }
-  };
   for (; more; tile++, more = cursor_next(m, c)) {
     const int slot = tile % m.nslots, use = tile / m.nslots;
-    if (!slot_free(slot, use, c.k)) break;
-    if (c.claims) describe(slot, tile, c.k, c.tu, min(c.upt, c.u1 - c.tu));
+    /* Before a slot's next copy: the consumers are done with its last tile
+     * (empty) and that tile's copy has landed (full).  In a step that runs on,
+     * full holds whenever empty does (a consumer frees a tile only after
+     * waiting for it); in one given up, consumers free tiles without waiting,
+     * and a copy issued while the slot's last one is in flight would arrive on
+     * a full phase that is still open and leave drain's count of phases wrong.
+     * The verdict is the warp's: a lane that left alone would leave the others
+     * in tile_rows's warp reduction. */
+    if (use > 0) {
+      const unsigned par = (unsigned)(use - 1) & 1u;
+      const bool free = spin(b, c.k, [&] { return mbar_done(&b.empty[slot], par) && mbar_done(&b.full[slot], par); });
+      if (!__all_sync(0xffffffffu, free)) break;
+    }
     tile_rows(c, b.ring + (size_t)slot * m.slot_bytes, &b.full[slot], pol);
     if (c.k != marked) {
       if ((threadIdx.x & 31) == 0) mark(m, c.k, MARK_ISSUED);
@@ -350,9 +301,6 @@ __device__ void produce(const Block &b) {
       ahead = cursor_next(m, p);
     }
   }
-  /* past the last stage's tiles: its consumers' sign that it has no more (no copy) */
-  if (c.claims && !more && slot_free(tile % m.nslots, tile / m.nslots, m.nstages - 1))
-    describe(tile % m.nslots, tile, m.nstages, 0, 0);
   drain(b, tile);
 }
 
@@ -629,7 +577,6 @@ __device__ void consume(const Block &b, char *xunion) {
   __shared__ float part[2][GEMV_WARPS][2 * GEMV_MAX_T];
   __shared__ unsigned long long sbest[GEMV_WARPS];
   __shared__ unsigned s_epoch, s_head0;
-  __shared__ int verdict[2]; /* claimed tiles: thread 0's word on tile i, in verdict[i & 1] */
   __shared__ float rope[2 * ROPE_MAX_HALF];
   /* EPI_RESID stages (kie_shape.mono_residual, one lane): the residual's rows of the block's
    * units, loaded while x is staged */
@@ -695,9 +642,8 @@ __device__ void consume(const Block &b, char *xunion) {
       continue;
     }
     int u0, u1;
-    unit_range(m, s, u0, u1);
-    const bool claims = !TP && m.claim_pct > 0 && shared_units(m, stage_units(s)) < stage_units(s);
-    if (u0 < u1 || claims) {
+    unit_range(s, u0, u1);
+    if (u0 < u1) {
       /* the position's rotation: final since the kernel started, so read before the wait */
       if (s.epi == EPI_QKV) stage_rope(s.g, rope, tid, MONO_CONSUMERS);
       if (TP) {
@@ -711,34 +657,16 @@ __device__ void consume(const Block &b, char *xunion) {
       const int row0 = 2 * u0, nres = TP || s.epi != EPI_RESID ? 0 : min(2 * (u1 - u0), MONO_RESID_ROWS);
       if (!TP && tid < nres && row0 + tid < s.g.rows) sres[tid] = __ldcg(s.g.r_in + row0 + tid);
       if (s.g.x) stage_plain(s.g, xs, tid);
-      /* the residual's writer: one block (with claims every block runs every stage) */
-      else stage_norm(s.g, xs, tid, claims ? blockIdx.x == 0 : u0 == 0, SyncNamed{BAR_CONSUMERS, MONO_CONSUMERS}, red);
+      else stage_norm(s.g, xs, tid, u0 == 0, SyncNamed{BAR_CONSUMERS, MONO_CONSUMERS}, red);
       bar_consumers();
       mark0(m, k, MARK_STAGED);
-      /* The shared units' tiles, then (claims) those the producer claimed, until its next
-       * tile is of a later stage. */
-      for (int tu = u0;; tile++) {
+      for (int tu = u0; tu < u1; tu += s.upt, tile++) {
         const int slot = tile % m.nslots, use = tile / m.nslots;
-        int n;
-        if (tu < u1) {
-          n = min(s.upt, u1 - tu);
-        } else {
-          /* thread 0 waits for the producer's word on the tile and says what it is, so that
-           * every consumer takes the same way (the tile's barriers need all of them) */
-          if (!claims) break;
-          if (tid == 0) {
-            const bool known = spin(b, k, [&] { return b.meta[slot][0] == tile; });
-            verdict[tile & 1] = known && b.meta[slot][1] == k ? 1 : 0; /* given up: on to the next wait */
-          }
-          bar_consumers();
-          if (!verdict[tile & 1]) break;
-          tu = b.meta[slot][2];
-          n = b.meta[slot][3];
-        }
         /* Each consumer waits for the tile itself, so they can give up at different
          * times: one that has goes on through the stage (its results no longer
          * matter) and all leave together at the next wait. */
         spin(b, k, [&] { return mbar_done(&b.full[slot], (unsigned)use & 1u); });
+        const int n = min(s.upt, u1 - tu);
         switch (s.epi) {
           case EPI_QKV: gemv_tile<EPI_QKV>(b, s, tu, n, slot, xs, part[tile & 1], best, rope); break;
           case EPI_SWIGLU: gemv_tile<EPI_SWIGLU>(b, s, tu, n, slot, xs, part[tile & 1], best, rope); break;
@@ -749,7 +677,6 @@ __device__ void consume(const Block &b, char *xunion) {
             else
               gemv_tile<EPI_STORE>(b, s, tu, n, slot, xs, part[tile & 1], best, rope);
         }
-        tu += s.upt;
       }
       if (s.epi == EPI_HEAD) { /* the block's best key, then the grid's */
         if (lane == 0) sbest[warp] = best;
@@ -779,10 +706,6 @@ __device__ void consume(const Block &b, char *xunion) {
         if (m.pick) kie_finalize_pick(m.cand, 1, m.c);
       }
       m.sync->done = 0;
-      /* the next step's claims start from zero: the step before this one used them, and
-       * no block of it is left */
-      if (m.claim_pct > 0)
-        for (int i = 0; i < m.nstages; i++) m.claim[(size_t)((epoch + 1u) & 1u) * m.nstages + i] = 0;
       __threadfence();
       *(volatile unsigned *)&m.sync->epoch = epoch + 1u;
     }
@@ -793,7 +716,6 @@ template <int HD, bool TP>
 __global__ void __launch_bounds__(MONO_THREADS, 1) k_mono(const __grid_constant__ MonoArgs m) {
   extern __shared__ __align__(128) char smem[];
   __shared__ int stop, quit;
-  __shared__ volatile int meta[8][4]; /* mono_host's ring has 8 slots at most */
   Block b;
   b.m = &m;
   b.full = reinterpret_cast<uint64_t *>(smem);
@@ -801,11 +723,9 @@ __global__ void __launch_bounds__(MONO_THREADS, 1) k_mono(const __grid_constant_
   b.ring = smem + m.ring_off;
   b.stop = &stop;
   b.quit = &quit;
-  b.meta = meta;
   if (threadIdx.x == 0) {
     stop = quit = 0;
     for (int i = 0; i < m.nslots; i++) {
-      meta[i][0] = -1;
       mbar_init(&b.full[i], 1);
       mbar_init(&b.empty[i], GEMV_WARPS);
     }

@@ -114,8 +114,6 @@ int derive(kie_engine *e, const kie_shape &s, int sms) {
                 s.att_combine_smem);
   if (s.mono_polls != 0 && s.mono_polls != 1 && s.mono_polls != 2 && s.mono_polls != 4 && s.mono_polls != 8)
     return fail(KIE_E_ARG, "mono_polls=%d: 0 (auto), 1, 2, 4 or 8", s.mono_polls);
-  if (s.mono_claim < 0 || s.mono_claim > 100)
-    return fail(KIE_E_ARG, "mono_claim=%d: 0 (auto, none) .. 100 (percent of a stage's units)", s.mono_claim);
   if (s.mono_residual < 0 || s.mono_residual > 2)
     return fail(KIE_E_ARG, "mono_residual=%d: 0 (auto), 1 (o and down write it) or 2 (the norm adds the sums)",
                 s.mono_residual);
@@ -183,7 +181,7 @@ size_t layout(kie_engine *e, char *base) {
   e->samp = (SampParams *)take(sizeof(SampParams));
   e->mono_stages = (MonoStage *)take((size_t)e->mono_n * sizeof(MonoStage));
   e->mono_sync = (MonoSync *)take(sizeof(MonoSync));
-  e->mono_cnt = (unsigned *)take((size_t)e->mono_n * 16);
+  e->mono_cnt = (unsigned *)take((size_t)e->mono_n * 8);
   e->mono_links = (MonoLink *)take((size_t)e->mono_n * sizeof(MonoLink));
   e->mono_marks = (unsigned long long *)take((size_t)e->mono_n * 4 * e->sms * 8);
   e->step_marks = s.step_clock ? (unsigned long long *)take((size_t)e->mono_n * KIE_CLK_MARKS * KIE_CLK_BLOCKS * 8)
