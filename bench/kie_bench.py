@@ -75,92 +75,13 @@ def bench_steps(model, iters, sampling=Sampling()):
 
 
 def mono_profile(model):
-    """Where the monokernel's last step went, from every block's clocks.  For each kind of
-    stage (qkv, attention, o, gate_up, down, head), microseconds summed over the layers:
-      crit     the step's critical path: the stage's last block done, less the previous
-               stage's (the kinds' crit add up to the step);
-      wait     per block, from its previous stage's end to this stage's start (its wait
-               for the stage's inputs), the mean over blocks;
-      stage_x  per block, staging the input (norm or copy of x), mean;
-      run      per block, from the input staged to its share written (tiles waited for and
-               used), mean; spread: the last block's end less the first block's;
-      lead     per block, how long before the consumers started the stage the producer
-               had issued the stage's first tile (negative: issued after), mean;
-    for attention stages, in place of stage_x / run / lead: scores, values and rest, thread
-    0's first item from its start to its scores and softmax done, to its values done, and
-    on to the block's end (the combine, further items), mean over blocks with items; and
-    "total": the first stage's first start to the head's last end.  For GEMV kinds also
-      run_cv_block  how much the blocks' runs differ in a way that stays with the block: the
-                    spread (coefficient of variation) across blocks of each block's run
-                    relative to its stage's mean, averaged over the layers;
-      run_cv_noise  and in a way that does not: the spread of each block's relative run
-                    across the layers, the mean over blocks.  A stage whose blocks' runs
-                    differ mostly by block (an SM that streams slower every layer) could take
-                    shares sized to the blocks; one whose runs differ by noise could not;
-      end_sd_block  likewise for when the blocks end (us after their stage's mean end): the
-      end_sd_noise  spread across blocks of each one's mean over the layers, and the mean
-                    over blocks of each one's spread across the layers."""
+    """Where the monokernel's last step went, from every block's clocks (bench/gpu/step_clock.py's
+    summarize_mono says what each figure is)."""
     info = model.info()
     n, grid = info["mono_stages"], info["mono_blocks"]
     marks = np.zeros(4 * n * grid, np.uint64)
     _check(_lib.kb_mono_marks(_engine(model), _ffi.cast("uint64_t *", _ffi.from_buffer(marks)), marks.size))
-    t = marks.astype(np.float64).reshape(n, 4, grid) / 1e3  # us
-    start, staged, end, issued = t[:, 0], t[:, 1], t[:, 2], t[:, 3]
-    has = end > 0  # blocks with a share of the stage (the others never mark it)
-    kinds = ["qkv", "attention", "o", "gate_up", "down"] * model.cfg.num_hidden_layers + ["head"]
-    keys = ("crit", "wait", "stage_x", "run", "spread", "lead")
-    out = {k: dict.fromkeys(keys, 0.0) for k in dict.fromkeys(kinds)}
-    prev_end_all = None
-    prev_end = None
-    for i, k in enumerate(kinds):
-        h = has[i]
-        if not h.any():
-            continue
-        last = end[i][h].max()
-        o = out[k]
-        o["crit"] += last - (prev_end_all if prev_end_all is not None else start[i][h].min())
-        if prev_end is not None:
-            hb = h & (prev_end > 0)
-            if hb.any():
-                o["wait"] += float(np.mean(start[i][hb] - prev_end[hb]))
-        o["stage_x"] += float(np.mean(staged[i][h] - start[i][h]))
-        o["run"] += float(np.mean(end[i][h] - staged[i][h]))
-        o["spread"] += last - end[i][h].min()
-        hi = h & (issued[i] > 0)
-        if hi.any():
-            o["lead"] += float(np.mean(start[i][hi] - issued[i][hi]))
-        prev_end_all = last
-        prev_end = np.where(h, end[i], prev_end if prev_end is not None else 0)
-    # attention: thread 0's first item, split into scores + softmax, values, and the rest
-    # (the combine, further items, the block's wait for its other half), over blocks with items
-    att = {"scores": 0.0, "values": 0.0, "rest": 0.0}
-    for i, k in enumerate(kinds):
-        if k != "attention":
-            continue
-        hi = has[i] & (issued[i] > 0) & (staged[i] > 0)
-        if hi.any():
-            att["scores"] += float(np.mean(staged[i][hi] - start[i][hi]))
-            att["values"] += float(np.mean(issued[i][hi] - staged[i][hi]))
-            att["rest"] += float(np.mean(end[i][hi] - issued[i][hi]))
-    if "attention" in out:
-        out["attention"]["stage_x"] = 0.0  # its STAGED mark is the item's clock, not an input staged
-        out["attention"]["run"] = out["attention"]["lead"] = 0.0
-        out["attention"].update(att)
-    out = {k: {a: round(float(b), 1) for a, b in v.items()} for k, v in out.items()}
-    for k in ("qkv", "o", "gate_up", "down"):
-        idx = [i for i, kk in enumerate(kinds) if kk == k and has[i].all()]
-        if len(idx) < 2:
-            continue
-        run = np.stack([end[i] - staged[i] for i in idx])  # layers x blocks
-        relr = run / run.mean(axis=1, keepdims=True)
-        out[k]["run_cv_block"] = round(float(relr.mean(axis=0).std()), 4)
-        out[k]["run_cv_noise"] = round(float(relr.std(axis=0).mean()), 4)
-        late = np.stack([end[i] - end[i].mean() for i in idx])
-        out[k]["end_sd_block"] = round(float(late.mean(axis=0).std()), 3)
-        out[k]["end_sd_noise"] = round(float(late.std(axis=0).mean()), 3)
-    first = start[0][has[0]].min()
-    out["total"] = round(float(end[-1][has[-1]].max() - first), 1) if has[-1].any() else None
-    return out
+    return step_clock.summarize_mono(marks.astype(np.float64).reshape(n, 4, grid) / 1e3, model.cfg.num_hidden_layers)
 
 
 CLK_MARKS, CLK_BLOCKS = 6, 1024  # kie_kernels.h's KIE_CLK_MARKS, KIE_CLK_BLOCKS

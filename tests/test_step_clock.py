@@ -89,3 +89,54 @@ def test_the_bench_reads_as_many_marks_as_the_kernels_write():
     blocks = int(re.search(r"#define KIE_CLK_BLOCKS (\d+)", header).group(1))
     got = tuple(int(x) for x in re.search(r"^CLK_MARKS, CLK_BLOCKS = (\d+), (\d+)", bench, re.M).groups())
     assert got == (marks, blocks)
+
+
+# The monokernel's stage clock (step_clock.summarize_mono): per stage and block (start, input
+# staged, end, first tile issued); the attention's block marks (start, scores done, end, values
+# done), the blocks without an item nothing.
+MONO_LAYER = [
+    [(1000, 1002, 1010, 995), (1000, 1003, 1012, 996), (1001, 1002, 1011, 997)],         # qkv: ends 1012
+    [(1013, 1015, 1020, 1017), (0, 0, 0, 0), (0, 0, 0, 0)],                            # attention: ends 1020
+    [(1021.5, 1022, 1025, 1005), (1021, 1021.5, 1024, 1006), (1022, 1023, 1026, 1007)],  # o: ends 1026
+    [(1027, 1028, 1040, 1010), (1026.5, 1027, 1041, 1011), (1028, 1029, 1039, 1012)],    # gate/up: ends 1041
+    [(1042, 1043, 1050, 1030), (1041.5, 1042, 1051, 1031), (1043, 1044, 1049, 1032)],    # down: ends 1051
+]
+MONO_HEAD = [(1052, 1053, 1055, 1045), (1051.5, 1052, 1056, 1046), (1052, 1053, 1054, 1047)]
+
+
+def mono_step(stages):
+    t = np.zeros((len(stages), 4, 3))
+    for i, blocks in enumerate(stages):
+        for b, marks in enumerate(blocks):
+            t[i, :, b] = marks
+    return t
+
+
+def test_the_monokernels_stages_add_up_to_the_step_and_each_figure_is_what_it_says():
+    out = step_clock.summarize_mono(mono_step(MONO_LAYER + [MONO_HEAD]), layers=1)
+    assert out["total"] == 56.0
+    assert sum(out[k]["crit"] for k in ("qkv", "attention", "o", "gate_up", "down", "head")) == 56.0
+    assert out["qkv"]["crit"] == 12.0 and out["qkv"]["wait"] == 0.0 and out["qkv"]["seen"] == 0.0
+    assert out["qkv"]["stage_x"] == 2.0 and out["qkv"]["spread"] == 2.0 and out["qkv"]["lead"] == 4.3
+    att = out["attention"]
+    assert att["crit"] == 8.0 and att["wait"] == 3.0 and att["seen"] == 1.0  # QKV's last end 1012
+    assert (att["scores"], att["values"], att["rest"]) == (2.0, 2.0, 3.0)
+    # o: each block's wait from its own last end (block 0's attention, the others' QKV), while
+    # seen counts from the attention's end for all three
+    assert out["o"]["wait"] == pytest.approx(7.2) and out["o"]["seen"] == 1.5
+    assert out["o"]["run"] == 2.8 and out["o"]["lead"] == 15.5
+    assert out["gate_up"]["seen"] == 1.2 and out["down"]["seen"] == 1.2 and out["head"]["seen"] == 0.8
+
+
+def test_the_monokernels_run_spread_by_block_and_by_noise():
+    """Two layers in which block 0 runs gate/up 20 % over the mean in both: a difference that
+    stays with the block, none that changes from layer to layer."""
+    second = [[tuple(v + 56 if v else 0 for v in marks) for marks in blocks] for blocks in MONO_LAYER]
+    head = [tuple(v + 56 for v in marks) for marks in MONO_HEAD]
+    t = mono_step(MONO_LAYER + second + [head])
+    for i in (3, 8):  # gate/up: runs 12, 9, 9 from its staged mark
+        t[i, 2] = t[i, 1] + np.array([12.0, 9.0, 9.0])
+    out = step_clock.summarize_mono(t, layers=2)
+    assert out["gate_up"]["run_cv_block"] == pytest.approx(float(np.std([1.2, 0.9, 0.9])), abs=1e-4)
+    assert out["gate_up"]["run_cv_noise"] == 0.0
+    assert "run_cv_block" in out["down"] and "run_cv_block" not in out["head"]
