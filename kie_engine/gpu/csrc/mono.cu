@@ -111,9 +111,22 @@ __device__ void give_up(const Block &b, int code, int arg) {
   *b.stop = 1;
 }
 
-/* A bounded spin: true while `done()` is false and neither the bound, this
- * block's stop flag nor the grid's abort flag has ended it; past the bound,
- * the step ends with error `code` (argument: the stage). */
+/* A spin that began at t0 is over: this block's stop flag or the grid's abort
+ * flag is set, or the bound has passed, which ends the step with error `code`
+ * (argument: the stage). */
+__device__ __forceinline__ bool spin_over(const Block &b, int code, int stage, unsigned long long t0) {
+  if (*b.stop || *(volatile unsigned *)&b.m->sync->abort) {
+    *b.stop = 1;
+    return true;
+  }
+  if ((long long)(kie_gtime() - t0) > b.m->timeout_ns) {
+    give_up(b, code, stage);
+    return true;
+  }
+  return false;
+}
+
+/* A bounded spin: true while `done()` is false and spin_over has not ended it. */
 template <typename Done>
 __device__ bool spin_as(const Block &b, int code, int stage, Done done) {
   if (done()) return true;
@@ -121,16 +134,7 @@ __device__ bool spin_as(const Block &b, int code, int stage, Done done) {
   for (unsigned n = 1;; n++) {
     if (done()) return true;
     if (n > 32) __nanosleep(n > 1024 ? 256 : 32);
-    if ((n & 63) == 0) {
-      if (*b.stop || *(volatile unsigned *)&b.m->sync->abort) {
-        *b.stop = 1;
-        return false;
-      }
-      if ((long long)(kie_gtime() - t0) > b.m->timeout_ns) {
-        give_up(b, code, stage);
-        return false;
-      }
-    }
+    if ((n & 63) == 0 && spin_over(b, code, stage, t0)) return false;
   }
 }
 
@@ -309,7 +313,8 @@ __device__ void produce(const Block &b) {
  * under the weight stream), so one poll at a time sees the count reached up to a round
  * trip late.  The first poll's round trip, measured, spaces the N loads; each is issued
  * again as its answer comes back, which keeps the spacing.  Bounded as spin_as is.  Called
- * out of line (poll_many), so that the consumers' code around it stays as it was. */
+ * out of line (poll_many), so that its unrolled loops are not copied into the consumers'
+ * code at every wait. */
 template <int N>
 __device__ __forceinline__ bool poll_count(const Block &b, int stage, const unsigned *p, unsigned target) {
   const long long c0 = clock64();
@@ -334,16 +339,7 @@ __device__ __forceinline__ bool poll_count(const Block &b, int stage, const unsi
       v[i] = ld_relaxed(p);
     }
     if (n > 1024) __nanosleep(256);
-    if ((n & 15) == 0) {
-      if (*b.stop || *(volatile unsigned *)&b.m->sync->abort) {
-        *b.stop = 1;
-        return false;
-      }
-      if ((long long)(kie_gtime() - t0) > b.m->timeout_ns) {
-        give_up(b, KIE_DERR_STALL, stage);
-        return false;
-      }
-    }
+    if ((n & 15) == 0 && spin_over(b, KIE_DERR_STALL, stage, t0)) return false;
   }
 }
 
