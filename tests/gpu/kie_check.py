@@ -286,12 +286,10 @@ DECODE_TUNINGS = [{"decode_attn": 1}, {"att_keys": 16}, {"att_keys": 40}, {"att_
 
 # Tunings that must give the default's bits, each against the same tuning without its last field:
 # the attention's items on a few blocks in turn (att_blocks; 3 blocks take several items each, in one
-# block a head and in splits that combine), and a block per item slot of the grid (-1); the split
-# combine reading the partial rows from L2 instead of a copy in shared memory (att_combine_smem=2).
+# block a head and in splits that combine), and a block per item slot of the grid (-1).
 SAME_BITS_TUNINGS = [{"att_blocks": -1}, {"att_blocks": 3}, {"att_keys": 16, "att_blocks": -1},
                      {"att_keys": 16, "att_blocks": 3}, {"att_keys": 16, "att_heads": 2, "att_blocks": 5},
-                     {"att_keys": 16, "step_clock": 1, "att_blocks": 3}, {"att_keys": 16, "att_combine_smem": 2},
-                     {"att_keys": 16, "att_blocks": 3, "att_combine_smem": 2}]
+                     {"att_keys": 16, "step_clock": 1, "att_blocks": 3}]
 
 
 def check_same_bits(tag, path, comm, steps, tunings):
@@ -369,8 +367,7 @@ BAD_DECODE_TUNINGS = [{"decode_attn": 3}, {"att_keys": 257}, {"att_keys": 16, "a
                       {"gemv_early": -1}, {"gemv_carveout": -1}, {"gemv_carveout": 101}, {"att_blocks": -2},
                       {"att_warm": 2}, {"mono_sync": 3}, {"mono_sync": -1}, {"mono_ahead": 3},
                       {"mono_ahead": -1}, {"gemv_residual": 3}, {"gemv_residual": -1},
-                      {"mono_residual": 3}, {"mono_residual": -1}, {"att_combine_smem": 3},
-                      {"att_combine_smem": -1}, {"mono_polls": 3}, {"mono_polls": -1}]
+                      {"mono_residual": 3}, {"mono_residual": -1}]
 
 
 def check_bad_decode_tunings(comm):

@@ -80,10 +80,7 @@ def first_diff(a, b):
 # loads it while the stage before runs); "normsums": the graph path's normed GEMVs adding the
 # sublayers' sums to the residual (kie_shape.gemv_residual 2; by default, with one lane and delay 0,
 # its o and down GEMVs write the new residual, as the monokernel's o and down stages do: either way
-# the same bits); "monosums": the monokernel's normed stages adding the sums (kie_shape.mono_residual 2);
-# "polls4": four loads of a stage's count in flight while a block waits (kie_shape.mono_polls 4, a
-# timing change only); "combine_l2": the graph path's split combine reading the partial rows from L2,
-# as the monokernel's does (kie_shape.att_combine_smem 2; by default it copies them into shared memory).
+# the same bits); "monosums": the monokernel's normed stages adding the sums (kie_shape.mono_residual 2).
 ATTENTIONS = {
     "items": {"decode_attn": 1, "mono_attn": 1},
     "default": {},
@@ -95,8 +92,6 @@ ATTENTIONS = {
     "behind": {"mono_ahead": 2},
     "normsums": {"gemv_residual": 2},
     "monosums": {"mono_residual": 2},
-    "polls4": {"mono_polls": 4},
-    "combine_l2": {"decode_attn": 2, "mono_attn": 2, "att_keys": 64, "att_splits": 8, "att_combine_smem": 2},
 }
 
 
@@ -215,10 +210,10 @@ def main():
         root = WORLD.bcast(root if RANK == 0 else None) if WORLD is not None else root
         presets = a.presets.split(",")
         cases = [(name, d, att) for att in ("items", "default") if att in atts for name in presets for d in (0, 1)]
-        cases += [(name, 0, att) for att in ("smem64", "combine_l2") if att in atts for name in presets]
+        cases += [(name, 0, att) for att in ("smem64",) if att in atts for name in presets]
         cases += [(presets[0], 0, "walk")] if "walk" in atts else []
         cases += [(presets[-1], 0, "l2first")] if "l2first" in atts else []
-        cases += [(name, d, att) for att in ("slots2", "fence", "behind", "normsums", "monosums", "polls4") if att in atts
+        cases += [(name, d, att) for att in ("slots2", "fence", "behind", "normsums", "monosums") if att in atts
                   for name in presets for d in (0, 1)]
         uncovered = sorted(set(atts) - {att for _, _, att in cases})
         if uncovered:  # an ATTENTIONS entry this list does not run would pass unchecked

@@ -138,14 +138,10 @@ __device__ __forceinline__ void att_store_part(const AttnArgs &a, int t, int h0,
 
 /* A split item's partial result is in a.part: the last split of (token t, group grp) to get
  * here folds them together into the output and returns true; the others return false.  The
- * sums' order is the splits' whatever the thread count, so every kernel that uses it agrees.
- * stage (or NULL): shared memory of stage_bytes that the item no longer reads; where the
- * group's rows (G x ns of att_part_stride floats) fit, they are copied there in one round
- * trip to L2 and read from it, instead of the maxima and sums in one round trip and the
- * values in another: the same loads' values in the same order, so the same bits. */
+ * sums' order is the splits' whatever the thread count, so every kernel that uses it agrees. */
 template <int HD, int NTHREADS, typename Sync>
 __device__ bool att_combine(const AttnArgs &a, int t, int grp, int h0, int G, int ns, int tid, float *big_m,
-                            float *big_l, int *last, Sync sync, float *stage = nullptr, size_t stage_bytes = 0) {
+                            float *big_l, int *last, Sync sync) {
   const int warp = tid >> 5, lane = tid & 31, groups = a.nh / a.g * a.hgroups;
   constexpr int PS = att_part_stride<HD>();
   const size_t pstride = PS;
@@ -155,24 +151,10 @@ __device__ bool att_combine(const AttnArgs &a, int t, int grp, int h0, int G, in
   sync();
   if (!*last) return false;
   __threadfence();
-  /* Where the split (j, s) of head h0 + j is read from: row j ns + s of the stage, or a.part. */
-  const bool staged = stage && (size_t)G * ns * PS * 4 <= stage_bytes;
   const float *src = a.part + ((size_t)t * a.nh + h0) * a.nsplit * pstride;
-  size_t hstride = (size_t)a.nsplit * pstride; /* between heads */
-  if (staged) {
-    constexpr int C16 = (HD + 2 + 3) / 4; /* 16-byte pieces a row (its padding's last two floats unread) */
-    for (int i = tid; i < G * ns * C16; i += NTHREADS) {
-      const int row = i / C16, c = i - row * C16, j = row / ns, sp = row - j * ns;
-      att_cp16(stage + (size_t)row * PS + 4 * c, src + (size_t)j * hstride + (size_t)sp * pstride + 4 * c);
-    }
-    asm volatile("cp.async.commit_group;" ::: "memory");
-    asm volatile("cp.async.wait_group 0;" ::: "memory");
-    sync();
-    src = stage;
-    hstride = (size_t)ns * pstride;
-  }
-  /* Loads through L2 from a.part (written by other blocks), plain ones from the stage. */
-  auto ld = [&](const float *p) { return staged ? *p : __ldcg(p); };
+  const size_t hstride = (size_t)a.nsplit * pstride; /* between heads */
+  /* Through L2: a.part was written by other blocks. */
+  auto ld = [](const float *p) { return __ldcg(p); };
   /* Per head: M = the largest split max, L = the sum of the splits' sums scaled to M. */
   for (int j = warp; j < G; j += NTHREADS / 32) {
     const float *pp = src + (size_t)j * hstride;

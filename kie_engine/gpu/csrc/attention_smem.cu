@@ -36,7 +36,7 @@ __global__ void __launch_bounds__(AS_THREADS, 1) k_attention_smem(const AttnArgs
     return true;
   };
   if (a.blocks == 0) {
-    att_smem_item<HD, AS_THREADS, WARM, true>(a, blockIdx.x, blockIdx.y, blockIdx.z, threadIdx.x, as_smem, ATT_SMEM_KEYS(HD),
+    att_smem_item<HD, AS_THREADS, WARM>(a, blockIdx.x, blockIdx.y, blockIdx.z, threadIdx.x, as_smem, ATT_SMEM_KEYS(HD),
                                         hs, SyncBlock(), wait, CLK ? item_clk : nullptr);
   } else {
     /* The step's items only (the monokernel's order: a query head each while the context fits
@@ -54,7 +54,7 @@ __global__ void __launch_bounds__(AS_THREADS, 1) k_attention_smem(const AttnArgs
         bx = a.heads1 ? grp / a.hgroups * a.g + grp % a.hgroups * a.gper : grp;
       }
       if (it != (int)blockIdx.x) __syncthreads(); /* the last item is done with the shared memory */
-      att_smem_item<HD, AS_THREADS, WARM, true>(a, bx, split, t, threadIdx.x, as_smem, ATT_SMEM_KEYS(HD), hs, SyncBlock(),
+      att_smem_item<HD, AS_THREADS, WARM>(a, bx, split, t, threadIdx.x, as_smem, ATT_SMEM_KEYS(HD), hs, SyncBlock(),
                                           wait, CLK && it == (int)blockIdx.x ? item_clk : nullptr);
     }
   }

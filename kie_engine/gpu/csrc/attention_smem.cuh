@@ -61,9 +61,8 @@ __device__ __forceinline__ int att_smem_splits(const AttnArgs &a, int S) {
  * and returns false.  Returns true otherwise, also for an item with nothing to do (which
  * returns before calling wait).  clk (profiling, or NULL): thread 0 writes the time its
  * first chunk's scores and softmax were done to clk[0], its values to clk[1], and where
- * clk[2] is not NULL the time its first chunk's rows and queries were in shared memory.
- * STAGE: a split's combine reads the partial rows from a copy in the rows' shared memory. */
-template <int HD, int NT, bool WARM = false, bool STAGE = false, typename Sync, typename Wait>
+ * clk[2] is not NULL the time its first chunk's rows and queries were in shared memory. */
+template <int HD, int NT, bool WARM = false, typename Sync, typename Wait>
 __device__ bool att_smem_item(const AttnArgs &a, int bx, int split, int t, int tid, unsigned char *smem, int cap,
                               AttSmemHeads &hs, Sync sync, Wait wait, unsigned long long *const *clk = nullptr) {
   typedef SmemShape<HD, NT> SS;
@@ -264,13 +263,9 @@ __device__ bool att_smem_item(const AttnArgs &a, int bx, int split, int t, int t
     return true;
   }
   att_store_part<HD, SS::CPT, NT>(a, t, h0, G, split, tid, nch, owner, acc, m_s, l_s);
-  /* the rows' space (Ks, Vs) is free once every thread is past its values: att_combine syncs first.
-   * The graph path's kernel copies the partial rows there (STAGE); the monokernel, whose attention
-   * ran slower at context 1,024 with the copy (bench/RESULTS.md), reads them from L2 and carries
-   * none of the copy's code. */
-  att_combine<HD, NT>(a, t, grp, h0, G, ns, tid, hs.big_m, hs.big_l, &hs.last, sync,
-                      STAGE && a.combine_smem ? reinterpret_cast<float *>(smem) : nullptr,
-                      STAGE && a.combine_smem ? (size_t)2 * cap * LD * 2 : 0);
+  /* The partial rows are read from L2: a copy of them into the rows' shared memory first was
+   * no faster in the graph path and slower in the monokernel (bench/RESULTS.md). */
+  att_combine<HD, NT>(a, t, grp, h0, G, ns, tid, hs.big_m, hs.big_l, &hs.last, sync);
   return true;
 }
 

@@ -43,7 +43,6 @@ struct Launcher {
       AttnArgs b = smem_attention_args(e, a, e->att_keys);
       b.warm = e->s.att_warm;
       b.blocks = e->att_blocks;
-      b.combine_smem = e->s.att_combine_smem != 2;
       b.clk = clock();
       CU(kie_launch_attention_smem(b, T, e->stream, e->s.pdl));
     } else {

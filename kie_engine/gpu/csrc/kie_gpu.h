@@ -160,14 +160,6 @@ typedef struct {
                                   (at most the items); -1 a block per (head or group, split) of the most splits the
                                   cache can need, those past the context's ending at once, which every step launches:
                                   on the 2b shape about 2 % slower (bench/RESULTS.md) */
-  int att_combine_smem;        /* the graph path's split attention: 0 auto (1); 1 a group's last split copies the
-                                  group's partial rows into shared memory in one round trip to L2 and combines them
-                                  from there; 2 it reads them from L2 as it combines (the monokernel's way).  The
-                                  same values in the same order either way */
-  int mono_polls;              /* monokernel: loads of a stage's count a waiting block keeps in flight (1, 2, 4 or 8;
-                                  0 auto, 1).  A poll's answer comes an L2 round trip after it leaves, and one poll at a time
-                                  sees the count reached up to a round trip late; n polls, spaced by a measured
-                                  round trip over n, see it within about a round trip over n */
 } kie_shape;
 
 typedef struct {

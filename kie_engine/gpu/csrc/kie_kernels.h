@@ -174,7 +174,6 @@ struct AttnArgs {
   int warm;      /* the graph path's kernel: 1 runs an item's arithmetic once before its wait (attention_smem.cuh) */
   int blocks;    /* and 0: a block an item slot of its grid (heads x nsplit x T); N > 0: N x T blocks, each
                     taking the step's items i, i + N, ... */
-  int combine_smem; /* and 1: a split's combine copies the group's partial rows into shared memory first */
   const int *pos;
   float scale;
   float *part;   /* [T][nh][nsplit][hd + 4] (attention.cuh's att_part_stride) */
@@ -246,7 +245,6 @@ struct MonoArgs {
   int sync_release;             /* 1: stage counts by release reductions, polled relaxed (kie_shape.mono_sync 0 or 2) */
   int stage_ahead;              /* 1: each stage's table entry loaded while the stage before runs (kie_shape.mono_ahead 0
                                    or 1; one lane) */
-  int polls;                    /* loads of a stage's count in flight while thread 0 waits for it (kie_shape.mono_polls) */
   unsigned long long *marks;    /* [nstages][4][grid]: each block's clock at each stage's start, x staged,
                                    end, and its producer's first copy (mono.cu's MARK_*) */
   /* Lanes (tp > 1 runs the kernel's TP copy, which alone reads what follows). */

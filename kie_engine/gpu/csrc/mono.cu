@@ -308,49 +308,6 @@ __device__ void produce(const Block &b) {
   drain(b, tile);
 }
 
-/* Thread 0, relaxed polls of *p until it reaches target with N loads of it in flight
- * (kie_shape.mono_polls): a load's answer comes an L2 round trip after it leaves (1-2 us
- * under the weight stream), so one poll at a time sees the count reached up to a round
- * trip late.  The first poll's round trip, measured, spaces the N loads; each is issued
- * again as its answer comes back, which keeps the spacing.  Bounded as spin_as is.  Called
- * out of line (poll_many), so that its unrolled loops are not copied into the consumers'
- * code at every wait. */
-template <int N>
-__device__ __forceinline__ bool poll_count(const Block &b, int stage, const unsigned *p, unsigned target) {
-  const long long c0 = clock64();
-  unsigned v[N];
-  v[0] = ld_relaxed(p);
-  if ((int)(v[0] - target) >= 0) return true;
-  const long long gap = (clock64() - c0) / N;
-  const unsigned long long t0 = kie_gtime();
-#pragma unroll
-  for (int i = 0; i < N; i++) {
-    if (i > 0) {
-      const long long c = clock64();
-      while (clock64() - c < gap) {
-      }
-    }
-    v[i] = ld_relaxed(p);
-  }
-  for (unsigned n = 1;; n++) {
-#pragma unroll
-    for (int i = 0; i < N; i++) {
-      if ((int)(v[i] - target) >= 0) return true;
-      v[i] = ld_relaxed(p);
-    }
-    if (n > 1024) __nanosleep(256);
-    if ((n & 15) == 0 && spin_over(b, KIE_DERR_STALL, stage, t0)) return false;
-  }
-}
-
-__device__ __noinline__ bool poll_many(const Block &b, int stage, const unsigned *p, unsigned target) {
-  switch (b.m->polls) {
-    case 2: return poll_count<2>(b, stage, p, target);
-    case 4: return poll_count<4>(b, stage, p, target);
-    default: return poll_count<8>(b, stage, p, target);
-  }
-}
-
 /* Thread 0: spins until stage k is complete for this step. */
 __device__ __forceinline__ void spin_stage(const Block &b, int k, unsigned epoch) {
   const MonoArgs &m = *b.m;
@@ -362,9 +319,7 @@ __device__ __forceinline__ void spin_stage(const Block &b, int k, unsigned epoch
     /* Relaxed polls (an acquire load invalidates the SM's L1 each time), then one acquire
      * load: the count only grows, so it reads from the release sequence of every
      * increment the polls saw and orders this block's reads of the stage after them. */
-    if (m.polls > 1 ? poll_many(b, k, m.cnt + k, target)
-                    : spin(b, k, [&] { return (int)(ld_relaxed(m.cnt + k) - target) >= 0; }))
-      (void)ld_acquire(m.cnt + k);
+    if (spin(b, k, [&] { return (int)(ld_relaxed(m.cnt + k) - target) >= 0; })) (void)ld_acquire(m.cnt + k);
   } else {
     spin(b, k, [&] { return (int)(ld_acquire(m.cnt + k) - target) >= 0; });
   }

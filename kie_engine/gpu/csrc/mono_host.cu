@@ -194,7 +194,6 @@ int enqueue_mono(kie_engine *e, int mode) {
   m.prefetch = e->s.mono_prefetch >= 0 ? e->s.mono_prefetch : 0;
   m.sync_release = e->s.mono_sync != 1; /* auto: release, the faster (bench/RESULTS.md) */
   m.stage_ahead = e->s.mono_ahead != 2;  /* auto: ahead; the kernel ignores it with several lanes */
-  m.polls = e->s.mono_polls > 0 ? e->s.mono_polls : 1;
   m.l2_first = e->s.l2_evict_first == 1; /* auto: off, slower for the ring's copies (bench/RESULTS.md) */
   m.ring_off = 256;
   m.x_off = 256 + e->mono_nslots * e->mono_slot;

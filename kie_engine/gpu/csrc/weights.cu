@@ -109,11 +109,6 @@ int derive(kie_engine *e, const kie_shape &s, int sms) {
   if (s.mono_ahead < 0 || s.mono_ahead > 2)
     return fail(KIE_E_ARG, "mono_ahead=%d: 0 (auto), 1 (ahead) or 2 (as each stage starts)", s.mono_ahead);
   if (s.att_warm != 0 && s.att_warm != 1) return fail(KIE_E_ARG, "att_warm=%d: 0 or 1", s.att_warm);
-  if (s.att_combine_smem < 0 || s.att_combine_smem > 2)
-    return fail(KIE_E_ARG, "att_combine_smem=%d: 0 (auto), 1 (copied into shared memory) or 2 (read from L2)",
-                s.att_combine_smem);
-  if (s.mono_polls != 0 && s.mono_polls != 1 && s.mono_polls != 2 && s.mono_polls != 4 && s.mono_polls != 8)
-    return fail(KIE_E_ARG, "mono_polls=%d: 0 (auto), 1, 2, 4 or 8", s.mono_polls);
   if (s.mono_residual < 0 || s.mono_residual > 2)
     return fail(KIE_E_ARG, "mono_residual=%d: 0 (auto), 1 (o and down write it) or 2 (the norm adds the sums)",
                 s.mono_residual);
