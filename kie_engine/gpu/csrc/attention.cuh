@@ -109,8 +109,7 @@ __device__ __forceinline__ void att_phase_sum(float (&acc)[ATT_DV], float *red, 
 }
 
 /* A split's partial result in a.part: HD sums, its maximum m and sum l, and two floats of
- * padding, so that every split's row starts 16 bytes aligned (att_combine copies the rows
- * into shared memory 16 bytes at a time). */
+ * padding that keep every split's row 16 bytes aligned (the host sizes a.part by it). */
 template <int HD>
 __host__ __device__ constexpr int att_part_stride() {
   return HD + 4;
