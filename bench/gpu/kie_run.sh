@@ -26,6 +26,8 @@
 #               prefill's attention kernel (2b, 1,024 tokens, the middle layer's launch: the last one
 #               runs only the last row)
 #   ncumono     Nsight Compute's speed-of-light, memory and warp-state sections of one monokernel step
+#   pollstream  bench/gpu/poll_stream.cu: a signal between two SMs (an L2 counter, or another cluster block's
+#               shared memory) while the other SMs, or they too, keep 32-128 KB of bulk copies in flight
 # Logs and JSON go to $LOGS; after each step $OUT/kie_logs.tgz holds all of them.
 #   bash bench/gpu/kie_run.sh check1 bench check2
 set -u
@@ -122,6 +124,9 @@ for s in "$@"; do
         --section Occupancy --section SchedulerStats python3 bench/gpu/kie_profile.py --kernel mono --context 128 \
         > "$LOGS/ncu_mono.txt" 2>&1
       grep -E "Duration|DRAM Throughput|Memory Throughput|Stall|Warp Cycles|Registers|Shared Memory|Block Limit|Achieved|L2 Hit|Issued" "$LOGS/ncu_mono.txt" | head -40 ;;
+    pollstream)
+      nvcc -O3 -std=c++17 -gencode=arch=compute_90,code=sm_90 -o /tmp/poll_stream bench/gpu/poll_stream.cu &&
+        OUT=$LOGS timeout 120 /tmp/poll_stream 2>&1 | tee "$LOGS/poll_stream.log" ;;
     *) echo "unknown step $s" ;;
   esac
   tar czf "$OUT/kie_logs.tgz" -C "$LOGS" . 2>/dev/null

@@ -1,0 +1,321 @@
+// poll_stream.cu - how long a signal between two SMs takes while the others stream
+// HBM into shared-memory rings, as the monokernel's blocks do between its stages.
+//
+// The monokernel's stage boundary is a release reduction on a counter in L2 by the last
+// block of a stage and relaxed polls of it by the others; its stage clock says a waiting
+// block sees the count 2-3 us after the last block ends, and sooner with a shallower ring
+// (bench/RESULTS.md).  This separates what that time depends on: whether the polling SM
+// itself has bulk copies in flight, or only the others; and how a signal through another
+// cluster block's shared memory (distributed shared memory, no L2 round trip) compares.
+//
+// One block per SM (its dynamic shared memory leaves no room for a second), clusters of 2.
+// Warp 0's lane 0 streams: it keeps `slots` bulk copies of 32 KB in flight from its own
+// 16 MB region (cp.async.bulk into a ring counted by mbarriers, each slot issued again as
+// it lands) until the run's time is up.  Warp 1's lane 0 of blocks 0 and 1 (one cluster)
+// runs the test once the streams have run `warm` ms:
+//   chain    block 0: a chain of dependent relaxed loads of one L2 line (a load's round trip)
+//   global   blocks 0 and 1 ping-pong through two counters in global memory, each side
+//            adding with red.release.gpu and polling with ld.relaxed.gpu (the monokernel's
+//            protocol); one-way time = round trip / 2
+//   dsmem    the same ping-pong through a word in the other block's shared memory
+//            (st.release.cluster to it, ld.acquire.cluster polls of one's own)
+// Streams: none; "others" (every block but 0 and 1); "all" (0 and 1 too, beside their test).
+// Every wait is bounded by the run's time; a test that runs out of it is reported.
+//
+// Build: nvcc -O3 -std=c++17 -gencode=arch=compute_90,code=sm_90 -o poll_stream poll_stream.cu
+// Run:   ./poll_stream [iters=1000] [run_ms=40] [warm_ms=4]   (bench/gpu/kie_run.sh pollstream)
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#include "bench_cuda.h"
+
+namespace {
+
+constexpr unsigned SLOT = 32u << 10;       // bytes of a ring slot (the monokernel's)
+constexpr int MAX_SLOTS = 4;
+constexpr size_t REGION = 16ull << 20;     // bytes each block streams, cyclically (well past L2 in all)
+constexpr size_t SMEM = 160u << 10;        // at least this much: one block an SM
+constexpr int THREADS = 64;
+
+enum Test { CHAIN = 0, GLOBAL = 1, DSMEM = 2 };
+enum Streams { NONE = 0, OTHERS = 1, ALL = 2 };
+
+struct Args {
+  const char *src;
+  int slots;      // copies in flight per streaming block (0: nobody streams)
+  int streams;    // Streams
+  int test;       // Test
+  int iters;
+  unsigned long long run_ns, warm_ns;
+  unsigned long long *line;   // CHAIN: a line holding its own address
+  unsigned *ping, *pong;      // GLOBAL
+  unsigned long long *bytes;  // [grid] bytes each block streamed
+  unsigned long long *span;   // [grid] ns each block streamed
+  float *ns;                  // [iters] the test's times (CHAIN: a load; else a round trip)
+  int *timed_out;             // set when a bounded wait ran out of time
+};
+
+__device__ __forceinline__ uint32_t saddr(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }
+
+__device__ __forceinline__ bool mbar_done(uint32_t bar, unsigned parity) {
+  unsigned ok;
+  asm volatile("{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}"
+               : "=r"(ok)
+               : "r"(bar), "r"(parity)
+               : "memory");
+  return ok != 0;
+}
+
+__device__ __forceinline__ void issue(uint32_t dst, const char *src, uint32_t bar) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(SLOT) : "memory");
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(dst),
+               "l"(src), "r"(SLOT), "r"(bar)
+               : "memory");
+}
+
+__device__ __forceinline__ unsigned long long ld_chain(const unsigned long long *p) {
+  unsigned long long v;
+  asm volatile("ld.relaxed.gpu.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
+  return v;
+}
+__device__ __forceinline__ unsigned ld_relaxed(const unsigned *p) {
+  unsigned v;
+  asm volatile("ld.relaxed.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+__device__ __forceinline__ void red_release(unsigned *p) {
+  asm volatile("red.release.gpu.global.add.u32 [%0], 1;" ::"l"(p) : "memory");
+}
+__device__ __forceinline__ unsigned ld_own(const unsigned *p) {
+  unsigned v;
+  asm volatile("ld.acquire.cluster.shared::cta.u32 %0, [%1];" : "=r"(v) : "r"(saddr(p)) : "memory");
+  return v;
+}
+__device__ __forceinline__ void st_peer(unsigned *own_word, unsigned rank, unsigned v) {
+  uint32_t remote;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(saddr(own_word)), "r"(rank));
+  asm volatile("st.release.cluster.shared::cluster.u32 [%0], %1;" ::"r"(remote), "r"(v) : "memory");
+}
+__device__ __forceinline__ void cluster_sync() {
+  asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;" ::: "memory");
+}
+
+__global__ void __launch_bounds__(THREADS, 1) k_poll_stream(const Args a) {
+  extern __shared__ __align__(128) unsigned char ring[];
+  __shared__ __align__(8) unsigned long long bars[MAX_SLOTS];
+  __shared__ unsigned word;  // DSMEM: what the other block of the cluster writes
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, b = blockIdx.x;
+  const bool tester = b < 2, streams = a.slots > 0 && (a.streams == ALL || (a.streams == OTHERS && !tester));
+  if (threadIdx.x == 0) {
+    word = 0;
+    for (int s = 0; s < a.slots; s++)
+      asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(saddr(&bars[s])) : "memory");
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  }
+  __syncthreads();
+  if (a.test == DSMEM) cluster_sync();  // the peer's word is initialized before anyone writes it
+  const unsigned long long t0 = gtimer();
+  auto over = [&] { return gtimer() - t0 > a.run_ns; };
+
+  if (warp == 0 && lane == 0 && streams) {
+    const char *base = a.src + (size_t)b * REGION;
+    size_t off = 0;
+    unsigned long long bytes = 0;
+    unsigned parity = 0, pending = 0;  // bit s: the phase slot s waits for next; its copy in flight
+    for (int s = 0; s < a.slots; s++, off += SLOT) {
+      issue(saddr(ring + (size_t)s * SLOT), base + off, saddr(&bars[s]));
+      pending |= 1u << s;
+    }
+    /* Each slot is issued again as it lands until the time is up; then the ring drains, so
+     * that no copy into this block's shared memory is in flight when it exits. */
+    while (pending)
+      for (int s = 0; s < a.slots; s++) {
+        if (!((pending >> s) & 1u)) continue;
+        const uint32_t bar = saddr(&bars[s]);
+        while (!mbar_done(bar, (parity >> s) & 1u))
+          if (gtimer() - t0 > a.run_ns + 50000000ull) {  // a copy that never lands: say so
+            atomicExch(a.timed_out, 1);
+            break;
+          }
+        parity ^= 1u << s;
+        pending &= ~(1u << s);
+        bytes += SLOT;
+        if (over() || *(volatile int *)a.timed_out) continue;
+        if (off + SLOT > REGION) off = 0;
+        issue(saddr(ring + (size_t)s * SLOT), base + off, bar);
+        pending |= 1u << s;
+        off += SLOT;
+      }
+    a.bytes[b] = bytes;
+    a.span[b] = gtimer() - t0;
+  }
+
+  if (warp == 1 && lane == 0 && tester) {
+    while (gtimer() - t0 < a.warm_ns) {
+    }
+    const bool first = b == 0;
+    if (a.test == CHAIN && first) {
+      const unsigned long long *q = a.line;
+      for (int i = 0; i < a.iters && !over(); i++) {
+        const unsigned long long t = gtimer();
+        for (int k = 0; k < 16; k++) q = reinterpret_cast<const unsigned long long *>(ld_chain(q));
+        a.ns[i] = (float)(gtimer() - t) / 16.f;
+      }
+      if (q != a.line) atomicExch(a.timed_out, 2);  // the chain must come back to its line
+    } else if (a.test == GLOBAL) {
+      unsigned *mine = first ? a.ping : a.pong, *theirs = first ? a.pong : a.ping;
+      for (unsigned i = 1; i <= (unsigned)a.iters; i++) {
+        const unsigned long long t = gtimer();
+        if (first) red_release(mine);
+        while ((int)(ld_relaxed(theirs) - i) < 0)
+          if (over()) {
+            atomicExch(a.timed_out, 1);
+            i = a.iters + 1u;
+            break;
+          }
+        if (i > (unsigned)a.iters) break;
+        if (!first) red_release(mine);
+        if (first) a.ns[i - 1] = (float)(gtimer() - t);
+      }
+    } else if (a.test == DSMEM) {
+      unsigned rank;
+      asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(rank));
+      for (unsigned i = 1; i <= (unsigned)a.iters; i++) {
+        const unsigned long long t = gtimer();
+        if (first) st_peer(&word, rank ^ 1u, i);
+        while ((int)(ld_own(&word) - i) < 0)
+          if (over()) {
+            atomicExch(a.timed_out, 1);
+            i = a.iters + 1u;
+            break;
+          }
+        if (i > (unsigned)a.iters) break;
+        if (!first) st_peer(&word, rank ^ 1u, i);
+        if (first) a.ns[i - 1] = (float)(gtimer() - t);
+      }
+    }
+  }
+  __syncwarp();
+  __syncthreads();
+  if (a.test == DSMEM) cluster_sync();  // neither block leaves while the other may still write its word
+}
+
+float pct(std::vector<float> v, double q) {
+  if (v.empty()) return -1.f;
+  std::sort(v.begin(), v.end());
+  return v[std::min(v.size() - 1, (size_t)(q * (double)(v.size() - 1) + 0.5))];
+}
+
+}  // namespace
+
+int main(int argc, char **argv) {
+  const int iters = argc > 1 ? std::atoi(argv[1]) : 1000;
+  const double run_ms = argc > 2 ? std::atof(argv[2]) : 40.0, warm_ms = argc > 3 ? std::atof(argv[3]) : 4.0;
+  if (iters < 1 || run_ms <= warm_ms || warm_ms < 0) {
+    std::fprintf(stderr, "usage: poll_stream [iters>=1] [run_ms > warm_ms] [warm_ms>=0]\n");
+    return 2;
+  }
+  cudaDeviceProp prop;
+  CHECK(cudaGetDeviceProperties(&prop, 0));
+  const size_t smem = std::max(SMEM, (size_t)MAX_SLOTS * SLOT);
+  CHECK(cudaFuncSetAttribute(k_poll_stream, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+  cudaLaunchConfig_t cfg = {};
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeClusterDimension;
+  attr[0].val.clusterDim.x = 2;
+  attr[0].val.clusterDim.y = 1;
+  attr[0].val.clusterDim.z = 1;
+  cfg.blockDim = dim3(THREADS);
+  cfg.dynamicSmemBytes = smem;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  cfg.gridDim = dim3(prop.multiProcessorCount & ~1);
+  int clusters = 0;
+  CHECK(cudaOccupancyMaxActiveClusters(&clusters, k_poll_stream, &cfg));
+  const int grid = std::min(prop.multiProcessorCount & ~1, 2 * clusters);  // every block resident at once
+  cfg.gridDim = dim3(grid);
+
+  char *src;
+  unsigned long long *line, *bytes, *span;
+  unsigned *flags;
+  float *ns;
+  int *timed_out;
+  CHECK(cudaMalloc(&src, (size_t)grid * REGION));
+  CHECK(cudaMemset(src, 1, (size_t)grid * REGION));
+  CHECK(cudaMalloc(&line, 256));
+  CHECK(cudaMemcpy(line, &line, sizeof line, cudaMemcpyHostToDevice));  // the line holds its own address
+  CHECK(cudaMalloc(&flags, 256));
+  CHECK(cudaMalloc(&bytes, grid * sizeof(unsigned long long)));
+  CHECK(cudaMalloc(&span, grid * sizeof(unsigned long long)));
+  CHECK(cudaMalloc(&ns, iters * sizeof(float)));
+  CHECK(cudaMalloc(&timed_out, sizeof(int)));
+  std::printf("# %s, %d SMs, grid %d (clusters of 2), %d iterations, %.0f ms a run after %.0f ms of streaming\n",
+              prop.name, prop.multiProcessorCount, grid, iters, run_ms, warm_ms);
+  std::printf("%-7s %-7s %5s %10s %10s %10s %10s  %s\n", "test", "streams", "KB", "p10 ns", "median ns", "p90 ns",
+              "HBM GB/s", "(chain: a load; global, dsmem: one way, half a round trip)");
+  const char *tests[] = {"chain", "global", "dsmem"}, *modes[] = {"none", "others", "all"};
+  std::string json = "{\"gpu\": \"" + std::string(prop.name) + "\", \"grid\": " + std::to_string(grid) +
+                     ", \"iters\": " + std::to_string(iters) + ", \"rows\": [";
+  bool firstrow = true;
+  for (int test = CHAIN; test <= DSMEM; test++)
+    for (int mode = NONE; mode <= ALL; mode++)
+      for (int slots = mode == NONE ? 0 : 1; slots <= (mode == NONE ? 0 : MAX_SLOTS); slots++) {
+        CHECK(cudaMemset(flags, 0, 256));
+        CHECK(cudaMemset(bytes, 0, grid * sizeof(unsigned long long)));
+        CHECK(cudaMemset(span, 0, grid * sizeof(unsigned long long)));
+        CHECK(cudaMemset(ns, 0, iters * sizeof(float)));
+        CHECK(cudaMemset(timed_out, 0, sizeof(int)));
+        Args a = {src, slots, mode, test, iters, (unsigned long long)(run_ms * 1e6), (unsigned long long)(warm_ms * 1e6),
+                  line, flags, flags + 32, bytes, span, ns, timed_out};
+        CHECK(cudaLaunchKernelEx(&cfg, k_poll_stream, a));
+        CHECK(cudaDeviceSynchronize());
+        std::vector<float> t(iters);
+        std::vector<unsigned long long> by(grid), sp(grid);
+        int bad = 0;
+        CHECK(cudaMemcpy(t.data(), ns, iters * sizeof(float), cudaMemcpyDeviceToHost));
+        CHECK(cudaMemcpy(by.data(), bytes, grid * sizeof(unsigned long long), cudaMemcpyDeviceToHost));
+        CHECK(cudaMemcpy(sp.data(), span, grid * sizeof(unsigned long long), cudaMemcpyDeviceToHost));
+        CHECK(cudaMemcpy(&bad, timed_out, sizeof(int), cudaMemcpyDeviceToHost));
+        t.erase(std::remove_if(t.begin(), t.end(), [](float x) { return x <= 0.f; }), t.end());
+        if (test != CHAIN)
+          for (float &x : t) x *= 0.5f;
+        unsigned long long total = 0, longest = 0;
+        for (int i = 0; i < grid; i++) total += by[i], longest = std::max(longest, sp[i]);
+        const double gbps = longest ? (double)total / (double)longest : 0.0;
+        const float p10 = pct(t, 0.1), p50 = pct(t, 0.5), p90 = pct(t, 0.9);
+        std::printf("%-7s %-7s %5u %10.0f %10.0f %10.0f %10.0f  %zu samples%s\n", tests[test], modes[mode],
+                    slots * (SLOT >> 10), p10, p50, p90, gbps, t.size(),
+                    bad == 1 ? ", TIMED OUT" : bad == 2 ? ", CHAIN BROKEN" : "");
+        char row[320];
+        std::snprintf(row, sizeof row,
+                      "%s{\"test\": \"%s\", \"streams\": \"%s\", \"kb_in_flight\": %u, \"p10_ns\": %.1f, "
+                      "\"median_ns\": %.1f, \"p90_ns\": %.1f, \"hbm_GBps\": %.1f, \"samples\": %zu, \"timed_out\": %s}",
+                      firstrow ? "" : ", ", tests[test], modes[mode], slots * (SLOT >> 10), p10, p50, p90, gbps,
+                      t.size(), bad ? "true" : "false");
+        json += row;
+        firstrow = false;
+      }
+  json += "]}\n";
+  if (const char *out = std::getenv("OUT")) {
+    const std::string path = std::string(out) + "/poll_stream.json";
+    if (FILE *f = std::fopen(path.c_str(), "w")) {
+      std::fputs(json.c_str(), f);
+      std::fclose(f);
+      std::printf("wrote %s\n", path.c_str());
+    }
+  }
+  CHECK(cudaFree(src));
+  CHECK(cudaFree(line));
+  CHECK(cudaFree(flags));
+  CHECK(cudaFree(bytes));
+  CHECK(cudaFree(span));
+  CHECK(cudaFree(ns));
+  CHECK(cudaFree(timed_out));
+  return 0;
+}
