@@ -16,14 +16,14 @@
 //   chain    block 0: a chain of dependent relaxed loads of one L2 line (a load's round trip)
 //   global   blocks 0 and 1 ping-pong through two counters in global memory, each side
 //            adding with red.release.gpu and polling with ld.relaxed.gpu (the monokernel's
-//            protocol); one-way time = round trip / 2
+//            protocol); one-way time = round trip / 2, a sample the mean of 8 round trips
 //   dsmem    the same ping-pong through a word in the other block's shared memory
 //            (st.release.cluster to it, ld.acquire.cluster polls of one's own)
 // Streams: none; "others" (every block but 0 and 1); "all" (0 and 1 too, beside their test).
 // Every wait is bounded by the run's time; a test that runs out of it is reported.
 //
 // Build: nvcc -O3 -std=c++17 -gencode=arch=compute_90,code=sm_90 -o poll_stream poll_stream.cu
-// Run:   ./poll_stream [iters=1000] [run_ms=40] [warm_ms=4]   (bench/gpu/kie_run.sh pollstream)
+// Run:   ./poll_stream [samples=300] [run_ms=60] [warm_ms=4]   (bench/gpu/kie_run.sh pollstream)
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -42,6 +42,7 @@ constexpr int MAX_SLOTS = 4;
 constexpr size_t REGION = 16ull << 20;     // bytes each block streams, cyclically (well past L2 in all)
 constexpr size_t SMEM = 160u << 10;        // at least this much: one block an SM
 constexpr int THREADS = 64;
+constexpr unsigned RT = 8;                 // round trips a ping-pong sample
 
 enum Test { CHAIN = 0, GLOBAL = 1, DSMEM = 2 };
 enum Streams { NONE = 0, OTHERS = 1, ALL = 2 };
@@ -51,7 +52,7 @@ struct Args {
   int slots;      // copies in flight per streaming block (0: nobody streams)
   int streams;    // Streams
   int test;       // Test
-  int iters;
+  int iters;     // samples
   unsigned long long run_ns, warm_ns;
   unsigned long long *line;   // CHAIN: a line holding its own address
   unsigned *ping, *pong;      // GLOBAL
@@ -168,36 +169,36 @@ __global__ void __launch_bounds__(THREADS, 1) k_poll_stream(const Args a) {
         a.ns[i] = (float)(gtimer() - t) / 16.f;
       }
       if (q != a.line) atomicExch(a.timed_out, 2);  // the chain must come back to its line
-    } else if (a.test == GLOBAL) {
+    } else if (a.test == GLOBAL || a.test == DSMEM) {
+      /* A sample is RT round trips (the global timer's steps are too coarse for one). */
       unsigned *mine = first ? a.ping : a.pong, *theirs = first ? a.pong : a.ping;
-      for (unsigned i = 1; i <= (unsigned)a.iters; i++) {
-        const unsigned long long t = gtimer();
-        if (first) red_release(mine);
-        while ((int)(ld_relaxed(theirs) - i) < 0)
-          if (over()) {
-            atomicExch(a.timed_out, 1);
-            i = a.iters + 1u;
-            break;
-          }
-        if (i > (unsigned)a.iters) break;
-        if (!first) red_release(mine);
-        if (first) a.ns[i - 1] = (float)(gtimer() - t);
-      }
-    } else if (a.test == DSMEM) {
       unsigned rank;
       asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(rank));
-      for (unsigned i = 1; i <= (unsigned)a.iters; i++) {
-        const unsigned long long t = gtimer();
-        if (first) st_peer(&word, rank ^ 1u, i);
-        while ((int)(ld_own(&word) - i) < 0)
+      auto send = [&](unsigned i) {
+        if (a.test == GLOBAL) red_release(mine);
+        else st_peer(&word, rank ^ 1u, i);
+      };
+      auto seen = [&](unsigned i) { return (int)((a.test == GLOBAL ? ld_relaxed(theirs) : ld_own(&word)) - i) >= 0; };
+      const unsigned n = (unsigned)a.iters * RT;
+      unsigned long long tg = gtimer();
+      for (unsigned i = 1; i <= n; i++) {
+        if (first) send(i);
+        bool late = false;
+        while (!seen(i))
           if (over()) {
-            atomicExch(a.timed_out, 1);
-            i = a.iters + 1u;
+            late = true;
             break;
           }
-        if (i > (unsigned)a.iters) break;
-        if (!first) st_peer(&word, rank ^ 1u, i);
-        if (first) a.ns[i - 1] = (float)(gtimer() - t);
+        if (late) {
+          atomicExch(a.timed_out, 1);
+          break;
+        }
+        if (!first) send(i);
+        if (first && i % RT == 0) {
+          const unsigned long long now = gtimer();
+          a.ns[i / RT - 1] = (float)(now - tg) / (float)RT;
+          tg = now;
+        }
       }
     }
   }
@@ -215,10 +216,10 @@ float pct(std::vector<float> v, double q) {
 }  // namespace
 
 int main(int argc, char **argv) {
-  const int iters = argc > 1 ? std::atoi(argv[1]) : 1000;
-  const double run_ms = argc > 2 ? std::atof(argv[2]) : 40.0, warm_ms = argc > 3 ? std::atof(argv[3]) : 4.0;
+  const int iters = argc > 1 ? std::atoi(argv[1]) : 300;
+  const double run_ms = argc > 2 ? std::atof(argv[2]) : 60.0, warm_ms = argc > 3 ? std::atof(argv[3]) : 4.0;
   if (iters < 1 || run_ms <= warm_ms || warm_ms < 0) {
-    std::fprintf(stderr, "usage: poll_stream [iters>=1] [run_ms > warm_ms] [warm_ms>=0]\n");
+    std::fprintf(stderr, "usage: poll_stream [samples>=1] [run_ms > warm_ms] [warm_ms>=0]\n");
     return 2;
   }
   cudaDeviceProp prop;
@@ -255,7 +256,7 @@ int main(int argc, char **argv) {
   CHECK(cudaMalloc(&span, grid * sizeof(unsigned long long)));
   CHECK(cudaMalloc(&ns, iters * sizeof(float)));
   CHECK(cudaMalloc(&timed_out, sizeof(int)));
-  std::printf("# %s, %d SMs, grid %d (clusters of 2), %d iterations, %.0f ms a run after %.0f ms of streaming\n",
+  std::printf("# %s, %d SMs, grid %d (clusters of 2), %d samples, %.0f ms a run, the tests starting after %.0f ms\n",
               prop.name, prop.multiProcessorCount, grid, iters, run_ms, warm_ms);
   std::printf("%-7s %-7s %5s %10s %10s %10s %10s  %s\n", "test", "streams", "KB", "p10 ns", "median ns", "p90 ns",
               "HBM GB/s", "(chain: a load; global, dsmem: one way, half a round trip)");
