@@ -125,7 +125,7 @@ for s in "$@"; do
         > "$LOGS/ncu_mono.txt" 2>&1
       grep -E "Duration|DRAM Throughput|Memory Throughput|Stall|Warp Cycles|Registers|Shared Memory|Block Limit|Achieved|L2 Hit|Issued" "$LOGS/ncu_mono.txt" | head -40 ;;
     pollstream)
-      nvcc -O3 -std=c++17 -gencode=arch=compute_90,code=sm_90 -o /tmp/poll_stream bench/gpu/poll_stream.cu &&
+      nvcc -O3 -std=c++17 -gencode=arch=compute_90,code=sm_90 -Ikie_engine/gpu/csrc -o /tmp/poll_stream bench/gpu/poll_stream.cu &&
         OUT=$LOGS timeout 120 /tmp/poll_stream 2>&1 | tee "$LOGS/poll_stream.log" ;;
     *) echo "unknown step $s" ;;
   esac

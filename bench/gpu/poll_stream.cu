@@ -22,7 +22,7 @@
 // Streams: none; "others" (every block but 0 and 1); "all" (0 and 1 too, beside their test).
 // Every wait is bounded by the run's time; a test that runs out of it is reported.
 //
-// Build: nvcc -O3 -std=c++17 -gencode=arch=compute_90,code=sm_90 -o poll_stream poll_stream.cu
+// Build: nvcc -O3 -std=c++17 -gencode=arch=compute_90,code=sm_90 -I../../kie_engine/gpu/csrc -o poll_stream poll_stream.cu
 // Run:   ./poll_stream [samples=300] [run_ms=60] [warm_ms=4]   (bench/gpu/kie_run.sh pollstream)
 #include <cuda_runtime.h>
 
@@ -34,6 +34,10 @@
 #include <vector>
 
 #include "bench_cuda.h"
+#include "bulk_copy.cuh"
+#include "stage_count.cuh"
+
+using namespace kie;
 
 namespace {
 
@@ -62,22 +66,11 @@ struct Args {
   int *timed_out;             // set when a bounded wait ran out of time
 };
 
-__device__ __forceinline__ uint32_t saddr(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }
-
-__device__ __forceinline__ bool mbar_done(uint32_t bar, unsigned parity) {
-  unsigned ok;
-  asm volatile("{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}"
-               : "=r"(ok)
-               : "r"(bar), "r"(parity)
-               : "memory");
-  return ok != 0;
-}
-
-__device__ __forceinline__ void issue(uint32_t dst, const char *src, uint32_t bar) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(SLOT) : "memory");
-  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(dst),
-               "l"(src), "r"(SLOT), "r"(bar)
-               : "memory");
+/* One slot of the ring: its bytes counted on its mbarrier, its lines in L2 under policy pol
+ * (the monokernel's ring copies: the same helpers, bulk_copy.cuh). */
+__device__ __forceinline__ void issue(unsigned char *dst, const char *src, uint64_t *bar, uint64_t pol) {
+  mbar_expect_tx(bar, SLOT);
+  bulk_copy(dst, src, SLOT, bar, pol);
 }
 
 __device__ __forceinline__ unsigned long long ld_chain(const unsigned long long *p) {
@@ -85,22 +78,14 @@ __device__ __forceinline__ unsigned long long ld_chain(const unsigned long long 
   asm volatile("ld.relaxed.gpu.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
   return v;
 }
-__device__ __forceinline__ unsigned ld_relaxed(const unsigned *p) {
-  unsigned v;
-  asm volatile("ld.relaxed.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
-  return v;
-}
-__device__ __forceinline__ void red_release(unsigned *p) {
-  asm volatile("red.release.gpu.global.add.u32 [%0], 1;" ::"l"(p) : "memory");
-}
 __device__ __forceinline__ unsigned ld_own(const unsigned *p) {
   unsigned v;
-  asm volatile("ld.acquire.cluster.shared::cta.u32 %0, [%1];" : "=r"(v) : "r"(saddr(p)) : "memory");
+  asm volatile("ld.acquire.cluster.shared::cta.u32 %0, [%1];" : "=r"(v) : "r"(smem_u32(p)) : "memory");
   return v;
 }
 __device__ __forceinline__ void st_peer(unsigned *own_word, unsigned rank, unsigned v) {
   uint32_t remote;
-  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(saddr(own_word)), "r"(rank));
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(smem_u32(own_word)), "r"(rank));
   asm volatile("st.release.cluster.shared::cluster.u32 [%0], %1;" ::"r"(remote), "r"(v) : "memory");
 }
 __device__ __forceinline__ void cluster_sync() {
@@ -109,15 +94,14 @@ __device__ __forceinline__ void cluster_sync() {
 
 __global__ void __launch_bounds__(THREADS, 1) k_poll_stream(const Args a) {
   extern __shared__ __align__(128) unsigned char ring[];
-  __shared__ __align__(8) unsigned long long bars[MAX_SLOTS];
+  __shared__ __align__(8) uint64_t bars[MAX_SLOTS];
   __shared__ unsigned word;  // DSMEM: what the other block of the cluster writes
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, b = blockIdx.x;
   const bool tester = b < 2, streams = a.slots > 0 && (a.streams == ALL || (a.streams == OTHERS && !tester));
   if (threadIdx.x == 0) {
     word = 0;
-    for (int s = 0; s < a.slots; s++)
-      asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(saddr(&bars[s])) : "memory");
-    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    for (int s = 0; s < a.slots; s++) mbar_init(&bars[s], 1);
+    mbar_init_fence();
   }
   __syncthreads();
   if (a.test == DSMEM) cluster_sync();  // the peer's word is initialized before anyone writes it
@@ -125,12 +109,13 @@ __global__ void __launch_bounds__(THREADS, 1) k_poll_stream(const Args a) {
   auto over = [&] { return gtimer() - t0 > a.run_ns; };
 
   if (warp == 0 && lane == 0 && streams) {
+    const uint64_t pol = l2_stream_policy(0);
     const char *base = a.src + (size_t)b * REGION;
     size_t off = 0;
     unsigned long long bytes = 0;
     unsigned parity = 0, pending = 0;  // bit s: the phase slot s waits for next; its copy in flight
     for (int s = 0; s < a.slots; s++, off += SLOT) {
-      issue(saddr(ring + (size_t)s * SLOT), base + off, saddr(&bars[s]));
+      issue(ring + (size_t)s * SLOT, base + off, &bars[s], pol);
       pending |= 1u << s;
     }
     /* Each slot is issued again as it lands until the time is up; then the ring drains, so
@@ -138,8 +123,7 @@ __global__ void __launch_bounds__(THREADS, 1) k_poll_stream(const Args a) {
     while (pending)
       for (int s = 0; s < a.slots; s++) {
         if (!((pending >> s) & 1u)) continue;
-        const uint32_t bar = saddr(&bars[s]);
-        while (!mbar_done(bar, (parity >> s) & 1u))
+        while (!mbar_done(&bars[s], (parity >> s) & 1u))
           if (gtimer() - t0 > a.run_ns + 50000000ull) {  // a copy that never lands: say so
             atomicExch(a.timed_out, 1);
             break;
@@ -149,7 +133,7 @@ __global__ void __launch_bounds__(THREADS, 1) k_poll_stream(const Args a) {
         bytes += SLOT;
         if (over() || *(volatile int *)a.timed_out) continue;
         if (off + SLOT > REGION) off = 0;
-        issue(saddr(ring + (size_t)s * SLOT), base + off, bar);
+        issue(ring + (size_t)s * SLOT, base + off, &bars[s], pol);
         pending |= 1u << s;
         off += SLOT;
       }
@@ -175,7 +159,7 @@ __global__ void __launch_bounds__(THREADS, 1) k_poll_stream(const Args a) {
       unsigned rank;
       asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(rank));
       auto send = [&](unsigned i) {
-        if (a.test == GLOBAL) red_release(mine);
+        if (a.test == GLOBAL) red_release(mine, 1u);
         else st_peer(&word, rank ^ 1u, i);
       };
       auto seen = [&](unsigned i) { return (int)((a.test == GLOBAL ? ld_relaxed(theirs) : ld_own(&word)) - i) >= 0; };

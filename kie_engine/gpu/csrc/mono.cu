@@ -52,6 +52,7 @@
  * here, since any wait may depend on a reducer's call. */
 #include "attention_smem.cuh"
 #include "bulk_copy.cuh"
+#include "stage_count.cuh"
 
 using namespace kie;
 
@@ -73,20 +74,6 @@ __device__ __forceinline__ void mark(const MonoArgs &m, int k, int what) {
 }
 __device__ __forceinline__ void mark0(const MonoArgs &m, int k, int what) {
   if (threadIdx.x == 0) mark(m, k, what);
-}
-
-__device__ __forceinline__ unsigned ld_acquire(const unsigned *p) {
-  unsigned v;
-  asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
-  return v;
-}
-__device__ __forceinline__ unsigned ld_relaxed(const unsigned *p) {
-  unsigned v;
-  asm volatile("ld.relaxed.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
-  return v;
-}
-__device__ __forceinline__ void red_release(unsigned *p, unsigned v) {
-  asm volatile("red.release.gpu.global.add.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
 }
 
 /* Shared state of one block. */
