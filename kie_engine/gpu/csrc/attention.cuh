@@ -142,28 +142,26 @@ template <int HD, int NTHREADS, typename Sync>
 __device__ bool att_combine(const AttnArgs &a, int t, int grp, int h0, int G, int ns, int tid, float *big_m,
                             float *big_l, int *last, Sync sync) {
   const int warp = tid >> 5, lane = tid & 31, groups = a.nh / a.g * a.hgroups;
-  constexpr int PS = att_part_stride<HD>();
-  const size_t pstride = PS;
+  const size_t pstride = att_part_stride<HD>();
   __threadfence();
   sync();
   if (tid == 0) *last = atomicAdd(&a.cnt[(size_t)t * groups + grp], 1u) == (unsigned)ns - 1;
   sync();
   if (!*last) return false;
   __threadfence();
+  /* a.part was written by other blocks: read through L2 (__ldcg) */
   const float *src = a.part + ((size_t)t * a.nh + h0) * a.nsplit * pstride;
   const size_t hstride = (size_t)a.nsplit * pstride; /* between heads */
-  /* Through L2: a.part was written by other blocks. */
-  auto ld = [](const float *p) { return __ldcg(p); };
   /* Per head: M = the largest split max, L = the sum of the splits' sums scaled to M. */
   for (int j = warp; j < G; j += NTHREADS / 32) {
     const float *pp = src + (size_t)j * hstride;
     float M = -INFINITY;
-    for (int s = lane; s < ns; s += 32) M = fmaxf(M, ld(pp + s * pstride + HD));
+    for (int s = lane; s < ns; s += 32) M = fmaxf(M, __ldcg(pp + s * pstride + HD));
     for (int off = 16; off; off >>= 1) M = fmaxf(M, __shfl_xor_sync(0xffffffffu, M, off));
     float L = 0.f;
     for (int s = lane; s < ns; s += 32) {
-      const float l = ld(pp + s * pstride + HD + 1);
-      L += l > 0.f ? l * expf(ld(pp + s * pstride + HD) - M) : 0.f;
+      const float l = __ldcg(pp + s * pstride + HD + 1);
+      L += l > 0.f ? l * expf(__ldcg(pp + s * pstride + HD) - M) : 0.f;
     }
     for (int off = 16; off; off >>= 1) L += __shfl_xor_sync(0xffffffffu, L, off);
     if (lane == 0) {
@@ -182,9 +180,9 @@ __device__ bool att_combine(const AttnArgs &a, int t, int grp, int h0, int G, in
 #pragma unroll
       for (int k = 0; k < 8; k++) {
         const bool in = s0 + k < ns;
-        v[k] = in ? ld(pp + (size_t)(s0 + k) * pstride + dd) : 0.f;
-        m[k] = in ? ld(pp + (size_t)(s0 + k) * pstride + HD) : -INFINITY;
-        l[k] = in ? ld(pp + (size_t)(s0 + k) * pstride + HD + 1) : 0.f;
+        v[k] = in ? __ldcg(pp + (size_t)(s0 + k) * pstride + dd) : 0.f;
+        m[k] = in ? __ldcg(pp + (size_t)(s0 + k) * pstride + HD) : -INFINITY;
+        l[k] = in ? __ldcg(pp + (size_t)(s0 + k) * pstride + HD + 1) : 0.f;
       }
 #pragma unroll
       for (int k = 0; k < 8; k++)

@@ -98,22 +98,9 @@ __device__ void give_up(const Block &b, int code, int arg) {
   *b.stop = 1;
 }
 
-/* A spin that began at t0 is over: this block's stop flag or the grid's abort
- * flag is set, or the bound has passed, which ends the step with error `code`
- * (argument: the stage). */
-__device__ __forceinline__ bool spin_over(const Block &b, int code, int stage, unsigned long long t0) {
-  if (*b.stop || *(volatile unsigned *)&b.m->sync->abort) {
-    *b.stop = 1;
-    return true;
-  }
-  if ((long long)(kie_gtime() - t0) > b.m->timeout_ns) {
-    give_up(b, code, stage);
-    return true;
-  }
-  return false;
-}
-
-/* A bounded spin: true while `done()` is false and spin_over has not ended it. */
+/* A bounded spin: true while `done()` is false and neither the bound, this
+ * block's stop flag nor the grid's abort flag has ended it; past the bound,
+ * the step ends with error `code` (argument: the stage). */
 template <typename Done>
 __device__ bool spin_as(const Block &b, int code, int stage, Done done) {
   if (done()) return true;
@@ -121,7 +108,16 @@ __device__ bool spin_as(const Block &b, int code, int stage, Done done) {
   for (unsigned n = 1;; n++) {
     if (done()) return true;
     if (n > 32) __nanosleep(n > 1024 ? 256 : 32);
-    if ((n & 63) == 0 && spin_over(b, code, stage, t0)) return false;
+    if ((n & 63) == 0) {
+      if (*b.stop || *(volatile unsigned *)&b.m->sync->abort) {
+        *b.stop = 1;
+        return false;
+      }
+      if ((long long)(kie_gtime() - t0) > b.m->timeout_ns) {
+        give_up(b, code, stage);
+        return false;
+      }
+    }
   }
 }
 
