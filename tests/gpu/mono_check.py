@@ -210,7 +210,7 @@ def main():
         root = WORLD.bcast(root if RANK == 0 else None) if WORLD is not None else root
         presets = a.presets.split(",")
         cases = [(name, d, att) for att in ("items", "default") if att in atts for name in presets for d in (0, 1)]
-        cases += [(name, 0, att) for att in ("smem64",) if att in atts for name in presets]
+        cases += [(name, 0, "smem64") for name in presets if "smem64" in atts]
         cases += [(presets[0], 0, "walk")] if "walk" in atts else []
         cases += [(presets[-1], 0, "l2first")] if "l2first" in atts else []
         cases += [(name, d, att) for att in ("slots2", "fence", "behind", "normsums", "monosums") if att in atts
