@@ -271,7 +271,9 @@ def check_prefill(tag, path, comm, steps):
 # a KV head's query heads together with the step clock), which must not change a result; and the
 # sublayers' sums added by the normed GEMVs instead of written into the residual by the o and down
 # GEMVs (gemv_residual=2), with the clock, unpipelined and with x through L1, and the default
-# (the o and down GEMVs' residual epilogue) unpipelined and with x through L1.
+# (the o and down GEMVs' residual epilogue) unpipelined and with x through L1; and the split
+# combine in one pass (att_combine=1), in splits of a KV head's query heads, of one query head, with
+# more than 16 splits (its second round trip) and in the split items (decode_attn=1).
 DECODE_TUNINGS = [{"decode_attn": 1}, {"att_keys": 16}, {"att_keys": 40}, {"att_keys": 40, "att_split_keys": 24},
                   {"att_heads": 1}, {"att_heads": 1, "att_keys": 16}, {"att_heads": 2},
                   {"att_heads": 2, "att_keys": 16}, {"att_keys": 16, "att_splits": 2},
@@ -282,7 +284,10 @@ DECODE_TUNINGS = [{"decode_attn": 1}, {"att_keys": 16}, {"att_keys": 40}, {"att_
                   {"gemv_early": 1}, {"gemv_early": 1, "step_clock": 1}, {"gemv_carveout": 100},
                   {"att_warm": 1}, {"att_warm": 1, "att_keys": 16}, {"att_warm": 1, "att_heads": 2, "step_clock": 1},
                   {"gemv_residual": 2}, {"gemv_residual": 2, "step_clock": 1}, {"gemv_residual": 2, "gemv_pipe": 0},
-                  {"gemv_residual": 2, "gemv_x_l1": 1}, {"gemv_pipe": 0}, {"gemv_x_l1": 1}]
+                  {"gemv_residual": 2, "gemv_x_l1": 1}, {"gemv_pipe": 0}, {"gemv_x_l1": 1},
+                  {"att_combine": 1, "att_keys": 16}, {"att_combine": 1, "att_keys": 16, "att_heads": 1},
+                  {"att_combine": 1, "att_keys": 16, "att_split_keys": 4, "att_splits": 20},
+                  {"att_combine": 1, "decode_attn": 1}]
 
 # Tunings that must give the default's bits, each against the same tuning without its last field:
 # the attention's items on a few blocks in turn (att_blocks; 3 blocks take several items each, in one
@@ -367,7 +372,7 @@ BAD_DECODE_TUNINGS = [{"decode_attn": 3}, {"att_keys": 257}, {"att_keys": 16, "a
                       {"gemv_early": -1}, {"gemv_carveout": -1}, {"gemv_carveout": 101}, {"att_blocks": -2},
                       {"att_warm": 2}, {"mono_sync": 3}, {"mono_sync": -1}, {"mono_ahead": 3},
                       {"mono_ahead": -1}, {"gemv_residual": 3}, {"gemv_residual": -1},
-                      {"mono_residual": 3}, {"mono_residual": -1}]
+                      {"mono_residual": 3}, {"mono_residual": -1}, {"att_combine": 3}, {"att_combine": -1}]
 
 
 def check_bad_decode_tunings(comm):

@@ -80,7 +80,9 @@ def first_diff(a, b):
 # loads it while the stage before runs); "normsums": the graph path's normed GEMVs adding the
 # sublayers' sums to the residual (kie_shape.gemv_residual 2; by default, with one lane and delay 0,
 # its o and down GEMVs write the new residual, as the monokernel's o and down stages do: either way
-# the same bits); "monosums": the monokernel's normed stages adding the sums (kie_shape.mono_residual 2).
+# the same bits); "monosums": the monokernel's normed stages adding the sums (kie_shape.mono_residual 2);
+# "onepass" / "chain": 64 keys a block in at most 8 splits, combined in one round trip to L2 after an
+# acquire-release count, or after a fence, a count and two round trips (kie_shape.att_combine 1, 2).
 ATTENTIONS = {
     "items": {"decode_attn": 1, "mono_attn": 1},
     "default": {},
@@ -92,6 +94,8 @@ ATTENTIONS = {
     "behind": {"mono_ahead": 2},
     "normsums": {"gemv_residual": 2},
     "monosums": {"mono_residual": 2},
+    "onepass": {"decode_attn": 2, "mono_attn": 2, "att_keys": 64, "att_splits": 8, "att_combine": 1},
+    "chain": {"decode_attn": 2, "mono_attn": 2, "att_keys": 64, "att_splits": 8, "att_combine": 2},
 }
 
 

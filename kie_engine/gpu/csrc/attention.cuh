@@ -135,12 +135,78 @@ __device__ __forceinline__ void att_store_part(const AttnArgs &a, int t, int h0,
   }
 }
 
+/* The count of a (token, group)'s splits done, taken by thread 0 after the block's barrier:
+ * release, so that the block's partial rows (ordered before it by the barrier) are visible to
+ * the block that reads them; acquire, so that the last block sees every other split's. */
+__device__ __forceinline__ unsigned att_count_acq_rel(unsigned *p) {
+  unsigned old;
+  asm volatile("atom.acq_rel.gpu.global.add.u32 %0, [%1], 1;" : "=r"(old) : "l"(p) : "memory");
+  return old;
+}
+
+/* att_combine with a.combine ATT_COMBINE_ONE_PASS: one acquire-release count instead of a
+ * fence and a count, and the last block reads each split's sums, maximum and sum in one round
+ * trip to L2 (up to 16 splits; more, 16 a round trip), folding them in with a running maximum.
+ * Under the weight stream each round trip to L2 costs about a microsecond, and the chain of
+ * them is the combine's time.  Each output is (sum over splits of v e^(m - M)) / (sum of
+ * l e^(m - M)), in split order. */
+template <int HD, int NTHREADS, typename Sync>
+__device__ bool att_combine_one_pass(const AttnArgs &a, int t, int grp, int h0, int G, int ns, int tid, int *last,
+                                     Sync sync) {
+  constexpr int B = 16; /* splits a round trip */
+  const int groups = a.nh / a.g * a.hgroups;
+  const size_t pstride = att_part_stride<HD>();
+  unsigned *cnt = &a.cnt[(size_t)t * groups + grp];
+  sync();
+  if (tid == 0) *last = att_count_acq_rel(cnt) == (unsigned)ns - 1;
+  sync();
+  if (!*last) return false;
+  const float *src = a.part + ((size_t)t * a.nh + h0) * a.nsplit * pstride;
+  const size_t hstride = (size_t)a.nsplit * pstride; /* between heads */
+  for (int i = tid; i < G * HD; i += NTHREADS) {
+    const int j = i / HD, dd = i - j * HD;
+    const float *pp = src + (size_t)j * hstride;
+    float M = -INFINITY, L = 0.f, o = 0.f;
+    for (int s0 = 0; s0 < ns; s0 += B) {
+      float v[B], m[B], l[B];
+#pragma unroll
+      for (int k = 0; k < B; k++) {
+        const bool in = s0 + k < ns;
+        v[k] = in ? __ldcg(pp + (size_t)(s0 + k) * pstride + dd) : 0.f;
+        m[k] = in ? __ldcg(pp + (size_t)(s0 + k) * pstride + HD) : -INFINITY;
+        l[k] = in ? __ldcg(pp + (size_t)(s0 + k) * pstride + HD + 1) : 0.f;
+      }
+      float Mn = M;
+#pragma unroll
+      for (int k = 0; k < B; k++)
+        if (l[k] > 0.f) Mn = fmaxf(Mn, m[k]);
+      if (s0 > 0 && Mn != M) { /* rescale what the earlier round trips folded in */
+        const float f = expf(M - Mn);
+        o *= f;
+        L *= f;
+      }
+      M = Mn;
+#pragma unroll
+      for (int k = 0; k < B; k++)
+        if (l[k] > 0.f) {
+          const float e = expf(m[k] - M);
+          o = fmaf(v[k], e, o);
+          L = fmaf(l[k], e, L);
+        }
+    }
+    a.out[(size_t)t * a.out_ld + (size_t)(h0 + j) * HD + dd] = o / L;
+  }
+  if (tid == 0) *cnt = 0;
+  return true;
+}
+
 /* A split item's partial result is in a.part: the last split of (token t, group grp) to get
  * here folds them together into the output and returns true; the others return false.  The
  * sums' order is the splits' whatever the thread count, so every kernel that uses it agrees. */
 template <int HD, int NTHREADS, typename Sync>
 __device__ bool att_combine(const AttnArgs &a, int t, int grp, int h0, int G, int ns, int tid, float *big_m,
                             float *big_l, int *last, Sync sync) {
+  if (a.combine == ATT_COMBINE_ONE_PASS) return att_combine_one_pass<HD, NTHREADS>(a, t, grp, h0, G, ns, tid, last, sync);
   const int warp = tid >> 5, lane = tid & 31, groups = a.nh / a.g * a.hgroups;
   const size_t pstride = att_part_stride<HD>();
   __threadfence();

@@ -89,6 +89,7 @@ struct kie_engine {
   int g, gper, hgroups, nsplit, att_chunk, gemv_grid_max, gemv_u;
   int dec_attn, att_keys, att_split, att_gper, att_heads1, nsplit_smem, att_blocks; /* the graph path's decode attention (kie_shape
                                           .decode_attn, att_keys, att_split_keys, att_heads) and its splits at most */
+  int att_combine;                        /* ATT_COMBINE_*: the split attention's combine, both kernels */
   size_t bytes;
   char *arena;
   std::vector<kie_host::Layer> L;

@@ -161,6 +161,10 @@ __device__ __forceinline__ void kie_clock_marks(unsigned long long *clk, const u
 #define ATT_SMEM_KEYS(hd) ((hd) >= 256 ? 96 : (hd) >= 128 ? 192 : 256)
 #define ATT_MAXG 8 /* query heads of one KV head a block handles */
 
+/* AttnArgs.combine: how the last split of a (token, group) learns it is last and reads the others'
+ * partial rows (attention.cuh's att_combine; kie_shape.att_combine). */
+enum { ATT_COMBINE_ONE_PASS = 1, ATT_COMBINE_CHAIN = 2 };
+
 struct AttnArgs {
   const float *q;
   int q_ld;
@@ -181,6 +185,7 @@ struct AttnArgs {
   float *out;
   int out_ld;
   unsigned long long *clk; /* the graph path's step clock, or NULL (KIE_CLK_*) */
+  int combine;             /* the split combine (attention.cuh): ATT_COMBINE_ONE_PASS or ATT_COMBINE_CHAIN */
 };
 
 struct FinalArgs {

@@ -147,6 +147,7 @@ inline AttnArgs attention_args(kie_engine *e, int l) {
   a.cnt = e->att_cnt;
   a.out = e->att;
   a.out_ld = e->qdim;
+  a.combine = e->att_combine;
   return a;
 }
 
