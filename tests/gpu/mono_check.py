@@ -219,6 +219,7 @@ def main():
         cases += [(presets[-1], 0, "l2first")] if "l2first" in atts else []
         cases += [(name, d, att) for att in ("slots2", "fence", "behind", "normsums", "monosums") if att in atts
                   for name in presets for d in (0, 1)]
+        cases += [(name, 0, att) for att in ("onepass", "chain") if att in atts for name in presets]
         uncovered = sorted(set(atts) - {att for _, _, att in cases})
         if uncovered:  # an ATTENTIONS entry this list does not run would pass unchecked
             ap.error(f"--attentions: no cases for {', '.join(uncovered)}")

@@ -111,7 +111,7 @@ int derive(kie_engine *e, const kie_shape &s, int sms) {
   if (s.att_warm != 0 && s.att_warm != 1) return fail(KIE_E_ARG, "att_warm=%d: 0 or 1", s.att_warm);
   if (s.att_combine < 0 || s.att_combine > 2)
     return fail(KIE_E_ARG, "att_combine=%d: 0 (auto), 1 (one pass) or 2 (a chain of round trips)", s.att_combine);
-  e->att_combine = s.att_combine == 1 ? ATT_COMBINE_ONE_PASS : ATT_COMBINE_CHAIN;
+  e->att_combine = s.att_combine == 2 ? ATT_COMBINE_CHAIN : ATT_COMBINE_ONE_PASS;
   if (s.mono_residual < 0 || s.mono_residual > 2)
     return fail(KIE_E_ARG, "mono_residual=%d: 0 (auto), 1 (o and down write it) or 2 (the norm adds the sums)",
                 s.mono_residual);
