@@ -19,6 +19,10 @@
 //            protocol); one-way time = round trip / 2, a sample the mean of 8 round trips
 //   dsmem    the same ping-pong through a word in the other block's shared memory
 //            (st.release.cluster to it, ld.acquire.cluster polls of one's own)
+//   ll       the same ping-pong through 8-byte words in global memory that carry their own
+//            flag (a value and its step in one st.relaxed.gpu.v2, polled with ld.relaxed.gpu.v2
+//            until the step is there): no release, no fence, as a protocol whose data words say
+//            themselves that they are ready would signal
 // Streams: none; "others" (every block but 0 and 1); "all" (0 and 1 too, beside their test).
 // Every wait is bounded by the run's time; a test that runs out of it is reported.
 //
@@ -48,7 +52,7 @@ constexpr size_t SMEM = 160u << 10;        // at least this much: one block an S
 constexpr int THREADS = 64;
 constexpr unsigned RT = 8;                 // round trips a ping-pong sample
 
-enum Test { CHAIN = 0, GLOBAL = 1, DSMEM = 2 };
+enum Test { CHAIN = 0, GLOBAL = 1, DSMEM = 2, LL = 3 };
 enum Streams { NONE = 0, OTHERS = 1, ALL = 2 };
 
 struct Args {
@@ -87,6 +91,15 @@ __device__ __forceinline__ void st_peer(unsigned *own_word, unsigned rank, unsig
   uint32_t remote;
   asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(smem_u32(own_word)), "r"(rank));
   asm volatile("st.release.cluster.shared::cluster.u32 [%0], %1;" ::"r"(remote), "r"(v) : "memory");
+}
+/* LL: a value and its flag in one 8-byte word, written and read whole */
+__device__ __forceinline__ void st_ll(unsigned *p, unsigned value, unsigned flag) {
+  asm volatile("st.relaxed.gpu.global.v2.u32 [%0], {%1, %2};" ::"l"(p), "r"(value), "r"(flag) : "memory");
+}
+__device__ __forceinline__ bool ll_seen(const unsigned *p, unsigned flag) {
+  unsigned v, f;
+  asm volatile("ld.relaxed.gpu.global.v2.u32 {%0, %1}, [%2];" : "=r"(v), "=r"(f) : "l"(p) : "memory");
+  return f == flag && v == ~flag;
 }
 __device__ __forceinline__ void cluster_sync() {
   asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;" ::: "memory");
@@ -153,16 +166,20 @@ __global__ void __launch_bounds__(THREADS, 1) k_poll_stream(const Args a) {
         a.ns[i] = (float)(gtimer() - t) / 16.f;
       }
       if (q != a.line) atomicExch(a.timed_out, 2);  // the chain must come back to its line
-    } else if (a.test == GLOBAL || a.test == DSMEM) {
+    } else if (a.test == GLOBAL || a.test == DSMEM || a.test == LL) {
       /* A sample is RT round trips (the global timer's steps are too coarse for one). */
       unsigned *mine = first ? a.ping : a.pong, *theirs = first ? a.pong : a.ping;
       unsigned rank;
       asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(rank));
       auto send = [&](unsigned i) {
         if (a.test == GLOBAL) red_release(mine, 1u);
+        else if (a.test == LL) st_ll(mine, ~i, i);
         else st_peer(&word, rank ^ 1u, i);
       };
-      auto seen = [&](unsigned i) { return (int)((a.test == GLOBAL ? ld_relaxed(theirs) : ld_own(&word)) - i) >= 0; };
+      auto seen = [&](unsigned i) {
+        if (a.test == LL) return ll_seen(theirs, i);
+        return (int)((a.test == GLOBAL ? ld_relaxed(theirs) : ld_own(&word)) - i) >= 0;
+      };
       const unsigned n = (unsigned)a.iters * RT;
       unsigned long long tg = gtimer();
       for (unsigned i = 1; i <= n; i++) {
@@ -243,12 +260,12 @@ int main(int argc, char **argv) {
   std::printf("# %s, %d SMs, grid %d (clusters of 2), %d samples, %.0f ms a run, the tests starting after %.0f ms\n",
               prop.name, prop.multiProcessorCount, grid, iters, run_ms, warm_ms);
   std::printf("%-7s %-7s %5s %10s %10s %10s %10s  %s\n", "test", "streams", "KB", "p10 ns", "median ns", "p90 ns",
-              "HBM GB/s", "(chain: a load; global, dsmem: one way, half a round trip)");
-  const char *tests[] = {"chain", "global", "dsmem"}, *modes[] = {"none", "others", "all"};
+              "HBM GB/s", "(chain: a load; global, dsmem, ll: one way, half a round trip)");
+  const char *tests[] = {"chain", "global", "dsmem", "ll"}, *modes[] = {"none", "others", "all"};
   std::string json = "{\"gpu\": \"" + std::string(prop.name) + "\", \"grid\": " + std::to_string(grid) +
                      ", \"iters\": " + std::to_string(iters) + ", \"rows\": [";
   bool firstrow = true;
-  for (int test = CHAIN; test <= DSMEM; test++)
+  for (int test = CHAIN; test <= LL; test++)
     for (int mode = NONE; mode <= ALL; mode++)
       for (int slots = mode == NONE ? 0 : 1; slots <= (mode == NONE ? 0 : MAX_SLOTS); slots++) {
         CHECK(cudaMemset(flags, 0, 256));
