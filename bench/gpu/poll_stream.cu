@@ -23,6 +23,9 @@
 //            flag (a value and its step in one st.relaxed.gpu.v2, polled with ld.relaxed.gpu.v2
 //            until the step is there): no release, no fence, as a protocol whose data words say
 //            themselves that they are ready would signal
+//   dsll     the same through an 8-byte word in the other block's shared memory (st.relaxed.cluster,
+//            ld.relaxed.cluster polls of one's own)
+//   fence    block 0: fence.acq_rel.gpu alone, one after another (what a release costs its thread)
 // Streams: none; "others" (every block but 0 and 1); "all" (0 and 1 too, beside their test).
 // Every wait is bounded by the run's time; a test that runs out of it is reported.
 //
@@ -52,7 +55,7 @@ constexpr size_t SMEM = 160u << 10;        // at least this much: one block an S
 constexpr int THREADS = 64;
 constexpr unsigned RT = 8;                 // round trips a ping-pong sample
 
-enum Test { CHAIN = 0, GLOBAL = 1, DSMEM = 2, LL = 3 };
+enum Test { CHAIN = 0, GLOBAL = 1, DSMEM = 2, LL = 3, DSLL = 4, FENCE = 5 };
 enum Streams { NONE = 0, OTHERS = 1, ALL = 2 };
 
 struct Args {
@@ -101,6 +104,17 @@ __device__ __forceinline__ bool ll_seen(const unsigned *p, unsigned flag) {
   asm volatile("ld.relaxed.gpu.global.v2.u32 {%0, %1}, [%2];" : "=r"(v), "=r"(f) : "l"(p) : "memory");
   return f == flag && v == ~flag;
 }
+__device__ __forceinline__ void st_peer_ll(unsigned long long *own_word, unsigned rank, unsigned value, unsigned flag) {
+  uint32_t remote;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(smem_u32(own_word)), "r"(rank));
+  asm volatile("st.relaxed.cluster.shared::cluster.v2.u32 [%0], {%1, %2};" ::"r"(remote), "r"(value), "r"(flag)
+               : "memory");
+}
+__device__ __forceinline__ bool own_ll_seen(const unsigned long long *p, unsigned flag) {
+  unsigned v, f;
+  asm volatile("ld.relaxed.cluster.shared::cta.v2.u32 {%0, %1}, [%2];" : "=r"(v), "=r"(f) : "r"(smem_u32(p)) : "memory");
+  return f == flag && v == ~flag;
+}
 __device__ __forceinline__ void cluster_sync() {
   asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;" ::: "memory");
 }
@@ -109,15 +123,17 @@ __global__ void __launch_bounds__(THREADS, 1) k_poll_stream(const Args a) {
   extern __shared__ __align__(128) unsigned char ring[];
   __shared__ __align__(8) uint64_t bars[MAX_SLOTS];
   __shared__ unsigned word;  // DSMEM: what the other block of the cluster writes
+  __shared__ unsigned long long ll_word;  // DSLL: the same, a value and its flag
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, b = blockIdx.x;
   const bool tester = b < 2, streams = a.slots > 0 && (a.streams == ALL || (a.streams == OTHERS && !tester));
   if (threadIdx.x == 0) {
     word = 0;
+    ll_word = 0;
     for (int s = 0; s < a.slots; s++) mbar_init(&bars[s], 1);
     mbar_init_fence();
   }
   __syncthreads();
-  if (a.test == DSMEM) cluster_sync();  // the peer's word is initialized before anyone writes it
+  if (a.test == DSMEM || a.test == DSLL) cluster_sync();  // the peer's word is initialized before anyone writes it
   const unsigned long long t0 = gtimer();
   auto over = [&] { return gtimer() - t0 > a.run_ns; };
 
@@ -166,7 +182,13 @@ __global__ void __launch_bounds__(THREADS, 1) k_poll_stream(const Args a) {
         a.ns[i] = (float)(gtimer() - t) / 16.f;
       }
       if (q != a.line) atomicExch(a.timed_out, 2);  // the chain must come back to its line
-    } else if (a.test == GLOBAL || a.test == DSMEM || a.test == LL) {
+    } else if (a.test == FENCE && first) {
+      for (int i = 0; i < a.iters && !over(); i++) {
+        const unsigned long long t = gtimer();
+        for (int k = 0; k < 16; k++) asm volatile("fence.acq_rel.gpu;" ::: "memory");
+        a.ns[i] = (float)(gtimer() - t) / 16.f;
+      }
+    } else if (a.test == GLOBAL || a.test == DSMEM || a.test == LL || a.test == DSLL) {
       /* A sample is RT round trips (the global timer's steps are too coarse for one). */
       unsigned *mine = first ? a.ping : a.pong, *theirs = first ? a.pong : a.ping;
       unsigned rank;
@@ -174,10 +196,12 @@ __global__ void __launch_bounds__(THREADS, 1) k_poll_stream(const Args a) {
       auto send = [&](unsigned i) {
         if (a.test == GLOBAL) red_release(mine, 1u);
         else if (a.test == LL) st_ll(mine, ~i, i);
+        else if (a.test == DSLL) st_peer_ll(&ll_word, rank ^ 1u, ~i, i);
         else st_peer(&word, rank ^ 1u, i);
       };
       auto seen = [&](unsigned i) {
         if (a.test == LL) return ll_seen(theirs, i);
+        if (a.test == DSLL) return own_ll_seen(&ll_word, i);
         return (int)((a.test == GLOBAL ? ld_relaxed(theirs) : ld_own(&word)) - i) >= 0;
       };
       const unsigned n = (unsigned)a.iters * RT;
@@ -205,7 +229,7 @@ __global__ void __launch_bounds__(THREADS, 1) k_poll_stream(const Args a) {
   }
   __syncwarp();
   __syncthreads();
-  if (a.test == DSMEM) cluster_sync();  // neither block leaves while the other may still write its word
+  if (a.test == DSMEM || a.test == DSLL) cluster_sync();  // neither block leaves while the other may still write its word
 }
 
 float pct(std::vector<float> v, double q) {
@@ -260,12 +284,12 @@ int main(int argc, char **argv) {
   std::printf("# %s, %d SMs, grid %d (clusters of 2), %d samples, %.0f ms a run, the tests starting after %.0f ms\n",
               prop.name, prop.multiProcessorCount, grid, iters, run_ms, warm_ms);
   std::printf("%-7s %-7s %5s %10s %10s %10s %10s  %s\n", "test", "streams", "KB", "p10 ns", "median ns", "p90 ns",
-              "HBM GB/s", "(chain: a load; global, dsmem, ll: one way, half a round trip)");
-  const char *tests[] = {"chain", "global", "dsmem", "ll"}, *modes[] = {"none", "others", "all"};
+              "HBM GB/s", "(chain: a load; fence: one; global, dsmem, ll, dsll: one way, half a round trip)");
+  const char *tests[] = {"chain", "global", "dsmem", "ll", "dsll", "fence"}, *modes[] = {"none", "others", "all"};
   std::string json = "{\"gpu\": \"" + std::string(prop.name) + "\", \"grid\": " + std::to_string(grid) +
                      ", \"iters\": " + std::to_string(iters) + ", \"rows\": [";
   bool firstrow = true;
-  for (int test = CHAIN; test <= LL; test++)
+  for (int test = CHAIN; test <= FENCE; test++)
     for (int mode = NONE; mode <= ALL; mode++)
       for (int slots = mode == NONE ? 0 : 1; slots <= (mode == NONE ? 0 : MAX_SLOTS); slots++) {
         CHECK(cudaMemset(flags, 0, 256));
@@ -285,7 +309,7 @@ int main(int argc, char **argv) {
         CHECK(cudaMemcpy(sp.data(), span, grid * sizeof(unsigned long long), cudaMemcpyDeviceToHost));
         CHECK(cudaMemcpy(&bad, timed_out, sizeof(int), cudaMemcpyDeviceToHost));
         t.erase(std::remove_if(t.begin(), t.end(), [](float x) { return x <= 0.f; }), t.end());
-        if (test != CHAIN)
+        if (test != CHAIN && test != FENCE)
           for (float &x : t) x *= 0.5f;
         unsigned long long total = 0, longest = 0;
         for (int i = 0; i < grid; i++) total += by[i], longest = std::max(longest, sp[i]);
