@@ -66,10 +66,10 @@ struct Args {
   int iters;     // samples
   unsigned long long run_ns, warm_ns;
   unsigned long long *line;   // CHAIN: a line holding its own address
-  unsigned *ping, *pong;      // GLOBAL
+  unsigned *ping, *pong;      // GLOBAL: a counter each; LL: an 8-byte word each
   unsigned long long *bytes;  // [grid] bytes each block streamed
   unsigned long long *span;   // [grid] ns each block streamed
-  float *ns;                  // [iters] the test's times (CHAIN: a load; else a round trip)
+  float *ns;                  // [iters] the test's times (CHAIN: a load; FENCE: a fence; else a round trip)
   int *timed_out;             // set when a bounded wait ran out of time
 };
 
@@ -90,10 +90,14 @@ __device__ __forceinline__ unsigned ld_own(const unsigned *p) {
   asm volatile("ld.acquire.cluster.shared::cta.u32 %0, [%1];" : "=r"(v) : "r"(smem_u32(p)) : "memory");
   return v;
 }
-__device__ __forceinline__ void st_peer(unsigned *own_word, unsigned rank, unsigned v) {
+/* The address of this block's shared variable p in cluster block `rank`'s shared memory. */
+__device__ __forceinline__ uint32_t peer_addr(const void *p, unsigned rank) {
   uint32_t remote;
-  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(smem_u32(own_word)), "r"(rank));
-  asm volatile("st.release.cluster.shared::cluster.u32 [%0], %1;" ::"r"(remote), "r"(v) : "memory");
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(smem_u32(p)), "r"(rank));
+  return remote;
+}
+__device__ __forceinline__ void st_peer(unsigned *own_word, unsigned rank, unsigned v) {
+  asm volatile("st.release.cluster.shared::cluster.u32 [%0], %1;" ::"r"(peer_addr(own_word, rank)), "r"(v) : "memory");
 }
 /* LL: a value and its flag in one 8-byte word, written and read whole */
 __device__ __forceinline__ void st_ll(unsigned *p, unsigned value, unsigned flag) {
@@ -105,9 +109,8 @@ __device__ __forceinline__ bool ll_seen(const unsigned *p, unsigned flag) {
   return f == flag && v == ~flag;
 }
 __device__ __forceinline__ void st_peer_ll(unsigned long long *own_word, unsigned rank, unsigned value, unsigned flag) {
-  uint32_t remote;
-  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(smem_u32(own_word)), "r"(rank));
-  asm volatile("st.relaxed.cluster.shared::cluster.v2.u32 [%0], {%1, %2};" ::"r"(remote), "r"(value), "r"(flag)
+  asm volatile("st.relaxed.cluster.shared::cluster.v2.u32 [%0], {%1, %2};" ::"r"(peer_addr(own_word, rank)), "r"(value),
+               "r"(flag)
                : "memory");
 }
 __device__ __forceinline__ bool own_ll_seen(const unsigned long long *p, unsigned flag) {

@@ -135,47 +135,44 @@ __device__ __forceinline__ void att_store_part(const AttnArgs &a, int t, int h0,
   }
 }
 
-/* The count of a (token, group)'s splits done, taken by thread 0 after the block's barrier:
- * release, so that the block's partial rows (ordered before it by the barrier) are visible to
- * the block that reads them; acquire, so that the last block sees every other split's. */
+/* Adds 1 to a count with acquire-release semantics at GPU scope (att_combine says why). */
 __device__ __forceinline__ unsigned att_count_acq_rel(unsigned *p) {
   unsigned old;
   asm volatile("atom.acq_rel.gpu.global.add.u32 %0, [%1], 1;" : "=r"(old) : "l"(p) : "memory");
   return old;
 }
 
-/* att_combine with a.combine ATT_COMBINE_ONE_PASS: one acquire-release count instead of a
- * fence and a count, and the last block reads each split's sums, maximum and sum in one round
- * trip to L2 (up to 16 splits; more, 16 a round trip), folding them in with a running maximum.
+/* N splits' sums at dims dd, maxima and sums from s0 on (pp: a head's first split row), through
+ * L2 (other blocks wrote them); past ns, a split that adds nothing (l = 0). */
+template <int N, int HD>
+__device__ __forceinline__ void att_load_splits(const float *pp, size_t pstride, int s0, int ns, int dd, float (&v)[N],
+                                                float (&m)[N], float (&l)[N]) {
+#pragma unroll
+  for (int k = 0; k < N; k++) {
+    const bool in = s0 + k < ns;
+    v[k] = in ? __ldcg(pp + (size_t)(s0 + k) * pstride + dd) : 0.f;
+    m[k] = in ? __ldcg(pp + (size_t)(s0 + k) * pstride + HD) : -INFINITY;
+    l[k] = in ? __ldcg(pp + (size_t)(s0 + k) * pstride + HD + 1) : 0.f;
+  }
+}
+
+/* The last split's fold with a.combine ATT_COMBINE_ONE_PASS: each output reads its splits' sums,
+ * maxima and sums in one round trip to L2 (16 splits a round trip) and folds them in with a
+ * running maximum: (sum over splits of v e^(m - M)) / (sum of l e^(m - M)), in split order.
  * Under the weight stream each round trip to L2 costs about a microsecond, and the chain of
- * them is the combine's time.  Each output is (sum over splits of v e^(m - M)) / (sum of
- * l e^(m - M)), in split order. */
-template <int HD, int NTHREADS, typename Sync>
-__device__ bool att_combine_one_pass(const AttnArgs &a, int t, int grp, int h0, int G, int ns, int tid, int *last,
-                                     Sync sync) {
+ * them is the combine's time. */
+template <int HD, int NTHREADS>
+__device__ void att_fold_one_pass(const AttnArgs &a, int t, int h0, int G, int ns, int tid, const float *src,
+                                  size_t hstride) {
   constexpr int B = 16; /* splits a round trip */
-  const int groups = a.nh / a.g * a.hgroups;
   const size_t pstride = att_part_stride<HD>();
-  unsigned *cnt = &a.cnt[(size_t)t * groups + grp];
-  sync();
-  if (tid == 0) *last = att_count_acq_rel(cnt) == (unsigned)ns - 1;
-  sync();
-  if (!*last) return false;
-  const float *src = a.part + ((size_t)t * a.nh + h0) * a.nsplit * pstride;
-  const size_t hstride = (size_t)a.nsplit * pstride; /* between heads */
   for (int i = tid; i < G * HD; i += NTHREADS) {
     const int j = i / HD, dd = i - j * HD;
     const float *pp = src + (size_t)j * hstride;
     float M = -INFINITY, L = 0.f, o = 0.f;
     for (int s0 = 0; s0 < ns; s0 += B) {
       float v[B], m[B], l[B];
-#pragma unroll
-      for (int k = 0; k < B; k++) {
-        const bool in = s0 + k < ns;
-        v[k] = in ? __ldcg(pp + (size_t)(s0 + k) * pstride + dd) : 0.f;
-        m[k] = in ? __ldcg(pp + (size_t)(s0 + k) * pstride + HD) : -INFINITY;
-        l[k] = in ? __ldcg(pp + (size_t)(s0 + k) * pstride + HD + 1) : 0.f;
-      }
+      att_load_splits<B, HD>(pp, pstride, s0, ns, dd, v, m, l);
       float Mn = M;
 #pragma unroll
       for (int k = 0; k < B; k++)
@@ -196,29 +193,15 @@ __device__ bool att_combine_one_pass(const AttnArgs &a, int t, int grp, int h0, 
     }
     a.out[(size_t)t * a.out_ld + (size_t)(h0 + j) * HD + dd] = o / L;
   }
-  if (tid == 0) *cnt = 0;
-  return true;
 }
 
-/* A split item's partial result is in a.part: the last split of (token t, group grp) to get
- * here folds them together into the output and returns true; the others return false.  The
- * sums' order is the splits' whatever the thread count, so every kernel that uses it agrees. */
+/* The last split's fold with a.combine ATT_COMBINE_CHAIN: per head the splits' maxima and sums
+ * (M, L), then each output from the splits' sums scaled to them, eight splits' loads in flight. */
 template <int HD, int NTHREADS, typename Sync>
-__device__ bool att_combine(const AttnArgs &a, int t, int grp, int h0, int G, int ns, int tid, float *big_m,
-                            float *big_l, int *last, Sync sync) {
-  if (a.combine == ATT_COMBINE_ONE_PASS) return att_combine_one_pass<HD, NTHREADS>(a, t, grp, h0, G, ns, tid, last, sync);
-  const int warp = tid >> 5, lane = tid & 31, groups = a.nh / a.g * a.hgroups;
+__device__ void att_fold_chain(const AttnArgs &a, int t, int h0, int G, int ns, int tid, const float *src,
+                               size_t hstride, float *big_m, float *big_l, Sync sync) {
+  const int warp = tid >> 5, lane = tid & 31;
   const size_t pstride = att_part_stride<HD>();
-  __threadfence();
-  sync();
-  if (tid == 0) *last = atomicAdd(&a.cnt[(size_t)t * groups + grp], 1u) == (unsigned)ns - 1;
-  sync();
-  if (!*last) return false;
-  __threadfence();
-  /* a.part was written by other blocks: read through L2 (__ldcg) */
-  const float *src = a.part + ((size_t)t * a.nh + h0) * a.nsplit * pstride;
-  const size_t hstride = (size_t)a.nsplit * pstride; /* between heads */
-  /* Per head: M = the largest split max, L = the sum of the splits' sums scaled to M. */
   for (int j = warp; j < G; j += NTHREADS / 32) {
     const float *pp = src + (size_t)j * hstride;
     float M = -INFINITY;
@@ -241,22 +224,44 @@ __device__ bool att_combine(const AttnArgs &a, int t, int grp, int h0, int G, in
     const float *pp = src + (size_t)j * hstride;
     const float M = big_m[j], invL = 1.f / big_l[j];
     float o = 0.f;
-    for (int s0 = 0; s0 < ns; s0 += 8) { /* eight splits' loads in flight */
+    for (int s0 = 0; s0 < ns; s0 += 8) {
       float v[8], m[8], l[8];
-#pragma unroll
-      for (int k = 0; k < 8; k++) {
-        const bool in = s0 + k < ns;
-        v[k] = in ? __ldcg(pp + (size_t)(s0 + k) * pstride + dd) : 0.f;
-        m[k] = in ? __ldcg(pp + (size_t)(s0 + k) * pstride + HD) : -INFINITY;
-        l[k] = in ? __ldcg(pp + (size_t)(s0 + k) * pstride + HD + 1) : 0.f;
-      }
+      att_load_splits<8, HD>(pp, pstride, s0, ns, dd, v, m, l);
 #pragma unroll
       for (int k = 0; k < 8; k++)
         if (l[k] > 0.f) o = fmaf(v[k], expf(m[k] - M) * invL, o);
     }
     a.out[(size_t)t * a.out_ld + (size_t)(h0 + j) * HD + dd] = o;
   }
-  if (tid == 0) a.cnt[(size_t)t * groups + grp] = 0;
+}
+
+/* A split item's partial result is in a.part: the last split of (token t, group grp) to get
+ * here folds them together into the output and returns true; the others return false.  The
+ * sums' order is the splits' whatever the thread count, so every kernel that uses it agrees.
+ * How the last split learns it is last (a.combine): ATT_COMBINE_ONE_PASS, thread 0's
+ * acquire-release count after the block's barrier (release: the block's partial rows, ordered
+ * before it by the barrier; acquire: every other split's); ATT_COMBINE_CHAIN, every thread's
+ * fence, a relaxed count, and a fence after it. */
+template <int HD, int NTHREADS, typename Sync>
+__device__ bool att_combine(const AttnArgs &a, int t, int grp, int h0, int G, int ns, int tid, float *big_m,
+                            float *big_l, int *last, Sync sync) {
+  const bool one_pass = a.combine == ATT_COMBINE_ONE_PASS;
+  unsigned *cnt = &a.cnt[(size_t)t * (a.nh / a.g * a.hgroups) + grp];
+  if (!one_pass) __threadfence();
+  sync();
+  if (tid == 0) *last = (one_pass ? att_count_acq_rel(cnt) : atomicAdd(cnt, 1u)) == (unsigned)ns - 1;
+  sync();
+  if (!*last) return false;
+  const size_t pstride = att_part_stride<HD>();
+  const float *src = a.part + ((size_t)t * a.nh + h0) * a.nsplit * pstride;
+  const size_t hstride = (size_t)a.nsplit * pstride; /* between heads */
+  if (one_pass) {
+    att_fold_one_pass<HD, NTHREADS>(a, t, h0, G, ns, tid, src, hstride);
+  } else {
+    __threadfence();
+    att_fold_chain<HD, NTHREADS>(a, t, h0, G, ns, tid, src, hstride, big_m, big_l, sync);
+  }
+  if (tid == 0) *cnt = 0;
   return true;
 }
 
