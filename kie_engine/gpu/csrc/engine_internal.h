@@ -111,6 +111,8 @@ struct kie_engine {
   unsigned *mono_cnt;             /* [2 mono_n]: the stages' counts, then their lanes' sums' (rcnt) */
   MonoLink *mono_links;
   unsigned long long *mono_marks;
+  unsigned long long *mono_ll;    /* kie_shape.mono_ll 1: the LL words of each layer's o, gate/up and down outputs
+                                     ([layers][hid_pad + inter_pad + hid_pad]), else NULL */
   unsigned long long *step_marks; /* kie_shape.step_clock: [mono_n][KIE_CLK_MARKS][KIE_CLK_BLOCKS], a launch of
                                      a decode step's each (its GEMVs and attentions, in order), else NULL */
   int mono_n, mono_ready, mono_slot, mono_nslots, mono_xbytes, mono_grid, mono_nred, mono_red_per;

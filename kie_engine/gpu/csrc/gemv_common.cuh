@@ -302,16 +302,25 @@ __device__ void stage_norm(const GemvArgs &a, float *xs, int tid, bool writer, S
   }
 }
 
+/* LL words (the monokernel's kie_shape.mono_ll): an output element as one 8-byte word, its
+ * float's bits below the step's tag, written in one access, so that a reader that sees the
+ * tag sees the value, with no fence before a count and no count to poll. */
+__device__ __forceinline__ void ll_put(unsigned long long *p, float v, unsigned tag) {
+  const unsigned long long w = (unsigned long long)tag << 32 | __float_as_uint(v);
+  asm volatile("st.relaxed.gpu.global.b64 [%0], %1;" ::"l"(p), "l"(w) : "memory");
+}
+
 /* A unit's sums are done: its segments meet (fixed order), then the epilogue.
  * Called by every warp of the block (every consumer warp) the same number of
  * times; `part` is free for it (no warp still reads a previous call's).  EPI_RESID:
  * EPI_STORE with the residual's rows (a.r_in) added, r + y as stage_norm adds them; PRE:
- * token 0's (res0, res1) already loaded by the caller. */
-template <int NT, int EPI, bool PRE = false, typename Sync>
+ * token 0's (res0, res1) already loaded by the caller.  LL (the monokernel, one token): the
+ * EPI_STORE, EPI_RESID and EPI_SWIGLU outputs also as LL words at ll (when not NULL), tagged. */
+template <int NT, int EPI, bool PRE = false, bool LL = false, typename Sync>
 __device__ __forceinline__ void finish_unit(const GemvArgs &a, int u, int r0, int r1, bool active, float *acc0,
                                             float *acc1, unsigned long long &best, float (*part)[2 * GEMV_MAX_T],
                                             int tid, Sync sync, const float *rope = nullptr, float res0 = 0.f,
-                                            float res1 = 0.f) {
+                                            float res1 = 0.f, unsigned long long *ll = nullptr, unsigned tag = 0) {
   const int warp = tid >> 5, lane = tid & 31, segs = a.segs, seg = warp & (segs - 1);
 #pragma unroll
   for (int t = 0; t < NT; t++) {
@@ -355,12 +364,18 @@ __device__ __forceinline__ void finish_unit(const GemvArgs &a, int u, int r0, in
       }
       a.out[(size_t)t * a.out_ld + r0] = y0;
       if (r1 >= 0) a.out[(size_t)t * a.out_ld + r1] = y1;
+      if (LL && ll) {
+        ll_put(ll + r0, y0, tag);
+        if (r1 >= 0) ll_put(ll + r1, y1, tag);
+      }
     }
   } else if (EPI == EPI_SWIGLU) {
 #pragma unroll
     for (int t = 0; t < NT; t++) {
       if (lane != t || t >= a.T) continue;
-      a.out[(size_t)t * a.out_ld + u] = silu(acc0[t]) * acc1[t];
+      const float y = silu(acc0[t]) * acc1[t];
+      a.out[(size_t)t * a.out_ld + u] = y;
+      if (LL && ll) ll_put(ll + u, y, tag);
     }
   } else if (EPI == EPI_QKV) {
     epilogue_qkv<NT>(a, u, r0, acc0, acc1, lane, NT == 1 ? rope : nullptr);

@@ -210,6 +210,13 @@ enum { MONO_GEMV = 0, MONO_ATTN = 1, MONO_ATTN_SMEM = 2 }; /* ATTN: the split it
 struct MonoStage {
   int kind;
   int epi, segs, upt; /* GEMV: epilogue, warps per unit, units per ring tile */
+  /* One lane, kie_shape.mono_ll: ll_out, where this GEMV also writes its output as LL words
+   * (ll_put); ll_in, the words of the stage before that this GEMV stages its input from (its
+   * x, or the residual its norm reads) instead of waiting for that stage's count.  signal:
+   * the stage's count is published (some stage waits for it); always with lanes. */
+  unsigned long long *ll_out;
+  const unsigned long long *ll_in;
+  int signal;
   GemvArgs g;
   AttnArgs at;
 };
@@ -262,6 +269,7 @@ struct MonoArgs {
 };
 
 #define MONO_CONSUMERS GEMV_THREADS /* the GEMV's threads: the same reduction order */
+#define MONO_LL_NORM_VEC4 (MONO_CONSUMERS * 8) /* mono_ll: a normed stage's input at most this many float4s */
 #define MONO_RESID_ROWS 128         /* EPI_RESID stage: residual rows a block holds in shared memory */
 #define MONO_THREADS (MONO_CONSUMERS + 32) /* and a producer warp streaming the weights */
 #define MONO_SUBS_MAX (MONO_CONSUMERS / ATT_THREADS)

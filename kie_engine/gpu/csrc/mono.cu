@@ -468,11 +468,12 @@ __device__ bool attend_smem(const Block &b, const AttnArgs &a, int k, unsigned e
 
 /* One ring tile: warp w takes unit w / segs of it, segment w % segs of the row.  EPI_RESID:
  * the residual's rows of the block's range (row0 on) are in sres when it holds them (nres
- * rows), else lane 0 loads its unit's before the dot products. */
-template <int EPI>
+ * rows), else lane 0 loads its unit's before the dot products.  LL (one lane): the outputs
+ * also as LL words at s.ll_out when the stage has them, tagged `tag`. */
+template <int EPI, bool LL>
 __device__ void gemv_tile(const Block &b, const MonoStage &s, int tu, int n, int slot, const float *xs,
                           float (*part)[2 * GEMV_MAX_T], unsigned long long &best, const float *rope,
-                          const float *sres = nullptr, int row0 = 0, int nres = 0) {
+                          unsigned tag, const float *sres = nullptr, int row0 = 0, int nres = 0) {
   const GemvArgs &a = s.g;
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const int segs = s.segs, j = warp / segs, seg = warp & (segs - 1);
@@ -500,8 +501,114 @@ __device__ void gemv_tile(const Block &b, const MonoStage &s, int tu, int n, int
   }
   __syncwarp();
   if (lane == 0) mbar_arrive(&b.empty[slot]); /* this warp is done with the slot */
-  finish_unit<1, EPI, EPI == EPI_RESID>(a, u, r0, r1, active, acc0, acc1, best, part, tid,
-                                         SyncNamed{BAR_CONSUMERS, MONO_CONSUMERS}, rope, res0, res1);
+  finish_unit<1, EPI, EPI == EPI_RESID, LL>(a, u, r0, r1, active, acc0, acc1, best, part, tid,
+                                             SyncNamed{BAR_CONSUMERS, MONO_CONSUMERS}, rope, res0, res1, s.ll_out, tag);
+}
+
+/* kie_shape.mono_ll (one lane): the stage's input from the LL words of the stage before
+ * (s.ll_in; mono_ll_plan in mono_host.cu says which stages), each consumer thread polling its
+ * own float4s (the float4s of stage_norm's order: i = tid + j MONO_CONSUMERS) until all
+ * four carry this step's tag, instead of thread 0 waiting for the stage's count and every
+ * thread then loading x.  The words are loaded relaxed at GPU scope (from L2, never this
+ * SM's older copy in L1).  Nothing but the words is read from the stage before: each word's
+ * tag orders its value.  Stores this block makes after (into buffers that a slower block
+ * may still read from an earlier stage) depend on values that stage's blocks wrote only
+ * after reading, and a GPU does not perform a store before the loads it depends on return.
+ * x into xs, zero past s.g.in; false when the step was given up (the consumers' verdict,
+ * the same for all: one barrier that ORs whether any gave up). */
+__device__ __forceinline__ ulonglong2 ll_get2(const unsigned long long *p) {
+  ulonglong2 w;
+  asm volatile("ld.relaxed.gpu.global.v2.b64 {%0, %1}, [%2];" : "=l"(w.x), "=l"(w.y) : "l"(p) : "memory");
+  return w;
+}
+struct Ll4 {
+  ulonglong2 a, b;
+};
+__device__ __forceinline__ Ll4 ll_get4(const unsigned long long *p) { return Ll4{ll_get2(p), ll_get2(p + 2)}; }
+__device__ __forceinline__ bool ll_ready(const Ll4 &w, int i, int n, unsigned tag) {
+  return (unsigned)(w.a.x >> 32) == tag && (4 * i + 1 >= n || (unsigned)(w.a.y >> 32) == tag) &&
+         (4 * i + 2 >= n || (unsigned)(w.b.x >> 32) == tag) && (4 * i + 3 >= n || (unsigned)(w.b.y >> 32) == tag);
+}
+__device__ __forceinline__ float4 ll_value(const Ll4 &w, int i, int n) {
+  return f4_clip(make_float4(__uint_as_float((unsigned)w.a.x), __uint_as_float((unsigned)w.a.y),
+                             __uint_as_float((unsigned)w.b.x), __uint_as_float((unsigned)w.b.y)),
+                 i, n);
+}
+/* The consumers meet; true when any of them passed `p` true. */
+__device__ __forceinline__ bool bar_consumers_any(bool p) {
+  unsigned r;
+  asm volatile(
+      "{ .reg .pred a, o; setp.ne.u32 a, %1, 0; bar.red.or.pred o, %2, %3, a; selp.u32 %0, 1, 0, o; }"
+      : "=r"(r)
+      : "r"((unsigned)p), "n"(BAR_CONSUMERS), "n"(MONO_CONSUMERS)
+      : "memory");
+  return r != 0;
+}
+
+#define LL_BATCH 4 /* float4s (32 bytes of words) a thread has in flight: more spill at the register cap */
+__device__ bool stage_ll(const Block &b, int k, const MonoStage &s, unsigned tag, float *xs, int tid) {
+  const int n = s.g.in, n4 = s.g.ld >> 2;
+  const unsigned long long *ll = s.ll_in;
+  float4 *x4 = reinterpret_cast<float4 *>(xs);
+  bool ok = true;
+  for (int i0 = tid; i0 < n4; i0 += MONO_CONSUMERS * LL_BATCH) {
+    Ll4 w[LL_BATCH];
+#pragma unroll
+    for (int j = 0; j < LL_BATCH; j++) {
+      const int i = i0 + j * MONO_CONSUMERS;
+      if (i < n4 && 4 * i < n) w[j] = ll_get4(ll + 4 * (size_t)i);
+    }
+#pragma unroll
+    for (int j = 0; j < LL_BATCH; j++) {
+      const int i = i0 + j * MONO_CONSUMERS;
+      if (i >= n4) continue;
+      if (4 * i >= n) {
+        x4[i] = f4_zero();
+        continue;
+      }
+      Ll4 v = w[j];
+      if (ok && !ll_ready(v, i, n, tag))
+        ok = spin(b, k, [&] {
+          v = ll_get4(ll + 4 * (size_t)i);
+          return ll_ready(v, i, n, tag);
+        });
+      x4[i] = ll_value(v, i, n);
+    }
+  }
+  return !bar_consumers_any(!ok);
+}
+
+/* The norm of the residual stage_ll put in xs, in place: stage_norm's arithmetic for one
+ * token with r_in alone (each thread the same float4s in the same order, the block's sums
+ * meeting in warp order), so the same bits.  ld / 4 <= MONO_LL_NORM_VEC4 (the host's plan):
+ * a thread's float4s stay in registers. */
+__device__ void norm_staged(const GemvArgs &a, float *xs, int tid, float *red) {
+  static_assert(MONO_LL_NORM_VEC4 == MONO_CONSUMERS * STAGE_BATCH, "one batch of stage_norm's");
+  const int hidden = a.in, n4 = a.ld >> 2;
+  float4 *x4 = reinterpret_cast<float4 *>(xs);
+  const float4 *g4 = reinterpret_cast<const float4 *>(a.gamma);
+  float4 v[STAGE_BATCH], g[STAGE_BATCH];
+  float ss = 0.f;
+#pragma unroll
+  for (int j = 0; j < STAGE_BATCH; j++) {
+    const int i = tid + j * MONO_CONSUMERS;
+    v[j] = f4_zero();
+    g[j] = f4_zero();
+    if (i >= n4) continue;
+    v[j] = f4_clip(x4[i], i, hidden);
+    if (4 * i < hidden) g[j] = __ldg(g4 + i);
+    ss = fmaf(v[j].x, v[j].x, ss);
+    ss = fmaf(v[j].y, v[j].y, ss);
+    ss = fmaf(v[j].z, v[j].z, ss);
+    ss = fmaf(v[j].w, v[j].w, ss);
+  }
+  const float ms = block_sum(ss, red, tid, SyncNamed{BAR_CONSUMERS, MONO_CONSUMERS}) / (float)hidden;
+  const float root = sqrtf(ms + a.eps);
+#pragma unroll
+  for (int j = 0; j < STAGE_BATCH; j++) {
+    const int i = tid + j * MONO_CONSUMERS;
+    if (i < n4) x4[i] = f4_norm(v[j], root, g[j]);
+  }
 }
 
 template <int HD, bool TP>
@@ -580,9 +687,10 @@ __device__ void consume(const Block &b, char *xunion) {
     if (u0 < u1) {
       /* the position's rotation: final since the kernel started, so read before the wait */
       if (s.epi == EPI_QKV) stage_rope(s.g, rope, tid, MONO_CONSUMERS);
+      const bool ll = !TP && s.ll_in;
       if (TP) {
         if (!wait_inputs(b, k, epoch)) return;
-      } else if (k > 0 && !wait_stage(b, k - 1, epoch)) {
+      } else if (k > 0 && !ll && !wait_stage(b, k - 1, epoch)) {
         return;
       }
       mark0(m, k, MARK_START);
@@ -590,8 +698,14 @@ __device__ void consume(const Block &b, char *xunion) {
        * wrote them (the wait above orders them); the barrier after the staging publishes them */
       const int row0 = 2 * u0, nres = TP || s.epi != EPI_RESID ? 0 : min(2 * (u1 - u0), MONO_RESID_ROWS);
       if (!TP && tid < nres && row0 + tid < s.g.rows) sres[tid] = __ldcg(s.g.r_in + row0 + tid);
-      if (s.g.x) stage_plain(s.g, xs, tid);
-      else stage_norm(s.g, xs, tid, u0 == 0, SyncNamed{BAR_CONSUMERS, MONO_CONSUMERS}, red);
+      if (ll) {
+        if (!stage_ll(b, k, s, epoch + 1u, xs, tid)) return;
+        if (!s.g.x) norm_staged(s.g, xs, tid, red);
+      } else if (s.g.x) {
+        stage_plain(s.g, xs, tid);
+      } else {
+        stage_norm(s.g, xs, tid, u0 == 0, SyncNamed{BAR_CONSUMERS, MONO_CONSUMERS}, red);
+      }
       bar_consumers();
       mark0(m, k, MARK_STAGED);
       for (int tu = u0; tu < u1; tu += s.upt, tile++) {
@@ -601,15 +715,16 @@ __device__ void consume(const Block &b, char *xunion) {
          * matter) and all leave together at the next wait. */
         spin(b, k, [&] { return mbar_done(&b.full[slot], (unsigned)use & 1u); });
         const int n = min(s.upt, u1 - tu);
+        const unsigned tag = epoch + 1u; /* LL words: this step's (the arena starts zeroed, as kie_reset leaves it) */
         switch (s.epi) {
-          case EPI_QKV: gemv_tile<EPI_QKV>(b, s, tu, n, slot, xs, part[tile & 1], best, rope); break;
-          case EPI_SWIGLU: gemv_tile<EPI_SWIGLU>(b, s, tu, n, slot, xs, part[tile & 1], best, rope); break;
-          case EPI_HEAD: gemv_tile<EPI_HEAD>(b, s, tu, n, slot, xs, part[tile & 1], best, rope); break;
+          case EPI_QKV: gemv_tile<EPI_QKV, false>(b, s, tu, n, slot, xs, part[tile & 1], best, rope, tag); break;
+          case EPI_SWIGLU: gemv_tile<EPI_SWIGLU, !TP>(b, s, tu, n, slot, xs, part[tile & 1], best, rope, tag); break;
+          case EPI_HEAD: gemv_tile<EPI_HEAD, false>(b, s, tu, n, slot, xs, part[tile & 1], best, rope, tag); break;
           default: /* EPI_STORE, or with one lane EPI_RESID */
             if (!TP && s.epi == EPI_RESID)
-              gemv_tile<EPI_RESID>(b, s, tu, n, slot, xs, part[tile & 1], best, rope, sres, row0, nres);
+              gemv_tile<EPI_RESID, true>(b, s, tu, n, slot, xs, part[tile & 1], best, rope, tag, sres, row0, nres);
             else
-              gemv_tile<EPI_STORE>(b, s, tu, n, slot, xs, part[tile & 1], best, rope);
+              gemv_tile<EPI_STORE, false>(b, s, tu, n, slot, xs, part[tile & 1], best, rope, tag);
         }
       }
       if (s.epi == EPI_HEAD) { /* the block's best key, then the grid's */
@@ -622,7 +737,12 @@ __device__ void consume(const Block &b, char *xunion) {
         }
       }
     }
-    signal_stage(m, k);
+    if (TP || s.signal) {
+      signal_stage(m, k);
+    } else { /* the stage after reads this one's LL words: no count */
+      bar_consumers();
+      mark0(m, k, MARK_END);
+    }
     if (TP && m.links[k].sum && !reduce_stage(b, k, epoch, xs)) return;
   }
   const MonoStage &last = st[ahead_on ? (m.nstages - 1) & 1 : 0];

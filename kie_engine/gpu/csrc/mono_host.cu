@@ -68,12 +68,52 @@ struct MonoBuilder {
   int wait(int) { return KIE_OK; }
 };
 
+/* kie_shape.mono_ll: which GEMV stages stage their input from the LL words of the GEMV before
+ * them, and which stages still publish a count.  Stage k reads words when stage k - 1 writes
+ * all of its input (the o or down projection's residual rows, or gate/up's product), that
+ * input is its plain x or the residual alone (one token, nothing to add, nothing to write,
+ * short enough for the norm to hold in registers), and, when k adds the residual itself (an
+ * o or down projection), the rows it adds were written by the same block: the last stage to
+ * write them has k's row count, so the grid splits its units the same way.  Everything else
+ * stage k reads from other blocks was ordered before a count of an earlier stage that some
+ * block on the way to k waited for.  A stage whose successor reads its words publishes no
+ * count: nothing waits for it, and the release it costs sat on the block's path into the
+ * next stage. */
+static int mono_ll_plan(kie_engine *e, std::vector<MonoStage> &st) {
+  for (auto &m : st) m.signal = 1;
+  if (!e->mono_ll) return KIE_OK;
+  const size_t cap = (size_t)e->s.layers * (2 * (size_t)e->hid_pad + e->inter_pad);
+  size_t at = 0;
+  for (size_t k = 1; k < st.size(); k++) {
+    MonoStage &p = st[k - 1], &c = st[k];
+    if (p.kind != MONO_GEMV || c.kind != MONO_GEMV || c.g.T != 1) continue;
+    if (p.epi != EPI_RESID && p.epi != EPI_SWIGLU) continue;
+    const int count = p.epi == EPI_SWIGLU ? p.g.cols : p.g.rows;
+    const bool plain = c.g.x && c.g.x == p.g.out;
+    const bool normed = !c.g.x && c.g.r_in == p.g.out && c.g.nadd == 0 && !c.g.r_out && c.g.ld / 4 <= MONO_LL_NORM_VEC4;
+    if (!(plain || normed) || c.g.in > count) continue;
+    if (c.epi == EPI_RESID) {
+      long j = (long)k - 1;
+      while (j >= 0 && !(st[(size_t)j].kind == MONO_GEMV && st[(size_t)j].g.out == c.g.r_in)) j--;
+      if (j < 0 || st[(size_t)j].epi != EPI_RESID || st[(size_t)j].g.rows != c.g.rows) continue;
+    }
+    const size_t words = round_up((size_t)std::max(count, c.g.ld), 8);
+    if (at + words > cap) return fail(KIE_E_STATE, "monokernel: LL words past their %zu reserved", cap);
+    p.ll_out = e->mono_ll + at;
+    c.ll_in = p.ll_out;
+    p.signal = 0;
+    at += words;
+  }
+  return KIE_OK;
+}
+
 /* Builds and uploads the stage table and sizes the weight ring (once). */
 int mono_prepare(kie_engine *e) {
   if (e->mono_ready) return KIE_OK;
   MonoBuilder b{e, {}, {}, {}};
   TRY(walk_forward(e, 1, true, b, e->s.mono_residual != 2));
   if ((int)b.st.size() != e->mono_n) return fail(KIE_E_STATE, "monokernel: %zu stages, %d planned", b.st.size(), e->mono_n);
+  TRY(mono_ll_plan(e, b.st));
   const int tp = e->s.tp_size;
   int optin = 0;
   CU(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, e->device));
