@@ -83,8 +83,9 @@ def first_diff(a, b):
 # the same bits); "monosums": the monokernel's normed stages adding the sums (kie_shape.mono_residual 2);
 # "onepass" / "chain": 64 keys a block in at most 8 splits, combined in one round trip to L2 after an
 # acquire-release count, or after a fence, a count and two round trips (kie_shape.att_combine 1, 2);
-# "ll": the monokernel's GEMV stages handing their outputs on as LL words (kie_shape.mono_ll 1; one
-# lane only, refused with two), with the default attention and with "onepass"'s ("llsplit").
+# "ll": the monokernel's attention and GEMV stages handing their outputs on as LL words
+# (kie_shape.mono_ll 1; one lane only, refused with two), with the default attention and with
+# "onepass"'s ("llsplit"); "llgemv": between the GEMV stages only (mono_ll 3).
 ATTENTIONS = {
     "items": {"decode_attn": 1, "mono_attn": 1},
     "default": {},
@@ -100,8 +101,9 @@ ATTENTIONS = {
     "chain": {"decode_attn": 2, "mono_attn": 2, "att_keys": 64, "att_splits": 8, "att_combine": 2},
     "ll": {"mono_ll": 1},
     "llsplit": {"decode_attn": 2, "mono_attn": 2, "att_keys": 64, "att_splits": 8, "mono_ll": 1},
+    "llgemv": {"mono_ll": 3},
 }
-ONE_LANE = {"ll", "llsplit"}
+ONE_LANE = {"ll", "llsplit", "llgemv"}
 
 
 def models(cfg, path, max_seq, comm, same):
@@ -225,7 +227,7 @@ def main():
         cases += [(name, d, att) for att in ("slots2", "fence", "behind", "normsums", "monosums") if att in atts
                   for name in presets for d in (0, 1)]
         cases += [(name, 0, att) for att in ("onepass", "chain") if att in atts for name in presets]
-        cases += [(name, 0, att) for att in ("ll", "llsplit") if att in atts and SIZE == 1 for name in presets]
+        cases += [(name, 0, att) for att in sorted(ONE_LANE) if att in atts and SIZE == 1 for name in presets]
         uncovered = sorted(set(atts) - {att for _, _, att in cases} - (ONE_LANE if SIZE > 1 else set()))
         if uncovered:  # an ATTENTIONS entry this list does not run would pass unchecked
             ap.error(f"--attentions: no cases for {', '.join(uncovered)}")

@@ -182,8 +182,7 @@ int kie_reset(kie_engine *e) {
   CU(cudaMemsetAsync(e->mono_sync, 0, sizeof(MonoSync), e->stream));
   CU(cudaMemsetAsync(e->mono_cnt, 0, (size_t)e->mono_n * 8, e->stream));
   /* the LL words' tags start again from the epoch's */
-  if (e->mono_ll)
-    CU(cudaMemsetAsync(e->mono_ll, 0, (size_t)e->s.layers * (2 * e->hid_pad + e->inter_pad) * 8, e->stream));
+  if (e->mono_ll) CU(cudaMemsetAsync(e->mono_ll, 0, mono_ll_words(e) * 8, e->stream));
   /* a launch cut short by an error may have left a count */
   CU(cudaMemsetAsync(e->att_cnt, 0, (size_t)e->tmax * e->s.heads * 4, e->stream));
   if (e->pf_chunk > 0)

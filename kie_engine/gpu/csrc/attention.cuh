@@ -156,14 +156,23 @@ __device__ __forceinline__ void att_load_splits(const float *pp, size_t pstride,
   }
 }
 
+/* Where an attention output goes: a.out at element i (both kernels).  The monokernel's LL mode
+ * passes its own (mono.cu's AttOutLL), which also writes the output's LL words. */
+struct AttOutPlain {
+  __device__ __forceinline__ void operator()(const AttnArgs &a, size_t i, float v) const { a.out[i] = v; }
+  __device__ __forceinline__ void operator()(const AttnArgs &a, size_t i, float4 v) const {
+    *reinterpret_cast<float4 *>(a.out + i) = v;
+  }
+};
+
 /* The last split's fold with a.combine ATT_COMBINE_ONE_PASS: each output reads its splits' sums,
  * maxima and sums in one round trip to L2 (16 splits a round trip) and folds them in with a
  * running maximum: (sum over splits of v e^(m - M)) / (sum of l e^(m - M)), in split order.
  * Under the weight stream each round trip to L2 costs about a microsecond, and the chain of
  * them is the combine's time. */
-template <int HD, int NTHREADS>
+template <int HD, int NTHREADS, typename Out>
 __device__ void att_fold_one_pass(const AttnArgs &a, int t, int h0, int G, int ns, int tid, const float *src,
-                                  size_t hstride) {
+                                  size_t hstride, Out out) {
   constexpr int B = 16; /* splits a round trip */
   const size_t pstride = att_part_stride<HD>();
   for (int i = tid; i < G * HD; i += NTHREADS) {
@@ -191,15 +200,15 @@ __device__ void att_fold_one_pass(const AttnArgs &a, int t, int h0, int G, int n
           L = fmaf(l[k], e, L);
         }
     }
-    a.out[(size_t)t * a.out_ld + (size_t)(h0 + j) * HD + dd] = o / L;
+    out(a, (size_t)t * a.out_ld + (size_t)(h0 + j) * HD + dd, o / L);
   }
 }
 
 /* The last split's fold with a.combine ATT_COMBINE_CHAIN: per head the splits' maxima and sums
  * (M, L), then each output from the splits' sums scaled to them, eight splits' loads in flight. */
-template <int HD, int NTHREADS, typename Sync>
+template <int HD, int NTHREADS, typename Sync, typename Out>
 __device__ void att_fold_chain(const AttnArgs &a, int t, int h0, int G, int ns, int tid, const float *src,
-                               size_t hstride, float *big_m, float *big_l, Sync sync) {
+                               size_t hstride, float *big_m, float *big_l, Sync sync, Out out) {
   const int warp = tid >> 5, lane = tid & 31;
   const size_t pstride = att_part_stride<HD>();
   for (int j = warp; j < G; j += NTHREADS / 32) {
@@ -231,7 +240,7 @@ __device__ void att_fold_chain(const AttnArgs &a, int t, int h0, int G, int ns, 
       for (int k = 0; k < 8; k++)
         if (l[k] > 0.f) o = fmaf(v[k], expf(m[k] - M) * invL, o);
     }
-    a.out[(size_t)t * a.out_ld + (size_t)(h0 + j) * HD + dd] = o;
+    out(a, (size_t)t * a.out_ld + (size_t)(h0 + j) * HD + dd, o);
   }
 }
 
@@ -241,10 +250,10 @@ __device__ void att_fold_chain(const AttnArgs &a, int t, int h0, int G, int ns, 
  * How the last split learns it is last (a.combine): ATT_COMBINE_ONE_PASS, thread 0's
  * acquire-release count after the block's barrier (release: the block's partial rows, ordered
  * before it by the barrier; acquire: every other split's); ATT_COMBINE_CHAIN, every thread's
- * fence, a relaxed count, and a fence after it. */
-template <int HD, int NTHREADS, typename Sync>
+ * fence, a relaxed count, and a fence after it.  out: where the outputs go (AttOutPlain). */
+template <int HD, int NTHREADS, typename Sync, typename Out = AttOutPlain>
 __device__ bool att_combine(const AttnArgs &a, int t, int grp, int h0, int G, int ns, int tid, float *big_m,
-                            float *big_l, int *last, Sync sync) {
+                            float *big_l, int *last, Sync sync, Out out = Out()) {
   const bool one_pass = a.combine == ATT_COMBINE_ONE_PASS;
   unsigned *cnt = &a.cnt[(size_t)t * (a.nh / a.g * a.hgroups) + grp];
   if (!one_pass) __threadfence();
@@ -256,10 +265,10 @@ __device__ bool att_combine(const AttnArgs &a, int t, int grp, int h0, int G, in
   const float *src = a.part + ((size_t)t * a.nh + h0) * a.nsplit * pstride;
   const size_t hstride = (size_t)a.nsplit * pstride; /* between heads */
   if (one_pass) {
-    att_fold_one_pass<HD, NTHREADS>(a, t, h0, G, ns, tid, src, hstride);
+    att_fold_one_pass<HD, NTHREADS>(a, t, h0, G, ns, tid, src, hstride, out);
   } else {
     __threadfence();
-    att_fold_chain<HD, NTHREADS>(a, t, h0, G, ns, tid, src, hstride, big_m, big_l, sync);
+    att_fold_chain<HD, NTHREADS>(a, t, h0, G, ns, tid, src, hstride, big_m, big_l, sync, out);
   }
   if (tid == 0) *cnt = 0;
   return true;

@@ -61,10 +61,12 @@ __device__ __forceinline__ int att_smem_splits(const AttnArgs &a, int S) {
  * and returns false.  Returns true otherwise, also for an item with nothing to do (which
  * returns before calling wait).  clk (profiling, or NULL): thread 0 writes the time its
  * first chunk's scores and softmax were done to clk[0], its values to clk[1], and where
- * clk[2] is not NULL the time its first chunk's rows and queries were in shared memory. */
-template <int HD, int NT, bool WARM = false, typename Sync, typename Wait>
+ * clk[2] is not NULL the time its first chunk's rows and queries were in shared memory.  out:
+ * where the outputs go (attention.cuh's AttOutPlain, a.out). */
+template <int HD, int NT, bool WARM = false, typename Sync, typename Wait, typename Out = AttOutPlain>
 __device__ bool att_smem_item(const AttnArgs &a, int bx, int split, int t, int tid, unsigned char *smem, int cap,
-                              AttSmemHeads &hs, Sync sync, Wait wait, unsigned long long *const *clk = nullptr) {
+                              AttSmemHeads &hs, Sync sync, Wait wait, unsigned long long *const *clk = nullptr,
+                              Out out = Out()) {
   typedef SmemShape<HD, NT> SS;
   constexpr int LD = SS::LD, CH = SS::CH;
   bf16 *Ks = reinterpret_cast<bf16 *>(smem);
@@ -257,15 +259,15 @@ __device__ bool att_smem_item(const AttnArgs &a, int bx, int split, int t, int t
     if (owner)
       att_each_chunk<HD, SS::CPT, NT>(tid, nch, [&](int ci, int j, int dd) {
         const float inv = 1.f / l_s[j];
-        *reinterpret_cast<float4 *>(a.out + (size_t)t * a.out_ld + (size_t)(h0 + j) * HD + dd) =
-            make_float4(acc[ci][0] * inv, acc[ci][1] * inv, acc[ci][2] * inv, acc[ci][3] * inv);
+        out(a, (size_t)t * a.out_ld + (size_t)(h0 + j) * HD + dd,
+            make_float4(acc[ci][0] * inv, acc[ci][1] * inv, acc[ci][2] * inv, acc[ci][3] * inv));
       });
     return true;
   }
   att_store_part<HD, SS::CPT, NT>(a, t, h0, G, split, tid, nch, owner, acc, m_s, l_s);
   /* The partial rows are read from L2: a copy of them into the rows' shared memory first was
    * no faster in the graph path and slower in the monokernel (bench/RESULTS.md). */
-  att_combine<HD, NT>(a, t, grp, h0, G, ns, tid, hs.big_m, hs.big_l, &hs.last, sync);
+  att_combine<HD, NT>(a, t, grp, h0, G, ns, tid, hs.big_m, hs.big_l, &hs.last, sync, out);
   return true;
 }
 

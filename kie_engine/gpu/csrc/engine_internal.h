@@ -111,8 +111,8 @@ struct kie_engine {
   unsigned *mono_cnt;             /* [2 mono_n]: the stages' counts, then their lanes' sums' (rcnt) */
   MonoLink *mono_links;
   unsigned long long *mono_marks;
-  unsigned long long *mono_ll;    /* kie_shape.mono_ll 1: the LL words of each layer's o, gate/up and down outputs
-                                     ([layers][hid_pad + inter_pad + hid_pad]), else NULL */
+  unsigned long long *mono_ll;    /* kie_shape.mono_ll 1 or 3: the LL words of each layer's attention, o, gate/up
+                                     and down outputs (mono_ll_words), else NULL */
   unsigned long long *step_marks; /* kie_shape.step_clock: [mono_n][KIE_CLK_MARKS][KIE_CLK_BLOCKS], a launch of
                                      a decode step's each (its GEMVs and attentions, in order), else NULL */
   int mono_n, mono_ready, mono_slot, mono_nslots, mono_xbytes, mono_grid, mono_nred, mono_red_per;
@@ -192,6 +192,12 @@ int blas_gemm(kie_engine *e, int T, int N, int K, const bf16 *x, int ldx, const 
 
 /* prefill.cu: one batched pass of T <= pf_chunk tokens (pf_tok) from the device position, ending with `mode` */
 int enqueue_prefill(kie_engine *e, int T, int mode);
+
+/* The monokernel's LL words (kie_shape.mono_ll): a layer's attention, o, gate/up and down outputs,
+ * each padded to 8 words. */
+inline size_t mono_ll_words(const kie_engine *e) {
+  return (size_t)e->s.layers * (round_up((size_t)e->qdim, 8) + 2 * (size_t)e->hid_pad + e->inter_pad);
+}
 
 /* graph.cu */
 int enqueue_step(kie_engine *e, int mode);

@@ -425,13 +425,37 @@ __device__ __noinline__ bool lanes_pick(const Block &b, const MonoStage &h, int 
   return true;
 }
 
+/* The attention's outputs (mono_ll 1): a.out, and when the stage has them, its LL words (ll,
+ * tagged; the float4 of four outputs as two 16-byte stores of two words each). */
+struct AttOutLL {
+  unsigned long long *ll;
+  unsigned tag;
+  __device__ __forceinline__ void operator()(const AttnArgs &a, size_t i, float v) const {
+    a.out[i] = v;
+    if (ll) ll_put(ll + i, v, tag);
+  }
+  __device__ __forceinline__ void put2(unsigned long long *p, float x, float y) const {
+    const unsigned long long wx = (unsigned long long)tag << 32 | __float_as_uint(x);
+    const unsigned long long wy = (unsigned long long)tag << 32 | __float_as_uint(y);
+    asm volatile("st.relaxed.gpu.global.v2.b64 [%0], {%1, %2};" ::"l"(p), "l"(wx), "l"(wy) : "memory");
+  }
+  __device__ __forceinline__ void operator()(const AttnArgs &a, size_t i, float4 v) const {
+    *reinterpret_cast<float4 *>(a.out + i) = v;
+    if (ll) {
+      put2(ll + i, v.x, v.y);
+      put2(ll + i + 2, v.z, v.w);
+    }
+  }
+};
+
 /* Attention stage k in shared memory (MONO_ATTN_SMEM): this block's items of the graph
  * kernel's grid, only those with work (a query head each while the context fits one
  * item, else (group, split)), item i on block i, i + grid, ...  The first item's rows of
  * earlier steps are on their way before the block waits for the QKV stage; a block
  * without items does not wait.  False: leave (all consumers). */
 template <int HD>
-__device__ bool attend_smem(const Block &b, const AttnArgs &a, int k, unsigned epoch, unsigned char *smem) {
+__device__ bool attend_smem(const Block &b, const AttnArgs &a, int k, unsigned epoch, unsigned char *smem,
+                            AttOutLL out) {
   const MonoArgs &m = *b.m;
   __shared__ AttSmemHeads hs;
   const int tid = threadIdx.x, groups = a.nh / a.g * a.hgroups;
@@ -459,7 +483,7 @@ __device__ bool attend_smem(const Block &b, const AttnArgs &a, int k, unsigned e
     if (it != (int)blockIdx.x) bar_consumers(); /* the last item is done with the shared memory */
     if (!att_smem_item<HD, MONO_CONSUMERS>(a, bx, split, 0, tid, smem, m.att_cap, hs,
                                            SyncNamed{BAR_CONSUMERS, MONO_CONSUMERS}, wait,
-                                           it == (int)blockIdx.x ? clk : nullptr))
+                                           it == (int)blockIdx.x ? clk : nullptr, out))
       return false;
   }
   if (!waited) mark0(m, k, MARK_START);
@@ -678,8 +702,15 @@ __device__ void consume(const Block &b, char *xunion) {
       continue;
     }
     if (s.kind == MONO_ATTN_SMEM) {
-      if (!attend_smem<HD>(b, s.at, k, epoch, reinterpret_cast<unsigned char *>(xunion))) return;
-      signal_stage(m, k);
+      if (!attend_smem<HD>(b, s.at, k, epoch, reinterpret_cast<unsigned char *>(xunion),
+                           AttOutLL{TP ? nullptr : s.ll_out, epoch + 1u}))
+        return;
+      if (TP || s.signal) {
+        signal_stage(m, k);
+      } else { /* the o stage reads this one's LL words: no count */
+        bar_consumers();
+        mark0(m, k, MARK_END);
+      }
       continue;
     }
     int u0, u1;

@@ -68,9 +68,10 @@ struct MonoBuilder {
   int wait(int) { return KIE_OK; }
 };
 
-/* kie_shape.mono_ll: which GEMV stages stage their input from the LL words of the GEMV before
+/* kie_shape.mono_ll: which GEMV stages stage their input from the LL words of the stage before
  * them, and which stages still publish a count.  Stage k reads words when stage k - 1 writes
- * all of its input (the o or down projection's residual rows, or gate/up's product), that
+ * all of its input (the o or down projection's residual rows, gate/up's product, or with
+ * mono_ll 1 the attention's heads: the o stage's input), that
  * input is its plain x or the residual alone (one token, nothing to add, nothing to write,
  * short enough for the norm to hold in registers), and, when k adds the residual itself (an
  * o or down projection), the rows it adds were written by the same block: the last stage to
@@ -82,15 +83,24 @@ struct MonoBuilder {
 static int mono_ll_plan(kie_engine *e, std::vector<MonoStage> &st) {
   for (auto &m : st) m.signal = 1;
   if (!e->mono_ll) return KIE_OK;
-  const size_t cap = (size_t)e->s.layers * (2 * (size_t)e->hid_pad + e->inter_pad);
+  const size_t cap = mono_ll_words(e);
   size_t at = 0;
   for (size_t k = 1; k < st.size(); k++) {
     MonoStage &p = st[k - 1], &c = st[k];
-    if (p.kind != MONO_GEMV || c.kind != MONO_GEMV || c.g.T != 1) continue;
-    if (p.epi != EPI_RESID && p.epi != EPI_SWIGLU) continue;
-    const int count = p.epi == EPI_SWIGLU ? p.g.cols : p.g.rows;
-    const bool plain = c.g.x && c.g.x == p.g.out;
-    const bool normed = !c.g.x && c.g.r_in == p.g.out && c.g.nadd == 0 && !c.g.r_out && c.g.ld / 4 <= MONO_LL_NORM_VEC4;
+    if (c.kind != MONO_GEMV || c.g.T != 1) continue;
+    int count;
+    const float *out;
+    if (p.kind == MONO_GEMV && (p.epi == EPI_RESID || p.epi == EPI_SWIGLU)) {
+      count = p.epi == EPI_SWIGLU ? p.g.cols : p.g.rows;
+      out = p.g.out;
+    } else if (p.kind == MONO_ATTN_SMEM && e->s.mono_ll == 1) { /* one token: the heads' rows from 0 */
+      count = p.at.nh * p.at.hd;
+      out = p.at.out;
+    } else {
+      continue;
+    }
+    const bool plain = c.g.x && c.g.x == out;
+    const bool normed = !c.g.x && c.g.r_in == out && c.g.nadd == 0 && !c.g.r_out && c.g.ld / 4 <= MONO_LL_NORM_VEC4;
     if (!(plain || normed) || c.g.in > count) continue;
     if (c.epi == EPI_RESID) {
       long j = (long)k - 1;
