@@ -726,7 +726,9 @@ __device__ void consume(const Block &b, char *xunion) {
       }
       mark0(m, k, MARK_START);
       /* EPI_RESID: the rows are 2 u0 .. 2 u1, complete since the stage two or more back that
-       * wrote them (the wait above orders them); the barrier after the staging publishes them */
+       * wrote them (the wait above orders them; a stage that stages LL words has no wait, and
+       * mono_ll_plan gives it words only where this block wrote those rows itself, ordered by
+       * the barriers since); the barrier after the staging publishes them */
       const int row0 = 2 * u0, nres = TP || s.epi != EPI_RESID ? 0 : min(2 * (u1 - u0), MONO_RESID_ROWS);
       if (!TP && tid < nres && row0 + tid < s.g.rows) sres[tid] = __ldcg(s.g.r_in + row0 + tid);
       if (ll) {
