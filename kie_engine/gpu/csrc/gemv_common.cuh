@@ -305,9 +305,16 @@ __device__ void stage_norm(const GemvArgs &a, float *xs, int tid, bool writer, S
 /* LL words (the monokernel's kie_shape.mono_ll): an output element as one 8-byte word, its
  * float's bits below the step's tag, written in one access, so that a reader that sees the
  * tag sees the value, with no fence before a count and no count to poll. */
+__device__ __forceinline__ unsigned long long ll_word(float v, unsigned tag) {
+  return (unsigned long long)tag << 32 | __float_as_uint(v);
+}
 __device__ __forceinline__ void ll_put(unsigned long long *p, float v, unsigned tag) {
-  const unsigned long long w = (unsigned long long)tag << 32 | __float_as_uint(v);
-  asm volatile("st.relaxed.gpu.global.b64 [%0], %1;" ::"l"(p), "l"(w) : "memory");
+  asm volatile("st.relaxed.gpu.global.b64 [%0], %1;" ::"l"(p), "l"(ll_word(v, tag)) : "memory");
+}
+/* Two neighbouring words in one 16-byte store (p 16-byte aligned); each word is written whole. */
+__device__ __forceinline__ void ll_put2(unsigned long long *p, float x, float y, unsigned tag) {
+  asm volatile("st.relaxed.gpu.global.v2.b64 [%0], {%1, %2};" ::"l"(p), "l"(ll_word(x, tag)), "l"(ll_word(y, tag))
+               : "memory");
 }
 
 /* A unit's sums are done: its segments meet (fixed order), then the epilogue.

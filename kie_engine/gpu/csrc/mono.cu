@@ -318,10 +318,12 @@ __device__ bool wait_stage(const Block &b, int k, unsigned epoch) {
   return !*b.quit;
 }
 
-__device__ void signal_stage(const MonoArgs &m, int k) {
+/* The block is done with stage k: the consumers meet and, with `count`, thread 0 counts the
+ * stage (without it, the stage after reads this one's LL words and nothing waits for the count). */
+__device__ void signal_stage(const MonoArgs &m, int k, bool count) {
   bar_consumers();
   mark0(m, k, MARK_END);
-  if (threadIdx.x == 0) {
+  if (count && threadIdx.x == 0) {
     if (m.sync_release) { /* the barrier orders the block's writes before thread 0's release */
       red_release(m.cnt + k, 1u);
     } else {
@@ -434,16 +436,11 @@ struct AttOutLL {
     a.out[i] = v;
     if (ll) ll_put(ll + i, v, tag);
   }
-  __device__ __forceinline__ void put2(unsigned long long *p, float x, float y) const {
-    const unsigned long long wx = (unsigned long long)tag << 32 | __float_as_uint(x);
-    const unsigned long long wy = (unsigned long long)tag << 32 | __float_as_uint(y);
-    asm volatile("st.relaxed.gpu.global.v2.b64 [%0], {%1, %2};" ::"l"(p), "l"(wx), "l"(wy) : "memory");
-  }
   __device__ __forceinline__ void operator()(const AttnArgs &a, size_t i, float4 v) const {
     *reinterpret_cast<float4 *>(a.out + i) = v;
     if (ll) {
-      put2(ll + i, v.x, v.y);
-      put2(ll + i + 2, v.z, v.w);
+      ll_put2(ll + i, v.x, v.y, tag);
+      ll_put2(ll + i + 2, v.z, v.w, tag);
     }
   }
 };
@@ -654,6 +651,7 @@ __device__ void consume(const Block &b, char *xunion) {
   }
   bar_consumers();
   const unsigned epoch = s_epoch;
+  const unsigned tag = epoch + 1u; /* this step's LL words (the arena starts zeroed, as kie_reset leaves it) */
   float *xs = reinterpret_cast<float *>(xunion);
   int tile = 0;
   unsigned long long best = 0;
@@ -703,14 +701,9 @@ __device__ void consume(const Block &b, char *xunion) {
     }
     if (s.kind == MONO_ATTN_SMEM) {
       if (!attend_smem<HD>(b, s.at, k, epoch, reinterpret_cast<unsigned char *>(xunion),
-                           AttOutLL{TP ? nullptr : s.ll_out, epoch + 1u}))
+                           AttOutLL{TP ? nullptr : s.ll_out, tag}))
         return;
-      if (TP || s.signal) {
-        signal_stage(m, k);
-      } else { /* the o stage reads this one's LL words: no count */
-        bar_consumers();
-        mark0(m, k, MARK_END);
-      }
+      signal_stage(m, k, TP || s.signal);
       continue;
     }
     int u0, u1;
@@ -732,7 +725,7 @@ __device__ void consume(const Block &b, char *xunion) {
       const int row0 = 2 * u0, nres = TP || s.epi != EPI_RESID ? 0 : min(2 * (u1 - u0), MONO_RESID_ROWS);
       if (!TP && tid < nres && row0 + tid < s.g.rows) sres[tid] = __ldcg(s.g.r_in + row0 + tid);
       if (ll) {
-        if (!stage_ll(b, k, s, epoch + 1u, xs, tid)) return;
+        if (!stage_ll(b, k, s, tag, xs, tid)) return;
         if (!s.g.x) norm_staged(s.g, xs, tid, red);
       } else if (s.g.x) {
         stage_plain(s.g, xs, tid);
@@ -748,7 +741,6 @@ __device__ void consume(const Block &b, char *xunion) {
          * matter) and all leave together at the next wait. */
         spin(b, k, [&] { return mbar_done(&b.full[slot], (unsigned)use & 1u); });
         const int n = min(s.upt, u1 - tu);
-        const unsigned tag = epoch + 1u; /* LL words: this step's (the arena starts zeroed, as kie_reset leaves it) */
         switch (s.epi) {
           case EPI_QKV: gemv_tile<EPI_QKV, false>(b, s, tu, n, slot, xs, part[tile & 1], best, rope, tag); break;
           case EPI_SWIGLU: gemv_tile<EPI_SWIGLU, !TP>(b, s, tu, n, slot, xs, part[tile & 1], best, rope, tag); break;
@@ -770,12 +762,7 @@ __device__ void consume(const Block &b, char *xunion) {
         }
       }
     }
-    if (TP || s.signal) {
-      signal_stage(m, k);
-    } else { /* the stage after reads this one's LL words: no count */
-      bar_consumers();
-      mark0(m, k, MARK_END);
-    }
+    signal_stage(m, k, TP || s.signal);
     if (TP && m.links[k].sum && !reduce_stage(b, k, epoch, xs)) return;
   }
   const MonoStage &last = st[ahead_on ? (m.nstages - 1) & 1 : 0];

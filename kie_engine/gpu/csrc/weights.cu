@@ -118,7 +118,7 @@ int derive(kie_engine *e, const kie_shape &s, int sms) {
   if (s.mono_ll < 0 || s.mono_ll > 3)
     return fail(KIE_E_ARG, "mono_ll=%d: 0 (auto), 1 (LL words into the o, gate/up, down and normed stages), 2 "
                 "(counts) or 3 (LL words between the GEMV stages only)", s.mono_ll);
-  if ((s.mono_ll == 1 || s.mono_ll == 3) && (s.tp_size > 1 || s.dtp_delay > 0 || s.mono_residual == 2))
+  if (mono_ll_on(s) && (s.tp_size > 1 || s.dtp_delay > 0 || s.mono_residual == 2))
     return fail(KIE_E_ARG, "mono_ll=%d needs one lane, delay 0 and the stages writing the residual (mono_residual "
                 "0 or 1): the lanes' sums and the normed stages' adds are read after a count", s.mono_ll);
   if (s.gemv_residual < 0 || s.gemv_residual > 2)
@@ -188,7 +188,7 @@ size_t layout(kie_engine *e, char *base) {
   e->mono_cnt = (unsigned *)take((size_t)e->mono_n * 8);
   e->mono_links = (MonoLink *)take((size_t)e->mono_n * sizeof(MonoLink));
   e->mono_marks = (unsigned long long *)take((size_t)e->mono_n * 4 * e->sms * 8);
-  e->mono_ll = s.mono_ll == 1 || s.mono_ll == 3 ? (unsigned long long *)take(mono_ll_words(e) * 8) : nullptr;
+  e->mono_ll = mono_ll_on(s) ? (unsigned long long *)take(mono_ll_words(e) * 8) : nullptr;
   e->step_marks = s.step_clock ? (unsigned long long *)take((size_t)e->mono_n * KIE_CLK_MARKS * KIE_CLK_BLOCKS * 8)
                                : nullptr;
   if (e->pf_chunk > 0) {
