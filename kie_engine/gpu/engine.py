@@ -395,7 +395,7 @@ class GpuModel(OwnsNativeEngine):
                                                  "device_bytes", "graph_nodes", "kernel", "mono_slots",
                                                  "mono_slot_bytes", "mono_smem", "mono_stages", "mono_blocks",
                                                  "mono_reducers", "mono_att_keys", "mono_att_split_keys",
-                                                 "mono_att_splits", "prefill_chunk")}
+                                                 "mono_att_splits", "prefill_chunk", "mono_ll_stages")}
 
     def weight_bytes_per_token(self):
         """Bytes of bf16 weights one decode step streams on this lane."""

@@ -83,9 +83,10 @@ def first_diff(a, b):
 # the same bits); "monosums": the monokernel's normed stages adding the sums (kie_shape.mono_residual 2);
 # "onepass" / "chain": 64 keys a block in at most 8 splits, combined in one round trip to L2 after an
 # acquire-release count, or after a fence, a count and two round trips (kie_shape.att_combine 1, 2);
-# "ll": the monokernel's attention and GEMV stages handing their outputs on as LL words
-# (kie_shape.mono_ll 1; one lane only, refused with two), with the default attention and with
-# "onepass"'s ("llsplit"); "llgemv": between the GEMV stages only (mono_ll 3).
+# "counts": every stage of the monokernel waiting for the count of the one before (kie_shape.mono_ll
+# 2); by default, with one lane and delay 0, its attention and GEMV stages hand their outputs on as
+# LL words instead (mono_ll 1, refused with two lanes), checked here explicitly with "onepass"'s
+# attention ("llsplit") and between the GEMV stages only ("llgemv", mono_ll 3).
 ATTENTIONS = {
     "items": {"decode_attn": 1, "mono_attn": 1},
     "default": {},
@@ -99,11 +100,11 @@ ATTENTIONS = {
     "monosums": {"mono_residual": 2},
     "onepass": {"decode_attn": 2, "mono_attn": 2, "att_keys": 64, "att_splits": 8, "att_combine": 1},
     "chain": {"decode_attn": 2, "mono_attn": 2, "att_keys": 64, "att_splits": 8, "att_combine": 2},
-    "ll": {"mono_ll": 1},
+    "counts": {"mono_ll": 2},
     "llsplit": {"decode_attn": 2, "mono_attn": 2, "att_keys": 64, "att_splits": 8, "mono_ll": 1},
     "llgemv": {"mono_ll": 3},
 }
-ONE_LANE = {"ll", "llsplit", "llgemv"}
+ONE_LANE = {"llsplit", "llgemv"}
 
 
 def models(cfg, path, max_seq, comm, same):
@@ -145,6 +146,15 @@ def check(tag, cfg, path, steps, comm, same):
            slot_kb=info["mono_slot_bytes"] // 1024, smem_kb=info["mono_smem"] // 1024,
            blocks=info["mono_blocks"], reducers=info["mono_reducers"], att_keys=info["mono_att_keys"],
            att_splits=info["mono_att_splits"])
+    ll = same.get("mono_ll", 0) or (1 if SIZE == 1 and cfg.dtp_delay == 0 and same.get("mono_residual", 0) != 2
+                                     else 2)
+    # mono_ll_plan: every GEMV stage after one that writes its whole input, but layer 0's o, whose
+    # residual rows are the embedding's; the o stages only with mono_ll 1 and the shared-memory attention
+    layers = cfg.num_hidden_layers
+    o_words = ll == 1 and same.get("mono_attn", 0) != 1
+    want_ll = 0 if ll == 2 else 3 * layers + (layers - 1 if o_words else 0)
+    record(f"{tag} stages reading LL words", info["mono_ll_stages"] == want_ll, got=info["mono_ll_stages"],
+           want=want_ll, mono_ll=ll)
     if "att_keys" in same:
         ksplit = min(96, same["att_keys"])
         want = (same["att_keys"], ksplit, min(same["att_splits"], -(-m.max_seq // ksplit)))
@@ -224,7 +234,8 @@ def main():
         cases += [(name, 0, "smem64") for name in presets if "smem64" in atts]
         cases += [(presets[0], 0, "walk")] if "walk" in atts else []
         cases += [(presets[-1], 0, "l2first")] if "l2first" in atts else []
-        cases += [(name, d, att) for att in ("slots2", "fence", "behind", "normsums", "monosums") if att in atts
+        cases += [(name, d, att) for att in ("slots2", "fence", "behind", "normsums", "monosums", "counts")
+                  if att in atts
                   for name in presets for d in (0, 1)]
         cases += [(name, 0, att) for att in ("onepass", "chain") if att in atts for name in presets]
         cases += [(name, 0, att) for att in sorted(ONE_LANE) if att in atts and SIZE == 1 for name in presets]

@@ -363,6 +363,7 @@ int kie_get_info(kie_engine *e, kie_info *info) {
   info->mono_att_split_keys = smem_att ? e->mono_att_split : 0;
   info->mono_att_splits = smem_att ? e->mono_att_splits : 0;
   info->prefill_chunk = e->pf_chunk;
+  info->mono_ll_stages = e->mono_ready ? e->mono_ll_n : 0;
   CU(cudaSetDevice(e->device));
   CU(cudaStreamSynchronize(e->stream));
   DevState st;

@@ -116,6 +116,7 @@ struct kie_engine {
   unsigned long long *step_marks; /* kie_shape.step_clock: [mono_n][KIE_CLK_MARKS][KIE_CLK_BLOCKS], a launch of
                                      a decode step's each (its GEMVs and attentions, in order), else NULL */
   int mono_n, mono_ready, mono_slot, mono_nslots, mono_xbytes, mono_grid, mono_nred, mono_red_per;
+  int mono_ll_n;                  /* stages that read LL words (mono_ll_plan) */
   int mono_attn, mono_att_keys, mono_att_split, mono_att_splits; /* its attention stage (kie_shape.mono_attn;
                                   the shared-memory one's keys held, keys a split and splits at most; 0: items) */
   size_t mono_smem;

@@ -165,7 +165,8 @@ typedef struct {
                                   the graph path 2.7 % faster at a context of 1,024 on the 2b shape,
                                   bench/RESULTS.md); 2 a fence and a count, then the splits' maxima and sums,
                                   then their rows */
-  int mono_ll;                 /* the monokernel with one lane, delay 0 and mono_residual 1: 0 auto (2); 1 the
+  int mono_ll;                 /* the monokernel with one lane, delay 0 and mono_residual 1: 0 auto (1 where
+                                  allowed, else 2); 1 the
                                   attention, o, gate/up and down stages also write their outputs as LL words (a
                                   float and the step's tag in one 8-byte store), and the GEMV stage after each
                                   reads its input from them, word by word as they land, instead of waiting for
@@ -189,6 +190,8 @@ typedef struct {
   int mono_att_split_keys, mono_att_splits;
   int prefill_chunk;           /* tokens of a batched prefill pass (0: prefill runs as decode-shaped passes of
                                   prefill_tokens) */
+  int mono_ll_stages;          /* stages that read their input from LL words (kie_shape.mono_ll; 0 before the
+                                  monokernel's first step) */
 } kie_info;
 
 int kie_built(void);

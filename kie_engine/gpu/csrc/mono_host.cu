@@ -82,6 +82,7 @@ struct MonoBuilder {
  * next stage. */
 static int mono_ll_plan(kie_engine *e, std::vector<MonoStage> &st) {
   for (auto &m : st) m.signal = 1;
+  e->mono_ll_n = 0;
   if (!e->mono_ll) return KIE_OK;
   const size_t cap = mono_ll_words(e);
   size_t at = 0;
@@ -113,6 +114,7 @@ static int mono_ll_plan(kie_engine *e, std::vector<MonoStage> &st) {
     c.ll_in = p.ll_out;
     p.signal = 0;
     at += words;
+    e->mono_ll_n++;
   }
   return KIE_OK;
 }
