@@ -656,22 +656,32 @@ __device__ void consume(const Block &b, char *xunion) {
   int tile = 0;
   unsigned long long best = 0;
   /* The stage being run, copied: its fields are read on every tile.  With m.stage_ahead
-   * stage k's copy is st[k & 1]: each consumer thread loads its word of stage k + 1 as
-   * stage k starts and stores it as k + 1 starts, so that the table's L2 round trip is not
-   * on the path of a block that ends a stage last and starts the next one at once; without
-   * it, st[0] is copied as each stage starts.  One lane's copy only: the TP copy, at its
-   * register cap, would spill for the word it keeps. */
+   * stage k's copy is st[k & 1]: each consumer thread copies its word of stage k + 1 into
+   * st[(k + 1) & 1] as stage k starts (cp.async, its own group) and waits for it as k + 1
+   * starts, so that the table's L2 round trip is not on the path of a block that ends a stage
+   * last and starts the next one at once.  The copy goes straight to shared memory: a word
+   * kept in a register across the stage is spilled (the stage calls functions), and the
+   * spill's store, right after the load, waited for it.  Without stage_ahead, st[0] is copied
+   * as each stage starts.  One lane's copy only (the TP copy's st has one entry). */
   __shared__ MonoStage st[TP ? 1 : 2];
   constexpr int WORDS = (int)(sizeof(MonoStage) / 4);
   static_assert(WORDS <= MONO_CONSUMERS, "a stage's copy ahead is a word a consumer thread");
   const bool ahead_on = !TP && m.stage_ahead;
-  int ahead = ahead_on && tid < WORDS ? __ldg(reinterpret_cast<const int *>(m.stages) + tid) : 0;
+  auto fetch = [&](int k) {
+    if (tid < WORDS)
+      asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"((uint32_t)__cvta_generic_to_shared(
+                       reinterpret_cast<int *>(&st[k & 1]) + tid)),
+                   "l"(reinterpret_cast<const int *>(m.stages + k) + tid)
+                   : "memory");
+    asm volatile("cp.async.commit_group;" ::: "memory");
+  };
+  if (ahead_on) fetch(0);
   for (int k = 0; k < m.nstages; k++) {
     MonoStage *sk = &st[ahead_on ? k & 1 : 0];
     if (ahead_on) {
-      if (tid < WORDS) reinterpret_cast<int *>(sk)[tid] = ahead; /* every thread is past stage k - 2 */
+      asm volatile("cp.async.wait_all;" ::: "memory");
       bar_consumers();
-      if (k + 1 < m.nstages && tid < WORDS) ahead = __ldg(reinterpret_cast<const int *>(m.stages + k + 1) + tid);
+      if (k + 1 < m.nstages) fetch(k + 1); /* into stage k - 1's copy: every thread is past it */
     } else {
       bar_consumers(); /* nobody still reads the previous stage's copy */
       for (int i = tid; i < WORDS; i += MONO_CONSUMERS)
@@ -806,8 +816,12 @@ __global__ void __launch_bounds__(MONO_THREADS, 1) k_mono(const __grid_constant_
     mbar_init_fence();
   }
   __syncthreads();
-  if (threadIdx.x >= MONO_CONSUMERS) produce(b);
-  else consume<HD, TP>(b, smem + m.x_off);
+  if (threadIdx.x >= MONO_CONSUMERS) {
+    produce(b);
+  } else {
+    consume<HD, TP>(b, smem + m.x_off);
+    if (!TP) asm volatile("cp.async.wait_all;" ::: "memory"); /* a step given up may leave a stage's copy in flight */
+  }
 }
 
 template <int HD>
