@@ -676,6 +676,13 @@ __device__ void consume(const Block &b, char *xunion) {
     asm volatile("cp.async.commit_group;" ::: "memory");
   };
   if (ahead_on) fetch(0);
+  /* The position's rotation, the same for every layer's QKV stage (one position, one table)
+   * and final since the kernel started.  One lane: loaded once, so that no QKV stage, which
+   * reads LL words without a wait, starts with two L2 round trips (the position, then its
+   * row); the first stage's barrier publishes it.  TP: each QKV stage loads it before its wait
+   * for the lanes' sum, which covers it (hoisted, the TP copy spills more). */
+  if (!TP && m.stages[0].kind == MONO_GEMV && m.stages[0].epi == EPI_QKV)
+    stage_rope(m.stages[0].g, rope, tid, MONO_CONSUMERS);
   for (int k = 0; k < m.nstages; k++) {
     MonoStage *sk = &st[ahead_on ? k & 1 : 0];
     if (ahead_on) {
@@ -719,8 +726,7 @@ __device__ void consume(const Block &b, char *xunion) {
     int u0, u1;
     unit_range(s, u0, u1);
     if (u0 < u1) {
-      /* the position's rotation: final since the kernel started, so read before the wait */
-      if (s.epi == EPI_QKV) stage_rope(s.g, rope, tid, MONO_CONSUMERS);
+      if (TP && s.epi == EPI_QKV) stage_rope(s.g, rope, tid, MONO_CONSUMERS);
       const bool ll = !TP && s.ll_in;
       if (TP) {
         if (!wait_inputs(b, k, epoch)) return;
