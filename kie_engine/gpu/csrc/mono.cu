@@ -433,11 +433,11 @@ struct AttOutLL {
   unsigned long long *ll;
   unsigned tag;
   __device__ __forceinline__ void operator()(const AttnArgs &a, size_t i, float v) const {
-    a.out[i] = v;
+    AttOutPlain{}(a, i, v);
     if (ll) ll_put(ll + i, v, tag);
   }
   __device__ __forceinline__ void operator()(const AttnArgs &a, size_t i, float4 v) const {
-    *reinterpret_cast<float4 *>(a.out + i) = v;
+    AttOutPlain{}(a, i, v);
     if (ll) {
       ll_put2(ll + i, v.x, v.y, tag);
       ll_put2(ll + i + 2, v.z, v.w, tag);

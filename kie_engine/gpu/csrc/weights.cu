@@ -121,7 +121,7 @@ int derive(kie_engine *e, const kie_shape &s, int sms) {
   if (mono_ll_on(s) && (s.tp_size > 1 || s.dtp_delay > 0 || s.mono_residual == 2))
     return fail(KIE_E_ARG, "mono_ll=%d needs one lane, delay 0 and the stages writing the residual (mono_residual "
                 "0 or 1): the lanes' sums and the normed stages' adds are read after a count", s.mono_ll);
-  /* Auto takes the words wherever they are allowed: 6-7 % more tokens/s on the 2b shape (bench/RESULTS.md).
+  /* Auto takes the words wherever they are allowed: 2-7 % more tokens/s on the 2b shape (bench/RESULTS.md).
    * The graph kernel never reads them, so it allocates none. */
   if (s.mono_ll == 0)
     e->s.mono_ll = s.tp_size == 1 && s.dtp_delay == 0 && s.mono_residual != 2 ? 1 : 2;
