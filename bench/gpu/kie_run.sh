@@ -28,6 +28,8 @@
 #   ncumono     Nsight Compute's speed-of-light, memory and warp-state sections of one monokernel step
 #   pollstream  bench/gpu/poll_stream.cu: a signal between two SMs (an L2 counter, or another cluster block's
 #               shared memory) while the other SMs, or they too, keep 32-128 KB of bulk copies in flight
+#   smshare     bench/gpu/sm_share.cu: whether each SM's share of HBM under the weight stream is the same from
+#               one launch to the next, and a stage's makespan with its bytes split by the SMs' measured speeds
 # Logs and JSON go to $LOGS; after each step $OUT/kie_logs.tgz holds all of them.
 #   bash bench/gpu/kie_run.sh check1 bench check2
 set -u
@@ -127,6 +129,9 @@ for s in "$@"; do
     pollstream)
       nvcc -O3 -std=c++17 -gencode=arch=compute_90,code=sm_90 -Ikie_engine/gpu/csrc -o /tmp/poll_stream bench/gpu/poll_stream.cu &&
         OUT=$LOGS timeout 120 /tmp/poll_stream 2>&1 | tee "$LOGS/poll_stream.log" ;;
+    smshare)
+      nvcc -O3 -std=c++17 -gencode=arch=compute_90,code=sm_90 -Ikie_engine/gpu/csrc -o /tmp/sm_share bench/gpu/sm_share.cu &&
+        OUT=$LOGS timeout 120 /tmp/sm_share ${SMSHARE_ARGS:-} 2>&1 | tee "$LOGS/sm_share.log" ;;
     *) echo "unknown step $s" ;;
   esac
   tar czf "$OUT/kie_logs.tgz" -C "$LOGS" . 2>/dev/null
