@@ -131,7 +131,7 @@ for s in "$@"; do
         OUT=$LOGS timeout 120 /tmp/poll_stream 2>&1 | tee "$LOGS/poll_stream.log" ;;
     smshare)
       nvcc -O3 -std=c++17 -gencode=arch=compute_90,code=sm_90 -Ikie_engine/gpu/csrc -o /tmp/sm_share bench/gpu/sm_share.cu &&
-        OUT=$LOGS timeout 120 /tmp/sm_share ${SMSHARE_ARGS:-} 2>&1 | tee "$LOGS/sm_share.log" ;;
+        OUT=$LOGS timeout 120 /tmp/sm_share ${SMSHARE_ARGS:-} 2>&1 | tee -a "$LOGS/sm_share.log" ;;
     *) echo "unknown step $s" ;;
   esac
   tar czf "$OUT/kie_logs.tgz" -C "$LOGS" . 2>/dev/null

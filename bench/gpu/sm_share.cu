@@ -25,7 +25,7 @@
 // a region of the 2 GB source past the last one's, so that L2 holds none of it.
 //
 // Build: nvcc -O3 -std=c++17 -gencode=arch=compute_90,code=sm_90 -I../../kie_engine/gpu/csrc -o sm_share sm_share.cu
-// Run:   ./sm_share [reps=40] [slots=3]   (bench/gpu/kie_run.sh smshare; JSON to $OUT/sm_share.json)
+// Run:   ./sm_share [reps=40] [slots=3]   (bench/gpu/kie_run.sh smshare; JSON to $OUT/sm_share_<KB in flight>kb.json)
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -329,7 +329,7 @@ int main(int argc, char **argv) {
   }
   json += "]}\n";
   if (const char *out = std::getenv("OUT")) {
-    const std::string path = std::string(out) + "/sm_share.json";
+    const std::string path = std::string(out) + "/sm_share_" + std::to_string(slots * (COPY >> 10)) + "kb.json";
     if (FILE *f = std::fopen(path.c_str(), "w")) {
       std::fputs(json.c_str(), f);
       std::fclose(f);
