@@ -134,7 +134,7 @@ class GpuModel(OwnsNativeEngine):
     (gemv_blocks_per_sm, gemv_u, gemv_pipe, gemv_x_l1, att_chunk, decode_attn, att_keys, att_split_keys, att_splits, att_heads,
     qkv_blocks_per_sm, o_blocks_per_sm, o_trigger_early, step_clock, l2_evict_first, mono_attn, mono_slots,
     gemv_early, gemv_carveout, att_warm, att_blocks, mono_sync, mono_ahead, gemv_residual,
-    mono_residual, att_combine, mono_ll, mono_l2_ahead).  kernel: how a
+    mono_residual, att_combine, mono_ll).  kernel: how a
     decode step runs, "graph" (a kernel per GEMV and attention, captured as a CUDA
     graph) or "mono" (one persistent kernel per step, the lanes' sums inside it);
     default KIE_GPU_KERNEL (kie_engine/settings.py holds it and every KIE_GPU_* setting).

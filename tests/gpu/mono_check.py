@@ -86,9 +86,7 @@ def first_diff(a, b):
 # "counts": every stage of the monokernel waiting for the count of the one before (kie_shape.mono_ll
 # 2); by default, with one lane and delay 0, its attention and GEMV stages hand their outputs on as
 # LL words instead (mono_ll 1, refused with two lanes), checked here explicitly with "onepass"'s
-# attention ("llsplit") and between the GEMV stages only ("llgemv", mono_ll 3); "l2ahead": the blocks
-# without attention items asking L2 for their next weight tiles during the attention (mono_l2_ahead 4,
-# one lane), at both contexts' attentions (one item a head, and "smem64"'s splits).
+# attention ("llsplit") and between the GEMV stages only ("llgemv", mono_ll 3).
 ATTENTIONS = {
     "items": {"decode_attn": 1, "mono_attn": 1},
     "default": {},
@@ -105,10 +103,8 @@ ATTENTIONS = {
     "counts": {"mono_ll": 2},
     "llsplit": {"decode_attn": 2, "mono_attn": 2, "att_keys": 64, "att_splits": 8, "mono_ll": 1},
     "llgemv": {"mono_ll": 3},
-    "l2ahead": {"mono_l2_ahead": 4},
-    "l2ahead64": {"decode_attn": 2, "mono_attn": 2, "att_keys": 64, "att_splits": 8, "mono_l2_ahead": 4},
 }
-ONE_LANE = {"llsplit", "llgemv", "l2ahead", "l2ahead64"}
+ONE_LANE = {"llsplit", "llgemv"}
 
 
 def models(cfg, path, max_seq, comm, same):

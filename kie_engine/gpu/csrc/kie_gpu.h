@@ -172,10 +172,6 @@ typedef struct {
                                   reads its input from them, word by word as they land, instead of waiting for
                                   the stage's count; 2 every stage waits for the count of the one before; 3 as 1
                                   but the o stage waits for the attention's count */
-  int mono_l2_ahead;           /* the monokernel with one lane: N >= 1, each block without attention items asks L2,
-                                  once the QKV stage is done, for the N weight tiles past what its ring holds (the
-                                  gate/up rows it will stream after the o stage), so that HBM works while the
-                                  attention runs; 0 off (0..64) */
 } kie_shape;
 
 typedef struct {

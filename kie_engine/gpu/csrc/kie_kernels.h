@@ -259,9 +259,6 @@ struct MonoArgs {
                                    or 1; one lane) */
   unsigned long long *marks;    /* [nstages][4][grid]: each block's clock at each stage's start, x staged,
                                    end, and its producer's first copy (mono.cu's MARK_*) */
-  int l2_ahead;                 /* one lane: tiles past the ring's a block without attention items asks L2 for once
-                                   the QKV stage is done (kie_shape.mono_l2_ahead); here, in the padding before
-                                   links, so that no field after it moves */
   /* Lanes (tp > 1 runs the kernel's TP copy, which alone reads what follows). */
   int tp;
   const MonoLink *links;        /* [nstages] */

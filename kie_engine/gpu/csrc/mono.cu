@@ -445,33 +445,14 @@ struct AttOutLL {
   }
 };
 
-/* A block without attention items at stage k (kie_shape.mono_l2_ahead, one lane; warp 0):
- * the m.l2_ahead weight tiles past the m.nslots its ring holds once its QKV tiles are used
- * (its o tiles, then the first of its gate/up tiles) asked of L2.  The attention leaves HBM
- * idle, the ring full, for as long as it runs; these tiles then come from L2 after the o
- * stage.  Out of line: the kernel is at its register cap. */
-__device__ __noinline__ void l2_ahead(const MonoArgs &m, int k) {
-  Cursor c;
-  c.k = k + 1;
-  if (!cursor_seek(m, c)) return;
-  for (int i = 0; i < m.nslots; i++)
-    if (!cursor_next(m, c)) return;
-  for (int i = 0; i < m.l2_ahead; i++) {
-    tile_rows(c, nullptr, nullptr, 0);
-    if (!cursor_next(m, c)) return;
-  }
-}
-
 /* Attention stage k in shared memory (MONO_ATTN_SMEM): this block's items of the graph
  * kernel's grid, only those with work (a query head each while the context fits one
  * item, else (group, split)), item i on block i, i + grid, ...  The first item's rows of
  * earlier steps are on their way before the block waits for the QKV stage; a block
- * without items does not wait, unless `ahead` (one lane, m.l2_ahead): then it waits for
- * the QKV stage, so that its requests do not compete with that stage's last tiles, and
- * asks L2 for its next tiles (l2_ahead).  False: leave (all consumers). */
+ * without items does not wait.  False: leave (all consumers). */
 template <int HD>
 __device__ bool attend_smem(const Block &b, const AttnArgs &a, int k, unsigned epoch, unsigned char *smem,
-                            AttOutLL out, bool ahead) {
+                            AttOutLL out) {
   const MonoArgs &m = *b.m;
   __shared__ AttSmemHeads hs;
   const int tid = threadIdx.x, groups = a.nh / a.g * a.hgroups;
@@ -501,10 +482,6 @@ __device__ bool attend_smem(const Block &b, const AttnArgs &a, int k, unsigned e
                                            SyncNamed{BAR_CONSUMERS, MONO_CONSUMERS}, wait,
                                            it == (int)blockIdx.x ? clk : nullptr, out))
       return false;
-  }
-  if (!waited && ahead && (int)blockIdx.x >= items) {
-    if (!wait()) return false;
-    if (threadIdx.x < 32) l2_ahead(m, k);
   }
   if (!waited) mark0(m, k, MARK_START);
   return true;
@@ -741,7 +718,7 @@ __device__ void consume(const Block &b, char *xunion) {
     }
     if (s.kind == MONO_ATTN_SMEM) {
       if (!attend_smem<HD>(b, s.at, k, epoch, reinterpret_cast<unsigned char *>(xunion),
-                           AttOutLL{TP ? nullptr : s.ll_out, tag}, !TP && m.l2_ahead > 0))
+                           AttOutLL{TP ? nullptr : s.ll_out, tag}))
         return;
       signal_stage(m, k, TP || s.signal);
       continue;

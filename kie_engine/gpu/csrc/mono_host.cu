@@ -244,7 +244,6 @@ int enqueue_mono(kie_engine *e, int mode) {
   m.nslots = e->mono_nslots;
   m.subs = MONO_SUBS_MAX;
   m.prefetch = e->s.mono_prefetch >= 0 ? e->s.mono_prefetch : 0;
-  m.l2_ahead = e->s.mono_l2_ahead;
   m.sync_release = e->s.mono_sync != 1; /* auto: release, the faster (bench/RESULTS.md) */
   m.stage_ahead = e->s.mono_ahead != 2;  /* auto: ahead; the kernel ignores it with several lanes */
   m.l2_first = e->s.l2_evict_first == 1; /* auto: off, slower for the ring's copies (bench/RESULTS.md) */

@@ -86,10 +86,6 @@ int derive(kie_engine *e, const kie_shape &s, int sms) {
                 "of %d bytes); use the graph kernel", s.hidden, KCCL_DEV_MAX_BLOCKS * (KCCL_LL_MAX_BYTES / 4),
                 KCCL_DEV_MAX_BLOCKS, KCCL_LL_MAX_BYTES);
   if (s.mono_prefetch < -1 || s.mono_prefetch > 64) return fail(KIE_E_ARG, "mono_prefetch=%d: -1..64", s.mono_prefetch);
-  if (s.mono_l2_ahead < 0 || s.mono_l2_ahead > 64)
-    return fail(KIE_E_ARG, "mono_l2_ahead=%d: 0 (off) or 1..64 tiles", s.mono_l2_ahead);
-  if (s.mono_l2_ahead > 0 && s.tp_size > 1)
-    return fail(KIE_E_ARG, "mono_l2_ahead=%d needs one lane (the kernel's TP copy has no such pass)", s.mono_l2_ahead);
   if (s.lanes_per_device < 0) return fail(KIE_E_ARG, "lanes_per_device=%d", s.lanes_per_device);
   if (s.mono_wait_ms < 0) return fail(KIE_E_ARG, "mono_wait_ms=%d: 0 (auto, 2,000) or a bound in ms", s.mono_wait_ms);
   if (s.mono_blocks < 0) return fail(KIE_E_ARG, "mono_blocks=%d: 0 (auto) or a block count", s.mono_blocks);
