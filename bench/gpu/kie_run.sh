@@ -25,7 +25,8 @@
 #   ncupf       Nsight Compute's speed-of-light, memory, warp-state and occupancy sections of the batched
 #               prefill's attention kernel (2b, 1,024 tokens, the middle layer's launch: the last one
 #               runs only the last row)
-#   ncumono     Nsight Compute's speed-of-light, memory and warp-state sections of one monokernel step
+#   ncumono     Nsight Compute's speed-of-light, memory and warp-state sections of one monokernel step, with
+#               each stall reason's warps per issue (no_instruction: code fetched from L2 at a stage's start)
 #   pollstream  bench/gpu/poll_stream.cu: a signal between two SMs (an L2 counter, or another cluster block's
 #               shared memory) while the other SMs, or they too, keep 32-128 KB of bulk copies in flight
 #   smshare     bench/gpu/sm_share.cu: whether each SM's share of HBM under the weight stream is the same from
@@ -123,9 +124,10 @@ for s in "$@"; do
       NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
       timeout 400 "$NCU" --profile-from-start off --clock-control none -k regex:k_mono --launch-count 1 \
         --section SpeedOfLight --section MemoryWorkloadAnalysis --section WarpStateStats --section LaunchStats \
-        --section Occupancy --section SchedulerStats python3 bench/gpu/kie_profile.py --kernel mono --context 128 \
-        > "$LOGS/ncu_mono.txt" 2>&1
-      grep -E "Duration|DRAM Throughput|Memory Throughput|Stall|Warp Cycles|Registers|Shared Memory|Block Limit|Achieved|L2 Hit|Issued" "$LOGS/ncu_mono.txt" | head -40 ;;
+        --section Occupancy --section SchedulerStats --metrics "regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio" \
+        python3 bench/gpu/kie_profile.py --kernel mono --context 128 > "$LOGS/ncu_mono.txt" 2>&1
+      grep -E "Duration|DRAM Throughput|Memory Throughput|Stall|Warp Cycles|Registers|Shared Memory|Block Limit|Achieved|L2 Hit|Issued" "$LOGS/ncu_mono.txt" | head -40
+      grep -E "warps_issue_stalled" "$LOGS/ncu_mono.txt" | awk '$NF+0 >= 0.05' ;;
     pollstream)
       nvcc -O3 -std=c++17 -gencode=arch=compute_90,code=sm_90 -Ikie_engine/gpu/csrc -o /tmp/poll_stream bench/gpu/poll_stream.cu &&
         OUT=$LOGS timeout 120 /tmp/poll_stream 2>&1 | tee "$LOGS/poll_stream.log" ;;
