@@ -141,7 +141,7 @@ struct Run {
 };
 
 struct Bench {
-  int grid, slots;
+  int grid;
   Args a;
   int *u0d, *u1d;
   unsigned launches = 0;
@@ -232,7 +232,6 @@ int main(int argc, char **argv) {
   CHECK(cudaGetDeviceProperties(&prop, 0));
   Bench B;
   B.grid = prop.multiProcessorCount;
-  B.slots = slots;
   const size_t smem = std::max<size_t>(160u << 10, (size_t)slots * COPY);
   CHECK(cudaFuncSetAttribute(k_share, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
   int per_sm = 0;
@@ -263,8 +262,6 @@ int main(int argc, char **argv) {
 
   // the 2b shape's stages: o, QKV, down, gate/up (bytes / 8 KB units)
   const struct { const char *name; int units; } stages[] = {{"o", 1024}, {"qkv", 2048}, {"down", 4096}, {"gate_up", 8192}};
-  std::vector<int> warm(MAX_SM, 0);
-  B.sms.clear();
   {  // the SM ids, and a few launches to wake the card
     std::vector<int> one(MAX_SM, 64);
     for (int i = 0; i < 5; i++) B.launch(one);
