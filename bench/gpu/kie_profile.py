@@ -81,6 +81,32 @@ def summarize(path, layers):
     print(f"{'sum':10s} {all_us:9.1f}  (each kernel alone, serialized by the profiler)")
 
 
+def stall_sources(path, top):
+    """Nsight Compute's source page (`--page source --csv --print-source sass`, gzipped or not): each
+    stall reason's share of the warp samples, then the `top` instructions by samples."""
+    import gzip
+
+    with (gzip.open if path.endswith(".gz") else open)(path, "rt") as f:
+        lines = f.readlines()
+    start = next(i for i, l in enumerate(lines) if l.startswith('"Address"'))
+    rows = [r for r in csv.DictReader(lines[start:]) if r["Address"].startswith("0x")]
+    reasons = [k for k in rows[0] if k.startswith("stall_") and "Not Issued" not in k]
+    every = "Warp Stall Sampling (All Samples)"
+    n = lambda r, k: int((r[k] or "0").replace(",", ""))
+    total = sum(n(r, every) for r in rows)
+    print(f"{len(rows)} instructions, {total} warp samples")
+    for k in sorted(reasons, key=lambda k: -sum(n(r, k) for r in rows)):
+        v = sum(n(r, k) for r in rows)
+        if v * 200 >= total:
+            print(f"  {k[6:]:18s} {v:8d} {100 * v / total:5.1f} %")
+    print(f"the {top} instructions with the most samples (index, samples, executed, reasons):")
+    for i in sorted(sorted(range(len(rows)), key=lambda i: -n(rows[i], every))[:top]):
+        r = rows[i]
+        why = sorted(((n(r, k), k[6:]) for k in reasons), reverse=True)[:2]
+        print(f"  {i:6d} {n(r, every):7d} {n(r, 'Instructions Executed'):9d}  {r['Source'].strip()[:56]:56s} "
+              + ", ".join(f"{k} {v}" for v, k in why if v))
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--preset", default="2b")
@@ -89,8 +115,12 @@ def main():
     ap.add_argument("--steps", type=int, default=1)
     ap.add_argument("--prefill", action="store_true", help="profile the batched prefill of the context instead")
     ap.add_argument("--summarize", metavar="CSV")
+    ap.add_argument("--stall-sources", metavar="CSV", help="summarize Nsight Compute's source page of one kernel")
+    ap.add_argument("--top", type=int, default=30)
     a = ap.parse_args()
-    if a.summarize:
+    if a.stall_sources:
+        stall_sources(a.stall_sources, a.top)
+    elif a.summarize:
         from kie_engine.formats.config import preset
         summarize(a.summarize, preset(a.preset).num_hidden_layers)
     else:

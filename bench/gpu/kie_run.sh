@@ -27,6 +27,9 @@
 #               runs only the last row)
 #   ncumono     Nsight Compute's speed-of-light, memory and warp-state sections of one monokernel step, with
 #               each stall reason's warps per issue (no_instruction: code fetched from L2 at a stage's start)
+#   ncustall    where the warps of one decode step stall, in place (caches not flushed): the monokernel per
+#               SASS instruction (ncu_source_mono.csv.gz: each instruction's stall samples), the graph step
+#               as one workload (each stall reason's warps per issue, all its kernels together)
 #   pollstream  bench/gpu/poll_stream.cu: a signal between two SMs (an L2 counter, or another cluster block's
 #               shared memory) while the other SMs, or they too, keep 32-128 KB of bulk copies in flight
 #   smshare     bench/gpu/sm_share.cu: whether each SM's share of HBM under the weight stream is the same from
@@ -128,6 +131,24 @@ for s in "$@"; do
         python3 bench/gpu/kie_profile.py --kernel mono --context 128 > "$LOGS/ncu_mono.txt" 2>&1
       grep -E "Duration|DRAM Throughput|Memory Throughput|Stall|Warp Cycles|Registers|Shared Memory|Block Limit|Achieved|L2 Hit|Issued" "$LOGS/ncu_mono.txt" | head -40
       grep -E "warps_issue_stalled" "$LOGS/ncu_mono.txt" | awk '$NF+0 >= 0.05' ;;
+    ncustall)
+      NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+      STALLS="regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio"
+      timeout 200 "$NCU" --profile-from-start off --clock-control none --cache-control none -k regex:k_mono \
+        --launch-count 1 --section WarpStateStats --section SourceCounters --section SpeedOfLight --metrics "$STALLS" \
+        -o "$LOGS/ncu_mono_stalls" -f python3 bench/gpu/kie_profile.py --kernel mono --context 128 \
+        > "$LOGS/ncu_mono_stalls.log" 2>&1
+      "$NCU" --import "$LOGS/ncu_mono_stalls.ncu-rep" --page details --print-details all > "$LOGS/ncu_mono_stalls.txt" 2>&1
+      "$NCU" --import "$LOGS/ncu_mono_stalls.ncu-rep" --page source --csv --print-source sass 2>&1 |
+        gzip > "$LOGS/ncu_source_mono.csv.gz"
+      grep -E "Duration|DRAM Throughput|Warp Cycles Per Issued" "$LOGS/ncu_mono_stalls.txt" | head -8
+      grep -E "warps_issue_stalled" "$LOGS/ncu_mono_stalls.txt" | awk '$NF+0 >= 0.05'
+      rm -f "$LOGS/ncu_mono_stalls.ncu-rep"
+      timeout 200 "$NCU" --profile-from-start off --clock-control none --cache-control none --graph-profiling graph \
+        --launch-count 1 --section WarpStateStats --section SpeedOfLight --metrics "$STALLS" \
+        python3 bench/gpu/kie_profile.py --kernel graph --context 128 > "$LOGS/ncu_graph_stalls.txt" 2>&1
+      grep -E "Duration|DRAM Throughput|Warp Cycles Per Issued|==ERROR|==WARNING" "$LOGS/ncu_graph_stalls.txt" | head -8
+      grep -E "warps_issue_stalled" "$LOGS/ncu_graph_stalls.txt" | awk '$NF+0 >= 0.05' ;;
     pollstream)
       nvcc -O3 -std=c++17 -gencode=arch=compute_90,code=sm_90 -Ikie_engine/gpu/csrc -o /tmp/poll_stream bench/gpu/poll_stream.cu &&
         OUT=$LOGS timeout 120 /tmp/poll_stream 2>&1 | tee "$LOGS/poll_stream.log" ;;

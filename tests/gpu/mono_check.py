@@ -86,7 +86,8 @@ def first_diff(a, b):
 # "counts": every stage of the monokernel waiting for the count of the one before (kie_shape.mono_ll
 # 2); by default, with one lane and delay 0, its attention and GEMV stages hand their outputs on as
 # LL words instead (mono_ll 1, refused with two lanes), checked here explicitly with "onepass"'s
-# attention ("llsplit") and between the GEMV stages only ("llgemv", mono_ll 3).
+# attention ("llsplit"), between the GEMV stages only ("llgemv", mono_ll 3) and everywhere but into the
+# down stage ("lldown", mono_ll 4).
 ATTENTIONS = {
     "items": {"decode_attn": 1, "mono_attn": 1},
     "default": {},
@@ -103,8 +104,9 @@ ATTENTIONS = {
     "counts": {"mono_ll": 2},
     "llsplit": {"decode_attn": 2, "mono_attn": 2, "att_keys": 64, "att_splits": 8, "mono_ll": 1},
     "llgemv": {"mono_ll": 3},
+    "lldown": {"mono_ll": 4},
 }
-ONE_LANE = {"llsplit", "llgemv"}
+ONE_LANE = {"llsplit", "llgemv", "lldown"}
 
 
 def models(cfg, path, max_seq, comm, same):
@@ -151,8 +153,8 @@ def check(tag, cfg, path, steps, comm, same):
     # mono_ll_plan: every GEMV stage after one that writes its whole input, but layer 0's o, whose
     # residual rows are the embedding's; the o stages only with mono_ll 1 and the shared-memory attention
     layers = cfg.num_hidden_layers
-    o_words = ll == 1 and same.get("mono_attn", 0) != 1
-    want_ll = 0 if ll == 2 else 3 * layers + (layers - 1 if o_words else 0)
+    o_words = ll in (1, 4) and same.get("mono_attn", 0) != 1
+    want_ll = 0 if ll == 2 else (2 if ll == 4 else 3) * layers + (layers - 1 if o_words else 0)
     record(f"{tag} stages reading LL words", info["mono_ll_stages"] == want_ll, got=info["mono_ll_stages"],
            want=want_ll, mono_ll=ll)
     if "att_keys" in same:

@@ -195,8 +195,8 @@ int blas_gemm(kie_engine *e, int T, int N, int K, const bf16 *x, int ldx, const 
 int enqueue_prefill(kie_engine *e, int T, int mode);
 
 /* kie_shape.mono_ll asks for LL words (1: into every GEMV stage after the attention; 3: between
- * the GEMV stages only). */
-inline bool mono_ll_on(const kie_shape &s) { return s.mono_ll == 1 || s.mono_ll == 3; }
+ * the GEMV stages only; 4: as 1 but the down stage, which waits for gate/up's count). */
+inline bool mono_ll_on(const kie_shape &s) { return s.mono_ll == 1 || s.mono_ll == 3 || s.mono_ll == 4; }
 
 /* The monokernel's LL words (kie_shape.mono_ll): a layer's attention, o, gate/up and down outputs,
  * each padded to 8 words. */

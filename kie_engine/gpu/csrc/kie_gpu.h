@@ -171,7 +171,8 @@ typedef struct {
                                   float and the step's tag in one 8-byte store), and the GEMV stage after each
                                   reads its input from them, word by word as they land, instead of waiting for
                                   the stage's count; 2 every stage waits for the count of the one before; 3 as 1
-                                  but the o stage waits for the attention's count */
+                                  but the o stage waits for the attention's count; 4 as 1 but the down stage waits
+                                  for gate/up's count and reads its floats */
 } kie_shape;
 
 typedef struct {

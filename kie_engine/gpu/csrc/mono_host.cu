@@ -71,7 +71,8 @@ struct MonoBuilder {
 /* kie_shape.mono_ll: which GEMV stages stage their input from the LL words of the stage before
  * them, and which stages still publish a count.  Stage k reads words when stage k - 1 writes
  * all of its input (the o or down projection's residual rows, gate/up's product, or with
- * mono_ll 1 the attention's heads: the o stage's input), that
+ * mono_ll 1 or 4 the attention's heads: the o stage's input; with mono_ll 4 not gate/up's
+ * product, the down stage's input, twice its floats' bytes as words for every block to read), that
  * input is its plain x or the residual alone (one token, nothing to add, nothing to write,
  * short enough for the norm to hold in registers), and, when k adds the residual itself (an
  * o or down projection), the rows it adds were written by the same block: the last stage to
@@ -91,10 +92,10 @@ static int mono_ll_plan(kie_engine *e, std::vector<MonoStage> &st) {
     if (c.kind != MONO_GEMV || c.g.T != 1) continue;
     int count;
     const float *out;
-    if (p.kind == MONO_GEMV && (p.epi == EPI_RESID || p.epi == EPI_SWIGLU)) {
+    if (p.kind == MONO_GEMV && (p.epi == EPI_RESID || (p.epi == EPI_SWIGLU && e->s.mono_ll != 4))) {
       count = p.epi == EPI_SWIGLU ? p.g.cols : p.g.rows;
       out = p.g.out;
-    } else if (p.kind == MONO_ATTN_SMEM && e->s.mono_ll == 1) { /* one token: the heads' rows from 0 */
+    } else if (p.kind == MONO_ATTN_SMEM && (e->s.mono_ll == 1 || e->s.mono_ll == 4)) { /* one token: the heads' rows */
       count = p.at.nh * p.at.hd;
       out = p.at.out;
     } else {
