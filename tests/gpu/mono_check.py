@@ -86,8 +86,9 @@ def first_diff(a, b):
 # "counts": every stage of the monokernel waiting for the count of the one before (kie_shape.mono_ll
 # 2); by default, with one lane and delay 0, its attention and GEMV stages hand their outputs on as
 # LL words instead (mono_ll 1, refused with two lanes), checked here explicitly with "onepass"'s
-# attention ("llsplit"), between the GEMV stages only ("llgemv", mono_ll 3) and everywhere but into the
-# down stage ("lldown", mono_ll 4).
+# attention ("llsplit"), between the GEMV stages only ("llgemv", mono_ll 3), everywhere but into the
+# down stage ("lldown", mono_ll 4), and with the attention reading the QKV stage's words too ("llqkv",
+# "llqkvsplit" with split attention, "llqkvdown": mono_ll 5, 5, 6).
 ATTENTIONS = {
     "items": {"decode_attn": 1, "mono_attn": 1},
     "default": {},
@@ -105,8 +106,11 @@ ATTENTIONS = {
     "llsplit": {"decode_attn": 2, "mono_attn": 2, "att_keys": 64, "att_splits": 8, "mono_ll": 1},
     "llgemv": {"mono_ll": 3},
     "lldown": {"mono_ll": 4},
+    "llqkv": {"mono_ll": 5},
+    "llqkvsplit": {"decode_attn": 2, "mono_attn": 2, "att_keys": 64, "att_splits": 8, "mono_ll": 5},
+    "llqkvdown": {"mono_ll": 6},
 }
-ONE_LANE = {"llsplit", "llgemv", "lldown"}
+ONE_LANE = {"llsplit", "llgemv", "lldown", "llqkv", "llqkvsplit", "llqkvdown"}
 
 
 def models(cfg, path, max_seq, comm, same):
@@ -153,8 +157,14 @@ def check(tag, cfg, path, steps, comm, same):
     # mono_ll_plan: every GEMV stage after one that writes its whole input, but layer 0's o, whose
     # residual rows are the embedding's; the o stages only with mono_ll 1 and the shared-memory attention
     layers = cfg.num_hidden_layers
-    o_words = ll in (1, 4) and same.get("mono_attn", 0) != 1
-    want_ll = 0 if ll == 2 else (2 if ll == 4 else 3) * layers + (layers - 1 if o_words else 0)
+    smem_att = same.get("mono_attn", 0) != 1
+    o_words = ll != 3 and smem_att
+    # with mono_ll 5 and 6 the attention too, where every split's keys fit one chunk (the graph
+    # path's split keys at most the block's keys, which the splits cover)
+    keys, splits = info["mono_att_keys"], info["mono_att_splits"]
+    att_words = ll in (5, 6) and smem_att and info["mono_att_split_keys"] <= keys and splits * keys >= m.max_seq
+    want_ll = 0 if ll == 2 else ((2 if ll in (4, 6) else 3) * layers + (layers - 1 if o_words else 0) +
+                                 (layers if att_words else 0))
     record(f"{tag} stages reading LL words", info["mono_ll_stages"] == want_ll, got=info["mono_ll_stages"],
            want=want_ll, mono_ll=ll)
     if "att_keys" in same:

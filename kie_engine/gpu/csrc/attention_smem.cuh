@@ -54,6 +54,16 @@ __device__ __forceinline__ int att_smem_splits(const AttnArgs &a, int S) {
   return S <= a.kcap ? 1 : min(a.nsplit, (S + a.ksplit - 1) / a.ksplit);
 }
 
+/* Where an item's queries and this step's key and value rows come from after its wait: the
+ * QKV kernel's outputs in memory (q, the cache), which the wait orders.  The monokernel's
+ * AttInLL (In::LL, where its on() says so) takes them from the QKV stage's LL words instead,
+ * and its wait does not wait. */
+struct AttInPlain {
+  static constexpr bool LL = false;
+  __device__ bool on() const { return false; }
+  __device__ bool operator()(const AttnArgs &, int, int, int, bf16 *, bf16 *, float *, int) const { return true; }
+};
+
 /* Item (bx, split, token t): bx a query head (a.heads1) or a head group, as the graph
  * kernel's grid lays them out.  smem: SmemShape<HD, NT>::bytes(cap) bytes, cap >= a.kcap.
  * wait() is called once, after the rows of earlier steps are on their way and before
@@ -63,10 +73,11 @@ __device__ __forceinline__ int att_smem_splits(const AttnArgs &a, int S) {
  * first chunk's scores and softmax were done to clk[0], its values to clk[1], and where
  * clk[2] is not NULL the time its first chunk's rows and queries were in shared memory.  out:
  * where the outputs go (attention.cuh's AttOutPlain, a.out). */
-template <int HD, int NT, bool WARM = false, typename Sync, typename Wait, typename Out = AttOutPlain>
+template <int HD, int NT, bool WARM = false, typename Sync, typename Wait, typename Out = AttOutPlain,
+          typename In = AttInPlain>
 __device__ bool att_smem_item(const AttnArgs &a, int bx, int split, int t, int tid, unsigned char *smem, int cap,
                               AttSmemHeads &hs, Sync sync, Wait wait, unsigned long long *const *clk = nullptr,
-                              Out out = Out()) {
+                              Out out = Out(), In in = In()) {
   typedef SmemShape<HD, NT> SS;
   constexpr int LD = SS::LD, CH = SS::CH;
   bf16 *Ks = reinterpret_cast<bf16 *>(smem);
@@ -138,9 +149,16 @@ __device__ bool att_smem_item(const AttnArgs &a, int bx, int split, int t, int t
         asm volatile("cp.async.wait_all;" ::: "memory"); /* nothing lands in shared memory after the caller left */
         return false;
       }
-      copy_rows(0, old, n0);
-      const float4 *q4 = reinterpret_cast<const float4 *>(a.q + (size_t)t * a.q_ld + (size_t)h0 * HD);
-      for (int i = tid; i < G * HD / 4; i += NT) reinterpret_cast<float4 *>(qs)[i] = __ldcg(q4 + i);
+      if (In::LL && in.on()) { /* the queries and this step's key and value row from the QKV stage's words */
+        if (!in(a, h0, G, kvh, n0 > old ? Ks + old * LD : nullptr, n0 > old ? Vs + old * LD : nullptr, qs, tid)) {
+          asm volatile("cp.async.wait_all;" ::: "memory");
+          return false;
+        }
+      } else {
+        copy_rows(0, old, n0);
+        const float4 *q4 = reinterpret_cast<const float4 *>(a.q + (size_t)t * a.q_ld + (size_t)h0 * HD);
+        for (int i = tid; i < G * HD / 4; i += NT) reinterpret_cast<float4 *>(qs)[i] = __ldcg(q4 + i);
+      }
     } else {
       for (int i = tid; i < G * HD / 4; i += NT) reinterpret_cast<float4 *>(qs)[i] = make_float4(0.f, 0.f, 0.f, 0.f);
     }

@@ -195,13 +195,15 @@ int blas_gemm(kie_engine *e, int T, int N, int K, const bf16 *x, int ldx, const 
 int enqueue_prefill(kie_engine *e, int T, int mode);
 
 /* kie_shape.mono_ll asks for LL words (1: into every GEMV stage after the attention; 3: between
- * the GEMV stages only; 4: as 1 but the down stage, which waits for gate/up's count). */
-inline bool mono_ll_on(const kie_shape &s) { return s.mono_ll == 1 || s.mono_ll == 3 || s.mono_ll == 4; }
+ * the GEMV stages only; 4: as 1 but the down stage, which waits for gate/up's count; 5 and 6: as
+ * 1 and 4, and into the attention stage). */
+inline bool mono_ll_on(const kie_shape &s) { return s.mono_ll == 1 || (s.mono_ll >= 3 && s.mono_ll <= 6); }
 
-/* The monokernel's LL words (kie_shape.mono_ll): a layer's attention, o, gate/up and down outputs,
- * each padded to 8 words. */
+/* The monokernel's LL words (kie_shape.mono_ll): a layer's QKV, attention, o, gate/up and down
+ * outputs, each padded to 8 words. */
 inline size_t mono_ll_words(const kie_engine *e) {
-  return (size_t)e->s.layers * (round_up((size_t)e->qdim, 8) + 2 * (size_t)e->hid_pad + e->inter_pad);
+  return (size_t)e->s.layers * (round_up((size_t)e->qkv_rows, 8) + round_up((size_t)e->qdim, 8) +
+                                2 * (size_t)e->hid_pad + e->inter_pad);
 }
 
 /* graph.cu */

@@ -80,10 +80,28 @@ __device__ __forceinline__ void stage_rope(const GemvArgs &a, float *cs, int tid
   }
 }
 
-/* cs: stage_rope's row (one token), or NULL: the tables in memory. */
-template <int NT>
+/* LL words (the monokernel's kie_shape.mono_ll): an output element as one 8-byte word, its
+ * float's bits below the step's tag, written in one access, so that a reader that sees the
+ * tag sees the value, with no fence before a count and no count to poll. */
+__device__ __forceinline__ unsigned long long ll_word(float v, unsigned tag) {
+  return (unsigned long long)tag << 32 | __float_as_uint(v);
+}
+__device__ __forceinline__ void ll_put(unsigned long long *p, float v, unsigned tag) {
+  asm volatile("st.relaxed.gpu.global.b64 [%0], %1;" ::"l"(p), "l"(ll_word(v, tag)) : "memory");
+}
+/* Two neighbouring words in one 16-byte store (p 16-byte aligned); each word is written whole. */
+__device__ __forceinline__ void ll_put2(unsigned long long *p, float x, float y, unsigned tag) {
+  asm volatile("st.relaxed.gpu.global.v2.b64 [%0], {%1, %2};" ::"l"(p), "l"(ll_word(x, tag)), "l"(ll_word(y, tag))
+               : "memory");
+}
+
+/* cs: stage_rope's row (one token), or NULL: the tables in memory.  LL (the monokernel, one
+ * token): each output also as the LL word of its row at ll (when not NULL), tagged; a k or v
+ * row's word carries the bf16 value the cache holds. */
+template <int NT, bool LL = false>
 __device__ __forceinline__ void epilogue_qkv(const GemvArgs &a, int u, int r0, const float *acc0,
-                                             const float *acc1, int lane, const float *cs) {
+                                             const float *acc1, int lane, const float *cs,
+                                             unsigned long long *ll = nullptr, unsigned tag = 0) {
   const int half = a.hd >> 1, nq = a.nh * half, nk = a.nkv * half;
   const int pos = *a.pos;
 #pragma unroll
@@ -103,16 +121,27 @@ __device__ __forceinline__ void epilogue_qkv(const GemvArgs &a, int u, int r0, c
         float *q = a.q_out + (size_t)t * a.q_ld + (size_t)h * a.hd;
         q[j] = o0;
         q[j + half] = o1;
+        if (LL && ll) {
+          ll_put(ll + r0, o0, tag);
+          ll_put(ll + r0 + half, o1, tag);
+        }
       } else {
         bf16 *k = a.kc + ((size_t)(h - a.nh) * a.max_seq + p) * a.hd;
-        k[j] = __float2bfloat16_rn(o0);
-        k[j + half] = __float2bfloat16_rn(o1);
+        const bf16 k0 = __float2bfloat16_rn(o0), k1 = __float2bfloat16_rn(o1);
+        k[j] = k0;
+        k[j + half] = k1;
+        if (LL && ll) {
+          ll_put(ll + r0, __bfloat162float(k0), tag);
+          ll_put(ll + r0 + half, __bfloat162float(k1), tag);
+        }
       }
     } else {
       const int vr = r0 - (a.nh + a.nkv) * a.hd, h = vr / a.hd, j = vr - h * a.hd;
       bf16 *v = a.vc + ((size_t)h * a.max_seq + p) * a.hd;
-      v[j] = __float2bfloat16_rn(v0);
-      v[j + 1] = __float2bfloat16_rn(v1);
+      const bf16 w0 = __float2bfloat16_rn(v0), w1 = __float2bfloat16_rn(v1);
+      v[j] = w0;
+      v[j + 1] = w1;
+      if (LL && ll) ll_put2(ll + r0, __bfloat162float(w0), __bfloat162float(w1), tag);
     }
   }
 }
@@ -302,27 +331,12 @@ __device__ void stage_norm(const GemvArgs &a, float *xs, int tid, bool writer, S
   }
 }
 
-/* LL words (the monokernel's kie_shape.mono_ll): an output element as one 8-byte word, its
- * float's bits below the step's tag, written in one access, so that a reader that sees the
- * tag sees the value, with no fence before a count and no count to poll. */
-__device__ __forceinline__ unsigned long long ll_word(float v, unsigned tag) {
-  return (unsigned long long)tag << 32 | __float_as_uint(v);
-}
-__device__ __forceinline__ void ll_put(unsigned long long *p, float v, unsigned tag) {
-  asm volatile("st.relaxed.gpu.global.b64 [%0], %1;" ::"l"(p), "l"(ll_word(v, tag)) : "memory");
-}
-/* Two neighbouring words in one 16-byte store (p 16-byte aligned); each word is written whole. */
-__device__ __forceinline__ void ll_put2(unsigned long long *p, float x, float y, unsigned tag) {
-  asm volatile("st.relaxed.gpu.global.v2.b64 [%0], {%1, %2};" ::"l"(p), "l"(ll_word(x, tag)), "l"(ll_word(y, tag))
-               : "memory");
-}
-
 /* A unit's sums are done: its segments meet (fixed order), then the epilogue.
  * Called by every warp of the block (every consumer warp) the same number of
  * times; `part` is free for it (no warp still reads a previous call's).  EPI_RESID:
  * EPI_STORE with the residual's rows (a.r_in) added, r + y as stage_norm adds them; PRE:
  * token 0's (res0, res1) already loaded by the caller.  LL (the monokernel, one token): the
- * EPI_STORE, EPI_RESID and EPI_SWIGLU outputs also as LL words at ll (when not NULL), tagged. */
+ * outputs also as LL words at ll (when not NULL), tagged (the LM head's: none). */
 template <int NT, int EPI, bool PRE = false, bool LL = false, typename Sync>
 __device__ __forceinline__ void finish_unit(const GemvArgs &a, int u, int r0, int r1, bool active, float *acc0,
                                             float *acc1, unsigned long long &best, float (*part)[2 * GEMV_MAX_T],
@@ -385,7 +399,7 @@ __device__ __forceinline__ void finish_unit(const GemvArgs &a, int u, int r0, in
       if (LL && ll) ll_put(ll + u, y, tag);
     }
   } else if (EPI == EPI_QKV) {
-    epilogue_qkv<NT>(a, u, r0, acc0, acc1, lane, NT == 1 ? rope : nullptr);
+    epilogue_qkv<NT, LL>(a, u, r0, acc0, acc1, lane, NT == 1 ? rope : nullptr, ll, tag);
   } else { /* EPI_HEAD: one token */
     if (lane == 0) {
       a.out[r0] = acc0[0];

@@ -172,7 +172,9 @@ typedef struct {
                                   reads its input from them, word by word as they land, instead of waiting for
                                   the stage's count; 2 every stage waits for the count of the one before; 3 as 1
                                   but the o stage waits for the attention's count; 4 as 1 but the down stage waits
-                                  for gate/up's count and reads its floats */
+                                  for gate/up's count and reads its floats; 5 and 6 as 1 and 4, and the attention
+                                  stage reads the QKV stage's q, k and v rows as words, where every split's keys
+                                  fit its shared memory */
 } kie_shape;
 
 typedef struct {

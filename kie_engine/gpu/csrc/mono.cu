@@ -427,6 +427,66 @@ __device__ __noinline__ bool lanes_pick(const Block &b, const MonoStage &h, int 
   return true;
 }
 
+/* Two LL words in one 16-byte load, relaxed at GPU scope (from L2, never this SM's older copy in L1). */
+__device__ __forceinline__ ulonglong2 ll_get2(const unsigned long long *p) {
+  ulonglong2 w;
+  asm volatile("ld.relaxed.gpu.global.v2.b64 {%0, %1}, [%2];" : "=l"(w.x), "=l"(w.y) : "l"(p) : "memory");
+  return w;
+}
+
+/* The consumers meet; true when any of them passed `p` true. */
+__device__ __forceinline__ bool bar_consumers_any(bool p) {
+  unsigned r;
+  asm volatile(
+      "{ .reg .pred a, o; setp.ne.u32 a, %1, 0; bar.red.or.pred o, %2, %3, a; selp.u32 %0, 1, 0, o; }"
+      : "=r"(r)
+      : "r"((unsigned)p), "n"(BAR_CONSUMERS), "n"(MONO_CONSUMERS)
+      : "memory");
+  return r != 0;
+}
+
+/* The attention's inputs from the QKV stage's LL words (kie_shape.mono_ll 5 and 6: s.ll_in, a
+ * word per QKV row, q's rotated, k's and v's the bf16 the cache holds): the item's G query
+ * heads into qs and, where the item holds this step's key (krow, vrow not NULL), its k and v
+ * rows, each consumer thread polling its pairs of words until both carry the step's tag.
+ * Nothing else of the QKV stage is read after it: the rows of earlier steps were written
+ * before this kernel started.  False when the step was given up (one verdict for all). */
+struct AttInLL {
+  static constexpr bool LL = true;
+  const Block *b;
+  const unsigned long long *ll; /* NULL: the stage waits for the QKV stage's count, then reads q and the cache */
+  unsigned tag;
+  int k; /* the stage, for a stall's report */
+  __device__ bool on() const { return ll != nullptr; }
+  __device__ bool operator()(const AttnArgs &a, int h0, int G, int kvh, bf16 *krow, bf16 *vrow, float *qs,
+                             int tid) const {
+    const int hd = a.hd, nq = G * hd, nw = nq + (krow ? 2 * hd : 0);
+    const unsigned long long *q = ll + (size_t)h0 * hd, *kw = ll + (size_t)(a.nh + kvh) * hd,
+                             *vw = ll + (size_t)(a.nh + a.nh / a.g + kvh) * hd;
+    bool ok = true;
+    for (int i = 2 * tid; i < nw; i += 2 * MONO_CONSUMERS) {
+      const unsigned long long *p = i < nq ? q + i : i < nq + hd ? kw + (i - nq) : vw + (i - nq - hd);
+      ulonglong2 w = ll_get2(p);
+      auto ready = [&] { return (unsigned)(w.x >> 32) == tag && (unsigned)(w.y >> 32) == tag; };
+      if (ok && !ready())
+        ok = spin(*b, k, [&] {
+          w = ll_get2(p);
+          return ready();
+        });
+      const float x = __uint_as_float((unsigned)w.x), y = __uint_as_float((unsigned)w.y);
+      if (i < nq) {
+        qs[i] = x;
+        qs[i + 1] = y;
+      } else {
+        bf16 *r = i < nq + hd ? krow + (i - nq) : vrow + (i - nq - hd);
+        r[0] = __float2bfloat16_rn(x); /* exact: the word holds a bf16 value */
+        r[1] = __float2bfloat16_rn(y);
+      }
+    }
+    return !bar_consumers_any(!ok);
+  }
+};
+
 /* The attention's outputs (mono_ll 1): a.out, and when the stage has them, its LL words (ll,
  * tagged; the float4 of four outputs as two 16-byte stores of two words each). */
 struct AttOutLL {
@@ -452,7 +512,7 @@ struct AttOutLL {
  * without items does not wait.  False: leave (all consumers). */
 template <int HD>
 __device__ bool attend_smem(const Block &b, const AttnArgs &a, int k, unsigned epoch, unsigned char *smem,
-                            AttOutLL out) {
+                            AttOutLL out, AttInLL in) {
   const MonoArgs &m = *b.m;
   __shared__ AttSmemHeads hs;
   const int tid = threadIdx.x, groups = a.nh / a.g * a.hgroups;
@@ -466,7 +526,7 @@ __device__ bool attend_smem(const Block &b, const AttnArgs &a, int k, unsigned e
   auto wait = [&] {
     if (waited) return true;
     waited = true;
-    if (!wait_stage(b, k - 1, epoch)) return false;
+    if (!in.on() && !wait_stage(b, k - 1, epoch)) return false;
     mark0(m, k, MARK_START);
     return true;
   };
@@ -480,7 +540,7 @@ __device__ bool attend_smem(const Block &b, const AttnArgs &a, int k, unsigned e
     if (it != (int)blockIdx.x) bar_consumers(); /* the last item is done with the shared memory */
     if (!att_smem_item<HD, MONO_CONSUMERS>(a, bx, split, 0, tid, smem, m.att_cap, hs,
                                            SyncNamed{BAR_CONSUMERS, MONO_CONSUMERS}, wait,
-                                           it == (int)blockIdx.x ? clk : nullptr, out))
+                                           it == (int)blockIdx.x ? clk : nullptr, out, in))
       return false;
   }
   if (!waited) mark0(m, k, MARK_START);
@@ -537,11 +597,6 @@ __device__ void gemv_tile(const Block &b, const MonoStage &s, int tu, int n, int
  * after reading, and a GPU does not perform a store before the loads it depends on return.
  * x into xs, zero past s.g.in; false when the step was given up (the consumers' verdict,
  * the same for all: one barrier that ORs whether any gave up). */
-__device__ __forceinline__ ulonglong2 ll_get2(const unsigned long long *p) {
-  ulonglong2 w;
-  asm volatile("ld.relaxed.gpu.global.v2.b64 {%0, %1}, [%2];" : "=l"(w.x), "=l"(w.y) : "l"(p) : "memory");
-  return w;
-}
 struct Ll4 {
   ulonglong2 a, b;
 };
@@ -554,16 +609,6 @@ __device__ __forceinline__ float4 ll_value(const Ll4 &w, int i, int n) {
   return f4_clip(make_float4(__uint_as_float((unsigned)w.a.x), __uint_as_float((unsigned)w.a.y),
                              __uint_as_float((unsigned)w.b.x), __uint_as_float((unsigned)w.b.y)),
                  i, n);
-}
-/* The consumers meet; true when any of them passed `p` true. */
-__device__ __forceinline__ bool bar_consumers_any(bool p) {
-  unsigned r;
-  asm volatile(
-      "{ .reg .pred a, o; setp.ne.u32 a, %1, 0; bar.red.or.pred o, %2, %3, a; selp.u32 %0, 1, 0, o; }"
-      : "=r"(r)
-      : "r"((unsigned)p), "n"(BAR_CONSUMERS), "n"(MONO_CONSUMERS)
-      : "memory");
-  return r != 0;
 }
 
 #define LL_BATCH 4 /* float4s (32 bytes of words) a thread has in flight: more spill at the register cap */
@@ -718,7 +763,7 @@ __device__ void consume(const Block &b, char *xunion) {
     }
     if (s.kind == MONO_ATTN_SMEM) {
       if (!attend_smem<HD>(b, s.at, k, epoch, reinterpret_cast<unsigned char *>(xunion),
-                           AttOutLL{TP ? nullptr : s.ll_out, tag}))
+                           AttOutLL{TP ? nullptr : s.ll_out, tag}, AttInLL{&b, TP ? nullptr : s.ll_in, tag, k}))
         return;
       signal_stage(m, k, TP || s.signal);
       continue;
@@ -758,7 +803,7 @@ __device__ void consume(const Block &b, char *xunion) {
         spin(b, k, [&] { return mbar_done(&b.full[slot], (unsigned)use & 1u); });
         const int n = min(s.upt, u1 - tu);
         switch (s.epi) {
-          case EPI_QKV: gemv_tile<EPI_QKV, false>(b, s, tu, n, slot, xs, part[tile & 1], best, rope, tag); break;
+          case EPI_QKV: gemv_tile<EPI_QKV, !TP>(b, s, tu, n, slot, xs, part[tile & 1], best, rope, tag); break;
           case EPI_SWIGLU: gemv_tile<EPI_SWIGLU, !TP>(b, s, tu, n, slot, xs, part[tile & 1], best, rope, tag); break;
           case EPI_HEAD: gemv_tile<EPI_HEAD, false>(b, s, tu, n, slot, xs, part[tile & 1], best, rope, tag); break;
           default: /* EPI_STORE, or with one lane EPI_RESID */

@@ -71,14 +71,16 @@ struct MonoBuilder {
 /* kie_shape.mono_ll: which GEMV stages stage their input from the LL words of the stage before
  * them, and which stages still publish a count.  Stage k reads words when stage k - 1 writes
  * all of its input (the o or down projection's residual rows, gate/up's product, or with
- * mono_ll 1 or 4 the attention's heads: the o stage's input; with mono_ll 4 not gate/up's
+ * but with mono_ll 3 the attention's heads: the o stage's input; with mono_ll 4 and 6 not gate/up's
  * product, the down stage's input, twice its floats' bytes as words for every block to read), that
  * input is its plain x or the residual alone (one token, nothing to add, nothing to write,
  * short enough for the norm to hold in registers), and, when k adds the residual itself (an
  * o or down projection), the rows it adds were written by the same block: the last stage to
  * write them has k's row count, so the grid splits its units the same way.  Everything else
  * stage k reads from other blocks was ordered before a count of an earlier stage that some
- * block on the way to k waited for.  A stage whose successor reads its words publishes no
+ * block on the way to k waited for.  With mono_ll 5 and 6 the attention stage also reads the
+ * QKV stage's q, k and v rows as words (its rows of earlier steps are older than the kernel).
+ * A stage whose successor reads its words publishes no
  * count: nothing waits for it, and the release it costs sat on the block's path into the
  * next stage. */
 static int mono_ll_plan(kie_engine *e, std::vector<MonoStage> &st) {
@@ -87,15 +89,30 @@ static int mono_ll_plan(kie_engine *e, std::vector<MonoStage> &st) {
   if (!e->mono_ll) return KIE_OK;
   const size_t cap = mono_ll_words(e);
   size_t at = 0;
+  const int ll = e->s.mono_ll;
+  const bool att_in = ll == 5 || ll == 6, att_out = ll != 3, down_in = ll != 4 && ll != 6;
   for (size_t k = 1; k < st.size(); k++) {
     MonoStage &p = st[k - 1], &c = st[k];
+    if (c.kind == MONO_ATTN_SMEM && att_in && p.kind == MONO_GEMV && p.epi == EPI_QKV && p.g.T == 1 &&
+        c.at.ksplit <= c.at.kcap && (long long)c.at.nsplit * c.at.kcap >= c.at.max_seq) {
+      /* every split's keys in one chunk of shared memory, so that this step's row is read once,
+       * from its words (attention_smem.cuh reads the keys past a first chunk from the cache) */
+      const size_t words = round_up((size_t)p.g.rows, 8);
+      if (at + words > cap) return fail(KIE_E_STATE, "monokernel: LL words past their %zu reserved", cap);
+      p.ll_out = e->mono_ll + at;
+      c.ll_in = p.ll_out;
+      p.signal = 0;
+      at += words;
+      e->mono_ll_n++;
+      continue;
+    }
     if (c.kind != MONO_GEMV || c.g.T != 1) continue;
     int count;
     const float *out;
-    if (p.kind == MONO_GEMV && (p.epi == EPI_RESID || (p.epi == EPI_SWIGLU && e->s.mono_ll != 4))) {
+    if (p.kind == MONO_GEMV && (p.epi == EPI_RESID || (p.epi == EPI_SWIGLU && down_in))) {
       count = p.epi == EPI_SWIGLU ? p.g.cols : p.g.rows;
       out = p.g.out;
-    } else if (p.kind == MONO_ATTN_SMEM && (e->s.mono_ll == 1 || e->s.mono_ll == 4)) { /* one token: the heads' rows */
+    } else if (p.kind == MONO_ATTN_SMEM && att_out) { /* one token: the heads' rows from 0 */
       count = p.at.nh * p.at.hd;
       out = p.at.out;
     } else {
@@ -126,7 +143,6 @@ int mono_prepare(kie_engine *e) {
   MonoBuilder b{e, {}, {}, {}};
   TRY(walk_forward(e, 1, true, b, e->s.mono_residual != 2));
   if ((int)b.st.size() != e->mono_n) return fail(KIE_E_STATE, "monokernel: %zu stages, %d planned", b.st.size(), e->mono_n);
-  TRY(mono_ll_plan(e, b.st));
   const int tp = e->s.tp_size;
   int optin = 0;
   CU(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, e->device));
@@ -217,6 +233,7 @@ int mono_prepare(kie_engine *e) {
         e->mono_att_splits = m.at.nsplit;
       }
   }
+  TRY(mono_ll_plan(e, b.st)); /* after the attention's arguments: its words need its splits in one chunk each */
   e->mono_att_keys = cap;
   e->mono_grid = grid;
   e->mono_nred = nred;

@@ -115,10 +115,10 @@ int derive(kie_engine *e, const kie_shape &s, int sms) {
   if (s.mono_residual < 0 || s.mono_residual > 2)
     return fail(KIE_E_ARG, "mono_residual=%d: 0 (auto), 1 (o and down write it) or 2 (the norm adds the sums)",
                 s.mono_residual);
-  if (s.mono_ll < 0 || s.mono_ll > 4)
+  if (s.mono_ll < 0 || s.mono_ll > 6)
     return fail(KIE_E_ARG, "mono_ll=%d: 0 (auto), 1 (LL words into the o, gate/up, down and normed stages), 2 "
-                "(counts), 3 (LL words between the GEMV stages only) or 4 (LL words but into the down stage)",
-                s.mono_ll);
+                "(counts), 3 (LL words between the GEMV stages only), 4 (LL words but into the down stage), 5 "
+                "or 6 (as 1 or 4, and into the attention stage)", s.mono_ll);
   if (mono_ll_on(s) && (s.tp_size > 1 || s.dtp_delay > 0 || s.mono_residual == 2))
     return fail(KIE_E_ARG, "mono_ll=%d needs one lane, delay 0 and the stages writing the residual (mono_residual "
                 "0 or 1): the lanes' sums and the normed stages' adds are read after a count", s.mono_ll);
