@@ -84,11 +84,14 @@ def first_diff(a, b):
 # "onepass" / "chain": 64 keys a block in at most 8 splits, combined in one round trip to L2 after an
 # acquire-release count, or after a fence, a count and two round trips (kie_shape.att_combine 1, 2);
 # "counts": every stage of the monokernel waiting for the count of the one before (kie_shape.mono_ll
-# 2); by default, with one lane and delay 0, its attention and GEMV stages hand their outputs on as
-# LL words instead (mono_ll 1, refused with two lanes), checked here explicitly with "onepass"'s
-# attention ("llsplit"), between the GEMV stages only ("llgemv", mono_ll 3), everywhere but into the
-# down stage ("lldown", mono_ll 4), and with the attention reading the QKV stage's words too ("llqkv",
-# "llqkvsplit" with split attention, "llqkvdown": mono_ll 5, 5, 6).
+# 2); by default, with one lane and delay 0, its stages hand their outputs on as LL words instead
+# (mono_ll 6, refused with two lanes: QKV to the attention where every split's keys fit one chunk,
+# the attention to o, o to gate/up, down to the next QKV; gate/up's count to down), which "walk"'s
+# attention refuses for QKV to the attention; checked here explicitly with "onepass"'s attention
+# ("llsplit", mono_ll 1: gate/up's words to down, not QKV's to the attention), between the GEMV
+# stages only ("llgemv", mono_ll 3), everywhere but into the attention and the down stage ("lldown",
+# mono_ll 4), everywhere but into the down stage ("llqkv", "llqkvsplit" with split attention:
+# mono_ll 5) and everywhere but into the attention ("llone": mono_ll 1).
 ATTENTIONS = {
     "items": {"decode_attn": 1, "mono_attn": 1},
     "default": {},
@@ -108,9 +111,9 @@ ATTENTIONS = {
     "lldown": {"mono_ll": 4},
     "llqkv": {"mono_ll": 5},
     "llqkvsplit": {"decode_attn": 2, "mono_attn": 2, "att_keys": 64, "att_splits": 8, "mono_ll": 5},
-    "llqkvdown": {"mono_ll": 6},
+    "llone": {"mono_ll": 1},
 }
-ONE_LANE = {"llsplit", "llgemv", "lldown", "llqkv", "llqkvsplit", "llqkvdown"}
+ONE_LANE = {"llsplit", "llgemv", "lldown", "llqkv", "llqkvsplit", "llone"}
 
 
 def models(cfg, path, max_seq, comm, same):
@@ -152,10 +155,10 @@ def check(tag, cfg, path, steps, comm, same):
            slot_kb=info["mono_slot_bytes"] // 1024, smem_kb=info["mono_smem"] // 1024,
            blocks=info["mono_blocks"], reducers=info["mono_reducers"], att_keys=info["mono_att_keys"],
            att_splits=info["mono_att_splits"])
-    ll = same.get("mono_ll", 0) or (1 if SIZE == 1 and cfg.dtp_delay == 0 and same.get("mono_residual", 0) != 2
+    ll = same.get("mono_ll", 0) or (6 if SIZE == 1 and cfg.dtp_delay == 0 and same.get("mono_residual", 0) != 2
                                      else 2)
     # mono_ll_plan: every GEMV stage after one that writes its whole input, but layer 0's o, whose
-    # residual rows are the embedding's; the o stages only with mono_ll 1 and the shared-memory attention
+    # residual rows are the embedding's; the o stages but with mono_ll 3, with the shared-memory attention
     layers = cfg.num_hidden_layers
     smem_att = same.get("mono_attn", 0) != 1
     o_words = ll != 3 and smem_att

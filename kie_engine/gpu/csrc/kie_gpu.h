@@ -165,7 +165,7 @@ typedef struct {
                                   the graph path 2.7 % faster at a context of 1,024 on the 2b shape,
                                   bench/RESULTS.md); 2 a fence and a count, then the splits' maxima and sums,
                                   then their rows */
-  int mono_ll;                 /* the monokernel with one lane, delay 0 and mono_residual 1: 0 auto (1 where
+  int mono_ll;                 /* the monokernel with one lane, delay 0 and mono_residual 1: 0 auto (6 where
                                   allowed, else 2); 1 the
                                   attention, o, gate/up and down stages also write their outputs as LL words (a
                                   float and the step's tag in one 8-byte store), and the GEMV stage after each

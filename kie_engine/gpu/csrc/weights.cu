@@ -122,10 +122,11 @@ int derive(kie_engine *e, const kie_shape &s, int sms) {
   if (mono_ll_on(s) && (s.tp_size > 1 || s.dtp_delay > 0 || s.mono_residual == 2))
     return fail(KIE_E_ARG, "mono_ll=%d needs one lane, delay 0 and the stages writing the residual (mono_residual "
                 "0 or 1): the lanes' sums and the normed stages' adds are read after a count", s.mono_ll);
-  /* Auto takes the words wherever they are allowed: 2-7 % more tokens/s on the 2b shape (bench/RESULTS.md).
-   * The graph kernel never reads them, so it allocates none. */
+  /* Auto takes the words wherever they are allowed but into the down stage (6): on the 2b shape 4-6 % more
+   * tokens/s at a context of 128 than 1, which was 2-7 % ahead of the counts (bench/RESULTS.md).  The graph
+   * kernel never reads them, so it allocates none. */
   if (s.mono_ll == 0)
-    e->s.mono_ll = s.tp_size == 1 && s.dtp_delay == 0 && s.mono_residual != 2 ? 1 : 2;
+    e->s.mono_ll = s.tp_size == 1 && s.dtp_delay == 0 && s.mono_residual != 2 ? 6 : 2;
   if (s.gemv_residual < 0 || s.gemv_residual > 2)
     return fail(KIE_E_ARG, "gemv_residual=%d: 0 (auto), 1 (o and down write it) or 2 (the norm adds the sums)",
                 s.gemv_residual);
