@@ -373,7 +373,7 @@ BAD_DECODE_TUNINGS = [{"decode_attn": 3}, {"att_keys": 257}, {"att_keys": 16, "a
                       {"att_warm": 2}, {"mono_sync": 3}, {"mono_sync": -1}, {"mono_ahead": 3},
                       {"mono_ahead": -1}, {"gemv_residual": 3}, {"gemv_residual": -1},
                       {"mono_residual": 3}, {"mono_residual": -1}, {"att_combine": 3}, {"att_combine": -1},
-                      {"mono_ll": 7}, {"mono_ll": -1}, {"mono_att_early": 3}, {"mono_att_early": -1}, {"mono_residual": 2, "mono_ll": 1}]
+                      {"mono_ll": 7}, {"mono_ll": -1}, {"mono_residual": 2, "mono_ll": 1}]
 
 
 def check_bad_decode_tunings(comm):

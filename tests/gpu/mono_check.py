@@ -91,9 +91,7 @@ def first_diff(a, b):
 # ("llsplit", mono_ll 1: gate/up's words to down, not QKV's to the attention), between the GEMV
 # stages only ("llgemv", mono_ll 3), everywhere but into the attention and the down stage ("lldown",
 # mono_ll 4), everywhere but into the down stage ("llqkv", "llqkvsplit" with split attention:
-# mono_ll 5) and everywhere but into the attention ("llone": mono_ll 1); "early", "earlysplit": the
-# producer asking L2 for the attention's rows of earlier steps as the QKV stage's tiles start
-# (kie_shape.mono_att_early 1).
+# mono_ll 5) and everywhere but into the attention ("llone": mono_ll 1).
 ATTENTIONS = {
     "items": {"decode_attn": 1, "mono_attn": 1},
     "default": {},
@@ -114,10 +112,8 @@ ATTENTIONS = {
     "llqkv": {"mono_ll": 5},
     "llqkvsplit": {"decode_attn": 2, "mono_attn": 2, "att_keys": 64, "att_splits": 8, "mono_ll": 5},
     "llone": {"mono_ll": 1},
-    "early": {"mono_att_early": 1},
-    "earlysplit": {"decode_attn": 2, "mono_attn": 2, "att_keys": 64, "att_splits": 8, "mono_att_early": 1},
 }
-ONE_LANE = {"llsplit", "llgemv", "lldown", "llqkv", "llqkvsplit", "llone", "early", "earlysplit"}
+ONE_LANE = {"llsplit", "llgemv", "lldown", "llqkv", "llqkvsplit", "llone"}
 
 
 def models(cfg, path, max_seq, comm, same):

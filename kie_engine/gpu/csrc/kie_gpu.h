@@ -175,10 +175,6 @@ typedef struct {
                                   for gate/up's count and reads its floats; 5 and 6 as 1 and 4, and the attention
                                   stage reads the QKV stage's q, k and v rows as words, where every split's keys
                                   fit its shared memory */
-  int mono_att_early;          /* the monokernel with one lane: 0 auto (2); 1 its producer warp asks L2 for its
-                                  block's attention items' keys and values of earlier steps as it starts the QKV
-                                  stage's tiles; 2 the shared-memory attention's items copy them as they start,
-                                  the split items' are asked of L2 once the QKV stage's tiles are issued */
 } kie_shape;
 
 typedef struct {

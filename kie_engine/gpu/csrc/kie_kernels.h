@@ -259,10 +259,8 @@ struct MonoArgs {
                                    or 1; one lane) */
   unsigned long long *marks;    /* [nstages][4][grid]: each block's clock at each stage's start, x staged,
                                    end, and its producer's first copy (mono.cu's MARK_*) */
-  /* Lanes (tp > 1 runs the kernel's TP copy, which alone reads what follows but att_early). */
+  /* Lanes (tp > 1 runs the kernel's TP copy, which alone reads what follows). */
   int tp;
-  int att_early;                /* one lane: 1 the attention's rows of earlier steps asked of L2 as the QKV stage's
-                                   tiles start (kie_shape.mono_att_early) */
   const MonoLink *links;        /* [nstages] */
   unsigned *rcnt;               /* [nstages]: reducers done with stage k's sum, growing as cnt does */
   int nred, red_per, sum_count; /* reducer blocks (the grid's last; KCCL slots 0..nred-1), floats each

@@ -247,33 +247,9 @@ __device__ void prefetch_attention(const MonoArgs &m, const MonoStage &s) {
   }
 }
 
-/* The producer warp, for shared-memory attention stage s (one lane, m.att_early): the keys and
- * values of earlier steps in the first chunk of this block's items (attend_smem's items,
- * att_smem_item's rows), asked of L2 while the consumers still run the QKV stage, so that
- * the items' copies of them, issued as the items start, find them there. */
-__device__ void prefetch_attention_smem(const AttnArgs &a) {
-  const int lane = threadIdx.x & 31, groups = a.nh / a.g * a.hgroups;
-  const int S = *a.pos + 1, ns = att_smem_splits(a, S), len = (S + ns - 1) / ns;
-  const bool per_head = ns == 1 && a.heads1;
-  const int items = per_head ? a.nh : groups * ns;
-  for (int i = lane;; i += 32) {
-    const int it = (int)blockIdx.x + (i >> 1) * (int)gridDim.x;
-    if (it >= items) break;
-    const int kvh = per_head ? it / a.g : it % groups / a.hgroups, c0 = per_head ? 0 : it / groups * len;
-    const int old = min(min(len, a.kcap), max(0, S - 1 - c0)); /* the item's first chunk, this step's row aside */
-    if (old <= 0) continue;
-    const bf16 *base = ((i & 1) ? a.vc : a.kc) + ((size_t)kvh * a.max_seq + c0) * a.hd;
-    prefetch_l2(base, (unsigned)(old * a.hd * 2));
-  }
-}
-
 /* The producer warp: every weight tile of the step, in the consumers' order,
  * into the ring; the tile `prefetch` places further on asked of L2 meanwhile, so
- * that more of HBM's latency is covered than the ring alone holds.  The keys and
- * values of earlier steps that the split items of an attention stage read are asked
- * of L2 once the tiles of the stage before it are issued; with m.att_early (one lane)
- * those of either attention's items as those tiles start. */
-template <bool TP>
+ * that more of HBM's latency is covered than the ring alone holds. */
 __device__ void produce(const Block &b) {
   const MonoArgs &m = *b.m;
   Cursor c, p;
@@ -304,13 +280,7 @@ __device__ void produce(const Block &b) {
     if (c.k != marked) {
       if ((threadIdx.x & 31) == 0) mark(m, c.k, MARK_ISSUED);
       for (int k = max(marked + 1, 0); k < c.k; k++)
-        if (m.stages[k].kind == MONO_ATTN && !(!TP && m.att_early && k == marked + 1))
-          prefetch_attention(m, m.stages[k]);
-      if (!TP && m.att_early && c.k + 1 < m.nstages) {
-        const MonoStage &s = m.stages[c.k + 1];
-        if (s.kind == MONO_ATTN) prefetch_attention(m, s);
-        if (s.kind == MONO_ATTN_SMEM) prefetch_attention_smem(s.at);
-      }
+        if (m.stages[k].kind == MONO_ATTN) prefetch_attention(m, m.stages[k]);
       marked = c.k;
     }
     if (ahead) {
@@ -898,7 +868,7 @@ __global__ void __launch_bounds__(MONO_THREADS, 1) k_mono(const __grid_constant_
   }
   __syncthreads();
   if (threadIdx.x >= MONO_CONSUMERS) {
-    produce<TP>(b);
+    produce(b);
   } else {
     consume<HD, TP>(b, smem + m.x_off);
     if (!TP) asm volatile("cp.async.wait_all;" ::: "memory"); /* a step given up may leave a stage's copy in flight */

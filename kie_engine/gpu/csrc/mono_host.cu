@@ -268,7 +268,6 @@ int enqueue_mono(kie_engine *e, int mode) {
   m.ring_off = 256;
   m.x_off = 256 + e->mono_nslots * e->mono_slot;
   m.att_cap = e->mono_att_keys;
-  m.att_early = e->s.mono_att_early == 1; /* auto: off */
   m.timeout_ns = (e->s.mono_wait_ms ? e->s.mono_wait_ms : 2000) * 1000000LL;
   m.marks = e->mono_marks;
   m.tp = e->s.tp_size;

@@ -127,11 +127,6 @@ int derive(kie_engine *e, const kie_shape &s, int sms) {
    * kernel never reads them, so it allocates none. */
   if (s.mono_ll == 0)
     e->s.mono_ll = s.tp_size == 1 && s.dtp_delay == 0 && s.mono_residual != 2 ? 6 : 2;
-  if (s.mono_att_early < 0 || s.mono_att_early > 2)
-    return fail(KIE_E_ARG, "mono_att_early=%d: 0 (auto), 1 (asked of L2 as the QKV stage's tiles start) or 2",
-                s.mono_att_early);
-  if (s.mono_att_early == 1 && s.tp_size > 1)
-    return fail(KIE_E_ARG, "mono_att_early=1 needs one lane: the kernel's TP copy asks L2 for no attention rows early");
   if (s.gemv_residual < 0 || s.gemv_residual > 2)
     return fail(KIE_E_ARG, "gemv_residual=%d: 0 (auto), 1 (o and down write it) or 2 (the norm adds the sums)",
                 s.gemv_residual);
