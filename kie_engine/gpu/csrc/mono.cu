@@ -487,7 +487,7 @@ struct AttInLL {
   }
 };
 
-/* The attention's outputs (mono_ll 1): a.out, and when the stage has them, its LL words (ll,
+/* The attention's outputs: a.out, and when the stage has them (mono_ll but 3), its LL words (ll,
  * tagged; the float4 of four outputs as two 16-byte stores of two words each). */
 struct AttOutLL {
   unsigned long long *ll;
