@@ -91,19 +91,23 @@ static int mono_ll_plan(kie_engine *e, std::vector<MonoStage> &st) {
   size_t at = 0;
   const int ll = e->s.mono_ll;
   const bool att_in = ll == 5 || ll == 6, att_out = ll != 3, down_in = ll != 4 && ll != 6;
+  /* stage p writes `words` LL words that stage c reads, and publishes no count */
+  auto link = [&](MonoStage &p, MonoStage &c, size_t words) {
+    if (at + words > cap) return fail(KIE_E_STATE, "monokernel: LL words past their %zu reserved", cap);
+    p.ll_out = e->mono_ll + at;
+    c.ll_in = p.ll_out;
+    p.signal = 0;
+    at += words;
+    e->mono_ll_n++;
+    return KIE_OK;
+  };
   for (size_t k = 1; k < st.size(); k++) {
     MonoStage &p = st[k - 1], &c = st[k];
     if (c.kind == MONO_ATTN_SMEM && att_in && p.kind == MONO_GEMV && p.epi == EPI_QKV && p.g.T == 1 &&
         c.at.ksplit <= c.at.kcap && (long long)c.at.nsplit * c.at.kcap >= c.at.max_seq) {
       /* every split's keys in one chunk of shared memory, so that this step's row is read once,
        * from its words (attention_smem.cuh reads the keys past a first chunk from the cache) */
-      const size_t words = round_up((size_t)p.g.rows, 8);
-      if (at + words > cap) return fail(KIE_E_STATE, "monokernel: LL words past their %zu reserved", cap);
-      p.ll_out = e->mono_ll + at;
-      c.ll_in = p.ll_out;
-      p.signal = 0;
-      at += words;
-      e->mono_ll_n++;
+      TRY(link(p, c, round_up((size_t)p.g.rows, 8)));
       continue;
     }
     if (c.kind != MONO_GEMV || c.g.T != 1) continue;
@@ -126,13 +130,7 @@ static int mono_ll_plan(kie_engine *e, std::vector<MonoStage> &st) {
       while (j >= 0 && !(st[(size_t)j].kind == MONO_GEMV && st[(size_t)j].g.out == c.g.r_in)) j--;
       if (j < 0 || st[(size_t)j].epi != EPI_RESID || st[(size_t)j].g.rows != c.g.rows) continue;
     }
-    const size_t words = round_up((size_t)std::max(count, c.g.ld), 8);
-    if (at + words > cap) return fail(KIE_E_STATE, "monokernel: LL words past their %zu reserved", cap);
-    p.ll_out = e->mono_ll + at;
-    c.ll_in = p.ll_out;
-    p.signal = 0;
-    at += words;
-    e->mono_ll_n++;
+    TRY(link(p, c, round_up((size_t)std::max(count, c.g.ld), 8)));
   }
   return KIE_OK;
 }
